@@ -1,0 +1,177 @@
+"""Frozen, validated configuration. Composes model -> cache -> scheduler -> memory -> engine.
+
+Every field carries its help text in ``metadata["help"]``; the command-line flags of
+``generate``, ``serve`` and ``plan`` are generated from these fields (``gh200rt.cli_args``),
+so flags and config never drift. Invalid values raise ``ValueError`` naming the flag.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+DEFAULT_MODEL = "smollm2-135m"
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+OFFLOAD_MODES = ("auto", "none", "stream", "direct")
+TIERS = ("resident", "streamed", "direct")
+HOST_WEIGHT_DTYPES = ("auto", "bf16", "int8", "int4")
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+    "t": 1000**4, "tb": 1000**4,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+}
+
+
+def parse_size(text: str | int | None, flag: str = "size") -> int | None:
+    """'2GiB' -> 2147483648, '512MB' -> 512000000, 1024 -> 1024, None -> None."""
+    if text is None or isinstance(text, int):
+        if isinstance(text, int) and text <= 0:
+            raise ValueError(f"{flag} must be positive, got {text}")
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in _SIZE_UNITS:
+        raise ValueError(f"{flag}: cannot read {text!r} as a size; write e.g. 2GiB, 512MiB, 8GB or a byte count")
+    value = int(float(m.group(1)) * _SIZE_UNITS[unit])
+    if value <= 0:
+        raise ValueError(f"{flag} must be positive, got {text!r}")
+    return value
+
+
+def parse_layer_tiers(text: str | None) -> dict[int, str]:
+    """'0-3:streamed,7:direct' -> {0: 'streamed', 1: ..., 7: 'direct'}."""
+    if not text:
+        return {}
+    tiers: dict[int, str] = {}
+    for part in text.split(","):
+        layers, sep, tier = part.strip().partition(":")
+        if not sep or tier not in TIERS:
+            raise ValueError(f"--layer-tiers: {part!r} is not LAYERS:TIER with TIER one of {', '.join(TIERS)} "
+                             "(example: --layer-tiers 0-3:streamed,7:direct)")
+        lo, _, hi = layers.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise ValueError(f"--layer-tiers: {layers!r} is not a layer index or range like 4-9")
+        for i in range(int(lo), int(hi or lo) + 1):
+            tiers[i] = tier
+    return tiers
+
+
+def _help(text: str, **extra) -> dict:
+    return {"help": text, **extra}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str = field(default=DEFAULT_MODEL, metadata=_help(
+        "Hugging Face directory, .gguf file, or alias (smollm2-135m)"))
+    dtype: str = field(default="auto", metadata=_help(
+        "compute dtype; auto = float32 on CPU, the checkpoint's dtype on GPU", choices=DTYPES))
+    max_model_len: int | None = field(default=None, metadata=_help(
+        "longest prompt + completion in tokens; default: the model's context length"))
+    seed: int = field(default=0, metadata=_help("seed for requests that give none"))
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"--dtype {self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"--max-model-len must be at least 1, got {self.max_model_len}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = field(default=16, metadata=_help("tokens per KV cache block"))
+    num_kv_blocks: int | None = field(default=None, metadata=_help(
+        "KV cache blocks; default: what the device memory budget leaves"))
+    enable_prefix_caching: bool = field(default=True, metadata=_help("reuse KV blocks of shared prompt prefixes"))
+
+    def __post_init__(self):
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"--block-size must be a power of two, got {self.block_size} (16 is the default)")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"--num-kv-blocks must be at least 1, got {self.num_kv_blocks}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = field(default=256, metadata=_help("most requests running in one step"))
+    max_num_batched_tokens: int = field(default=2048, metadata=_help(
+        "most tokens computed in one step; long prompts are prefilled in chunks of at most this"))
+
+    def __post_init__(self):
+        if self.max_num_seqs < 1:
+            raise ValueError(f"--max-num-seqs must be at least 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"--max-num-batched-tokens must be at least 1, got {self.max_num_batched_tokens}")
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    device_memory_budget: str | None = field(default=None, metadata=_help(
+        "device memory gh200rt may use, e.g. 2GiB; on CPU it stands in for HBM. "
+        "Default: free device memory x --gpu-memory-utilization (on CPU: 2GiB)"))
+    gpu_memory_utilization: float = field(default=0.9, metadata=_help(
+        "fraction of free device memory to use when no budget is given"))
+    offload: str = field(default="auto", metadata=_help(
+        "where weights live: auto (planner decides), none (all resident), stream, direct",
+        choices=OFFLOAD_MODES))
+    layer_tiers: str | None = field(default=None, metadata=_help(
+        "per-layer override, e.g. 0-3:streamed,7:direct"))
+    staging_slots: int | None = field(default=None, metadata=_help("staging ring depth K; default: planner"))
+    prefetch_distance: int | None = field(default=None, metadata=_help(
+        "prefetch d streamed layers ahead; default: planner"))
+    kv_cache_min_tokens: int | None = field(default=None, metadata=_help(
+        "KV cache capacity the planner must leave room for, in tokens"))
+    host_weight_dtype: str = field(default="auto", metadata=_help(
+        "format of offloaded weights in host memory", choices=HOST_WEIGHT_DTYPES))
+    platform: str | None = field(default=None, metadata=_help(
+        "hardware profile for bandwidths (gh200-96g, h100-sxm, ...); default: detected"))
+
+    def __post_init__(self):
+        parse_size(self.device_memory_budget, "--device-memory-budget")
+        parse_layer_tiers(self.layer_tiers)
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.offload not in OFFLOAD_MODES:
+            raise ValueError(f"--offload {self.offload!r}: choose one of {', '.join(OFFLOAD_MODES)}")
+        if self.host_weight_dtype not in HOST_WEIGHT_DTYPES:
+            raise ValueError(f"--host-weight-dtype {self.host_weight_dtype!r}: choose one of "
+                             f"{', '.join(HOST_WEIGHT_DTYPES)}")
+        if self.staging_slots is not None and self.staging_slots < 1:
+            raise ValueError(f"--staging-slots must be at least 1, got {self.staging_slots}")
+        if self.prefetch_distance is not None and self.prefetch_distance < 0:
+            raise ValueError(f"--prefetch-distance must be 0 or more, got {self.prefetch_distance}")
+        if (self.staging_slots is not None and self.prefetch_distance is not None
+                and self.prefetch_distance >= self.staging_slots):
+            raise ValueError(f"--prefetch-distance ({self.prefetch_distance}) must be less than --staging-slots "
+                             f"({self.staging_slots}): a prefetch may not overwrite a slot still in use")
+        if self.kv_cache_min_tokens is not None and self.kv_cache_min_tokens < 0:
+            raise ValueError(f"--kv-cache-min-tokens must be 0 or more, got {self.kv_cache_min_tokens}")
+
+    @property
+    def budget_bytes(self) -> int | None:
+        return parse_size(self.device_memory_budget, "--device-memory-budget")
+
+    @property
+    def tier_overrides(self) -> dict[int, str]:
+        return parse_layer_tiers(self.layer_tiers)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> "EngineConfig":
+        """Flat keyword arguments (as ``LLM(...)`` takes them) -> nested config; unknown names raise."""
+        parts = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "memory": MemoryConfig}
+        values: dict[str, dict] = {name: {} for name in parts}
+        owners = {f: name for name, klass in parts.items() for f in klass.__dataclass_fields__}
+        for key, value in kwargs.items():
+            if key not in owners:
+                raise TypeError(f"unknown engine option {key!r}; known options: {', '.join(sorted(owners))}")
+            values[owners[key]][key] = value
+        return cls(**{name: klass(**values[name]) for name, klass in parts.items()})

@@ -1,0 +1,48 @@
+"""What the engine returns: one ``RequestOutput`` per request per step in which it advanced.
+
+``text`` / ``token_ids`` are cumulative; ``delta_*`` hold only what this step added (what a
+streaming server sends). A choice's ``finish_reason`` is set exactly once, on its last output.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Logprob:
+    logprob: float
+    rank: int                      # 1 = most likely
+    decoded_token: str | None = None
+
+
+# One entry per token: {token_id: Logprob}, always holding the chosen token plus the top-k.
+TokenLogprobs = dict[int, Logprob]
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    cumulative_logprob: float | None = None
+    logprobs: list[TokenLogprobs] | None = None
+    finish_reason: str | None = None          # None while running; "stop", "length" or "abort"
+    stop_reason: int | str | None = None      # the stop string or stop token id that ended it
+    delta_text: str = ""
+    delta_token_ids: list[int] = field(default_factory=list)
+    delta_logprobs: list[TokenLogprobs] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = False
+    prompt_logprobs: list[TokenLogprobs | None] | None = None   # first entry None (no context)
+    num_cached_tokens: int = 0

@@ -1,0 +1,79 @@
+"""Per-request sampling parameters, validated once with clear ``ValueError``s (vLLM's names)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_LOGPROBS = 20
+_SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    max_tokens: int | None = 16          # None: up to the context length
+    temperature: float = 1.0             # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0                       # 0 or -1 = off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    logprobs: int | None = None          # top-k logprobs per generated token (0 = only the sampled one)
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        self._validate()
+
+    def _validate(self) -> None:
+        def bad(name, value, want):
+            raise ValueError(f"{name} must be {want}, got {value!r}")
+
+        if not isinstance(self.n, int) or self.n < 1:
+            bad("n", self.n, "an integer of at least 1")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+            bad("max_tokens", self.max_tokens, "an integer of at least 1")
+        if not 0.0 <= self.temperature <= 100.0:
+            bad("temperature", self.temperature, "between 0 and 100 (0 = greedy)")
+        if not 0.0 < self.top_p <= 1.0:
+            bad("top_p", self.top_p, "in (0, 1]")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            bad("top_k", self.top_k, "0 or -1 (off) or a positive integer")
+        if not 0.0 <= self.min_p <= 1.0:
+            bad("min_p", self.min_p, "in [0, 1]")
+        if not 0.0 < self.repetition_penalty <= 10.0:
+            bad("repetition_penalty", self.repetition_penalty, "in (0, 10] (1 = off)")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            bad("presence_penalty", self.presence_penalty, "in [-2, 2]")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            bad("frequency_penalty", self.frequency_penalty, "in [-2, 2]")
+        if self.seed is not None and (not isinstance(self.seed, int) or not _SEED_MIN <= self.seed <= _SEED_MAX):
+            bad("seed", self.seed, "an integer that fits in 64 bits")
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            bad("min_tokens", self.min_tokens, "0 or more")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            bad("min_tokens", self.min_tokens, f"at most max_tokens ({self.max_tokens})")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or not 0 <= value <= MAX_LOGPROBS):
+                bad(name, value, f"between 0 and {MAX_LOGPROBS}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            bad("stop", self.stop, "a list of non-empty strings")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            bad("stop_token_ids", self.stop_token_ids, "a list of non-negative token ids")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

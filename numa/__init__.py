@@ -1,0 +1,1 @@
+"""Host NUMA topology, NUMA-bound host memory, placement queries and affinity (installed as gh200rt.numa)."""
