@@ -46,3 +46,16 @@ class RequestOutput:
     finished: bool = False
     prompt_logprobs: list[TokenLogprobs | None] | None = None   # first entry None (no context)
     num_cached_tokens: int = 0
+
+    # The first choice, for the common n == 1 case: ``llm.generate(...)[i].text``.
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.outputs[0].finish_reason

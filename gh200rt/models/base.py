@@ -77,7 +77,9 @@ class WeightRef:
     """Where a linear layer reads its weight now: a dense ``[out, in]`` tensor or a packed quantized weight.
 
     A placement repoints ``current``; the layer never caches it. ``shape`` and ``dtype`` describe the
-    logical dense weight whatever the storage.
+    logical dense weight whatever the storage. A packed (quantized) weight is any object with
+    ``linear(x, bias) -> Tensor`` and ``nbytes``; a linear layer computes
+    ``F.linear(x, current, bias)`` for a tensor and ``current.linear(x, bias)`` otherwise.
     """
     __slots__ = ("current", "shape", "dtype")
 
