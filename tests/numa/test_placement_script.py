@@ -1,0 +1,35 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "scripts/numa_placement.py", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_list_says_what_runs_and_why_the_rest_is_skipped():
+    proc = _run("--list")
+    assert proc.returncode == 0, proc.stderr
+    assert "will run: cpu-threads x local-bind" in proc.stdout
+    assert "skipped: gpu-copy-h2d: no CUDA GPU visible" in proc.stdout
+    assert "skipped: remote-bind: this machine has a single CPU node" in proc.stdout
+
+
+def test_small_run_writes_json_and_png(tmp_path):
+    proc = _run("--sizes-mib", "1", "4", "--repeats", "2", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "numa_placement.json").read_text())
+    rows = {(r["reader"], r["placement"], r["bytes"]) for r in report["results"]}
+    assert ("cpu-threads", "local-bind", 4 << 20) in rows and ("cpu-threads", "first-touch", 1 << 20) in rows
+    assert all(0 < r["min_gbps"] <= r["median_gbps"] <= r["max_gbps"] for r in report["results"])
+    assert (tmp_path / "numa_placement.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "median GB/s" in proc.stdout
+
+
+def test_bad_repeats_is_a_usage_error(tmp_path):
+    proc = _run("--repeats", "0", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "--repeats" in proc.stderr
