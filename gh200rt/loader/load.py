@@ -1,0 +1,100 @@
+"""``load_model``: a ModelConfig in, a filled model with its tokenizer and metadata out."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from gh200rt.loader.dequant import QuantizedTensor
+from gh200rt.loader.errors import ModelLoadError
+from gh200rt.loader.resolve import resolve_model_path
+from gh200rt.loader.weight_writer import WeightWriter
+from gh200rt.models.arch_config import ArchConfig
+from gh200rt.models.registry import build_model
+from gh200rt.tokenizer import Tokenizer
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: Tokenizer
+    arch: ArchConfig
+    dtype: torch.dtype
+    source: str
+    load_seconds: float
+    weight_bytes: int
+    quantized: dict[str, QuantizedTensor] = field(default_factory=dict)
+
+
+def compute_dtype(name: str, device: str, checkpoint_dtype: str) -> torch.dtype:
+    if name == "auto":
+        if str(device).startswith("cpu"):
+            return torch.float32
+        return _DTYPES.get(checkpoint_dtype, torch.bfloat16)  # GGUF / fp32 checkpoints compute in bf16 on GPU
+    if name not in _DTYPES:
+        raise ModelLoadError(f"dtype {name!r} is not supported; choose auto, {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def _arch_from_dir(directory: str) -> ArchConfig:
+    path = os.path.join(directory, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return ArchConfig.from_hf_config(json.load(f))
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{path} is not valid JSON: {e}") from e
+    except KeyError as e:
+        raise ModelLoadError(f"{path} lacks the field {e.args[0]!r}") from e
+    except ValueError as e:
+        raise ModelLoadError(f"{path}: {e}") from e
+
+
+def _load_hf_dir(directory: str, dtype_name: str, device: str):
+    from gh200rt.loader.safetensors_dir import checkpoint_size, load_safetensors, shard_files
+    from gh200rt.tokenizer.hf_dir import tokenizer_from_hf_dir
+    arch = _arch_from_dir(directory)
+    dtype = compute_dtype(dtype_name, device, arch.checkpoint_dtype)
+    files = shard_files(directory)
+    model = build_model(arch, dtype, device)
+    count, size = checkpoint_size(files)
+    writer = WeightWriter(model, directory, count, size)
+    load_safetensors(files, writer, dtype)
+    writer.finish()
+    try:
+        tokenizer = tokenizer_from_hf_dir(directory)
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from e
+    return model, tokenizer, arch, dtype, writer.bytes_written, {}
+
+
+def _load_gguf(path: str, dtype_name: str, device: str):
+    from gh200rt.loader.gguf_file import GGUFFile
+    from gh200rt.tokenizer.gguf_vocab import tokenizer_from_gguf_metadata
+    gguf = GGUFFile(path)
+    try:
+        arch = ArchConfig.from_gguf_metadata(gguf.metadata, tie_word_embeddings=not gguf.has_output_weight)
+        tokenizer = tokenizer_from_gguf_metadata(gguf.metadata)
+    except (ValueError, KeyError) as e:
+        raise ModelLoadError(f"{path}: {e}") from e
+    dtype = compute_dtype(dtype_name, device, arch.checkpoint_dtype)
+    model = build_model(arch, dtype, device)
+    writer = WeightWriter(model, path, len(gguf.tensors), gguf.total_bytes())
+    quantized = gguf.read(writer, arch, dtype)
+    writer.finish()
+    return model, tokenizer, arch, dtype, writer.bytes_written, quantized
+
+
+def load_model(model_config, device: str = "cpu") -> LoadedModel:
+    """Load ``model_config.model`` (directory, .gguf, or alias) in ``model_config.dtype`` onto ``device``."""
+    start = time.perf_counter()
+    path = resolve_model_path(model_config.model)
+    with torch.inference_mode():
+        loader = _load_gguf if path.endswith(".gguf") else _load_hf_dir
+        model, tokenizer, arch, dtype, weight_bytes, quantized = loader(path, model_config.dtype, device)
+    return LoadedModel(model=model, tokenizer=tokenizer, arch=arch, dtype=dtype, source=path,
+                       load_seconds=time.perf_counter() - start, weight_bytes=weight_bytes, quantized=quantized)

@@ -1,0 +1,62 @@
+"""Weights of a Hugging Face directory: ``model.safetensors`` or shards listed in
+``model.safetensors.index.json``, read through memory maps (safetensors ``safe_open``)."""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from safetensors import safe_open
+
+from gh200rt.loader.errors import ModelLoadError
+from gh200rt.loader.weight_writer import WeightWriter
+
+
+def shard_files(directory: str) -> list[str]:
+    single = os.path.join(directory, "model.safetensors")
+    index = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        try:
+            with open(index, encoding="utf-8") as f:
+                weight_map = json.load(f)["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise ModelLoadError(f"{index} is not a valid safetensors index ({e})") from e
+        files = sorted(set(weight_map.values()))
+        absent = [f for f in files if not os.path.isfile(os.path.join(directory, f))]
+        if absent:
+            raise ModelLoadError(f"{index} lists shard files that do not exist: {', '.join(absent)}")
+        return [os.path.join(directory, f) for f in files]
+    if os.path.isfile(single):
+        return [single]
+    raise ModelLoadError(f"model directory {directory} has no model.safetensors or model.safetensors.index.json "
+                         f"(only safetensors checkpoints are supported)")
+
+
+def _open(path: str):
+    try:
+        return safe_open(path, framework="pt")
+    except Exception as e:  # safetensors raises SafetensorError for truncated / corrupt headers
+        raise ModelLoadError(f"{path} is truncated or corrupt and cannot be read as safetensors: {e}") from e
+
+
+def checkpoint_size(files: list[str]) -> tuple[int, int]:
+    count = size = 0
+    for path in files:
+        with _open(path) as f:
+            count += len(list(f.keys()))
+        size += os.path.getsize(path)
+    return count, size
+
+
+def load_safetensors(files: list[str], writer: WeightWriter, dtype: torch.dtype) -> None:
+    for path in files:
+        with _open(path) as f:
+            for name in f.keys():
+                if not writer.expects(name):
+                    writer.write(name, torch.empty(0))  # records it as unexpected (or ignored)
+                    continue
+                try:
+                    tensor = f.get_tensor(name)
+                except Exception as e:
+                    raise ModelLoadError(f"{path} is truncated or corrupt: reading {name} failed ({e})") from e
+                writer.write(name, tensor.to(dtype))

@@ -1,0 +1,65 @@
+"""Copy checkpoint tensors into the model's destinations, each exactly once, and fail loudly on
+missing, unexpected, partly merged or mis-shaped weights."""
+from __future__ import annotations
+
+import sys
+
+import torch
+from tqdm import tqdm
+
+from gh200rt.loader.errors import ModelLoadError
+
+# names some checkpoints carry that hold nothing the model needs
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class WeightWriter:
+    def __init__(self, model, source: str, total_weights: int, total_bytes: int):
+        self.destinations: dict[str, torch.Tensor] = model.weight_destinations()
+        self.fused_names: dict[str, str] = model.fused_names()
+        self.tied = model.arch.tie_word_embeddings
+        self.source = source
+        self.written: set[str] = set()
+        self.unexpected: list[str] = []
+        self.bytes_written = 0
+        self.progress = tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"loading {total_weights} weights",
+                             disable=not sys.stderr.isatty(), leave=False)
+
+    def expects(self, name: str) -> bool:
+        return name in self.destinations
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        dest = self.destinations.get(name)
+        if dest is None:
+            if not name.endswith(_IGNORED_SUFFIXES) and not (self.tied and name == "lm_head.weight"):
+                self.unexpected.append(name)
+            return
+        if tuple(dest.shape) != tuple(tensor.shape):
+            raise ModelLoadError(f"{self.source}: weight {name} has shape {tuple(tensor.shape)} but the model "
+                                 f"config needs {tuple(dest.shape)}; the checkpoint does not match its config.json")
+        assert name not in self.written, f"{name} written twice"
+        dest.copy_(tensor)
+        self.written.add(name)
+        self.bytes_written += tensor.numel() * tensor.element_size()
+        self.progress.update(tensor.numel() * tensor.element_size())
+
+    def finish(self) -> None:
+        self.progress.close()
+        missing = [n for n in self.destinations if n not in self.written]
+        problems = []
+        if missing:
+            partial = sorted({self.fused_names[n] for n in missing if n in self.fused_names
+                              and any(o in self.written for o, f in self.fused_names.items()
+                                      if f == self.fused_names[n])})
+            problems.append(f"missing weights: {_short(missing)}")
+            if partial:
+                problems.append(f"partly merged (some parts present, some missing): {_short(partial)}")
+        if self.unexpected:
+            problems.append(f"unexpected weights the model does not use: {_short(self.unexpected)}")
+        if problems:
+            raise ModelLoadError(f"{self.source}: " + "; ".join(problems))
+
+
+def _short(names: list[str], limit: int = 12) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" ... and {len(names) - limit} more" if len(names) > limit else "")

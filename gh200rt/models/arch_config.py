@@ -1,0 +1,127 @@
+"""Architecture hyper-parameters, parsed once from an HF ``config.json`` dict or GGUF metadata."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+_ROPE_TYPES = (None, "default", "linear", "llama3")
+
+
+def _unsupported(name) -> ValueError:
+    return ValueError(f"unsupported architecture {name!r}; gh200rt supports: {', '.join(SUPPORTED_ARCHITECTURES)}")
+
+
+def _rope_from_hf(cfg: dict) -> tuple[float, dict | None]:
+    """(rope_theta, rope_scaling) from either the classic keys or transformers-5 ``rope_parameters``."""
+    params = cfg.get("rope_parameters")
+    theta = cfg.get("rope_theta")
+    scaling = cfg.get("rope_scaling")
+    if isinstance(params, dict):
+        theta = params.get("rope_theta", theta)
+        if scaling is None and params.get("rope_type", "default") != "default":
+            scaling = params
+    if scaling is not None:
+        kind = scaling.get("rope_type", scaling.get("type"))
+        if kind in (None, "default"):
+            scaling = None
+        elif kind not in _ROPE_TYPES:
+            raise ValueError(f"rope scaling type {kind!r} is not supported; supported: linear, llama3")
+        else:
+            scaling = {k: v for k, v in scaling.items() if k != "rope_theta"} | {"rope_type": kind}
+    return float(theta if theta is not None else 10000.0), scaling
+
+
+@dataclass(frozen=True)
+class ArchConfig:
+    architecture: str
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = field(default=None, hash=False, compare=False)
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
+    checkpoint_dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.architecture not in SUPPORTED_ARCHITECTURES:
+            raise _unsupported(self.architecture)
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_attention_heads {self.num_heads} is not a multiple of "
+                             f"num_key_value_heads {self.num_kv_heads}")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict) -> "ArchConfig":
+        model_type = cfg.get("model_type")
+        if model_type is None:
+            archs = cfg.get("architectures") or []
+            model_type = archs[0] if archs else None
+        if model_type not in SUPPORTED_ARCHITECTURES:
+            raise _unsupported(model_type)
+        heads = int(cfg["num_attention_heads"])
+        hidden = int(cfg["hidden_size"])
+        theta, scaling = _rope_from_hf(cfg)
+        dtype = cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
+        max_positions = int(cfg.get("max_position_embeddings", 2048))
+        window = cfg.get("sliding_window")
+        if window and (model_type == "mistral" or cfg.get("use_sliding_window")):
+            # sliding-window attention is not implemented; within the window it equals full attention
+            max_positions = min(max_positions, int(window))
+        return cls(
+            architecture=model_type, hidden_size=hidden, intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=int(cfg["num_hidden_layers"]), num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads), vocab_size=int(cfg["vocab_size"]),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_scaling=scaling,
+            max_position_embeddings=max_positions, tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
+            qk_norm=model_type == "qwen3", checkpoint_dtype=str(dtype))
+
+    @classmethod
+    def from_gguf_metadata(cls, meta: dict, vocab_size: int | None = None,
+                           tie_word_embeddings: bool = False) -> "ArchConfig":
+        """``meta`` maps GGUF keys (``llama.block_count`` ...) to Python values."""
+        arch = meta.get("general.architecture")
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise _unsupported(arch)
+
+        def get(key, default=None):
+            value = meta.get(f"{arch}.{key}", default)
+            if value is None:
+                raise ValueError(f"GGUF metadata lacks {arch}.{key}")
+            return value
+
+        hidden = int(get("embedding_length"))
+        heads = int(get("attention.head_count"))
+        kv_heads = int(get("attention.head_count_kv", heads))
+        head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // heads)
+        if vocab_size is None:
+            vocab_size = int(meta.get(f"{arch}.vocab_size") or len(meta["tokenizer.ggml.tokens"]))
+        scaling = None
+        kind = meta.get(f"{arch}.rope.scaling.type")
+        if kind == "linear":
+            scaling = {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
+        elif kind not in (None, "none"):
+            raise ValueError(f"GGUF rope scaling type {kind!r} is not supported; supported: linear")
+        return cls(
+            architecture=arch, hidden_size=hidden, intermediate_size=int(get("feed_forward_length")),
+            num_layers=int(get("block_count")), num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+            vocab_size=int(vocab_size), rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_theta=float(get("rope.freq_base", 10000.0)), rope_scaling=scaling,
+            max_position_embeddings=int(get("context_length", 2048)), tie_word_embeddings=tie_word_embeddings,
+            attention_bias=arch == "qwen2", qk_norm=arch == "qwen3", checkpoint_dtype="gguf")

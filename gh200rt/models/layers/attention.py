@@ -1,0 +1,45 @@
+"""Model-side self-attention: fused qkv projection, optional per-head q/k RMSNorm (Qwen3), RoPE,
+K/V written to the paged pool, paged attention, output projection."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gh200rt.kv.attention import paged_attention, write_kv
+from gh200rt.models.arch_config import ArchConfig
+from gh200rt.models.base import AttentionMetadata
+from gh200rt.models.layers.linear import RefLinear
+from gh200rt.models.layers.rmsnorm import RMSNorm
+from gh200rt.models.layers.rotary import apply_rotary
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, arch: ArchConfig, dtype: torch.dtype, device: torch.device | str = "cpu"):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = arch.num_heads, arch.num_kv_heads, arch.head_dim
+        self.q_size, self.kv_size = arch.q_size, arch.kv_size
+        self.scale = self.head_dim ** -0.5
+        self.qkv_proj = RefLinear(arch.hidden_size, self.q_size + 2 * self.kv_size, arch.attention_bias, dtype, device)
+        self.o_proj = RefLinear(self.q_size, arch.hidden_size, False, dtype, device)
+        self.q_norm = RMSNorm(self.head_dim, arch.rms_norm_eps, dtype, device) if arch.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, arch.rms_norm_eps, dtype, device) if arch.qk_norm else None
+        # paged_attention may be swapped for the Triton kernel with the same signature
+        self.attention_fn = paged_attention
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata,
+                kv_cache: torch.Tensor) -> torch.Tensor:
+        tokens = hidden.shape[0]
+        qkv = self.qkv_proj(hidden)
+        heads = self.num_heads + self.num_kv_heads
+        v = qkv[:, self.q_size + self.kv_size:].view(tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is None:
+            qk = apply_rotary(qkv[:, :self.q_size + self.kv_size].view(tokens, heads, self.head_dim), cos, sin)
+            q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
+        else:
+            q = self.q_norm(qkv[:, :self.q_size].view(tokens, self.num_heads, self.head_dim))
+            k = self.k_norm(qkv[:, self.q_size:self.q_size + self.kv_size].view(tokens, self.num_kv_heads,
+                                                                                 self.head_dim))
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        write_kv(kv_cache, k, v, meta.slot_mapping)
+        out = self.attention_fn(q, kv_cache, meta, self.scale, self.num_kv_heads)
+        return self.o_proj(out.reshape(tokens, self.q_size))

@@ -1,0 +1,26 @@
+"""A linear layer whose weight lives behind a WeightRef (resident tensor, staging slot, host view or packed)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gh200rt.models.base import WeightRef
+
+
+class RefLinear(nn.Module):
+    """``y = x W^T (+ b)``; W is read from ``weight_ref.current`` on every call, never cached."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
+                 device: torch.device | str = "cpu"):
+        super().__init__()
+        weight = torch.empty(out_features, in_features, dtype=dtype, device=device)
+        self.weight_ref = WeightRef(weight, (out_features, in_features), dtype)
+        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device),
+                                 requires_grad=False) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight_ref.current
+        if isinstance(weight, torch.Tensor):
+            return F.linear(x, weight, self.bias)
+        return weight.linear(x, self.bias)

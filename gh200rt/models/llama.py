@@ -1,0 +1,134 @@
+"""Decoder-only transformer of the Llama family (Llama 2/3, Mistral; Qwen2/3 reuse it via flags).
+
+Checkpoint names follow transformers (``model.layers.N.self_attn.q_proj.weight``...). The model
+fuses q/k/v into ``qkv_proj`` and gate/up into ``gate_up_proj``; ``FUSED_SHARDS`` declares which
+checkpoint tensor fills which rows, and ``weight_destinations()`` hands the loader a view for each
+checkpoint name so every tensor is written exactly once into wherever its WeightRef points now.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gh200rt.models.arch_config import ArchConfig
+from gh200rt.models.base import NULL_SCHEDULE, AttentionMetadata, LayerSchedule, WeightRef
+from gh200rt.models.layers.activation import silu_and_mul
+from gh200rt.models.layers.attention import SelfAttention
+from gh200rt.models.layers.linear import RefLinear
+from gh200rt.models.layers.rmsnorm import RMSNorm
+from gh200rt.models.layers.rotary import RotaryEmbedding
+
+# fused module -> the checkpoint modules whose rows it stacks, in order
+FUSED_SHARDS = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+# longest context the RoPE tables are precomputed for when the config allows more
+_MAX_ROPE_TABLE = 32768
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, arch: ArchConfig, dtype: torch.dtype, device):
+        super().__init__()
+        self.gate_up_proj = RefLinear(arch.hidden_size, 2 * arch.intermediate_size, False, dtype, device)
+        self.down_proj = RefLinear(arch.intermediate_size, arch.hidden_size, False, dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, arch: ArchConfig, dtype: torch.dtype, device):
+        super().__init__()
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
+        self.self_attn = SelfAttention(arch, dtype, device)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
+        self.mlp = GatedMLP(arch, dtype, device)
+
+    def forward(self, hidden, cos, sin, meta, kv_cache):
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, meta, kv_cache)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, arch: ArchConfig, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        super().__init__()
+        self.arch = arch
+        self.dtype = dtype
+        self.embed_tokens = nn.Parameter(torch.empty(arch.vocab_size, arch.hidden_size, dtype=dtype, device=device),
+                                         requires_grad=False)
+        self.layers = nn.ModuleList(DecoderLayer(arch, dtype, device) for _ in range(arch.num_layers))
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
+        self.lm_head = RefLinear(arch.hidden_size, arch.vocab_size, False, dtype, device)
+        if arch.tie_word_embeddings:
+            self.lm_head.weight_ref.current = self.embed_tokens
+        self.rotary = RotaryEmbedding(arch.head_dim, min(arch.max_position_embeddings, _MAX_ROPE_TABLE),
+                                      arch.rope_theta, arch.rope_scaling, device)
+        self.layer_schedule: LayerSchedule = NULL_SCHEDULE
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: list[torch.Tensor]) -> torch.Tensor:
+        hidden = F.embedding(input_ids, self.embed_tokens)
+        cos, sin = self.rotary.tables(positions, hidden.dtype)
+        schedule = self.layer_schedule
+        for i, layer in enumerate(self.layers):
+            schedule.before_layer(i)
+            hidden = layer(hidden, cos, sin, meta, kv_caches[i])
+            schedule.after_layer(i)
+        return self.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    # ---- weights -------------------------------------------------------------------------------
+    def layer_weight_refs(self, index: int) -> dict[str, WeightRef]:
+        layer = self.layers[index]
+        return {"self_attn.qkv_proj": layer.self_attn.qkv_proj.weight_ref,
+                "self_attn.o_proj": layer.self_attn.o_proj.weight_ref,
+                "mlp.gate_up_proj": layer.mlp.gate_up_proj.weight_ref,
+                "mlp.down_proj": layer.mlp.down_proj.weight_ref}
+
+    def fused_names(self) -> dict[str, str]:
+        """Checkpoint weight name -> the fused weight it is a row block of (for error messages)."""
+        out = {}
+        for i in range(len(self.layers)):
+            for fused, parts in FUSED_SHARDS.items():
+                for part in parts:
+                    for kind in ("weight", "bias"):
+                        out[f"model.layers.{i}.{part}.{kind}"] = f"model.layers.{i}.{fused}.{kind}"
+        return out
+
+    def weight_destinations(self) -> dict[str, torch.Tensor]:
+        """Every checkpoint tensor name -> the tensor (or row view of a fused tensor) it must be copied into."""
+        arch = self.arch
+        dest = {"model.embed_tokens.weight": self.embed_tokens.data, "model.norm.weight": self.norm.weight.data}
+        if not arch.tie_word_embeddings:
+            dest["lm_head.weight"] = _dense(self.lm_head.weight_ref, "lm_head.weight")
+        rows = {"self_attn.qkv_proj": (arch.q_size, arch.kv_size, arch.kv_size),
+                "mlp.gate_up_proj": (arch.intermediate_size, arch.intermediate_size)}
+        for i, layer in enumerate(self.layers):
+            prefix = f"model.layers.{i}."
+            dest[prefix + "input_layernorm.weight"] = layer.input_layernorm.weight.data
+            dest[prefix + "post_attention_layernorm.weight"] = layer.post_attention_layernorm.weight.data
+            refs = self.layer_weight_refs(i)
+            dest[prefix + "self_attn.o_proj.weight"] = _dense(refs["self_attn.o_proj"], prefix + "o_proj")
+            dest[prefix + "mlp.down_proj.weight"] = _dense(refs["mlp.down_proj"], prefix + "down_proj")
+            for fused, parts in FUSED_SHARDS.items():
+                weight = _dense(refs[fused], prefix + fused)
+                bias = layer.self_attn.qkv_proj.bias if fused == "self_attn.qkv_proj" else None
+                start = 0
+                for part, size in zip(parts, rows[fused]):
+                    dest[f"{prefix}{part}.weight"] = weight[start:start + size]
+                    if bias is not None:
+                        dest[f"{prefix}{part}.bias"] = bias.data[start:start + size]
+                    start += size
+            if layer.self_attn.q_norm is not None:
+                dest[prefix + "self_attn.q_norm.weight"] = layer.self_attn.q_norm.weight.data
+                dest[prefix + "self_attn.k_norm.weight"] = layer.self_attn.k_norm.weight.data
+        return dest
+
+
+def _dense(ref: WeightRef, name: str) -> torch.Tensor:
+    assert isinstance(ref.current, torch.Tensor), f"{name}: the loader writes dense weights only"
+    return ref.current

@@ -1,0 +1,60 @@
+import pytest
+
+from gh200rt.models.arch_config import ArchConfig
+
+BASE = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, vocab_size=100)
+
+
+def test_classic_rope_fields():
+    cfg = ArchConfig.from_hf_config({**BASE, "rope_theta": 500000.0, "rope_scaling": {
+        "type": "linear", "factor": 4.0}})
+    assert cfg.rope_theta == 500000.0 and cfg.rope_scaling == {"type": "linear", "factor": 4.0, "rope_type": "linear"}
+    assert cfg.head_dim == 16 and cfg.num_kv_heads == 2 and cfg.q_size == 64 and cfg.kv_size == 32
+
+
+def test_transformers5_rope_parameters():
+    params = {"rope_type": "llama3", "rope_theta": 8000.0, "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    cfg = ArchConfig.from_hf_config({**BASE, "rope_parameters": params})
+    assert cfg.rope_theta == 8000.0
+    assert cfg.rope_scaling["rope_type"] == "llama3" and "rope_theta" not in cfg.rope_scaling
+    plain = ArchConfig.from_hf_config({**BASE, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}})
+    assert plain.rope_theta == 1e6 and plain.rope_scaling is None
+
+
+def test_family_flags():
+    assert ArchConfig.from_hf_config({**BASE, "model_type": "qwen2"}).attention_bias
+    qwen3 = ArchConfig.from_hf_config({**BASE, "model_type": "qwen3", "head_dim": 32})
+    assert qwen3.qk_norm and qwen3.head_dim == 32 and not qwen3.attention_bias
+
+
+def test_unsupported_architecture_lists_supported():
+    with pytest.raises(ValueError, match=r"unsupported architecture 'gpt2'.*llama, mistral, qwen2, qwen3"):
+        ArchConfig.from_hf_config({**BASE, "model_type": "gpt2"})
+    with pytest.raises(ValueError, match="supports: llama"):
+        ArchConfig.from_gguf_metadata({"general.architecture": "falcon"})
+
+
+def test_unsupported_rope_type():
+    with pytest.raises(ValueError, match="rope scaling type 'yarn' is not supported"):
+        ArchConfig.from_hf_config({**BASE, "rope_scaling": {"rope_type": "yarn", "factor": 2.0}})
+
+
+def test_from_gguf_metadata():
+    meta = {"general.architecture": "llama", "llama.block_count": 30, "llama.context_length": 8192,
+            "llama.embedding_length": 576, "llama.feed_forward_length": 1536, "llama.attention.head_count": 9,
+            "llama.attention.head_count_kv": 3, "llama.rope.freq_base": 100000.0,
+            "llama.attention.layer_norm_rms_epsilon": 1e-5, "llama.vocab_size": 49152}
+    cfg = ArchConfig.from_gguf_metadata(meta, tie_word_embeddings=True)
+    assert (cfg.num_layers, cfg.head_dim, cfg.num_kv_heads, cfg.vocab_size) == (30, 64, 3, 49152)
+    assert cfg.tie_word_embeddings and cfg.rope_theta == 100000.0
+
+
+def test_sliding_window_caps_context_instead_of_computing_it_wrong():
+    cfg = ArchConfig.from_hf_config({**BASE, "model_type": "mistral", "sliding_window": 4096,
+                                     "max_position_embeddings": 32768})
+    assert cfg.max_position_embeddings == 4096
+    qwen = ArchConfig.from_hf_config({**BASE, "model_type": "qwen2", "sliding_window": 4096,
+                                      "use_sliding_window": False, "max_position_embeddings": 32768})
+    assert qwen.max_position_embeddings == 32768
