@@ -1,1 +1,3 @@
-
+"""The engine: ``LLMEngine`` (engine.py) steps scheduled batches through the ``ModelRunner``,
+``Sampler`` and ``IncrementalDetokenizer``; ``LLM`` (llm.py) is the offline API on top.
+Outputs follow the contract in outputs.py."""

@@ -1,0 +1,185 @@
+"""LLMEngine: requests in, incremental ``RequestOutput``s out, one ``step()`` at a time.
+
+Single-threaded by contract (the server drives it from one thread). Each step: schedule ->
+run the model on the flattened batch -> advance KV progress -> sample -> detokenize and check
+stop conditions -> free finished sequences at once -> report what each request added.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gh200rt.config import EngineConfig
+from gh200rt.engine.detokenizer import IncrementalDetokenizer
+from gh200rt.engine.model_runner import ModelRunner
+from gh200rt.engine.outputs import RequestOutput
+from gh200rt.engine.request_state import RequestState, prompt_logprobs_for_chunk
+from gh200rt.engine.sampler import Sampler
+from gh200rt.kv.kv_manager import KVCacheManager
+from gh200rt.kv.pool import allocate_kv_caches, kv_bytes_per_block, resolve_num_kv_blocks
+from gh200rt.sampling_params import SamplingParams
+from gh200rt.scheduler.request import Sequence
+from gh200rt.scheduler.scheduler import Scheduler
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_blocks_total: int
+    kv_blocks_used: int              # held by requests
+    kv_blocks_cached_free: int       # free but still holding a reusable prefix
+    prefix_cache_lookups: int
+    prefix_cache_hits: int
+    prefix_cache_hit_tokens: int
+    num_preemptions: int
+    prompt_tokens: int
+    generation_tokens: int
+
+
+def eos_ids_of(tokenizer) -> frozenset[int]:
+    ids = getattr(tokenizer, "eos_token_ids", None)
+    if ids is None:
+        one = getattr(tokenizer, "eos_token_id", None)
+        ids = [] if one is None else [one]
+    return frozenset(int(i) for i in ids)
+
+
+class LLMEngine:
+    def __init__(self, model: torch.nn.Module, tokenizer, arch, config: EngineConfig, weight_bytes: int = 0,
+                 dtype: torch.dtype = torch.float32, device: str = "cpu"):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.arch = arch
+        self.vocab_size = arch.vocab_size
+        self.max_model_len = config.model.max_model_len or arch.max_position_embeddings
+        bs = config.cache.block_size
+        per_block = kv_bytes_per_block(arch.num_layers, bs, arch.num_kv_heads, arch.head_dim, dtype)
+        num_blocks = resolve_num_kv_blocks(config.cache.num_kv_blocks, config.memory.budget_bytes, weight_bytes,
+                                           per_block, bs, self.max_model_len)
+        self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv, config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens)
+        caches = allocate_kv_caches(arch.num_layers, num_blocks, bs, arch.num_kv_heads, arch.head_dim, dtype, device)
+        self.runner = ModelRunner(model, caches, bs, device)
+        self.sampler = Sampler(config.model.seed)
+        self.eos_token_ids = eos_ids_of(tokenizer)
+        self.requests: dict[str, RequestState] = {}
+        self._arrivals = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> "LLMEngine":
+        from gh200rt.loader import load_model
+        loaded = load_model(config.model, device="cpu")
+        model = loaded.model
+        weight_bytes = getattr(loaded, "weight_bytes", None)
+        if weight_bytes is None:
+            weight_bytes = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+        dtype = getattr(loaded, "dtype", None) or next(
+            (p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+        return cls(model, loaded.tokenizer, loaded.arch, config, weight_bytes=weight_bytes, dtype=dtype)
+
+    # ---- requests -------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | None, params: SamplingParams | None = None,
+                    prompt_token_ids: list[int] | None = None) -> None:
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already running; use a unique id")
+        if prompt_token_ids is None:
+            if prompt is None:
+                raise ValueError("give a prompt string or prompt_token_ids")
+            prompt_token_ids = list(self.tokenizer.encode(prompt))
+        prompt_token_ids = [int(t) for t in prompt_token_ids]
+        self._validate(prompt_token_ids, params)
+        state = RequestState(request_id, prompt, prompt_token_ids, params)
+        owner = None
+        for index in range(params.n):
+            seq = Sequence(f"{request_id}#{index}", request_id, index, prompt_token_ids, params, self._arrivals,
+                           self.eos_token_ids, self.max_model_len)
+            self._arrivals += 1
+            seq.share_prompt_from = owner
+            owner = owner or seq
+            state.seqs.append(seq)
+            state.detoks.append(IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens,
+                                                       params.stop, params.include_stop_str_in_output))
+            self.scheduler.add(seq)
+        self.requests[request_id] = state
+        self.prompt_tokens += len(prompt_token_ids)
+
+    def _validate(self, ids: list[int], params: SamplingParams) -> None:
+        if not ids:
+            raise ValueError("the prompt is empty; give at least one token")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        want = len(ids) + (params.max_tokens or 1)
+        if want > self.max_model_len:
+            raise ValueError(f"the prompt has {len(ids)} tokens and max_tokens is {params.max_tokens}: "
+                             f"{want} tokens exceed max_model_len {self.max_model_len}; shorten the prompt, "
+                             f"lower max_tokens, or raise --max-model-len")
+
+    def abort(self, request_id: str) -> None:
+        state = self.requests.pop(request_id, None)
+        if state is None:
+            return
+        for seq in state.seqs:
+            if not seq.is_finished or seq.block_ids:
+                seq.finish("abort")
+                self.scheduler.finish(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # ---- the step -------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return []
+        sampling = [item.seq for item in out.scheduled if item.samples]
+        prompt_chunks = {i: (item.seq, item.seq.num_computed_tokens) for i, item in enumerate(out.scheduled)}
+        logits = self.runner.run(out)
+        self.scheduler.step_done(out)
+        touched: dict[str, set[int]] = {}
+        for i, chunk_logits in logits.prompt_logits.items():
+            seq, start = prompt_chunks[i]
+            state = self.requests[seq.group_id]
+            if seq.index == 0 and state.prompt_logprobs is not None and len(state.prompt_logprobs) == start + 1:
+                state.prompt_logprobs.extend(prompt_logprobs_for_chunk(chunk_logits, seq.prompt_token_ids, start,
+                                                                       seq.params.prompt_logprobs))
+        if sampling:
+            result = self.sampler(logits.sample_logits, sampling)
+            for seq, token, lp, chosen in zip(sampling, result.token_ids, result.logprobs, result.chosen_logprobs):
+                self._advance(seq, token, lp, chosen)
+                touched.setdefault(seq.group_id, set()).add(seq.index)
+        outputs = []
+        for group_id, advanced in touched.items():
+            state = self.requests[group_id]
+            outputs.append(state.make_output(advanced))
+            if state.finished:
+                del self.requests[group_id]
+        return outputs
+
+    def _advance(self, seq: Sequence, token: int, lp, chosen: float) -> None:
+        state = self.requests[seq.group_id]
+        seq.append_token(token)
+        self.generation_tokens += 1
+        if lp is not None:
+            seq.output_logprobs.append(lp)
+            seq.cumulative_logprob += chosen
+        finished = seq.check_token_stop(token)
+        if not (finished and seq.finish_reason == "stop"):    # EOS and stop token ids add no text
+            stop = state.detoks[seq.index].add_token(token)
+            if stop is not None:
+                finished = seq.finish("stop", stop)
+        if finished:
+            self.scheduler.finish(seq)
+
+    def stats(self) -> EngineStats:
+        pool = self.kv.pool
+        cached_free = pool.num_cached_free
+        s = self.kv.stats
+        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), pool.num_blocks,
+                           pool.num_blocks - pool.num_free, cached_free, s.lookups, s.hits, s.hit_tokens,
+                           self.scheduler.num_preemptions, self.prompt_tokens, self.generation_tokens)

@@ -1,0 +1,96 @@
+"""Flatten one scheduled step into model inputs, run the model, return the logits that are needed.
+
+Only rows that sample (the last token of a sequence that completes its prompt or decodes) go
+through ``compute_logits``, plus every prompt position of sequences that asked for
+``prompt_logprobs``. Inputs are built from host lists in one pass (no per-token tensors).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gh200rt.models.base import AttentionMetadata
+from gh200rt.scheduler.scheduler import SchedulerOutput
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    sample_rows: list[int]                      # flat token index whose logits sample, per sampling seq
+    prompt_logit_ranges: dict[int, tuple[int, int]]   # scheduled index -> flat [start, end) of prompt logits
+
+
+def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device | str = "cpu") -> StepInputs:
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    query_lens: list[int] = []
+    seq_lens: list[int] = []
+    tables: list[list[int]] = []
+    starts = [0]
+    sample_rows: list[int] = []
+    prompt_ranges: dict[int, tuple[int, int]] = {}
+    width = 0
+    for i, item in enumerate(out.scheduled):
+        seq, q = item.seq, item.num_new_tokens
+        start, end = seq.num_computed_tokens, seq.num_computed_tokens + q
+        flat = starts[-1]
+        if q == 1:
+            ids.append(seq.all_token_ids[start])
+            positions.append(start)
+            table = seq.block_ids
+            slots.append(table[start // block_size] * block_size + start % block_size)
+        else:
+            ids.extend(seq.all_token_ids[start:end])
+            positions.extend(range(start, end))
+            table = seq.block_ids
+            slots.extend(table[p // block_size] * block_size + p % block_size for p in range(start, end))
+        if seq.params.prompt_logprobs is not None and start < len(seq.prompt_token_ids):
+            prompt_ranges[i] = (flat, flat + min(end, len(seq.prompt_token_ids)) - start)
+        query_lens.append(q)
+        seq_lens.append(end)
+        tables.append(table)
+        width = max(width, len(table))
+        starts.append(flat + q)
+        if end == seq.num_tokens:
+            sample_rows.append(flat + q - 1)
+    flat_tables: list[int] = []
+    for table in tables:
+        flat_tables.extend(table)
+        flat_tables.extend([0] * (width - len(table)))
+    padded = torch.tensor(flat_tables, dtype=torch.int32).view(len(tables), width)
+    meta = AttentionMetadata(
+        query_start_loc=torch.tensor(starts, dtype=torch.int64, device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=device),
+        block_tables=padded.to(device),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        query_lens_list=query_lens, seq_lens_list=seq_lens, block_size=block_size)
+    return StepInputs(torch.tensor(ids, dtype=torch.int64, device=device),
+                      torch.tensor(positions, dtype=torch.int64, device=device), meta, sample_rows, prompt_ranges)
+
+
+@dataclass
+class StepLogits:
+    sample_logits: torch.Tensor                        # [num sampling seqs, V] float32
+    prompt_logits: dict[int, torch.Tensor]             # scheduled index -> [chunk prompt tokens, V]
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], block_size: int,
+                 device: torch.device | str = "cpu"):
+        self.model = model
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+        self.device = device
+
+    @torch.inference_mode()
+    def run(self, out: SchedulerOutput) -> StepLogits:
+        inputs = prepare_inputs(out, self.block_size, self.device)
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
+        sample_logits = self.model.compute_logits(hidden[inputs.sample_rows]) if inputs.sample_rows else \
+            torch.empty(0, 0)
+        prompt_logits = {i: self.model.compute_logits(hidden[a:b]) for i, (a, b) in inputs.prompt_logit_ranges.items()}
+        return StepLogits(sample_logits.float(), {i: t.float() for i, t in prompt_logits.items()})

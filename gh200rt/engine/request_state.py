@@ -1,0 +1,63 @@
+"""What the engine keeps per user request: its choices (sequences), their detokenizers, and how
+much of each has been reported, so every step's ``RequestOutput`` carries exact deltas."""
+from __future__ import annotations
+
+import torch
+
+from gh200rt.engine.detokenizer import IncrementalDetokenizer
+from gh200rt.engine.outputs import CompletionOutput, RequestOutput, TokenLogprobs
+from gh200rt.engine.sampler import top_logprobs
+from gh200rt.sampling_params import SamplingParams
+from gh200rt.scheduler.request import Sequence
+
+
+def prompt_logprobs_for_chunk(chunk_logits: torch.Tensor, prompt: list[int], start: int,
+                              k: int) -> list[TokenLogprobs]:
+    """Row r holds the logits at prompt position start + r, which score prompt token start + r + 1."""
+    logprobs = torch.log_softmax(chunk_logits, dim=-1)
+    result = []
+    for r in range(chunk_logits.shape[0]):
+        target = start + r + 1
+        if target >= len(prompt):
+            break
+        result.append(top_logprobs(logprobs[r], prompt[target], k))
+    return result
+
+
+class RequestState:
+    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = prompt_token_ids
+        self.params = params
+        self.seqs: list[Sequence] = []
+        self.detoks: list[IncrementalDetokenizer] = []
+        self._reported_tokens: list[int] = []
+        self.prompt_logprobs: list[TokenLogprobs | None] | None = [None] if params.prompt_logprobs is not None \
+            else None
+
+    @property
+    def finished(self) -> bool:
+        return all(s.is_finished for s in self.seqs)
+
+    def make_output(self, advanced: set[int]) -> RequestOutput:
+        while len(self._reported_tokens) < len(self.seqs):
+            self._reported_tokens.append(0)
+        outputs = []
+        for seq, detok in zip(self.seqs, self.detoks):
+            done = seq.is_finished
+            before = self._reported_tokens[seq.index]
+            new_ids = seq.output_token_ids[before:] if seq.index in advanced else []
+            delta_text = detok.delta(final=done) if seq.index in advanced else ""
+            self._reported_tokens[seq.index] = before + len(new_ids)
+            want_lp = self.params.logprobs is not None
+            outputs.append(CompletionOutput(
+                index=seq.index, text=detok.text[:detok.emitted], token_ids=list(seq.output_token_ids),
+                cumulative_logprob=seq.cumulative_logprob if want_lp else None,
+                logprobs=list(seq.output_logprobs) if want_lp else None,
+                finish_reason=seq.finish_reason if seq.index in advanced else None,
+                stop_reason=seq.stop_reason, delta_text=delta_text, delta_token_ids=list(new_ids),
+                delta_logprobs=seq.output_logprobs[before:] if want_lp and seq.index in advanced else None))
+        prompt_lp = self.prompt_logprobs if self.prompt_logprobs is not None else None
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outputs, finished=self.finished,
+                             prompt_logprobs=prompt_lp, num_cached_tokens=self.seqs[0].num_cached_tokens)

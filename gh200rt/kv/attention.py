@@ -1,0 +1,77 @@
+"""Plain-torch attention over the paged KV pool (the reference the Triton kernel must match).
+
+``kv_cache``: ``[2, num_blocks, block_size, num_kv_heads, head_dim]``. A sequence's new tokens are the
+last ``query_len`` of its ``seq_len`` positions, so query i of sequence b sits at position
+``seq_len - query_len + i`` and sees every cached key at or before it (causal within the new
+tokens, full over the cached prefix). All sequences are handled in one batched call: contexts are
+gathered through the block tables, padded to the longest, and masked.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from gh200rt.models.base import AttentionMetadata
+
+_LAYOUT_KEY = "_torch_paged_attention_layout"
+
+
+def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store new K/V ``[T, num_kv_heads, head_dim]`` at their flat pool slots."""
+    num_kv_heads, head_dim = kv_cache.shape[-2], kv_cache.shape[-1]
+    kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
+    kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
+
+
+class _BatchLayout:
+    """Index tensors shared by every layer of one step (built once per AttentionMetadata)."""
+
+    def __init__(self, meta: AttentionMetadata):
+        device = meta.slot_mapping.device
+        max_len = max(meta.seq_lens_list)
+        blocks = -(-max_len // meta.block_size)
+        self.block_table = meta.block_tables[:, :blocks].long()
+        self.decode_only = meta.is_decode_only
+        self.max_query = max(meta.query_lens_list)
+        key_pos = torch.arange(blocks * meta.block_size, device=device)
+        if self.decode_only:
+            self.mask = (key_pos[None, :] < meta.seq_lens[:, None])[:, None, None, :]
+            return
+        seq_of, index_in_seq = [], []
+        for b, q in enumerate(meta.query_lens_list):
+            seq_of.extend([b] * q)
+            index_in_seq.extend(range(q))
+        self.seq_of = torch.tensor(seq_of, dtype=torch.long, device=device)
+        self.index_in_seq = torch.tensor(index_in_seq, dtype=torch.long, device=device)
+        first_new = torch.tensor([s - q for q, s in zip(meta.query_lens_list, meta.seq_lens_list)], device=device)
+        query_pos = first_new[:, None] + torch.arange(self.max_query, device=device)[None, :]
+        self.mask = (key_pos[None, None, :] <= query_pos[:, :, None])[:, None, :, :]
+
+
+def _layout(meta: AttentionMetadata) -> _BatchLayout:
+    layout = meta.__dict__.get(_LAYOUT_KEY)
+    if layout is None:
+        layout = meta.__dict__[_LAYOUT_KEY] = _BatchLayout(meta)
+    return layout
+
+
+def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                    num_kv_heads: int) -> torch.Tensor:
+    """``q [T, num_heads, head_dim]`` (K/V already written) -> ``out [T, num_heads, head_dim]``."""
+    layout = _layout(meta)
+    num_seqs = meta.num_seqs
+    head_dim = q.shape[-1]
+    k = kv_cache[0][layout.block_table].view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+    v = kv_cache[1][layout.block_table].view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+    if layout.decode_only:
+        queries = q.unsqueeze(2)                                   # [B, H, 1, D]
+    else:
+        padded = q.new_zeros(num_seqs, layout.max_query, q.shape[1], head_dim)
+        padded[layout.seq_of, layout.index_in_seq] = q
+        queries = padded.transpose(1, 2)                           # [B, H, Qmax, D]
+    out = F.scaled_dot_product_attention(queries, k.to(q.dtype), v.to(q.dtype), attn_mask=layout.mask,
+                                         scale=scale, enable_gqa=num_kv_heads != q.shape[1])
+    out = out.transpose(1, 2)                                      # [B, Q, H, D]
+    if layout.decode_only:
+        return out.reshape(num_seqs, q.shape[1], head_dim)
+    return out[layout.seq_of, layout.index_in_seq]

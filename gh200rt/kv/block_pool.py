@@ -1,0 +1,106 @@
+"""The pool of fixed-size KV blocks: ids, reference counts, and the LRU of free blocks.
+
+A block is either in use (``ref_count > 0``) or free. Free blocks wait in LRU order; a free
+block may still hold a cached prefix (its ``block_hash`` is set), so it can be revived by a
+prefix-cache hit until it is handed out again, at which point its hash is dropped (evicted).
+Pure Python and hardware-agnostic: ids only, no tensors.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+@dataclass
+class KVBlock:
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None
+    token_ids: tuple[int, ...] | None = None      # stored to confirm a hash hit exactly
+    parent: tuple[int, int] | None = None          # (block_id, epoch) of the block before it in its chain
+    epoch: int = 0                                 # bumped whenever the block gets new contents
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int):
+        if num_blocks < 1:
+            raise ValueError(f"a KV pool needs at least one block, got {num_blocks}")
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        # Least recently freed first: allocation takes from the front, freeing appends at the back.
+        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.cached: dict[int, int] = {}           # block_hash -> block_id
+        self.num_evictions = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_cached_free(self) -> int:
+        return sum(1 for b in self._free if self.blocks[b].block_hash is not None)
+
+    def free_order(self) -> list[int]:
+        return list(self._free)
+
+    def allocate(self, count: int) -> list[int]:
+        if count > len(self._free):
+            raise RuntimeError(f"asked for {count} KV blocks, {len(self._free)} free")
+        ids = []
+        for _ in range(count):
+            block_id, _ = self._free.popitem(last=False)
+            block = self.blocks[block_id]
+            self._evict(block)
+            block.ref_count = 1
+            block.epoch += 1
+            ids.append(block_id)
+        return ids
+
+    def _evict(self, block: KVBlock) -> None:
+        if block.block_hash is not None:
+            if self.cached.get(block.block_hash) == block.block_id:
+                del self.cached[block.block_hash]
+            self.num_evictions += 1
+        block.block_hash = block.token_ids = block.parent = None
+
+    def touch(self, block_id: int) -> None:
+        """Take one more reference (a prefix hit or a fork); revives a free cached block."""
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self._free[block_id]
+        block.ref_count += 1
+
+    def release(self, block_ids: list[int]) -> None:
+        """Drop one reference each. Callers pass a table tail-first so the tail is evicted first."""
+        for block_id in block_ids:
+            block = self.blocks[block_id]
+            assert block.ref_count > 0, f"block {block_id} released more often than taken"
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free[block_id] = None
+
+    def register(self, block_id: int, block_hash: int, token_ids: tuple[int, ...],
+                 parent: tuple[int, int] | None) -> bool:
+        """Publish a full, computed block under its chained hash. False if the hash is taken."""
+        block = self.blocks[block_id]
+        if block.block_hash is not None or block_hash in self.cached:
+            return False
+        block.block_hash, block.token_ids, block.parent = block_hash, token_ids, parent
+        self.cached[block_hash] = block_id
+        return True
+
+    def lookup(self, block_hash: int, token_ids: tuple[int, ...], parent: tuple[int, int] | None) -> int | None:
+        """The cached block with exactly these tokens after exactly this parent, or None."""
+        block_id = self.cached.get(block_hash)
+        if block_id is None:
+            return None
+        block = self.blocks[block_id]
+        if block.token_ids != token_ids or block.parent != parent:
+            return None                             # a hash collision: never trust the hash alone
+        return block_id
+
+    def identity(self, block_id: int) -> tuple[int, int]:
+        return block_id, self.blocks[block_id].epoch

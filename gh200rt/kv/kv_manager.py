@@ -1,0 +1,120 @@
+"""Per-request block tables on top of the ``BlockPool``, with prefix caching.
+
+Contract: a request's ``block_ids`` always cover its ``num_computed_tokens`` plus the tokens
+scheduled this step. Full blocks of computed tokens are published under a chained hash
+(``hash(parent_hash, token_ids)``); a lookup walks the chain and confirms every hit against
+the stored tokens and the exact parent block, so a hash collision can only cost a miss.
+A lookup never covers the whole prompt: the last prompt token is always computed, because its
+logits produce the first output token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from gh200rt.kv.block_pool import BlockPool
+
+
+def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+    return hash((parent_hash, token_ids))
+
+
+class HasBlocks(Protocol):
+    block_ids: list[int]
+    block_hashes: list[int]        # chained hashes of the request's published full blocks
+    num_computed_tokens: int
+
+    @property
+    def all_token_ids(self) -> list[int]: ...
+
+
+@dataclass
+class PrefixCacheStats:
+    lookups: int = 0
+    hits: int = 0                  # lookups that reused at least one block
+    hit_tokens: int = 0
+    queried_tokens: int = 0
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 hash_fn: Callable[[int | None, tuple[int, ...]], int] = chain_hash):
+        self.pool = BlockPool(num_blocks)
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.hash_fn = hash_fn
+        self.stats = PrefixCacheStats()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def find_cached_prefix(self, token_ids: list[int]) -> tuple[list[int], list[int]]:
+        """(block ids, their hashes) of the longest cached prefix, leaving >= 1 token to compute."""
+        if not self.enable_prefix_caching:
+            return [], []
+        self.stats.lookups += 1
+        self.stats.queried_tokens += len(token_ids)
+        bs = self.block_size
+        hits: list[int] = []
+        hashes: list[int] = []
+        parent_hash, parent = None, None
+        for start in range(0, len(token_ids) - 1 - (len(token_ids) - 1) % bs, bs):
+            chunk = tuple(token_ids[start:start + bs])
+            h = self.hash_fn(parent_hash, chunk)
+            block_id = self.pool.lookup(h, chunk, parent)
+            if block_id is None:
+                break
+            hits.append(block_id)
+            hashes.append(h)
+            parent_hash, parent = h, self.pool.identity(block_id)
+        if hits:
+            self.stats.hits += 1
+            self.stats.hit_tokens += len(hits) * bs
+        return hits, hashes
+
+    def adopt_prefix(self, request: HasBlocks, block_ids: list[int], hashes: list[int]) -> None:
+        """Give a fresh request shared references to already-computed blocks (prefix hit or fork)."""
+        assert not request.block_ids and request.num_computed_tokens == 0
+        for block_id in block_ids:
+            self.pool.touch(block_id)
+        request.block_ids = list(block_ids)
+        request.block_hashes = list(hashes)
+        request.num_computed_tokens = len(block_ids) * self.block_size
+
+    def can_allocate(self, request: HasBlocks, num_new_tokens: int) -> bool:
+        need = self.blocks_needed(request.num_computed_tokens + num_new_tokens) - len(request.block_ids)
+        return need <= self.pool.num_free
+
+    def allocate(self, request: HasBlocks, num_new_tokens: int) -> bool:
+        """Extend the table to cover the scheduled tokens; False (nothing taken) if the pool is short."""
+        need = self.blocks_needed(request.num_computed_tokens + num_new_tokens) - len(request.block_ids)
+        if need > self.pool.num_free:
+            return False
+        if need > 0:
+            request.block_ids.extend(self.pool.allocate(need))
+        return True
+
+    def publish_full_blocks(self, request: HasBlocks) -> None:
+        """After a step: hash and publish the request's newly completed full blocks."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        num_full = request.num_computed_tokens // bs
+        tokens = request.all_token_ids
+        while len(request.block_hashes) < num_full:
+            i = len(request.block_hashes)
+            parent_hash = request.block_hashes[-1] if i else None
+            parent = self.pool.identity(request.block_ids[i - 1]) if i else None
+            chunk = tuple(tokens[i * bs:(i + 1) * bs])
+            h = self.hash_fn(parent_hash, chunk)
+            self.pool.register(request.block_ids[i], h, chunk, parent)
+            request.block_hashes.append(h)
+
+    def free(self, request: HasBlocks) -> None:
+        self.pool.release(request.block_ids[::-1])
+        request.block_ids = []
+        request.block_hashes = []

@@ -1,0 +1,90 @@
+"""One sequence the engine generates: its tokens, KV progress, block table and stopping state.
+
+A user request with ``n`` choices becomes ``n`` sequences sharing a ``group_id``; choice 0 computes
+the prompt and the others fork its full prompt blocks (``share_prompt_from``).
+"""
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from gh200rt.sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    def __init__(self, seq_id: str, group_id: str, index: int, prompt_token_ids: list[int],
+                 params: SamplingParams, arrival: int, eos_token_ids: frozenset[int] = frozenset(),
+                 max_model_len: int = 1 << 30):
+        self.seq_id = seq_id
+        self.group_id = group_id
+        self.index = index
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self._all = list(prompt_token_ids)
+        self.params = params
+        self.arrival = arrival
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+        self.status = Status.WAITING
+        self.num_computed_tokens = 0
+        self.block_ids: list[int] = []
+        self.block_hashes: list[int] = []
+        self.num_cached_tokens = 0                # prompt tokens reused from the prefix cache
+        self.num_preemptions = 0
+        self.share_prompt_from: "Sequence | None" = None
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.generator: torch.Generator | None = None
+        if params.seed is not None:
+            # Seeded from (seed, choice index) only, so the tokens never depend on the batch.
+            self.generator = torch.Generator().manual_seed((params.seed * 1_000_003 + index) % (2**63))
+        self.output_logprobs: list = []
+        self.cumulative_logprob = 0.0
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self._all
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._all)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_computed_tokens < self.num_tokens - 1
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self._all.append(token_id)
+
+    def check_token_stop(self, token_id: int) -> bool:
+        """Finish on max_tokens, a stop token id, EOS or the context limit; True if finished."""
+        p = self.params
+        n_out = len(self.output_token_ids)
+        if n_out >= p.min_tokens:
+            if token_id in p.stop_token_ids:
+                return self.finish("stop", token_id)
+            if not p.ignore_eos and token_id in self.eos_token_ids:
+                return self.finish("stop", None)
+        if p.max_tokens is not None and n_out >= p.max_tokens:
+            return self.finish("length")
+        if self.num_tokens >= self.max_model_len:
+            return self.finish("length")
+        return False
+
+    def finish(self, reason: str, stop_reason: int | str | None = None) -> bool:
+        self.status = Status.FINISHED
+        self.finish_reason = reason
+        self.stop_reason = stop_reason
+        return True

@@ -1,0 +1,149 @@
+"""Continuous batching: which sequences compute how many tokens this step.
+
+Each step spends at most ``max_num_batched_tokens`` tokens over at most ``max_num_seqs`` running
+sequences. Running sequences go first (decodes and unfinished prefill chunks, oldest first),
+then waiting ones in arrival order; a prompt longer than the remaining budget is prefilled in
+chunks over several steps. When the pool has no block for a running sequence, the newest
+running sequence is preempted by recompute: its blocks are freed and it waits at the head of
+the queue to recompute prompt + generated tokens later. No preemption happens in a step that
+admits new sequences. Hardware-agnostic: only token counts and block ids.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from gh200rt.kv.kv_manager import KVCacheManager
+from gh200rt.scheduler.request import Sequence, Status
+
+
+@dataclass
+class ScheduledSequence:
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """True when this step computes the sequence's last uncomputed token (its logits sample)."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        running = list(self.running)
+        kept: list[Sequence] = []
+        while running and budget > 0:
+            seq = running.pop(0)
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.kv.allocate(seq, num_new):
+                victim = running.pop() if running else seq
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status is Status.RUNNING:
+                kept.append(seq)
+                out.scheduled.append(ScheduledSequence(seq, num_new))
+                budget -= num_new
+        self.running = kept + running            # sequences left over (no budget) keep their place
+        if not out.preempted:
+            budget = self._admit_waiting(out, budget)
+        return out
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> int:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if self._must_wait_for_prompt_owner(seq):
+                break
+            if not seq.block_ids:
+                self._reuse_computed_prefix(seq)
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self.kv.allocate(seq, num_new):
+                self.kv.free(seq)
+                seq.num_computed_tokens = 0
+                break
+            self.waiting.popleft()
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            out.scheduled.append(ScheduledSequence(seq, num_new))
+            budget -= num_new
+        return budget
+
+    def _shareable_prompt_blocks(self, seq: Sequence) -> int:
+        return (len(seq.prompt_token_ids) - 1) // self.kv.block_size
+
+    def _must_wait_for_prompt_owner(self, seq: Sequence) -> bool:
+        owner = seq.share_prompt_from
+        if owner is None or owner.is_finished or seq.output_token_ids:
+            return False
+        return owner.num_computed_tokens < self._shareable_prompt_blocks(seq) * self.kv.block_size
+
+    def _reuse_computed_prefix(self, seq: Sequence) -> None:
+        owner = seq.share_prompt_from
+        k = self._shareable_prompt_blocks(seq)
+        if (owner is not None and not owner.is_finished and not seq.output_token_ids and k > 0
+                and owner.num_computed_tokens >= k * self.kv.block_size):
+            self.kv.adopt_prefix(seq, owner.block_ids[:k], owner.block_hashes[:k])
+            return
+        if seq.params.prompt_logprobs is not None:
+            return                       # every prompt position must be computed to score it
+        block_ids, hashes = self.kv.find_cached_prefix(seq.all_token_ids)
+        if block_ids:
+            self.kv.adopt_prefix(seq, block_ids, hashes)
+            if not seq.output_token_ids and seq.num_preemptions == 0:
+                seq.num_cached_tokens = seq.num_computed_tokens
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.kv.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = Status.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def step_done(self, out: SchedulerOutput) -> None:
+        """Advance KV progress of everything computed this step and publish its full blocks."""
+        for item in out.scheduled:
+            seq = item.seq
+            seq.num_computed_tokens += item.num_new_tokens
+            self.kv.publish_full_blocks(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Free a finished or aborted sequence's blocks at once."""
+        if seq.status is not Status.FINISHED:
+            seq.status = Status.FINISHED
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+        self.kv.free(seq)

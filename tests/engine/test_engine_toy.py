@@ -1,0 +1,91 @@
+"""Engine mechanics on a one-layer toy model (milliseconds); the real-model acceptance tests are
+test_invariance.py, test_seeded.py and test_no_leaks.py."""
+import random
+
+import pytest
+
+from gh200rt.config import EngineConfig
+from gh200rt.engine.engine import LLMEngine
+from gh200rt.engine.llm import LLM
+from gh200rt.sampling_params import SamplingParams
+from tests.engine.toy_model import ToyArch, ToyModel, ToyTokenizer
+
+
+def make_llm(**kw):
+    arch = ToyArch()
+    cfg = EngineConfig.from_kwargs(**{"num_kv_blocks": 64, "block_size": 4, **kw})
+    return LLM.from_engine(LLMEngine(ToyModel(arch), ToyTokenizer(), arch, cfg))
+
+
+def prompts(n=12, seed=0):
+    rng = random.Random(seed)
+    shared = [rng.randrange(1, 64) for _ in range(13)]
+    return [(shared if i % 3 == 0 else []) + [rng.randrange(1, 64) for _ in range(rng.randrange(1, 20))]
+            for i in range(n)]
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+
+
+def test_batched_preempted_cached_chunked_runs_match_one_at_a_time():
+    ps = prompts()
+    ref_llm = make_llm()
+    reference = [ref_llm.generate([p], GREEDY)[0].token_ids for p in ps]
+    for kw in ({}, {"enable_prefix_caching": False}, {"max_num_batched_tokens": 3},
+               {"num_kv_blocks": 12, "max_model_len": 48}):
+        llm = make_llm(**kw)
+        got = [o.token_ids for o in llm.generate(ps, GREEDY)]
+        assert got == reference, kw
+        if kw.get("num_kv_blocks") == 12:
+            assert llm.engine.stats().num_preemptions > 0
+
+
+def test_n_choices_share_prompt_blocks_and_seeded_choices_differ():
+    llm = make_llm()
+    p = SamplingParams(n=3, temperature=1.0, seed=3, max_tokens=6, ignore_eos=True)
+    out = llm.generate([list(range(1, 10))], p)[0]
+    assert [c.index for c in out.outputs] == [0, 1, 2]
+    assert all(len(c.token_ids) == 6 and c.finish_reason == "length" for c in out.outputs)
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1
+    again = llm.generate([list(range(1, 10))], p)[0]
+    assert [c.token_ids for c in again.outputs] == [c.token_ids for c in out.outputs]
+
+
+def test_streaming_deltas_add_up_and_finish_once():
+    llm = make_llm()
+    eng = llm.engine
+    eng.add_request("r", None, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
+                    prompt_token_ids=[1, 2, 3])
+    pieces, reasons = [], []
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            pieces.append(o.outputs[0].delta_text)
+            reasons.append(o.outputs[0].finish_reason)
+    assert "".join(pieces) == o.outputs[0].text and len(o.outputs[0].token_ids) == 5
+    assert reasons == [None] * 4 + ["length"]
+
+
+def test_add_request_validation_names_the_problem():
+    eng = make_llm(max_model_len=32).engine
+    with pytest.raises(ValueError, match="empty"):
+        eng.add_request("a", None, SamplingParams(), prompt_token_ids=[])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        eng.add_request("b", None, SamplingParams(), prompt_token_ids=[1, 999])
+    with pytest.raises(ValueError, match="exceed max_model_len 32"):
+        eng.add_request("c", None, SamplingParams(max_tokens=30), prompt_token_ids=[1, 2, 3])
+
+
+def test_prompt_logprobs_cover_every_prompt_token_after_the_first():
+    llm = make_llm(max_num_batched_tokens=4)
+    out = llm.generate([[5, 6, 7, 8, 9, 10]], SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=2,
+                                                             logprobs=1, ignore_eos=True))[0]
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == 6
+    assert all(t in lp for t, lp in zip([6, 7, 8, 9, 10], out.prompt_logprobs[1:]))
+    assert len(out.outputs[0].logprobs) == 2
+    again = llm.generate([[5, 6, 7, 8, 9, 10]], SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=2))[0]
+    assert len(again.prompt_logprobs) == 6        # a warm prefix cache must not swallow prompt positions
+
+
+def test_kv_pool_too_small_for_one_sequence_is_a_clear_error():
+    with pytest.raises(ValueError, match="--num-kv-blocks"):
+        make_llm(num_kv_blocks=2, max_model_len=64)

@@ -1,0 +1,64 @@
+"""A one-layer paged-attention model that follows gh200rt.models.base, for fast engine tests.
+
+Not a stand-in for the real models (the acceptance tests use SmolLM2 and a random Llama); it
+lets engine mechanics (KV writes through slot_mapping, reads through block tables) be tested
+in milliseconds.
+"""
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ToyArch:
+    vocab_size: int = 64
+    hidden: int = 16
+    num_layers: int = 1
+    num_kv_heads: int = 1
+    head_dim: int = 16
+    max_position_embeddings: int = 256
+
+
+class ToyTokenizer:
+    eos_token_ids = [0]
+
+    def encode(self, text):
+        return [1 + (ord(c) % 60) for c in text]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(ord("a") + (i % 26)) for i in ids if not (skip_special_tokens and i == 0))
+
+
+class ToyModel(torch.nn.Module):
+    def __init__(self, arch: ToyArch, seed: int = 0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.arch = arch
+        self.embed = torch.nn.Parameter(torch.randn(arch.vocab_size, arch.hidden, generator=g))
+        self.pos = torch.nn.Parameter(torch.randn(arch.max_position_embeddings, arch.hidden, generator=g) * 0.3)
+        self.wq, self.wk, self.wv = (torch.nn.Parameter(torch.randn(arch.hidden, arch.hidden, generator=g) * 0.5)
+                                     for _ in range(3))
+
+    def forward(self, input_ids, positions, meta, kv_caches):
+        x = self.embed[input_ids] + self.pos[positions]
+        cache = kv_caches[0]
+        flat_k = cache[0].view(-1, self.arch.hidden)
+        flat_v = cache[1].view(-1, self.arch.hidden)
+        flat_k[meta.slot_mapping] = x @ self.wk
+        flat_v[meta.slot_mapping] = x @ self.wv
+        q = x @ self.wq
+        out = torch.empty_like(x)
+        bs = meta.block_size
+        for b, (ql, sl) in enumerate(zip(meta.query_lens_list, meta.seq_lens_list)):
+            start = int(meta.query_start_loc[b])
+            table = meta.block_tables[b, : -(-sl // bs)].long()
+            slots = (table[:, None] * bs + torch.arange(bs)).reshape(-1)[:sl]
+            k, v = flat_k[slots], flat_v[slots]
+            scores = q[start:start + ql] @ k.T / 4.0
+            causal = torch.arange(sl)[None, :] > (torch.arange(sl - ql, sl)[:, None])
+            scores = scores.masked_fill(causal, float("-inf"))
+            out[start:start + ql] = torch.softmax(scores, -1) @ v
+        return x + out
+
+    def compute_logits(self, hidden):
+        return (hidden @ self.embed.T).float()
