@@ -1,1 +1,1 @@
-
+"""Device-memory ledger (ledger.py); host slabs, staging ring and placement follow."""

@@ -1,1 +1,1 @@
-
+"""Platform detection and named hardware profiles (see detect.py, profiles.py)."""

@@ -1,0 +1,68 @@
+"""Device-memory ledger: the one account of what sits in HBM (or its CPU stand-in).
+
+Contract: capacity = --device-memory-budget when given, else free device memory x
+--gpu-memory-utilization (on CPU: 2 GiB). ``reserve(kind, nbytes)`` either fits or raises
+``LedgerOverCommit`` naming the numbers and the flag to change; ``release`` gives bytes back;
+``peak`` is the highest total ever reserved.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gh200rt.config import MemoryConfig
+
+KINDS = ("resident_weights", "staging_ring", "kv_pool", "activations", "graph_pools")
+CPU_DEFAULT_BUDGET = 2 << 30
+
+
+class LedgerOverCommit(RuntimeError):
+    pass
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 30):.3f} GiB"
+
+
+def ledger_capacity(memory: MemoryConfig, free_device_bytes: int | None) -> int:
+    """Bytes the ledger may hand out; ``free_device_bytes`` is None on a machine without a GPU."""
+    if memory.budget_bytes is not None:
+        return memory.budget_bytes
+    if free_device_bytes is None:
+        return CPU_DEFAULT_BUDGET
+    return int(free_device_bytes * memory.gpu_memory_utilization)
+
+
+@dataclass
+class DeviceMemoryLedger:
+    capacity: int
+    by_kind: dict[str, int] = field(default_factory=lambda: {k: 0 for k in KINDS})
+    peak: int = 0
+
+    @property
+    def used(self) -> int:
+        return sum(self.by_kind.values())
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.used
+
+    def reserve(self, kind: str, nbytes: int) -> None:
+        if kind not in self.by_kind:
+            raise ValueError(f"unknown ledger kind {kind!r}: choose one of {', '.join(KINDS)}")
+        assert nbytes >= 0, nbytes
+        if self.used + nbytes > self.capacity:
+            lines = ", ".join(f"{k} {_gib(v)}" for k, v in self.by_kind.items() if v)
+            raise LedgerOverCommit(
+                f"device memory over-committed: {kind} needs {_gib(nbytes)} but only {_gib(self.free)} of "
+                f"{_gib(self.capacity)} is free (in use: {lines or 'nothing'}); raise --device-memory-budget "
+                f"(or --gpu-memory-utilization), lower --kv-cache-min-tokens, or offload more layers "
+                f"(--offload stream)")
+        self.by_kind[kind] += nbytes
+        self.peak = max(self.peak, self.used)
+
+    def release(self, kind: str, nbytes: int) -> None:
+        assert 0 <= nbytes <= self.by_kind[kind], (kind, nbytes, self.by_kind[kind])
+        self.by_kind[kind] -= nbytes
+
+    def summary(self) -> dict[str, int]:
+        return {**self.by_kind, "capacity": self.capacity, "used": self.used, "peak": self.peak}

@@ -1,0 +1,121 @@
+"""Planner v1: choose per-layer tiers, staging depth K, prefetch distance d and KV blocks.
+
+Contract: ``make_plan(sizes, platform, memory, capacity, block_size, batch)`` returns a ``Plan``
+whose device bytes (embeddings + resident layers + K staging slots + KV) fit ``capacity``, or
+raises ``PlanDoesNotFit`` naming the minimum budget that would work. Streamed layers are spread
+evenly so each copy hides behind resident layers' compute. Embeddings/lm_head stay resident.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gh200rt.config import MemoryConfig
+from gh200rt.planner.cost_model import ModelSizes, predict_step_seconds
+from gh200rt.platform.detect import Platform
+
+TIERS = ("resident", "streamed", "direct")
+
+
+class PlanDoesNotFit(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Plan:
+    tiers: tuple[str, ...]
+    staging_slots: int
+    prefetch_distance: int
+    num_kv_blocks: int
+    block_size: int
+    sizes: ModelSizes
+    capacity: int
+    platform: Platform
+    predicted_step_seconds: float
+
+    @property
+    def streamed_layers(self) -> list[int]:
+        return [i for i, t in enumerate(self.tiers) if t == "streamed"]
+
+    @property
+    def resident_weight_bytes(self) -> int:
+        return self.sizes.embed_bytes + self.tiers.count("resident") * self.sizes.layer_bytes
+
+    @property
+    def staging_bytes(self) -> int:
+        return self.staging_slots * self.sizes.layer_bytes
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.num_kv_blocks * self.block_size
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.kv_tokens * self.sizes.kv_bytes_per_token
+
+    def slot_of(self, layer: int) -> int | None:
+        streamed = self.streamed_layers
+        return streamed.index(layer) % self.staging_slots if layer in streamed else None
+
+    def explain(self) -> str:
+        gib = lambda n: f"{n / (1 << 30):9.3f} GiB"  # noqa: E731
+        lines = [f"plan for {self.platform.profile} ({self.platform.kind}), device budget {gib(self.capacity)}",
+                 f"{'layer':>5} {'tier':<9} {'bytes':>13} {'slot':>4}"]
+        for i, tier in enumerate(self.tiers):
+            slot = self.slot_of(i)
+            lines.append(f"{i:>5} {tier:<9} {gib(self.sizes.layer_bytes)} {'-' if slot is None else slot:>4}")
+        lines += [f"HBM for weights (resident + embeddings): {gib(self.resident_weight_bytes)}",
+                  f"staging ring: K={self.staging_slots} d={self.prefetch_distance} {gib(self.staging_bytes)}",
+                  f"KV cache: {self.num_kv_blocks} blocks = {self.kv_tokens} tokens, {gib(self.kv_bytes)}",
+                  f"predicted decode step: {self.predicted_step_seconds * 1e3:.3f} ms"]
+        return "\n".join(lines)
+
+
+def spread_evenly(num_layers: int, count: int) -> list[int]:
+    return sorted({min(num_layers - 1, int((j + 0.5) * num_layers / count)) for j in range(count)})
+
+
+def _tiers_for(memory: MemoryConfig, sizes: ModelSizes, budget_for_weights: int) -> list[str]:
+    n = sizes.num_layers
+    if memory.offload == "none":
+        return ["resident"] * n
+    if memory.offload == "stream":
+        return ["streamed"] * n
+    if memory.offload == "direct":
+        return ["direct"] * n
+    slots = memory.staging_slots or 2
+    for count in range(n + 1):
+        k = min(slots, count)
+        if sizes.embed_bytes + (n - count + k) * sizes.layer_bytes <= budget_for_weights:
+            tiers = ["resident"] * n
+            for i in spread_evenly(n, count) if count else []:
+                tiers[i] = "streamed"
+            return tiers
+    return ["streamed"] * n
+
+
+def make_plan(sizes: ModelSizes, platform: Platform, memory: MemoryConfig, capacity: int,
+              block_size: int = 16, batch: int = 1) -> Plan:
+    kv_min = (memory.kv_cache_min_tokens or 0) * sizes.kv_bytes_per_token
+    tiers = _tiers_for(memory, sizes, capacity - kv_min)
+    for layer, tier in memory.tier_overrides.items():
+        if layer >= sizes.num_layers:
+            raise ValueError(f"--layer-tiers names layer {layer} but the model has {sizes.num_layers} layers")
+        tiers[layer] = tier
+    streamed = tiers.count("streamed")
+    slots = min(memory.staging_slots or 2, streamed) if streamed else 0
+    distance = memory.prefetch_distance if memory.prefetch_distance is not None else max(0, slots - 1)
+    if streamed and distance >= slots:
+        raise ValueError(f"--prefetch-distance {distance} must be less than the staging slots in use ({slots})")
+    weights = sizes.embed_bytes + (tiers.count("resident") + slots) * sizes.layer_bytes
+    block_bytes = sizes.kv_bytes_per_token * block_size
+    kv_blocks = (capacity - weights) // block_bytes if capacity > weights else 0
+    needed_blocks = -(-kv_min // block_bytes)
+    if kv_blocks < max(needed_blocks, 1):
+        minimum = sizes.embed_bytes + sizes.layer_bytes + max(needed_blocks, 1) * block_bytes
+        raise PlanDoesNotFit(
+            f"device budget {capacity} bytes is too small for offload={memory.offload}: weights on device need "
+            f"{weights} bytes plus {max(needed_blocks, 1) * block_bytes} for KV; the smallest plan (all layers "
+            f"streamed, K=1) needs {minimum} bytes ({minimum / (1 << 30):.3f} GiB): raise "
+            f"--device-memory-budget, lower --kv-cache-min-tokens, or use --offload stream")
+    step = predict_step_seconds(tiers, sizes, platform, batch, max(distance, 1))
+    return Plan(tuple(tiers), slots, distance, int(kv_blocks), block_size, sizes, capacity, platform, step)

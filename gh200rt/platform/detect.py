@@ -1,0 +1,96 @@
+"""Platform detection: one frozen description of the machine gh200rt runs on.
+
+Contract: ``detect(profile_name=None, measured_profile=None) -> Platform`` never raises or warns on
+a machine without a GPU (it returns kind ``cpu``). CUDA is queried once via torch. Bandwidths come
+from a measured profile JSON when given, else from the named built-in profile matching the device.
+"""
+from __future__ import annotations
+
+import platform as _pyplatform
+from dataclasses import dataclass
+from pathlib import Path
+
+from gh200rt.platform.profiles import HardwareProfile, get_profile, load_measured_profile
+
+
+@dataclass(frozen=True)
+class Platform:
+    kind: str
+    device_name: str
+    device_memory_bytes: int
+    host_numa_node: int
+    ats: bool
+    link_h2d_gbps: float
+    direct_read_gbps: float
+    hbm_gbps: float
+    peak_tflops: float
+    profile: str
+
+    @classmethod
+    def from_profile(cls, prof: HardwareProfile, device_name: str | None = None,
+                     device_memory_bytes: int | None = None, host_numa_node: int = 0,
+                     ats: bool | None = None) -> "Platform":
+        return cls(kind=prof.kind, device_name=device_name or prof.name,
+                   device_memory_bytes=device_memory_bytes or prof.device_memory_bytes,
+                   host_numa_node=host_numa_node, ats=prof.ats if ats is None else ats,
+                   link_h2d_gbps=prof.link_h2d_gbps, direct_read_gbps=prof.direct_read_gbps,
+                   hbm_gbps=prof.hbm_gbps, peak_tflops=prof.peak_tflops, profile=prof.name)
+
+
+def _profile_for_device(name: str, total_bytes: int, aarch64: bool) -> str:
+    lowered = name.lower()
+    if "gh200" in lowered or (aarch64 and "h100" in lowered):
+        return "gh200-144g" if total_bytes > 110 * 10**9 else "gh200-96g"
+    if "h200" in lowered:
+        return "h200"
+    if "h100" in lowered:
+        return "h100-pcie" if "pcie" in lowered else "h100-sxm"
+    return "h100-pcie"  # conservative PCIe figures for an unknown CUDA device
+
+
+def _gpu_numa_node(device_index: int) -> int:
+    """Host NUMA node nearest the GPU from sysfs; 0 when the kernel does not say."""
+    try:
+        import torch
+        bus_id = torch.cuda.get_device_properties(device_index).pci_bus_id  # type: ignore[attr-defined]
+        text = Path(f"/sys/bus/pci/devices/{bus_id.lower()}/numa_node").read_text().strip()
+        return max(int(text), 0)
+    except Exception:
+        return 0
+
+
+def _ats_supported(device_index: int) -> bool:
+    try:
+        from cuda.bindings import runtime as cudart  # type: ignore[import-not-found]
+        attr = cudart.cudaDeviceAttr.cudaDevAttrPageableMemoryAccessUsesHostPageTables
+        err, value = cudart.cudaDeviceGetAttribute(attr, device_index)
+        return bool(value) if int(err) == 0 else False
+    except Exception:
+        return False
+
+
+def detect(profile_name: str | None = None, measured_profile: str | Path | None = None) -> Platform:
+    if profile_name is not None:
+        prof = get_profile(profile_name)
+        if measured_profile:
+            prof = load_measured_profile(measured_profile, prof)
+        return Platform.from_profile(prof)
+    import torch
+    if not torch.cuda.is_available():
+        prof = get_profile("cpu")
+        if measured_profile:
+            prof = load_measured_profile(measured_profile, prof)
+        return Platform.from_profile(prof, device_name=_pyplatform.processor() or "cpu")
+    props = torch.cuda.get_device_properties(0)
+    aarch64 = _pyplatform.machine() in ("aarch64", "arm64")
+    ats = _ats_supported(0)
+    prof = get_profile(_profile_for_device(props.name, props.total_memory, aarch64 and ats))
+    if measured_profile:
+        prof = load_measured_profile(measured_profile, prof)
+    kind = "gh200" if (aarch64 and ats) else ("x86-cuda" if prof.kind == "x86-cuda" and
+                                                 ("H100" in props.name or "H200" in props.name)
+                                                 else "cuda-other")
+    return Platform(kind=kind, device_name=props.name, device_memory_bytes=props.total_memory,
+                    host_numa_node=_gpu_numa_node(0), ats=ats, link_h2d_gbps=prof.link_h2d_gbps,
+                    direct_read_gbps=prof.direct_read_gbps, hbm_gbps=prof.hbm_gbps,
+                    peak_tflops=prof.peak_tflops, profile=prof.name)

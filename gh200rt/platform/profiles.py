@@ -1,0 +1,62 @@
+"""Built-in hardware profiles: published bandwidths the cost model uses when nothing was measured.
+
+Contract: ``PROFILES[name]`` is a ``HardwareProfile`` (all bandwidths in GB/s, 1 GB = 1e9 bytes).
+Figures come from /work/shared/HARDWARE.md; each entry names its sources. A measured profile JSON
+(``load_measured_profile``) overrides these field by field.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    name: str
+    kind: str                   # gh200 | x86-cuda | cuda-other | cpu
+    device_memory_bytes: int
+    link_h2d_gbps: float        # copy engine, pinned host -> device
+    direct_read_gbps: float     # a kernel reading host memory in place
+    hbm_gbps: float
+    peak_tflops: float          # dense bf16 tensor-core peak
+    ats: bool                   # GPU reads pageable host memory through the host page tables
+
+
+PROFILES: dict[str, HardwareProfile] = {
+    # H2D 375 GB/s (KTH, arXiv 2407.07850; dnhkng part 1 377-380); in-place ATS read 328-339 GB/s
+    # from the local Grace node (dnhkng part 1); HBM3 96 GB ~4 TB/s spec, 3.4-3.7 measured (KTH);
+    # 989 TFLOPS dense bf16 (NVIDIA H100/GH200 datasheet).
+    "gh200-96g": HardwareProfile("gh200-96g", "gh200", 96 * 10**9, 375.0, 330.0, 3500.0, 989.0, True),
+    # Same link figures; HBM3e 144 GB at 4.9 TB/s (dnhkng; NVIDIA GH200 material).
+    "gh200-144g": HardwareProfile("gh200-144g", "gh200", 144 * 10**9, 375.0, 330.0, 4900.0, 989.0, True),
+    # PCIe Gen5 x16: 64 GB/s spec, ~50-55 GB/s pinned (TransformerEngine offload docs); SM-driven
+    # H2D 35 GB/s (NVIDIA/nvbandwidth issue 24); H100 SXM 80 GB at 3.35 TB/s (NVIDIA datasheet).
+    "h100-sxm": HardwareProfile("h100-sxm", "x86-cuda", 80 * 10**9, 52.0, 35.0, 3350.0, 989.0, False),
+    # H100 PCIe: 80 GB HBM2e at 2.0 TB/s, 756 TFLOPS dense bf16 (NVIDIA datasheet); same PCIe Gen5 link.
+    "h100-pcie": HardwareProfile("h100-pcie", "x86-cuda", 80 * 10**9, 52.0, 35.0, 2000.0, 756.0, False),
+    # H200 141 GB at 4.8 TB/s (NVIDIA datasheet); PCIe Gen5 host link as above.
+    "h200": HardwareProfile("h200", "x86-cuda", 141 * 10**9, 52.0, 35.0, 4800.0, 989.0, False),
+    # No GPU: "device memory" is the --device-memory-budget stand-in (default 2 GiB); a copy is a
+    # host memcpy (rough LPDDR/DDR figure, replaced by a measured profile when one exists).
+    "cpu": HardwareProfile("cpu", "cpu", 2 * GIB, 10.0, 10.0, 20.0, 0.5, False),
+}
+
+
+def get_profile(name: str) -> HardwareProfile:
+    if name not in PROFILES:
+        raise ValueError(f"unknown platform profile {name!r}: choose one of {', '.join(PROFILES)}")
+    return PROFILES[name]
+
+
+def load_measured_profile(path: str | Path, base: HardwareProfile) -> HardwareProfile:
+    """Override ``base`` with the fields present in a measured-profile JSON file."""
+    data = json.loads(Path(path).read_text())
+    known = {f.name for f in dataclasses.fields(HardwareProfile)}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"measured profile {path}: unknown fields {sorted(unknown)}; known: {sorted(known)}")
+    return dataclasses.replace(base, **data)
