@@ -1,0 +1,121 @@
+"""``python -m gh200rt.serve``: start the HTTP server at once, load the model in the engine thread.
+
+/health answers 503 until the model is loaded. SIGTERM (or Ctrl-C): new generation requests get
+503, in-flight ones may finish for up to --shutdown-timeout seconds, then the process exits 0.
+A second signal exits at once.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+
+import uvicorn
+
+from gh200rt.serve.api import ServerState, create_app
+from gh200rt.serve.args import parse_args
+from gh200rt.serve.async_engine import AsyncEngine
+
+log = logging.getLogger("gh200rt.serve")
+
+
+def describe_platform() -> str:
+    """Hook for the tiers subsystem (gh200rt.platform.detect); falls back to what torch reports."""
+    try:
+        from gh200rt.platform.detect import detect
+        return str(detect())
+    except (ImportError, AttributeError):
+        import platform
+
+        import torch
+        device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU only"
+        return f"{platform.machine()} {platform.system()}, {device} (gh200rt.platform.detect not available)"
+
+
+def describe_engine(engine) -> str:
+    """Hook for the planner (Plan.explain()); until then: what the engine itself reports."""
+    plan = getattr(engine, "plan", None)
+    if plan is not None and hasattr(plan, "explain"):
+        return plan.explain()
+    stats = engine.stats()
+    weights = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters()) \
+        if hasattr(engine, "runner") else 0
+    bs = engine.config.cache.block_size
+    return (f"weights {weights / 2**20:.1f} MiB resident; KV cache {stats.kv_blocks_total} blocks x {bs} tokens "
+            f"= {stats.kv_blocks_total * bs} tokens; max_model_len {engine.max_model_len}")
+
+
+class GracefulServer(uvicorn.Server):
+    """First signal: refuse new work (503) and wait for pending requests, then stop uvicorn."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState, timeout: float):
+        super().__init__(config)
+        self.state = state
+        self.timeout = timeout
+
+    def handle_exit(self, sig, frame) -> None:
+        if self.state.shutting_down:
+            self.force_exit = True
+            self.should_exit = True
+            return
+        self.state.shutting_down = True
+        log.info("signal %s: refusing new requests, waiting up to %.0fs for %d in flight",
+                 sig, self.timeout, self.state.engine.num_pending)
+        threading.Thread(target=self._drain, name="gh200rt-drain", daemon=True).start()
+
+    def _drain(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        while self.state.engine.num_pending and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.config.timeout_graceful_shutdown = max(0.5, deadline - time.monotonic())
+        self.should_exit = True
+
+
+def main(argv=None) -> int:
+    server_config, engine_config = parse_args(argv)
+
+    def build_engine():
+        from gh200rt.engine.engine import LLMEngine
+        return LLMEngine.from_config(engine_config)
+
+    return run_server(server_config, engine_config, build_engine)
+
+
+def run_server(server_config, engine_config, build_engine) -> int:
+    """Serve until a signal; ``build_engine()`` runs in the engine thread and returns an LLMEngine."""
+    logging.basicConfig(level=server_config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log.info("platform: %s", describe_platform())
+
+    def load():
+        start = time.monotonic()
+        engine = build_engine()
+        log.info("model %s loaded in %.1fs; plan: %s", engine_config.model.model, time.monotonic() - start,
+                 describe_engine(engine))
+        return engine
+
+    max_pending = engine_config.scheduler.max_num_seqs + server_config.max_queued_requests
+    def stop_on_load_error(_error):
+        server.should_exit = True
+
+    engine = AsyncEngine(load, max_pending, on_load_error=stop_on_load_error)
+    state = ServerState(server_config, engine, engine_config.model.model)
+    app = create_app(state)
+    uv_config = uvicorn.Config(app, host=server_config.host, port=server_config.port,
+                               log_level=server_config.log_level, access_log=False,
+                               timeout_graceful_shutdown=server_config.shutdown_timeout, lifespan="off")
+    server = GracefulServer(uv_config, state, server_config.shutdown_timeout)
+    engine.start()
+    log.info("serving %s at http://%s:%d/v1 (health: /health)", state.served_name, server_config.host,
+             server_config.port)
+    server.run()
+    engine.shutdown()
+    if engine.load_error is not None:
+        log.error("exiting: the model %r could not be loaded (see the error above)", engine_config.model.model)
+        return 1
+    log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

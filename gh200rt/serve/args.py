@@ -1,0 +1,68 @@
+"""ServerConfig (the HTTP side) and the ``serve`` command line, generated from the config
+dataclasses (``gh200rt.cli_args``) so flags never drift from the config."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+from gh200rt.cli_args import add_dataclass_arguments, add_engine_arguments, dataclass_from_args
+
+
+def _help(text: str) -> dict:
+    return {"help": text}
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = field(default="127.0.0.1", metadata=_help("address to listen on (0.0.0.0 for all interfaces)"))
+    port: int = field(default=8000, metadata=_help("TCP port to listen on"))
+    api_key: str | None = field(default=None, metadata=_help(
+        "require 'Authorization: Bearer KEY' on every route except /health"))
+    served_model_name: str | None = field(default=None, metadata=_help(
+        "model name clients send and see in /v1/models; default: --model"))
+    max_queued_requests: int = field(default=256, metadata=_help(
+        "requests that may wait beyond --max-num-seqs running ones; more get 503 at once"))
+    shutdown_timeout: float = field(default=30.0, metadata=_help(
+        "seconds SIGTERM waits for in-flight requests before exiting"))
+    allowed_origins: str = field(default="*", metadata=_help(
+        "CORS origins, comma-separated ('*' = any, '' = CORS off)"))
+    max_request_bytes: int = field(default=8 * 1024 * 1024, metadata=_help(
+        "largest request body accepted; larger ones get 413"))
+    log_level: str = field(default="info", metadata=_help("uvicorn/server log level (debug, info, warning)"))
+
+    def __post_init__(self):
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be in 0..65535, got {self.port}")
+        if self.max_queued_requests < 0:
+            raise ValueError(f"--max-queued-requests must be 0 or more, got {self.max_queued_requests}")
+        if self.shutdown_timeout < 0:
+            raise ValueError(f"--shutdown-timeout must be 0 or more seconds, got {self.shutdown_timeout}")
+        if self.max_request_bytes < 1024:
+            raise ValueError(f"--max-request-bytes must be at least 1024, got {self.max_request_bytes}")
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise ValueError(f"--log-level {self.log_level!r}: choose debug, info, warning or error")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("--api-key must not be empty; leave it out to serve without a key")
+
+    @property
+    def origins(self) -> tuple[str, ...]:
+        return tuple(o.strip() for o in self.allowed_origins.split(",") if o.strip())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m gh200rt.serve",
+                                     description="OpenAI-compatible HTTP server for gh200rt")
+    add_dataclass_arguments(parser, ServerConfig, "server")
+    add_engine_arguments(parser)
+    return parser
+
+
+def parse_args(argv=None):
+    """-> (ServerConfig, EngineConfig); bad values exit 2 with the message naming the flag."""
+    from gh200rt.config import EngineConfig
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return dataclass_from_args(ServerConfig, args), dataclass_from_args(EngineConfig, args)
+    except ValueError as e:
+        parser.error(str(e))

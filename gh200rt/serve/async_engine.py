@@ -1,0 +1,154 @@
+"""AsyncEngine: the bridge between asyncio handlers and the single-threaded ``LLMEngine``.
+
+ONE thread owns the engine: it loads it (so the HTTP server answers /health 503 meanwhile),
+then loops: apply queued commands (add / abort), ``step()`` while there is work, and hand each
+``RequestOutput`` to the request's asyncio queue via ``loop.call_soon_threadsafe``. Handlers never
+call the engine directly. A bounded number of pending requests makes overload a fast 503.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+
+from gh200rt.engine.outputs import RequestOutput
+from gh200rt.sampling_params import SamplingParams
+from gh200rt.serve.errors import APIError
+
+log = logging.getLogger("gh200rt.serve")
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int] | None
+    params: SamplingParams
+    sink: asyncio.Queue
+
+
+class AsyncEngine:
+    def __init__(self, engine_factory, max_pending: int, on_load_error=None):
+        self._factory = engine_factory
+        self._on_load_error = on_load_error
+        self.max_pending = max_pending
+        self.engine = None
+        self.load_error: BaseException | None = None
+        self.ready = threading.Event()
+        self.metrics = None                      # ServerMetrics; set by the app
+        self._commands: queue.Queue = queue.Queue()
+        self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._ids = itertools.count()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gh200rt-engine", daemon=True)
+
+    # ---- asyncio side ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._sinks)
+
+    def new_request_id(self, kind: str) -> str:
+        return f"{kind}-{next(self._ids)}"
+
+    def add(self, request_id: str, prompt: str | None, prompt_token_ids: list[int] | None,
+            params: SamplingParams, sink: asyncio.Queue | None = None) -> asyncio.Queue:
+        """Queue a request; ``sink`` (shared by the prompts of one HTTP request) gets (kind, request_id,
+        payload) items: ("ok", id, None) or ("error", id, APIError) first, then ("output", id, output)."""
+        if not self.ready.is_set():
+            raise APIError(503, "the model is still loading; retry when GET /health answers 200")
+        if self.num_pending >= self.max_pending:
+            raise APIError(503, f"the server has {self.num_pending} requests queued or running (limit "
+                                f"{self.max_pending}); retry later or raise --max-queued-requests")
+        sink = sink if sink is not None else asyncio.Queue()
+        self._sinks[request_id] = (asyncio.get_running_loop(), sink)
+        self._commands.put(_Add(request_id, prompt, prompt_token_ids, params, sink))
+        return sink
+
+    def abort(self, request_id: str) -> None:
+        if self._sinks.pop(request_id, None) is not None:
+            self._commands.put(("abort", request_id))
+
+    def finished(self, request_id: str) -> None:
+        self._sinks.pop(request_id, None)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._commands.put(("wake", None))
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # ---- engine thread --------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self.engine = self._factory()
+        except BaseException as e:              # reported by /health and the start-up log
+            self.load_error = e
+            log.error("loading the model failed: %s: %s", type(e).__name__, e)
+            if self._on_load_error is not None:
+                self._on_load_error(e)
+            return
+        self._publish_stats()
+        self.ready.set()
+        while not self._stop.is_set():
+            busy = self.engine.has_unfinished_requests()
+            try:
+                command = self._commands.get_nowait() if busy else self._commands.get(timeout=0.5)
+            except queue.Empty:
+                command = None
+            while command is not None:
+                self._apply(command)
+                try:
+                    command = self._commands.get_nowait()
+                except queue.Empty:
+                    command = None
+            if self.engine.has_unfinished_requests():
+                self._step()
+
+    def _apply(self, command) -> None:
+        if isinstance(command, _Add):
+            loop_sink = self._sinks.get(command.request_id)
+            if loop_sink is None:               # aborted before it reached the engine
+                return
+            try:
+                self.engine.add_request(command.request_id, command.prompt, command.params,
+                                        prompt_token_ids=command.prompt_token_ids)
+                self._send(command.request_id, ("ok", None))
+            except ValueError as e:
+                self._send(command.request_id, ("error", APIError(400, str(e))))
+        elif command[0] == "abort":
+            self.engine.abort(command[1])
+            self._publish_stats()
+
+    def _step(self) -> None:
+        try:
+            outputs: list[RequestOutput] = self.engine.step()
+        except Exception as e:                   # a real internal fault: fail the running requests, go on
+            log.exception("engine step failed; aborting the running requests")
+            for request_id in list(self.engine.requests):
+                self.engine.abort(request_id)
+                self._send(request_id, ("error", APIError(500, f"internal engine error: {e}")))
+            self._publish_stats()
+            return
+        for output in outputs:
+            self._send(output.request_id, ("output", output))
+        self._publish_stats()
+
+    def _send(self, request_id: str, item) -> None:
+        loop_sink = self._sinks.get(request_id)
+        if loop_sink is None:
+            return
+        loop, sink = loop_sink
+        try:
+            loop.call_soon_threadsafe(sink.put_nowait, (item[0], request_id, item[1]))
+        except RuntimeError:                    # the loop is closed: the server is exiting
+            pass
+
+    def _publish_stats(self) -> None:
+        if self.metrics is not None:
+            self.metrics.engine_stats = self.engine.stats()

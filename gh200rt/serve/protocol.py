@@ -1,0 +1,186 @@
+"""OpenAI request bodies -> validated ``ParsedRequest``s (prompts + ``SamplingParams``).
+
+Every rule an OpenAI or vLLM client relies on is checked here, before the engine sees the
+request, and a violation raises ``APIError(400)`` naming the field and the allowed values.
+Unknown fields are ignored on purpose: benchmark clients send extras.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gh200rt.sampling_params import MAX_LOGPROBS, SamplingParams
+from gh200rt.serve.errors import bad_request
+
+MAX_N = 16
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass
+class ParsedRequest:
+    prompts: list[tuple[str | None, list[int] | None]]   # (text, token ids): exactly one is set
+    params: SamplingParams
+    stream: bool = False
+    include_usage: bool = False
+    echo: bool = False
+    logprobs: int | None = None
+    model: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def _get(body: dict, name: str, kinds: tuple, default=None, what: str = ""):
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if bool not in kinds and isinstance(value, bool) or not isinstance(value, kinds):
+        raise bad_request(f"'{name}' must be {what}, got {value!r}", name)
+    return value
+
+
+def _int(body, name, default=None, lo=None, hi=None, what=None):
+    value = _get(body, name, (int,), default, what or "an integer")
+    if value is not None and ((lo is not None and value < lo) or (hi is not None and value > hi)):
+        raise bad_request(f"'{name}' must be {what or f'between {lo} and {hi}'}, got {value!r}", name)
+    return value
+
+
+def _float(body, name, default):
+    return float(_get(body, name, (int, float), default, "a number"))
+
+
+def _bool(body, name, default=False):
+    return _get(body, name, (bool,), default, "true or false")
+
+
+def _stop(body) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise bad_request(f"'stop' must be a non-empty string or a list of them, got {stop!r}", "stop")
+    return stop
+
+
+def _token_ids(value, param: str) -> list[int]:
+    if not value:
+        raise bad_request(f"'{param}' is empty; give at least one token", param)
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise bad_request(f"'{param}' must hold integers (token ids), got {value[:8]!r}", param)
+    if any(t < 0 for t in value):
+        raise bad_request(f"'{param}' holds negative token ids {[t for t in value if t < 0][:5]}", param)
+    return list(value)
+
+
+def parse_prompts(prompt) -> list[tuple[str | None, list[int] | None]]:
+    """A string, a list of strings, a list of token ids or a list of lists of token ids."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request("'prompt' is empty; give some text or token ids", "prompt")
+        return [(prompt, None)]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            if not all(prompt):
+                raise bad_request("'prompt' holds an empty string", "prompt")
+            return [(p, None) for p in prompt]
+        if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+            return [(None, _token_ids(prompt, "prompt"))]
+        if all(isinstance(p, list) for p in prompt):
+            return [(None, _token_ids(p, "prompt")) for p in prompt]
+    raise bad_request("'prompt' must be a non-empty string, list of strings, list of token ids or list of "
+                      "lists of token ids", "prompt")
+
+
+def _sampling_params(body: dict, default_max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    max_tokens = _int(body, "max_completion_tokens", None, 1, None, "an integer of at least 1")
+    if max_tokens is None:
+        max_tokens = _int(body, "max_tokens", None, 1, None, "an integer of at least 1")
+    if max_tokens is None:
+        max_tokens = default_max_tokens
+    stop_token_ids = body.get("stop_token_ids") or []
+    if not isinstance(stop_token_ids, list):
+        raise bad_request("'stop_token_ids' must be a list of token ids", "stop_token_ids")
+    try:
+        return SamplingParams(
+            n=_int(body, "n", 1, 1, MAX_N), max_tokens=max_tokens,
+            temperature=_float(body, "temperature", 1.0), top_p=_float(body, "top_p", 1.0),
+            top_k=_int(body, "top_k", 0, -1, None, "-1, 0 (off) or a positive integer"),
+            min_p=_float(body, "min_p", 0.0), repetition_penalty=_float(body, "repetition_penalty", 1.0),
+            presence_penalty=_float(body, "presence_penalty", 0.0),
+            frequency_penalty=_float(body, "frequency_penalty", 0.0),
+            seed=_int(body, "seed", None, -(2**63), 2**64 - 1, "an integer that fits in 64 bits"),
+            stop=_stop(body), stop_token_ids=stop_token_ids,
+            include_stop_str_in_output=_bool(body, "include_stop_str_in_output"),
+            ignore_eos=_bool(body, "ignore_eos"), min_tokens=_int(body, "min_tokens", 0, 0),
+            logprobs=logprobs, skip_special_tokens=_bool(body, "skip_special_tokens", True))
+    except ValueError as e:
+        raise bad_request(str(e)) from e
+
+
+def _stream_options(body: dict) -> tuple[bool, bool]:
+    stream = _bool(body, "stream")
+    options = body.get("stream_options")
+    if options is None:
+        return stream, False
+    if not isinstance(options, dict):
+        raise bad_request("'stream_options' must be an object like {\"include_usage\": true}", "stream_options")
+    return stream, _bool(options, "include_usage")
+
+
+def _check_temperature(body: dict) -> None:
+    t = body.get("temperature")
+    if isinstance(t, (int, float)) and not isinstance(t, bool) and not 0 <= t <= 2:
+        raise bad_request(f"'temperature' must be between 0 and 2, got {t!r}", "temperature")
+
+
+def parse_completion_request(body: dict) -> ParsedRequest:
+    if "prompt" not in body:
+        raise bad_request("'prompt' is required", "prompt")
+    _check_temperature(body)
+    logprobs = _int(body, "logprobs", None, 0, MAX_LOGPROBS)
+    stream, include_usage = _stream_options(body)
+    return ParsedRequest(parse_prompts(body["prompt"]), _sampling_params(body, 16, logprobs), stream,
+                         include_usage, echo=_bool(body, "echo"), logprobs=logprobs, model=body.get("model"))
+
+
+def _message_text(message: dict, i: int) -> str:
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad_request(f"messages[{i}].content: only text parts {{\"type\": \"text\", \"text\": ...}} "
+                                  "are supported", "messages")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise bad_request(f"messages[{i}].content must be a string or a list of text parts", "messages")
+
+
+def parse_messages(messages) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty list of {\"role\", \"content\"} objects", "messages")
+    result = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
+            raise bad_request(f"messages[{i}] needs a 'role' among {', '.join(CHAT_ROLES)}", "messages")
+        result.append({"role": message["role"], "content": _message_text(message, i)})
+    return result
+
+
+def parse_chat_request(body: dict) -> tuple[ParsedRequest, list[dict]]:
+    messages = parse_messages(body.get("messages"))
+    _check_temperature(body)
+    want_logprobs = _bool(body, "logprobs")
+    top = _int(body, "top_logprobs", None, 0, MAX_LOGPROBS)
+    if top is not None and not want_logprobs:
+        raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    logprobs = (top or 0) if want_logprobs else None
+    stream, include_usage = _stream_options(body)
+    parsed = ParsedRequest([], _sampling_params(body, None, logprobs), stream, include_usage,
+                           logprobs=logprobs, model=body.get("model"))
+    parsed.extra["add_generation_prompt"] = _bool(body, "add_generation_prompt", True)
+    return parsed, messages

@@ -1,0 +1,165 @@
+"""Serving load generator over HTTP (OpenAI /v1/completions, streamed), as serving benchmarks report it.
+
+Modes: a Poisson arrival rate (--request-rate R) or a fixed number of requests in flight
+(--max-concurrency C). Prompts: random token ids, or a shared prefix plus a random suffix
+(--dataset shared-prefix). Reports request throughput, output tokens/s, TTFT, TPOT, ITL and
+E2E latency (mean, p50, p99). Example:
+
+  python scripts/bench_serving.py --base-url http://127.0.0.1:8000 --num-prompts 32 --max-concurrency 4
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+
+@dataclass
+class Result:
+    ok: bool
+    prompt_len: int
+    output_tokens: int = 0
+    ttft: float = 0.0
+    e2e: float = 0.0
+    itls: list[float] = field(default_factory=list)
+    error: str = ""
+
+
+def make_prompts(args, vocab_hint: int) -> list[list[int]]:
+    rng = random.Random(args.seed)
+    low, high = 100, max(101, vocab_hint - 100)      # stay clear of special tokens at both ends
+    shared = [rng.randrange(low, high) for _ in range(args.shared_prefix_len)]
+    prompts = []
+    for _ in range(args.num_prompts):
+        suffix = [rng.randrange(low, high) for _ in range(args.input_len)]
+        prompts.append((shared if args.dataset == "shared-prefix" else []) + suffix)
+    return prompts
+
+
+async def one_request(client: httpx.AsyncClient, args, prompt: list[int]) -> Result:
+    body = {"model": args.model, "prompt": prompt, "max_tokens": args.output_len, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    result = Result(ok=False, prompt_len=len(prompt))
+    last = None
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                result.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                return result
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    result.output_tokens = chunk["usage"]["completion_tokens"]
+                if not chunk["choices"] or not chunk["choices"][0]["text"]:
+                    continue
+                now = time.perf_counter()
+                if last is None:
+                    result.ttft = now - start
+                else:
+                    result.itls.append(now - last)
+                last = now
+        result.e2e = time.perf_counter() - start
+        result.ok = True
+    except httpx.HTTPError as e:
+        result.error = repr(e)
+    return result
+
+
+async def run(args) -> tuple[list[Result], float]:
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    limits = httpx.Limits(max_connections=max(args.max_concurrency or 0, 64))
+    async with httpx.AsyncClient(base_url=args.base_url, headers=headers, timeout=args.timeout,
+                                 limits=limits) as client:
+        if args.model is None:
+            args.model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        prompts = make_prompts(args, args.vocab_size)
+        gate = asyncio.Semaphore(args.max_concurrency or len(prompts))
+        rng = random.Random(args.seed + 1)
+
+        async def limited(p):
+            async with gate:
+                return await one_request(client, args, p)
+
+        start = time.perf_counter()
+        tasks = []
+        for p in prompts:
+            tasks.append(asyncio.create_task(limited(p)))
+            if args.request_rate != float("inf"):
+                await asyncio.sleep(rng.expovariate(args.request_rate))
+        results = await asyncio.gather(*tasks)
+        return results, time.perf_counter() - start
+
+
+def _stats(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    ordered = sorted(values)
+    p = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return f"mean {1000 * statistics.mean(values):8.1f}  p50 {1000 * p(0.5):8.1f}  p99 {1000 * p(0.99):8.1f} ms"
+
+
+def report(args, results: list[Result], duration: float) -> None:
+    ok = [r for r in results if r.ok]
+    out_tokens = sum(r.output_tokens for r in ok)
+    tpots = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
+    mode = f"max-concurrency {args.max_concurrency}" if args.max_concurrency else f"rate {args.request_rate}/s"
+    print(f"mode: {mode}; dataset {args.dataset}; {args.num_prompts} prompts x {args.input_len}"
+          f"{f' + {args.shared_prefix_len} shared' if args.dataset == 'shared-prefix' else ''} in, "
+          f"{args.output_len} out; model {args.model}")
+    print(f"successful requests: {len(ok)} / {len(results)}  (failed: {len(results) - len(ok)})")
+    for r in results:
+        if not r.ok:
+            print(f"  failure: {r.error}")
+            break
+    print(f"duration:            {duration:8.2f} s")
+    print(f"request throughput:  {len(ok) / duration:8.2f} req/s")
+    print(f"output tokens/s:     {out_tokens / duration:8.1f}   (baseline, one request alone: "
+          f"{args.single_stream_tps:.1f})" if args.single_stream_tps else
+          f"output tokens/s:     {out_tokens / duration:8.1f}")
+    print(f"TTFT:  {_stats([r.ttft for r in ok])}")
+    print(f"TPOT:  {_stats(tpots)}")
+    print(f"ITL:   {_stats([x for r in ok for x in r.itls])}")
+    print(f"E2E:   {_stats([r.e2e for r in ok])}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base-url", default="http://127.0.0.1:8000")
+    ap.add_argument("--model", default=None, help="model name to send; default: the first of /v1/models")
+    ap.add_argument("--api-key", default=None)
+    ap.add_argument("--num-prompts", type=int, default=32)
+    ap.add_argument("--input-len", type=int, default=64, help="random tokens per prompt")
+    ap.add_argument("--output-len", type=int, default=32)
+    ap.add_argument("--dataset", choices=("random", "shared-prefix"), default="random")
+    ap.add_argument("--shared-prefix-len", type=int, default=256)
+    ap.add_argument("--vocab-size", type=int, default=49152, help="range of random token ids")
+    ap.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second")
+    ap.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most")
+    ap.add_argument("--baseline", action="store_true", help="first measure one request alone, as a baseline")
+    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    if args.num_prompts < 1 or args.input_len < 1 or args.output_len < 1:
+        ap.error("--num-prompts, --input-len and --output-len must be at least 1")
+    args.single_stream_tps = 0.0
+    if args.baseline:
+        solo = argparse.Namespace(**{**vars(args), "num_prompts": 1, "max_concurrency": 1, "dataset": "random",
+                                     "request_rate": float("inf")})
+        results, duration = asyncio.run(run(solo))
+        args.model = solo.model
+        args.single_stream_tps = sum(r.output_tokens for r in results if r.ok) / duration
+    results, duration = asyncio.run(run(args))
+    report(args, results, duration)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Load, faults and lifecycle against the real server process (toy model): disconnects free KV
+blocks, a full queue answers 503, SIGTERM drains, API key and CORS."""
+import asyncio
+import json
+import signal
+import time
+
+import httpx
+import psutil
+
+from tests.server.helpers import metric
+
+
+async def _stream(client, url, i, disconnect_after):
+    body = {"prompt": f"prompt {i}", "max_tokens": 40, "stream": True, "ignore_eos": True}
+    chunks, finish = 0, []
+    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+        assert r.status_code == 200, await r.aread()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            choice = json.loads(line[6:])["choices"][0]
+            chunks += 1
+            if choice["finish_reason"]:
+                finish.append(choice["finish_reason"])
+            if disconnect_after and chunks >= disconnect_after:
+                return "disconnected"
+    assert finish == ["length"], finish
+    return "completed"
+
+
+def test_64_streams_third_disconnected_free_everything(toy_server):
+    async def run():
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=100)) as client:
+            return await asyncio.gather(*(_stream(client, toy_server.url, i, 3 if i % 3 == 0 else 0)
+                                          for i in range(64)))
+    results = asyncio.run(run())
+    assert results.count("completed") == 64 - 22 and results.count("disconnected") == 22
+    deadline = time.monotonic() + 5
+    while metric(toy_server, "num_requests_pending") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric(toy_server, "num_requests_running") == 0
+    assert metric(toy_server, "num_requests_pending") == 0
+    assert metric(toy_server, "kv_blocks_used") == 0
+    assert metric(toy_server, "requests_aborted_total") >= 22
+
+
+def test_non_streaming_disconnect_aborts(toy_server):
+    before = metric(toy_server, "requests_aborted_total")
+    try:
+        httpx.post(toy_server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 200, "ignore_eos": True},
+                   timeout=0.3)
+    except httpx.TimeoutException:
+        pass
+    deadline = time.monotonic() + 5
+    while metric(toy_server, "requests_aborted_total") == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric(toy_server, "requests_aborted_total") == before + 1
+    assert metric(toy_server, "kv_blocks_used") == 0
+
+
+def test_full_queue_rejects_with_503(start_toy_server):
+    server = start_toy_server("--max-num-seqs", "2", "--max-queued-requests", "1")
+
+    async def run():
+        async with httpx.AsyncClient(timeout=60) as client:
+            return await asyncio.gather(*(client.post(server.url + "/v1/completions", json={
+                "prompt": "q", "max_tokens": 30, "ignore_eos": True}) for _ in range(8)))
+    statuses = sorted(r.status_code for r in asyncio.run(run()))
+    assert statuses.count(200) >= 3 and 503 in statuses and set(statuses) <= {200, 503}
+    assert httpx.post(server.url + "/v1/completions", json={"prompt": "q", "max_tokens": 2}).status_code == 200
+
+
+def test_sigterm_drains_in_flight_refuses_new_and_exits(start_toy_server):
+    server = start_toy_server("--shutdown-timeout", "20")
+    children_before = psutil.Process(server.proc.pid).children(recursive=True)
+    assert children_before == []
+
+    async def run():
+        async with httpx.AsyncClient(timeout=60) as client:
+            inflight = [asyncio.create_task(client.post(server.url + "/v1/completions", json={
+                "prompt": f"p{i}", "max_tokens": 200, "ignore_eos": True})) for i in range(4)]
+            await asyncio.sleep(0.3)
+            server.proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.2)
+            refused = await client.post(server.url + "/v1/completions", json={"prompt": "late", "max_tokens": 2})
+            return await asyncio.gather(*inflight), refused
+    done, refused = asyncio.run(run())
+    assert [r.status_code for r in done] == [200] * 4
+    assert all(r.json()["choices"][0]["finish_reason"] == "length" for r in done)
+    assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
+    assert server.proc.wait(15) == 0
+
+
+def test_api_key_and_cors(start_toy_server):
+    server = start_toy_server("--api-key", "sekrit", "--allowed-origins", "http://ok.example")
+    body = {"prompt": "hi", "max_tokens": 2}
+    assert httpx.get(server.url + "/health").status_code == 200
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        r = httpx.post(server.url + "/v1/completions", json=body, headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert httpx.get(server.url + "/v1/models").status_code == 401
+    assert httpx.get(server.url + "/metrics").status_code == 401
+    good = {"Authorization": "Bearer sekrit", "Origin": "http://ok.example"}
+    r = httpx.post(server.url + "/v1/completions", json=body, headers=good)
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://ok.example"
+    pre = httpx.options(server.url + "/v1/completions", headers={
+        "Origin": "http://ok.example", "Access-Control-Request-Method": "POST"})
+    assert pre.status_code == 204 and "POST" in pre.headers["access-control-allow-methods"]
+    other = httpx.post(server.url + "/v1/completions", json=body, headers={**good, "Origin": "http://evil.example"})
+    assert "access-control-allow-origin" not in other.headers

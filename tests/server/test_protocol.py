@@ -1,0 +1,84 @@
+"""Request parsing and validation (no server): every bad field is a 400 naming the field."""
+import pytest
+
+from gh200rt.serve.args import ServerConfig, parse_args
+from gh200rt.serve.errors import APIError
+from gh200rt.serve.metrics import ServerMetrics
+from gh200rt.serve.protocol import parse_chat_request, parse_completion_request, parse_prompts
+from gh200rt.serve.sse import DONE, sse_event
+
+
+def test_prompt_shapes():
+    assert parse_prompts("hi") == [("hi", None)]
+    assert parse_prompts(["a", "b"]) == [("a", None), ("b", None)]
+    assert parse_prompts([1, 2]) == [(None, [1, 2])]
+    assert parse_prompts([[1], [2, 3]]) == [(None, [1]), (None, [2, 3])]
+    for bad in ("", [], [[]], [1, -1], [True], ["a", 1], [""], 5, None, [[1], "a"]):
+        with pytest.raises(APIError) as e:
+            parse_prompts(bad)
+        assert e.value.status == 400 and e.value.param == "prompt"
+
+
+def test_completion_fields_map_to_sampling_params():
+    p = parse_completion_request({"prompt": "x", "max_tokens": 7, "temperature": 0, "top_p": 0.5, "top_k": -1,
+                                  "min_p": 0.1, "seed": 2**64 - 1, "stop": "END", "logprobs": 20, "echo": True,
+                                  "n": 2, "repetition_penalty": 1.2, "ignore_eos": True, "min_tokens": 3,
+                                  "stream": True, "stream_options": {"include_usage": True}, "user": "u",
+                                  "unknown_benchmark_field": [1]})
+    sp = p.params
+    assert (sp.max_tokens, sp.temperature, sp.top_p, sp.top_k, sp.stop, sp.logprobs, sp.n) == \
+        (7, 0.0, 0.5, 0, ["END"], 20, 2)
+    assert p.stream and p.include_usage and p.echo and sp.ignore_eos and sp.min_tokens == 3
+    assert parse_completion_request({"prompt": "x", "max_completion_tokens": 5, "max_tokens": 9}).params.max_tokens == 5
+    assert parse_completion_request({"prompt": "x"}).params.max_tokens == 16
+
+
+@pytest.mark.parametrize("field,value", [
+    ("logprobs", 21), ("seed", 2**64), ("seed", -(2**63) - 1), ("temperature", 2.5), ("temperature", "hot"),
+    ("max_tokens", 0), ("max_tokens", 1.5), ("n", 0), ("n", 17), ("top_p", 0), ("top_p", 1.1), ("top_k", -2),
+    ("min_p", 2), ("presence_penalty", 3), ("frequency_penalty", -3), ("stop", [1]), ("stop", [""]),
+    ("stream", "yes"), ("stream_options", "x"), ("echo", 1), ("min_tokens", -1), ("repetition_penalty", 0),
+])
+def test_out_of_range_fields_are_400(field, value):
+    with pytest.raises(APIError) as e:
+        parse_completion_request({"prompt": "x", field: value})
+    assert e.value.status == 400 and e.value.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_chat_messages_and_logprobs():
+    parsed, messages = parse_chat_request({"messages": [
+        {"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                      {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": None}], "logprobs": True, "top_logprobs": 5})
+    assert messages[1] == {"role": "user", "content": "ab"} and messages[2]["content"] == ""
+    assert parsed.logprobs == 5 and parsed.params.max_tokens is None
+    for bad in ({"messages": "hi"}, {"messages": [{"role": "robot", "content": "x"}]},
+                {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+                {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}):
+        with pytest.raises(APIError) as e:
+            parse_chat_request(bad)
+        assert e.value.status == 400
+
+
+def test_server_flags_generated_and_validated():
+    server, engine = parse_args(["--port", "9000", "--api-key", "k", "--max-num-seqs", "4",
+                                 "--allowed-origins", "http://a, http://b"])
+    assert (server.port, server.api_key, engine.scheduler.max_num_seqs) == (9000, "k", 4)
+    assert server.origins == ("http://a", "http://b")
+    assert ServerConfig().host == "127.0.0.1" and ServerConfig().port == 8000
+    for bad in (["--port", "70000"], ["--max-queued-requests", "-1"], ["--block-size", "3"]):
+        with pytest.raises(SystemExit) as e:
+            parse_args(bad)
+        assert e.value.code == 2
+
+
+def test_sse_framing_and_metrics_text():
+    assert sse_event({"a": 1}) == b'data: {"a":1}\n\n' and DONE == b"data: [DONE]\n\n"
+    m = ServerMetrics()
+    m.count("requests_received_total", 3)
+    m.observe(m.ttft, 0.03)
+    text = m.render(num_pending=0)
+    assert "gh200rt_requests_received_total 3" in text
+    assert 'gh200rt_time_to_first_token_seconds_bucket{le="0.05"} 1' in text
+    assert 'gh200rt_time_to_first_token_seconds_bucket{le="0.02"} 0' in text
+    assert "gh200rt_kv_blocks_used 0" in text

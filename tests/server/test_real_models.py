@@ -1,0 +1,128 @@
+"""Acceptance against ``python -m gh200rt.serve`` with real models over loopback: a tiny random
+Llama directory (fast: errors, load with disconnects, SIGTERM) and the default SmolLM2 GGUF
+(the official openai client, streamed text == non-streamed text at temperature 0)."""
+import asyncio
+import json
+import os
+import signal
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from tests.engine.real_models import save_tiny_llama, smollm2_gguf
+from tests.server.helpers import ServerProcess, metric
+from tests.server.test_operations_toy import _stream
+
+CHAT_TEMPLATE = ("{% for m in messages %}<s> {{ m['content'] }} {% endfor %}"
+                 "{% if add_generation_prompt %}w3 {% endif %}")
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_dir(tmp_path_factory):
+    path = save_tiny_llama(str(tmp_path_factory.mktemp("tiny-llama")))
+    config_path = os.path.join(path, "tokenizer_config.json")
+    with open(config_path) as f:
+        config = json.load(f)
+    with open(config_path, "w") as f:
+        json.dump({**config, "chat_template": CHAT_TEMPLATE}, f)
+    return path
+
+
+def serve(model_dir, *extra):
+    return ServerProcess("gh200rt.serve", ["--model", model_dir, "--served-model-name", "tiny",
+                                           "--max-model-len", "128", *extra])
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_llama_dir):
+    server = serve(tiny_llama_dir)
+    yield server
+    server.stop()
+
+
+def _parity(c, model, prompt, messages, max_tokens):
+    full = c.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0)
+    chunks = list(c.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                       stream=True, stream_options={"include_usage": True}))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == full.choices[0].text
+    assert chunks[-1].usage.model_dump() == full.usage.model_dump()
+    assert full.usage.total_tokens == full.usage.prompt_tokens + full.usage.completion_tokens
+    chat = c.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, temperature=0)
+    streamed = list(c.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, temperature=0,
+                                              stream=True))
+    assert "".join(ch.choices[0].delta.content or "" for ch in streamed) == chat.choices[0].message.content
+    assert [ch.choices[0].delta.role for ch in streamed if ch.choices[0].delta.role] == ["assistant"]
+    assert sum(1 for ch in streamed if ch.choices[0].finish_reason) == 1
+    return full, chat
+
+
+def test_tiny_llama_openai_parity_and_errors(tiny_server):
+    c = openai.OpenAI(base_url=tiny_server.url + "/v1", api_key="none", max_retries=0)
+    full, _ = _parity(c, "tiny", "w5 w6 w7", [{"role": "user", "content": "w9 w10"}], 10)
+    assert full.usage.prompt_tokens == 3
+    for body in ({"prompt": "w5 " * 120, "max_tokens": 20}, {"prompt": [5, 256]}, {"prompt": [5], "max_tokens": 200},
+                 {"prompt": "w5", "logprobs": 21}):
+        r = httpx.post(tiny_server.url + "/v1/completions", json=body, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["message"], (body, r.text)
+    assert httpx.get(tiny_server.url + "/health").status_code == 200
+
+
+def test_tiny_llama_64_streams_third_disconnected(tiny_server):
+    async def run():
+        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=100)) as client:
+            return await asyncio.gather(*(_stream(client, tiny_server.url, i, 3 if i % 3 == 0 else 0)
+                                          for i in range(64)))
+    results = asyncio.run(run())
+    assert results.count("completed") == 42 and results.count("disconnected") == 22
+    for _ in range(100):
+        if metric(tiny_server, "num_requests_pending") == 0:
+            break
+        asyncio.run(asyncio.sleep(0.05))
+    assert metric(tiny_server, "num_requests_running") == 0
+    assert metric(tiny_server, "kv_blocks_used") == 0
+
+
+def test_tiny_llama_sigterm_during_load(tiny_llama_dir):
+    server = serve(tiny_llama_dir, "--shutdown-timeout", "30")
+    try:
+        async def run():
+            async with httpx.AsyncClient(timeout=60) as client:
+                inflight = [asyncio.create_task(client.post(server.url + "/v1/completions", json={
+                    "prompt": f"w{i + 4} w5", "max_tokens": 40, "ignore_eos": True})) for i in range(8)]
+                await asyncio.sleep(0.5)
+                server.proc.send_signal(signal.SIGTERM)
+                await asyncio.sleep(0.2)
+                late = await client.post(server.url + "/v1/completions", json={"prompt": "w5", "max_tokens": 2})
+                return await asyncio.gather(*inflight), late
+        done, late = asyncio.run(run())
+        assert [r.status_code for r in done] == [200] * 8
+        assert all(r.json()["usage"]["completion_tokens"] == 40 for r in done)
+        assert late.status_code == 503
+        assert server.proc.wait(30) == 0
+        assert not psutil.pid_exists(server.proc.pid) or psutil.Process(server.proc.pid).status() == "zombie"
+    finally:
+        server.stop()
+
+
+def test_smollm2_openai_client_parity():
+    server = ServerProcess("gh200rt.serve", ["--model", smollm2_gguf(), "--served-model-name", "smollm2",
+                                             "--max-model-len", "512"], ready_timeout=240)
+    try:
+        c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=240)
+        full, chat = _parity(c, "smollm2", "The capital of France is", [{"role": "user", "content": "Say hi."}], 8)
+        assert full.choices[0].text.strip()
+        assert chat.choices[0].message.content.strip()
+    finally:
+        server.stop()
+
+
+def test_unloadable_model_exits_1_with_clear_message(tmp_path):
+    import subprocess
+    import sys
+    from tests.server.helpers import ROOT, free_port
+    proc = subprocess.run([sys.executable, "-m", "gh200rt.serve", "--model", str(tmp_path / "missing"), "--port",
+                           str(free_port())], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "could not be loaded" in proc.stderr and "missing" in proc.stderr

@@ -1,0 +1,36 @@
+"""Runs the real server (gh200rt.serve.run_server, real LLMEngine) over the one-layer toy model of
+tests/engine, so HTTP behaviour can be tested in seconds. Same flags as ``python -m gh200rt.serve``."""
+import sys
+import time
+
+from gh200rt.engine.engine import LLMEngine
+from gh200rt.serve.__main__ import run_server
+from gh200rt.serve.args import parse_args
+from tests.engine.toy_model import ToyArch, ToyModel, ToyTokenizer
+
+
+class ChatToyTokenizer(ToyTokenizer):
+    def apply_chat_template(self, messages, add_generation_prompt=True):
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
+        return text + ("<assistant>" if add_generation_prompt else "")
+
+
+class SlowToyModel(ToyModel):
+    """Each forward sleeps a little so streams overlap with disconnects and signals, as on a real model."""
+    def forward(self, *args):
+        time.sleep(0.01)
+        return super().forward(*args)
+
+
+def main(argv):
+    server_config, engine_config = parse_args(argv)
+    arch = ToyArch(max_position_embeddings=engine_config.model.max_model_len or 256)
+
+    def build():
+        return LLMEngine(SlowToyModel(arch), ChatToyTokenizer(), arch, engine_config)
+
+    return run_server(server_config, engine_config, build)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
