@@ -1,1 +1,13 @@
-"""Triton kernels, one op per file, each beside its torch reference (installed as gh200rt.kernels)."""
+"""Triton kernels, one op per file, each beside its torch reference (installed as gh200rt.kernels).
+
+host_gemm.py        y = x @ W.T for decode-sized M, W dense (bf16/fp16/fp32) or packed, read in place
+quant.py            PackedWeight (int8 per channel/group, int4 per group) and ``pack_weight``
+gguf_blocks.py      lossless import of GGUF Q8_0 / Q4_0 / Q4_1 blocks
+paged_attention.py  causal attention over the paged KV pool (decode and prefix-cached prefill)
+store_kv.py         write new K/V into the pool at their slots
+rmsnorm.py, rope.py, silu_mul.py   the model runner's small fused ops
+compile_specs.py    representative Hopper compile configurations (scripts/check_kernels.py)
+
+Importing a kernel module needs triton; ``quant`` and ``gguf_blocks`` import it only when a packed
+weight meets a CUDA tensor, so the CPU platform runs without it.
+"""

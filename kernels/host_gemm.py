@@ -1,0 +1,159 @@
+"""``y = x @ W.T (+ bias)`` for decode-sized M, reading W once from wherever it lives (host or HBM).
+
+W is a dense bf16/fp16/fp32 ``[N, K]`` tensor or a ``PackedWeight`` (int8 per channel/group, int4
+per group with scale and minimum; see quant.py). Quantized weights are dequantized in registers and
+every load is upcast to float32 before arithmetic (the Triton interpreter gets bf16 math wrong, and
+fp32 accumulation is what we want on the GPU anyway). The weight tile is contiguous along K, so with
+16-byte aligned rows the loads are 128-bit. M > 1 uses tensor cores (``tl.dot``, TF32 on the GPU,
+so expect ~1e-3 relative error there; the interpreter computes it in full fp32). Small M gives few output tiles, so K is split across
+programs (``split_k``) and partial sums are added atomically into a float32 buffer, which keeps
+every SM streaming weight bytes. Weights are read once per call per M-tile (up to 64 rows), so the
+kernel targets M <= 256 (decode); prefill-sized M belongs to a tiled matmul.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .quant import PackedWeight, reference_linear
+
+FMT_DENSE, FMT_INT8, FMT_INT4 = 0, 1, 2
+TARGET_PROGRAMS = 132 * 4  # H100/GH200 SM count x programs resident per SM
+
+
+@triton.jit
+def _accumulate(acc, x, w, USE_DOT: tl.constexpr):
+    """acc[BM, BN] += x[BM, BK] @ w[BN, BK].T, both float32."""
+    if USE_DOT:
+        return tl.dot(x, tl.trans(w), acc)
+    return acc + tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+
+
+@triton.jit
+def host_gemm_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, y_ptr,
+                     M, N, K, k_packed, stride_xm, stride_wn, stride_sn, stride_ym, group_size, split_len,
+                     FMT: tl.constexpr, HAS_BIAS: tl.constexpr, ATOMIC: tl.constexpr, USE_DOT: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok, n_ok = offs_m < M, offs_n < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    x_rows = x_ptr + offs_m[:, None] * stride_xm
+    if FMT == 2:
+        # int4 is walked in bytes (byte j holds columns 2j low, 2j+1 high) so the alignment of the
+        # byte offsets is visible to the compiler and weight loads stay 128-bit.
+        HALF: tl.constexpr = BLOCK_K // 2
+        b_start = pid_k * split_len
+        b_end = tl.minimum(b_start + split_len, k_packed)
+        for b0 in range(b_start, b_end, HALF):
+            offs_b = b0 + tl.arange(0, HALF)
+            w_mask = n_ok[:, None] & (offs_b < b_end)[None, :]
+            packed = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_b[None, :], mask=w_mask, other=0)
+            col_even = offs_b * 2
+            s_off = offs_n[:, None] * stride_sn + (col_even // group_size)[None, :]
+            scale = tl.load(scale_ptr + s_off, mask=w_mask, other=0.0)
+            minimum = tl.load(min_ptr + s_off, mask=w_mask, other=0.0)
+            x_even = tl.load(x_rows + col_even[None, :], mask=m_ok[:, None] & (col_even < K)[None, :], other=0.0)
+            x_odd = tl.load(x_rows + col_even[None, :] + 1, mask=m_ok[:, None] & (col_even + 1 < K)[None, :], other=0.0)
+            acc = _accumulate(acc, x_even.to(tl.float32), (packed & 0xF).to(tl.float32) * scale + minimum, USE_DOT)
+            acc = _accumulate(acc, x_odd.to(tl.float32), (packed >> 4).to(tl.float32) * scale + minimum, USE_DOT)
+    else:
+        k_start = pid_k * split_len
+        k_end = tl.minimum(k_start + split_len, K)
+        for k0 in range(k_start, k_end, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_ok = offs_k < k_end
+            w_mask = n_ok[:, None] & k_ok[None, :]
+            w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=w_mask, other=0).to(tl.float32)
+            if FMT == 1:
+                group = offs_k // group_size
+                w = w * tl.load(scale_ptr + offs_n[:, None] * stride_sn + group[None, :], mask=w_mask, other=0.0)
+            x = tl.load(x_rows + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            acc = _accumulate(acc, x.to(tl.float32), w, USE_DOT)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+        acc += bias[None, :] * (pid_k == 0).to(tl.float32)  # only one split adds the bias
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    out_mask = m_ok[:, None] & n_ok[None, :]
+    if ATOMIC:
+        tl.atomic_add(y_ptrs, acc, mask=out_mask)
+    else:
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+
+
+def tile_config(m: int, fmt: int = FMT_DENSE) -> dict:
+    """M = 1: a multiply-reduce tile (no wasted MMA rows). M > 1: tensor-core tiles of 16-64 rows.
+
+    Both give each thread at least 16 bytes of every weight tile, so weight loads are 128-bit.
+    """
+    if m == 1:
+        return dict(USE_DOT=False, BLOCK_M=1, BLOCK_N=32, BLOCK_K=128, num_warps=4)
+    block_m = min(64, max(16, triton.next_power_of_2(m)))
+    return dict(USE_DOT=True, BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=64, num_warps=4)
+
+
+def choose_split_k(m: int, n: int, k: int, cfg: dict, target_programs: int = TARGET_PROGRAMS) -> int:
+    tiles = triton.cdiv(n, cfg["BLOCK_N"]) * triton.cdiv(m, cfg["BLOCK_M"])
+    return max(1, min(triton.cdiv(target_programs, tiles), triton.cdiv(k, cfg["BLOCK_K"])))
+
+
+def host_gemm(x: torch.Tensor, weight: torch.Tensor | PackedWeight, bias: torch.Tensor | None = None,
+              split_k: int | None = None) -> torch.Tensor:
+    """``x[..., K] @ W[N, K].T + bias`` with W dense or packed; returns x's dtype."""
+    n, k = weight.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"host_gemm: x has {x.shape[-1]} columns but the weight expects K={k}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k).contiguous()
+    m = x2.shape[0]
+    cfg = tile_config(m, FMT_INT4 if isinstance(weight, PackedWeight) and weight.fmt == "int4" else FMT_DENSE)
+    split = split_k or choose_split_k(m, n, k, cfg)
+    k_per_split = triton.cdiv(triton.cdiv(k, split), cfg["BLOCK_K"]) * cfg["BLOCK_K"]
+    split = triton.cdiv(k, k_per_split)
+    atomic = split > 1
+    y = (torch.zeros if atomic else torch.empty)((m, n), dtype=torch.float32 if atomic else x.dtype, device=x.device)
+    if isinstance(weight, PackedWeight):
+        fmt = FMT_INT8 if weight.fmt == "int8" else FMT_INT4
+        w, scale, group = weight.qweight, weight.scale, weight.group_size
+        minimum = weight.minimum if weight.minimum is not None else scale
+    else:
+        fmt, w, scale, minimum, group = FMT_DENSE, weight, x2, x2, k
+    assert w.stride(-1) == 1, "weight rows must be contiguous"
+    grid = (triton.cdiv(n, cfg["BLOCK_N"]), split, triton.cdiv(m, cfg["BLOCK_M"]))
+    host_gemm_kernel[grid](
+        x2, w, scale, minimum, bias if bias is not None else x2, y,
+        m, n, k, w.shape[1], x2.stride(0), w.stride(0), scale.stride(0), y.stride(0), group,
+        k_per_split // 2 if fmt == FMT_INT4 else k_per_split,  # in the units of a weight row (bytes for int4)
+        FMT=fmt, HAS_BIAS=bias is not None, ATOMIC=atomic, **cfg)
+    return y.to(x.dtype).reshape(*lead, n)
+
+
+def reference_host_gemm(x: torch.Tensor, weight: torch.Tensor | PackedWeight,
+                        bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Plain torch in float32."""
+    if isinstance(weight, PackedWeight):
+        return reference_linear(x, weight, bias)
+    return torch.nn.functional.linear(x.float(), weight.float(), None if bias is None else bias.float())
+
+
+def compile_specs():
+    """Hopper compile checks: each weight format at decode (M=1), small batch (M=8) and M=256 tiles."""
+    from .compile_specs import CompileSpec, signature_of
+    fn = host_gemm_kernel
+    aligned = ("x_ptr", "w_ptr", "scale_ptr", "min_ptr", "bias_ptr", "y_ptr",
+               "K", "k_packed", "stride_xm", "stride_wn", "stride_ym", "split_len")
+    specs = []
+    for fmt_name, fmt, w_type in (("bf16", FMT_DENSE, "*bf16"), ("fp16", FMT_DENSE, "*fp16"),
+                                  ("int8", FMT_INT8, "*i8"), ("int4", FMT_INT4, "*u8")):
+        for m, atomic in ((1, True), (8, True), (256, False)):
+            cfg = tile_config(m, fmt)
+            num_warps = cfg.pop("num_warps")
+            constexprs = dict(FMT=fmt, HAS_BIAS=m == 8, ATOMIC=atomic, **cfg)
+            types = dict(x_ptr="*bf16", w_ptr=w_type, scale_ptr="*fp32", min_ptr="*fp32",
+                         bias_ptr="*bf16", y_ptr="*fp32" if atomic else "*bf16")
+            label = f"W={fmt_name} M={m} tile={cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']} split_k={'on' if atomic else 'off'}"
+            specs.append(CompileSpec("host_gemm", label, fn, signature_of(fn, types, constexprs), constexprs,
+                                     num_warps, aligned, min_load_bits=128))
+    return specs

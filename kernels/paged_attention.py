@@ -1,0 +1,119 @@
+"""Attention of new tokens over the paged KV pool, causal, with grouped-query heads.
+
+``paged_attention(q[T, Hq, D], kv_cache[2, NB, BS, Hkv, D], meta, scale, num_kv_heads) -> [T, Hq, D]``
+(the signature of gh200rt.kv.attention's torch version). Each query token attends to the cached
+positions ``0..p`` of its own sequence, ``p`` its absolute position, read through the block
+table; its K/V must already be in the pool (``write_kv`` first). One program per (token, KV head)
+handles that head's whole query group, so decode (one token per sequence) and prefill over a
+prefix-cached context take the same route: correct for any query length, and efficient for
+decode; long uncached prompts are better served by a tiled prefill kernel (not written yet).
+Online softmax in float32; every load is upcast first.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def paged_attention_kernel(q_ptr, cache_ptr, out_ptr, tables_ptr, tok_seq_ptr, tok_pos_ptr, scale,
+                           group, stride_qt, stride_qh, stride_ot, stride_oh, stride_table,
+                           stride_kv, stride_block, stride_slot, stride_head, head_dim,
+                           BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+    t, kv_head = tl.program_id(0), tl.program_id(1)
+    seq = tl.load(tok_seq_ptr + t)
+    pos = tl.load(tok_pos_ptr + t)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_s = tl.arange(0, BLOCK_SIZE)
+    g_ok, d_ok = offs_g < group, offs_d < head_dim
+    q_heads = kv_head * group + offs_g
+    q = tl.load(q_ptr + t * stride_qt + q_heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32) * scale
+    m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)
+    for j in range(0, pos // BLOCK_SIZE + 1):
+        block = tl.load(tables_ptr + seq * stride_table + j).to(tl.int64)
+        kv_off = block * stride_block + offs_s[:, None] * stride_slot + kv_head * stride_head + offs_d[None, :]
+        s_ok = j * BLOCK_SIZE + offs_s <= pos
+        kv_mask = s_ok[:, None] & d_ok[None, :]
+        k = tl.load(cache_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
+        v = tl.load(cache_ptr + stride_kv + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
+        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
+        scores = tl.where(s_ok[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        p = tl.exp(scores - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(out_ptr + t * stride_ot + q_heads[:, None] * stride_oh + offs_d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+
+
+def attention_warps(group: int, head_dim: int, block_size: int) -> int:
+    """Enough warps that the [group, block, head_dim] product tile stays under ~64 registers a thread."""
+    elems = triton.next_power_of_2(group) * triton.next_power_of_2(head_dim) * block_size
+    return min(8, max(4, elems // 2048))
+
+
+def token_layout(meta) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sequence index, absolute position) of every new token, from the host lists in ``meta``."""
+    seqs = [b for b, q in enumerate(meta.query_lens_list) for _ in range(q)]
+    device = meta.block_tables.device
+    return torch.tensor(seqs, dtype=torch.int32, device=device), meta.positions(device)
+
+
+def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale: float, num_kv_heads: int) -> torch.Tensor:
+    t, num_heads, head_dim = q.shape
+    assert kv_cache.shape[3] == num_kv_heads and kv_cache.shape[4] == head_dim and num_heads % num_kv_heads == 0
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(q)
+    tok_seq, tok_pos = token_layout(meta)
+    tables = meta.block_tables
+    block_size = kv_cache.shape[2]
+    paged_attention_kernel[(t, num_kv_heads)](
+        q, kv_cache, out, tables, tok_seq, tok_pos, scale, group,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), tables.stride(0),
+        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), head_dim,
+        BLOCK_SIZE=block_size, BLOCK_G=triton.next_power_of_2(group), BLOCK_D=triton.next_power_of_2(head_dim),
+        num_warps=attention_warps(group, head_dim, block_size))
+    return out
+
+
+def reference_paged_attention(q, kv_cache, meta, scale, num_kv_heads):
+    """Gather each sequence's K/V from its blocks and run causal attention in float32."""
+    out = torch.empty_like(q)
+    group = q.shape[1] // num_kv_heads
+    block_size = kv_cache.shape[2]
+    start = 0
+    for b, (q_len, s_len) in enumerate(zip(meta.query_lens_list, meta.seq_lens_list)):
+        blocks = meta.block_tables[b, : -(-s_len // block_size)].long()
+        k = kv_cache[0, blocks].reshape(-1, num_kv_heads, q.shape[2])[:s_len].float()
+        v = kv_cache[1, blocks].reshape(-1, num_kv_heads, q.shape[2])[:s_len].float()
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        qs = q[start:start + q_len].float()
+        scores = torch.einsum("thd,shd->hts", qs, k) * scale
+        q_pos = torch.arange(s_len - q_len, s_len)[:, None]
+        scores = scores.masked_fill(torch.arange(s_len)[None, :] > q_pos, float("-inf"))
+        out[start:start + q_len] = torch.einsum("hts,shd->thd", scores.softmax(-1), v).to(q.dtype)
+        start += q_len
+    return out
+
+
+def compile_specs():
+    from .compile_specs import CompileSpec, signature_of
+    specs = []
+    for group, d, dtype, bs in ((3, 64, "bf16", 16), (4, 128, "bf16", 16), (8, 128, "fp16", 16), (4, 128, "bf16", 32)):
+        constexprs = dict(BLOCK_SIZE=bs, BLOCK_G=triton.next_power_of_2(group), BLOCK_D=d)
+        types = dict(q_ptr=f"*{dtype}", cache_ptr=f"*{dtype}", out_ptr=f"*{dtype}", tables_ptr="*i32",
+                     tok_seq_ptr="*i32", tok_pos_ptr="*i64", scale="fp32")
+        specs.append(CompileSpec("paged_attention", f"group={group} D={d} block={bs} {dtype}", paged_attention_kernel,
+                                 signature_of(paged_attention_kernel, types, constexprs), constexprs,
+                                 attention_warps(group, d, bs),
+                                 ("q_ptr", "cache_ptr", "out_ptr", "stride_qt", "stride_qh", "stride_ot", "stride_oh",
+                                  "stride_kv", "stride_block", "stride_slot", "stride_head", "head_dim")))
+    return specs

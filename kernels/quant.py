@@ -1,0 +1,209 @@
+"""Weight-only quantized formats for host-resident weights, and the one entry point that makes them.
+
+Two portable formats, both over a logical dense weight ``W[N, K]`` (out, in) split along K into
+groups of ``group_size`` columns (``group_size == K`` means one group per output channel):
+
+* ``int8``: ``qweight`` int8 ``[N, K]``; ``W = q * scale``.
+* ``int4``: ``qweight`` uint8 ``[N, ceil(K/2)]``, column ``k`` in byte ``k // 2`` (low nibble for
+  even k); ``W = q * scale + minimum`` with ``q`` in 0..15.
+
+``scale`` / ``minimum`` are float32 ``[N, ceil(K/group_size)]``. GGUF Q8_0 maps onto int8 with
+group 32, Q4_1 onto int4 (scale d, minimum m) and Q4_0 onto int4 (scale d, minimum -8d) without
+loss. ``PackedWeight`` satisfies the ``WeightRef`` contract (``linear(x, bias)``, ``nbytes``): on
+CUDA it calls ``host_gemm``; on CPU it runs torch's exact int8/int4 weight-only matmul ops where
+the layout allows and dequantize-then-matmul otherwise; ``cpu_route="fbgemm"`` (int8 per channel) trades accuracy for
+speed (see docs/benchmarks/kernels.md for both).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+HOST_FORMATS = ("bf16", "int8", "int4")
+INT4_DEFAULT_GROUP = 32
+CPU_ROUTES = ("exact", "fbgemm")
+_CPU_INT4_GROUPS = (32, 64, 128, 256)
+
+
+class PackedWeight:
+    """A quantized ``[N, K]`` weight (see the module docstring for the layout)."""
+
+    def __init__(self, fmt: str, qweight: torch.Tensor, scale: torch.Tensor,
+                 minimum: torch.Tensor | None, group_size: int, shape: tuple[int, int], cpu_route: str = "exact"):
+        assert fmt in ("int8", "int4"), fmt
+        if cpu_route not in CPU_ROUTES:
+            raise ValueError(f"cpu_route {cpu_route!r}: choose one of {', '.join(CPU_ROUTES)}")
+        n, k = shape
+        groups = -(-k // group_size)
+        assert scale.shape == (n, groups) and scale.dtype == torch.float32, (scale.shape, scale.dtype)
+        if fmt == "int8":
+            assert qweight.dtype == torch.int8 and qweight.shape == (n, k) and minimum is None
+        else:
+            assert qweight.dtype == torch.uint8 and qweight.shape == (n, (k + 1) // 2)
+            assert minimum is not None and minimum.shape == (n, groups)
+            assert group_size % 2 == 0, "both nibbles of a byte must share a group"
+        self.fmt, self.qweight, self.scale, self.minimum = fmt, qweight, scale, minimum
+        self.group_size, self.shape = group_size, (n, k)
+        self.cpu_route = cpu_route
+        self._cpu_int4: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._fbgemm = None
+
+    @property
+    def nbytes(self) -> int:
+        parts = [self.qweight, self.scale] + ([self.minimum] if self.minimum is not None else [])
+        if self._cpu_int4 is not None:
+            parts += list(self._cpu_int4)
+        return sum(t.nbytes for t in parts)
+
+    @property
+    def device(self) -> torch.device:
+        return self.qweight.device
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The storage a placement moves (host slab, staging slot): ``qweight``, ``scale`` [, ``minimum``]."""
+        out = {"qweight": self.qweight, "scale": self.scale}
+        if self.minimum is not None:
+            out["minimum"] = self.minimum
+        return out
+
+    def with_tensors(self, tensors: dict[str, torch.Tensor]) -> "PackedWeight":
+        """The same weight over other storage (e.g. views into a slab or a slot), same shapes and dtypes."""
+        return PackedWeight(self.fmt, tensors["qweight"], tensors["scale"], tensors.get("minimum"),
+                            self.group_size, self.shape, self.cpu_route)
+
+    def dequantize(self) -> torch.Tensor:
+        """The dense float32 ``[N, K]`` weight."""
+        n, k = self.shape
+        q = self.qweight.to(torch.float32) if self.fmt == "int8" else unpack_int4(self.qweight, k).to(torch.float32)
+        w = q * self.scale.repeat_interleave(self.group_size, dim=1)[:, :k]
+        if self.minimum is not None:
+            w += self.minimum.repeat_interleave(self.group_size, dim=1)[:, :k]
+        return w
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if x.is_cuda:
+            from .host_gemm import host_gemm
+            return host_gemm(x, self, bias)
+        return self._linear_cpu(x, bias)
+
+    def _linear_cpu(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        n, k = self.shape
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, k).to(torch.float32).contiguous()
+        if self.fmt == "int8" and self.group_size >= k and self.cpu_route == "fbgemm":
+            packed = self._fbgemm_form()  # one row at a time: activation ranges stay per token
+            y = torch.cat([torch.ops.quantized.linear_dynamic(row, packed, True) for row in x2.split(1)])
+        elif self.fmt == "int8" and self.group_size >= k:
+            y = torch._weight_int8pack_mm(x2, self.qweight, self.scale[:, 0])
+        elif self.fmt == "int4" and self._cpu_int4_ok():
+            packed, scales_and_zeros = self._cpu_int4_form()
+            y = torch._weight_int4pack_mm_for_cpu(x2, packed, self.group_size, scales_and_zeros)
+        else:
+            y = x2 @ self.dequantize().T
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+        return y.to(x.dtype).reshape(*lead, n)
+
+    def _cpu_int4_ok(self) -> bool:
+        n, k = self.shape
+        return self.group_size in _CPU_INT4_GROUPS and k % self.group_size == 0 and k % 2 == 0
+
+    def _cpu_int4_form(self) -> tuple[torch.Tensor, torch.Tensor]:
+        # torch's CPU int4 op dequantizes as (q - 8) * scale + zero, so zero = minimum + 8 * scale.
+        if self._cpu_int4 is None:
+            q = unpack_int4(self.qweight, self.shape[1]).to(torch.int32)
+            packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+            zeros = self.minimum + 8.0 * self.scale
+            scales_and_zeros = torch.stack([self.scale.T, zeros.T], dim=-1).contiguous()
+            self._cpu_int4 = (packed, scales_and_zeros)
+        return self._cpu_int4
+
+    def _fbgemm_form(self):
+        # fbgemm's dynamic linear also quantizes activations (per call, 7-bit): ~3.5x faster than
+        # fp32 at decode on AVX2 but visibly less accurate (docs/benchmarks/kernels.md), so opt-in.
+        if self._fbgemm is None:
+            n = self.shape[0]
+            q = torch._make_per_channel_quantized_tensor(self.qweight, self.scale[:, 0].double(),
+                                                         torch.zeros(n, dtype=torch.long), 0)
+            self._fbgemm = torch.ops.quantized.linear_prepack(q, None)
+        return self._fbgemm
+
+    def __repr__(self) -> str:
+        return f"PackedWeight({self.fmt}, shape={self.shape}, group_size={self.group_size}, nbytes={self.nbytes})"
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[N, ceil(K/2)]`` from 4-bit codes ``[N, K]`` (even column in the low nibble)."""
+    n, k = q.shape
+    q = q.to(torch.uint8)
+    if k % 2:
+        q = torch.cat([q, q.new_zeros(n, 1)], dim=1)
+    return (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
+
+
+def unpack_int4(packed: torch.Tensor, k: int) -> torch.Tensor:
+    """uint8 codes ``[N, K]`` from the packed nibbles."""
+    low, high = packed & 0xF, packed >> 4
+    return torch.stack([low, high], dim=-1).reshape(packed.shape[0], -1)[:, :k]
+
+
+def _grouped(w: torch.Tensor, group_size: int) -> torch.Tensor:
+    n, k = w.shape
+    groups = -(-k // group_size)
+    pad = groups * group_size - k
+    if pad:  # padding repeats the last column so it never widens a group's range
+        w = torch.cat([w, w[:, -1:].expand(n, pad)], dim=1)
+    return w.reshape(n, groups, group_size)
+
+
+def quantize_int8(w: torch.Tensor, group_size: int | None = None, cpu_route: str = "exact") -> PackedWeight:
+    """Symmetric int8, one scale per output channel (or per group of ``group_size`` columns)."""
+    w = w.detach().to(torch.float32)
+    n, k = w.shape
+    group_size = group_size or k
+    g = _grouped(w, group_size)
+    scale = g.abs().amax(dim=-1).clamp(min=1e-12) / 127.0
+    q = torch.round(g / scale[..., None]).clamp(-127, 127).reshape(n, -1)[:, :k].to(torch.int8)
+    return PackedWeight("int8", q.contiguous(), scale.contiguous(), None, group_size, (n, k), cpu_route)
+
+
+def quantize_int4(w: torch.Tensor, group_size: int = INT4_DEFAULT_GROUP) -> PackedWeight:
+    """Asymmetric int4 per group: ``minimum`` is the group's minimum, ``scale`` its range / 15."""
+    w = w.detach().to(torch.float32)
+    n, k = w.shape
+    g = _grouped(w, group_size)
+    lo, hi = g.amin(dim=-1), g.amax(dim=-1)
+    scale = ((hi - lo) / 15.0).clamp(min=1e-12)
+    q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15).reshape(n, -1)[:, :k]
+    return PackedWeight("int4", pack_int4(q), scale.contiguous(), lo.contiguous(), group_size, (n, k))
+
+
+def pack_weight(weight, fmt: str) -> torch.Tensor | PackedWeight:
+    """The host-memory form of one linear weight for ``--host-weight-dtype``.
+
+    ``weight`` is a dense ``[N, K]`` tensor (bf16/fp16/fp32) or a GGUF quantized tensor (any
+    object with ``ggml_type``, ``data``/``raw`` and ``shape``, see ``gguf_blocks``). ``fmt``:
+    ``auto`` keeps GGUF tensors in their own format (lossless) and dense tensors as bf16;
+    ``bf16`` gives a dense bf16 tensor; ``int8`` / ``int4`` give a ``PackedWeight``.
+    """
+    from .gguf_blocks import from_gguf, is_gguf_tensor
+    choices = ("auto",) + HOST_FORMATS
+    if fmt not in choices:
+        raise ValueError(f"host weight format {fmt!r}: choose one of {', '.join(choices)} (--host-weight-dtype)")
+    if is_gguf_tensor(weight):
+        packed = from_gguf(weight)
+        if fmt == "auto" or fmt == packed.fmt:
+            return packed
+        weight = packed.dequantize()
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise ValueError(f"pack_weight needs a 2-D [out, in] tensor or a GGUF tensor, got {type(weight).__name__}"
+                         f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else ''}")
+    if fmt in ("auto", "bf16"):
+        return weight.detach().to(torch.bfloat16).contiguous()
+    return quantize_int8(weight) if fmt == "int8" else quantize_int4(weight)
+
+
+def reference_linear(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Plain torch: dequantize then matmul in float32."""
+    return F.linear(x.to(torch.float32), weight.dequantize().to(x.device),
+                    None if bias is None else bias.to(torch.float32))

@@ -1,0 +1,115 @@
+"""Perplexity and logit error of SmolLM2 with int8 / int4 host weights against the unquantized model.
+
+The reference is gh200rt's own SmolLM2-135M-Instruct (``load_model`` on the shipped Q4_1 GGUF,
+computed in float32: the "unquantized" model we can have offline). Every decoder linear weight
+(fused qkv, o, fused gate/up, down) is then repointed, through its ``WeightRef``, to a
+``PackedWeight`` made from the dense float32 tensor, and the fixed text
+tests/fixtures/eval_text.txt is scored in one prefill pass over a paged KV pool.
+
+Usage: ``python scripts/eval_quant.py [--formats int8 int4 int4-g128 int8-fbgemm]``
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+
+import torch
+
+from gh200rt.kernels.quant import quantize_int4, quantize_int8
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EVAL_TEXT = os.path.join(ROOT, "tests", "fixtures", "eval_text.txt")
+BLOCK_SIZE = 16
+FORMATS = {"int8": lambda w: quantize_int8(w), "int4": lambda w: quantize_int4(w, 32),
+           "int4-g128": lambda w: quantize_int4(w, 128),
+           "int8-fbgemm": lambda w: quantize_int8(w, cpu_route="fbgemm")}
+
+
+def load_reference():
+    """gh200rt's LoadedModel of the default model (SmolLM2 from its GGUF), float32 on the CPU."""
+    from gh200rt.config import ModelConfig
+    from gh200rt.loader import load_model
+    return load_model(ModelConfig(dtype="float32"))
+
+
+def weight_refs(model) -> list:
+    return [ref for i in range(len(model.layers)) for ref in model.layer_weight_refs(i).values()]
+
+
+def swap_in_packed(model, quantize) -> tuple[list, int, int]:
+    """Repoint every decoder linear to its packed form; returns (originals, bf16 bytes, packed bytes)."""
+    originals, dense_bytes, packed_bytes = [], 0, 0
+    for ref in weight_refs(model):
+        dense = ref.current
+        originals.append((ref, dense))
+        ref.current = quantize(dense)
+        dense_bytes += dense.numel() * 2  # as bf16, the host format it replaces
+        packed_bytes += ref.current.nbytes
+    return originals, dense_bytes, packed_bytes
+
+
+def restore(originals: list) -> None:
+    for ref, dense in originals:
+        ref.current = dense
+
+
+@torch.inference_mode()
+def score(loaded, ids: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """(logits [T, V], perplexity of tokens 1..T-1), one prefill over a fresh paged KV pool."""
+    from gh200rt.models.base import AttentionMetadata
+    arch, t = loaded.arch, len(ids)
+    blocks = -(-t // BLOCK_SIZE)
+    meta = AttentionMetadata.build([t], [t], [list(range(blocks))], BLOCK_SIZE)
+    pools = [torch.zeros(2, blocks, BLOCK_SIZE, arch.num_kv_heads, arch.head_dim, dtype=loaded.dtype)
+             for _ in range(arch.num_layers)]
+    hidden = loaded.model(ids, meta.positions(), meta, pools)
+    logits = loaded.model.compute_logits(hidden).float()
+    nll = torch.nn.functional.cross_entropy(logits[:-1], ids[1:])
+    return logits, math.exp(nll.item())
+
+
+def text_ids(loaded, text_path: str = EVAL_TEXT, max_tokens: int | None = None) -> torch.Tensor:
+    with open(text_path, encoding="utf-8") as f:
+        return torch.tensor(loaded.tokenizer.encode(f.read())[:max_tokens], dtype=torch.int64)
+
+
+def evaluate(loaded, ids: torch.Tensor, formats: list[str]) -> list[dict]:
+    ref_logits, ref_ppl = score(loaded, ids)
+    rows = [dict(format="reference fp32", tokens=len(ids), ppl=ref_ppl, max_logit_err=0.0, mean_logit_err=0.0,
+                 top1_agree=1.0, bytes_ratio=1.0)]
+    for fmt in formats:
+        originals, dense_bytes, packed_bytes = swap_in_packed(loaded.model, FORMATS[fmt])
+        try:
+            logits, ppl = score(loaded, ids)
+        finally:
+            restore(originals)
+        err = (logits - ref_logits).abs()
+        rows.append(dict(format=fmt, tokens=len(ids), ppl=ppl, max_logit_err=err.max().item(),
+                         mean_logit_err=err.mean().item(),
+                         top1_agree=(logits.argmax(-1) == ref_logits.argmax(-1)).float().mean().item(),
+                         bytes_ratio=packed_bytes / dense_bytes))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--formats", nargs="+", default=["int8", "int4", "int4-g128"], choices=list(FORMATS))
+    args = parser.parse_args()
+    start = time.time()
+    loaded = load_reference()
+    rows = evaluate(loaded, text_ids(loaded), args.formats)
+    print(f"| format | tokens | perplexity | ppl change | max abs logit err | mean abs logit err | top-1 agreement |"
+          f" bytes vs bf16 |")
+    print("|---|---|---|---|---|---|---|---|")
+    ref = rows[0]["ppl"]
+    for r in rows:
+        print(f"| {r['format']} | {r['tokens']} | {r['ppl']:.4f} | {100 * (r['ppl'] / ref - 1):+.2f}% |"
+              f" {r['max_logit_err']:.4f} | {r['mean_logit_err']:.4f} | {100 * r['top1_agree']:.1f}% |"
+              f" {r['bytes_ratio']:.3f} |")
+    print(f"({time.time() - start:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
