@@ -6,7 +6,7 @@ stop conditions -> free finished sequences at once -> report what each request a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,6 +36,9 @@ class EngineStats:
     num_preemptions: int
     prompt_tokens: int
     generation_tokens: int
+    layers_per_tier: dict[str, int] = field(default_factory=dict)   # "resident" / "streamed" / "direct" -> layers
+    weight_bytes_copied: int = 0     # bytes copied into staging slots since start (streamed tier)
+    copy_wait_seconds: float = 0.0   # time the compute side waited for a staging copy
 
 
 def eos_ids_of(tokenizer) -> frozenset[int]:
