@@ -60,11 +60,27 @@ def attention_warps(group: int, head_dim: int, block_size: int) -> int:
     return min(8, max(4, elems // 2048))
 
 
+_LAYOUT_KEY = "_triton_paged_attention_tokens"
+
+
 def token_layout(meta) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sequence index, absolute position) of every new token, from the host lists in ``meta``."""
-    seqs = [b for b, q in enumerate(meta.query_lens_list) for _ in range(q)]
-    device = meta.block_tables.device
-    return torch.tensor(seqs, dtype=torch.int32, device=device), meta.positions(device)
+    """(sequence index int32, absolute position int64) of every new token, built once per step.
+
+    Computed on the device from ``query_start_loc`` / ``seq_lens`` (sizes from the host lists), so
+    no host list is copied per call and the step can be captured into a CUDA graph. It is cached on
+    ``meta``: a graph runner that refills one metadata object in place must let the first layer
+    build it inside the capture, so replays recompute it from the refilled buffers.
+    """
+    layout = meta.__dict__.get(_LAYOUT_KEY)
+    if layout is None:
+        starts, device = meta.query_start_loc, meta.query_start_loc.device
+        tokens = meta.num_tokens
+        seq = torch.repeat_interleave(torch.arange(meta.num_seqs, device=device), starts[1:] - starts[:-1],
+                                      output_size=tokens)
+        # token t of sequence b sits at seq_len[b] - (end of b's tokens - t)
+        pos = meta.seq_lens[seq] - starts[1:][seq] + torch.arange(tokens, device=device)
+        layout = meta.__dict__[_LAYOUT_KEY] = (seq.to(torch.int32), pos.to(torch.int64))
+    return layout
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale: float, num_kv_heads: int) -> torch.Tensor:

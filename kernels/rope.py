@@ -30,7 +30,8 @@ def rope_kernel(x_ptr, y_ptr, pos_ptr, cache_ptr, heads, stride_xt, stride_xh, s
     tl.store(y_ptr + y_off + HALF, (x2 * cos[None, :] + x1 * sin[None, :]).to(y_ptr.dtype.element_ty), mask=ok)
 
 
-def _rotate(x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> torch.Tensor:
+    """One ``x[T, heads, D]`` (q or k) rotated for ``positions[T]``; a new contiguous tensor."""
     t, heads, d = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -46,7 +47,7 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
     if q.shape[-1] % 2 or q.shape[-1] != cos_sin_cache.shape[-1]:
         raise ValueError(f"rope: head_dim {q.shape[-1]} must be even and match the cache width "
                          f"{cos_sin_cache.shape[-1]}")
-    return _rotate(q, positions, cos_sin_cache), _rotate(k, positions, cos_sin_cache)
+    return rotate(q, positions, cos_sin_cache), rotate(k, positions, cos_sin_cache)
 
 
 def build_cos_sin_cache(head_dim: int, max_pos: int, base: float = 10000.0) -> torch.Tensor:
@@ -61,10 +62,10 @@ def reference_rope(q, k, positions, cos_sin_cache):
     cos, sin = cos_sin_cache[positions].float().split(half, dim=-1)
     cos, sin = cos[:, None, :], sin[:, None, :]
 
-    def rotate(x):
+    def rotate_ref(x):
         x1, x2 = x.float().split(half, dim=-1)
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
-    return rotate(q), rotate(k)
+    return rotate_ref(q), rotate_ref(k)
 
 
 def compile_specs():

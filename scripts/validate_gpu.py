@@ -4,9 +4,14 @@ On a GH200 or x86 H100/H200 host of the test matrix:
 
     python scripts/validate_gpu.py --out results/validate
 
-runs the `gpu` / `gh200` tests, the Hopper kernel compile check and the benchmarks that have GPU
-readers, and writes `report.md` + `report.json` with every command, its exit code, its duration and
-the tail of its output. Without a CUDA GPU it says so and exits 2 (nothing here can run).
+runs the `gpu` / `gh200` tests (tests/gpu: transfer backend, device views, direct weights, Triton
+kernels in the model; tests/kernels/test_gpu_kernels.py), the Hopper kernel compile check and the
+benchmarks that have GPU readers, and writes `report.md` + `report.json` with every command, its
+exit code, its duration and the tail of its output. Without a CUDA GPU it says so and exits 2
+(nothing here can run).
+
+Every step runs with ``TRITON_INTERPRET=0``: tests/conftest.py turns the Triton interpreter on
+unless the variable is set, and interpreted kernels would prove nothing about the compiled ones.
 """
 from __future__ import annotations
 
@@ -24,11 +29,16 @@ ROOT = Path(__file__).resolve().parent.parent
 def _steps(out: Path, quick: bool) -> list[tuple[str, list[str]]]:
     py = sys.executable
     return [
-        ("gpu and gh200 tests", [py, "-m", "pytest", "-q", "-m", "gpu or gh200", "tests"]),
+        ("gpu and gh200 tests", [py, "-m", "pytest", "-q", "-rs", "-m", "gpu or gh200", "tests"]),
         ("kernel compile check", [py, "scripts/check_kernels.py"]),
         ("numa placement", [py, "scripts/numa_placement.py", "--out", str(out / "numa")] + (["--quick"] if quick else [])),
         ("decode per placement", [py, "scripts/bench_decode.py"] + (["--quick"] if quick else [])),
     ]
+
+
+def step_env() -> dict[str, str]:
+    """The environment of every step: compiled Triton kernels, never the interpreter."""
+    return {**os.environ, "TRITON_INTERPRET": "0"}
 
 
 def _cuda_device_name() -> str | None:
@@ -52,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     args.out.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = step_env()
     results = []
     for name, cmd in _steps(args.out, args.quick):
         start = time.perf_counter()

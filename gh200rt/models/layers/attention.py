@@ -23,7 +23,9 @@ class SelfAttention(nn.Module):
         self.o_proj = RefLinear(self.q_size, arch.hidden_size, False, dtype, device)
         self.q_norm = RMSNorm(self.head_dim, arch.rms_norm_eps, dtype, device) if arch.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, arch.rms_norm_eps, dtype, device) if arch.qk_norm else None
-        # paged_attention may be swapped for the Triton kernel with the same signature
+        # each may be swapped for the Triton kernel with the same signature (models/gpu_kernels.py)
+        self.rotary_fn = apply_rotary
+        self.write_kv_fn = write_kv
         self.attention_fn = paged_attention
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata,
@@ -33,13 +35,13 @@ class SelfAttention(nn.Module):
         heads = self.num_heads + self.num_kv_heads
         v = qkv[:, self.q_size + self.kv_size:].view(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is None:
-            qk = apply_rotary(qkv[:, :self.q_size + self.kv_size].view(tokens, heads, self.head_dim), cos, sin)
+            qk = self.rotary_fn(qkv[:, :self.q_size + self.kv_size].view(tokens, heads, self.head_dim), cos, sin)
             q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         else:
             q = self.q_norm(qkv[:, :self.q_size].view(tokens, self.num_heads, self.head_dim))
             k = self.k_norm(qkv[:, self.q_size:self.q_size + self.kv_size].view(tokens, self.num_kv_heads,
                                                                                  self.head_dim))
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        write_kv(kv_cache, k, v, meta.slot_mapping)
+            q, k = self.rotary_fn(q, cos, sin), self.rotary_fn(k, cos, sin)
+        self.write_kv_fn(kv_cache, k, v, meta.slot_mapping)
         out = self.attention_fn(q, kv_cache, meta, self.scale, self.num_kv_heads)
         return self.o_proj(out.reshape(tokens, self.q_size))

@@ -1,0 +1,109 @@
+"""Triton kernels inside the model on CUDA, through the layers' swap hooks.
+
+``use_triton_kernels(model) -> bool``: when the model's weights are on a CUDA device and triton
+imports, points every layer's hook at the Triton kernel adapter below and returns True; otherwise
+leaves the model on its torch ops and returns False. ``use_torch_kernels(model)`` switches back.
+``install_triton_kernels(model)`` switches without looking at the device: under
+``TRITON_INTERPRET=1`` the kernels run on CPU tensors, which is how the adapters are tested here.
+
+Hooks: ``SelfAttention.rotary_fn`` / ``write_kv_fn`` / ``attention_fn``, ``RMSNorm.norm_fn`` and
+``SiluAndMul.act_fn`` (an MLP that calls ``silu_and_mul`` directly keeps the torch activation).
+Each adapter takes exactly what the layer passes and returns what the torch op returns.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from gh200rt.kv import attention as torch_attention
+from gh200rt.models.layers import activation, attention, rmsnorm, rotary
+
+# The Triton paged attention runs one program per (query token, KV head) over the token's whole
+# context, so a long uncached prompt re-reads its K/V once per token; sequences with more new
+# tokens than this (prefill) keep the torch attention (SDPA, flash on the GPU) until a tiled
+# prefill kernel exists. Decode, short chunks and speculative steps take the kernel.
+TRITON_ATTENTION_MAX_QUERY = 16
+
+
+def triton_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    from gh200rt.kernels.rmsnorm import fused_add_rmsnorm
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    normed, _ = fused_add_rmsnorm(rows, None, weight, eps)
+    return normed.reshape(x.shape)
+
+
+def triton_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x[T, heads, D]`` with this step's ``cos``/``sin`` rows ``[T, 1, D/2]`` (already indexed by position)."""
+    from gh200rt.kernels.rope import rotate
+    tokens = x.shape[0]
+    # the kernel indexes a [positions, D] cos|sin table; this step's rows are that table for 0..T-1
+    table = torch.cat((cos, sin), dim=-1).reshape(tokens, -1)
+    return rotate(x, torch.arange(tokens, device=x.device), table)
+
+
+def triton_write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    from gh200rt.kernels.store_kv import write_kv
+    write_kv(kv_cache, k.to(kv_cache.dtype), v.to(kv_cache.dtype), slot_mapping)
+
+
+def triton_paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale: float,
+                           num_kv_heads: int) -> torch.Tensor:
+    block_size = kv_cache.shape[2]
+    # the kernel walks a block per step with tl.arange(block_size): powers of two only
+    if max(meta.query_lens_list) > TRITON_ATTENTION_MAX_QUERY or block_size & (block_size - 1):
+        return torch_attention.paged_attention(q, kv_cache, meta, scale, num_kv_heads)
+    from gh200rt.kernels.paged_attention import paged_attention
+    return paged_attention(q, kv_cache, meta, scale, num_kv_heads)
+
+
+def triton_silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    from gh200rt.kernels.silu_mul import silu_mul
+    out = silu_mul(gate_up.reshape(-1, gate_up.shape[-1]))
+    return out.reshape(*gate_up.shape[:-1], out.shape[-1])
+
+
+TRITON_OPS = dict(rotary=triton_rotary, write_kv=triton_write_kv, attention=triton_paged_attention,
+                  norm=triton_rms_norm, act=triton_silu_and_mul)
+TORCH_OPS = dict(rotary=rotary.apply_rotary, write_kv=torch_attention.write_kv,
+                 attention=torch_attention.paged_attention, norm=rmsnorm.rms_norm, act=activation.silu_and_mul)
+
+
+def _switch(model: torch.nn.Module, ops: dict) -> int:
+    """Point every hook in ``model`` at ``ops``; returns how many modules were switched."""
+    switched = 0
+    for module in model.modules():
+        if isinstance(module, attention.SelfAttention):
+            module.rotary_fn, module.write_kv_fn, module.attention_fn = ops["rotary"], ops["write_kv"], ops["attention"]
+        elif isinstance(module, rmsnorm.RMSNorm):
+            module.norm_fn = ops["norm"]
+        elif isinstance(module, activation.SiluAndMul):
+            module.act_fn = ops["act"]
+        else:
+            continue
+        switched += 1
+    return switched
+
+
+def install_triton_kernels(model: torch.nn.Module) -> int:
+    return _switch(model, TRITON_OPS)
+
+
+def use_torch_kernels(model: torch.nn.Module) -> int:
+    return _switch(model, TORCH_OPS)
+
+
+def use_triton_kernels(model: torch.nn.Module) -> bool:
+    param = next(model.parameters(), None)
+    if param is None or param.device.type != "cuda":
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        warnings.warn("the model is on CUDA but triton is not installed, so it keeps its torch ops; "
+                      "install gh200rt with the triton extra (pip install 'gh200rt[triton]')", stacklevel=2)
+        return False
+    install_triton_kernels(model)
+    return True

@@ -1,0 +1,144 @@
+"""CUDA transfer backend: K fixed-address HBM staging slots filled on a dedicated copy stream.
+
+Same contract as ``CpuTransferBackend`` (see ``backend.TransferBackend``), with events instead of
+futures and no host synchronisation in ``copy`` / ``wait_copy`` / ``compute_done``:
+
+- ``copy(slot, src)``: on the copy stream, wait until the slot's last reader is done, optionally
+  poison the slot (0xFF bytes: NaN in every float dtype), issue a ``non_blocking`` H2D copy from the
+  host slab ``src`` and record the slot's "copy done" event. ``src`` must be page-locked (a slab
+  passed through ``gh200rt.memory.device_view.prepare_slab_for_device``): a pageable source would
+  make the copy synchronous, and is illegal under graph capture.
+- ``wait_copy(slot)``: the *current* stream waits on "copy done" (the host does not block).
+- ``compute_done(slot)``: records "compute done" on the current stream; the next copy into the slot
+  waits on it.
+
+CUDA graphs: the same calls can be captured. CUDA forbids waiting, inside a capture, on an event
+recorded outside it (or in another capture), so every event remembers the capture it was recorded
+in; a "compute done" from elsewhere is replaced by a fork from the current stream, which is ordered
+after it anyway (the slot's reader was issued earlier on this stream). Each copy is joined back by
+its ``wait_copy``. Nothing here allocates device memory.
+
+Counters: ``bytes_copied`` counts the copies that were waited for, as issued from Python (a graph
+replay runs no Python, so it adds nothing). ``wait_seconds`` is the time the compute stream stood
+still waiting for copies; it is measured with CUDA timing events only when ``time_waits`` is True
+(eager calls only; captured waits are not timed) and stays 0.0 otherwise. Reading it with timing on
+waits for the timed events to complete (a host sync at read time, never in the hot calls).
+"""
+from __future__ import annotations
+
+import torch
+
+_NEVER = object()  # "released in" marker of a slot no compute has released yet
+_TIMED_WAITS_KEPT = 1024  # pending timed waits before finished ones are folded in without blocking
+
+
+def _capture_id(stream: torch.cuda.Stream) -> int | None:
+    """Id of the graph capture ``stream`` (the current stream) takes part in; None when not capturing."""
+    if not torch.cuda.is_current_stream_capturing():
+        return None
+    try:
+        from cuda.bindings import runtime as rt
+    except ImportError as exc:
+        raise RuntimeError("capturing streamed layers into a CUDA graph needs cuda-bindings; "
+                           "install gh200rt with the cuda extra: pip install 'gh200rt[cuda]'") from exc
+    err, _status, capture_id, *_ = rt.cudaStreamGetCaptureInfo(stream.cuda_stream)
+    if err != rt.cudaError_t.cudaSuccess:
+        raise RuntimeError(f"cudaStreamGetCaptureInfo failed during capture: {err.name}")
+    return int(capture_id)
+
+
+class CudaTransferBackend:
+    def __init__(self, slots: list[torch.Tensor], poison: bool = False, time_waits: bool = False):
+        if not slots:
+            raise ValueError("CudaTransferBackend needs at least one staging slot")
+        device = slots[0].device
+        assert all(s.is_cuda and s.device == device and s.dtype == torch.uint8 and s.is_contiguous()
+                   for s in slots), "staging slots must be contiguous uint8 tensors on one CUDA device"
+        self.slots = slots
+        self.poison = poison
+        self.time_waits = time_waits
+        self.device = device
+        self.copy_stream = torch.cuda.Stream(device=device)
+        for slot in slots:
+            slot.record_stream(self.copy_stream)  # the allocator must not reuse a slot while a copy may still write it
+        count = len(slots)
+        self._copy_done = [torch.cuda.Event() for _ in range(count)]
+        self._compute_done = [torch.cuda.Event() for _ in range(count)]
+        self._fork = [torch.cuda.Event() for _ in range(count)]
+        self._released_in: list[object] = [_NEVER] * count  # capture id of each slot's last compute_done
+        self._pending_bytes: list[int | None] = [None] * count
+        self._timed: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._spare_timers: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.bytes_copied = 0
+        self._wait_seconds = 0.0
+
+    def copy(self, slot: int, src: torch.Tensor) -> None:
+        dst = self.slots[slot]
+        assert src.nbytes <= dst.nbytes, (src.nbytes, dst.nbytes)
+        assert src.device.type == "cpu" and src.is_contiguous(), "copy sources are contiguous host slabs"
+        current = torch.cuda.current_stream(self.device)
+        capture = _capture_id(current)
+        if capture is None and not src.is_pinned():
+            raise ValueError("the host slab given to the CUDA transfer backend is not page-locked; call "
+                             "gh200rt.memory.device_view.prepare_slab_for_device(slab, platform) once after "
+                             "allocating it")
+        if self._released_in[slot] == capture:
+            self.copy_stream.wait_event(self._compute_done[slot])
+        else:
+            # the slot's last release is not waitable here (recorded outside this capture, or never):
+            # order the copy after everything issued so far on the current stream instead
+            self._fork[slot].record(current)
+            self.copy_stream.wait_event(self._fork[slot])
+        with torch.cuda.stream(self.copy_stream):
+            if self.poison:
+                dst.fill_(0xFF)
+            dst[:src.nbytes].copy_(src.reshape(-1).view(torch.uint8), non_blocking=True)
+            self._copy_done[slot].record(self.copy_stream)
+        self._pending_bytes[slot] = src.nbytes
+
+    def wait_copy(self, slot: int) -> None:
+        nbytes = self._pending_bytes[slot]
+        assert nbytes is not None, f"slot {slot} was never filled"
+        current = torch.cuda.current_stream(self.device)
+        timers = self._timers() if self.time_waits and not torch.cuda.is_current_stream_capturing() else None
+        if timers is not None:
+            timers[0].record(current)
+        current.wait_event(self._copy_done[slot])
+        if timers is not None:
+            timers[1].record(current)
+            self._timed.append(timers)
+        self.bytes_copied += nbytes
+        self._pending_bytes[slot] = None
+
+    def compute_done(self, slot: int) -> None:
+        current = torch.cuda.current_stream(self.device)
+        self._compute_done[slot].record(current)
+        self._released_in[slot] = _capture_id(current)
+
+    @property
+    def wait_seconds(self) -> float:
+        self._fold_timed(block=True)
+        return self._wait_seconds
+
+    def _fold_timed(self, block: bool) -> None:
+        done = 0
+        for start, end in self._timed:
+            if block:
+                end.synchronize()
+            elif not end.query():
+                break
+            self._wait_seconds += start.elapsed_time(end) / 1000.0
+            done += 1
+        self._spare_timers.extend(self._timed[:done])
+        del self._timed[:done]
+
+    def _timers(self) -> tuple[torch.cuda.Event, torch.cuda.Event]:
+        if len(self._timed) > _TIMED_WAITS_KEPT:
+            self._fold_timed(block=False)
+        if self._spare_timers:
+            return self._spare_timers.pop()
+        return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def close(self) -> None:
+        """Wait for every copy issued so far (the slots stay allocated until the backend is dropped)."""
+        self.copy_stream.synchronize()
