@@ -77,6 +77,10 @@ class HostDenseWeight:
     def nbytes(self) -> int:
         return self.view.nbytes
 
+    @property
+    def device(self) -> torch.device:
+        return self.view.device
+
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         # the kernel reads each weight byte once per 64 rows of x: ideal for decode; a long prefill
         # re-reads the weight over the link once per 64 tokens (correct, but link-bound)

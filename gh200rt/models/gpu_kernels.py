@@ -20,9 +20,9 @@ from gh200rt.kv import attention as torch_attention
 from gh200rt.models.layers import activation, attention, rmsnorm, rotary
 
 # The Triton paged attention runs one program per (query token, KV head) over the token's whole
-# context, so a long uncached prompt re-reads its K/V once per token; sequences with more new
-# tokens than this (prefill) keep the torch attention (SDPA, flash on the GPU) until a tiled
-# prefill kernel exists. Decode, short chunks and speculative steps take the kernel.
+# context, so a long uncached prompt re-reads its K/V once per token: a step in which any sequence
+# has more new tokens than this (a prefill) keeps the torch attention (SDPA, flash on the GPU)
+# until a tiled prefill kernel exists. Decode, short chunks and speculative steps take the kernel.
 TRITON_ATTENTION_MAX_QUERY = 16
 
 

@@ -51,7 +51,7 @@ def test_direct_weight_runs_host_gemm_and_matches_linear(monkeypatch, compiled_t
     host.copy_(torch.randn(n, k).to(dtype))
     weight = direct_weight(device_view(slab, platform, "cuda").view(dtype).view(n, k))
     assert isinstance(weight, HostDenseWeight) and weight.shape == (n, k) and weight.dtype == dtype
-    assert weight.nbytes == n * k * dtype.itemsize
+    assert weight.nbytes == n * k * dtype.itemsize and weight.device.type == "cuda"
     calls = []
     real = host_gemm_module.host_gemm
     monkeypatch.setattr(host_gemm_module, "host_gemm", lambda *a, **kw: calls.append(1) or real(*a, **kw))
