@@ -1,6 +1,7 @@
 """``python -m gh200rt.plan``: plan a deployment for a named hardware profile, no hardware needed.
 
-Reads only ``config.json`` from the model directory (weights need not be present).
+Reads only ``config.json`` from the model directory (weights need not be present) and prints the
+per-layer tiers, the staging ring, the KV capacity and the predicted decode step time.
 """
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import sys
 from pathlib import Path
 
 from gh200rt.cli_args import add_dataclass_arguments, dataclass_from_args
-from gh200rt.config import MemoryConfig
+from gh200rt.config import CacheConfig, MemoryConfig, SchedulerConfig
 from gh200rt.memory.ledger import ledger_capacity
 from gh200rt.models.arch_config import ArchConfig
-from gh200rt.planner.cost_model import model_sizes
+from gh200rt.planner.cost_model import DTYPE_BYTES, activation_bytes, model_sizes
 from gh200rt.planner.planner import PlanDoesNotFit, make_plan
 from gh200rt.platform.detect import detect
 
@@ -21,10 +22,12 @@ from gh200rt.platform.detect import detect
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gh200rt.plan", description=__doc__)
     parser.add_argument("--model", required=True, help="directory holding config.json (or the file itself)")
-    parser.add_argument("--dtype", default="bf16", help="weight dtype on device: bf16, fp16, fp32")
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPE_BYTES),
+                        help="compute dtype of resident weights and the KV cache (default: bf16)")
     parser.add_argument("--batch", type=int, default=1, help="expected decode batch for the cost model")
-    add_dataclass_arguments(parser, MemoryConfig, "memory")
+    add_dataclass_arguments(parser, CacheConfig, "KV cache")
+    add_dataclass_arguments(parser, SchedulerConfig, "scheduler")
+    add_dataclass_arguments(parser, MemoryConfig, "memory placement")
     args = parser.parse_args(argv)
     path = Path(args.model)
     path = path / "config.json" if path.is_dir() else path
@@ -32,11 +35,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--model {args.model}: no config.json found there")
     try:
         memory = dataclass_from_args(MemoryConfig, args)
+        cache = dataclass_from_args(CacheConfig, args)
+        scheduler = dataclass_from_args(SchedulerConfig, args)
         platform = detect(memory.platform)
         arch = ArchConfig.from_hf_config(json.loads(path.read_text()))
-        sizes = model_sizes(arch, args.dtype)
+        host = memory.host_weight_dtype if memory.host_weight_dtype != "auto" else (
+            args.dtype if platform.kind == "cpu" else "bf16")
+        sizes = model_sizes(arch, args.dtype, host_format=host)
+        activations = activation_bytes(arch, scheduler.max_num_batched_tokens, scheduler.max_num_seqs, args.dtype)
         free = None if platform.kind == "cpu" else platform.device_memory_bytes
-        plan = make_plan(sizes, platform, memory, ledger_capacity(memory, free), args.block_size, args.batch)
+        capacity = ledger_capacity(memory, free, sizes.all_resident_bytes + activations)
+        plan = make_plan(sizes, platform, memory, capacity, cache.block_size, args.batch, activations)
+    except json.JSONDecodeError as err:
+        print(f"error: {path} is not valid JSON: {err}", file=sys.stderr)
+        return 2
+    except KeyError as err:
+        print(f"error: {path} lacks the field {err.args[0]!r}", file=sys.stderr)
+        return 2
     except (ValueError, PlanDoesNotFit) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

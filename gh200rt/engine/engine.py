@@ -6,6 +6,7 @@ stop conditions -> free finished sequences at once -> report what each request a
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -17,7 +18,9 @@ from gh200rt.engine.outputs import RequestOutput
 from gh200rt.engine.request_state import RequestState, prompt_logprobs_for_chunk
 from gh200rt.engine.sampler import Sampler
 from gh200rt.kv.kv_manager import KVCacheManager
-from gh200rt.kv.pool import allocate_kv_caches, kv_bytes_per_block, resolve_num_kv_blocks
+from gh200rt.engine.device_memory import PlacedModel, max_model_len, place_model, size_kv_pool
+from gh200rt.kv.pool import allocate_kv_caches, kv_bytes_per_block
+from gh200rt.memory.ledger import DeviceMemoryLedger, ledger_capacity
 from gh200rt.sampling_params import SamplingParams
 from gh200rt.scheduler.request import Sequence
 from gh200rt.scheduler.scheduler import Scheduler
@@ -50,17 +53,27 @@ def eos_ids_of(tokenizer) -> frozenset[int]:
 
 
 class LLMEngine:
+    """``placed`` carries the plan, placement and ledger of a model placed by ``place_model``; without it
+    (models built by hand, e.g. in tests) every weight counts as resident: ``weight_bytes`` of them."""
+
     def __init__(self, model: torch.nn.Module, tokenizer, arch, config: EngineConfig, weight_bytes: int = 0,
-                 dtype: torch.dtype = torch.float32, device: str = "cpu"):
+                 dtype: torch.dtype = torch.float32, device: str = "cpu", placed: PlacedModel | None = None):
         self.config = config
         self.tokenizer = tokenizer
         self.arch = arch
         self.vocab_size = arch.vocab_size
-        self.max_model_len = config.model.max_model_len or arch.max_position_embeddings
+        self.max_model_len = max_model_len(config, arch)
+        if placed is None:
+            self.ledger = DeviceMemoryLedger(ledger_capacity(config.memory, None, weight_bytes))
+            self.ledger.reserve("resident_weights", weight_bytes)
+        else:
+            self.ledger = placed.ledger
         bs = config.cache.block_size
         per_block = kv_bytes_per_block(arch.num_layers, bs, arch.num_kv_heads, arch.head_dim, dtype)
-        num_blocks = resolve_num_kv_blocks(config.cache.num_kv_blocks, config.memory.budget_bytes, weight_bytes,
-                                           per_block, bs, self.max_model_len)
+        num_blocks = size_kv_pool(self.ledger, config.cache.num_kv_blocks, per_block, bs, self.max_model_len)
+        self.placement = placed.placement if placed else None
+        self.plan = dataclasses.replace(placed.plan, num_kv_blocks=num_blocks) if placed else None
+        self.platform = placed.platform if placed else None
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens)
         caches = allocate_kv_caches(arch.num_layers, num_blocks, bs, arch.num_kv_heads, arch.head_dim, dtype, device)
@@ -73,16 +86,17 @@ class LLMEngine:
         self.generation_tokens = 0
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> "LLMEngine":
-        from gh200rt.loader import load_model
-        loaded = load_model(config.model, device="cpu")
-        model = loaded.model
-        weight_bytes = getattr(loaded, "weight_bytes", None)
-        if weight_bytes is None:
-            weight_bytes = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
-        dtype = getattr(loaded, "dtype", None) or next(
-            (p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-        return cls(model, loaded.tokenizer, loaded.arch, config, weight_bytes=weight_bytes, dtype=dtype)
+    def from_config(cls, config: EngineConfig, poison: bool = False) -> "LLMEngine":
+        """Load, plan and place the model of ``config`` (``poison``: NaN-fill staging slots before each copy)."""
+        placed = place_model(config, poison=poison)
+        loaded = placed.loaded
+        return cls(loaded.model, loaded.tokenizer, loaded.arch, config, dtype=loaded.dtype, device=placed.device,
+                   placed=placed)
+
+    def close(self) -> None:
+        """Stop the transfer backend's worker; the engine cannot step afterwards."""
+        if self.placement is not None:
+            self.placement.close()
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | None, params: SamplingParams | None = None,
@@ -183,6 +197,9 @@ class LLMEngine:
         pool = self.kv.pool
         cached_free = pool.num_cached_free
         s = self.kv.stats
+        tiers = self.plan.tier_counts if self.plan else {"resident": self.arch.num_layers}
+        backend = self.placement.backend if self.placement else None
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), pool.num_blocks,
                            pool.num_blocks - pool.num_free, cached_free, s.lookups, s.hits, s.hit_tokens,
-                           self.scheduler.num_preemptions, self.prompt_tokens, self.generation_tokens)
+                           self.scheduler.num_preemptions, self.prompt_tokens, self.generation_tokens,
+                           tiers, backend.bytes_copied if backend else 0, backend.wait_seconds if backend else 0.0)

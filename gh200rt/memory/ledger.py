@@ -1,7 +1,8 @@
 """Device-memory ledger: the one account of what sits in HBM (or its CPU stand-in).
 
 Contract: capacity = --device-memory-budget when given, else free device memory x
---gpu-memory-utilization (on CPU: 2 GiB). ``reserve(kind, nbytes)`` either fits or raises
+--gpu-memory-utilization; on the CPU platform without a budget, what the model needs all-resident
+plus 2 GiB for the KV cache (so the CPU default never streams layers). ``reserve(kind, nbytes)`` either fits or raises
 ``LedgerOverCommit`` naming the numbers and the flag to change; ``release`` gives bytes back;
 ``peak`` is the highest total ever reserved.
 """
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from gh200rt.config import MemoryConfig
 
 KINDS = ("resident_weights", "staging_ring", "kv_pool", "activations", "graph_pools")
-CPU_DEFAULT_BUDGET = 2 << 30
+CPU_DEFAULT_KV_BYTES = 2 << 30
 
 
 class LedgerOverCommit(RuntimeError):
@@ -23,12 +24,13 @@ def _gib(nbytes: int) -> str:
     return f"{nbytes / (1 << 30):.3f} GiB"
 
 
-def ledger_capacity(memory: MemoryConfig, free_device_bytes: int | None) -> int:
-    """Bytes the ledger may hand out; ``free_device_bytes`` is None on a machine without a GPU."""
+def ledger_capacity(memory: MemoryConfig, free_device_bytes: int | None, all_resident_bytes: int = 0) -> int:
+    """Bytes the ledger may hand out. ``free_device_bytes`` is None when the engine runs on the CPU;
+    ``all_resident_bytes`` (weights + activations with every layer resident) sizes the CPU default."""
     if memory.budget_bytes is not None:
         return memory.budget_bytes
     if free_device_bytes is None:
-        return CPU_DEFAULT_BUDGET
+        return all_resident_bytes + CPU_DEFAULT_KV_BYTES
     return int(free_device_bytes * memory.gpu_memory_utilization)
 
 

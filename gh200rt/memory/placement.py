@@ -1,33 +1,58 @@
-"""Placement: apply a Plan to a model — host slabs, staging slots and the streaming LayerSchedule.
+"""Placement: apply a Plan to a loaded model — device homes, host slabs, staging slots, streaming.
 
-Contract: ``Placement(plan, poison=False).apply(model)`` moves each offloaded layer's dense linear
-weights into ONE exact-size host slab (packed back to back), repoints the layer's WeightRefs to
-views of the slab (direct) or of its staging slot (streamed; slot = position mod K, fixed
-addresses, views built once) and installs a LayerSchedule: before_layer(i) prefetches streamed
-position p+d and waits for p's copy; after_layer(i) marks the slot's compute done.
-Only dense tensor weights are handled in v1 (packed quantized weights raise).
+Contract: ``Placement(plan, device, platform, host_format, poison).apply(model, quantized)``:
+- parameters, buffers and every linear weight outside the offloaded layers move to ``device``;
+- each offloaded layer's linear weights take their host form (host_format.py) in ONE exact-size
+  slab on the platform's host NUMA node, parts back to back at 64-byte alignment, registered for
+  DMA where CUDA is present; the dense originals are dropped layer by layer;
+- a ``direct`` layer's WeightRefs point at views of its slab as the device sees it (device_view);
+- a ``streamed`` layer's WeightRefs point at views of its staging slot (slot = position mod K;
+  fixed addresses, views built once) and a ``StreamingSchedule`` drives the transfer backend
+  from the model's layer hooks.
+``device_weight_bytes``, ``staging_bytes`` and ``host_slab_bytes`` are what the ledger books.
 """
 from __future__ import annotations
 
 import torch
 
+from gh200rt.memory import host_format
+from gh200rt.memory.device_view import device_view, direct_weight, prepare_slab_for_device
 from gh200rt.memory.slabs import allocate_slab
 from gh200rt.models.base import LayerSchedule
+from gh200rt.models.llama import FUSED_SHARDS
+from gh200rt.models.layers.linear import RefLinear
+from gh200rt.planner.cost_model import SLAB_ALIGN
 from gh200rt.planner.planner import Plan
-from gh200rt.transfer.cpu_backend import CpuTransferBackend
+from gh200rt.platform.detect import Platform
+from gh200rt.transfer.backend import make_transfer_backend
+
+# (linear name, part name, shape, dtype, byte offset in the slab)
+Layout = list[tuple[str, str, tuple, torch.dtype, int]]
 
 
-def _views(buffer: torch.Tensor, layout: list[tuple[str, tuple, torch.dtype, int]]) -> dict[str, torch.Tensor]:
-    out = {}
-    for name, shape, dtype, offset in layout:
-        nbytes = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
-        out[name] = buffer[offset:offset + nbytes].view(dtype).view(shape)
+def _layout(forms: dict[str, object]) -> tuple[Layout, int]:
+    layout, offset = [], 0
+    for name, form in forms.items():
+        for part, tensor in host_format.storage_parts(form).items():
+            offset = -(-offset // SLAB_ALIGN) * SLAB_ALIGN
+            layout.append((name, part, tuple(tensor.shape), tensor.dtype, offset))
+            offset += tensor.nbytes
+    return layout, offset
+
+
+def _views(buffer: torch.Tensor, layout: Layout) -> dict[str, dict[str, torch.Tensor]]:
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for name, part, shape, dtype, offset in layout:
+        nbytes = torch.Size(shape).numel() * dtype.itemsize
+        out.setdefault(name, {})[part] = buffer[offset:offset + nbytes].view(dtype).view(shape)
     return out
 
 
 class StreamingSchedule(LayerSchedule):
-    def __init__(self, streamed: list[int], slabs: dict[int, torch.Tensor], backend: CpuTransferBackend,
-                 slots: int, distance: int):
+    """Before streamed position p runs: issue the copy of position p + d, wait for p's copy.
+    After it: mark p's slot free. A forward pass starts by issuing positions 0..d."""
+
+    def __init__(self, streamed: list[int], slabs: dict[int, torch.Tensor], backend, slots: int, distance: int):
         self.streamed, self.slabs, self.backend = streamed, slabs, backend
         self.position = {layer: p for p, layer in enumerate(streamed)}
         self.slots, self.distance = slots, distance
@@ -40,11 +65,9 @@ class StreamingSchedule(LayerSchedule):
         p = self.position.get(index)
         if p is None:
             return
-        if p == 0:  # a new forward pass: issue the first d+1 copies
+        if p == 0:
             for q in range(self.distance + 1):
                 self._prefetch(q)
-        elif self.distance == 0:
-            self._prefetch(p)
         else:
             self._prefetch(p + self.distance)
         self.backend.wait_copy(p % self.slots)
@@ -56,65 +79,93 @@ class StreamingSchedule(LayerSchedule):
 
 
 class Placement:
-    def __init__(self, plan: Plan, poison: bool = False, node: int = 0):
-        self.plan, self.poison, self.node = plan, poison, node
+    def __init__(self, plan: Plan, device: str = "cpu", platform: Platform | None = None,
+                 host_format_name: str | None = None, poison: bool = False):
+        self.plan, self.device, self.poison = plan, torch.device(device), poison
+        self.platform = platform or plan.platform
+        self.host_format = host_format_name
         self.slabs: dict[int, object] = {}
-        self.backend: CpuTransferBackend | None = None
+        self.backend = None
+        self.device_weight_bytes = 0
 
     @property
     def num_kv_blocks(self) -> int:
         return self.plan.num_kv_blocks
 
+    @property
+    def staging_bytes(self) -> int:
+        return sum(slot.nbytes for slot in self.backend.slots) if self.backend else 0
+
     def host_slab_bytes(self) -> int:
         return sum(s.nbytes for s in self.slabs.values())
 
-    def apply(self, model) -> None:
-        layouts = {}
-        for i, tier in enumerate(self.plan.tiers):
-            if tier == "resident":
-                continue
+    def apply(self, model, quantized: dict | None = None) -> None:
+        """Place ``model`` (loaded on the host); ``quantized`` maps checkpoint names to GGUF tensors."""
+        compute_dtype = model.dtype
+        fmt = self.host_format or host_format.resolve_host_format("auto", self.device.type == "cpu", compute_dtype,
+                                                                  bool(quantized))
+        offloaded = [i for i, tier in enumerate(self.plan.tiers) if tier != "resident"]
+        layouts: dict[int, tuple[Layout, dict[str, object]]] = {}
+        for i in offloaded:  # one layer at a time: its dense weights go as soon as the slab holds them
             refs = model.layer_weight_refs(i)
-            layout, offset = [], 0
-            for name, ref in refs.items():
-                if not isinstance(ref.current, torch.Tensor):
-                    raise NotImplementedError(f"layer {i} {name}: offloading packed quantized weights is not "
-                                              f"supported yet; load with a dense dtype or use --offload none")
-                offset = -(-offset // 64) * 64
-                layout.append((name, tuple(ref.current.shape), ref.current.dtype, offset))
-                offset += ref.current.nbytes
-            slab = allocate_slab(offset, self.node)
-            for (name, _, _, _), view in zip(layout, _views(slab.tensor, layout).values()):
-                view.copy_(refs[name].current)
-            self.slabs[i], layouts[i] = slab, layout
-        streamed = [i for i, t in enumerate(self.plan.tiers) if t == "streamed"]
+            forms = {name: host_format.host_form(ref.current, fmt, _gguf_parts(quantized, i, name))
+                     for name, ref in refs.items()}
+            layout, nbytes = _layout(forms)
+            slab = allocate_slab(nbytes, self.platform.host_numa_node)
+            for name, parts in _views(slab.tensor, layout).items():
+                for part, view in parts.items():
+                    view.copy_(host_format.storage_parts(forms[name])[part])
+            prepare_slab_for_device(slab, self.platform)
+            self.slabs[i], layouts[i] = slab, (layout, forms)
+            for name, ref in refs.items():  # drop the dense original now; rebound below
+                ref.current = host_format.bind(forms[name], _views(slab.tensor, layout)[name], compute_dtype,
+                                               stable=True)
+        self._move_to_device(model, set(offloaded))
+        streamed = [i for i in offloaded if self.plan.tiers[i] == "streamed"]
         if streamed:
             slot_bytes = max(self.slabs[i].nbytes for i in streamed)
-            slots = [torch.empty(slot_bytes, dtype=torch.uint8) for _ in range(self.plan.staging_slots)]
-            self.backend = CpuTransferBackend(slots, poison=self.poison)
+            self.backend = make_transfer_backend(self.device, slot_bytes, self.plan.staging_slots, self.poison)
             model.layer_schedule = StreamingSchedule(streamed, {i: self.slabs[i].tensor for i in streamed},
                                                      self.backend, self.plan.staging_slots,
                                                      self.plan.prefetch_distance)
-        for i, layout in layouts.items():
-            refs = model.layer_weight_refs(i)
+        for i in offloaded:
+            layout, forms = layouts[i]
             if self.plan.tiers[i] == "direct":
-                buffer = self.slabs[i].tensor
+                buffer, stable = device_view(self.slabs[i], self.platform, self.device), True
             else:
-                buffer = self.backend.slots[streamed.index(i) % self.plan.staging_slots]
-            for name, view in _views(buffer, layout).items():
-                refs[name].current = view
+                buffer, stable = self.backend.slots[streamed.index(i) % self.plan.staging_slots], False
+            refs = model.layer_weight_refs(i)
+            for name, views in _views(buffer, layout).items():
+                refs[name].current = host_format.bind(forms[name], views, compute_dtype, stable,
+                                                      wrap_dense=direct_weight if stable else None)
+
+    def _move_to_device(self, model, offloaded: set[int]) -> None:
+        """Everything but the offloaded layers' linear weights goes to the device; count its bytes."""
+        if self.device.type != "cpu":
+            model.to(self.device)
+        offloaded_refs = {id(ref) for i in offloaded for ref in model.layer_weight_refs(i).values()}
+        seen: dict[int, int] = {}
+        for module in model.modules():
+            if isinstance(module, RefLinear) and id(module.weight_ref) not in offloaded_refs:
+                ref = module.weight_ref
+                if isinstance(ref.current, torch.Tensor) and ref.current.device != self.device:
+                    ref.current = ref.current.to(self.device)
+                if isinstance(ref.current, torch.Tensor):
+                    seen[ref.current.data_ptr()] = ref.current.nbytes
+        for tensor in [*model.parameters(), *model.buffers()]:
+            seen[tensor.data_ptr()] = tensor.nbytes
+        self.device_weight_bytes = sum(seen.values())
+
+    def close(self) -> None:
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = None
 
 
-def build_placement(engine_config, arch, platform=None, dtype: str = "fp32", batch: int = 1,
-                    poison: bool = False) -> tuple[Plan, Placement]:
-    """The engine's entry point: ledger capacity + planner + Placement for ``arch``."""
-    from gh200rt.memory.ledger import ledger_capacity
-    from gh200rt.planner.cost_model import model_sizes
-    from gh200rt.planner.planner import make_plan
-    from gh200rt.platform.detect import detect
-
-    memory = engine_config.memory
-    platform = platform or detect(memory.platform)
-    free = None if platform.kind == "cpu" else platform.device_memory_bytes
-    plan = make_plan(model_sizes(arch, dtype), platform, memory, ledger_capacity(memory, free),
-                     engine_config.cache.block_size, batch)
-    return plan, Placement(plan, poison=poison, node=platform.host_numa_node)
+def _gguf_parts(quantized: dict | None, layer: int, name: str) -> list | None:
+    """The GGUF tensors whose rows make up linear ``name`` of ``layer``, or None when any is not quantized."""
+    if not quantized:
+        return None
+    prefix = f"model.layers.{layer}."
+    parts = [f"{prefix}{part}.weight" for part in FUSED_SHARDS.get(name, (name,))]
+    return [quantized[p] for p in parts] if all(p in quantized for p in parts) else None

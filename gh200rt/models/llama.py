@@ -24,8 +24,6 @@ FUSED_SHARDS = {
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
 }
-# longest context the RoPE tables are precomputed for when the config allows more
-_MAX_ROPE_TABLE = 32768
 
 
 class GatedMLP(nn.Module):
@@ -63,7 +61,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = RefLinear(arch.hidden_size, arch.vocab_size, False, dtype, device)
         if arch.tie_word_embeddings:
             self.lm_head.weight_ref.current = self.embed_tokens
-        self.rotary = RotaryEmbedding(arch.head_dim, min(arch.max_position_embeddings, _MAX_ROPE_TABLE),
+        self.rotary = RotaryEmbedding(arch.head_dim, arch.max_position_embeddings,
                                       arch.rope_theta, arch.rope_scaling, device)
         self.layer_schedule: LayerSchedule = NULL_SCHEDULE
 

@@ -2,8 +2,9 @@
 
 Contract: all sizes in bytes, bandwidths in GB/s (1e9 bytes/s), times in seconds. Per layer:
 compute = max(weight bytes / HBM bandwidth, 2 x params x batch / peak FLOPs) (a roofline at the
-expected batch); a streamed layer's copy = bytes / link bandwidth and hides behind the compute of
-the layers between prefetch and use; a direct layer reads its weights at the direct-read bandwidth.
+expected batch); a streamed layer's copy = host-format bytes / link bandwidth and hides behind the
+compute of the layers between prefetch and use; a direct layer reads its host-format bytes at the
+direct-read bandwidth.
 """
 from __future__ import annotations
 
@@ -13,26 +14,79 @@ from gh200rt.models.arch_config import ArchConfig
 from gh200rt.platform.detect import Platform
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
+INT4_GROUP = 32
+SLAB_ALIGN = 64  # every tensor in a host slab starts on a 64-byte boundary (128-bit loads, cache lines)
 
 
 @dataclass(frozen=True)
 class ModelSizes:
-    layer_params: int
-    layer_bytes: int
-    embed_bytes: int       # embedding + lm_head (counted once if tied)
+    layer_params: int        # one decoder layer: linears and norms (for FLOPs)
+    layer_bytes: int         # one decoder layer's linear weights in the compute dtype (what offloading moves)
+    fixed_bytes: int         # always on the device: embedding, lm_head (once if tied), norms, biases, RoPE tables
+    head_bytes: int          # the lm_head matrix, read every step
     kv_bytes_per_token: int  # all layers, K and V
     num_layers: int
+    host_layer_bytes: int    # one decoder layer's linear weights in the host format (slab / staging slot)
+
+    @property
+    def all_resident_bytes(self) -> int:
+        return self.fixed_bytes + self.num_layers * self.layer_bytes
 
 
-def model_sizes(arch: ArchConfig, dtype: str = "bf16", kv_dtype: str | None = None) -> ModelSizes:
+def layer_linear_shapes(arch: ArchConfig) -> list[tuple[int, int]]:
+    """[out, in] of the fused linears of one decoder layer: qkv, o, gate_up, down."""
+    h, i = arch.hidden_size, arch.intermediate_size
+    return [(arch.q_size + 2 * arch.kv_size, h), (h, arch.q_size), (2 * i, h), (h, i)]
+
+
+def host_weight_parts(fmt: str, shape: tuple[int, int]) -> list[int]:
+    """Bytes of each stored part of one ``[N, K]`` weight in ``fmt``: a dense dtype (one part), ``int8``
+    (qweight, float32 scale per output channel) or ``int4`` (packed nibbles, float32 scale and minimum per
+    group of 32 columns)."""
+    n, k = shape
+    if fmt in DTYPE_BYTES:
+        return [n * k * DTYPE_BYTES[fmt]]
+    if fmt == "int8":
+        return [n * k, 4 * n]
+    if fmt == "int4":
+        groups = -(-k // INT4_GROUP)
+        return [n * ((k + 1) // 2), 4 * n * groups, 4 * n * groups]
+    raise ValueError(f"unknown host weight format {fmt!r}; choose a dtype, int8 or int4")
+
+
+def aligned_total(part_bytes: list[int]) -> int:
+    """Slab size of parts laid out back to back, each starting on a SLAB_ALIGN boundary."""
+    offset = 0
+    for nbytes in part_bytes:
+        offset = -(-offset // SLAB_ALIGN) * SLAB_ALIGN + nbytes
+    return offset
+
+
+def model_sizes(arch: ArchConfig, dtype: str = "bf16", kv_dtype: str | None = None,
+                host_format: str | None = None) -> ModelSizes:
+    """``host_format``: how offloaded layers are stored (a dtype name, ``int8`` or ``int4``); default ``dtype``."""
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPE_BYTES)}")
     wb, kvb = DTYPE_BYTES[dtype], DTYPE_BYTES[kv_dtype or dtype]
-    h, i = arch.hidden_size, arch.intermediate_size
-    q, kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
-    params = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h  # q,k,v,o + gate,up,down + 2 norms
-    embeds = arch.vocab_size * h * (1 if arch.tie_word_embeddings else 2) + h
-    return ModelSizes(params, params * wb, embeds * wb, 2 * kv * kvb * arch.num_layers, arch.num_layers)
+    shapes = layer_linear_shapes(arch)
+    linear_params = sum(n * k for n, k in shapes)
+    layer_small = 2 * arch.hidden_size + (arch.q_size + 2 * arch.kv_size if arch.attention_bias else 0) \
+        + (2 * arch.head_dim if arch.qk_norm else 0)  # norms, qkv bias, q/k norms: stay on the device
+    head = arch.vocab_size * arch.hidden_size
+    embeds = head * (1 if arch.tie_word_embeddings else 2) + arch.hidden_size
+    rope_tables = 2 * arch.max_position_embeddings * (arch.head_dim // 2) * 4  # float32 cos and sin
+    fixed = (embeds + arch.num_layers * layer_small) * wb + rope_tables
+    parts = [part for shape in shapes for part in host_weight_parts(host_format or dtype, shape)]
+    return ModelSizes(linear_params + layer_small, linear_params * wb, fixed, head * wb,
+                      2 * arch.kv_size * kvb * arch.num_layers, arch.num_layers, aligned_total(parts))
+
+
+def activation_bytes(arch: ArchConfig, max_num_batched_tokens: int, max_num_seqs: int, dtype: str) -> int:
+    """Peak working memory of one step: the widest per-token intermediates (hidden, qkv, gate_up, attention
+    output, residual) for every batched token, plus float32 logits for every sampled row."""
+    wb = DTYPE_BYTES[dtype]
+    per_token = (3 * arch.hidden_size + arch.q_size + 2 * arch.kv_size + 3 * arch.intermediate_size) * wb
+    return max_num_batched_tokens * per_token + max_num_seqs * arch.vocab_size * 4
 
 
 def layer_compute_seconds(sizes: ModelSizes, platform: Platform, batch: int) -> float:
@@ -55,15 +109,14 @@ def predict_step_seconds(tiers: list[str], sizes: ModelSizes, platform: Platform
     layers before its use; the copy engine serialises copies, so the step is bounded below by
     the total copy time too."""
     compute = layer_compute_seconds(sizes, platform, batch)
-    per_layer = []
-    for tier in tiers:
-        per_layer.append(direct_read_seconds(sizes.layer_bytes, platform) if tier == "direct" else compute)
+    host = sizes.host_layer_bytes
+    per_layer = [direct_read_seconds(host, platform) if tier == "direct" else compute for tier in tiers]
     total = sum(per_layer)
     stall = 0.0
     for idx, tier in enumerate(tiers):
         if tier == "streamed":
-            hidden = sum(per_layer[max(0, idx - prefetch_distance):idx]) or 0.0
-            stall += max(0.0, copy_seconds(sizes.layer_bytes, platform) - hidden)
-    copies = sum(copy_seconds(sizes.layer_bytes, platform) for t in tiers if t == "streamed")
-    head = sizes.embed_bytes / 2 / (platform.hbm_gbps * 1e9)  # lm_head read each step
+            hidden = sum(per_layer[max(0, idx - prefetch_distance):idx])
+            stall += max(0.0, copy_seconds(host, platform) - hidden)
+    copies = tiers.count("streamed") * copy_seconds(host, platform)
+    head = sizes.head_bytes / (platform.hbm_gbps * 1e9)
     return max(total + stall, copies) + head

@@ -1,9 +1,10 @@
 """Planner v1: choose per-layer tiers, staging depth K, prefetch distance d and KV blocks.
 
-Contract: ``make_plan(sizes, platform, memory, capacity, block_size, batch)`` returns a ``Plan``
-whose device bytes (embeddings + resident layers + K staging slots + KV) fit ``capacity``, or
-raises ``PlanDoesNotFit`` naming the minimum budget that would work. Streamed layers are spread
-evenly so each copy hides behind resident layers' compute. Embeddings/lm_head stay resident.
+Contract: ``make_plan(sizes, platform, memory, capacity, block_size, batch, activation_bytes)`` returns
+a ``Plan`` whose device bytes (embeddings + resident layers + K staging slots + activations + KV) fit
+``capacity``, or raises ``PlanDoesNotFit`` naming the minimum budget that would work. Streamed layers
+are spread evenly so each copy hides behind resident layers' compute. Embeddings/lm_head stay resident.
+A staging slot holds one layer in the host format (``sizes.host_layer_bytes``).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class Plan:
     capacity: int
     platform: Platform
     predicted_step_seconds: float
+    activation_bytes: int = 0
 
     @property
     def streamed_layers(self) -> list[int]:
@@ -38,11 +40,19 @@ class Plan:
 
     @property
     def resident_weight_bytes(self) -> int:
-        return self.sizes.embed_bytes + self.tiers.count("resident") * self.sizes.layer_bytes
+        return self.sizes.fixed_bytes + self.tiers.count("resident") * self.sizes.layer_bytes
 
     @property
     def staging_bytes(self) -> int:
-        return self.staging_slots * self.sizes.layer_bytes
+        return self.staging_slots * self.sizes.host_layer_bytes
+
+    @property
+    def host_weight_bytes(self) -> int:
+        return (len(self.tiers) - self.tiers.count("resident")) * self.sizes.host_layer_bytes
+
+    @property
+    def tier_counts(self) -> dict[str, int]:
+        return {tier: self.tiers.count(tier) for tier in TIERS}
 
     @property
     def kv_tokens(self) -> int:
@@ -58,15 +68,20 @@ class Plan:
 
     def explain(self) -> str:
         gib = lambda n: f"{n / (1 << 30):9.3f} GiB"  # noqa: E731
-        lines = [f"plan for {self.platform.profile} ({self.platform.kind}), device budget {gib(self.capacity)}",
+        counts = ", ".join(f"{n} {tier}" for tier, n in self.tier_counts.items() if n)
+        lines = [f"plan for {self.platform.profile} ({self.platform.kind}), device budget {gib(self.capacity)}: "
+                 f"{counts}",
                  f"{'layer':>5} {'tier':<9} {'bytes':>13} {'slot':>4}"]
         for i, tier in enumerate(self.tiers):
             slot = self.slot_of(i)
-            lines.append(f"{i:>5} {tier:<9} {gib(self.sizes.layer_bytes)} {'-' if slot is None else slot:>4}")
-        lines += [f"HBM for weights (resident + embeddings): {gib(self.resident_weight_bytes)}",
+            nbytes = self.sizes.layer_bytes if tier == "resident" else self.sizes.host_layer_bytes
+            lines.append(f"{i:>5} {tier:<9} {gib(nbytes)} {'-' if slot is None else slot:>4}")
+        lines += [f"device memory for weights (resident layers, embeddings, norms): {gib(self.resident_weight_bytes)}",
+                  f"host memory for offloaded weights: {gib(self.host_weight_bytes)}",
                   f"staging ring: K={self.staging_slots} d={self.prefetch_distance} {gib(self.staging_bytes)}",
+                  f"activations: {gib(self.activation_bytes)}",
                   f"KV cache: {self.num_kv_blocks} blocks = {self.kv_tokens} tokens, {gib(self.kv_bytes)}",
-                  f"predicted decode step: {self.predicted_step_seconds * 1e3:.3f} ms"]
+                  f"predicted decode step (batch 1): {self.predicted_step_seconds * 1e3:.3f} ms"]
         return "\n".join(lines)
 
 
@@ -84,8 +99,8 @@ def _tiers_for(memory: MemoryConfig, sizes: ModelSizes, budget_for_weights: int)
         return ["direct"] * n
     slots = memory.staging_slots or 2
     for count in range(n + 1):
-        k = min(slots, count)
-        if sizes.embed_bytes + (n - count + k) * sizes.layer_bytes <= budget_for_weights:
+        staging = min(slots, count) * sizes.host_layer_bytes
+        if sizes.fixed_bytes + (n - count) * sizes.layer_bytes + staging <= budget_for_weights:
             tiers = ["resident"] * n
             for i in spread_evenly(n, count) if count else []:
                 tiers[i] = "streamed"
@@ -94,28 +109,35 @@ def _tiers_for(memory: MemoryConfig, sizes: ModelSizes, budget_for_weights: int)
 
 
 def make_plan(sizes: ModelSizes, platform: Platform, memory: MemoryConfig, capacity: int,
-              block_size: int = 16, batch: int = 1) -> Plan:
-    kv_min = (memory.kv_cache_min_tokens or 0) * sizes.kv_bytes_per_token
-    tiers = _tiers_for(memory, sizes, capacity - kv_min)
+              block_size: int = 16, batch: int = 1, activation_bytes: int = 0, max_model_len: int = 0) -> Plan:
+    """``max_model_len``: the KV cache must hold at least one sequence that long (and
+    ``--kv-cache-min-tokens``)."""
+    kv_min_tokens = max(memory.kv_cache_min_tokens or 0, max_model_len)
+    kv_min = -(-kv_min_tokens // block_size) * block_size * sizes.kv_bytes_per_token
+    tiers = _tiers_for(memory, sizes, capacity - kv_min - activation_bytes)
     for layer, tier in memory.tier_overrides.items():
         if layer >= sizes.num_layers:
-            raise ValueError(f"--layer-tiers names layer {layer} but the model has {sizes.num_layers} layers")
+            raise ValueError(f"--layer-tiers names layer {layer} but the model has {sizes.num_layers} layers "
+                             f"(0-{sizes.num_layers - 1})")
         tiers[layer] = tier
     streamed = tiers.count("streamed")
     slots = min(memory.staging_slots or 2, streamed) if streamed else 0
     distance = memory.prefetch_distance if memory.prefetch_distance is not None else max(0, slots - 1)
     if streamed and distance >= slots:
         raise ValueError(f"--prefetch-distance {distance} must be less than the staging slots in use ({slots})")
-    weights = sizes.embed_bytes + (tiers.count("resident") + slots) * sizes.layer_bytes
+    weights = sizes.fixed_bytes + tiers.count("resident") * sizes.layer_bytes + slots * sizes.host_layer_bytes
     block_bytes = sizes.kv_bytes_per_token * block_size
-    kv_blocks = (capacity - weights) // block_bytes if capacity > weights else 0
-    needed_blocks = -(-kv_min // block_bytes)
-    if kv_blocks < max(needed_blocks, 1):
-        minimum = sizes.embed_bytes + sizes.layer_bytes + max(needed_blocks, 1) * block_bytes
+    free = capacity - weights - activation_bytes
+    kv_blocks = free // block_bytes if free > 0 else 0
+    needed_blocks = max(-(-kv_min // block_bytes), 1)
+    if kv_blocks < needed_blocks:
+        minimum = sizes.fixed_bytes + sizes.host_layer_bytes + activation_bytes + needed_blocks * block_bytes
         raise PlanDoesNotFit(
-            f"device budget {capacity} bytes is too small for offload={memory.offload}: weights on device need "
-            f"{weights} bytes plus {max(needed_blocks, 1) * block_bytes} for KV; the smallest plan (all layers "
-            f"streamed, K=1) needs {minimum} bytes ({minimum / (1 << 30):.3f} GiB): raise "
-            f"--device-memory-budget, lower --kv-cache-min-tokens, or use --offload stream")
+            f"device budget {capacity} bytes ({capacity / (1 << 30):.3f} GiB) is too small for "
+            f"--offload {memory.offload}: weights on device need {weights} bytes, activations {activation_bytes} "
+            f"and the KV cache at least {needed_blocks * block_bytes} ({needed_blocks * block_size} tokens); the smallest plan (all layers streamed, "
+            f"K=1) needs {minimum} bytes ({minimum / (1 << 30):.3f} GiB): raise --device-memory-budget, lower "
+            f"--kv-cache-min-tokens, --max-model-len or --max-num-batched-tokens, or use --offload stream")
     step = predict_step_seconds(tiers, sizes, platform, batch, max(distance, 1))
-    return Plan(tuple(tiers), slots, distance, int(kv_blocks), block_size, sizes, capacity, platform, step)
+    return Plan(tuple(tiers), slots, distance, int(kv_blocks), block_size, sizes, capacity, platform, step,
+                activation_bytes)

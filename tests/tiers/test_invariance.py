@@ -63,16 +63,3 @@ def test_bit_identical_across_placements(memory):
     if placement.backend is not None:
         assert placement.backend.bytes_copied > 0
         placement.backend.close()
-
-
-def test_build_placement_entry_point():
-    from gh200rt.config import EngineConfig
-    from gh200rt.memory.placement import build_placement
-    config = EngineConfig(memory=MemoryConfig(device_memory_budget="1MiB", offload="stream", staging_slots=2))
-    plan, placement = build_placement(config, ARCH)
-    assert plan.tiers == ("streamed",) * 6 and placement.num_kv_blocks == plan.num_kv_blocks > 0
-    model = _model()
-    placement.apply(model)
-    logits, tokens = _greedy(model, [1, 5, 9, 13], 6)
-    assert torch.equal(logits, REFERENCE[0]) and tokens == REFERENCE[1]
-    placement.backend.close()

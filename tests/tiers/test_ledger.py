@@ -1,13 +1,13 @@
 import pytest
 
 from gh200rt.config import MemoryConfig
-from gh200rt.memory.ledger import CPU_DEFAULT_BUDGET, DeviceMemoryLedger, LedgerOverCommit, ledger_capacity
+from gh200rt.memory.ledger import CPU_DEFAULT_KV_BYTES, DeviceMemoryLedger, LedgerOverCommit, ledger_capacity
 
 
-def test_capacity_from_budget_else_utilization_else_cpu_default():
+def test_capacity_from_budget_else_utilization_else_cpu_all_resident_plus_kv():
     assert ledger_capacity(MemoryConfig(device_memory_budget="1GiB"), 10**12) == 1 << 30
     assert ledger_capacity(MemoryConfig(gpu_memory_utilization=0.5), 1000) == 500
-    assert ledger_capacity(MemoryConfig(), None) == CPU_DEFAULT_BUDGET
+    assert ledger_capacity(MemoryConfig(), None, 1000) == 1000 + CPU_DEFAULT_KV_BYTES
 
 
 def test_reserve_release_and_peak():

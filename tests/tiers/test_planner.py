@@ -15,7 +15,7 @@ FIXTURE = "tests/fixtures/llama31_70b"
 
 
 def _budget_all_resident_plus(extra: int) -> int:
-    return SIZES.embed_bytes + 6 * SIZES.layer_bytes + extra
+    return SIZES.fixed_bytes + 6 * SIZES.layer_bytes + extra
 
 
 def test_all_resident_when_it_fits():
@@ -35,8 +35,8 @@ def test_small_budget_streams_layers_and_leaves_more_kv():
 
 def test_budget_too_small_names_minimum():
     with pytest.raises(PlanDoesNotFit, match="smallest plan") as info:
-        make_plan(SIZES, CPU, MemoryConfig(), SIZES.embed_bytes)
-    minimum = SIZES.embed_bytes + SIZES.layer_bytes + SIZES.kv_bytes_per_token * 16
+        make_plan(SIZES, CPU, MemoryConfig(), SIZES.fixed_bytes)
+    minimum = SIZES.fixed_bytes + SIZES.host_layer_bytes + SIZES.kv_bytes_per_token * 16
     assert str(minimum) in str(info.value)
     make_plan(SIZES, CPU, MemoryConfig(offload="stream", staging_slots=1), minimum)  # and it does work
 

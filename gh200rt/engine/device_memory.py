@@ -1,0 +1,90 @@
+"""Where the engine's weights and KV cache live: platform -> plan -> placement -> ledger.
+
+The hardware decision is made here, once (DESIGN.md invariant 1): ``place_model`` loads the
+model on the host, plans per-layer tiers against the device-memory ledger, applies the
+placement and books every device byte; ``size_kv_pool`` then gives the KV cache what the ledger
+has left (or the ``--num-kv-blocks`` override) and books it too. Over-commit fails here, at
+start-up, with the numbers and the flag to change.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gh200rt.config import EngineConfig
+from gh200rt.loader.load import LoadedModel, load_model
+from gh200rt.memory import host_format
+from gh200rt.memory.ledger import DeviceMemoryLedger, ledger_capacity
+from gh200rt.memory.placement import Placement
+from gh200rt.planner.cost_model import activation_bytes, model_sizes
+from gh200rt.planner.planner import Plan, make_plan
+from gh200rt.platform.detect import Platform, detect
+
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+@dataclass
+class PlacedModel:
+    loaded: LoadedModel
+    platform: Platform
+    plan: Plan
+    placement: Placement
+    ledger: DeviceMemoryLedger
+    device: str
+
+
+def max_model_len(config: EngineConfig, arch) -> int:
+    """``--max-model-len``, at most the model's context length (its default)."""
+    limit = arch.max_position_embeddings
+    if config.model.max_model_len is not None and config.model.max_model_len > limit:
+        raise ValueError(f"--max-model-len {config.model.max_model_len} exceeds the model's context length {limit}; "
+                         f"give at most {limit} (or leave it out)")
+    return config.model.max_model_len or limit
+
+
+def execution_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def place_model(config: EngineConfig, device: str | None = None, poison: bool = False) -> PlacedModel:
+    """Load ``config.model`` and place its weights per ``config.memory``; ``poison`` NaN-fills staging
+    slots before every copy (tests: a read before the copy lands shows up)."""
+    device = device or execution_device()
+    platform = detect(config.memory.platform)
+    loaded = load_model(config.model, device="cpu")
+    arch, dtype = loaded.arch, DTYPE_NAMES[loaded.dtype]
+    fmt = host_format.resolve_host_format(config.memory.host_weight_dtype, device == "cpu", loaded.dtype,
+                                          bool(loaded.quantized))
+    sizes = model_sizes(arch, dtype, host_format=host_format.planning_format(fmt))
+    activations = activation_bytes(arch, config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs,
+                                   dtype)
+    free = torch.cuda.mem_get_info()[0] if device == "cuda" else None
+    capacity = ledger_capacity(config.memory, free, sizes.all_resident_bytes + activations)
+    plan = make_plan(sizes, platform, config.memory, capacity, config.cache.block_size,
+                     activation_bytes=activations, max_model_len=max_model_len(config, arch))
+    placement = Placement(plan, device, platform, fmt, poison)
+    placement.apply(loaded.model, loaded.quantized)
+    ledger = DeviceMemoryLedger(capacity)
+    ledger.reserve("resident_weights", placement.device_weight_bytes)
+    ledger.reserve("staging_ring", placement.staging_bytes)
+    ledger.reserve("activations", activations)
+    return PlacedModel(loaded, platform, plan, placement, ledger, device)
+
+
+def size_kv_pool(ledger: DeviceMemoryLedger, num_kv_blocks: int | None, bytes_per_block: int, block_size: int,
+                 max_model_len: int) -> int:
+    """KV blocks: the override, else all the ledger has left; at least one max_model_len sequence must fit."""
+    needed = -(-max_model_len // block_size)
+    blocks = num_kv_blocks if num_kv_blocks is not None else ledger.free // bytes_per_block
+    if blocks < needed:
+        source = (f"--num-kv-blocks {num_kv_blocks}" if num_kv_blocks is not None else
+                  f"what the device memory budget leaves ({ledger.free / 2**30:.3f} GiB of "
+                  f"{ledger.capacity / 2**30:.3f} GiB after weights, staging and activations; "
+                  f"{bytes_per_block} bytes per block)")
+        raise ValueError(
+            f"the KV cache has {blocks} blocks of {block_size} tokens from {source}, but one sequence of "
+            f"--max-model-len {max_model_len} needs {needed}; raise --num-kv-blocks or --device-memory-budget, "
+            f"offload more layers (--offload stream), or lower --max-model-len")
+    ledger.reserve("kv_pool", blocks * bytes_per_block)
+    return blocks

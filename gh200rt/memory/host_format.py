@@ -1,0 +1,96 @@
+"""The form an offloaded linear weight takes in host memory (``--host-weight-dtype``).
+
+``resolve_host_format`` turns the flag into one concrete format once per engine:
+- ``auto`` on the CPU platform keeps the compute dtype (the same bits as a resident weight, so
+  every placement computes exactly what all-resident computes); on a GPU it keeps a GGUF
+  checkpoint's own quantized blocks (Q8_0 / Q4_0 / Q4_1, lossless) and stores dense checkpoints
+  as bf16.
+- ``bf16`` / ``fp16`` / ``int8`` / ``int4`` convert at load (``kernels.quant.pack_weight``).
+
+``host_form`` returns a dense tensor or a ``PackedWeight``; ``storage_parts`` lists the tensors a
+slab must hold for it and ``bind`` rebuilds the weight over views of a slab or staging slot.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from gh200rt.kernels.quant import PackedWeight, pack_weight
+
+GGUF = "gguf"
+_DTYPE_FORMATS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def resolve_host_format(flag: str, on_cpu: bool, compute_dtype: torch.dtype, has_quantized: bool) -> str:
+    """One of ``fp32`` / ``bf16`` / ``fp16`` (dense), ``int8``, ``int4`` or ``gguf`` (the checkpoint's blocks)."""
+    if flag != "auto":
+        return flag
+    if on_cpu:
+        return _DTYPE_FORMATS[compute_dtype]
+    return GGUF if has_quantized else "bf16"
+
+
+def planning_format(fmt: str) -> str:
+    """The format the cost model sizes a slab with (GGUF Q4_x blocks import as int4 groups of 32)."""
+    return "int4" if fmt == GGUF else fmt
+
+
+class UpcastWeight:
+    """A dense host weight in a narrower dtype than the compute dtype, read as the GPU kernels read it:
+    upcast to the activation dtype, accumulate there."""
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.nbytes
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return F.linear(x, self.tensor.to(x.dtype), bias)
+
+
+def concat_rows(parts: list[PackedWeight]) -> PackedWeight:
+    """One packed weight stacking ``parts`` along the output dimension (a fused qkv or gate_up)."""
+    first = parts[0]
+    if any(p.fmt != first.fmt or p.group_size != first.group_size or p.shape[1] != first.shape[1] for p in parts):
+        raise ValueError("cannot fuse packed weights of different formats or group sizes: "
+                         + ", ".join(repr(p) for p in parts))
+    tensors = {name: torch.cat([p.tensors()[name] for p in parts]) for name in first.tensors()}
+    rows = sum(p.shape[0] for p in parts)
+    return PackedWeight(first.fmt, tensors["qweight"], tensors["scale"], tensors.get("minimum"),
+                        first.group_size, (rows, first.shape[1]))
+
+
+def host_form(dense: torch.Tensor, fmt: str, gguf_parts: list | None = None):
+    """What a slab stores for one linear: ``dense`` is the loaded weight, ``gguf_parts`` the checkpoint's
+    quantized tensors that make it up (in row order), when the checkpoint was a GGUF file."""
+    if fmt == GGUF:
+        if gguf_parts:
+            return concat_rows([pack_weight(part, "auto") for part in gguf_parts])
+        fmt = "bf16"  # tensors the GGUF stored unquantized
+    if _DTYPE_FORMATS.get(dense.dtype) == fmt:
+        return dense
+    return pack_weight(dense, fmt)
+
+
+def storage_parts(form) -> dict[str, torch.Tensor]:
+    """The tensors a slab holds for ``form``, in layout order."""
+    if isinstance(form, torch.Tensor):
+        return {"weight": form}
+    return form.tensors()
+
+
+def bind(form, views: dict[str, torch.Tensor], compute_dtype: torch.dtype, stable: bool, wrap_dense=None):
+    """``form`` rebuilt over ``views`` (same names, shapes and dtypes as ``storage_parts(form)``).
+
+    ``stable=False`` marks storage whose contents change between calls (a staging slot): a packed
+    weight must not cache anything derived from it. ``wrap_dense`` turns a dense view into what a
+    WeightRef holds (e.g. a GPU direct-read weight); by default the view itself."""
+    if not isinstance(form, torch.Tensor):
+        return form.with_tensors(views, stable=stable)
+    weight = views["weight"]
+    if weight.dtype != compute_dtype:
+        return UpcastWeight(weight)
+    return wrap_dense(weight) if wrap_dense is not None else weight
