@@ -1,73 +1,77 @@
-"""Decode tokens/s and achieved copy GB/s per placement and batch size (random Llama-shaped model).
+"""Decode tokens/s and achieved staging-copy GB/s per weight placement and batch size.
 
-Prints each placement next to the all-resident baseline measured in the same run.
-Usage: python scripts/bench_decode.py [--hidden 512] [--layers 8] [--steps 16] [--batches 1,4]
+Runs the real engine (``LLMEngine.from_config``) on whatever this machine is — CPU here, the GPU on a
+GPU host — for each placement, and prints each next to the all-resident baseline measured in the
+same run. Decode throughput is timed over decode-only steps (prefill excluded); copy GB/s is the
+bytes the transfer backend moved into staging slots over that time.
+
+    python scripts/bench_decode.py [--model smollm2-135m] [--batches 1,8] [--tokens 32]
+        [--placements resident,stream,every-2nd,direct] [--host-weight-dtype auto] [--dtype auto]
 """
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
-import torch
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gh200rt.config import MemoryConfig
-from gh200rt.kv.pool import allocate_kv_caches
-from gh200rt.memory.placement import Placement
-from gh200rt.models.arch_config import ArchConfig
-from gh200rt.models.base import AttentionMetadata
-from gh200rt.models.llama import LlamaForCausalLM
-from gh200rt.planner.cost_model import model_sizes
-from gh200rt.planner.planner import make_plan
-from gh200rt.platform.detect import detect
-
-PLACEMENTS = {"resident": dict(offload="none"),
-              "stream K2 d1": dict(offload="stream", staging_slots=2, prefetch_distance=1),
-              "every 2nd streamed": None,
-              "direct": dict(offload="direct")}
+from gh200rt.config import EngineConfig  # noqa: E402
+from gh200rt.engine.engine import LLMEngine  # noqa: E402
+from gh200rt.loader.load import read_arch  # noqa: E402
+from gh200rt.sampling_params import SamplingParams  # noqa: E402
 
 
-def run(arch, memory, batch, steps, block=16):
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(arch)
-    for t in model.weight_destinations().values():
-        t.copy_(torch.randn_like(t) * 0.02)
-    plan = make_plan(model_sizes(arch, "fp32"), detect("cpu"), MemoryConfig(**memory), 8 << 30)
-    placement = Placement(plan)
-    placement.apply(model)
-    blocks_per_seq = -(-(steps + 1) // block)
-    kv = allocate_kv_caches(arch.num_layers, batch * blocks_per_seq, block, arch.num_kv_heads, arch.head_dim,
-                            torch.float32)
-    tables = [list(range(b * blocks_per_seq, (b + 1) * blocks_per_seq)) for b in range(batch)]
-    ids = torch.ones(batch, dtype=torch.long)
+def placements(num_layers: int) -> dict[str, dict]:
+    every = lambda g: ",".join(f"{i}:streamed" for i in range(g - 1, num_layers, g))  # noqa: E731
+    return {"resident": dict(offload="none"),
+            "stream": dict(offload="stream", staging_slots=2, prefetch_distance=1),
+            "every-2nd": dict(offload="none", layer_tiers=every(2), staging_slots=2, prefetch_distance=1),
+            "every-4th": dict(offload="none", layer_tiers=every(4), staging_slots=2, prefetch_distance=1),
+            "direct": dict(offload="direct")}
+
+
+def decode_rate(engine: LLMEngine, batch: int, tokens: int) -> tuple[float, float]:
+    """(tokens/s, copy GB/s) over the decode steps of ``batch`` requests of ``tokens`` new tokens each."""
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    for i in range(batch):
+        engine.add_request(f"b{batch}-{i}", None, params, prompt_token_ids=[1 + i, 17, 42, 99])
+    engine.step()  # prefill of every request (+ their first token)
+    copied, generated = engine.stats().weight_bytes_copied, engine.generation_tokens
     start = time.perf_counter()
-    for step in range(steps):
-        meta = AttentionMetadata.build([1] * batch, [step + 1] * batch, tables, block)
-        model.compute_logits(model(ids, torch.full((batch,), step), meta, kv))
+    while engine.has_unfinished_requests():
+        engine.step()
     seconds = time.perf_counter() - start
-    copied = placement.backend.bytes_copied if placement.backend else 0
-    if placement.backend:
-        placement.backend.close()
-    return batch * steps / seconds, copied / seconds / 1e9
+    return (engine.generation_tokens - generated) / seconds, (engine.stats().weight_bytes_copied - copied) / seconds / 1e9
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=16)
-    parser.add_argument("--batches", default="1,4")
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--tokens", type=int, default=32, help="decode tokens per request")
+    parser.add_argument("--placements", default="resident,stream,every-2nd,every-4th,direct")
+    parser.add_argument("--host-weight-dtype", default="auto")
     args = parser.parse_args()
-    arch = ArchConfig("llama", hidden_size=args.hidden, intermediate_size=4 * args.hidden, num_layers=args.layers,
-                      num_heads=8, num_kv_heads=4, head_dim=args.hidden // 8, vocab_size=1000)
-    PLACEMENTS["every 2nd streamed"] = dict(offload="none", staging_slots=2, prefetch_distance=1,
-                                            layer_tiers=",".join(f"{i}:streamed" for i in range(1, args.layers, 2)))
-    print(f"{'placement':<20} {'batch':>5} {'tok/s':>9} {'vs resident':>11} {'copy GB/s':>9}")
-    for batch in map(int, args.batches.split(",")):
-        base = None
-        for name, memory in PLACEMENTS.items():
-            tps, gbps = run(arch, memory, batch, args.steps)
-            base = base or tps
-            print(f"{name:<20} {batch:>5} {tps:>9.1f} {tps / base:>10.2f}x {gbps:>9.2f}")
+    print(f"load average {os.getloadavg()[0]:.2f}; model {args.model}; host weight dtype {args.host_weight_dtype}")
+    print(f"{'placement':<10} {'tiers (res/str/dir)':<20} {'batch':>5} {'tok/s':>9} {'vs resident':>11} "
+          f"{'copy GB/s':>9} {'copy wait s':>11}")
+    layers = read_arch(args.model).num_layers
+    baseline: dict[int, float] = {}
+    for name in args.placements.split(","):
+        config = EngineConfig.from_kwargs(model=args.model, dtype=args.dtype, max_model_len=256, num_kv_blocks=256,
+                                          host_weight_dtype=args.host_weight_dtype, **placements(layers)[name])
+        engine = LLMEngine.from_config(config)
+        tiers = engine.stats().layers_per_tier
+        label = f"{tiers.get('resident', 0)}/{tiers.get('streamed', 0)}/{tiers.get('direct', 0)}"
+        for batch in map(int, args.batches.split(",")):
+            tps, gbps = decode_rate(engine, batch, args.tokens)
+            baseline.setdefault(batch, tps)
+            print(f"{name:<10} {label:<20} {batch:>5} {tps:>9.1f} {tps / baseline[batch]:>10.2f}x {gbps:>9.2f} "
+                  f"{engine.stats().copy_wait_seconds:>11.3f}", flush=True)
+        engine.close()
 
 
 if __name__ == "__main__":

@@ -89,6 +89,19 @@ def _load_gguf(path: str, dtype_name: str, device: str):
     return model, tokenizer, arch, dtype, writer.bytes_written, quantized
 
 
+def read_arch(model: str) -> ArchConfig:
+    """The architecture of ``model`` (directory, .gguf or alias) without loading its weights."""
+    path = resolve_model_path(model)
+    if not path.endswith(".gguf"):
+        return _arch_from_dir(path)
+    from gh200rt.loader.gguf_file import GGUFFile
+    gguf = GGUFFile(path)
+    try:
+        return ArchConfig.from_gguf_metadata(gguf.metadata, tie_word_embeddings=not gguf.has_output_weight)
+    except (ValueError, KeyError) as e:
+        raise ModelLoadError(f"{path}: {e}") from e
+
+
 def load_model(model_config, device: str = "cpu") -> LoadedModel:
     """Load ``model_config.model`` (directory, .gguf, or alias) in ``model_config.dtype`` onto ``device``."""
     start = time.perf_counter()
