@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyError as err:
         print(f"error: {path} lacks the field {err.args[0]!r}", file=sys.stderr)
         return 2
-    except (ValueError, PlanDoesNotFit) as err:
+    except ValueError as err:  # includes PlanDoesNotFit
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(plan.explain())

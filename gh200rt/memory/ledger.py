@@ -16,8 +16,8 @@ KINDS = ("resident_weights", "staging_ring", "kv_pool", "activations", "graph_po
 CPU_DEFAULT_KV_BYTES = 2 << 30
 
 
-class LedgerOverCommit(RuntimeError):
-    pass
+class LedgerOverCommit(ValueError):
+    """A reservation would exceed the device budget; the message names the numbers and the flag."""
 
 
 def _gib(nbytes: int) -> str:

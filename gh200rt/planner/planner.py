@@ -17,8 +17,8 @@ from gh200rt.platform.detect import Platform
 TIERS = ("resident", "streamed", "direct")
 
 
-class PlanDoesNotFit(RuntimeError):
-    pass
+class PlanDoesNotFit(ValueError):
+    """No placement fits the device budget; the message names the minimum that would."""
 
 
 @dataclass(frozen=True)
