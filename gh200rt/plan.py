@@ -15,7 +15,7 @@ from gh200rt.config import CacheConfig, MemoryConfig, SchedulerConfig
 from gh200rt.memory.ledger import ledger_capacity
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.planner.cost_model import DTYPE_BYTES, activation_bytes, model_sizes
-from gh200rt.planner.planner import PlanDoesNotFit, make_plan
+from gh200rt.planner.planner import make_plan
 from gh200rt.platform.detect import detect
 
 
