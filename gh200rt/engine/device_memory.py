@@ -17,6 +17,7 @@ from gh200rt.loader.load import LoadedModel, load_model
 from gh200rt.memory import host_format
 from gh200rt.memory.ledger import DeviceMemoryLedger, ledger_capacity
 from gh200rt.memory.placement import Placement
+from gh200rt.models.gpu_kernels import use_triton_kernels
 from gh200rt.planner.cost_model import activation_bytes, model_sizes
 from gh200rt.planner.planner import Plan, make_plan
 from gh200rt.platform.detect import Platform, detect
@@ -52,7 +53,7 @@ def place_model(config: EngineConfig, device: str | None = None, poison: bool = 
     slots before every copy (tests: a read before the copy lands shows up)."""
     device = device or execution_device()
     platform = detect(config.memory.platform)
-    loaded = load_model(config.model, device="cpu")
+    loaded = load_model(config.model, device="cpu", compute_device=device)  # placed below, layer by layer
     arch, dtype = loaded.arch, DTYPE_NAMES[loaded.dtype]
     fmt = host_format.resolve_host_format(config.memory.host_weight_dtype, device == "cpu", loaded.dtype,
                                           bool(loaded.quantized))
@@ -65,6 +66,8 @@ def place_model(config: EngineConfig, device: str | None = None, poison: bool = 
                      activation_bytes=activations, max_model_len=max_model_len(config, arch))
     placement = Placement(plan, device, platform, fmt, poison)
     placement.apply(loaded.model, loaded.quantized)
+    if device != "cpu":
+        use_triton_kernels(loaded.model)
     ledger = DeviceMemoryLedger(capacity)
     ledger.reserve("resident_weights", placement.device_weight_bytes)
     ledger.reserve("staging_ring", placement.staging_bytes)

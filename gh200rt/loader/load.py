@@ -54,11 +54,11 @@ def _arch_from_dir(directory: str) -> ArchConfig:
         raise ModelLoadError(f"{path}: {e}") from e
 
 
-def _load_hf_dir(directory: str, dtype_name: str, device: str):
+def _load_hf_dir(directory: str, dtype_name: str, device: str, compute_device: str):
     from gh200rt.loader.safetensors_dir import checkpoint_size, load_safetensors, shard_files
     from gh200rt.tokenizer.hf_dir import tokenizer_from_hf_dir
     arch = _arch_from_dir(directory)
-    dtype = compute_dtype(dtype_name, device, arch.checkpoint_dtype)
+    dtype = compute_dtype(dtype_name, compute_device, arch.checkpoint_dtype)
     files = shard_files(directory)
     model = build_model(arch, dtype, device)
     count, size = checkpoint_size(files)
@@ -72,7 +72,7 @@ def _load_hf_dir(directory: str, dtype_name: str, device: str):
     return model, tokenizer, arch, dtype, writer.bytes_written, {}
 
 
-def _load_gguf(path: str, dtype_name: str, device: str):
+def _load_gguf(path: str, dtype_name: str, device: str, compute_device: str):
     from gh200rt.loader.gguf_file import GGUFFile
     from gh200rt.tokenizer.gguf_vocab import tokenizer_from_gguf_metadata
     gguf = GGUFFile(path)
@@ -81,7 +81,7 @@ def _load_gguf(path: str, dtype_name: str, device: str):
         tokenizer = tokenizer_from_gguf_metadata(gguf.metadata)
     except (ValueError, KeyError) as e:
         raise ModelLoadError(f"{path}: {e}") from e
-    dtype = compute_dtype(dtype_name, device, arch.checkpoint_dtype)
+    dtype = compute_dtype(dtype_name, compute_device, arch.checkpoint_dtype)
     model = build_model(arch, dtype, device)
     writer = WeightWriter(model, path, len(gguf.tensors), gguf.total_bytes())
     quantized = gguf.read(writer, arch, dtype)
@@ -102,12 +102,14 @@ def read_arch(model: str) -> ArchConfig:
         raise ModelLoadError(f"{path}: {e}") from e
 
 
-def load_model(model_config, device: str = "cpu") -> LoadedModel:
-    """Load ``model_config.model`` (directory, .gguf, or alias) in ``model_config.dtype`` onto ``device``."""
+def load_model(model_config, device: str = "cpu", compute_device: str | None = None) -> LoadedModel:
+    """Load ``model_config.model`` (directory, .gguf, or alias) in ``model_config.dtype`` onto ``device``;
+    ``dtype="auto"`` picks the dtype for ``compute_device`` (default ``device``), where the model will run."""
     start = time.perf_counter()
     path = resolve_model_path(model_config.model)
     with torch.inference_mode():
         loader = _load_gguf if path.endswith(".gguf") else _load_hf_dir
-        model, tokenizer, arch, dtype, weight_bytes, quantized = loader(path, model_config.dtype, device)
+        model, tokenizer, arch, dtype, weight_bytes, quantized = loader(path, model_config.dtype, device,
+                                                                          compute_device or device)
     return LoadedModel(model=model, tokenizer=tokenizer, arch=arch, dtype=dtype, source=path,
                        load_seconds=time.perf_counter() - start, weight_bytes=weight_bytes, quantized=quantized)
