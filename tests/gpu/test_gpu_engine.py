@@ -1,7 +1,6 @@
 """The whole engine on a GPU: ``LLMEngine.from_config`` plans, places and runs each tier on CUDA and
 generates what all-resident generates (greedy; a differing token must be a near tie, as on CPU)."""
 import pytest
-import torch
 
 from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
@@ -46,7 +45,5 @@ def test_gpu_placements_generate_what_all_resident_generates(tiny_dir, label):
     assert stats.layers_per_tier["resident"] < 6
     if stats.layers_per_tier["streamed"]:
         assert stats.weight_bytes_copied > 0
-    free, _ = torch.cuda.mem_get_info()
     assert engine.ledger.peak <= engine.ledger.capacity
     engine.close()
-    assert free > 0
