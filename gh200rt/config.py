@@ -13,7 +13,7 @@ DEFAULT_MODEL = "smollm2-135m"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 OFFLOAD_MODES = ("auto", "none", "stream", "direct")
 TIERS = ("resident", "streamed", "direct")
-HOST_WEIGHT_DTYPES = ("auto", "bf16", "int8", "int4")
+HOST_WEIGHT_DTYPES = ("auto", "bf16", "fp16", "int8", "int4")
 
 _SIZE_UNITS = {
     "": 1, "b": 1,

@@ -1,6 +1,7 @@
-"""Weight-only quantized formats for host-resident weights, and the one entry point that makes them.
+"""Weight-only formats for host-resident weights, and the one entry point that makes them.
 
-Two portable formats, both over a logical dense weight ``W[N, K]`` (out, in) split along K into
+``fp16`` (``HalfWeight``) is the dense weight rounded to float16; activations keep their dtype.
+Two quantized formats, both over a logical dense weight ``W[N, K]`` (out, in) split along K into
 groups of ``group_size`` columns (``group_size == K`` means one group per output channel):
 
 * ``int8``: ``qweight`` int8 ``[N, K]``; ``W = q * scale``.
@@ -9,17 +10,23 @@ groups of ``group_size`` columns (``group_size == K`` means one group per output
 
 ``scale`` / ``minimum`` are float32 ``[N, ceil(K/group_size)]``. GGUF Q8_0 maps onto int8 with
 group 32, Q4_1 onto int4 (scale d, minimum m) and Q4_0 onto int4 (scale d, minimum -8d) without
-loss. ``PackedWeight`` satisfies the ``WeightRef`` contract (``linear(x, bias)``, ``nbytes``): on
-CUDA it calls ``host_gemm``; on CPU it runs torch's exact int8/int4 weight-only matmul ops where
-the layout allows and dequantize-then-matmul otherwise; ``cpu_route="fbgemm"`` (int8 per channel) trades accuracy for
-speed (see docs/benchmarks/kernels.md for both).
+loss. ``PackedWeight`` and ``HalfWeight`` satisfy the ``WeightRef`` contract (``linear(x, bias)``,
+``nbytes``): on CUDA they call ``host_gemm``; on CPU ``PackedWeight`` runs torch's exact int8/int4
+weight-only matmul ops where the layout allows and dequantize-then-matmul otherwise;
+``cpu_route="fbgemm"`` (int8 per channel) trades accuracy for speed (docs/benchmarks/kernels.md).
+
+Some CPU routes need a derived form of the storage (torch's int4 layout, an fbgemm packed
+matrix). ``stable=False`` (``with_tensors(..., stable=False)``, used for staging slots whose
+contents change between calls) derives it on every call instead of caching it, so a weight is
+always computed from the bytes it sits on now. The route itself never depends on ``stable``:
+the same bytes give the same bits in every tier.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-HOST_FORMATS = ("bf16", "int8", "int4")
+HOST_FORMATS = ("bf16", "fp16", "int8", "int4")
 INT4_DEFAULT_GROUP = 32
 CPU_ROUTES = ("exact", "fbgemm")
 _CPU_INT4_GROUPS = (32, 64, 128, 256)
@@ -29,7 +36,8 @@ class PackedWeight:
     """A quantized ``[N, K]`` weight (see the module docstring for the layout)."""
 
     def __init__(self, fmt: str, qweight: torch.Tensor, scale: torch.Tensor,
-                 minimum: torch.Tensor | None, group_size: int, shape: tuple[int, int], cpu_route: str = "exact"):
+                 minimum: torch.Tensor | None, group_size: int, shape: tuple[int, int], cpu_route: str = "exact",
+                 stable: bool = True):
         assert fmt in ("int8", "int4"), fmt
         if cpu_route not in CPU_ROUTES:
             raise ValueError(f"cpu_route {cpu_route!r}: choose one of {', '.join(CPU_ROUTES)}")
@@ -44,7 +52,7 @@ class PackedWeight:
             assert group_size % 2 == 0, "both nibbles of a byte must share a group"
         self.fmt, self.qweight, self.scale, self.minimum = fmt, qweight, scale, minimum
         self.group_size, self.shape = group_size, (n, k)
-        self.cpu_route = cpu_route
+        self.cpu_route, self.stable = cpu_route, stable
         self._cpu_int4: tuple[torch.Tensor, torch.Tensor] | None = None
         self._fbgemm = None
 
@@ -66,10 +74,11 @@ class PackedWeight:
             out["minimum"] = self.minimum
         return out
 
-    def with_tensors(self, tensors: dict[str, torch.Tensor]) -> "PackedWeight":
-        """The same weight over other storage (e.g. views into a slab or a slot), same shapes and dtypes."""
+    def with_tensors(self, tensors: dict[str, torch.Tensor], stable: bool = True) -> "PackedWeight":
+        """The same weight over other storage (e.g. views into a slab or a slot), same shapes and dtypes.
+        ``stable=False``: the storage's contents change between calls; cache nothing derived from it."""
         return PackedWeight(self.fmt, tensors["qweight"], tensors["scale"], tensors.get("minimum"),
-                            self.group_size, self.shape, self.cpu_route)
+                            self.group_size, self.shape, self.cpu_route, stable)
 
     def dequantize(self) -> torch.Tensor:
         """The dense float32 ``[N, K]`` weight."""
@@ -110,26 +119,106 @@ class PackedWeight:
 
     def _cpu_int4_form(self) -> tuple[torch.Tensor, torch.Tensor]:
         # torch's CPU int4 op dequantizes as (q - 8) * scale + zero, so zero = minimum + 8 * scale.
-        if self._cpu_int4 is None:
-            q = unpack_int4(self.qweight, self.shape[1]).to(torch.int32)
-            packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
-            zeros = self.minimum + 8.0 * self.scale
-            scales_and_zeros = torch.stack([self.scale.T, zeros.T], dim=-1).contiguous()
-            self._cpu_int4 = (packed, scales_and_zeros)
-        return self._cpu_int4
+        if self._cpu_int4 is not None:
+            return self._cpu_int4
+        q = unpack_int4(self.qweight, self.shape[1]).to(torch.int32)
+        packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+        zeros = self.minimum + 8.0 * self.scale
+        form = (packed, torch.stack([self.scale.T, zeros.T], dim=-1).contiguous())
+        if self.stable:
+            self._cpu_int4 = form
+        return form
 
     def _fbgemm_form(self):
         # fbgemm's dynamic linear also quantizes activations (per call, 7-bit): ~3.5x faster than
         # fp32 at decode on AVX2 but visibly less accurate (docs/benchmarks/kernels.md), so opt-in.
-        if self._fbgemm is None:
-            n = self.shape[0]
-            q = torch._make_per_channel_quantized_tensor(self.qweight, self.scale[:, 0].double(),
-                                                         torch.zeros(n, dtype=torch.long), 0)
-            self._fbgemm = torch.ops.quantized.linear_prepack(q, None)
-        return self._fbgemm
+        if self._fbgemm is not None:
+            return self._fbgemm
+        n = self.shape[0]
+        q = torch._make_per_channel_quantized_tensor(self.qweight, self.scale[:, 0].double(),
+                                                     torch.zeros(n, dtype=torch.long), 0)
+        packed = torch.ops.quantized.linear_prepack(q, None)
+        if self.stable:
+            self._fbgemm = packed
+        return packed
 
     def __repr__(self) -> str:
         return f"PackedWeight({self.fmt}, shape={self.shape}, group_size={self.group_size}, nbytes={self.nbytes})"
+
+
+class HalfWeight:
+    """A dense ``[N, K]`` weight stored in float16 (``fp16`` host format); activations keep their dtype.
+
+    CUDA: ``host_gemm`` reads the fp16 tensor in place. CPU: fbgemm's fp16 GEMM (float32 activations
+    and accumulation, fp16 weights widened in registers: ~2x the fp32 GEMM at decode, and exact for
+    the fp16 weight) over fbgemm's packed copy of the weight, built at first use when ``stable``
+    and on every call otherwise (~80x a decode GEMM: correct, not fast); without fbgemm, the
+    weight is widened to the activation dtype on every call.
+    """
+    fmt = "fp16"
+
+    def __init__(self, weight: torch.Tensor, stable: bool = True):
+        assert weight.dtype == torch.float16 and weight.dim() == 2, (weight.dtype, weight.shape)
+        self.weight, self.stable = weight, stable
+        self.shape = tuple(weight.shape)
+        self._fbgemm = None
+
+    @property
+    def nbytes(self) -> int:
+        # fbgemm's packed copy is opaque; it holds the same fp16 values (plus tile padding).
+        return self.weight.nbytes * (2 if self._fbgemm is not None else 1)
+
+    @property
+    def device(self) -> torch.device:
+        return self.weight.device
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"weight": self.weight}
+
+    def with_tensors(self, tensors: dict[str, torch.Tensor], stable: bool = True) -> "HalfWeight":
+        return HalfWeight(tensors["weight"], stable)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.weight.to(torch.float32)
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if x.is_cuda:
+            from .host_gemm import host_gemm
+            return host_gemm(x, self.weight, bias)
+        if x.dtype != torch.float32 or x.numel() == 0 or not fbgemm_fp16_available():
+            return F.linear(x, self.weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+        y = torch.ops.quantized.linear_dynamic_fp16(x.reshape(-1, self.shape[1]), self._fbgemm_form())
+        if bias is not None:
+            y = y + bias
+        return y.reshape(*x.shape[:-1], self.shape[0])
+
+    def _fbgemm_form(self):
+        if self._fbgemm is not None:
+            return self._fbgemm
+        packed = torch.ops.quantized.linear_prepack_fp16(self.weight, None)
+        if self.stable:
+            self._fbgemm = packed
+        return packed
+
+    def __repr__(self) -> str:
+        return f"HalfWeight(shape={self.shape}, stable={self.stable}, nbytes={self.nbytes})"
+
+
+_fbgemm_fp16_ok: bool | None = None  # None: not probed yet
+
+
+def fbgemm_fp16_available() -> bool:
+    """Whether torch's fbgemm fp16 GEMM runs here and agrees with F.linear (probed once per process)."""
+    global _fbgemm_fp16_ok
+    if _fbgemm_fp16_ok is None:
+        gen = torch.Generator().manual_seed(0)
+        w, x = torch.randn(24, 40, generator=gen).half(), torch.randn(3, 40, generator=gen)
+        try:
+            y = torch.ops.quantized.linear_dynamic_fp16(x, torch.ops.quantized.linear_prepack_fp16(w, None))
+            _fbgemm_fp16_ok = torch.allclose(y, F.linear(x, w.float()), rtol=1e-5, atol=1e-5)
+        except (AttributeError, NotImplementedError, RuntimeError):
+            _fbgemm_fp16_ok = False
+    return _fbgemm_fp16_ok
 
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
@@ -184,7 +273,7 @@ def pack_weight(weight, fmt: str) -> torch.Tensor | PackedWeight:
     ``weight`` is a dense ``[N, K]`` tensor (bf16/fp16/fp32) or a GGUF quantized tensor (any
     object with ``ggml_type``, ``data``/``raw`` and ``shape``, see ``gguf_blocks``). ``fmt``:
     ``auto`` keeps GGUF tensors in their own format (lossless) and dense tensors as bf16;
-    ``bf16`` gives a dense bf16 tensor; ``int8`` / ``int4`` give a ``PackedWeight``.
+    ``bf16`` gives a dense bf16 tensor; ``fp16`` a ``HalfWeight``; ``int8`` / ``int4`` a ``PackedWeight``.
     """
     from .gguf_blocks import from_gguf, is_gguf_tensor
     choices = ("auto",) + HOST_FORMATS
@@ -200,10 +289,20 @@ def pack_weight(weight, fmt: str) -> torch.Tensor | PackedWeight:
                          f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else ''}")
     if fmt in ("auto", "bf16"):
         return weight.detach().to(torch.bfloat16).contiguous()
+    if fmt == "fp16":
+        return _to_half(weight)
     return quantize_int8(weight) if fmt == "int8" else quantize_int4(weight)
 
 
-def reference_linear(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def _to_half(weight: torch.Tensor) -> HalfWeight:
+    largest = weight.detach().abs().max().item() if weight.numel() else 0.0
+    if largest > torch.finfo(torch.float16).max:
+        raise ValueError(f"a weight of shape {tuple(weight.shape)} holds {largest:.3g}, beyond float16's range "
+                         "(65504): use --host-weight-dtype bf16 for this model")
+    return HalfWeight(weight.detach().to(torch.float16).contiguous())
+
+
+def reference_linear(x: torch.Tensor, weight: PackedWeight | HalfWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Plain torch: dequantize then matmul in float32."""
     return F.linear(x.to(torch.float32), weight.dequantize().to(x.device),
                     None if bias is None else bias.to(torch.float32))

@@ -2,14 +2,18 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from gh200rt.models.base import WeightRef
+from gh200rt.models.layers.cpu_linear import dense_linear
 
 
 class RefLinear(nn.Module):
-    """``y = x W^T (+ b)``; W is read from ``weight_ref.current`` on every call, never cached."""
+    """``y = x W^T (+ b)``; W is read from ``weight_ref.current`` on every call, never cached.
+
+    A dense weight goes through ``dense_linear`` (oneDNN for float32 on the CPU, else F.linear); a
+    packed one computes through its own ``linear``.
+    """
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
                  device: torch.device | str = "cpu"):
@@ -22,5 +26,5 @@ class RefLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight_ref.current
         if isinstance(weight, torch.Tensor):
-            return F.linear(x, weight, self.bias)
+            return dense_linear(x, weight, self.bias)
         return weight.linear(x, self.bias)
