@@ -30,19 +30,17 @@ class _BatchLayout:
         device = meta.slot_mapping.device
         max_len = max(meta.seq_lens_list)
         blocks = -(-max_len // meta.block_size)
-        self.block_table = meta.block_tables[:, :blocks].long()
+        # index_select on a flat block list: several times faster on CPU than advanced indexing
+        self.blocks = meta.block_tables[:, :blocks].reshape(-1).long()
         self.decode_only = meta.is_decode_only
         self.max_query = max(meta.query_lens_list)
         key_pos = torch.arange(blocks * meta.block_size, device=device)
         if self.decode_only:
             self.mask = (key_pos[None, :] < meta.seq_lens[:, None])[:, None, None, :]
             return
-        seq_of, index_in_seq = [], []
-        for b, q in enumerate(meta.query_lens_list):
-            seq_of.extend([b] * q)
-            index_in_seq.extend(range(q))
-        self.seq_of = torch.tensor(seq_of, dtype=torch.long, device=device)
-        self.index_in_seq = torch.tensor(index_in_seq, dtype=torch.long, device=device)
+        # row of each new token in the padded [B * max_query] query layout
+        rows = [b * self.max_query + i for b, q in enumerate(meta.query_lens_list) for i in range(q)]
+        self.padded_rows = torch.tensor(rows, dtype=torch.long, device=device)
         first_new = torch.tensor([s - q for q, s in zip(meta.query_lens_list, meta.seq_lens_list)], device=device)
         query_pos = first_new[:, None] + torch.arange(self.max_query, device=device)[None, :]
         self.mask = (key_pos[None, None, :] <= query_pos[:, :, None])[:, None, :, :]
@@ -61,17 +59,17 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
     layout = _layout(meta)
     num_seqs = meta.num_seqs
     head_dim = q.shape[-1]
-    k = kv_cache[0][layout.block_table].view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
-    v = kv_cache[1][layout.block_table].view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+    k = kv_cache[0].index_select(0, layout.blocks).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+    v = kv_cache[1].index_select(0, layout.blocks).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
     if layout.decode_only:
         queries = q.unsqueeze(2)                                   # [B, H, 1, D]
     else:
-        padded = q.new_zeros(num_seqs, layout.max_query, q.shape[1], head_dim)
-        padded[layout.seq_of, layout.index_in_seq] = q
-        queries = padded.transpose(1, 2)                           # [B, H, Qmax, D]
+        padded = q.new_zeros(num_seqs * layout.max_query, q.shape[1], head_dim)
+        padded.index_copy_(0, layout.padded_rows, q)
+        queries = padded.view(num_seqs, layout.max_query, -1, head_dim).transpose(1, 2)  # [B, H, Qmax, D]
     out = F.scaled_dot_product_attention(queries, k.to(q.dtype), v.to(q.dtype), attn_mask=layout.mask,
                                          scale=scale, enable_gqa=num_kv_heads != q.shape[1])
     out = out.transpose(1, 2)                                      # [B, Q, H, D]
     if layout.decode_only:
         return out.reshape(num_seqs, q.shape[1], head_dim)
-    return out[layout.seq_of, layout.index_in_seq]
+    return out.reshape(num_seqs * layout.max_query, q.shape[1], head_dim).index_select(0, layout.padded_rows)
