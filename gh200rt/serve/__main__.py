@@ -20,30 +20,35 @@ from gh200rt.serve.async_engine import AsyncEngine
 log = logging.getLogger("gh200rt.serve")
 
 
-def describe_platform() -> str:
-    """Hook for the tiers subsystem (gh200rt.platform.detect); falls back to what torch reports."""
+def describe_platform(profile: str | None = None) -> str:
+    """The platform the planner will see (``--platform`` overrides detection); never fails start-up."""
     try:
         from gh200rt.platform.detect import detect
-        return str(detect())
-    except (ImportError, AttributeError):
+        p = detect(profile)
+        return (f"{p.kind} (profile {p.profile}): device {p.device_name}, {p.device_memory_bytes / 2**30:.1f} GiB "
+                f"device memory, host NUMA node {p.host_numa_node}, host->device {p.link_h2d_gbps:g} GB/s, "
+                f"direct read {p.direct_read_gbps:g} GB/s, ATS {'yes' if p.ats else 'no'}")
+    except Exception as e:                  # a bad --platform fails the engine load with its own message
         import platform
-
-        import torch
-        device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU only"
-        return f"{platform.machine()} {platform.system()}, {device} (gh200rt.platform.detect not available)"
+        return f"{platform.machine()} {platform.system()} (platform detection failed: {type(e).__name__}: {e})"
 
 
 def describe_engine(engine) -> str:
-    """Hook for the planner (Plan.explain()); until then: what the engine itself reports."""
+    """The plan's table (``Plan.explain()``); without a plan, what the engine itself reports."""
     plan = getattr(engine, "plan", None)
-    if plan is not None and hasattr(plan, "explain"):
-        return plan.explain()
-    stats = engine.stats()
-    weights = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters()) \
-        if hasattr(engine, "runner") else 0
-    bs = engine.config.cache.block_size
-    return (f"weights {weights / 2**20:.1f} MiB resident; KV cache {stats.kv_blocks_total} blocks x {bs} tokens "
-            f"= {stats.kv_blocks_total * bs} tokens; max_model_len {engine.max_model_len}")
+    if plan is not None and callable(getattr(plan, "explain", None)):
+        try:
+            return plan.explain()
+        except Exception:
+            log.exception("Plan.explain() failed; describing the engine without it")
+    try:
+        stats = engine.stats()
+        tiers = ", ".join(f"{n} {tier}" for tier, n in (stats.layers_per_tier or {}).items() if n) or "tiers unknown"
+        bs = engine.config.cache.block_size
+        return (f"no plan (weights placed by hand): layers {tiers}; KV cache {stats.kv_blocks_total} blocks x {bs} "
+                f"tokens = {stats.kv_blocks_total * bs} tokens; max_model_len {engine.max_model_len}")
+    except Exception as e:
+        return f"no plan, and the engine could not describe itself ({type(e).__name__}: {e})"
 
 
 class GracefulServer(uvicorn.Server):
@@ -85,12 +90,12 @@ def main(argv=None) -> int:
 def run_server(server_config, engine_config, build_engine) -> int:
     """Serve until a signal; ``build_engine()`` runs in the engine thread and returns an LLMEngine."""
     logging.basicConfig(level=server_config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    log.info("platform: %s", describe_platform())
+    log.info("platform: %s", describe_platform(engine_config.memory.platform))
 
     def load():
         start = time.monotonic()
         engine = build_engine()
-        log.info("model %s loaded in %.1fs; plan: %s", engine_config.model.model, time.monotonic() - start,
+        log.info("model %s loaded in %.1fs; plan:\n%s", engine_config.model.model, time.monotonic() - start,
                  describe_engine(engine))
         return engine
 

@@ -1,11 +1,12 @@
 """The FastAPI app: OpenAI routes over an ``AsyncEngine``, plus health, metrics and tokenizer routes.
 
-Cross-cutting rules (CORS, API key, 413, 503 on shutdown) live in ``guard.Guard``. Every failure
-leaves as the OpenAI error body; only real internal faults are 500.
+Cross-cutting rules (CORS, API key, 413, 503 on shutdown) live in ``guard.Guard``; reading and
+checking a body lives in ``body``, its fields in ``protocol``. Every failure leaves as the OpenAI
+error body; only real internal faults are 500.
 """
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
 import time
 import uuid
@@ -16,12 +17,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 import gh200rt
 from gh200rt.serve.args import ServerConfig
 from gh200rt.serve.async_engine import AsyncEngine
+from gh200rt.serve.body import parse_json_object, read_body
 from gh200rt.serve.errors import APIError, bad_request, error_body
 from gh200rt.serve.generation import GenerationRun
 from gh200rt.serve.guard import DisconnectAwareResponse, Guard
 from gh200rt.serve.metrics import ServerMetrics
-from gh200rt.serve.protocol import parse_chat_request, parse_completion_request, parse_messages
-from gh200rt.serve.responses import chat_logprobs, completion_logprobs, envelope, usage
+from gh200rt.serve.protocol import (check_token_ids, parse_chat_request, parse_completion_request, parse_messages,
+                                    show)
+from gh200rt.serve.responses import completion_body
 
 log = logging.getLogger("gh200rt.serve")
 
@@ -40,12 +43,24 @@ class ServerState:
         self.metrics = ServerMetrics()
         engine.metrics = self.metrics
         self.shutting_down = False
+        self.started = int(time.time())
+
+    def ready_engine(self):
+        """The loaded LLMEngine, or 503 while it loads (or if it failed)."""
+        if not self.engine.ready.is_set():
+            raise APIError(503, "the model is still loading; retry when GET /health answers 200")
+        return self.engine.engine
+
+    def model_card(self) -> dict:
+        engine = self.engine.engine if self.engine.ready.is_set() else None
+        return {"id": self.served_name, "object": "model", "created": self.started, "owned_by": "gh200rt",
+                "root": self.model_path, "parent": None,
+                "max_model_len": engine.max_model_len if engine is not None else None}
 
 
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="gh200rt", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(Guard, state=state)
-    config = state.config
 
     @app.exception_handler(APIError)
     async def api_error(_request: Request, e: APIError):
@@ -65,27 +80,13 @@ def create_app(state: ServerState) -> FastAPI:
         return _error(APIError(405, f"{request.method} is not allowed on {request.url.path}"))
 
     async def read_json(request: Request) -> dict:
-        raw = await request.body()
-        if len(raw) > config.max_request_bytes:
-            raise APIError(413, f"the request body is larger than {config.max_request_bytes} bytes")
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise bad_request(f"the body is not valid JSON: {e}") from e
-        if not isinstance(body, dict):
-            raise bad_request("the body must be a JSON object")
-        return body
+        return parse_json_object(await read_body(request, state.config.max_request_bytes))
 
-    def check_model(name) -> str:
+    def check_model(name: str | None) -> str:
         if name is not None and name not in state.model_names:
-            raise APIError(404, f"model {name!r} is not served here; use one of {sorted(state.model_names)}",
+            raise APIError(404, f"model {show(name)} is not served here; use one of {sorted(state.model_names)}",
                            "model", "model_not_found")
         return state.served_name
-
-    def tokenizer():
-        if not state.engine.ready.is_set():
-            raise APIError(503, "the model is still loading; retry when GET /health answers 200")
-        return state.engine.engine.tokenizer
 
     @app.get("/health")
     async def health():
@@ -93,6 +94,8 @@ def create_app(state: ServerState) -> FastAPI:
             return _error(APIError(503, f"the model failed to load: {state.engine.load_error}"))
         if not state.engine.ready.is_set():
             return _error(APIError(503, "the model is loading"))
+        if not state.engine.alive:
+            return _error(APIError(503, "the engine thread has stopped; restart the server (see its log)"))
         if state.shutting_down:
             return _error(APIError(503, "the server is shutting down"))
         return {"status": "ok"}
@@ -103,9 +106,12 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": state.served_name, "object": "model", "created": 0,
-                                            "owned_by": "gh200rt", "root": state.model_path,
-                                            "max_model_len": _max_model_len(state)}]}
+        return {"object": "list", "data": [state.model_card()]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str):
+        check_model(name)
+        return state.model_card()
 
     @app.get("/metrics")
     async def metrics():
@@ -115,94 +121,88 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/tokenize")
     async def tokenize(request: Request):
         body = await read_json(request)
-        tok = tokenizer()
+        tok = state.ready_engine().tokenizer
         if "messages" in body:
-            text = tok.apply_chat_template(parse_messages(body["messages"]),
-                                           add_generation_prompt=bool(body.get("add_generation_prompt", True)))
+            messages, flag = parse_messages(body["messages"]), _flag(body, "add_generation_prompt", True)
+            ids = await asyncio.to_thread(chat_token_ids, tok, messages, flag)
         elif isinstance(body.get("prompt"), str):
-            text = body["prompt"]
+            ids = list(await asyncio.to_thread(tok.encode, body["prompt"], **_special_tokens(body)))
         else:
             raise bad_request("give 'prompt' (a string) or 'messages'", "prompt")
-        ids = list(tok.encode(text))
-        return {"tokens": ids, "count": len(ids), "max_model_len": _max_model_len(state)}
+        return {"tokens": ids, "count": len(ids), "max_model_len": state.ready_engine().max_model_len}
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
         body = await read_json(request)
-        ids = body.get("tokens")
-        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise bad_request("'tokens' must be a list of token ids", "tokens")
-        vocab = state.engine.engine.vocab_size if state.engine.ready.is_set() else 0
-        bad = [t for t in ids if not 0 <= t < vocab]
-        tok = tokenizer()
-        if bad:
-            raise bad_request(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})", "tokens")
-        return {"prompt": tok.decode(ids, skip_special_tokens=False)}
+        engine = state.ready_engine()
+        ids = check_token_ids(body.get("tokens"), "tokens", engine.vocab_size, allow_empty=True)
+        return {"prompt": engine.tokenizer.decode(ids, skip_special_tokens=False)}
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         parsed = parse_completion_request(await read_json(request))
-        model = check_model(parsed.model)
-        return await _generate(state, request, parsed, model, chat=False)
+        return await _generate(state, request, parsed, check_model(parsed.model), chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         parsed, messages = parse_chat_request(await read_json(request))
         model = check_model(parsed.model)
-        tok = tokenizer()
-        try:
-            prompt = tok.apply_chat_template(messages, add_generation_prompt=parsed.extra["add_generation_prompt"])
-        except Exception as e:
-            raise bad_request(f"the chat template rejected these messages: {e}", "messages") from e
-        parsed.prompts = [(prompt, None)]
+        tok = state.ready_engine().tokenizer
+        ids = await asyncio.to_thread(chat_token_ids, tok, messages, parsed.extra["add_generation_prompt"])
+        parsed.prompts = [(None, ids)]
         return await _generate(state, request, parsed, model, chat=True)
 
     return app
 
 
-def _max_model_len(state: ServerState):
-    return state.engine.engine.max_model_len if state.engine.ready.is_set() else None
+def chat_token_ids(tok, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+    """The rendered template, tokenized without adding special tokens: it already holds any BOS it wants."""
+    try:
+        return list(tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True))
+    except Exception as e:                      # templates reject conversations they cannot render
+        raise bad_request(f"the chat template rejected these messages: {type(e).__name__}: {e}", "messages") from e
+
+
+def _flag(body: dict, name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise bad_request(f"'{name}' must be true or false, got {show(value)}", name)
+    return value
+
+
+def _special_tokens(body: dict) -> dict:
+    return {"add_special_tokens": _flag(body, "add_special_tokens", True)} if "add_special_tokens" in body else {}
+
+
+def _tokenized(tok, prompts: list[tuple[str | None, list[int] | None]]) -> list[tuple[str | None, list[int]]]:
+    return [(text, ids if ids is not None else list(tok.encode(text))) for text, ids in prompts]
 
 
 async def _generate(state: ServerState, request: Request, parsed, model: str, chat: bool):
+    engine = state.ready_engine()
+    if len(parsed.prompts) > state.engine.max_pending:
+        raise bad_request(f"the request has {len(parsed.prompts)} prompts; this server takes at most "
+                          f"{state.engine.max_pending} at once (--max-num-seqs + --max-queued-requests)", "prompt")
+    # Tokenized here, off the event loop, so a long prompt stalls neither other handlers nor the engine thread.
+    parsed.prompts = await asyncio.to_thread(_tokenized, engine.tokenizer, parsed.prompts)
+    for _text, ids in parsed.prompts:
+        check_token_ids(ids, "prompt", engine.vocab_size)
+    check_token_ids(parsed.params.stop_token_ids, "stop_token_ids", engine.vocab_size, allow_empty=True)
+    max_tokens = parsed.params.max_tokens
+    if max_tokens is not None and max_tokens >= engine.max_model_len:
+        raise bad_request(f"'max_tokens' is {show(max_tokens)} but max_model_len is {engine.max_model_len}, which "
+                          "must also hold the prompt; lower max_tokens", "max_tokens")
     run = GenerationRun(state.engine, "chatcmpl" if chat else "cmpl", parsed, state.metrics)
     await run.start()
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-    tok = state.engine.engine.tokenizer
+    tok = engine.tokenizer
     if parsed.stream:
         from gh200rt.serve.streaming import stream_chat, stream_completion
         body = (stream_chat if chat else stream_completion)(run, request_id, model, tok)
         return StreamingResponse(body, media_type="text/event-stream",
                                  headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+
     async def produce() -> JSONResponse:
         per_choice = await run.collect()
-        return JSONResponse(_full_body(tok, parsed, model, chat, request_id, run, per_choice))
+        return JSONResponse(completion_body(tok, run, model, chat, request_id, per_choice))
     return DisconnectAwareResponse(produce, run.close)
-
-
-def _full_body(tok, parsed, model: str, chat: bool, request_id: str, run, per_choice) -> dict:
-    created = int(time.time())
-    n = parsed.params.n
-    choices = []
-    for index in range(len(parsed.prompts) * n):
-        deltas = per_choice.get(index, [])
-        text = "".join(d.text for d in deltas)
-        finish = next((d.finish_reason for d in reversed(deltas) if d.finish_reason), None)
-        stop_reason = next((d.stop_reason for d in reversed(deltas) if d.finish_reason), None)
-        if chat:
-            lp = chat_logprobs(tok, deltas, parsed.logprobs) if parsed.logprobs is not None else None
-            choices.append({"index": index, "message": {"role": "assistant", "content": text},
-                            "logprobs": lp, "finish_reason": finish, "stop_reason": stop_reason})
-        else:
-            prefix = _echo_text(tok, parsed, index // n) if parsed.echo else ""
-            lp = completion_logprobs(tok, deltas, len(prefix)) if parsed.logprobs is not None else None
-            choices.append({"index": index, "text": prefix + text, "logprobs": lp, "finish_reason": finish,
-                            "stop_reason": stop_reason})
-    body = envelope(request_id, "chat.completion" if chat else "text_completion", model, choices, created)
-    body["usage"] = usage(run.prompt_tokens, run.completion_tokens)
-    return body
-
-
-def _echo_text(tok, parsed, prompt_index: int) -> str:
-    text, ids = parsed.prompts[prompt_index]
-    return text if text is not None else tok.decode(ids, skip_special_tokens=False)

@@ -4,6 +4,9 @@ ONE thread owns the engine: it loads it (so the HTTP server answers /health 503 
 then loops: apply queued commands (add / abort), ``step()`` while there is work, and hand each
 ``RequestOutput`` to the request's asyncio queue via ``loop.call_soon_threadsafe``. Handlers never
 call the engine directly. A bounded number of pending requests makes overload a fast 503.
+
+The thread never dies of one request: a request the engine rejects gets its own error, and a
+fault in the loop itself fails the requests in flight (500) and the loop goes on.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass
 
 from gh200rt.engine.outputs import RequestOutput
@@ -19,6 +23,10 @@ from gh200rt.sampling_params import SamplingParams
 from gh200rt.serve.errors import APIError
 
 log = logging.getLogger("gh200rt.serve")
+
+# ``LLMEngine.stats()`` walks the KV pool, so while requests run it is taken at most this often;
+# when the engine goes idle it is taken at once, so /metrics settles as soon as work ends.
+STATS_INTERVAL_SECONDS = 0.25
 
 
 @dataclass
@@ -43,11 +51,18 @@ class AsyncEngine:
         self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._ids = itertools.count()
         self._stop = threading.Event()
+        self._stats_dirty = True
+        self._stats_time = 0.0
         self._thread = threading.Thread(target=self._run, name="gh200rt-engine", daemon=True)
 
     # ---- asyncio side ---------------------------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        """False once the engine thread has ended (after shutdown, or a failed load)."""
+        return self._thread.is_alive()
 
     @property
     def num_pending(self) -> int:
@@ -96,19 +111,30 @@ class AsyncEngine:
         self._publish_stats()
         self.ready.set()
         while not self._stop.is_set():
-            busy = self.engine.has_unfinished_requests()
             try:
-                command = self._commands.get_nowait() if busy else self._commands.get(timeout=0.5)
+                self._iterate()
+            except Exception as e:              # a fault of ours: fail what is in flight, keep serving
+                log.exception("engine loop failed; failing the requests in flight")
+                self._fail_all(e)
+        close = getattr(self.engine, "close", None)
+        if close is not None:                   # stops the transfer backend's worker
+            close()
+
+    def _iterate(self) -> None:
+        busy = self.engine.has_unfinished_requests()
+        try:
+            command = self._commands.get_nowait() if busy else self._commands.get(timeout=0.5)
+        except queue.Empty:
+            command = None
+        while command is not None:
+            self._apply(command)
+            try:
+                command = self._commands.get_nowait()
             except queue.Empty:
                 command = None
-            while command is not None:
-                self._apply(command)
-                try:
-                    command = self._commands.get_nowait()
-                except queue.Empty:
-                    command = None
-            if self.engine.has_unfinished_requests():
-                self._step()
+        if self.engine.has_unfinished_requests():
+            self._step()
+        self._publish_stats()
 
     def _apply(self, command) -> None:
         if isinstance(command, _Add):
@@ -119,11 +145,16 @@ class AsyncEngine:
                 self.engine.add_request(command.request_id, command.prompt, command.params,
                                         prompt_token_ids=command.prompt_token_ids)
                 self._send(command.request_id, ("ok", None))
-            except ValueError as e:
+            except ValueError as e:             # the engine's verdict on user input
                 self._send(command.request_id, ("error", APIError(400, str(e))))
+            except Exception as e:              # a fault of ours, confined to this request
+                log.exception("adding request %s failed", command.request_id)
+                self.engine.abort(command.request_id)
+                self._send(command.request_id, ("error", APIError(500, f"internal error: {type(e).__name__}")))
+            self._stats_dirty = True
         elif command[0] == "abort":
             self.engine.abort(command[1])
-            self._publish_stats()
+            self._stats_dirty = True
 
     def _step(self) -> None:
         try:
@@ -133,11 +164,20 @@ class AsyncEngine:
             for request_id in list(self.engine.requests):
                 self.engine.abort(request_id)
                 self._send(request_id, ("error", APIError(500, f"internal engine error: {e}")))
-            self._publish_stats()
+            self._stats_dirty = True
             return
         for output in outputs:
             self._send(output.request_id, ("output", output))
-        self._publish_stats()
+        self._stats_dirty = True
+
+    def _fail_all(self, error: Exception) -> None:
+        for request_id in list(self._sinks):
+            try:
+                self.engine.abort(request_id)
+            except Exception:                   # already failing; the error below still reaches the client
+                log.exception("aborting %s failed", request_id)
+            self._send(request_id, ("error", APIError(500, f"internal engine error: {type(error).__name__}")))
+        self._stats_dirty = True
 
     def _send(self, request_id: str, item) -> None:
         loop_sink = self._sinks.get(request_id)
@@ -150,5 +190,11 @@ class AsyncEngine:
             pass
 
     def _publish_stats(self) -> None:
-        if self.metrics is not None:
-            self.metrics.engine_stats = self.engine.stats()
+        now = time.monotonic()
+        if self.metrics is None or not self._stats_dirty:
+            return
+        if self.engine.has_unfinished_requests() and now - self._stats_time < STATS_INTERVAL_SECONDS:
+            return
+        self._stats_dirty = False
+        self._stats_time = now
+        self.metrics.engine_stats = self.engine.stats()

@@ -36,6 +36,7 @@ class GenerationRun:
         self.sink: asyncio.Queue = asyncio.Queue()
         self.unfinished: set[str] = set()
         self.prompt_token_ids: dict[int, list[int]] = {}
+        self.prompt_logprobs: dict[int, list] = {}          # per prompt, when echo asked for logprobs
         self.completion_tokens = 0
         self.arrival = time.monotonic()
         self._last = None
@@ -69,6 +70,8 @@ class GenerationRun:
                 continue
             p = self.prompt_index[rid]
             self.prompt_token_ids[p] = payload.prompt_token_ids
+            if payload.prompt_logprobs is not None:
+                self.prompt_logprobs[p] = payload.prompt_logprobs
             now = time.monotonic()
             new_tokens = sum(len(c.delta_token_ids) for c in payload.outputs)
             if new_tokens:

@@ -7,6 +7,7 @@ and disconnect detection is what frees a vanished client's KV blocks.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 
 from starlette.responses import Response
@@ -36,9 +37,12 @@ class Guard:
         cors = cors_headers(config.origins, headers.get("origin"))
         path, method = scope["path"], scope["method"]
         error = None
+        if method == "OPTIONS" and cors:
+            return await _respond(send, 204, b"", cors)
         if method == "OPTIONS":
-            return await _respond(send, 204 if cors else 400, b"", cors)
-        if config.api_key and path != "/health" and headers.get("authorization") != f"Bearer {config.api_key}":
+            error = APIError(400, f"CORS preflight from origin {headers.get('origin')!r} is not allowed; "
+                                  "the server's --allowed-origins decides which origins may call it")
+        elif config.api_key and path != "/health" and not _key_matches(headers.get("authorization"), config.api_key):
             error = APIError(401, "missing or wrong API key; send 'Authorization: Bearer <key>'")
         elif headers.get("content-length", "").isdigit() and int(headers["content-length"]) > config.max_request_bytes:
             error = APIError(413, f"the request body has {headers['content-length']} bytes; the limit is "
@@ -56,6 +60,10 @@ class Guard:
             await send(message)
 
         await self.app(scope, receive, send_with_cors)
+
+
+def _key_matches(header: str | None, key: str) -> bool:
+    return hmac.compare_digest((header or "").encode(), f"Bearer {key}".encode())     # no timing leak
 
 
 async def _respond(send, status: int, body: bytes, headers: dict[str, str]) -> None:

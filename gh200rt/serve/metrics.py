@@ -37,12 +37,26 @@ class Histogram:
         return lines
 
 
+COUNTER_HELP = {
+    "requests_received_total": "Generation requests received.",
+    "requests_success_total": "Generation requests that finished normally.",
+    "requests_aborted_total": "Generation requests aborted (client disconnect or error after acceptance).",
+    "requests_rejected_total": "Generation requests refused before generating (bad input or overload).",
+    "prompt_tokens_total": "Prompt tokens of finished requests.",
+    "generation_tokens_total": "Tokens generated.",
+}
+TIERS = ("resident", "streamed", "direct")
+
+
+def _series(name: str, kind: str, help_text: str, samples: list[tuple[str, object]]) -> list[str]:
+    full = f"{PREFIX}_{name}"
+    return [f"# HELP {full} {help_text}", f"# TYPE {full} {kind}"] + [f"{full}{labels} {v}" for labels, v in samples]
+
+
 class ServerMetrics:
     def __init__(self):
         self._lock = threading.Lock()
-        self.counters = {"requests_received_total": 0, "requests_success_total": 0,
-                         "requests_aborted_total": 0, "requests_rejected_total": 0,
-                         "prompt_tokens_total": 0, "generation_tokens_total": 0}
+        self.counters = dict.fromkeys(COUNTER_HELP, 0)
         self.ttft = Histogram("time_to_first_token_seconds", "Time from request arrival to its first token.")
         self.itl = Histogram("inter_token_latency_seconds", "Time between consecutive output chunks of a request.")
         self.e2e = Histogram("e2e_request_latency_seconds", "Time from request arrival to its last token.")
@@ -60,26 +74,40 @@ class ServerMetrics:
         with self._lock:
             lines = []
             for name, value in self.counters.items():
-                full = f"{PREFIX}_{name}"
-                lines += [f"# TYPE {full} counter", f"{full} {value}"]
+                lines += _series(name, "counter", COUNTER_HELP[name], [("", value)])
             for h in (self.ttft, self.itl, self.e2e):
                 lines += h.render()
-        s = self.engine_stats
-        running = s.num_running if s else 0
-        waiting = s.num_waiting if s else 0
-        gauges = {
-            "num_requests_running": (running, "Sequences the scheduler is running."),
-            "num_requests_waiting": (waiting, "Sequences waiting for KV blocks or a batch slot."),
-            "num_requests_pending": (num_pending, "Requests accepted by the server and not finished."),
-            "kv_blocks_total": (s.kv_blocks_total if s else 0, "KV cache blocks in the pool."),
-            "kv_blocks_used": (s.kv_blocks_used if s else 0, "KV cache blocks held by requests."),
-            "prefix_cache_lookups_total": (s.prefix_cache_lookups if s else 0, "Prefix cache lookups."),
-            "prefix_cache_hits_total": (s.prefix_cache_hits if s else 0, "Prefix cache lookups that hit."),
-            "prefix_cache_hit_rate": ((s.prefix_cache_hits / s.prefix_cache_lookups)
-                                      if s and s.prefix_cache_lookups else 0.0, "Prefix cache hits / lookups."),
-            "num_preemptions_total": (s.num_preemptions if s else 0, "Sequences preempted for KV space."),
-        }
-        for name, (value, help_text) in gauges.items():
-            full = f"{PREFIX}_{name}"
-            lines += [f"# HELP {full} {help_text}", f"# TYPE {full} gauge", f"{full} {value}"]
+        lines += _engine_lines(self.engine_stats, num_pending)
         return "\n".join(lines) + "\n"
+
+
+def _engine_lines(s, num_pending: int) -> list[str]:
+    """Gauges and counters from the latest EngineStats snapshot (zeros before the model is loaded)."""
+    get = lambda name, default=0: getattr(s, name, default) if s is not None else default  # noqa: E731
+    lookups, hits = get("prefix_cache_lookups"), get("prefix_cache_hits")
+    gauges = {
+        "num_requests_running": (get("num_running"), "Sequences the scheduler is running."),
+        "num_requests_waiting": (get("num_waiting"), "Sequences waiting for KV blocks or a batch slot."),
+        "num_requests_pending": (num_pending, "Requests accepted by the server and not finished."),
+        "kv_blocks_total": (get("kv_blocks_total"), "KV cache blocks in the pool."),
+        "kv_blocks_used": (get("kv_blocks_used"), "KV cache blocks held by requests."),
+        "prefix_cache_hit_rate": (hits / lookups if lookups else 0.0, "Prefix cache hits / lookups."),
+    }
+    counters = {
+        "prefix_cache_lookups_total": (lookups, "Prefix cache lookups."),
+        "prefix_cache_hits_total": (hits, "Prefix cache lookups that hit."),
+        "num_preemptions_total": (get("num_preemptions"), "Sequences preempted for KV space."),
+        "weight_bytes_copied_total": (get("weight_bytes_copied"),
+                                      "Bytes of streamed-tier weights copied into staging slots."),
+        "copy_wait_seconds_total": (float(get("copy_wait_seconds", 0.0)),
+                                    "Seconds the compute side waited for a staging copy to land."),
+    }
+    lines = []
+    for name, (value, help_text) in gauges.items():
+        lines += _series(name, "gauge", help_text, [("", value)])
+    for name, (value, help_text) in counters.items():
+        lines += _series(name, "counter", help_text, [("", value)])
+    tiers = get("layers_per_tier", None) or {}
+    lines += _series("weight_layers", "gauge", "Decoder layers per weight tier (resident, streamed, direct).",
+                     [(f'{{tier="{t}"}}', tiers.get(t, 0)) for t in (*TIERS, *sorted(set(tiers) - set(TIERS)))])
+    return lines

@@ -2,16 +2,20 @@
 
 Every rule an OpenAI or vLLM client relies on is checked here, before the engine sees the
 request, and a violation raises ``APIError(400)`` naming the field and the allowed values.
-Unknown fields are ignored on purpose: benchmark clients send extras.
+Unknown fields are ignored on purpose: benchmark clients send extras. Known OpenAI fields this
+server cannot honour (``logit_bias``, ``tools``, a JSON ``response_format``, ``suffix``) are a
+400 rather than silently ignored, as vLLM does for features it was not started with.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from gh200rt.sampling_params import MAX_LOGPROBS, SamplingParams
 from gh200rt.serve.errors import bad_request
 
 MAX_N = 16
+GREEDY_BELOW = 1e-5     # vLLM's _SAMPLING_EPS: a smaller temperature samples greedily (no overflow to inf)
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -27,24 +31,35 @@ class ParsedRequest:
     extra: dict = field(default_factory=dict)
 
 
+def show(value, limit: int = 60) -> str:
+    """A user value for an error message, cut short: bodies may hold megabytes."""
+    if isinstance(value, int) and abs(value) >= 10**limit:
+        return f"an integer of {len(str(abs(value)))} digits"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _get(body: dict, name: str, kinds: tuple, default=None, what: str = ""):
     value = body.get(name, default)
     if value is None:
         return default
     if bool not in kinds and isinstance(value, bool) or not isinstance(value, kinds):
-        raise bad_request(f"'{name}' must be {what}, got {value!r}", name)
+        raise bad_request(f"'{name}' must be {what}, got {show(value)}", name)
     return value
 
 
 def _int(body, name, default=None, lo=None, hi=None, what=None):
     value = _get(body, name, (int,), default, what or "an integer")
     if value is not None and ((lo is not None and value < lo) or (hi is not None and value > hi)):
-        raise bad_request(f"'{name}' must be {what or f'between {lo} and {hi}'}, got {value!r}", name)
+        raise bad_request(f"'{name}' must be {what or f'between {lo} and {hi}'}, got {show(value)}", name)
     return value
 
 
 def _float(body, name, default):
-    return float(_get(body, name, (int, float), default, "a number"))
+    value = _get(body, name, (int, float), default, "a number")
+    if isinstance(value, int) and abs(value) > 2**53 or not math.isfinite(value):
+        raise bad_request(f"'{name}' must be a finite number of sensible size, got {show(value)}", name)
+    return float(value)
 
 
 def _bool(body, name, default=False):
@@ -58,18 +73,41 @@ def _stop(body) -> list[str]:
     if isinstance(stop, str):
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-        raise bad_request(f"'stop' must be a non-empty string or a list of them, got {stop!r}", "stop")
+        raise bad_request(f"'stop' must be a non-empty string or a list of them, got {show(stop)}", "stop")
     return stop
+
+
+def _stop_token_ids(body) -> list[int]:
+    ids = body.get("stop_token_ids")
+    if ids is None:
+        return []
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+        raise bad_request(f"'stop_token_ids' must be a list of non-negative token ids, got {show(ids)}",
+                          "stop_token_ids")
+    return ids
 
 
 def _token_ids(value, param: str) -> list[int]:
     if not value:
         raise bad_request(f"'{param}' is empty; give at least one token", param)
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-        raise bad_request(f"'{param}' must hold integers (token ids), got {value[:8]!r}", param)
+        raise bad_request(f"'{param}' must hold integers (token ids), got {show(value[:8])}", param)
     if any(t < 0 for t in value):
         raise bad_request(f"'{param}' holds negative token ids {[t for t in value if t < 0][:5]}", param)
     return list(value)
+
+
+def check_token_ids(value, param: str, vocab_size: int, allow_empty: bool = False) -> list[int]:
+    """A list of token ids inside the model's vocabulary (known once the model is loaded)."""
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise bad_request(f"'{param}' must be a list of token ids (integers), got {show(value)}", param)
+    if not value and not allow_empty:
+        raise bad_request(f"'{param}' is empty; give at least one token", param)
+    bad = [t for t in value if not 0 <= t < vocab_size]
+    if bad:
+        raise bad_request(f"'{param}' holds token ids outside the vocabulary [0, {vocab_size}): {show(bad[:5])}",
+                          param)
+    return value
 
 
 def parse_prompts(prompt) -> list[tuple[str | None, list[int] | None]]:
@@ -91,30 +129,30 @@ def parse_prompts(prompt) -> list[tuple[str | None, list[int] | None]]:
                       "lists of token ids", "prompt")
 
 
-def _sampling_params(body: dict, default_max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+def _sampling_params(body: dict, default_max_tokens: int | None, logprobs: int | None,
+                     prompt_logprobs: int | None = None) -> SamplingParams:
     max_tokens = _int(body, "max_completion_tokens", None, 1, None, "an integer of at least 1")
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", None, 1, None, "an integer of at least 1")
     if max_tokens is None:
         max_tokens = default_max_tokens
-    stop_token_ids = body.get("stop_token_ids") or []
-    if not isinstance(stop_token_ids, list):
-        raise bad_request("'stop_token_ids' must be a list of token ids", "stop_token_ids")
+    temperature = _float(body, "temperature", 1.0)
     try:
         return SamplingParams(
             n=_int(body, "n", 1, 1, MAX_N), max_tokens=max_tokens,
-            temperature=_float(body, "temperature", 1.0), top_p=_float(body, "top_p", 1.0),
+            temperature=0.0 if temperature < GREEDY_BELOW else temperature, top_p=_float(body, "top_p", 1.0),
             top_k=_int(body, "top_k", 0, -1, None, "-1, 0 (off) or a positive integer"),
             min_p=_float(body, "min_p", 0.0), repetition_penalty=_float(body, "repetition_penalty", 1.0),
             presence_penalty=_float(body, "presence_penalty", 0.0),
             frequency_penalty=_float(body, "frequency_penalty", 0.0),
             seed=_int(body, "seed", None, -(2**63), 2**64 - 1, "an integer that fits in 64 bits"),
-            stop=_stop(body), stop_token_ids=stop_token_ids,
+            stop=_stop(body), stop_token_ids=_stop_token_ids(body),
             include_stop_str_in_output=_bool(body, "include_stop_str_in_output"),
             ignore_eos=_bool(body, "ignore_eos"), min_tokens=_int(body, "min_tokens", 0, 0),
-            logprobs=logprobs, skip_special_tokens=_bool(body, "skip_special_tokens", True))
+            logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+            skip_special_tokens=_bool(body, "skip_special_tokens", True))
     except ValueError as e:
-        raise bad_request(str(e)) from e
+        raise bad_request(str(e), str(e).split(" ")[0]) from e
 
 
 def _stream_options(body: dict) -> tuple[bool, bool]:
@@ -124,23 +162,47 @@ def _stream_options(body: dict) -> tuple[bool, bool]:
         return stream, False
     if not isinstance(options, dict):
         raise bad_request("'stream_options' must be an object like {\"include_usage\": true}", "stream_options")
-    return stream, _bool(options, "include_usage")
+    if options and not stream:                  # vLLM's rule: an empty object is tolerated
+        raise bad_request("'stream_options' is only allowed with \"stream\": true", "stream_options")
+    return stream, _get(options, "include_usage", (bool,), False, "true or false")
+
+
+def _model(body: dict) -> str | None:
+    return _get(body, "model", (str,), None, "a string (a name from GET /v1/models)")
+
+
+def _unsupported(body: dict, chat: bool) -> None:
+    """Known OpenAI features this server does not implement: refuse rather than ignore them."""
+    if body.get("logit_bias"):
+        raise bad_request("'logit_bias' is not supported by this server; leave it out", "logit_bias")
+    if chat and body.get("tools") and body.get("tool_choice", "auto") != "none":
+        raise bad_request("tool calling is not supported by this server; leave out 'tools' or set "
+                          "\"tool_choice\": \"none\"", "tools")
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise bad_request("only {\"type\": \"text\"} is supported for 'response_format' (no JSON mode or "
+                          "schemas)", "response_format")
+    if not chat and body.get("suffix"):
+        raise bad_request("'suffix' (insertion) is not supported by this server; leave it out", "suffix")
 
 
 def _check_temperature(body: dict) -> None:
     t = body.get("temperature")
     if isinstance(t, (int, float)) and not isinstance(t, bool) and not 0 <= t <= 2:
-        raise bad_request(f"'temperature' must be between 0 and 2, got {t!r}", "temperature")
+        raise bad_request(f"'temperature' must be between 0 and 2, got {show(t)}", "temperature")
 
 
 def parse_completion_request(body: dict) -> ParsedRequest:
     if "prompt" not in body:
         raise bad_request("'prompt' is required", "prompt")
     _check_temperature(body)
+    _unsupported(body, chat=False)
     logprobs = _int(body, "logprobs", None, 0, MAX_LOGPROBS)
+    echo = _bool(body, "echo")
     stream, include_usage = _stream_options(body)
-    return ParsedRequest(parse_prompts(body["prompt"]), _sampling_params(body, 16, logprobs), stream,
-                         include_usage, echo=_bool(body, "echo"), logprobs=logprobs, model=body.get("model"))
+    params = _sampling_params(body, 16, logprobs, logprobs if echo else None)   # echo scores the prompt too
+    return ParsedRequest(parse_prompts(body["prompt"]), params, stream, include_usage, echo=echo,
+                         logprobs=logprobs, model=_model(body))
 
 
 def _message_text(message: dict, i: int) -> str:
@@ -174,6 +236,7 @@ def parse_messages(messages) -> list[dict]:
 def parse_chat_request(body: dict) -> tuple[ParsedRequest, list[dict]]:
     messages = parse_messages(body.get("messages"))
     _check_temperature(body)
+    _unsupported(body, chat=True)
     want_logprobs = _bool(body, "logprobs")
     top = _int(body, "top_logprobs", None, 0, MAX_LOGPROBS)
     if top is not None and not want_logprobs:
@@ -181,6 +244,6 @@ def parse_chat_request(body: dict) -> tuple[ParsedRequest, list[dict]]:
     logprobs = (top or 0) if want_logprobs else None
     stream, include_usage = _stream_options(body)
     parsed = ParsedRequest([], _sampling_params(body, None, logprobs), stream, include_usage,
-                           logprobs=logprobs, model=body.get("model"))
+                           logprobs=logprobs, model=_model(body))
     parsed.extra["add_generation_prompt"] = _bool(body, "add_generation_prompt", True)
     return parsed, messages

@@ -1,5 +1,6 @@
 """SSE bodies for streamed completions and chat: role only in each choice's first chat delta,
-exactly one finish_reason per choice, a usage chunk only when asked, ``[DONE]`` last.
+exactly one finish_reason per choice, a usage chunk only when asked (and then ``"usage": null``
+on every other chunk, as OpenAI documents), ``[DONE]`` last.
 
 The generator's ``finally`` closes the run: a client that disconnects cancels the generator
 (Starlette), which aborts the engine requests and frees their KV blocks at once.
@@ -11,7 +12,8 @@ import time
 
 from gh200rt.serve.errors import APIError, error_body
 from gh200rt.serve.generation import GenerationRun
-from gh200rt.serve.responses import chat_logprobs, completion_logprobs, envelope, usage
+from gh200rt.serve.responses import (chat_logprobs, completion_logprobs, echo_text, envelope, generated_pairs,
+                                     prompt_pairs, usage)
 from gh200rt.serve.sse import DONE, sse_event
 
 log = logging.getLogger("gh200rt.serve")
@@ -22,40 +24,47 @@ async def _guarded(run: GenerationRun, chunks):
         async for item in chunks:
             yield item
         if run.parsed.include_usage:
-            yield sse_event(_usage_chunk(run))
+            body = run.chunk_envelope([])
+            body["usage"] = usage(run.prompt_tokens, run.completion_tokens)
+            yield sse_event(body)
     except APIError as e:
         yield sse_event(e.body())
     except Exception as e:                  # after the 200 header, errors travel in-band
         log.exception("stream failed")
-        yield sse_event(error_body(500, f"internal error: {e}"))
+        yield sse_event(error_body(500, f"internal error: {type(e).__name__}"))
     finally:
         run.close()
     yield DONE
 
 
-def _usage_chunk(run: GenerationRun) -> dict:
-    body = run.chunk_envelope([])
-    body["usage"] = usage(run.prompt_tokens, run.completion_tokens)
-    return body
+def _set_envelope(run: GenerationRun, request_id: str, obj: str, model: str) -> None:
+    created = int(time.time())
+
+    def chunk_envelope(choices: list) -> dict:
+        body = envelope(request_id, obj, model, choices, created)
+        if run.parsed.include_usage:
+            body["usage"] = None
+        return body
+    run.chunk_envelope = chunk_envelope
 
 
 def stream_completion(run: GenerationRun, request_id: str, model: str, tok):
-    created = int(time.time())
-    run.chunk_envelope = lambda choices: envelope(request_id, "text_completion", model, choices, created)
-    n = run.parsed.params.n
+    _set_envelope(run, request_id, "text_completion", model)
+    parsed = run.parsed
+    n = parsed.params.n
 
     async def chunks():
         offsets: dict[int, int] = {}
         async for batch in run.deltas():
             choices = []
             for d in batch:
-                text = d.text
-                if d.index not in offsets and run.parsed.echo:
-                    text, ids = run.parsed.prompts[d.index // n]
-                    text = (text if text is not None else tok.decode(ids, skip_special_tokens=False)) + d.text
-                offset = offsets.get(d.index, 0)
-                lp = completion_logprobs(tok, [d], offset) if run.parsed.logprobs is not None else None
-                offsets[d.index] = offset + len(text)
+                first = d.index not in offsets
+                text = (echo_text(tok, run, d.index // n) if first and parsed.echo else "") + d.text
+                lp = None
+                if parsed.logprobs is not None:
+                    pairs = (prompt_pairs(run, d.index // n) if first and parsed.echo else []) + generated_pairs([d])
+                    lp = completion_logprobs(tok, pairs, offsets.get(d.index, 0))
+                offsets[d.index] = offsets.get(d.index, 0) + len(text)
                 choices.append({"index": d.index, "text": text, "logprobs": lp, "finish_reason": d.finish_reason,
                                 "stop_reason": d.stop_reason})
             yield sse_event(run.chunk_envelope(choices))
@@ -64,8 +73,7 @@ def stream_completion(run: GenerationRun, request_id: str, model: str, tok):
 
 
 def stream_chat(run: GenerationRun, request_id: str, model: str, tok):
-    created = int(time.time())
-    run.chunk_envelope = lambda choices: envelope(request_id, "chat.completion.chunk", model, choices, created)
+    _set_envelope(run, request_id, "chat.completion.chunk", model)
 
     async def chunks():
         n = run.parsed.params.n

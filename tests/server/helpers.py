@@ -1,12 +1,18 @@
-"""Start the real server as a subprocess on a free loopback port and stop it; read its metrics."""
+"""Start the real server as a subprocess on a free loopback port and stop it; read its metrics; drive a
+SIGTERM during load."""
+import asyncio
+import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 import httpx
+import psutil
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -18,26 +24,28 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, module: str, args: list[str], ready_timeout: float = 120.0):
+    def __init__(self, module: str, args: list[str], ready_timeout: float = 120.0, env: dict | None = None,
+                 wait_for: int = 200):
+        """Start the server and wait until /health answers ``wait_for`` (200: loaded; 503: listening)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = f"/tmp/gh200rt-test-server-{self.port}.log"
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(self.port), "--log-level",
                                       "warning", *args], cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONPATH": ROOT})
+                                     env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
         deadline = time.monotonic() + ready_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}: {self.read_log()}")
             try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                if httpx.get(self.url + "/health", timeout=1).status_code == wait_for:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
         self.stop()
-        raise RuntimeError(f"server not healthy after {ready_timeout}s: {self.read_log()}")
+        raise RuntimeError(f"server did not answer /health {wait_for} within {ready_timeout}s: {self.read_log()}")
 
     def read_log(self) -> str:
         self.log.flush()
@@ -52,5 +60,83 @@ class ServerProcess:
 
 
 def metric(server, name: str) -> float:
-    text = httpx.get(server.url + "/metrics", timeout=10).text
+    return metric_in(httpx.get(server.url + "/metrics", timeout=10).text, name)
+
+
+def settled_metrics(server, names: tuple[str, ...], timeout: float = 10.0) -> dict[str, float]:
+    """The named metrics once all are zero, or their last values after ``timeout`` (engine gauges are
+    published by the engine thread a moment after the last request's response)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = httpx.get(server.url + "/metrics", timeout=10).text
+        values = {name: metric_in(text, name) for name in names}
+        if not any(values.values()) or time.monotonic() > deadline:
+            return values
+        time.sleep(0.05)
+
+
+def metric_in(text: str, name: str) -> float:
     return float(re.search(rf"^gh200rt_{name} (\S+)$", text, re.M).group(1))
+
+
+async def _next_event(lines) -> dict | None:
+    """The next SSE data payload of a stream; None at [DONE]."""
+    async for line in lines:
+        if line.startswith("data: "):
+            return None if line == "data: [DONE]" else json.loads(line[6:])
+    raise AssertionError("the stream ended without data: [DONE]")
+
+
+@dataclass
+class DrainResult:
+    streams: list[list[dict]]        # every chunk of each in-flight stream, [DONE] seen
+    pending_after_late: float        # the server's pending requests right after the late request was refused
+    late: httpx.Response
+    exit_code: int
+    children_left: list
+
+
+async def sigterm_during_streams(server: ServerProcess, bodies: list[dict], exit_within: float) -> DrainResult:
+    """Open one streaming completion per body and read each one's first chunk (so all are provably
+    generating), send SIGTERM, wait until /health reports the shutdown, send a late request, read
+    the server's pending count, then let every stream finish and the process exit."""
+    children = psutil.Process(server.proc.pid).children(recursive=True)
+    async with httpx.AsyncClient(base_url=server.url, timeout=300,
+                                 limits=httpx.Limits(max_connections=len(bodies) + 4)) as client:
+        async def open_stream(body):
+            r = await client.send(client.build_request("POST", "/v1/completions", json={**body, "stream": True}),
+                                  stream=True)
+            assert r.status_code == 200, await r.aread()
+            lines = r.aiter_lines()
+            return r, lines, [await _next_event(lines)]
+
+        opened = await asyncio.gather(*(open_stream(b) for b in bodies))
+        server.proc.send_signal(signal.SIGTERM)
+        while (await client.get("/health")).status_code == 200:
+            await asyncio.sleep(0.005)
+        late = await client.post("/v1/completions", json={"prompt": "late", "max_tokens": 2})
+        pending = metric_in((await client.get("/metrics")).text, "num_requests_pending")
+
+        async def finish(response, lines, chunks):
+            while (event := await _next_event(lines)) is not None:
+                chunks.append(event)
+            await response.aclose()
+            return chunks
+        streams = await asyncio.gather(*(finish(*o) for o in opened))
+    exit_code = await asyncio.to_thread(server.proc.wait, exit_within)
+    return DrainResult(streams, pending, late, exit_code, [c for c in children if c.is_running()])
+
+
+def check_drained(result: DrainResult, max_tokens: int) -> None:
+    """The acceptance: in-flight streams complete, the late request is refused, clean exit, no children."""
+    n = len(result.streams)
+    assert result.pending_after_late == n, f"only {result.pending_after_late} of {n} streams were still running"
+    assert result.late.status_code == 503, result.late.text
+    assert "shutting down" in result.late.json()["error"]["message"]
+    for chunks in result.streams:
+        finishes = [c["choices"][0]["finish_reason"] for c in chunks
+                    if c["choices"] and c["choices"][0]["finish_reason"]]
+        assert finishes == ["length"], finishes
+        assert chunks[-1]["usage"]["completion_tokens"] == max_tokens, chunks[-1]
+    assert result.exit_code == 0
+    assert result.children_left == []

@@ -1,5 +1,7 @@
 """The real server process (real LLMEngine over the toy model) over HTTP: openai client parity,
 every error case with its OpenAI error body, and the server still answering afterwards."""
+import json
+
 import httpx
 import openai
 import pytest
@@ -43,8 +45,18 @@ def test_n_prompts_lists_token_ids_echo_logprobs_stop(toy_server):
                                logprobs=3, echo=True)
     assert sorted(ch.index for ch in out.choices) == [0, 1, 2, 3]
     assert out.choices[0].text.startswith("fgh") and out.choices[0].text == out.choices[1].text
-    assert len(out.choices[0].logprobs.tokens) == 4
-    assert all(len(top) >= 3 for top in out.choices[0].logprobs.top_logprobs)
+    lp = out.choices[0].logprobs           # echo scores the prompt too: 3 prompt tokens, then 4 generated
+    assert lp.tokens == list(out.choices[0].text) and lp.text_offset == list(range(7))
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(isinstance(x, float) for x in lp.token_logprobs[1:])
+    assert all(len(top) >= 3 for top in lp.top_logprobs[1:])
+    streamed = list(c.completions.create(model="toy", prompt=[[5, 6, 7], [8, 9]], max_tokens=4, n=2, temperature=0,
+                                         logprobs=3, echo=True, stream=True))
+    first = [ch.choices[0] for ch in streamed if ch.choices[0].index == 0]
+    assert "".join(ch.text for ch in first) == out.choices[0].text
+    assert sum((ch.logprobs.tokens for ch in first), []) == lp.tokens
+    assert sum((ch.logprobs.text_offset for ch in first), []) == lp.text_offset
+    assert sum((ch.logprobs.token_logprobs for ch in first), []) == lp.token_logprobs
     seeded = [c.completions.create(model="toy", prompt="abc", max_tokens=6, seed=7, temperature=1.0,
                                    extra_body={"top_k": 5, "min_p": 0.01, "repetition_penalty": 1.1,
                                                "ignore_eos": True, "min_tokens": 2, "bench_extra": 1}).choices[0].text
@@ -118,3 +130,36 @@ def test_models_tokenize_detokenize_version_metrics(toy_server):
                  "e2e_request_latency_seconds", "num_requests_running", "num_requests_waiting",
                  "kv_blocks_used", "prefix_cache_hit_rate", "generation_tokens_total"):
         assert f"gh200rt_{name}" in text
+
+
+def test_usage_with_n_and_prompt_lists_counts_each_prompt_once(toy_server):
+    c = client(toy_server)
+    out = c.completions.create(model="toy", prompt=["abc", "de"], n=3, max_tokens=5, temperature=0.7, seed=1,
+                               extra_body={"ignore_eos": True})
+    assert len(out.choices) == 6
+    assert out.usage.prompt_tokens == 5 and out.usage.completion_tokens == 30 and out.usage.total_tokens == 35
+    chunks = list(c.completions.create(model="toy", prompt=["abc", "de"], n=3, max_tokens=5, temperature=0.7, seed=1,
+                                       stream=True, stream_options={"include_usage": True},
+                                       extra_body={"ignore_eos": True}))
+    assert all(ch.usage is None for ch in chunks[:-1]) and chunks[-1].usage == out.usage
+    chat = c.chat.completions.create(model="toy", messages=[{"role": "user", "content": "hi"}], n=2, max_tokens=4,
+                                     extra_body={"ignore_eos": True})
+    assert chat.usage.completion_tokens == 8 and chat.usage.prompt_tokens == len("<user>hi<assistant>")
+
+
+def test_stream_chunks_carry_null_usage_only_when_usage_is_asked(toy_server):
+    body = {"prompt": "abc", "max_tokens": 3, "stream": True}
+    for options, want in ((None, False), ({"include_usage": True}, True), ({"include_usage": False}, False)):
+        r = httpx.post(toy_server.url + "/v1/completions", json={**body, **({"stream_options": options}
+                                                                              if options else {})}, timeout=30)
+        events = [json.loads(line[6:]) for line in r.text.splitlines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+        assert all(("usage" in e) == want for e in events), (options, events)
+
+
+def test_tiny_temperature_samples_greedily_like_vllm(toy_server):
+    c = client(toy_server)
+    greedy = c.completions.create(model="toy", prompt="abc", max_tokens=8, temperature=0)
+    for t in (1e-6, 1e-300):        # 1e-300 is 0 in fp32: dividing logits by it must not happen
+        tiny = c.completions.create(model="toy", prompt="abc", max_tokens=8, temperature=t)
+        assert tiny.choices[0].text == greedy.choices[0].text, t

@@ -2,13 +2,13 @@
 blocks, a full queue answers 503, SIGTERM drains, API key and CORS."""
 import asyncio
 import json
-import signal
 import time
 
 import httpx
-import psutil
 
-from tests.server.helpers import metric
+from tests.server.conftest import TOY_ARGS
+from tests.server.helpers import (ServerProcess, check_drained, metric, settled_metrics,
+                                  sigterm_during_streams)
 
 
 async def _stream(client, url, i, disconnect_after):
@@ -36,12 +36,8 @@ def test_64_streams_third_disconnected_free_everything(toy_server):
                                           for i in range(64)))
     results = asyncio.run(run())
     assert results.count("completed") == 64 - 22 and results.count("disconnected") == 22
-    deadline = time.monotonic() + 5
-    while metric(toy_server, "num_requests_pending") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert metric(toy_server, "num_requests_running") == 0
-    assert metric(toy_server, "num_requests_pending") == 0
-    assert metric(toy_server, "kv_blocks_used") == 0
+    idle = settled_metrics(toy_server, ("num_requests_pending", "num_requests_running", "kv_blocks_used"))
+    assert idle == dict.fromkeys(idle, 0.0), idle
     assert metric(toy_server, "requests_aborted_total") >= 22
 
 
@@ -56,7 +52,8 @@ def test_non_streaming_disconnect_aborts(toy_server):
     while metric(toy_server, "requests_aborted_total") == before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert metric(toy_server, "requests_aborted_total") == before + 1
-    assert metric(toy_server, "kv_blocks_used") == 0
+    assert settled_metrics(toy_server, ("kv_blocks_used", "num_requests_running")) == {
+        "kv_blocks_used": 0, "num_requests_running": 0}
 
 
 def test_full_queue_rejects_with_503(start_toy_server):
@@ -72,24 +69,10 @@ def test_full_queue_rejects_with_503(start_toy_server):
 
 
 def test_sigterm_drains_in_flight_refuses_new_and_exits(start_toy_server):
-    server = start_toy_server("--shutdown-timeout", "20")
-    children_before = psutil.Process(server.proc.pid).children(recursive=True)
-    assert children_before == []
-
-    async def run():
-        async with httpx.AsyncClient(timeout=60) as client:
-            inflight = [asyncio.create_task(client.post(server.url + "/v1/completions", json={
-                "prompt": f"p{i}", "max_tokens": 200, "ignore_eos": True})) for i in range(4)]
-            await asyncio.sleep(0.3)
-            server.proc.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0.2)
-            refused = await client.post(server.url + "/v1/completions", json={"prompt": "late", "max_tokens": 2})
-            return await asyncio.gather(*inflight), refused
-    done, refused = asyncio.run(run())
-    assert [r.status_code for r in done] == [200] * 4
-    assert all(r.json()["choices"][0]["finish_reason"] == "length" for r in done)
-    assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
-    assert server.proc.wait(15) == 0
+    server = start_toy_server("--shutdown-timeout", "60")
+    bodies = [{"prompt": f"p{i}", "max_tokens": 200, "ignore_eos": True, "stream_options": {"include_usage": True}}
+              for i in range(8)]
+    check_drained(asyncio.run(sigterm_during_streams(server, bodies, exit_within=15)), 200)
 
 
 def test_api_key_and_cors(start_toy_server):
@@ -109,3 +92,30 @@ def test_api_key_and_cors(start_toy_server):
     assert pre.status_code == 204 and "POST" in pre.headers["access-control-allow-methods"]
     other = httpx.post(server.url + "/v1/completions", json=body, headers={**good, "Origin": "http://evil.example"})
     assert "access-control-allow-origin" not in other.headers
+    refused = httpx.options(server.url + "/v1/completions", headers={
+        "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
+    assert refused.status_code == 400 and "allowed-origins" in refused.json()["error"]["message"]
+    assert "access-control-allow-origin" not in refused.headers
+
+
+def test_health_and_generation_503_while_the_model_loads(tmp_path):
+    gate = tmp_path / "load"
+    server = ServerProcess("tests.server.toy_server", TOY_ARGS, env={"TOY_LOAD_GATE": str(gate)}, wait_for=503)
+    try:
+        health = httpx.get(server.url + "/health")
+        assert health.status_code == 503 and "loading" in health.json()["error"]["message"]
+        chat = {"messages": [{"role": "user", "content": "hi"}]}
+        for path, body in (("/v1/completions", {"prompt": "hi"}), ("/v1/chat/completions", chat),
+                           ("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [1]})):
+            r = httpx.post(server.url + path, json=body)
+            assert r.status_code == 503 and "/health" in r.json()["error"]["message"], (path, r.text)
+        assert httpx.get(server.url + "/v1/models").json()["data"][0]["max_model_len"] is None
+        assert "gh200rt_kv_blocks_total 0" in httpx.get(server.url + "/metrics").text
+        gate.touch()
+        deadline = time.monotonic() + 60
+        while httpx.get(server.url + "/health").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+    finally:
+        server.stop()

@@ -82,3 +82,38 @@ def test_sse_framing_and_metrics_text():
     assert 'gh200rt_time_to_first_token_seconds_bucket{le="0.05"} 1' in text
     assert 'gh200rt_time_to_first_token_seconds_bucket{le="0.02"} 0' in text
     assert "gh200rt_kv_blocks_used 0" in text
+
+
+def test_describe_engine_uses_the_plan_and_survives_without_one():
+    from types import SimpleNamespace
+
+    from gh200rt.engine.engine import EngineStats
+    from gh200rt.serve.__main__ import describe_engine, describe_platform
+
+    class Plan:
+        def explain(self):
+            return "layer tier bytes slot"
+    assert describe_engine(SimpleNamespace(plan=Plan())) == "layer tier bytes slot"
+    stats = EngineStats(0, 0, 10, 0, 0, 0, 0, 0, 0, 0, 0, {"resident": 2, "streamed": 0})
+    engine = SimpleNamespace(plan=None, stats=lambda: stats, max_model_len=128,
+                             config=SimpleNamespace(cache=SimpleNamespace(block_size=16)))
+    text = describe_engine(engine)
+    assert "no plan" in text and "2 resident" in text and "10 blocks x 16 tokens = 160 tokens" in text
+    broken = SimpleNamespace(plan=SimpleNamespace(explain=lambda: 1 / 0), stats=lambda: stats, max_model_len=128,
+                             config=engine.config)
+    assert "2 resident" in describe_engine(broken)
+    assert "could not describe itself" in describe_engine(SimpleNamespace())
+    assert describe_platform().startswith("cpu (profile cpu)")
+    assert "platform detection failed" in describe_platform("no-such-profile")
+
+
+def test_metrics_render_weight_placement_series():
+    from gh200rt.engine.engine import EngineStats
+    m = ServerMetrics()
+    assert 'gh200rt_weight_layers{tier="streamed"} 0' in m.render(num_pending=0)      # before the model loads
+    m.engine_stats = EngineStats(0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0, {"resident": 20, "streamed": 8}, 4096, 0.25)
+    text = m.render(num_pending=0)
+    assert 'gh200rt_weight_layers{tier="resident"} 20' in text and 'gh200rt_weight_layers{tier="direct"} 0' in text
+    assert "# TYPE gh200rt_weight_bytes_copied_total counter\ngh200rt_weight_bytes_copied_total 4096" in text
+    assert "# TYPE gh200rt_copy_wait_seconds_total counter\ngh200rt_copy_wait_seconds_total 0.25" in text
+    assert all(line.startswith("# ") or " " in line for line in text.splitlines())

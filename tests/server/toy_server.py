@@ -1,5 +1,6 @@
 """Runs the real server (gh200rt.serve.run_server, real LLMEngine) over the one-layer toy model of
 tests/engine, so HTTP behaviour can be tested in seconds. Same flags as ``python -m gh200rt.serve``."""
+import os
 import sys
 import time
 
@@ -10,9 +11,14 @@ from tests.engine.toy_model import ToyArch, ToyModel, ToyTokenizer
 
 
 class ChatToyTokenizer(ToyTokenizer):
-    def apply_chat_template(self, messages, add_generation_prompt=True):
+    """The toy tokenizer with the interface of gh200rt.tokenizer.Tokenizer the server uses."""
+    def encode(self, text, add_special_tokens=True):
+        return super().encode(text)
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False):
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
-        return text + ("<assistant>" if add_generation_prompt else "")
+        text += "<assistant>" if add_generation_prompt else ""
+        return self.encode(text) if tokenize else text
 
 
 class SlowToyModel(ToyModel):
@@ -27,6 +33,9 @@ def main(argv):
     arch = ToyArch(max_position_embeddings=engine_config.model.max_model_len or 256)
 
     def build():
+        gate = os.environ.get("TOY_LOAD_GATE")      # tests hold the load here to see the server while it loads
+        while gate and not os.path.exists(gate):
+            time.sleep(0.02)
         return LLMEngine(SlowToyModel(arch), ChatToyTokenizer(), arch, engine_config)
 
     return run_server(server_config, engine_config, build)
