@@ -61,15 +61,16 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
     head_dim = q.shape[-1]
     k = kv_cache[0].index_select(0, layout.blocks).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
     v = kv_cache[1].index_select(0, layout.blocks).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+    k, v = k.to(q.dtype), v.to(q.dtype)
     if layout.decode_only:
-        queries = q.unsqueeze(2)                                   # [B, H, 1, D]
-    else:
-        padded = q.new_zeros(num_seqs * layout.max_query, q.shape[1], head_dim)
-        padded.index_copy_(0, layout.padded_rows, q)
-        queries = padded.view(num_seqs, layout.max_query, -1, head_dim).transpose(1, 2)  # [B, H, Qmax, D]
-    out = F.scaled_dot_product_attention(queries, k.to(q.dtype), v.to(q.dtype), attn_mask=layout.mask,
-                                         scale=scale, enable_gqa=num_kv_heads != q.shape[1])
-    out = out.transpose(1, 2)                                      # [B, Q, H, D]
-    if layout.decode_only:
+        # The query heads sharing a KV head attend as that head's queries (no K/V repeat for GQA).
+        queries = q.reshape(num_seqs, num_kv_heads, -1, head_dim)  # [B, Hkv, H/Hkv, D]
+        out = F.scaled_dot_product_attention(queries, k, v, attn_mask=layout.mask, scale=scale)
         return out.reshape(num_seqs, q.shape[1], head_dim)
-    return out.reshape(num_seqs * layout.max_query, q.shape[1], head_dim).index_select(0, layout.padded_rows)
+    padded = q.new_zeros(num_seqs * layout.max_query, q.shape[1], head_dim)
+    padded.index_copy_(0, layout.padded_rows, q)
+    queries = padded.view(num_seqs, layout.max_query, -1, head_dim).transpose(1, 2)  # [B, H, Qmax, D]
+    out = F.scaled_dot_product_attention(queries, k, v, attn_mask=layout.mask, scale=scale,
+                                         enable_gqa=num_kv_heads != q.shape[1])
+    out = out.transpose(1, 2).reshape(num_seqs * layout.max_query, q.shape[1], head_dim)  # [B * Qmax, H, D]
+    return out.index_select(0, layout.padded_rows)
