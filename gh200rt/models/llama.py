@@ -13,7 +13,7 @@ from torch import nn
 
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.models.base import NULL_SCHEDULE, AttentionMetadata, LayerSchedule, WeightRef
-from gh200rt.models.layers.activation import silu_and_mul
+from gh200rt.models.layers.activation import SiluAndMul
 from gh200rt.models.layers.attention import SelfAttention
 from gh200rt.models.layers.linear import RefLinear
 from gh200rt.models.layers.rmsnorm import RMSNorm
@@ -31,9 +31,10 @@ class GatedMLP(nn.Module):
         super().__init__()
         self.gate_up_proj = RefLinear(arch.hidden_size, 2 * arch.intermediate_size, False, dtype, device)
         self.down_proj = RefLinear(arch.intermediate_size, arch.hidden_size, False, dtype, device)
+        self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
