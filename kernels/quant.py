@@ -12,8 +12,8 @@ groups of ``group_size`` columns (``group_size == K`` means one group per output
 group 32, Q4_1 onto int4 (scale d, minimum m) and Q4_0 onto int4 (scale d, minimum -8d) without
 loss. ``PackedWeight`` and ``HalfWeight`` satisfy the ``WeightRef`` contract (``linear(x, bias)``,
 ``nbytes``): on CUDA they call ``host_gemm``; on CPU ``PackedWeight`` runs torch's exact int8/int4
-weight-only matmul ops where the layout allows and dequantize-then-matmul otherwise;
-``cpu_route="fbgemm"`` (int8 per channel) trades accuracy for speed (docs/benchmarks/kernels.md).
+weight-only matmul ops for a single row where the layout allows, dequantize-then-matmul otherwise
+(more rows, other layouts); ``cpu_route="fbgemm"`` (int8 per channel) trades accuracy for speed (docs/benchmarks/kernels.md).
 
 Some CPU routes need a derived form of the storage (torch's int4 layout, an fbgemm packed
 matrix). ``stable=False`` (``with_tensors(..., stable=False)``, used for staging slots whose
@@ -83,8 +83,13 @@ class PackedWeight:
     def dequantize(self) -> torch.Tensor:
         """The dense float32 ``[N, K]`` weight."""
         n, k = self.shape
-        q = self.qweight.to(torch.float32) if self.fmt == "int8" else unpack_int4(self.qweight, k).to(torch.float32)
-        w = q * self.scale.repeat_interleave(self.group_size, dim=1)[:, :k]
+        q = self.qweight if self.fmt == "int8" else unpack_int4(self.qweight, k)
+        if k % self.group_size == 0:  # scales broadcast over their group: one pass, no expanded copies
+            w = q.view(n, -1, self.group_size) * self.scale[..., None]
+            if self.minimum is not None:
+                w += self.minimum[..., None]
+            return w.view(n, k)
+        w = q.to(torch.float32) * self.scale.repeat_interleave(self.group_size, dim=1)[:, :k]
         if self.minimum is not None:
             w += self.minimum.repeat_interleave(self.group_size, dim=1)[:, :k]
         return w
@@ -99,12 +104,15 @@ class PackedWeight:
         n, k = self.shape
         lead = x.shape[:-1]
         x2 = x.reshape(-1, k).to(torch.float32).contiguous()
+        # torch's weight-only ops take float32 rows one at a time (their cost grows with M), so they
+        # only win for a single row; more rows dequantize once and run one float32 matmul.
+        single = x2.shape[0] == 1
         if self.fmt == "int8" and self.group_size >= k and self.cpu_route == "fbgemm":
             packed = self._fbgemm_form()  # one row at a time: activation ranges stay per token
             y = torch.cat([torch.ops.quantized.linear_dynamic(row, packed, True) for row in x2.split(1)])
-        elif self.fmt == "int8" and self.group_size >= k:
+        elif single and self.fmt == "int8" and self.group_size >= k:
             y = torch._weight_int8pack_mm(x2, self.qweight, self.scale[:, 0])
-        elif self.fmt == "int4" and self._cpu_int4_ok():
+        elif single and self.fmt == "int4" and self._cpu_int4_ok():
             packed, scales_and_zeros = self._cpu_int4_form()
             y = torch._weight_int4pack_mm_for_cpu(x2, packed, self.group_size, scales_and_zeros)
         else:

@@ -1,25 +1,30 @@
-"""CPU weight-only matmul at decode shapes: achieved GB/s per host weight format, fp32 baseline alongside.
+"""CPU weight-only matmul at decode shapes: achieved GB/s per host weight format and route, fp32 alongside.
 
-Runs one decode step's worth of SmolLM2-135M decoder linears (30 layers x q, k, v, o, gate, up,
-down; ~106 M weights, far larger than the caches) with M rows, for each format and CPU route, and
-prints the weight bytes read per second next to the fp32 dense run measured in the same process and
-the machine's memory bandwidth (--stream-gbs, ~28 GB/s measured here). Time per step bounds decode
-tokens/s from the linears alone.
+Runs one decode step's worth of SmolLM2-135M decoder linears (30 layers x fused qkv, o, fused
+gate/up, down; ~106 M weights, far larger than the caches) with M rows, for each format and CPU
+route, and prints the weight bytes read per second next to the fp32 F.linear run measured in the
+same process (routes interleaved, median of --reps) and the machine's copy bandwidth. Time per
+step bounds decode tokens/s from the decoder linears alone (the fp32 lm_head comes on top).
 
-Usage: ``python scripts/bench_quant_cpu.py [--rows 1] [--reps 5] [--threads 2]``
+Routes marked "(not wired)" are measured for reference only; the others are what
+``RefLinear`` / ``PackedWeight`` / ``HalfWeight`` run.
+
+Usage: ``python scripts/bench_quant_cpu.py [--rows 1 8 64] [--reps 5] [--threads 2] [--skip-slow]``
 """
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
+import torch.nn.functional as F
 
-from gh200rt.kernels.quant import PackedWeight, quantize_int4, quantize_int8
+from gh200rt.kernels.quant import pack_weight, quantize_int4, quantize_int8
+from gh200rt.models.layers.cpu_linear import dense_linear
 
 HIDDEN, KV, INTER, LAYERS = 576, 192, 1536, 30
-SHAPES = [(HIDDEN, HIDDEN), (KV, HIDDEN), (KV, HIDDEN), (HIDDEN, HIDDEN),
-          (INTER, HIDDEN), (INTER, HIDDEN), (HIDDEN, INTER)]  # (out, in) per layer
+SHAPES = [(HIDDEN + 2 * KV, HIDDEN), (HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER)]  # (out, in)
 
 
 def stream_bandwidth(nbytes: int = 1 << 28) -> float:
@@ -38,56 +43,79 @@ def make_weights(gen: torch.Generator) -> list[torch.Tensor]:
     return [torch.randn(n, k, generator=gen) * 0.02 for _ in range(LAYERS) for n, k in SHAPES]
 
 
-def time_step(fns, x_by_k: dict, reps: int) -> float:
-    for fn, k in fns:  # warm-up (also builds any cached CPU layouts)
-        fn(x_by_k[k])
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
+def routes(dense: list[torch.Tensor], skip_slow: bool) -> dict[str, tuple[list, int]]:
+    """name -> (list of (callable(x), K), weight bytes read per step)."""
+    out = {}
+
+    def add(name, fns, weights):
+        out[name] = ([(fn, w.shape[1]) for fn, w in zip(fns, dense)], weights)
+
+    add("fp32 F.linear (MKL)", [lambda x, w=w: F.linear(x, w) for w in dense], sum(w.nbytes for w in dense))
+    add("fp32 dense_linear (default)", [lambda x, w=w: dense_linear(x, w) for w in dense],
+        sum(w.nbytes for w in dense))
+    bf16 = [w.bfloat16() for w in dense]
+    add("bf16 F.linear, bf16 acts (not wired)", [lambda x, w=w: F.linear(x.bfloat16(), w) for w in bf16],
+        sum(w.nbytes for w in bf16))
+    half = [pack_weight(w, "fp16") for w in dense]
+    add("fp16 HalfWeight (fbgemm)", [h.linear for h in half], sum(h.weight.nbytes for h in half))
+    add("fp16 F.linear, fp16 acts (not wired)", [lambda x, h=h: F.linear(x.half(), h.weight) for h in half],
+        sum(h.weight.nbytes for h in half))
+    int8 = [quantize_int8(w) for w in dense]
+    int8_bytes = sum(p.nbytes for p in int8)
+    add("int8 PackedWeight (exact op)", [p.linear for p in int8], int8_bytes)
+    add("int8 op, bf16 acts (not wired)", [lambda x, p=p: torch._weight_int8pack_mm(
+        x.bfloat16(), p.qweight, p.scale[:, 0].bfloat16()) for p in int8], int8_bytes)
+    add("int8 fbgemm, int8 acts (opt-in)", [quantize_int8(w, cpu_route="fbgemm").linear for w in dense], int8_bytes)
+    int4 = [quantize_int4(w, 32) for w in dense]
+    int4_bytes = sum(p.nbytes for p in int4)
+    add("int4 g32 PackedWeight (exact op)", [p.linear for p in int4], int4_bytes)
+    forms = [p._cpu_int4_form() for p in int4]
+    add("int4 g32 op, bf16 acts (not wired)", [lambda x, f=f: torch._weight_int4pack_mm_for_cpu(
+        x.bfloat16(), f[0], 32, f[1].bfloat16()) for f in forms], int4_bytes)
+    if not skip_slow:
+        add("int8 dequant+matmul", [lambda x, p=p: x @ p.dequantize().T for p in int8], int8_bytes)
+    return out
+
+
+def time_routes(table: dict, x_by_k: dict, reps: int) -> dict[str, float]:
+    """Median seconds per step of each route; routes interleaved within every repetition."""
+    for fns, _ in table.values():  # warm-up (also builds cached CPU layouts)
         for fn, k in fns:
             fn(x_by_k[k])
-        times.append(time.perf_counter() - t)
-    return sorted(times)[len(times) // 2]
-
-
-def routes(dense: list[torch.Tensor]):
-    """name -> (list of (callable(x), K), bytes read per step)."""
-    out = {}
-    for name, dtype in (("fp32 dense", torch.float32), ("bf16 dense", torch.bfloat16)):
-        ws = [w.to(dtype) for w in dense]
-        out[name] = ([((lambda x, w=w: torch.nn.functional.linear(x.to(w.dtype), w)), w.shape[1]) for w in ws],
-                     sum(w.nbytes for w in ws))
-    for name, quantize in (("int8 per-channel", quantize_int8), ("int4 g32", lambda w: quantize_int4(w, 32))):
-        packed: list[PackedWeight] = [quantize(w) for w in dense]
-        portable = sum(p.nbytes for p in packed)
-        out[f"{name} torch op"] = ([(p.linear, p.shape[1]) for p in packed], portable)
-        if name.startswith("int8"):
-            fast = [quantize_int8(w, cpu_route="fbgemm") for w in dense]
-            out[f"{name} fbgemm (int8 acts)"] = ([(p.linear, p.shape[1]) for p in fast], portable)
-        out[f"{name} dequant+matmul"] = ([((lambda x, p=p: x @ p.dequantize().T), p.shape[1]) for p in packed], portable)
-    return out
+    times: dict[str, list[float]] = {name: [] for name in table}
+    for _ in range(reps):
+        for name, (fns, _) in table.items():
+            start = time.perf_counter()
+            for fn, k in fns:
+                fn(x_by_k[k])
+            times[name].append(time.perf_counter() - start)
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=1, help="M: tokens in the decode batch")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1], help="M: tokens in the decode batch")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--skip-slow", action="store_true", help="leave out dequantize-then-matmul")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     dense = make_weights(gen)
-    x_by_k = {k: torch.randn(args.rows, k, generator=gen) for k in (HIDDEN, INTER)}
-    stream = stream_bandwidth()
-    print(f"memory copy bandwidth (read+write) in this run: {stream:.1f} GB/s; M={args.rows}, "
-          f"threads={args.threads}, {sum(w.numel() for w in dense) / 1e6:.0f} M weights")
-    print(f"{'format / route':<30} {'MB read':>8} {'ms/step':>8} {'GB/s':>7} {'vs fp32':>8} {'steps/s':>8}")
-    base = None
-    for name, (fns, nbytes) in routes(dense).items():
-        seconds = time_step(fns, x_by_k, args.reps)
-        base = base or seconds
-        print(f"{name:<30} {nbytes / 1e6:>8.1f} {seconds * 1e3:>8.2f} {nbytes / seconds / 1e9:>7.1f} "
-              f"{base / seconds:>7.2f}x {1 / seconds:>8.1f}")
+    table = routes(dense, args.skip_slow)
+    print(f"memory copy bandwidth (read+write) in this run: {stream_bandwidth():.1f} GB/s; threads={args.threads}, "
+          f"{sum(w.numel() for w in dense) / 1e6:.0f} M weights, load average {os.getloadavg()[0]:.1f}")
+    for m in args.rows:
+        x_by_k = {k: torch.randn(m, k, generator=gen) for k in (HIDDEN, INTER)}
+        seconds = time_routes(table, x_by_k, args.reps)
+        base = seconds["fp32 F.linear (MKL)"]
+        print(f"\nM={m}\n{'format / route':<38} {'MB read':>8} {'ms/step':>8} {'GB/s':>7} {'vs fp32':>8} "
+              f"{'steps/s':>8}")
+        for name, (_, nbytes) in table.items():
+            s = seconds[name]
+            print(f"{name:<38} {nbytes / 1e6:>8.1f} {s * 1e3:>8.2f} {nbytes / s / 1e9:>7.1f} {base / s:>7.2f}x "
+                  f"{1 / s:>8.1f}")
+    print(f"\nload average {os.getloadavg()[0]:.1f} at end")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,12 @@
-"""Perplexity and logit error of SmolLM2 with int8 / int4 host weights against the unquantized model.
+"""Perplexity and logit error of SmolLM2 with fp16 / int8 / int4 host weights against the unquantized model.
 
 The reference is gh200rt's own SmolLM2-135M-Instruct (``load_model`` on the shipped Q4_1 GGUF,
 computed in float32: the "unquantized" model we can have offline). Every decoder linear weight
 (fused qkv, o, fused gate/up, down) is then repointed, through its ``WeightRef``, to a
-``PackedWeight`` made from the dense float32 tensor, and the fixed text
+``HalfWeight`` / ``PackedWeight`` made from the dense float32 tensor, and the fixed text
 tests/fixtures/eval_text.txt is scored in one prefill pass over a paged KV pool.
 
-Usage: ``python scripts/eval_quant.py [--formats int8 int4 int4-g128 int8-fbgemm]``
+Usage: ``python scripts/eval_quant.py [--formats fp16 int8 int4 int4-g128 int8-fbgemm]``
 """
 from __future__ import annotations
 
@@ -17,12 +17,13 @@ import time
 
 import torch
 
-from gh200rt.kernels.quant import quantize_int4, quantize_int8
+from gh200rt.kernels.quant import pack_weight, quantize_int4, quantize_int8
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EVAL_TEXT = os.path.join(ROOT, "tests", "fixtures", "eval_text.txt")
 BLOCK_SIZE = 16
-FORMATS = {"int8": lambda w: quantize_int8(w), "int4": lambda w: quantize_int4(w, 32),
+FORMATS = {"fp16": lambda w: pack_weight(w, "fp16"), "int8": lambda w: quantize_int8(w),
+           "int4": lambda w: quantize_int4(w, 32),
            "int4-g128": lambda w: quantize_int4(w, 128),
            "int8-fbgemm": lambda w: quantize_int8(w, cpu_route="fbgemm")}
 
@@ -95,7 +96,8 @@ def evaluate(loaded, ids: torch.Tensor, formats: list[str]) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--formats", nargs="+", default=["int8", "int4", "int4-g128"], choices=list(FORMATS))
+    parser.add_argument("--formats", nargs="+", default=["fp16", "int8", "int4", "int4-g128"],
+                        choices=list(FORMATS))
     args = parser.parse_args()
     start = time.time()
     loaded = load_reference()

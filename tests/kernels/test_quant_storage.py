@@ -27,10 +27,11 @@ def slot_copy(weight, stable: bool):
 
 
 @pytest.mark.parametrize("fmt", ["fp16", "int8-fbgemm", "int4"])
-def test_unstable_weight_reads_the_slot_on_every_call(fmt):
+@pytest.mark.parametrize("rows", [1, 3])
+def test_unstable_weight_reads_the_slot_on_every_call(fmt, rows):
     gen = torch.Generator().manual_seed(1)
     weight = make(fmt, torch.randn(N, K, generator=gen))
-    x = torch.randn(3, K, generator=gen)
+    x = torch.randn(rows, K, generator=gen)
     streamed, slot = slot_copy(weight, stable=False)
     direct, _ = slot_copy(weight, stable=True)
     first = streamed.linear(x)
