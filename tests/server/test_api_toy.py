@@ -142,6 +142,8 @@ def test_usage_with_n_and_prompt_lists_counts_each_prompt_once(toy_server):
                                        stream=True, stream_options={"include_usage": True},
                                        extra_body={"ignore_eos": True}))
     assert all(ch.usage is None for ch in chunks[:-1]) and chunks[-1].usage == out.usage
+    finishes = [c.index for ch in chunks for c in ch.choices if c.finish_reason]
+    assert sorted(finishes) == list(range(6))                  # exactly one finish_reason per choice
     chat = c.chat.completions.create(model="toy", messages=[{"role": "user", "content": "hi"}], n=2, max_tokens=4,
                                      extra_body={"ignore_eos": True})
     assert chat.usage.completion_tokens == 8 and chat.usage.prompt_tokens == len("<user>hi<assistant>")
@@ -152,8 +154,9 @@ def test_stream_chunks_carry_null_usage_only_when_usage_is_asked(toy_server):
     for options, want in ((None, False), ({"include_usage": True}, True), ({"include_usage": False}, False)):
         r = httpx.post(toy_server.url + "/v1/completions", json={**body, **({"stream_options": options}
                                                                               if options else {})}, timeout=30)
-        events = [json.loads(line[6:]) for line in r.text.splitlines()
-                  if line.startswith("data: ") and line != "data: [DONE]"]
+        lines = [line for line in r.text.splitlines() if line]
+        assert all(line.startswith("data: ") for line in lines) and lines[-1] == "data: [DONE]"   # no keep-alives
+        events = [json.loads(line[6:]) for line in lines[:-1]]
         assert all(("usage" in e) == want for e in events), (options, events)
 
 
