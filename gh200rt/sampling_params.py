@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20
+GREEDY_BELOW = 1e-5  # a smaller temperature samples greedily (dividing logits by it would overflow), as in vLLM
 _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
 
 
@@ -11,7 +12,7 @@ _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
 class SamplingParams:
     n: int = 1
     max_tokens: int | None = 16          # None: up to the context length
-    temperature: float = 1.0             # 0 = greedy
+    temperature: float = 1.0             # 0 (or below 1e-5) = greedy
     top_p: float = 1.0
     top_k: int = 0                       # 0 or -1 = off
     min_p: float = 0.0
@@ -76,4 +77,4 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW

@@ -61,9 +61,11 @@ def place_model(config: EngineConfig, device: str | None = None, poison: bool = 
     activations = activation_bytes(arch, config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs,
                                    dtype)
     free = torch.cuda.mem_get_info()[0] if device == "cuda" else None
-    capacity = ledger_capacity(config.memory, free, sizes.all_resident_bytes + activations)
+    longest = max_model_len(config, arch)
+    useful_kv = config.scheduler.max_num_seqs * longest * sizes.kv_bytes_per_token
+    capacity = ledger_capacity(config.memory, free, sizes.all_resident_bytes + activations, useful_kv)
     plan = make_plan(sizes, platform, config.memory, capacity, config.cache.block_size,
-                     activation_bytes=activations, max_model_len=max_model_len(config, arch))
+                     activation_bytes=activations, max_model_len=longest)
     placement = Placement(plan, device, platform, fmt, poison)
     placement.apply(loaded.model, loaded.quantized)
     if device != "cpu":

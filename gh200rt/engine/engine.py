@@ -107,7 +107,10 @@ class LLMEngine:
         if prompt_token_ids is None:
             if prompt is None:
                 raise ValueError("give a prompt string or prompt_token_ids")
-            prompt_token_ids = list(self.tokenizer.encode(prompt))
+            try:
+                prompt_token_ids = list(self.tokenizer.encode(prompt))
+            except (TypeError, ValueError, UnicodeError) as e:  # e.g. unpaired surrogates in the text
+                raise ValueError(f"the prompt cannot be tokenized: {e}") from e
         prompt_token_ids = [int(t) for t in prompt_token_ids]
         self._validate(prompt_token_ids, params)
         state = RequestState(request_id, prompt, prompt_token_ids, params)
@@ -131,6 +134,9 @@ class LLMEngine:
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        bad = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
         want = len(ids) + (params.max_tokens or 1)
         if want > self.max_model_len:
             raise ValueError(f"the prompt has {len(ids)} tokens and max_tokens is {params.max_tokens}: "

@@ -30,6 +30,7 @@ class BlockPool:
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.cached: dict[int, int] = {}           # block_hash -> block_id
         self.num_evictions = 0
+        self._num_cached_free = 0                   # free blocks that still hold a hash (kept O(1) for stats)
 
     @property
     def num_blocks(self) -> int:
@@ -41,7 +42,7 @@ class BlockPool:
 
     @property
     def num_cached_free(self) -> int:
-        return sum(1 for b in self._free if self.blocks[b].block_hash is not None)
+        return self._num_cached_free
 
     def free_order(self) -> list[int]:
         return list(self._free)
@@ -53,6 +54,7 @@ class BlockPool:
         for _ in range(count):
             block_id, _ = self._free.popitem(last=False)
             block = self.blocks[block_id]
+            self._num_cached_free -= block.block_hash is not None
             self._evict(block)
             block.ref_count = 1
             block.epoch += 1
@@ -71,6 +73,7 @@ class BlockPool:
         block = self.blocks[block_id]
         if block.ref_count == 0:
             del self._free[block_id]
+            self._num_cached_free -= block.block_hash is not None
         block.ref_count += 1
 
     def release(self, block_ids: list[int]) -> None:
@@ -81,6 +84,7 @@ class BlockPool:
             block.ref_count -= 1
             if block.ref_count == 0:
                 self._free[block_id] = None
+                self._num_cached_free += block.block_hash is not None
 
     def register(self, block_id: int, block_hash: int, token_ids: tuple[int, ...],
                  parent: tuple[int, int] | None) -> bool:
@@ -90,6 +94,7 @@ class BlockPool:
             return False
         block.block_hash, block.token_ids, block.parent = block_hash, token_ids, parent
         self.cached[block_hash] = block_id
+        self._num_cached_free += block.ref_count == 0
         return True
 
     def lookup(self, block_hash: int, token_ids: tuple[int, ...], parent: tuple[int, int] | None) -> int | None:

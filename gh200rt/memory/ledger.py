@@ -2,7 +2,7 @@
 
 Contract: capacity = --device-memory-budget when given, else free device memory x
 --gpu-memory-utilization; on the CPU platform without a budget, what the model needs all-resident
-plus 2 GiB for the KV cache (so the CPU default never streams layers). ``reserve(kind, nbytes)`` either fits or raises
+plus up to 2 GiB for the KV cache (so the CPU default never streams layers). ``reserve(kind, nbytes)`` either fits or raises
 ``LedgerOverCommit`` naming the numbers and the flag to change; ``release`` gives bytes back;
 ``peak`` is the highest total ever reserved.
 """
@@ -24,13 +24,15 @@ def _gib(nbytes: int) -> str:
     return f"{nbytes / (1 << 30):.3f} GiB"
 
 
-def ledger_capacity(memory: MemoryConfig, free_device_bytes: int | None, all_resident_bytes: int = 0) -> int:
+def ledger_capacity(memory: MemoryConfig, free_device_bytes: int | None, all_resident_bytes: int = 0,
+                    useful_kv_bytes: int = CPU_DEFAULT_KV_BYTES) -> int:
     """Bytes the ledger may hand out. ``free_device_bytes`` is None when the engine runs on the CPU;
-    ``all_resident_bytes`` (weights + activations with every layer resident) sizes the CPU default."""
+    there the default is ``all_resident_bytes`` (weights + activations with every layer resident) plus
+    the KV cache, at most 2 GiB and at most ``useful_kv_bytes`` (every sequence at full length)."""
     if memory.budget_bytes is not None:
         return memory.budget_bytes
     if free_device_bytes is None:
-        return all_resident_bytes + CPU_DEFAULT_KV_BYTES
+        return all_resident_bytes + min(CPU_DEFAULT_KV_BYTES, useful_kv_bytes)
     return int(free_device_bytes * memory.gpu_memory_utilization)
 
 

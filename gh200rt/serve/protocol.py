@@ -11,11 +11,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from gh200rt.sampling_params import MAX_LOGPROBS, SamplingParams
+from gh200rt.sampling_params import GREEDY_BELOW, MAX_LOGPROBS, SamplingParams
 from gh200rt.serve.errors import bad_request
 
 MAX_N = 16
-GREEDY_BELOW = 1e-5     # vLLM's _SAMPLING_EPS: a smaller temperature samples greedily (no overflow to inf)
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 

@@ -89,3 +89,17 @@ def test_prompt_logprobs_cover_every_prompt_token_after_the_first():
 def test_kv_pool_too_small_for_one_sequence_is_a_clear_error():
     with pytest.raises(ValueError, match="--num-kv-blocks"):
         make_llm(num_kv_blocks=2, max_model_len=64)
+
+
+def test_out_of_vocabulary_stop_token_ids_are_refused_up_front():
+    llm = make_llm()
+    with pytest.raises(ValueError, match="stop_token_ids"):
+        llm.engine.add_request("oov", None, SamplingParams(stop_token_ids=[10**6], min_tokens=1), prompt_token_ids=[5])
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_untokenizable_prompt_is_a_value_error():
+    from tests.engine.real_models import SharedModel, smollm2_gguf  # a real tokenizers.Tokenizer
+    llm = SharedModel(smollm2_gguf()).llm(max_model_len=64, num_kv_blocks=8)
+    with pytest.raises(ValueError, match="cannot be tokenized"):
+        llm.engine.add_request("surrogate", "\ud800", SamplingParams())

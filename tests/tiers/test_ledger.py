@@ -8,6 +8,7 @@ def test_capacity_from_budget_else_utilization_else_cpu_all_resident_plus_kv():
     assert ledger_capacity(MemoryConfig(device_memory_budget="1GiB"), 10**12) == 1 << 30
     assert ledger_capacity(MemoryConfig(gpu_memory_utilization=0.5), 1000) == 500
     assert ledger_capacity(MemoryConfig(), None, 1000) == 1000 + CPU_DEFAULT_KV_BYTES
+    assert ledger_capacity(MemoryConfig(), None, 1000, useful_kv_bytes=5000) == 6000  # never more KV than usable
 
 
 def test_reserve_release_and_peak():

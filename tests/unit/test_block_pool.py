@@ -64,3 +64,26 @@ def test_release_too_often_is_an_internal_error():
     pool = BlockPool(1)
     with pytest.raises(AssertionError):
         pool.release([0])
+
+
+def test_cached_free_count_matches_a_scan_under_random_operations():
+    import random
+    rng = random.Random(0)
+    pool = BlockPool(12)
+    held: list[int] = []
+    next_hash = 0
+    for _ in range(2000):
+        op = rng.randrange(4)
+        if op == 0 and pool.num_free:
+            held += pool.allocate(rng.randint(1, min(3, pool.num_free)))
+        elif op == 1 and held:
+            pool.release([held.pop(rng.randrange(len(held)))])
+        elif op == 2 and held:
+            next_hash += 1
+            pool.register(rng.choice(held), next_hash, (next_hash,), None)
+        elif op == 3 and pool.num_free:
+            block_id = rng.choice(pool.free_order())
+            pool.touch(block_id)
+            held.append(block_id)
+        scan = sum(1 for b in pool.free_order() if pool.blocks[b].block_hash is not None)
+        assert pool.num_cached_free == scan

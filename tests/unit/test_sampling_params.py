@@ -20,3 +20,8 @@ def test_bad_values_name_the_parameter(kwargs, name):
 def test_normalisation():
     p = SamplingParams(stop="x", top_k=-1, temperature=0)
     assert p.stop == ["x"] and p.top_k == 0 and p.greedy
+
+
+def test_tiny_temperatures_sample_greedily():
+    assert SamplingParams(temperature=1e-300).greedy and SamplingParams(temperature=0).greedy
+    assert not SamplingParams(temperature=1e-4).greedy
