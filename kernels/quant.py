@@ -13,7 +13,8 @@ group 32, Q4_1 onto int4 (scale d, minimum m) and Q4_0 onto int4 (scale d, minim
 loss. ``PackedWeight`` and ``HalfWeight`` satisfy the ``WeightRef`` contract (``linear(x, bias)``,
 ``nbytes``): on CUDA they call ``host_gemm``; on CPU ``PackedWeight`` runs torch's exact int8/int4
 weight-only matmul ops for a single row where the layout allows, dequantize-then-matmul otherwise
-(more rows, other layouts); ``cpu_route="fbgemm"`` (int8 per channel) trades accuracy for speed (docs/benchmarks/kernels.md).
+(more rows, other layouts); ``cpu_route="fbgemm"`` (int8 per channel) trades accuracy for speed
+(docs/benchmarks/kernels.md).
 
 Some CPU routes need a derived form of the storage (torch's int4 layout, an fbgemm packed
 matrix). ``stable=False`` (``with_tensors(..., stable=False)``, used for staging slots whose
@@ -310,7 +311,8 @@ def _to_half(weight: torch.Tensor) -> HalfWeight:
     return HalfWeight(weight.detach().to(torch.float16).contiguous())
 
 
-def reference_linear(x: torch.Tensor, weight: PackedWeight | HalfWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def reference_linear(x: torch.Tensor, weight: PackedWeight | HalfWeight,
+                     bias: torch.Tensor | None = None) -> torch.Tensor:
     """Plain torch: dequantize then matmul in float32."""
     return F.linear(x.to(torch.float32), weight.dequantize().to(x.device),
                     None if bias is None else bias.to(torch.float32))

@@ -96,3 +96,20 @@ def test_fp16_pack_weight_and_its_errors():
     with pytest.raises(ValueError, match="float16's range"):
         pack_weight(torch.full((4, 4), 1e6), "fp16")
     assert "fp16" in quant.HOST_FORMATS
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 8])
+def test_fp16_on_cuda_reads_the_fp16_tensor_through_host_gemm(monkeypatch, m):
+    from gh200rt.kernels import host_gemm as host_gemm_module
+    calls = []
+    real = host_gemm_module.host_gemm
+    monkeypatch.setattr(host_gemm_module, "host_gemm", lambda x, w, b=None: calls.append(w) or real(x, w, b))
+    half = pack_weight(torch.randn(320, 576), "fp16")
+    on_gpu = half.with_tensors({"weight": half.weight.cuda()})
+    x = torch.randn(m, 576, device="cuda")
+    y = on_gpu.linear(x)
+    want = x @ half.weight.cuda().float().T
+    err = ((y - want).abs().max() / want.abs().max()).item()
+    print(f"fp16 M={m} on CUDA: worst relative error {err:.2e}")
+    assert calls and calls[0].dtype == torch.float16 and calls[0].is_cuda and err < 5e-3
