@@ -62,6 +62,12 @@ class Plan:
     def kv_bytes(self) -> int:
         return self.kv_tokens * self.sizes.kv_bytes_per_token
 
+    @property
+    def all_resident_kv_tokens(self) -> int:
+        """KV tokens the same budget would hold with every layer resident (0: the weights alone do not fit)."""
+        free = self.capacity - self.sizes.all_resident_bytes - self.activation_bytes
+        return max(0, free // (self.sizes.kv_bytes_per_token * self.block_size)) * self.block_size
+
     def slot_of(self, layer: int) -> int | None:
         streamed = self.streamed_layers
         return streamed.index(layer) % self.staging_slots if layer in streamed else None
@@ -80,7 +86,8 @@ class Plan:
                   f"host memory for offloaded weights: {gib(self.host_weight_bytes)}",
                   f"staging ring: K={self.staging_slots} d={self.prefetch_distance} {gib(self.staging_bytes)}",
                   f"activations: {gib(self.activation_bytes)}",
-                  f"KV cache: {self.num_kv_blocks} blocks = {self.kv_tokens} tokens, {gib(self.kv_bytes)}",
+                  f"KV cache: {self.num_kv_blocks} blocks = {self.kv_tokens} tokens, {gib(self.kv_bytes)} "
+                  f"(all layers resident would leave {self.all_resident_kv_tokens} tokens)",
                   f"predicted decode step (batch 1): {self.predicted_step_seconds * 1e3:.3f} ms"]
         return "\n".join(lines)
 

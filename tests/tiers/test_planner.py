@@ -31,6 +31,7 @@ def test_small_budget_streams_layers_and_leaves_more_kv():
     assert plan.tiers.count("streamed") >= 1
     weights = plan.resident_weight_bytes + plan.staging_bytes
     assert weights + plan.kv_bytes <= budget and plan.num_kv_blocks > 1 and plan.kv_tokens >= 64
+    assert plan.all_resident_kv_tokens == 16 < plan.kv_tokens  # all-resident leaves exactly one block
 
 
 def test_budget_too_small_names_minimum():
