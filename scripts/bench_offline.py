@@ -48,7 +48,7 @@ ROUTES = {"fp32": {}, "fp32-flinear": {}, "fp16": dict(offload="direct", host_we
 
 
 def load_gh200rt(route: str, prompts, max_tokens: int):
-    from gh200rt import LLM, SamplingParams
+    from gh200rt import LLM
     llm = LLM(model=smollm2_gguf(), dtype="float32", num_kv_blocks=1024, **ROUTES[route])
     bench_gh200rt(llm, route, prompts[:2], max_tokens)  # warm-up
     return llm

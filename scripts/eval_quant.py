@@ -102,8 +102,8 @@ def main() -> None:
     start = time.time()
     loaded = load_reference()
     rows = evaluate(loaded, text_ids(loaded), args.formats)
-    print(f"| format | tokens | perplexity | ppl change | max abs logit err | mean abs logit err | top-1 agreement |"
-          f" bytes vs bf16 |")
+    print("| format | tokens | perplexity | ppl change | max abs logit err | mean abs logit err | top-1 agreement |"
+          " bytes vs bf16 |")
     print("|---|---|---|---|---|---|---|---|")
     ref = rows[0]["ppl"]
     for r in rows:

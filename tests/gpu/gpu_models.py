@@ -1,7 +1,7 @@
 """A tiny random Llama on a device, and its layers placed STREAMED or DIRECT through the real pieces:
 exact-size host slabs, ``prepare_slab_for_device``, ``make_transfer_backend`` staging slots,
-``device_view`` / ``direct_weight``. The streaming schedule is written out here (prefetch d ahead,
-slot = position mod K) so these tests pin the backend, not the placement code around it.
+``device_view`` / ``direct_weight`` and the placement's ``StreamingSchedule``; the layers are placed
+by hand (not by ``Placement``) so each test pins one piece.
 Imports nothing CUDA-only: callers are marked ``gpu`` and skipped without one."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import torch
 
 from gh200rt.memory.device_view import device_view, direct_weight, prepare_slab_for_device
 from gh200rt.models.arch_config import ArchConfig
-from gh200rt.models.base import AttentionMetadata, LayerSchedule
+from gh200rt.memory.placement import StreamingSchedule
+from gh200rt.models.base import AttentionMetadata
 from gh200rt.models.llama import LlamaForCausalLM
 from gh200rt.numa.alloc import allocate
 from gh200rt.transfer.backend import make_transfer_backend
@@ -94,33 +95,6 @@ def _typed_views(buffer: torch.Tensor, layout) -> dict[str, torch.Tensor]:
     return out
 
 
-class RingSchedule(LayerSchedule):
-    def __init__(self, streamed: list[int], slabs: dict, backend, slots: int, distance: int):
-        self.streamed, self.slabs, self.backend = streamed, slabs, backend
-        self.position = {layer: p for p, layer in enumerate(streamed)}
-        self.slots, self.distance = slots, distance
-
-    def _prefetch(self, p: int) -> None:
-        if p < len(self.streamed):
-            self.backend.copy(p % self.slots, self.slabs[self.streamed[p]].tensor)
-
-    def before_layer(self, index: int) -> None:
-        p = self.position.get(index)
-        if p is None:
-            return
-        if p == 0:
-            for q in range(self.distance + 1):
-                self._prefetch(q)
-        else:
-            self._prefetch(p + self.distance)
-        self.backend.wait_copy(p % self.slots)
-
-    def after_layer(self, index: int) -> None:
-        p = self.position.get(index)
-        if p is not None:
-            self.backend.compute_done(p % self.slots)
-
-
 def stream_layers(model, layers: list[int], platform, slots: int, distance: int, poison: bool = True):
     """Make ``layers`` STREAMED through a ring of ``slots``; returns (backend, slabs)."""
     placed = {i: _slab_for_layer(model, i, platform) for i in layers}
@@ -131,7 +105,8 @@ def stream_layers(model, layers: list[int], platform, slots: int, distance: int,
         for name, view in _typed_views(backend.slots[p % slots], placed[i][1]).items():
             refs[name].current = view
     slabs = {i: slab for i, (slab, _) in placed.items()}
-    model.layer_schedule = RingSchedule(layers, slabs, backend, slots, distance)
+    model.layer_schedule = StreamingSchedule(layers, {i: slab.tensor for i, slab in slabs.items()}, backend, slots,
+                                             distance)
     return backend, slabs
 
 

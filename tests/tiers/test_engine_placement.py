@@ -2,7 +2,6 @@
 loaded weights, the ledger holds every device byte to the budget, and every placement generates exactly
 what all-resident generates (staging slots are poisoned with NaN before each copy)."""
 import pytest
-import torch
 
 from gh200rt.config import EngineConfig
 from gh200rt.engine.device_memory import place_model

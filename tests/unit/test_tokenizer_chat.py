@@ -1,6 +1,5 @@
 """Tokenizer built from an HF directory: special ids, eos from generation_config, chat template rendering/errors."""
 import json
-import os
 
 import pytest
 
