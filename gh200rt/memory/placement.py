@@ -115,7 +115,8 @@ class Placement:
             for name, parts in _views(slab.tensor, layout).items():
                 for part, view in parts.items():
                     view.copy_(host_format.storage_parts(forms[name])[part])
-            prepare_slab_for_device(slab, self.platform)
+            if self.device.type != "cpu":  # a named profile may describe a GPU while the engine runs on the CPU
+                prepare_slab_for_device(slab, self.platform)
             self.slabs[i], layouts[i] = slab, (layout, forms)
             for name, ref in refs.items():  # drop the dense original now; rebound below
                 ref.current = host_format.bind(forms[name], _views(slab.tensor, layout)[name], compute_dtype,
@@ -131,7 +132,9 @@ class Placement:
         for i in offloaded:
             layout, forms = layouts[i]
             if self.plan.tiers[i] == "direct":
-                buffer, stable = device_view(self.slabs[i], self.platform, self.device), True
+                slab = self.slabs[i]
+                buffer = slab.tensor if self.device.type == "cpu" else device_view(slab, self.platform, self.device)
+                stable = True
             else:
                 buffer, stable = self.backend.slots[streamed.index(i) % self.plan.staging_slots], False
             refs = model.layer_weight_refs(i)

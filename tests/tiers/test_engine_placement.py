@@ -138,6 +138,8 @@ def test_engine_options_reach_the_plan(tiny_dir):
     assert eng.plan.num_kv_blocks == eng.kv.pool.num_blocks
     text = eng.plan.explain()
     assert "streamed" in text and "direct" in text and f"{eng.kv.pool.num_blocks} blocks" in text
+    gh200_profile = engine(tiny_dir, platform="gh200-96g", offload="direct")  # plans for a GH200, runs here
+    assert gh200_profile.plan.platform.kind == "gh200" and run(gh200_profile) == run(eng)
     with pytest.raises(ValueError, match="--max-model-len 4096 exceeds"):
         engine(tiny_dir, max_model_len=4096)
     eng.close()
