@@ -109,7 +109,7 @@ class SchedulerConfig:
 class MemoryConfig:
     device_memory_budget: str | None = field(default=None, metadata=_help(
         "device memory gh200rt may use, e.g. 2GiB; on CPU it stands in for HBM. "
-        "Default: free device memory x --gpu-memory-utilization (on CPU: 2GiB)"))
+        "Default: free device memory x --gpu-memory-utilization (on CPU: the weights plus up to 2GiB of KV cache)"))
     gpu_memory_utilization: float = field(default=0.9, metadata=_help(
         "fraction of free device memory to use when no budget is given"))
     offload: str = field(default="auto", metadata=_help(
