@@ -3,7 +3,6 @@ Llama saved with transformers plus a tokenizer built with the ``tokenizers`` lib
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 
 import torch
@@ -19,20 +18,15 @@ def smollm2_gguf() -> str:
 
 
 def save_tiny_llama(path: str, vocab_size: int = 256, num_layers: int = 2) -> str:
-    from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.model.tiny_checkpoints import write_tokenizer
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                          bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
     LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab_size)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.save(os.path.join(path, "tokenizer.json"))
-    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
-        json.dump({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-                   "tokenizer_class": "PreTrainedTokenizerFast"}, f)
+    write_tokenizer(path, vocab_size, chat_template=None)
     return path
 
 

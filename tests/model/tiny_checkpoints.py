@@ -42,15 +42,22 @@ def make_hf_model(family: str, seed: int = 0):
     return model
 
 
-def write_tokenizer(path: str) -> None:
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+
+
+def write_tokenizer(path: str, vocab_size: int = VOCAB, chat_template: str | None = CHAT_TEMPLATE) -> None:
+    """A word-level tokenizer over "w3" ... "w{vocab_size-1}" with <unk>/<s>/</s> at ids 0-2."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab_size)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(os.path.join(path, "tokenizer.json"))
+    config = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+              "tokenizer_class": "PreTrainedTokenizerFast"}
+    if chat_template is not None:
+        config["chat_template"] = chat_template
     with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
-        json.dump({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-                   "chat_template": "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"}, f)
+        json.dump(config, f)
 
 
 def save_tiny(family: str, path: str, seed: int = 0):

@@ -140,3 +140,35 @@ def check_drained(result: DrainResult, max_tokens: int) -> None:
         assert chunks[-1]["usage"]["completion_tokens"] == max_tokens, chunks[-1]
     assert result.exit_code == 0
     assert result.children_left == []
+
+
+async def _stream(client, url, i, disconnect_after):
+    body = {"prompt": f"prompt {i}", "max_tokens": 40, "stream": True, "ignore_eos": True}
+    chunks, finish = 0, []
+    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+        assert r.status_code == 200, await r.aread()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            choice = json.loads(line[6:])["choices"][0]
+            chunks += 1
+            if choice["finish_reason"]:
+                finish.append(choice["finish_reason"])
+            if disconnect_after and chunks >= disconnect_after:
+                return "disconnected"
+    assert finish == ["length"], finish
+    return "completed"
+
+
+def check_streams_with_disconnects(server, timeout: float, count: int = 64) -> None:
+    """``count`` concurrent streams, every third cut by the client after 3 chunks: the rest complete, and
+    afterwards nothing is pending or running and no KV block is held by a request."""
+    async def run():
+        async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=100)) as client:
+            return await asyncio.gather(*(_stream(client, server.url, i, 3 if i % 3 == 0 else 0)
+                                          for i in range(count)))
+    results = asyncio.run(run())
+    cut = len(range(0, count, 3))
+    assert results.count("completed") == count - cut and results.count("disconnected") == cut, results
+    idle = settled_metrics(server, ("num_requests_pending", "num_requests_running", "kv_blocks_used"))
+    assert idle == dict.fromkeys(idle, 0.0), idle

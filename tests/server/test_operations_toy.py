@@ -1,43 +1,17 @@
 """Load, faults and lifecycle against the real server process (toy model): disconnects free KV
 blocks, a full queue answers 503, SIGTERM drains, API key and CORS."""
 import asyncio
-import json
 import time
 
 import httpx
 
 from tests.server.conftest import TOY_ARGS
-from tests.server.helpers import (ServerProcess, check_drained, metric, settled_metrics,
-                                  sigterm_during_streams)
-
-
-async def _stream(client, url, i, disconnect_after):
-    body = {"prompt": f"prompt {i}", "max_tokens": 40, "stream": True, "ignore_eos": True}
-    chunks, finish = 0, []
-    async with client.stream("POST", url + "/v1/completions", json=body) as r:
-        assert r.status_code == 200, await r.aread()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            choice = json.loads(line[6:])["choices"][0]
-            chunks += 1
-            if choice["finish_reason"]:
-                finish.append(choice["finish_reason"])
-            if disconnect_after and chunks >= disconnect_after:
-                return "disconnected"
-    assert finish == ["length"], finish
-    return "completed"
+from tests.server.helpers import (ServerProcess, check_drained, check_streams_with_disconnects, metric,
+                                  settled_metrics, sigterm_during_streams)
 
 
 def test_64_streams_third_disconnected_free_everything(toy_server):
-    async def run():
-        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=100)) as client:
-            return await asyncio.gather(*(_stream(client, toy_server.url, i, 3 if i % 3 == 0 else 0)
-                                          for i in range(64)))
-    results = asyncio.run(run())
-    assert results.count("completed") == 64 - 22 and results.count("disconnected") == 22
-    idle = settled_metrics(toy_server, ("num_requests_pending", "num_requests_running", "kv_blocks_used"))
-    assert idle == dict.fromkeys(idle, 0.0), idle
+    check_streams_with_disconnects(toy_server, timeout=60)
     assert metric(toy_server, "requests_aborted_total") >= 22
 
 

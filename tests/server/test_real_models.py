@@ -10,8 +10,7 @@ import openai
 import pytest
 
 from tests.engine.real_models import save_tiny_llama, smollm2_gguf
-from tests.server.helpers import ServerProcess, check_drained, settled_metrics, sigterm_during_streams
-from tests.server.test_operations_toy import _stream
+from tests.server.helpers import ServerProcess, check_drained, check_streams_with_disconnects, sigterm_during_streams
 
 CHAT_TEMPLATE = ("{% for m in messages %}<s> {{ m['content'] }} {% endfor %}"
                  "{% if add_generation_prompt %}w3 {% endif %}")
@@ -68,14 +67,7 @@ def test_tiny_llama_openai_parity_and_errors(tiny_server):
 
 
 def test_tiny_llama_64_streams_third_disconnected(tiny_server):
-    async def run():
-        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=100)) as client:
-            return await asyncio.gather(*(_stream(client, tiny_server.url, i, 3 if i % 3 == 0 else 0)
-                                          for i in range(64)))
-    results = asyncio.run(run())
-    assert results.count("completed") == 42 and results.count("disconnected") == 22
-    idle = settled_metrics(tiny_server, ("num_requests_pending", "num_requests_running", "kv_blocks_used"))
-    assert idle == dict.fromkeys(idle, 0.0), idle
+    check_streams_with_disconnects(tiny_server, timeout=120)
 
 
 def test_tiny_llama_sigterm_during_load(tiny_llama_dir):
