@@ -96,7 +96,7 @@ def read_cpu(buf) -> float:
 
 
 def read_gpu_copy(buf) -> float:
-    buf.register_cuda(mapped=False) if not buf._cuda_registered else None
+    buf.register_cuda(mapped=False) if not buf.cuda_registered else None
     dst = torch.empty(buf.nbytes, dtype=torch.uint8, device="cuda")
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -108,7 +108,7 @@ def read_gpu_copy(buf) -> float:
 def read_gpu_direct(buf) -> float:
     """A Triton kernel sums host memory in place (ATS on GH200; the mapped pointer on x86)."""
     from gh200rt.kernels.host_read import sum_host_bytes
-    buf.register_cuda(mapped=True) if not buf._cuda_registered else None
+    buf.register_cuda(mapped=True) if not buf.cuda_registered else None
     torch.cuda.synchronize()
     start = time.perf_counter()
     sum_host_bytes(buf)

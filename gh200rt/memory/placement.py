@@ -10,6 +10,9 @@ Contract: ``Placement(plan, device, platform, host_format, poison).apply(model, 
   fixed addresses, views built once) and a ``StreamingSchedule`` drives the transfer backend
   from the model's layer hooks.
 ``device_weight_bytes``, ``staging_bytes`` and ``host_slab_bytes`` are what the ledger books.
+``close()`` releases every slab it placed: the offloaded layers' WeightRefs are pointed at
+``CLOSED_WEIGHT`` and the schedule detached, so no view keeps a slab's pages (or their CUDA
+registration) alive after the engine is gone.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import torch
 from gh200rt.memory import host_format
 from gh200rt.memory.device_view import device_view, direct_weight, prepare_slab_for_device
 from gh200rt.memory.slabs import allocate_slab
-from gh200rt.models.base import LayerSchedule
+from gh200rt.models.base import NULL_SCHEDULE, LayerSchedule
 from gh200rt.models.llama import FUSED_SHARDS
 from gh200rt.models.layers.linear import RefLinear
 from gh200rt.planner.cost_model import SLAB_ALIGN
@@ -46,6 +49,18 @@ def _views(buffer: torch.Tensor, layout: Layout) -> dict[str, dict[str, torch.Te
         nbytes = torch.Size(shape).numel() * dtype.itemsize
         out.setdefault(name, {})[part] = buffer[offset:offset + nbytes].view(dtype).view(shape)
     return out
+
+
+class _ClosedWeight:
+    """What an offloaded layer's WeightRef holds once its placement was closed."""
+    nbytes = 0
+
+    def linear(self, x, bias=None):
+        raise RuntimeError("this model's offloaded weights were released when its engine was closed; "
+                           "build a new engine to generate again")
+
+
+CLOSED_WEIGHT = _ClosedWeight()
 
 
 class StreamingSchedule(LayerSchedule):
@@ -87,6 +102,8 @@ class Placement:
         self.slabs: dict[int, object] = {}
         self.backend = None
         self.device_weight_bytes = 0
+        self._model = None
+        self._offloaded: list[int] = []
 
     @property
     def num_kv_blocks(self) -> int:
@@ -105,6 +122,7 @@ class Placement:
         fmt = self.host_format or host_format.resolve_host_format("auto", self.device.type == "cpu", compute_dtype,
                                                                   bool(quantized))
         offloaded = [i for i, tier in enumerate(self.plan.tiers) if tier != "resident"]
+        self._model, self._offloaded = model, offloaded
         layouts: dict[int, tuple[Layout, dict[str, object]]] = {}
         for i in offloaded:  # one layer at a time: its dense weights go as soon as the slab holds them
             refs = model.layer_weight_refs(i)
@@ -160,9 +178,20 @@ class Placement:
         self.device_weight_bytes = sum(seen.values())
 
     def close(self) -> None:
+        """Finish outstanding copies, detach from the model and free every slab (idempotent)."""
         if self.backend is not None:
             self.backend.close()
             self.backend = None
+        model, self._model = self._model, None
+        if model is not None:
+            if isinstance(model.layer_schedule, StreamingSchedule):
+                model.layer_schedule = NULL_SCHEDULE
+            for i in self._offloaded:
+                for ref in model.layer_weight_refs(i).values():
+                    ref.current = CLOSED_WEIGHT
+        for slab in self.slabs.values():
+            slab.free()
+        self.slabs.clear()
 
 
 def _gguf_parts(quantized: dict | None, layer: int, name: str) -> list | None:

@@ -17,12 +17,14 @@ def smollm2_gguf() -> str:
     return next(os.path.join(loc, f) for f in os.listdir(loc) if f.endswith(".gguf"))
 
 
-def save_tiny_llama(path: str, vocab_size: int = 256, num_layers: int = 2) -> str:
+def save_tiny_llama(path: str, vocab_size: int = 256, num_layers: int = 2, hidden_size: int = 64,
+                    intermediate_size: int = 128) -> str:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from tests.model.tiny_checkpoints import write_tokenizer
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                         num_hidden_layers=num_layers,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                          bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
     LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
