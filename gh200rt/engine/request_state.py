@@ -6,7 +6,7 @@ import torch
 
 from gh200rt.engine.detokenizer import IncrementalDetokenizer
 from gh200rt.engine.outputs import CompletionOutput, RequestOutput, TokenLogprobs
-from gh200rt.engine.sampler import top_logprobs
+from gh200rt.engine.sampler import token_logprobs
 from gh200rt.sampling_params import SamplingParams
 from gh200rt.scheduler.request import Sequence
 
@@ -14,14 +14,10 @@ from gh200rt.scheduler.request import Sequence
 def prompt_logprobs_for_chunk(chunk_logits: torch.Tensor, prompt: list[int], start: int,
                               k: int) -> list[TokenLogprobs]:
     """Row r holds the logits at prompt position start + r, which score prompt token start + r + 1."""
-    logprobs = torch.log_softmax(chunk_logits, dim=-1)
-    result = []
-    for r in range(chunk_logits.shape[0]):
-        target = start + r + 1
-        if target >= len(prompt):
-            break
-        result.append(top_logprobs(logprobs[r], prompt[target], k))
-    return result
+    targets = prompt[start + 1:start + 1 + chunk_logits.shape[0]]
+    if not targets:
+        return []
+    return token_logprobs(torch.log_softmax(chunk_logits[:len(targets)], dim=-1), targets, k)
 
 
 class RequestState:

@@ -1,10 +1,11 @@
-"""Turn one step's logits into tokens, one row per sampling sequence.
+"""Turn one step's logits into tokens for the whole batch with tensor ops, on the logits' device.
 
-Order per row: min_tokens mask -> repetition / presence / frequency penalties -> temperature ->
-top-k -> top-p -> min-p -> draw. Greedy rows take the argmax of the penalised logits. A seeded
-row draws with its sequence's own ``torch.Generator`` (an exponential race, one draw per row), so
-its tokens do not depend on what else is in the batch; unseeded rows draw from the engine's
-generator. Logprobs are of the model's raw distribution (log_softmax of the logits).
+Order: min_tokens mask -> repetition / presence / frequency penalties -> greedy argmax, or
+temperature -> top-k -> top-p -> min-p -> draw. A draw is an exponential race (argmax of
+probs / Exp(1) noise). Unseeded rows take their noise in one call on the engine's generator for
+that device; a seeded row draws from its sequence's own generator on the same device, so its
+tokens do not depend on what else is in the batch. Logprobs are of the model's raw distribution
+(log_softmax of the logits). The host sees the step's results in one device -> host copy.
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from gh200rt.engine.outputs import Logprob, TokenLogprobs
+from gh200rt.engine.sampling_tensors import (SamplingTensors, apply_penalties, banned_until_min_tokens, mask_ids,
+                                             needs_penalties, to_device)
 from gh200rt.scheduler.request import Sequence
 
 
@@ -23,92 +26,128 @@ class SampleResult:
     chosen_logprobs: list[float]
 
 
-def apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
-    """In place on one row [V]."""
-    p = seq.params
-    if p.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(seq.all_token_ids)), dtype=torch.int64)
-        vals = logits[seen]
-        logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-    if (p.presence_penalty or p.frequency_penalty) and seq.output_token_ids:
-        out = torch.tensor(seq.output_token_ids, dtype=torch.int64)
-        counts = torch.bincount(out, minlength=logits.shape[0]).to(logits.dtype)
-        logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+def truncate_batch(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+    """``logits`` [R, V] (temperature-scaled) with what top-k, top-p and min-p exclude set to -inf."""
+    neg_inf = float("-inf")
+    if t.any_top_k or t.any_top_p:
+        vocab = logits.shape[1]
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        if t.any_top_k:
+            k = torch.where((t.top_k <= 0) | (t.top_k > vocab), vocab, t.top_k)
+            kth = sorted_logits.gather(1, (k - 1).unsqueeze(1))
+            logits = logits.masked_fill(logits < kth, neg_inf)            # ties with the k-th value stay
+            sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, neg_inf)
+        if t.any_top_p:
+            probs = torch.softmax(sorted_logits, dim=-1)
+            before = torch.cumsum(probs, dim=-1) - probs
+            drop_sorted = (before >= t.top_p.unsqueeze(1)) & (t.top_p < 1.0).unsqueeze(1)
+            drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)  # smallest prefix reaching top_p
+            logits = logits.masked_fill(drop, neg_inf)
+    if t.any_min_p:
+        probs = torch.softmax(logits, dim=-1)
+        logits = logits.masked_fill(probs < t.min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True), neg_inf)
+    return logits
 
 
-def truncate(probs_logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> None:
-    """Mask (to -inf, in place) what top-k, top-p and min-p exclude from one temperature-scaled row."""
-    row = probs_logits
-    if top_k and top_k < row.shape[0]:
-        kth = torch.topk(row, top_k).values[-1]
-        row[row < kth] = float("-inf")
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(row, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        before = torch.cumsum(probs, dim=-1) - probs
-        drop = before >= top_p                    # keep the smallest prefix whose mass reaches top_p
-        row[order[drop]] = float("-inf")
-    if min_p > 0.0:
-        probs = torch.softmax(row, dim=-1)
-        row[probs < min_p * probs.max()] = float("-inf")
-
-
-def top_logprobs(logprobs_row: torch.Tensor, chosen: int, k: int) -> TokenLogprobs:
-    result: TokenLogprobs = {}
-    chosen_lp = logprobs_row[chosen].item()
-    rank = int((logprobs_row > chosen_lp).sum().item()) + 1
-    if k:
-        values, ids = torch.topk(logprobs_row, k)
-        for r, (v, t) in enumerate(zip(values.tolist(), ids.tolist()), start=1):
-            result[t] = Logprob(v, r)
-    result[chosen] = Logprob(chosen_lp, rank)
-    return result
+def truncate(row: torch.Tensor, top_k: int, top_p: float, min_p: float) -> None:
+    """One temperature-scaled row [V], truncated in place (``truncate_batch`` on a batch of one)."""
+    t = SamplingTensors(torch.zeros(1, dtype=torch.int64), torch.ones(1, 1), torch.tensor([top_k]),
+                        torch.tensor([top_p]), torch.tensor([min_p]), bool(top_k), top_p < 1.0, min_p > 0.0)
+    row.copy_(truncate_batch(row.unsqueeze(0), t)[0])
 
 
 class Sampler:
     def __init__(self, seed: int = 0):
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed = seed
+        self._generators: dict[torch.device, torch.Generator] = {}
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        """The engine's generator for unseeded rows on ``device``."""
+        if device not in self._generators:
+            self._generators[device] = torch.Generator(device=device).manual_seed(self.seed)
+        return self._generators[device]
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
         assert logits.shape[0] == len(seqs)
-        want_logprobs = any(s.params.logprobs is not None for s in seqs)
+        want_logprobs = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
-        simple = [i for i, s in enumerate(seqs) if _is_plain_greedy(s)]
-        tokens = [0] * len(seqs)
-        if simple:
-            ids = torch.argmax(logits[simple], dim=-1).tolist()
-            for i, t in zip(simple, ids):
-                tokens[i] = t
-        simple_set = set(simple)
-        for i, seq in enumerate(seqs):
-            if i not in simple_set:
-                tokens[i] = self._sample_row(logits[i].clone(), seq)
-        row_logprobs: list[TokenLogprobs | None] = [None] * len(seqs)
-        chosen: list[float] = [0.0] * len(seqs)
-        if raw_logprobs is not None:
-            for i, seq in enumerate(seqs):
-                if seq.params.logprobs is not None:
-                    row_logprobs[i] = top_logprobs(raw_logprobs[i], tokens[i], seq.params.logprobs)
-                    chosen[i] = row_logprobs[i][tokens[i]].logprob
-        return SampleResult(tokens, row_logprobs, chosen)
+        if all(_is_plain_greedy(s) for s in seqs):
+            tokens = torch.argmax(logits, dim=-1)
+        else:
+            tokens = self._sample(logits.clone(), seqs)
+        return _gather_results(tokens, raw_logprobs, seqs, want_logprobs)
 
-    def _sample_row(self, row: torch.Tensor, seq: Sequence) -> int:
-        p = seq.params
-        if len(seq.output_token_ids) < p.min_tokens:
-            banned = set(p.stop_token_ids) | (set() if p.ignore_eos else set(seq.eos_token_ids))
-            if banned:
-                row[torch.tensor(sorted(banned), dtype=torch.int64)] = float("-inf")
-        apply_penalties(row, seq)
-        if p.greedy:
-            return int(torch.argmax(row).item())
-        row /= p.temperature
-        truncate(row, p.top_k, p.top_p, p.min_p)
-        probs = torch.softmax(row, dim=-1)
-        noise = torch.empty_like(probs).exponential_(generator=seq.generator or self.generator)
-        return int(torch.argmax(probs / noise).item())
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        banned = {i: ids for i, s in enumerate(seqs) if (ids := banned_until_min_tokens(s))}
+        if banned:
+            mask_ids(logits, list(banned), list(banned.values()))
+        penalised = [i for i, s in enumerate(seqs) if needs_penalties(s)]
+        if penalised:
+            apply_penalties(logits, seqs, penalised)
+        tokens = torch.argmax(logits, dim=-1)
+        random_rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
+        if random_rows:
+            t = SamplingTensors.build(seqs, random_rows, logits.device)
+            scaled = truncate_batch(logits.index_select(0, t.random_rows) / t.temperature, t)
+            probs = torch.softmax(scaled, dim=-1)
+            tokens.index_copy_(0, t.random_rows, torch.argmax(probs / self._noise(probs, seqs, random_rows), dim=-1))
+        return tokens
+
+    def _noise(self, probs: torch.Tensor, seqs: list[Sequence], rows: list[int]) -> torch.Tensor:
+        """Exp(1) noise per row: the engine's generator for unseeded rows, the sequence's for seeded ones."""
+        device = probs.device
+        noise = torch.empty_like(probs)
+        seeded = [j for j, i in enumerate(rows) if seqs[i].seed is not None]
+        if len(seeded) < len(rows):
+            noise.exponential_(generator=self.generator(device))
+        for j in seeded:
+            noise[j].exponential_(generator=seqs[rows[j]].generator_on(device))
+        return noise
+
+
+def pack_logprobs(logprobs: torch.Tensor, chosen_ids: torch.Tensor, k: int) -> torch.Tensor:
+    """float64 ``[R, 2 + 2k]`` on the device: chosen logprob, its rank, top-k logprobs, top-k ids."""
+    chosen = logprobs.gather(1, chosen_ids.unsqueeze(1))
+    rank = (logprobs > chosen).sum(dim=1, keepdim=True) + 1
+    top_values, top_ids = torch.topk(logprobs, k, dim=-1)
+    return torch.cat([chosen.double(), rank.double(), top_values.double(), top_ids.double()], dim=1)
+
+
+def unpack_logprobs(row: list[float], chosen_id: int, k: int, wanted: int) -> TokenLogprobs:
+    """One packed row (see ``pack_logprobs``) as ``{token id: Logprob}``: the top ``wanted``, then the chosen."""
+    result: TokenLogprobs = {int(t): Logprob(v, r) for r, (v, t) in
+                             enumerate(zip(row[2:2 + wanted], row[2 + k:2 + k + wanted]), start=1)}
+    result[chosen_id] = Logprob(row[0], int(row[1]))
+    return result
+
+
+def token_logprobs(logprobs: torch.Tensor, chosen_ids: list[int], k: int) -> list[TokenLogprobs]:
+    """Top-``k`` and chosen logprobs of each row of ``logprobs`` [R, V], in one device -> host copy."""
+    chosen = to_device(chosen_ids, torch.int64, logprobs.device)
+    rows = pack_logprobs(logprobs, chosen, k).tolist()
+    return [unpack_logprobs(row, c, k, k) for row, c in zip(rows, chosen_ids)]
+
+
+def _gather_results(tokens: torch.Tensor, raw_logprobs: torch.Tensor | None, seqs: list[Sequence],
+                    want: list[int]) -> SampleResult:
+    """Token ids, and the logprobs asked for, brought to the host in one copy."""
+    if raw_logprobs is None:
+        return SampleResult(tokens.tolist(), [None] * len(seqs), [0.0] * len(seqs))
+    rows = to_device(want, torch.int64, tokens.device)
+    k = max(seqs[i].params.logprobs for i in want)
+    packed = pack_logprobs(raw_logprobs.index_select(0, rows), tokens.index_select(0, rows), k)
+    host = torch.cat([tokens.double(), packed.flatten()]).tolist()
+    token_ids = [int(x) for x in host[:len(seqs)]]
+    width = 2 + 2 * k
+    row_logprobs: list[TokenLogprobs | None] = [None] * len(seqs)
+    chosen_logprobs = [0.0] * len(seqs)
+    for j, i in enumerate(want):
+        row = host[len(seqs) + j * width:len(seqs) + (j + 1) * width]
+        row_logprobs[i] = unpack_logprobs(row, token_ids[i], k, seqs[i].params.logprobs)
+        chosen_logprobs[i] = row[0]
+    return SampleResult(token_ids, row_logprobs, chosen_logprobs)
 
 
 def _is_plain_greedy(seq: Sequence) -> bool:
     p = seq.params
-    return (p.greedy and p.repetition_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty
-            and len(seq.output_token_ids) >= p.min_tokens)
+    return p.greedy and not needs_penalties(seq) and len(seq.output_token_ids) >= p.min_tokens

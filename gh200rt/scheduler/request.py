@@ -41,12 +41,19 @@ class Sequence:
         self.share_prompt_from: "Sequence | None" = None
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
-        self.generator: torch.Generator | None = None
-        if params.seed is not None:
-            # Seeded from (seed, choice index) only, so the tokens never depend on the batch.
-            self.generator = torch.Generator().manual_seed((params.seed * 1_000_003 + index) % (2**63))
+        # Seeded from (seed, choice index) only, so the tokens never depend on the batch.
+        self.seed: int | None = None if params.seed is None else (params.seed * 1_000_003 + index) % (2**63)
+        self._generator: torch.Generator | None = None
         self.output_logprobs: list = []
         self.cumulative_logprob = 0.0
+
+    def generator_on(self, device: torch.device) -> torch.Generator:
+        """This sequence's own generator, on the device its logits live on (created at first draw)."""
+        assert self.seed is not None, "only seeded sequences have their own generator"
+        if self._generator is None:
+            self._generator = torch.Generator(device=device).manual_seed(self.seed)
+        assert self._generator.device == device, "a sequence samples on one device"
+        return self._generator
 
     @property
     def all_token_ids(self) -> list[int]:

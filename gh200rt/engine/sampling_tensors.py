@@ -1,0 +1,98 @@
+"""One step's sampling parameters as tensors on the logits' device, built from host lists.
+
+Every tensor goes host -> device in one non-blocking copy from page-locked memory when the device
+is a GPU (``to_device``), so building them never stalls the host on the GPU. Token-id lists of
+different lengths are padded with ``V`` (one past the vocabulary): scattered into a ``[R, V + 1]``
+table, the padding lands in a column that is then dropped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gh200rt.scheduler.request import Sequence
+
+
+def to_device(data: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``torch.tensor(data)`` on ``device``: through pinned memory and a non-blocking copy on a GPU."""
+    if device.type == "cpu":
+        return torch.tensor(data, dtype=dtype)
+    return torch.tensor(data, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+
+
+def padded_ids(rows: list[list[int]], pad: int, device: torch.device) -> torch.Tensor:
+    """int64 ``[len(rows), longest]`` (at least one column), short rows padded with ``pad``."""
+    width = max(1, max((len(r) for r in rows), default=0))
+    return to_device([r + [pad] * (width - len(r)) for r in rows], torch.int64, device)
+
+
+def id_counts(rows: list[list[int]], vocab: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``[len(rows), vocab]``: how often each token id occurs in each row."""
+    index = padded_ids(rows, vocab, device)
+    counts = torch.zeros(len(rows), vocab + 1, dtype=dtype, device=device)
+    counts.scatter_add_(1, index, torch.ones_like(index, dtype=dtype))
+    return counts[:, :vocab]
+
+
+@dataclass
+class SamplingTensors:
+    """Per-row parameters of the rows that draw at random (``random_rows`` of the batch)."""
+    random_rows: torch.Tensor          # int64 [R]
+    temperature: torch.Tensor          # float32 [R, 1]
+    top_k: torch.Tensor                # int64 [R]; 0 = off
+    top_p: torch.Tensor                # float32 [R]; 1.0 = off
+    min_p: torch.Tensor                # float32 [R]; 0.0 = off
+    any_top_k: bool
+    any_top_p: bool
+    any_min_p: bool
+
+    @classmethod
+    def build(cls, seqs: list[Sequence], rows: list[int], device: torch.device) -> "SamplingTensors":
+        params = [seqs[i].params for i in rows]
+        floats = to_device([[p.temperature, p.top_p, p.min_p] for p in params], torch.float32, device)
+        return cls(random_rows=to_device(rows, torch.int64, device), temperature=floats[:, 0:1],
+                   top_k=to_device([p.top_k or 0 for p in params], torch.int64, device),
+                   top_p=floats[:, 1], min_p=floats[:, 2],
+                   any_top_k=any(p.top_k for p in params), any_top_p=any(p.top_p < 1.0 for p in params),
+                   any_min_p=any(p.min_p > 0.0 for p in params))
+
+
+def needs_penalties(seq: Sequence) -> bool:
+    p = seq.params
+    return p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
+
+
+def apply_penalties(logits: torch.Tensor, seqs: list[Sequence], rows: list[int]) -> None:
+    """Repetition (over prompt and output), presence and frequency (over output) penalties, in place."""
+    device, vocab = logits.device, logits.shape[1]
+    index = to_device(rows, torch.int64, device)
+    sub = logits.index_select(0, index)
+    params = [seqs[i].params for i in rows]
+    if any(p.repetition_penalty != 1.0 for p in params):
+        seen = id_counts([seqs[i].all_token_ids for i in rows], vocab, device, torch.int32) > 0
+        penalty = to_device([p.repetition_penalty for p in params], torch.float32, device).unsqueeze(1)
+        penalised = torch.where(sub > 0, sub / penalty, sub * penalty)
+        sub = torch.where(seen, penalised, sub)
+    if any(p.presence_penalty or p.frequency_penalty for p in params):
+        counts = id_counts([seqs[i].output_token_ids for i in rows], vocab, device, sub.dtype)
+        weights = to_device([[p.frequency_penalty, p.presence_penalty] for p in params], sub.dtype, device)
+        sub = sub - (weights[:, 0:1] * counts + weights[:, 1:2] * (counts > 0).to(sub.dtype))
+    logits.index_copy_(0, index, sub)
+
+
+def banned_until_min_tokens(seq: Sequence) -> list[int]:
+    """Ids a sequence may not produce yet: its stop ids and EOS while it has fewer than min_tokens."""
+    p = seq.params
+    if len(seq.output_token_ids) >= p.min_tokens:
+        return []
+    return sorted(set(p.stop_token_ids) | (set() if p.ignore_eos else set(seq.eos_token_ids)))
+
+
+def mask_ids(logits: torch.Tensor, rows: list[int], ids: list[list[int]]) -> None:
+    """Set ``logits[rows[j], ids[j]]`` to -inf, in place."""
+    vocab = logits.shape[1]
+    index = to_device(rows, torch.int64, logits.device)
+    mask = torch.zeros(len(rows), vocab + 1, dtype=torch.bool, device=logits.device)
+    mask.scatter_(1, padded_ids(ids, vocab, logits.device), True)
+    logits.index_copy_(0, index, logits.index_select(0, index).masked_fill(mask[:, :vocab], float("-inf")))
