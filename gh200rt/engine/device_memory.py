@@ -17,6 +17,7 @@ from gh200rt.loader.load import LoadedModel, load_model
 from gh200rt.memory import host_format
 from gh200rt.memory.ledger import DeviceMemoryLedger, ledger_capacity
 from gh200rt.memory.placement import Placement
+from gh200rt.memory.slabs import check_node_has_room
 from gh200rt.models.gpu_kernels import use_triton_kernels
 from gh200rt.planner.cost_model import activation_bytes, model_sizes
 from gh200rt.planner.planner import Plan, make_plan
@@ -66,6 +67,7 @@ def place_model(config: EngineConfig, device: str | None = None, poison: bool = 
     capacity = ledger_capacity(config.memory, free, sizes.all_resident_bytes + activations, useful_kv)
     plan = make_plan(sizes, platform, config.memory, capacity, config.cache.block_size,
                      activation_bytes=activations, max_model_len=longest)
+    check_node_has_room(plan.host_weight_bytes, platform.host_numa_node)
     placement = Placement(plan, device, platform, fmt, poison)
     placement.apply(loaded.model, loaded.quantized)
     if device != "cpu":

@@ -2,7 +2,8 @@
 
 Only rows that sample (the last token of a sequence that completes its prompt or decodes) go
 through ``compute_logits``, plus every prompt position of sequences that asked for
-``prompt_logprobs``. Inputs are built from host lists in one pass (no per-token tensors).
+``prompt_logprobs``. Inputs are built from host lists in one pass (no per-token tensors) and reach
+the device in one copy (through pinned memory on a GPU), so preparing a step never waits on it.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gh200rt.engine.device_inputs import to_device
 from gh200rt.models.base import AttentionMetadata
 from gh200rt.scheduler.scheduler import SchedulerOutput
 
@@ -20,6 +22,7 @@ class StepInputs:
     positions: torch.Tensor
     meta: AttentionMetadata
     sample_rows: list[int]                      # flat token index whose logits sample, per sampling seq
+    sample_index: torch.Tensor                  # the same on the device (int64), for index_select
     prompt_logit_ranges: dict[int, tuple[int, int]]   # scheduled index -> flat [start, end) of prompt logits
 
 
@@ -38,15 +41,14 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device |
         seq, q = item.seq, item.num_new_tokens
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + q
         flat = starts[-1]
+        table = seq.block_ids
         if q == 1:
             ids.append(seq.all_token_ids[start])
             positions.append(start)
-            table = seq.block_ids
             slots.append(table[start // block_size] * block_size + start % block_size)
         else:
             ids.extend(seq.all_token_ids[start:end])
             positions.extend(range(start, end))
-            table = seq.block_ids
             slots.extend(table[p // block_size] * block_size + p % block_size for p in range(start, end))
         if seq.params.prompt_logprobs is not None and start < len(seq.prompt_token_ids):
             prompt_ranges[i] = (flat, flat + min(end, len(seq.prompt_token_ids)) - start)
@@ -57,19 +59,18 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device |
         starts.append(flat + q)
         if end == seq.num_tokens:
             sample_rows.append(flat + q - 1)
-    flat_tables: list[int] = []
+    # Everything the device needs, packed into one int64 host tensor: one (non-blocking, pinned) copy.
+    packed = [*ids, *positions, *slots, *starts, *seq_lens, *sample_rows]
     for table in tables:
-        flat_tables.extend(table)
-        flat_tables.extend([0] * (width - len(table)))
-    padded = torch.tensor(flat_tables, dtype=torch.int32).view(len(tables), width)
+        packed.extend(table)
+        packed.extend([0] * (width - len(table)))
+    on_device = to_device(packed, torch.int64, torch.device(device))
+    t, b = len(ids), len(tables)
+    parts = on_device.split([t, t, t, b + 1, b, len(sample_rows), b * width])
     meta = AttentionMetadata(
-        query_start_loc=torch.tensor(starts, dtype=torch.int64, device=device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=device),
-        block_tables=padded.to(device),
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-        query_lens_list=query_lens, seq_lens_list=seq_lens, block_size=block_size)
-    return StepInputs(torch.tensor(ids, dtype=torch.int64, device=device),
-                      torch.tensor(positions, dtype=torch.int64, device=device), meta, sample_rows, prompt_ranges)
+        query_start_loc=parts[3], seq_lens=parts[4], block_tables=parts[6].view(b, width).to(torch.int32),
+        slot_mapping=parts[2], query_lens_list=query_lens, seq_lens_list=seq_lens, block_size=block_size)
+    return StepInputs(parts[0], parts[1], meta, sample_rows, parts[5], prompt_ranges)
 
 
 @dataclass
@@ -90,7 +91,11 @@ class ModelRunner:
     def run(self, out: SchedulerOutput) -> StepLogits:
         inputs = prepare_inputs(out, self.block_size, self.device)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
-        sample_logits = self.model.compute_logits(hidden[inputs.sample_rows]) if inputs.sample_rows else \
-            torch.empty(0, 0)
+        if not inputs.sample_rows:
+            sample_logits = torch.empty(0, 0)
+        elif len(inputs.sample_rows) == hidden.shape[0]:   # decode: every row samples, in order
+            sample_logits = self.model.compute_logits(hidden)
+        else:
+            sample_logits = self.model.compute_logits(hidden.index_select(0, inputs.sample_index))
         prompt_logits = {i: self.model.compute_logits(hidden[a:b]) for i, (a, b) in inputs.prompt_logit_ranges.items()}
         return StepLogits(sample_logits.float(), {i: t.float() for i, t in prompt_logits.items()})

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from gh200rt.engine.outputs import Logprob, TokenLogprobs
+from gh200rt.engine.device_inputs import to_device
 from gh200rt.engine.sampling_tensors import (SamplingTensors, apply_penalties, banned_until_min_tokens, mask_ids,
-                                             needs_penalties, to_device)
+                                             needs_penalties)
 from gh200rt.scheduler.request import Sequence
 
 

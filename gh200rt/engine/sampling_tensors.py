@@ -1,7 +1,7 @@
 """One step's sampling parameters as tensors on the logits' device, built from host lists.
 
 Every tensor goes host -> device in one non-blocking copy from page-locked memory when the device
-is a GPU (``to_device``), so building them never stalls the host on the GPU. Token-id lists of
+is a GPU (``device_inputs.to_device``), so building them never stalls the host on the GPU. Token-id lists of
 different lengths are padded with ``V`` (one past the vocabulary): scattered into a ``[R, V + 1]``
 table, the padding lands in a column that is then dropped.
 """
@@ -11,14 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gh200rt.engine.device_inputs import to_device
 from gh200rt.scheduler.request import Sequence
-
-
-def to_device(data: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``torch.tensor(data)`` on ``device``: through pinned memory and a non-blocking copy on a GPU."""
-    if device.type == "cpu":
-        return torch.tensor(data, dtype=dtype)
-    return torch.tensor(data, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
 
 
 def padded_ids(rows: list[list[int]], pad: int, device: torch.device) -> torch.Tensor:

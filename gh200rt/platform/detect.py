@@ -7,6 +7,7 @@ from a measured profile JSON when given, else from the named built-in profile ma
 from __future__ import annotations
 
 import platform as _pyplatform
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,26 +38,50 @@ class Platform:
                    hbm_gbps=prof.hbm_gbps, peak_tflops=prof.peak_tflops, profile=prof.name)
 
 
-def _profile_for_device(name: str, total_bytes: int, aarch64: bool) -> str:
+def profile_for_device(name: str, total_bytes: int, aarch64: bool) -> str:
+    """The built-in profile for a CUDA device name ("NVIDIA H100 80GB HBM3", "NVIDIA H100 NVL", ...)."""
     lowered = name.lower()
     if "gh200" in lowered or (aarch64 and "h100" in lowered):
         return "gh200-144g" if total_bytes > 110 * 10**9 else "gh200-96g"
     if "h200" in lowered:
-        return "h200"
+        return "h200-nvl" if "nvl" in lowered else "h200"
     if "h100" in lowered:
+        if "nvl" in lowered:
+            return "h100-nvl"
         return "h100-pcie" if "pcie" in lowered else "h100-sxm"
     return "h100-pcie"  # conservative PCIe figures for an unknown CUDA device
 
 
-def _gpu_numa_node(device_index: int) -> int:
-    """Host NUMA node nearest the GPU from sysfs; 0 when the kernel does not say."""
+def pci_address(domain: int, bus: int, device: int) -> str:
+    """The sysfs name of a PCI function 0 from CUDA's integer ids: (0, 0xca, 0) -> '0000:ca:00.0'."""
+    return f"{domain:04x}:{bus:02x}:{device:02x}.0"
+
+
+def gpu_numa_node(bus_id: str, sysfs_root: str | Path = "/sys") -> int:
+    """The host NUMA node nearest the GPU at ``bus_id`` (its slabs and copy threads belong there).
+
+    When the firmware does not say (numa_node -1, common in VMs) the machine's first CPU node is the
+    answer on a one-socket machine; on several sockets it is a guess, and the warning says how to check.
+    """
+    from gh200rt.numa.topology import read_topology
+    topology = read_topology(sysfs_root)
     try:
-        import torch
-        bus_id = torch.cuda.get_device_properties(device_index).pci_bus_id  # type: ignore[attr-defined]
-        text = Path(f"/sys/bus/pci/devices/{bus_id.lower()}/numa_node").read_text().strip()
-        return max(int(text), 0)
-    except Exception:
-        return 0
+        nearest = topology.nearest_node_for_gpu(bus_id)
+    except ValueError:
+        nearest = None
+    if nearest is not None:
+        return nearest
+    first = topology.cpu_nodes[0].id if topology.cpu_nodes else 0
+    if len(topology.cpu_nodes) > 1:
+        warnings.warn(f"the kernel does not report the NUMA node of the GPU at {bus_id}; placing host weights on "
+                      f"node {first}. Check with `python -m gh200rt.numa` and `nvidia-smi topo -m`", stacklevel=2)
+    return first
+
+
+def _cuda_pci_address(device_index: int) -> str:
+    import torch
+    props = torch.cuda.get_device_properties(device_index)
+    return pci_address(props.pci_domain_id, props.pci_bus_id, props.pci_device_id)
 
 
 def _ats_supported(device_index: int) -> bool:
@@ -84,13 +109,13 @@ def detect(profile_name: str | None = None, measured_profile: str | Path | None 
     props = torch.cuda.get_device_properties(0)
     aarch64 = _pyplatform.machine() in ("aarch64", "arm64")
     ats = _ats_supported(0)
-    prof = get_profile(_profile_for_device(props.name, props.total_memory, aarch64 and ats))
+    prof = get_profile(profile_for_device(props.name, props.total_memory, aarch64 and ats))
     if measured_profile:
         prof = load_measured_profile(measured_profile, prof)
     kind = "gh200" if (aarch64 and ats) else ("x86-cuda" if prof.kind == "x86-cuda" and
                                                  ("H100" in props.name or "H200" in props.name)
                                                  else "cuda-other")
     return Platform(kind=kind, device_name=props.name, device_memory_bytes=props.total_memory,
-                    host_numa_node=_gpu_numa_node(0), ats=ats, link_h2d_gbps=prof.link_h2d_gbps,
+                    host_numa_node=gpu_numa_node(_cuda_pci_address(0)), ats=ats, link_h2d_gbps=prof.link_h2d_gbps,
                     direct_read_gbps=prof.direct_read_gbps, hbm_gbps=prof.hbm_gbps,
                     peak_tflops=prof.peak_tflops, profile=prof.name)

@@ -38,8 +38,13 @@ PROFILES: dict[str, HardwareProfile] = {
     "h100-sxm": HardwareProfile("h100-sxm", "x86-cuda", 80 * 10**9, 52.0, 35.0, 3350.0, 989.0, False),
     # H100 PCIe: 80 GB HBM2e at 2.0 TB/s, 756 TFLOPS dense bf16 (NVIDIA datasheet); same PCIe Gen5 link.
     "h100-pcie": HardwareProfile("h100-pcie", "x86-cuda", 80 * 10**9, 52.0, 35.0, 2000.0, 756.0, False),
+    # H100 NVL (PCIe card): 94 GB HBM3 at 3.9 TB/s, 835 TFLOPS dense bf16 (1,671 with sparsity; NVIDIA
+    # H100 NVL datasheet); PCIe Gen5 host link as above.
+    "h100-nvl": HardwareProfile("h100-nvl", "x86-cuda", 94 * 10**9, 52.0, 35.0, 3900.0, 835.0, False),
     # H200 141 GB at 4.8 TB/s (NVIDIA datasheet); PCIe Gen5 host link as above.
     "h200": HardwareProfile("h200", "x86-cuda", 141 * 10**9, 52.0, 35.0, 4800.0, 989.0, False),
+    # H200 NVL (PCIe card): 141 GB at 4.8 TB/s, 835 TFLOPS dense bf16 (NVIDIA H200 NVL datasheet).
+    "h200-nvl": HardwareProfile("h200-nvl", "x86-cuda", 141 * 10**9, 52.0, 35.0, 4800.0, 835.0, False),
     # No GPU: "device memory" is the --device-memory-budget stand-in (default 2 GiB); a copy is a
     # host memcpy (rough LPDDR/DDR figure, replaced by a measured profile when one exists).
     "cpu": HardwareProfile("cpu", "cpu", 2 * GIB, 10.0, 10.0, 20.0, 0.5, False),
