@@ -13,7 +13,7 @@ import triton.language as tl
 @triton.jit
 def rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, H, stride_x, stride_r, stride_y, stride_ro, eps,
                    HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # int64: T * H passes 2^31 in long prefills
     offs = tl.arange(0, BLOCK_H)
     ok = offs < H
     x = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)

@@ -14,7 +14,7 @@ import triton.language as tl
 @triton.jit
 def rope_kernel(x_ptr, y_ptr, pos_ptr, cache_ptr, heads, stride_xt, stride_xh, stride_yt, stride_yh,
                 stride_cache, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    t = tl.program_id(0)
+    t = tl.program_id(0).to(tl.int64)  # int64: T * stride passes 2^31 in long prefills
     pos = tl.load(pos_ptr + t)
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)

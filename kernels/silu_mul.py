@@ -10,7 +10,7 @@ BLOCK = 1024
 
 @triton.jit
 def silu_mul_kernel(x_ptr, y_ptr, inter, stride_x, stride_y, BLOCK: tl.constexpr):
-    row, col_block = tl.program_id(0), tl.program_id(1)
+    row, col_block = tl.program_id(0).to(tl.int64), tl.program_id(1)  # int64: T * 2I passes 2^31
     offs = col_block * BLOCK + tl.arange(0, BLOCK)
     ok = offs < inter
     gate = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)

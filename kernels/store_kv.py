@@ -11,7 +11,7 @@ import triton.language as tl
 @triton.jit
 def store_kv_kernel(k_ptr, v_ptr, cache_ptr, slot_ptr, row_elems, stride_kt, stride_vt, v_offset,
                     BLOCK: tl.constexpr):
-    t, chunk = tl.program_id(0), tl.program_id(1)
+    t, chunk = tl.program_id(0).to(tl.int64), tl.program_id(1)  # int64: T * row stride passes 2^31
     slot = tl.load(slot_ptr + t)
     if slot >= 0:
         offs = chunk * BLOCK + tl.arange(0, BLOCK)

@@ -91,6 +91,10 @@ def bind(form, views: dict[str, torch.Tensor], compute_dtype: torch.dtype, stabl
     if not isinstance(form, torch.Tensor):
         return form.with_tensors(views, stable=stable)
     weight = views["weight"]
+    if wrap_dense is not None and weight.device.type != "cpu":
+        # a GPU reading host memory in place: host_gemm upcasts each weight tile in registers; an
+        # UpcastWeight here would copy the whole weight into HBM on every call, outside the ledger
+        return wrap_dense(weight)
     if weight.dtype != compute_dtype:
         return UpcastWeight(weight)
     return wrap_dense(weight) if wrap_dense is not None else weight

@@ -47,3 +47,21 @@ def test_gpu_placements_generate_what_all_resident_generates(tiny_dir, label):
         assert stats.weight_bytes_copied > 0
     assert engine.ledger.peak <= engine.ledger.capacity
     engine.close()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_direct_tier_reads_through_host_gemm_for_every_compute_dtype(tiny_dir, dtype, monkeypatch):
+    from gh200rt.kernels import host_gemm as host_gemm_module
+    from gh200rt.memory.device_view import HostDenseWeight
+    calls = []
+    real = host_gemm_module.host_gemm
+    monkeypatch.setattr(host_gemm_module, "host_gemm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    config = EngineConfig.from_kwargs(model=tiny_dir, dtype=dtype, max_model_len=128, num_kv_blocks=64,
+                                      offload="direct", host_weight_dtype="bf16")
+    engine = LLMEngine.from_config(config)
+    refs = [ref for i in range(6) for ref in engine.runner.model.layer_weight_refs(i).values()]
+    assert all(isinstance(ref.current, HostDenseWeight) for ref in refs), {type(r.current) for r in refs}
+    outputs = LLM.from_engine(engine).generate(PROMPTS, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert all(len(o.outputs[0].token_ids) == 4 for o in outputs)
+    assert calls, "host_gemm must serve the direct tier"
+    engine.close()
