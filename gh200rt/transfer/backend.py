@@ -30,6 +30,9 @@ class TransferBackend(Protocol):
     def compute_done(self, slot: int) -> None:
         """Mark the compute issued so far as the slot's last reader: the next ``copy`` may overwrite it."""
 
+    def replay(self, graph) -> None:
+        """Launch a captured step (``graph.replay()``) so that later copies are ordered after its reads."""
+
     def close(self) -> None:
         """Finish outstanding copies and release the copy worker."""
 

@@ -55,5 +55,9 @@ class CpuTransferBackend:
     def compute_done(self, slot: int) -> None:
         self._compute_done[slot].set()
 
+    def replay(self, graph) -> None:
+        """Run a recorded step (``graph.replay()``); the host runs it in order, so nothing more to track."""
+        graph.replay()
+
     def close(self) -> None:
         self._worker.shutdown(wait=True)

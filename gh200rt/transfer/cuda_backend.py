@@ -12,11 +12,11 @@ futures and no host synchronisation in ``copy`` / ``wait_copy`` / ``compute_done
 - ``compute_done(slot)``: records "compute done" on the current stream; the next copy into the slot
   waits on it.
 
-CUDA graphs: the same calls can be captured. CUDA forbids waiting, inside a capture, on an event
-recorded outside it (or in another capture), so every event remembers the capture it was recorded
-in; a "compute done" from elsewhere is replaced by a fork from the current stream, which is ordered
-after it anyway (the slot's reader was issued earlier on this stream). Each copy is joined back by
-its ``wait_copy``. Nothing here allocates device memory.
+CUDA graphs: the same calls can be captured. ``SlotReleases`` (slot_release.py) decides when a copy
+may wait on the slot's "compute done" event and when it must fork from the current stream instead
+(an event recorded in another context, or a graph replayed since). Graphs that read staging slots
+must be launched through ``replay(graph)`` so eager copies that follow are ordered after the replay's
+reads. Each copy is joined back by its ``wait_copy``. Nothing here allocates device memory.
 
 Counters: ``bytes_copied`` counts the copies that were waited for, as issued from Python (a graph
 replay runs no Python, so it adds nothing). ``wait_seconds`` is the time the compute stream stood
@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import torch
 
-_NEVER = object()  # "released in" marker of a slot no compute has released yet
+from gh200rt.transfer.slot_release import SlotReleases
+
 _TIMED_WAITS_KEPT = 1024  # pending timed waits before finished ones are folded in without blocking
 
 
@@ -65,7 +66,7 @@ class CudaTransferBackend:
         self._copy_done = [torch.cuda.Event() for _ in range(count)]
         self._compute_done = [torch.cuda.Event() for _ in range(count)]
         self._fork = [torch.cuda.Event() for _ in range(count)]
-        self._released_in: list[object] = [_NEVER] * count  # capture id of each slot's last compute_done
+        self._releases = SlotReleases(count)
         self._pending_bytes: list[int | None] = [None] * count
         self._timed: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._spare_timers: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
@@ -82,11 +83,11 @@ class CudaTransferBackend:
             raise ValueError("the host slab given to the CUDA transfer backend is not page-locked; call "
                              "gh200rt.memory.device_view.prepare_slab_for_device(slab, platform) once after "
                              "allocating it")
-        if self._released_in[slot] == capture:
+        if self._releases.can_wait_on_event(slot, capture):
             self.copy_stream.wait_event(self._compute_done[slot])
         else:
-            # the slot's last release is not waitable here (recorded outside this capture, or never):
-            # order the copy after everything issued so far on the current stream instead
+            # the slot's last release is not waitable here: order the copy after everything issued so far
+            # on the current stream instead (that includes the slot's last reader)
             self._fork[slot].record(current)
             self.copy_stream.wait_event(self._fork[slot])
         with torch.cuda.stream(self.copy_stream):
@@ -113,7 +114,12 @@ class CudaTransferBackend:
     def compute_done(self, slot: int) -> None:
         current = torch.cuda.current_stream(self.device)
         self._compute_done[slot].record(current)
-        self._released_in[slot] = _capture_id(current)
+        self._releases.released(slot, _capture_id(current))
+
+    def replay(self, graph: torch.cuda.CUDAGraph) -> None:
+        """Launch ``graph`` on the current stream; eager copies after it wait for its reads of the slots."""
+        graph.replay()
+        self._releases.graph_replayed()
 
     @property
     def wait_seconds(self) -> float:
