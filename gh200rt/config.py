@@ -126,6 +126,9 @@ class MemoryConfig:
         "format of offloaded weights in host memory", choices=HOST_WEIGHT_DTYPES))
     platform: str | None = field(default=None, metadata=_help(
         "hardware profile for bandwidths (gh200-96g, h100-sxm, ...); default: detected"))
+    bind_threads: bool = field(default=True, metadata=_help(
+        "on a GPU host, run the engine's threads on the CPUs of the GPU's NUMA node (within those the process "
+        "may use)"))
 
     def __post_init__(self):
         parse_size(self.device_memory_budget, "--device-memory-budget")

@@ -1,8 +1,10 @@
 """Bind the calling thread, or every thread of this process, to the CPUs of a NUMA node.
 
-The engine binds its threads to the GPU's nearest node so the memory they first touch, and the
-copies they drive, stay on that node. Linux ``sched_setaffinity(0, ...)`` acts on the calling
-thread only; binding the process walks ``/proc/self/task``.
+On a GPU platform the engine binds its threads (``bind_engine_threads``, ``--bind-threads``) to the
+GPU's nearest node, so the memory they first touch and the copies they drive stay on that node;
+threads started later (the copy worker) inherit the binding. It only ever narrows the CPUs the
+process was given (taskset, cgroups), never widens them. Linux ``sched_setaffinity(0, ...)`` acts on
+the calling thread only; binding the process walks ``/proc/self/task``.
 """
 from __future__ import annotations
 
@@ -34,6 +36,26 @@ def bind_process(node: int, topology: Topology | None = None) -> set[int]:
         try:
             os.sched_setaffinity(int(tid), cpus)
         except ProcessLookupError:  # the thread ended meanwhile
+            pass
+    return os.sched_getaffinity(0)
+
+
+def engine_cpus(node: int, allowed: set[int], topology: Topology | None = None) -> set[int]:
+    """The CPUs the engine should run on: ``node``'s CPUs among those the process may use (may be empty)."""
+    topo = topology or read_topology()
+    return set(topo.node(node).cpus) & allowed
+
+
+def bind_engine_threads(node: int, topology: Topology | None = None) -> set[int] | None:
+    """Bind every thread of the process to ``node``'s allowed CPUs; None (nothing changed) when the node
+    has no CPU the process may use, e.g. under a taskset on the other socket."""
+    cpus = engine_cpus(node, os.sched_getaffinity(0), topology)
+    if not cpus:
+        return None
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:
             pass
     return os.sched_getaffinity(0)
 

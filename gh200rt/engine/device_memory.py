@@ -8,6 +8,7 @@ start-up, with the numbers and the flag to change.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -18,10 +19,13 @@ from gh200rt.memory import host_format
 from gh200rt.memory.ledger import DeviceMemoryLedger, ledger_capacity
 from gh200rt.memory.placement import Placement
 from gh200rt.memory.slabs import check_node_has_room
+from gh200rt.numa.affinity import bind_engine_threads
 from gh200rt.models.gpu_kernels import use_triton_kernels
 from gh200rt.planner.cost_model import activation_bytes, model_sizes
 from gh200rt.planner.planner import Plan, make_plan
 from gh200rt.platform.detect import Platform, detect
+
+log = logging.getLogger(__name__)
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -67,6 +71,8 @@ def place_model(config: EngineConfig, device: str | None = None, poison: bool = 
     capacity = ledger_capacity(config.memory, free, sizes.all_resident_bytes + activations, useful_kv)
     plan = make_plan(sizes, platform, config.memory, capacity, config.cache.block_size,
                      activation_bytes=activations, max_model_len=longest)
+    if device != "cpu" and config.memory.bind_threads:
+        bind_threads_near(platform.host_numa_node)
     check_node_has_room(plan.host_weight_bytes, platform.host_numa_node)
     placement = Placement(plan, device, platform, fmt, poison)
     placement.apply(loaded.model, loaded.quantized)
@@ -77,6 +83,15 @@ def place_model(config: EngineConfig, device: str | None = None, poison: bool = 
     ledger.reserve("staging_ring", placement.staging_bytes)
     ledger.reserve("activations", activations)
     return PlacedModel(loaded, platform, plan, placement, ledger, device)
+
+
+def bind_threads_near(node: int) -> None:
+    """Engine and copy threads on the GPU's node, so first-touch memory and copy submission stay local."""
+    cpus = bind_engine_threads(node)
+    if cpus is None:
+        log.warning("not binding threads: NUMA node %d (nearest the GPU) has no CPU this process may use", node)
+    else:
+        log.info("engine threads bound to the %d CPUs of NUMA node %d", len(cpus), node)
 
 
 def size_kv_pool(ledger: DeviceMemoryLedger, num_kv_blocks: int | None, bytes_per_block: int, block_size: int,

@@ -59,5 +59,7 @@ def make_transfer_backend(device, slot_bytes: int, num_slots: int, poison: bool)
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         slots = [torch.empty(slot_bytes, dtype=torch.uint8, device=device) for _ in range(num_slots)]
-        return CudaTransferBackend(slots, poison=poison)
+        # waits are timed with CUDA events (eager steps; replays run no Python), so copy_wait_seconds_total
+        # is real on GPUs too; reading it syncs only on events of steps whose tokens were already read
+        return CudaTransferBackend(slots, poison=poison, time_waits=True)
     raise ValueError(f"no transfer backend for device {device}; gh200rt runs on cpu or cuda")

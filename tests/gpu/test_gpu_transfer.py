@@ -149,3 +149,17 @@ def test_eager_steps_interleaved_with_replays_without_synchronising(platform):
     assert not any(r.isnan().any() for r in results), "a copy overwrote a slot a replay was still reading"
     assert max(relative_error(r, want) for r in results) < 1e-5
     backend.close()
+
+
+def test_factory_backend_measures_copy_waits(platform):
+    slab = allocate(64 << 20, node=None, policy="default")
+    prepare_slab_for_device(slab, platform)
+    backend = make_transfer_backend("cuda", 64 << 20, 1, poison=False)
+    for _ in range(4):
+        backend.copy(0, slab.tensor)
+        backend.wait_copy(0)
+        backend.slots[0][:16].sum()
+        backend.compute_done(0)
+    torch.cuda.synchronize()
+    assert backend.wait_seconds > 0.0, "a 64 MiB copy waited for right after issue must show up as wait time"
+    backend.close()

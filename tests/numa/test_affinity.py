@@ -51,3 +51,44 @@ def test_memory_only_node_cannot_host_threads():
     topo = Topology(nodes=(Node(0, (0,), 1, 1), Node(1, (), 1, 1)), gpus=())
     with pytest.raises(ValueError, match="node 1 has no CPUs.*CPU nodes: 0"):
         node_cpus(1, topo)
+
+
+def test_engine_cpus_only_narrow_what_the_process_may_use():
+    topo = read_topology(os.path.join(os.path.dirname(__file__), "fixtures", "x86-2socket"))
+    from gh200rt.numa.affinity import engine_cpus
+    assert engine_cpus(1, set(range(128)), topo) == set(range(32, 64)) | set(range(96, 128))
+    assert engine_cpus(1, {0, 1, 40}, topo) == {40}
+    assert engine_cpus(1, {0, 1, 2}, topo) == set()   # a taskset on the other socket: nothing to bind to
+
+
+def test_bind_engine_threads_reaches_threads_already_running():
+    from gh200rt.numa.affinity import bind_engine_threads
+    before = os.sched_getaffinity(0)
+    target = sorted(before)[-1]
+    topo = Topology(nodes=(Node(id=0, cpus=(target,), total_bytes=1, free_bytes=1),), gpus=())
+    started, release, seen = threading.Event(), threading.Event(), []
+
+    def worker():
+        started.set()
+        release.wait()
+        seen.append(os.sched_getaffinity(0))
+    t = threading.Thread(target=worker)
+    t.start()
+    started.wait()
+    try:
+        assert bind_engine_threads(0, topo) == {target}
+        release.set()
+        t.join()
+        assert seen == [{target}]
+        empty = Topology(nodes=(Node(id=0, cpus=(10_000,), total_bytes=1, free_bytes=1),), gpus=())
+        assert bind_engine_threads(0, empty) is None and os.sched_getaffinity(0) == {target}
+    finally:
+        bind_process_all(before)
+
+
+def bind_process_all(cpus):
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:
+            pass
