@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from gh200rt.engine.device_inputs import to_device
-from gh200rt.models.base import AttentionMetadata
+from gh200rt.models.base import NULL_SCHEDULE, AttentionMetadata
 from gh200rt.scheduler.scheduler import SchedulerOutput
 
 
@@ -90,6 +90,7 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, out: SchedulerOutput) -> StepLogits:
         inputs = prepare_inputs(out, self.block_size, self.device)
+        getattr(self.model, "layer_schedule", NULL_SCHEDULE).begin_step(inputs.input_ids.shape[0])
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
         if not inputs.sample_rows:
             sample_logits = torch.empty(0, 0)

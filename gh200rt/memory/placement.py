@@ -7,8 +7,10 @@ Contract: ``Placement(plan, device, platform, host_format, poison).apply(model, 
   DMA where CUDA is present; the dense originals are dropped layer by layer;
 - a ``direct`` layer's WeightRefs point at views of its slab as the device sees it (device_view);
 - a ``streamed`` layer's WeightRefs point at views of its staging slot (slot = position mod K;
-  fixed addresses, views built once) and a ``StreamingSchedule`` drives the transfer backend
-  from the model's layer hooks.
+  fixed addresses) and a ``StreamingSchedule`` (schedule.py) drives the transfer backend from the
+  model's layer hooks;
+- when the plan says so (``direct_staging_tokens``, GPU platforms), steps that long also stage the
+  direct layers through the ring, and the schedule rebinds their refs for those steps.
 ``device_weight_bytes``, ``staging_bytes`` and ``host_slab_bytes`` are what the ledger books.
 ``close()`` releases every slab it placed: the offloaded layers' WeightRefs are pointed at
 ``CLOSED_WEIGHT`` and the schedule detached, so no view keeps a slab's pages (or their CUDA
@@ -21,7 +23,8 @@ import torch
 from gh200rt.memory import host_format
 from gh200rt.memory.device_view import device_view, direct_weight, prepare_slab_for_device
 from gh200rt.memory.slabs import allocate_slab
-from gh200rt.models.base import NULL_SCHEDULE, LayerSchedule
+from gh200rt.memory.schedule import StreamingSchedule
+from gh200rt.models.base import NULL_SCHEDULE
 from gh200rt.models.llama import FUSED_SHARDS
 from gh200rt.models.layers.linear import RefLinear
 from gh200rt.planner.cost_model import SLAB_ALIGN
@@ -63,36 +66,6 @@ class _ClosedWeight:
 CLOSED_WEIGHT = _ClosedWeight()
 
 
-class StreamingSchedule(LayerSchedule):
-    """Before streamed position p runs: issue the copy of position p + d, wait for p's copy.
-    After it: mark p's slot free. A forward pass starts by issuing positions 0..d."""
-
-    def __init__(self, streamed: list[int], slabs: dict[int, torch.Tensor], backend, slots: int, distance: int):
-        self.streamed, self.slabs, self.backend = streamed, slabs, backend
-        self.position = {layer: p for p, layer in enumerate(streamed)}
-        self.slots, self.distance = slots, distance
-
-    def _prefetch(self, p: int) -> None:
-        if p < len(self.streamed):
-            self.backend.copy(p % self.slots, self.slabs[self.streamed[p]])
-
-    def before_layer(self, index: int) -> None:
-        p = self.position.get(index)
-        if p is None:
-            return
-        if p == 0:
-            for q in range(self.distance + 1):
-                self._prefetch(q)
-        else:
-            self._prefetch(p + self.distance)
-        self.backend.wait_copy(p % self.slots)
-
-    def after_layer(self, index: int) -> None:
-        p = self.position.get(index)
-        if p is not None:
-            self.backend.compute_done(p % self.slots)
-
-
 class Placement:
     def __init__(self, plan: Plan, device: str = "cpu", platform: Platform | None = None,
                  host_format_name: str | None = None, poison: bool = False):
@@ -104,6 +77,7 @@ class Placement:
         self.device_weight_bytes = 0
         self._model = None
         self._offloaded: list[int] = []
+        self._direct_views: dict[int, torch.Tensor] = {}
 
     @property
     def num_kv_blocks(self) -> int:
@@ -140,25 +114,39 @@ class Placement:
                 ref.current = host_format.bind(forms[name], _views(slab.tensor, layout)[name], compute_dtype,
                                                stable=True)
         self._move_to_device(model, set(offloaded))
+        self._compute_dtype, self._layouts = compute_dtype, layouts
         streamed = [i for i in offloaded if self.plan.tiers[i] == "streamed"]
-        if streamed:
-            slot_bytes = max(self.slabs[i].nbytes for i in streamed)
+        staged_direct = self.plan.direct_layers if self.plan.direct_staging_tokens else []
+        ring = sorted(streamed + staged_direct)
+        if ring:
+            slot_bytes = max(self.slabs[i].nbytes for i in ring)
             self.backend = make_transfer_backend(self.device, slot_bytes, self.plan.staging_slots, self.poison)
-            model.layer_schedule = StreamingSchedule(streamed, {i: self.slabs[i].tensor for i in streamed},
-                                                     self.backend, self.plan.staging_slots,
-                                                     self.plan.prefetch_distance)
-        for i in offloaded:
-            layout, forms = layouts[i]
-            if self.plan.tiers[i] == "direct":
-                slab = self.slabs[i]
-                buffer = slab.tensor if self.device.type == "cpu" else device_view(slab, self.platform, self.device)
-                stable = True
+            model.layer_schedule = StreamingSchedule(streamed, {i: self.slabs[i].tensor for i in ring}, self.backend,
+                                                     self.plan.staging_slots, self.plan.prefetch_distance,
+                                                     staged_direct, self.plan.direct_staging_tokens, self._bind_ring)
+        self._bind_ring(streamed)
+
+    def _bind_ring(self, order: list[int]) -> None:
+        """Point each offloaded layer's WeightRefs at its slot in ``order`` (slot = position mod K), or, for
+        a direct layer outside ``order``, at its host slab as the device reads it in place."""
+        position = {layer: p for p, layer in enumerate(order)}
+        refs_by_layer = {i: self._model.layer_weight_refs(i) for i in self._offloaded}
+        for i in self._offloaded:
+            layout, forms = self._layouts[i]
+            if i in position:
+                buffer, stable = self.backend.slots[position[i] % self.plan.staging_slots], False
             else:
-                buffer, stable = self.backend.slots[streamed.index(i) % self.plan.staging_slots], False
-            refs = model.layer_weight_refs(i)
+                buffer, stable = self._direct_buffer(i), True
             for name, views in _views(buffer, layout).items():
-                refs[name].current = host_format.bind(forms[name], views, compute_dtype, stable,
-                                                      wrap_dense=direct_weight if stable else None)
+                refs_by_layer[i][name].current = host_format.bind(forms[name], views, self._compute_dtype, stable,
+                                                                  wrap_dense=direct_weight if stable else None)
+
+    def _direct_buffer(self, layer: int) -> torch.Tensor:
+        if layer not in self._direct_views:
+            slab = self.slabs[layer]
+            self._direct_views[layer] = slab.tensor if self.device.type == "cpu" else \
+                device_view(slab, self.platform, self.device)
+        return self._direct_views[layer]
 
     def _move_to_device(self, model, offloaded: set[int]) -> None:
         """Everything but the offloaded layers' linear weights goes to the device; count its bytes."""
@@ -189,6 +177,8 @@ class Placement:
             for i in self._offloaded:
                 for ref in model.layer_weight_refs(i).values():
                     ref.current = CLOSED_WEIGHT
+        self._direct_views.clear()
+        self._layouts = {}
         for slab in self.slabs.values():
             slab.free()
         self.slabs.clear()

@@ -95,7 +95,11 @@ class WeightRef:
 
 
 class LayerSchedule:
-    """Hooks around decoder layer i. The transfer scheduler overrides these; the default is free."""
+    """Hooks around decoder layer i, and the start of each step (the model runner calls ``begin_step``
+    before the forward pass). The transfer scheduler overrides these; the default is free."""
+
+    def begin_step(self, num_tokens: int) -> None:
+        pass
 
     def before_layer(self, index: int) -> None:
         pass

@@ -103,6 +103,25 @@ def direct_read_seconds(nbytes: int, platform: Platform) -> float:
     return nbytes / (platform.direct_read_gbps * 1e9)
 
 
+# host_gemm (kernels/host_gemm.py) reads a weight once per M-tile of at most this many rows.
+HOST_GEMM_ROWS_PER_READ = 64
+
+
+def direct_staging_min_tokens(platform: Platform) -> int | None:
+    """Smallest step, in tokens, from which a DIRECT layer is better copied into a staging slot once
+    (then read from HBM) than read in place by host_gemm, which crosses the link once per 64 rows.
+
+    Staging starts once host_gemm would read the weight at least twice and those reads cost more
+    than one copy; below that the direct tier keeps its point (no HBM, no copy). None on the cpu
+    platform, where compute reads host memory directly and nothing crosses a link."""
+    if platform.kind == "cpu":
+        return None
+    reads = 2
+    while reads / platform.direct_read_gbps <= 1 / platform.link_h2d_gbps:
+        reads += 1
+    return (reads - 1) * HOST_GEMM_ROWS_PER_READ + 1
+
+
 def predict_step_seconds(tiers: list[str], sizes: ModelSizes, platform: Platform, batch: int,
                          prefetch_distance: int = 1) -> float:
     """Decode step time: each streamed copy overlaps the compute of the ``prefetch_distance``

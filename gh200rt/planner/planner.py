@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gh200rt.config import MemoryConfig
-from gh200rt.planner.cost_model import ModelSizes, predict_step_seconds
+from gh200rt.planner.cost_model import ModelSizes, direct_staging_min_tokens, predict_step_seconds
 from gh200rt.platform.detect import Platform
 
 TIERS = ("resident", "streamed", "direct")
@@ -33,6 +33,15 @@ class Plan:
     platform: Platform
     predicted_step_seconds: float
     activation_bytes: int = 0
+    direct_staging_tokens: int | None = None   # steps this long stage DIRECT layers through the ring
+
+    @property
+    def offloaded_layers(self) -> list[int]:
+        return [i for i, t in enumerate(self.tiers) if t != "resident"]
+
+    @property
+    def direct_layers(self) -> list[int]:
+        return [i for i, t in enumerate(self.tiers) if t == "direct"]
 
     @property
     def streamed_layers(self) -> list[int]:
@@ -85,6 +94,9 @@ class Plan:
         lines += [f"device memory for weights (resident layers, embeddings, norms): {gib(self.resident_weight_bytes)}",
                   f"host memory for offloaded weights: {gib(self.host_weight_bytes)}",
                   f"staging ring: K={self.staging_slots} d={self.prefetch_distance} {gib(self.staging_bytes)}",
+                  *([f"direct layers are staged through the ring in steps of >= {self.direct_staging_tokens} "
+                     f"tokens (host_gemm would read each weight over the link once per 64 rows)"]
+                    if self.direct_staging_tokens and self.direct_layers else []),
                   f"activations: {gib(self.activation_bytes)}",
                   f"KV cache: {self.num_kv_blocks} blocks = {self.kv_tokens} tokens, {gib(self.kv_bytes)} "
                   f"(all layers resident would leave {self.all_resident_kv_tokens} tokens)",
@@ -128,9 +140,11 @@ def make_plan(sizes: ModelSizes, platform: Platform, memory: MemoryConfig, capac
                              f"(0-{sizes.num_layers - 1})")
         tiers[layer] = tier
     streamed = tiers.count("streamed")
-    slots = min(memory.staging_slots or 2, streamed) if streamed else 0
+    staging_tokens = direct_staging_min_tokens(platform) if "direct" in tiers else None
+    ring_users = streamed + (tiers.count("direct") if staging_tokens else 0)
+    slots = min(memory.staging_slots or 2, ring_users) if ring_users else 0
     distance = memory.prefetch_distance if memory.prefetch_distance is not None else max(0, slots - 1)
-    if streamed and distance >= slots:
+    if ring_users and distance >= slots:
         raise ValueError(f"--prefetch-distance {distance} must be less than the staging slots in use ({slots})")
     weights = sizes.fixed_bytes + tiers.count("resident") * sizes.layer_bytes + slots * sizes.host_layer_bytes
     block_bytes = sizes.kv_bytes_per_token * block_size
@@ -147,4 +161,4 @@ def make_plan(sizes: ModelSizes, platform: Platform, memory: MemoryConfig, capac
             f"--kv-cache-min-tokens, --max-model-len or --max-num-batched-tokens, or use --offload stream")
     step = predict_step_seconds(tiers, sizes, platform, batch, max(distance, 1))
     return Plan(tuple(tiers), slots, distance, int(kv_blocks), block_size, sizes, capacity, platform, step,
-                activation_bytes)
+                activation_bytes, staging_tokens)

@@ -9,7 +9,7 @@ import torch
 
 from gh200rt.memory.device_view import device_view, direct_weight, prepare_slab_for_device
 from gh200rt.models.arch_config import ArchConfig
-from gh200rt.memory.placement import StreamingSchedule
+from gh200rt.memory.schedule import StreamingSchedule
 from gh200rt.models.base import AttentionMetadata
 from gh200rt.models.llama import LlamaForCausalLM
 from gh200rt.numa.alloc import allocate
