@@ -126,6 +126,35 @@ def bench_scheduler_step(num_requests: int = 256, steps: int = 200) -> float:
     return (time.perf_counter() - t0) / steps * 1000
 
 
+def bench_sampler_step(kind: str, rows: int = 64, vocab: int = 49152, steps: int = 30) -> float:
+    """ms per Sampler call on ``rows`` x ``vocab`` float32 logits: ``greedy`` rows, or ``mixed`` rows
+    (temperature, top-k / top-p / min-p, penalties, half of them seeded, logprobs on a quarter)."""
+    from gh200rt.engine.sampler import Sampler
+    from gh200rt.sampling_params import SamplingParams
+    from gh200rt.scheduler.request import Sequence
+    rng = random.Random(0)
+    seqs = []
+    for i in range(rows):
+        if kind == "greedy":
+            params = SamplingParams(temperature=0)
+        else:
+            params = SamplingParams(temperature=0.8, top_k=50 if i % 2 else 0, top_p=0.9, min_p=0.02,
+                                    repetition_penalty=1.1, frequency_penalty=0.2, seed=i if i % 2 else None,
+                                    logprobs=5 if i % 4 == 0 else None)
+        seq = Sequence(str(i), str(i), 0, [rng.randrange(vocab) for _ in range(200)], params, i)
+        for _ in range(50):
+            seq.append_token(rng.randrange(vocab))
+        seqs.append(seq)
+    # N(0, 4^2) logits: peaked like a language model's (top-p 0.9 lies in the few largest hundred)
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0)) * 4
+    sampler = Sampler(0)
+    sampler(logits, seqs)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        sampler(logits, seqs)
+    return (time.perf_counter() - t0) / steps * 1000
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=64)
@@ -141,6 +170,8 @@ def main() -> None:
     torch.manual_seed(0)
     ms = bench_scheduler_step()
     print(f"scheduler + input preparation, 256 running decodes: {ms:.3f} ms/step (goal <= {GOAL_SCHED_MS} ms)")
+    for kind in ("greedy", "mixed"):
+        print(f"sampler, 64 {kind} rows x 49152 vocab: {bench_sampler_step(kind):.2f} ms/step")
     if args.skip_model:
         return
     from gh200rt.loader import load_model

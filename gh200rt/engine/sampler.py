@@ -27,33 +27,78 @@ class SampleResult:
     chosen_logprobs: list[float]
 
 
+# On the CPU, top-k / top-p look at each row's largest WINDOW logits (a partial top-k, not a sort of
+# the vocabulary); a top-p row whose window holds less than top_p of the mass falls back to a sort.
+WINDOW = 256
+
+
 def truncate_batch(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     """``logits`` [R, V] (temperature-scaled) with what top-k, top-p and min-p exclude set to -inf."""
-    neg_inf = float("-inf")
     if t.any_top_k or t.any_top_p:
-        vocab = logits.shape[1]
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        if t.any_top_k:
-            k = torch.where((t.top_k <= 0) | (t.top_k > vocab), vocab, t.top_k)
-            kth = sorted_logits.gather(1, (k - 1).unsqueeze(1))
-            logits = logits.masked_fill(logits < kth, neg_inf)            # ties with the k-th value stay
-            sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, neg_inf)
-        if t.any_top_p:
-            probs = torch.softmax(sorted_logits, dim=-1)
-            before = torch.cumsum(probs, dim=-1) - probs
-            drop_sorted = (before >= t.top_p.unsqueeze(1)) & (t.top_p < 1.0).unsqueeze(1)
-            drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)  # smallest prefix reaching top_p
-            logits = logits.masked_fill(drop, neg_inf)
+        logits = _top_k_top_p(logits, t)
     if t.any_min_p:
         probs = torch.softmax(logits, dim=-1)
-        logits = logits.masked_fill(probs < t.min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True), neg_inf)
+        logits = logits.masked_fill(probs < t.min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True), float("-inf"))
     return logits
+
+
+def _top_k_top_p(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+    if logits.device.type != "cpu" or logits.shape[1] <= WINDOW or t.max_top_k > WINDOW:
+        return _sorted_top_k_top_p(logits, t)
+    head, covered = _window_top_k_top_p(logits, t)
+    if bool(covered.all()):
+        return head
+    rows = (~covered).nonzero().squeeze(1)
+    return head.index_copy(0, rows, _sorted_top_k_top_p(logits.index_select(0, rows), t.select(rows)))
+
+
+def _kth_largest(sorted_head: torch.Tensor, top_k: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[R, 1]: each row's k-th largest logit, or -inf where top-k is off."""
+    on = (top_k > 0) & (top_k < vocab)
+    index = torch.where(on, top_k - 1, 0).clamp(max=sorted_head.shape[1] - 1).unsqueeze(1)
+    return torch.where(on.unsqueeze(1), sorted_head.gather(1, index), float("-inf"))
+
+
+def _sorted_top_k_top_p(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+    neg_inf = float("-inf")
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    if t.any_top_k:
+        kth = _kth_largest(sorted_logits, t.top_k, logits.shape[1])
+        logits = logits.masked_fill(logits < kth, neg_inf)            # ties with the k-th value stay
+        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, neg_inf)
+    if t.any_top_p:
+        probs = torch.softmax(sorted_logits, dim=-1)
+        before = torch.cumsum(probs, dim=-1) - probs
+        drop_sorted = (before >= t.top_p.unsqueeze(1)) & (t.top_p < 1.0).unsqueeze(1)
+        drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)  # smallest prefix reaching top_p
+        logits = logits.masked_fill(drop, neg_inf)
+    return logits
+
+
+def _window_top_k_top_p(logits: torch.Tensor, t: SamplingTensors) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k / top-p from each row's largest WINDOW logits; ``covered[r]`` is False where top-p needs more."""
+    neg_inf = float("-inf")
+    head, ids = torch.topk(logits, WINDOW, dim=-1)
+    if t.any_top_k:
+        kth = _kth_largest(head, t.top_k, logits.shape[1])
+        logits = logits.masked_fill(logits < kth, neg_inf)
+        head = head.masked_fill(head < kth, neg_inf)
+    covered = torch.ones(logits.shape[0], dtype=torch.bool)
+    if t.any_top_p:
+        probs = torch.exp(head - torch.logsumexp(logits, dim=-1, keepdim=True))
+        mass = torch.cumsum(probs, dim=-1)
+        active = (t.top_p < 1.0).unsqueeze(1)
+        keep_head = ~((mass - probs) >= t.top_p.unsqueeze(1))
+        keep = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, ids, keep_head)
+        logits = logits.masked_fill(~keep & active, neg_inf)           # beyond the window: past top_p mass
+        covered = (mass[:, -1] >= t.top_p) | (t.top_p >= 1.0)
+    return logits, covered
 
 
 def truncate(row: torch.Tensor, top_k: int, top_p: float, min_p: float) -> None:
     """One temperature-scaled row [V], truncated in place (``truncate_batch`` on a batch of one)."""
     t = SamplingTensors(torch.zeros(1, dtype=torch.int64), torch.ones(1, 1), torch.tensor([top_k]),
-                        torch.tensor([top_p]), torch.tensor([min_p]), bool(top_k), top_p < 1.0, min_p > 0.0)
+                        torch.tensor([top_p]), torch.tensor([min_p]), bool(top_k), top_p < 1.0, min_p > 0.0, top_k)
     row.copy_(truncate_batch(row.unsqueeze(0), t)[0])
 
 

@@ -40,6 +40,14 @@ class SamplingTensors:
     any_top_k: bool
     any_top_p: bool
     any_min_p: bool
+    max_top_k: int
+
+    def select(self, rows: torch.Tensor) -> "SamplingTensors":
+        """The same parameters for a subset of these rows (``rows`` index this batch's rows)."""
+        return SamplingTensors(self.random_rows.index_select(0, rows), self.temperature.index_select(0, rows),
+                               self.top_k.index_select(0, rows), self.top_p.index_select(0, rows),
+                               self.min_p.index_select(0, rows), self.any_top_k, self.any_top_p, self.any_min_p,
+                               self.max_top_k)
 
     @classmethod
     def build(cls, seqs: list[Sequence], rows: list[int], device: torch.device) -> "SamplingTensors":
@@ -49,7 +57,7 @@ class SamplingTensors:
                    top_k=to_device([p.top_k or 0 for p in params], torch.int64, device),
                    top_p=floats[:, 1], min_p=floats[:, 2],
                    any_top_k=any(p.top_k for p in params), any_top_p=any(p.top_p < 1.0 for p in params),
-                   any_min_p=any(p.min_p > 0.0 for p in params))
+                   any_min_p=any(p.min_p > 0.0 for p in params), max_top_k=max(p.top_k or 0 for p in params))
 
 
 def needs_penalties(seq: Sequence) -> bool:

@@ -94,3 +94,14 @@ def test_failed_unregister_leaks_instead_of_unmapping(events):
     with pytest.warns(RuntimeWarning, match="leaking the .*mapping"):
         buf.free()
     assert ("unmap", buf.address) not in events
+
+
+def test_huge_pages_advised_only_on_4k_page_kernels(monkeypatch):
+    buf = alloc.allocate(4 * MIB, node=0)
+    try:
+        if alloc.PAGE_SIZE == 4096:
+            assert buf.advise_hugepages()
+        monkeypatch.setattr(alloc, "PAGE_SIZE", 65536)  # a 64 KiB-page kernel (common on Grace): a THP is 512 MiB
+        assert buf.advise_hugepages() is False
+    finally:
+        buf.free()
