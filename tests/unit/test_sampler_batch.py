@@ -52,8 +52,9 @@ def reference_row(row: torch.Tensor, seq: Sequence, generator: torch.Generator) 
     if p.min_p:
         probs = torch.softmax(row, -1)
         row[probs < p.min_p * probs.max()] = float("-inf")
-    probs = torch.softmax(row, -1)
-    return int(torch.argmax(probs / torch.empty_like(probs).exponential_(generator=generator)))
+    cdf = torch.cumsum(torch.softmax(row, -1), -1)
+    u = 1.0 - torch.zeros(1, device=row.device).uniform_(generator=generator)
+    return min(int(torch.searchsorted(cdf, u * cdf[-1:])), row.shape[0] - 1)
 
 
 @pytest.mark.parametrize("trial", range(5))
@@ -99,3 +100,13 @@ def test_window_truncation_equals_the_full_sort(scale):
     full = sampler_module._sorted_top_k_top_p(logits.clone(), t)
     assert torch.equal(torch.isinf(window), torch.isinf(full))
     assert torch.equal(window[~torch.isinf(window)], logits[~torch.isinf(window)])
+
+
+def test_draws_never_pick_excluded_tokens_and_follow_the_distribution():
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.2, 0.0])
+    logits = torch.log(probs).repeat(6000, 1)
+    seqs = [Sequence(f"s{i}", "g", 0, [1], SamplingParams(temperature=1.0), i) for i in range(6000)]
+    ids = torch.tensor(Sampler(seed=3)(logits, seqs).token_ids)
+    freq = torch.bincount(ids, minlength=6).float() / 6000
+    assert freq[[0, 2, 5]].sum() == 0
+    assert torch.allclose(freq, probs, atol=0.025), freq
