@@ -77,7 +77,7 @@ class Placement:
         self.device_weight_bytes = 0
         self._model = None
         self._offloaded: list[int] = []
-        self._direct_views: dict[int, torch.Tensor] = {}
+        self._direct_bound: dict[int, dict[str, object]] = {}
 
     @property
     def num_kv_blocks(self) -> int:
@@ -130,23 +130,28 @@ class Placement:
         """Point each offloaded layer's WeightRefs at its slot in ``order`` (slot = position mod K), or, for
         a direct layer outside ``order``, at its host slab as the device reads it in place."""
         position = {layer: p for p, layer in enumerate(order)}
-        refs_by_layer = {i: self._model.layer_weight_refs(i) for i in self._offloaded}
         for i in self._offloaded:
-            layout, forms = self._layouts[i]
             if i in position:
-                buffer, stable = self.backend.slots[position[i] % self.plan.staging_slots], False
+                layout, forms = self._layouts[i]
+                slot = self.backend.slots[position[i] % self.plan.staging_slots]
+                bound = {name: host_format.bind(forms[name], views, self._compute_dtype, stable=False)
+                         for name, views in _views(slot, layout).items()}
             else:
-                buffer, stable = self._direct_buffer(i), True
-            for name, views in _views(buffer, layout).items():
-                refs_by_layer[i][name].current = host_format.bind(forms[name], views, self._compute_dtype, stable,
-                                                                  wrap_dense=direct_weight if stable else None)
+                bound = self._direct_binding(i)
+            for name, ref in self._model.layer_weight_refs(i).items():
+                ref.current = bound[name]
 
-    def _direct_buffer(self, layer: int) -> torch.Tensor:
-        if layer not in self._direct_views:
+    def _direct_binding(self, layer: int) -> dict[str, object]:
+        """A direct layer's weights over its slab as the device reads it in place; built once and kept, so
+        whatever a packed weight derives from stable storage survives the layer's visits to the ring."""
+        if layer not in self._direct_bound:
             slab = self.slabs[layer]
-            self._direct_views[layer] = slab.tensor if self.device.type == "cpu" else \
-                device_view(slab, self.platform, self.device)
-        return self._direct_views[layer]
+            buffer = slab.tensor if self.device.type == "cpu" else device_view(slab, self.platform, self.device)
+            layout, forms = self._layouts[layer]
+            self._direct_bound[layer] = {
+                name: host_format.bind(forms[name], views, self._compute_dtype, stable=True, wrap_dense=direct_weight)
+                for name, views in _views(buffer, layout).items()}
+        return self._direct_bound[layer]
 
     def _move_to_device(self, model, offloaded: set[int]) -> None:
         """Everything but the offloaded layers' linear weights goes to the device; count its bytes."""
@@ -177,7 +182,7 @@ class Placement:
             for i in self._offloaded:
                 for ref in model.layer_weight_refs(i).values():
                     ref.current = CLOSED_WEIGHT
-        self._direct_views.clear()
+        self._direct_bound.clear()
         self._layouts = {}
         for slab in self.slabs.values():
             slab.free()
