@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20
 GREEDY_BELOW = 1e-5  # a smaller temperature samples greedily (dividing logits by it would overflow), as in vLLM
-_SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1     # signed 64-bit, as vLLM and torch generators take
 
 
 @dataclass
@@ -60,8 +60,8 @@ class SamplingParams:
             bad("presence_penalty", self.presence_penalty, "in [-2, 2]")
         if not -2.0 <= self.frequency_penalty <= 2.0:
             bad("frequency_penalty", self.frequency_penalty, "in [-2, 2]")
-        if self.seed is not None and (not isinstance(self.seed, int) or not _SEED_MIN <= self.seed <= _SEED_MAX):
-            bad("seed", self.seed, "an integer that fits in 64 bits")
+        if self.seed is not None and (not isinstance(self.seed, int) or not SEED_MIN <= self.seed <= SEED_MAX):
+            bad("seed", self.seed, f"an integer in [{SEED_MIN}, {SEED_MAX}] (signed 64-bit)")
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
             bad("min_tokens", self.min_tokens, "0 or more")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:

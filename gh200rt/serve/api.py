@@ -12,7 +12,7 @@ import time
 import uuid
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 import gh200rt
 from gh200rt.serve.args import ServerConfig
@@ -20,7 +20,7 @@ from gh200rt.serve.async_engine import AsyncEngine
 from gh200rt.serve.body import parse_json_object, read_body
 from gh200rt.serve.errors import APIError, bad_request, error_body
 from gh200rt.serve.generation import GenerationRun
-from gh200rt.serve.guard import DisconnectAwareResponse, Guard
+from gh200rt.serve.guard import ClientGone, DisconnectAwareResponse, Guard, unless_disconnected
 from gh200rt.serve.metrics import ServerMetrics
 from gh200rt.serve.protocol import (check_token_ids, parse_chat_request, parse_completion_request, parse_messages,
                                     show)
@@ -138,21 +138,36 @@ def create_app(state: ServerState) -> FastAPI:
         ids = check_token_ids(body.get("tokens"), "tokens", engine.vocab_size, allow_empty=True)
         return {"prompt": engine.tokenizer.decode(ids, skip_special_tokens=False)}
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        parsed = parse_completion_request(await read_json(request))
-        return await _generate(state, request, parsed, check_model(parsed.model), chat=False)
+    async def completion(body: dict):
+        parsed = parse_completion_request(body)
+        return await _generate(state, parsed, check_model(parsed.model), chat=False)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        parsed, messages = parse_chat_request(await read_json(request))
+    async def chat_completion(body: dict):
+        parsed, messages = parse_chat_request(body)
         model = check_model(parsed.model)
         tok = state.ready_engine().tokenizer
         ids = await asyncio.to_thread(chat_token_ids, tok, messages, parsed.extra["add_generation_prompt"])
         parsed.prompts = [(None, ids)]
-        return await _generate(state, request, parsed, model, chat=True)
+        return await _generate(state, parsed, model, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _while_connected(request, completion(await read_json(request)))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _while_connected(request, chat_completion(await read_json(request)))
 
     return app
+
+
+async def _while_connected(request: Request, work):
+    """Tokenizing, waiting to be queued, queued: a client that leaves at any point cancels ``work``,
+    which aborts whatever engine requests it had started, and nobody is answered."""
+    try:
+        return await unless_disconnected(request.receive, work)
+    except ClientGone:
+        return Response(status_code=499)
 
 
 def chat_token_ids(tok, messages: list[dict], add_generation_prompt: bool) -> list[int]:
@@ -178,7 +193,7 @@ def _tokenized(tok, prompts: list[tuple[str | None, list[int] | None]]) -> list[
     return [(text, ids if ids is not None else list(tok.encode(text))) for text, ids in prompts]
 
 
-async def _generate(state: ServerState, request: Request, parsed, model: str, chat: bool):
+async def _generate(state: ServerState, parsed, model: str, chat: bool):
     engine = state.ready_engine()
     if len(parsed.prompts) > state.engine.max_pending:
         raise bad_request(f"the request has {len(parsed.prompts)} prompts; this server takes at most "

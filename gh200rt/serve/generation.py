@@ -58,6 +58,9 @@ class GenerationRun:
             self.metrics.count("requests_rejected_total")
             self.close(count_abort=False)
             raise
+        except asyncio.CancelledError:          # the client left before the engine accepted every prompt
+            self.close()
+            raise
 
     async def deltas(self):
         """Yields lists of ChoiceDelta until every prompt's choices finished."""

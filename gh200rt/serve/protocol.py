@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from gh200rt.sampling_params import GREEDY_BELOW, MAX_LOGPROBS, SamplingParams
+from gh200rt.sampling_params import GREEDY_BELOW, MAX_LOGPROBS, SEED_MAX, SEED_MIN, SamplingParams
 from gh200rt.serve.errors import bad_request
 
 MAX_N = 16
@@ -144,7 +144,7 @@ def _sampling_params(body: dict, default_max_tokens: int | None, logprobs: int |
             min_p=_float(body, "min_p", 0.0), repetition_penalty=_float(body, "repetition_penalty", 1.0),
             presence_penalty=_float(body, "presence_penalty", 0.0),
             frequency_penalty=_float(body, "frequency_penalty", 0.0),
-            seed=_int(body, "seed", None, -(2**63), 2**64 - 1, "an integer that fits in 64 bits"),
+            seed=_int(body, "seed", None, SEED_MIN, SEED_MAX, f"an integer in [{SEED_MIN}, {SEED_MAX}] (signed 64-bit)"),
             stop=_stop(body), stop_token_ids=_stop_token_ids(body),
             include_stop_str_in_output=_bool(body, "include_stop_str_in_output"),
             ignore_eos=_bool(body, "ignore_eos"), min_tokens=_int(body, "min_tokens", 0, 0),

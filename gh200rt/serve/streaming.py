@@ -1,4 +1,5 @@
-"""SSE bodies for streamed completions and chat: role only in each choice's first chat delta,
+"""SSE bodies for streamed completions and chat: one choice per chunk (as OpenAI and vLLM send, so
+clients that read ``choices[0]`` miss nothing), role only in each choice's first chat delta,
 exactly one finish_reason per choice, a usage chunk only when asked (and then ``"usage": null``
 on every other chunk, as OpenAI documents), ``[DONE]`` last.
 
@@ -56,7 +57,6 @@ def stream_completion(run: GenerationRun, request_id: str, model: str, tok):
     async def chunks():
         offsets: dict[int, int] = {}
         async for batch in run.deltas():
-            choices = []
             for d in batch:
                 first = d.index not in offsets
                 text = (echo_text(tok, run, d.index // n) if first and parsed.echo else "") + d.text
@@ -65,9 +65,8 @@ def stream_completion(run: GenerationRun, request_id: str, model: str, tok):
                     pairs = (prompt_pairs(run, d.index // n) if first and parsed.echo else []) + generated_pairs([d])
                     lp = completion_logprobs(tok, pairs, offsets.get(d.index, 0))
                 offsets[d.index] = offsets.get(d.index, 0) + len(text)
-                choices.append({"index": d.index, "text": text, "logprobs": lp, "finish_reason": d.finish_reason,
-                                "stop_reason": d.stop_reason})
-            yield sse_event(run.chunk_envelope(choices))
+                yield sse_event(run.chunk_envelope([{"index": d.index, "text": text, "logprobs": lp,
+                                                     "finish_reason": d.finish_reason, "stop_reason": d.stop_reason}]))
 
     return _guarded(run, chunks())
 
@@ -77,14 +76,14 @@ def stream_chat(run: GenerationRun, request_id: str, model: str, tok):
 
     async def chunks():
         n = run.parsed.params.n
-        yield sse_event(run.chunk_envelope([{"index": i, "delta": {"role": "assistant", "content": ""},
-                                             "logprobs": None, "finish_reason": None} for i in range(n)]))
+        for i in range(n * len(run.parsed.prompts)):
+            yield sse_event(run.chunk_envelope([{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                 "logprobs": None, "finish_reason": None}]))
         async for batch in run.deltas():
-            choices = []
             for d in batch:
                 lp = chat_logprobs(tok, [d], run.parsed.logprobs) if run.parsed.logprobs is not None else None
                 delta = {"content": d.text} if d.text or not d.finish_reason else {}
-                choices.append({"index": d.index, "delta": delta, "logprobs": lp, "finish_reason": d.finish_reason})
-            yield sse_event(run.chunk_envelope(choices))
+                yield sse_event(run.chunk_envelope([{"index": d.index, "delta": delta, "logprobs": lp,
+                                                     "finish_reason": d.finish_reason}]))
 
     return _guarded(run, chunks())
