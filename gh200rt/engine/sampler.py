@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gh200rt.engine.logits_processors import apply_logits_processors
 from gh200rt.engine.outputs import Logprob, TokenLogprobs
 from gh200rt.scheduler.request import Sequence
 
@@ -73,6 +74,7 @@ class Sampler:
         assert logits.shape[0] == len(seqs)
         want_logprobs = any(s.params.logprobs is not None for s in seqs)
         raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
+        apply_logits_processors(logits, seqs)       # logit_bias, grammar masks: after raw logprobs, before sampling
         simple = [i for i, s in enumerate(seqs) if _is_plain_greedy(s)]
         tokens = [0] * len(seqs)
         if simple:

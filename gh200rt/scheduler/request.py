@@ -47,6 +47,7 @@ class Sequence:
             self.generator = torch.Generator().manual_seed((params.seed * 1_000_003 + index) % (2**63))
         self.output_logprobs: list = []
         self.cumulative_logprob = 0.0
+        self.grammar = None                       # gh200rt.structured.SequenceGrammar of a constrained request
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -2,9 +2,9 @@
 
 Every rule an OpenAI or vLLM client relies on is checked here, before the engine sees the
 request, and a violation raises ``APIError(400)`` naming the field and the allowed values.
-Unknown fields are ignored on purpose: benchmark clients send extras. Known OpenAI fields this
-server cannot honour (``logit_bias``, ``tools``, a JSON ``response_format``, ``suffix``) are a
-400 rather than silently ignored, as vLLM does for features it was not started with.
+Unknown fields are ignored on purpose: benchmark clients send extras. Known OpenAI and vLLM fields
+this server cannot honour (``suffix``, ``use_beam_search``, LoRA adapters, images and audio) are a
+400 naming the field rather than silently ignored.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from gh200rt.sampling_params import GREEDY_BELOW, MAX_LOGPROBS, SEED_MAX, SEED_MIN, SamplingParams
 from gh200rt.serve.errors import bad_request
+from gh200rt.serve.structured_fields import parse_constraint
 
 MAX_N = 16
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -128,6 +129,22 @@ def parse_prompts(prompt) -> list[tuple[str | None, list[int] | None]]:
                       "lists of token ids", "prompt")
 
 
+def _logit_bias(body: dict) -> dict[int, float] | None:
+    bias = body.get("logit_bias")
+    if bias is None:
+        return None
+    if not isinstance(bias, dict):
+        raise bad_request("'logit_bias' must map token ids to biases, like {\"50256\": -100}", "logit_bias")
+    result = {}
+    for key, value in bias.items():
+        if not (isinstance(key, str) and key.isdigit()) or isinstance(value, bool) or \
+                not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise bad_request(f"'logit_bias' entries must be a token id and a bias in [-100, 100], got "
+                              f"{show(key)}: {show(value)}", "logit_bias")
+        result[int(key)] = float(value)
+    return result or None
+
+
 def _sampling_params(body: dict, default_max_tokens: int | None, logprobs: int | None,
                      prompt_logprobs: int | None = None) -> SamplingParams:
     max_tokens = _int(body, "max_completion_tokens", None, 1, None, "an integer of at least 1")
@@ -149,7 +166,7 @@ def _sampling_params(body: dict, default_max_tokens: int | None, logprobs: int |
             include_stop_str_in_output=_bool(body, "include_stop_str_in_output"),
             ignore_eos=_bool(body, "ignore_eos"), min_tokens=_int(body, "min_tokens", 0, 0),
             logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-            skip_special_tokens=_bool(body, "skip_special_tokens", True))
+            skip_special_tokens=_bool(body, "skip_special_tokens", True), logit_bias=_logit_bias(body))
     except ValueError as e:
         raise bad_request(str(e), str(e).split(" ")[0]) from e
 
@@ -170,19 +187,33 @@ def _model(body: dict) -> str | None:
     return _get(body, "model", (str,), None, "a string (a name from GET /v1/models)")
 
 
+UNSUPPORTED = {
+    "use_beam_search": "beam search is not supported by this server; leave 'use_beam_search' out",
+    "lora_request": "LoRA adapters are not supported by this server; leave 'lora_request' out",
+    "lora_name": "LoRA adapters are not supported by this server; leave 'lora_name' out",
+    "multi_modal_data": "images, audio and video are not supported by this server (text-only models)",
+    "mm_processor_kwargs": "images, audio and video are not supported by this server (text-only models)",
+    "audio": "audio output is not supported by this server; leave 'audio' out",
+}
+
+
 def _unsupported(body: dict, chat: bool) -> None:
-    """Known OpenAI features this server does not implement: refuse rather than ignore them."""
-    if body.get("logit_bias"):
-        raise bad_request("'logit_bias' is not supported by this server; leave it out", "logit_bias")
-    if chat and body.get("tools") and body.get("tool_choice", "auto") != "none":
-        raise bad_request("tool calling is not supported by this server; leave out 'tools' or set "
-                          "\"tool_choice\": \"none\"", "tools")
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise bad_request("only {\"type\": \"text\"} is supported for 'response_format' (no JSON mode or "
-                          "schemas)", "response_format")
+    """Known OpenAI / vLLM features this server does not implement: refuse rather than ignore them."""
+    for name, message in UNSUPPORTED.items():
+        if body.get(name):
+            raise bad_request(message, name)
     if not chat and body.get("suffix"):
         raise bad_request("'suffix' (insertion) is not supported by this server; leave it out", "suffix")
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != body.get("n", 1):
+        raise bad_request("'best_of' is not supported by this server; use 'n' (every choice is returned)", "best_of")
+
+
+def _with_constraint(parsed: "ParsedRequest", body: dict) -> "ParsedRequest":
+    found = parse_constraint(body)
+    if found is not None:
+        parsed.params.structured_output = found[0]
+    return parsed
 
 
 def _check_temperature(body: dict) -> None:
@@ -200,8 +231,8 @@ def parse_completion_request(body: dict) -> ParsedRequest:
     echo = _bool(body, "echo")
     stream, include_usage = _stream_options(body)
     params = _sampling_params(body, 16, logprobs, logprobs if echo else None)   # echo scores the prompt too
-    return ParsedRequest(parse_prompts(body["prompt"]), params, stream, include_usage, echo=echo,
-                         logprobs=logprobs, model=_model(body))
+    return _with_constraint(ParsedRequest(parse_prompts(body["prompt"]), params, stream, include_usage, echo=echo,
+                                          logprobs=logprobs, model=_model(body)), body)
 
 
 def _message_text(message: dict, i: int) -> str:
@@ -213,6 +244,9 @@ def _message_text(message: dict, i: int) -> str:
     if isinstance(content, list):
         parts = []
         for part in content:
+            if isinstance(part, dict) and part.get("type") in ("image_url", "input_audio", "video_url", "file"):
+                raise bad_request(f"messages[{i}].content: '{part['type']}' parts are not supported by this server "
+                                  "(text-only models); send text parts", "messages")
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise bad_request(f"messages[{i}].content: only text parts {{\"type\": \"text\", \"text\": ...}} "
                                   "are supported", "messages")
@@ -245,4 +279,4 @@ def parse_chat_request(body: dict) -> tuple[ParsedRequest, list[dict]]:
     parsed = ParsedRequest([], _sampling_params(body, None, logprobs), stream, include_usage,
                            logprobs=logprobs, model=_model(body))
     parsed.extra["add_generation_prompt"] = _bool(body, "add_generation_prompt", True)
-    return parsed, messages
+    return _with_constraint(parsed, body), messages
