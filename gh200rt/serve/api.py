@@ -22,8 +22,8 @@ from gh200rt.serve.errors import APIError, bad_request, error_body
 from gh200rt.serve.generation import GenerationRun
 from gh200rt.serve.guard import ClientGone, DisconnectAwareResponse, Guard, unless_disconnected
 from gh200rt.serve.metrics import ServerMetrics
-from gh200rt.serve.protocol import (check_token_ids, parse_chat_request, parse_completion_request, parse_messages,
-                                    show)
+from gh200rt.serve.chat_request import parse_chat_request, parse_messages, template_flags
+from gh200rt.serve.protocol import check_token_ids, parse_completion_request, show
 from gh200rt.serve.responses import completion_body
 
 log = logging.getLogger("gh200rt.serve")
@@ -37,8 +37,10 @@ class ServerState:
     def __init__(self, config: ServerConfig, engine: AsyncEngine, model_path: str):
         self.config = config
         self.model_path = model_path
-        self.served_name = config.served_model_name or model_path
-        self.model_names = {self.served_name, model_path}
+        names = config.served_model_name or (model_path,)
+        self.served_names = names
+        self.served_name = names[0]
+        self.model_names = {*names, model_path}
         self.engine = engine
         self.metrics = ServerMetrics()
         engine.metrics = self.metrics
@@ -51,9 +53,9 @@ class ServerState:
             raise APIError(503, "the model is still loading; retry when GET /health answers 200")
         return self.engine.engine
 
-    def model_card(self) -> dict:
+    def model_card(self, name: str | None = None) -> dict:
         engine = self.engine.engine if self.engine.ready.is_set() else None
-        return {"id": self.served_name, "object": "model", "created": self.started, "owned_by": "gh200rt",
+        return {"id": name or self.served_name, "object": "model", "created": self.started, "owned_by": "gh200rt",
                 "root": self.model_path, "parent": None,
                 "max_model_len": engine.max_model_len if engine is not None else None}
 
@@ -106,12 +108,12 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [state.model_card()]}
+        return {"object": "list", "data": [state.model_card(name) for name in state.served_names]}
 
     @app.get("/v1/models/{name:path}")
     async def model(name: str):
         check_model(name)
-        return state.model_card()
+        return state.model_card(name)
 
     @app.get("/metrics")
     async def metrics():
@@ -123,8 +125,10 @@ def create_app(state: ServerState) -> FastAPI:
         body = await read_json(request)
         tok = state.ready_engine().tokenizer
         if "messages" in body:
-            messages, flag = parse_messages(body["messages"]), _flag(body, "add_generation_prompt", True)
-            ids = await asyncio.to_thread(chat_token_ids, tok, messages, flag)
+            messages = parse_messages(body["messages"])
+            add_generation_prompt, continue_final = template_flags(body, messages)
+            tools = body.get("tools") if isinstance(body.get("tools"), list) else None
+            ids = await asyncio.to_thread(chat_token_ids, tok, messages, add_generation_prompt, continue_final, tools)
         elif isinstance(body.get("prompt"), str):
             ids = list(await asyncio.to_thread(tok.encode, body["prompt"], **_special_tokens(body)))
         else:
@@ -143,10 +147,12 @@ def create_app(state: ServerState) -> FastAPI:
         return await _generate(state, parsed, check_model(parsed.model), chat=False)
 
     async def chat_completion(body: dict):
-        parsed, messages = parse_chat_request(body)
+        parsed, messages = parse_chat_request(body, state.config.tool_call_parser, state.config.enable_auto_tool_choice)
         model = check_model(parsed.model)
         tok = state.ready_engine().tokenizer
-        ids = await asyncio.to_thread(chat_token_ids, tok, messages, parsed.extra["add_generation_prompt"])
+        tools = parsed.extra["tools"]
+        ids = await asyncio.to_thread(chat_token_ids, tok, messages, parsed.extra["add_generation_prompt"],
+                                      parsed.extra["continue_final_message"], tools.tools if tools else None)
         parsed.prompts = [(None, ids)]
         return await _generate(state, parsed, model, chat=True)
 
@@ -170,10 +176,15 @@ async def _while_connected(request: Request, work):
         return Response(status_code=499)
 
 
-def chat_token_ids(tok, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+def chat_token_ids(tok, messages: list[dict], add_generation_prompt: bool, continue_final_message: bool = False,
+                   tools: list[dict] | None = None) -> list[int]:
     """The rendered template, tokenized without adding special tokens: it already holds any BOS it wants."""
+    options = {"continue_final_message": True} if continue_final_message else {}
+    if tools:
+        options["tools"] = tools
     try:
-        return list(tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True))
+        return list(tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
+                                            **options))
     except Exception as e:                      # templates reject conversations they cannot render
         raise bad_request(f"the chat template rejected these messages: {type(e).__name__}: {e}", "messages") from e
 

@@ -4,7 +4,8 @@ import pytest
 from gh200rt.serve.args import ServerConfig, parse_args
 from gh200rt.serve.errors import APIError
 from gh200rt.serve.metrics import ServerMetrics
-from gh200rt.serve.protocol import parse_chat_request, parse_completion_request, parse_prompts
+from gh200rt.serve.chat_request import parse_chat_request
+from gh200rt.serve.protocol import parse_completion_request, parse_prompts
 from gh200rt.serve.sse import DONE, sse_event
 
 
