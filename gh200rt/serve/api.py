@@ -117,7 +117,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
-        return PlainTextResponse(state.metrics.render(state.engine.num_pending),
+        return PlainTextResponse(state.metrics.render(state.engine.num_pending, state.served_name),
                                  media_type="text/plain; version=0.0.4")
 
     @app.post("/tokenize")
