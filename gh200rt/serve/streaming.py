@@ -96,8 +96,12 @@ def stream_chat(run: GenerationRun, request_id: str, model: str, tok):
         count = parsed.params.n * len(parsed.prompts)
         streams = {i: ToolStream(tools) for i in range(count)} if tools is not None and tools.parses_output else {}
         for i in range(count):
-            first = {"role": "assistant", "content": ""}
-            yield chunk(i, first)
+            if i == 0 and parsed.return_token_ids:       # vLLM: the prompt's ids ride on the first chunk
+                body = run.chunk_envelope([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                            "logprobs": None, "finish_reason": None}])
+                yield sse_event({**body, "prompt_token_ids": parsed.prompts[0][1]})
+            else:
+                yield chunk(i, {"role": "assistant", "content": ""})
             if parsed.echo and parsed.extra["echo_text"]:
                 yield chunk(i, {"content": parsed.extra["echo_text"]})
         async for batch in run.deltas():

@@ -26,6 +26,10 @@ def test_logit_bias_and_return_token_ids(toy_server):
                                      seed=2, extra_body={"return_token_ids": True, "ignore_eos": True})
     assert chat.choices[0].message.content == "jjjj" and chat.choices[0].model_extra["token_ids"] == [9] * 4
     assert chat.model_extra["prompt_token_ids"] == [1 + ord(ch) % 60 for ch in "<user>hi<assistant>"]
+    chat_chunks = list(c.chat.completions.create(model="toy", messages=MESSAGES, max_tokens=3, stream=True,
+                                                 extra_body={"return_token_ids": True, "ignore_eos": True}))
+    assert chat_chunks[0].model_extra["prompt_token_ids"] == chat.model_extra["prompt_token_ids"]
+    assert len(sum((ch.choices[0].model_extra.get("token_ids") or [] for ch in chat_chunks), [])) == 3
     streamed = list(c.completions.create(model="toy", prompt="abc", max_tokens=5, temperature=0, stream=True,
                                          extra_body={"return_token_ids": True}))
     ids = sum((ch.choices[0].model_extra["token_ids"] for ch in streamed), [])
