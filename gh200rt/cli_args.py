@@ -29,6 +29,9 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, group_title: s
         if tp is bool:
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
                                help=help_text)
+        elif f.metadata.get("nargs"):          # several values: ``--flag a b c`` -> a tuple of them
+            group.add_argument(flag, dest=f.name, type=str, nargs=f.metadata["nargs"], default=default,
+                               help=f"{help_text} (default: {default})")
         else:
             group.add_argument(flag, dest=f.name, type=tp, default=default, choices=f.metadata.get("choices"),
                                help=f"{help_text} (default: {default})")

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gh200rt.structured.constraint import Constraint
+
 MAX_LOGPROBS = 20
 GREEDY_BELOW = 1e-5  # a smaller temperature samples greedily (dividing logits by it would overflow), as in vLLM
-_SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1     # signed 64-bit, as vLLM and torch generators take
 
 
 @dataclass
@@ -28,6 +30,8 @@ class SamplingParams:
     logprobs: int | None = None          # top-k logprobs per generated token (0 = only the sampled one)
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    logit_bias: dict[int, float] | None = None          # token id -> added to its logit, in [-100, 100]
+    structured_output: Constraint | None = None         # JSON schema, regex, choice or grammar to follow
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -60,8 +64,8 @@ class SamplingParams:
             bad("presence_penalty", self.presence_penalty, "in [-2, 2]")
         if not -2.0 <= self.frequency_penalty <= 2.0:
             bad("frequency_penalty", self.frequency_penalty, "in [-2, 2]")
-        if self.seed is not None and (not isinstance(self.seed, int) or not _SEED_MIN <= self.seed <= _SEED_MAX):
-            bad("seed", self.seed, "an integer that fits in 64 bits")
+        if self.seed is not None and (not isinstance(self.seed, int) or not SEED_MIN <= self.seed <= SEED_MAX):
+            bad("seed", self.seed, f"an integer in [{SEED_MIN}, {SEED_MAX}] (signed 64-bit)")
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
             bad("min_tokens", self.min_tokens, "0 or more")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
@@ -74,6 +78,10 @@ class SamplingParams:
             bad("stop", self.stop, "a list of non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             bad("stop_token_ids", self.stop_token_ids, "a list of non-negative token ids")
+        if self.logit_bias is not None and not all(
+                isinstance(t, int) and t >= 0 and isinstance(b, (int, float)) and -100 <= b <= 100
+                for t, b in self.logit_bias.items()):
+            bad("logit_bias", self.logit_bias, "a map of token ids to biases in [-100, 100]")
 
     @property
     def greedy(self) -> bool:

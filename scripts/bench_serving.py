@@ -3,9 +3,13 @@
 Modes: a Poisson arrival rate (--request-rate R) or a fixed number of requests in flight
 (--max-concurrency C). Prompts: random token ids, or a shared prefix plus a random suffix
 (--dataset shared-prefix). Reports request throughput, output tokens/s, TTFT, TPOT, ITL and
-E2E latency (mean, p50, p99). Example:
+E2E latency (mean, p50, p99). --structured json constrains every request to a JSON schema (an array
+of objects with at least --output-len items, so no answer can end early and both runs generate the
+same tokens); --compare-structured runs the same prompts unconstrained and then constrained, in one
+process, and prints the cost of the grammar. Examples:
 
   python scripts/bench_serving.py --base-url http://127.0.0.1:8000 --num-prompts 32 --max-concurrency 4
+  python scripts/bench_serving.py --num-prompts 32 --max-concurrency 8 --compare-structured
 """
 from __future__ import annotations
 
@@ -42,9 +46,20 @@ def make_prompts(args, vocab_hint: int) -> list[list[int]]:
     return prompts
 
 
+def bench_schema(min_items: int) -> dict:
+    """Nested objects, enums, bounded strings: a typical extraction schema that cannot close before
+    ``min_items`` items, so constrained answers are as long as unconstrained ones."""
+    item = {"type": "object", "additionalProperties": False, "required": ["id", "name", "tags"], "properties": {
+        "id": {"type": "integer", "minimum": 0, "maximum": 9999}, "name": {"type": "string", "maxLength": 12},
+        "tags": {"type": "array", "maxItems": 3, "items": {"enum": ["red", "green", "blue"]}}}}
+    return {"type": "array", "minItems": min_items, "items": item}
+
+
 async def one_request(client: httpx.AsyncClient, args, prompt: list[int]) -> Result:
     body = {"model": args.model, "prompt": prompt, "max_tokens": args.output_len, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    if args.structured == "json":
+        body["structured_outputs"] = {"json": bench_schema(args.output_len)}
     start = time.perf_counter()
     result = Result(ok=False, prompt_len=len(prompt))
     last = None
@@ -112,7 +127,8 @@ def report(args, results: list[Result], duration: float) -> None:
     out_tokens = sum(r.output_tokens for r in ok)
     tpots = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
     mode = f"max-concurrency {args.max_concurrency}" if args.max_concurrency else f"rate {args.request_rate}/s"
-    print(f"mode: {mode}; dataset {args.dataset}; {args.num_prompts} prompts x {args.input_len}"
+    print(f"mode: {mode}; dataset {args.dataset}; output constraint: {args.structured}; "
+          f"{args.num_prompts} prompts x {args.input_len}"
           f"{f' + {args.shared_prefix_len} shared' if args.dataset == 'shared-prefix' else ''} in, "
           f"{args.output_len} out; model {args.model}")
     print(f"successful requests: {len(ok)} / {len(results)}  (failed: {len(results) - len(ok)})")
@@ -145,6 +161,11 @@ def main() -> None:
     ap.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second")
     ap.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most")
     ap.add_argument("--baseline", action="store_true", help="first measure one request alone, as a baseline")
+    ap.add_argument("--structured", choices=("none", "json"), default="none",
+                    help="constrain every request to a JSON schema (structured_outputs)")
+    ap.add_argument("--compare-structured", action="store_true",
+                    help="run unconstrained, then JSON-constrained, on the same prompts; report the slowdown")
+    ap.add_argument("--rounds", type=int, default=1, help="with --compare-structured: alternated rounds of each")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -157,8 +178,23 @@ def main() -> None:
         results, duration = asyncio.run(run(solo))
         args.model = solo.model
         args.single_stream_tps = sum(r.output_tokens for r in results if r.ok) / duration
-    results, duration = asyncio.run(run(args))
-    report(args, results, duration)
+    if not args.compare_structured:
+        results, duration = asyncio.run(run(args))
+        report(args, results, duration)
+        return
+    warm = argparse.Namespace(**{**vars(args), "num_prompts": min(4, args.num_prompts), "structured": "json"})
+    asyncio.run(run(warm))                         # first-request costs (allocation, lazy set-up) hit neither side
+    rates: dict[str, list[float]] = {"none": [], "json": []}
+    for _ in range(args.rounds):                   # alternated, so load drifting over time hits both alike
+        for structured in ("none", "json"):
+            args.structured = structured
+            results, duration = asyncio.run(run(args))
+            report(args, results, duration)
+            rates[structured].append(sum(r.output_tokens for r in results if r.ok) / duration)
+            print()
+    none, json_ = statistics.mean(rates["none"]), statistics.mean(rates["json"])
+    print(f"constrained vs unconstrained output tokens/s over {args.rounds} alternated round(s): {json_:.1f} vs "
+          f"{none:.1f} ({100 * (1 - json_ / none):+.1f}% slower with the JSON grammar)")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from gh200rt.memory.ledger import DeviceMemoryLedger, ledger_capacity
 from gh200rt.sampling_params import SamplingParams
 from gh200rt.scheduler.request import Sequence
 from gh200rt.scheduler.scheduler import Scheduler
+from gh200rt.structured import GrammarMatchers
 
 
 @dataclass
@@ -80,6 +81,7 @@ class LLMEngine:
         self.runner = ModelRunner(model, caches, bs, device)
         self.sampler = Sampler(config.model.seed)
         self.eos_token_ids = eos_ids_of(tokenizer)
+        self.grammars = GrammarMatchers(tokenizer, arch.vocab_size, self.eos_token_ids)
         self.requests: dict[str, RequestState] = {}
         self._arrivals = 0
         self.prompt_tokens = 0
@@ -114,10 +116,13 @@ class LLMEngine:
         prompt_token_ids = [int(t) for t in prompt_token_ids]
         self._validate(prompt_token_ids, params)
         state = RequestState(request_id, prompt, prompt_token_ids, params)
+        grammars = [self.grammars.new(params.structured_output) for _ in range(params.n)] \
+            if params.structured_output is not None else [None] * params.n
         owner = None
         for index in range(params.n):
             seq = Sequence(f"{request_id}#{index}", request_id, index, prompt_token_ids, params, self._arrivals,
                            self.eos_token_ids, self.max_model_len)
+            seq.grammar = grammars[index]
             self._arrivals += 1
             seq.share_prompt_from = owner
             owner = owner or seq
@@ -137,6 +142,9 @@ class LLMEngine:
         bad = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        bad = [t for t in (params.logit_bias or {}) if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
         want = len(ids) + (params.max_tokens or 1)
         if want > self.max_model_len:
             raise ValueError(f"the prompt has {len(ids)} tokens and max_tokens is {params.max_tokens}: "
@@ -187,6 +195,8 @@ class LLMEngine:
     def _advance(self, seq: Sequence, token: int, lp, chosen: float) -> None:
         state = self.requests[seq.group_id]
         seq.append_token(token)
+        if seq.grammar is not None:             # the grammar state follows the output tokens exactly
+            seq.grammar.accept(token)
         self.generation_tokens += 1
         if lp is not None:
             seq.output_logprobs.append(lp)

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from gh200rt.engine.outputs import Logprob, TokenLogprobs
 from gh200rt.engine.device_inputs import to_device
+from gh200rt.engine.logits_processors import apply_logits_processors
+from gh200rt.engine.outputs import Logprob, TokenLogprobs
 from gh200rt.engine.sampling_tensors import (SamplingTensors, apply_penalties, banned_until_min_tokens, mask_ids,
                                              needs_penalties)
 from gh200rt.scheduler.request import Sequence
@@ -118,6 +119,7 @@ class Sampler:
         assert logits.shape[0] == len(seqs)
         want_logprobs = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
+        apply_logits_processors(logits, seqs)       # logit_bias, grammar masks: after raw logprobs, before sampling
         if all(_is_plain_greedy(s) for s in seqs):
             tokens = torch.argmax(logits, dim=-1)
         else:

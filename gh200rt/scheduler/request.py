@@ -46,6 +46,7 @@ class Sequence:
         self._generator: torch.Generator | None = None
         self.output_logprobs: list = []
         self.cumulative_logprob = 0.0
+        self.grammar = None                       # gh200rt.structured.SequenceGrammar of a constrained request
 
     def generator_on(self, device: torch.device) -> torch.Generator:
         """This sequence's own generator, on the device its logits live on (created at first draw)."""

@@ -12,7 +12,7 @@ import time
 import uuid
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 import gh200rt
 from gh200rt.serve.args import ServerConfig
@@ -20,10 +20,10 @@ from gh200rt.serve.async_engine import AsyncEngine
 from gh200rt.serve.body import parse_json_object, read_body
 from gh200rt.serve.errors import APIError, bad_request, error_body
 from gh200rt.serve.generation import GenerationRun
-from gh200rt.serve.guard import DisconnectAwareResponse, Guard
+from gh200rt.serve.guard import ClientGone, DisconnectAwareResponse, Guard, unless_disconnected
 from gh200rt.serve.metrics import ServerMetrics
-from gh200rt.serve.protocol import (check_token_ids, parse_chat_request, parse_completion_request, parse_messages,
-                                    show)
+from gh200rt.serve.chat_request import parse_chat_request, parse_messages, template_flags
+from gh200rt.serve.protocol import check_token_ids, parse_completion_request, show
 from gh200rt.serve.responses import completion_body
 
 log = logging.getLogger("gh200rt.serve")
@@ -37,8 +37,10 @@ class ServerState:
     def __init__(self, config: ServerConfig, engine: AsyncEngine, model_path: str):
         self.config = config
         self.model_path = model_path
-        self.served_name = config.served_model_name or model_path
-        self.model_names = {self.served_name, model_path}
+        names = config.served_model_name or (model_path,)
+        self.served_names = names
+        self.served_name = names[0]
+        self.model_names = {*names, model_path}
         self.engine = engine
         self.metrics = ServerMetrics()
         engine.metrics = self.metrics
@@ -51,9 +53,9 @@ class ServerState:
             raise APIError(503, "the model is still loading; retry when GET /health answers 200")
         return self.engine.engine
 
-    def model_card(self) -> dict:
+    def model_card(self, name: str | None = None) -> dict:
         engine = self.engine.engine if self.engine.ready.is_set() else None
-        return {"id": self.served_name, "object": "model", "created": self.started, "owned_by": "gh200rt",
+        return {"id": name or self.served_name, "object": "model", "created": self.started, "owned_by": "gh200rt",
                 "root": self.model_path, "parent": None,
                 "max_model_len": engine.max_model_len if engine is not None else None}
 
@@ -106,16 +108,16 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [state.model_card()]}
+        return {"object": "list", "data": [state.model_card(name) for name in state.served_names]}
 
     @app.get("/v1/models/{name:path}")
     async def model(name: str):
         check_model(name)
-        return state.model_card()
+        return state.model_card(name)
 
     @app.get("/metrics")
     async def metrics():
-        return PlainTextResponse(state.metrics.render(state.engine.num_pending),
+        return PlainTextResponse(state.metrics.render(state.engine.num_pending, state.served_name),
                                  media_type="text/plain; version=0.0.4")
 
     @app.post("/tokenize")
@@ -123,8 +125,10 @@ def create_app(state: ServerState) -> FastAPI:
         body = await read_json(request)
         tok = state.ready_engine().tokenizer
         if "messages" in body:
-            messages, flag = parse_messages(body["messages"]), _flag(body, "add_generation_prompt", True)
-            ids = await asyncio.to_thread(chat_token_ids, tok, messages, flag)
+            messages = parse_messages(body["messages"])
+            add_generation_prompt, continue_final = template_flags(body, messages)
+            tools = body.get("tools") if isinstance(body.get("tools"), list) else None
+            ids = await asyncio.to_thread(chat_token_ids, tok, messages, add_generation_prompt, continue_final, tools)
         elif isinstance(body.get("prompt"), str):
             ids = list(await asyncio.to_thread(tok.encode, body["prompt"], **_special_tokens(body)))
         else:
@@ -138,27 +142,49 @@ def create_app(state: ServerState) -> FastAPI:
         ids = check_token_ids(body.get("tokens"), "tokens", engine.vocab_size, allow_empty=True)
         return {"prompt": engine.tokenizer.decode(ids, skip_special_tokens=False)}
 
+    async def completion(body: dict):
+        parsed = parse_completion_request(body)
+        return await _generate(state, parsed, check_model(parsed.model), chat=False)
+
+    async def chat_completion(body: dict):
+        parsed, messages = parse_chat_request(body, state.config.tool_call_parser, state.config.enable_auto_tool_choice)
+        model = check_model(parsed.model)
+        tok = state.ready_engine().tokenizer
+        tools = parsed.extra["tools"]
+        ids = await asyncio.to_thread(chat_token_ids, tok, messages, parsed.extra["add_generation_prompt"],
+                                      parsed.extra["continue_final_message"], tools.tools if tools else None)
+        parsed.prompts = [(None, ids)]
+        return await _generate(state, parsed, model, chat=True)
+
     @app.post("/v1/completions")
     async def completions(request: Request):
-        parsed = parse_completion_request(await read_json(request))
-        return await _generate(state, request, parsed, check_model(parsed.model), chat=False)
+        return await _while_connected(request, completion(await read_json(request)))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        parsed, messages = parse_chat_request(await read_json(request))
-        model = check_model(parsed.model)
-        tok = state.ready_engine().tokenizer
-        ids = await asyncio.to_thread(chat_token_ids, tok, messages, parsed.extra["add_generation_prompt"])
-        parsed.prompts = [(None, ids)]
-        return await _generate(state, request, parsed, model, chat=True)
+        return await _while_connected(request, chat_completion(await read_json(request)))
 
     return app
 
 
-def chat_token_ids(tok, messages: list[dict], add_generation_prompt: bool) -> list[int]:
-    """The rendered template, tokenized without adding special tokens: it already holds any BOS it wants."""
+async def _while_connected(request: Request, work):
+    """Tokenizing, waiting to be queued, queued: a client that leaves at any point cancels ``work``,
+    which aborts whatever engine requests it had started, and nobody is answered."""
     try:
-        return list(tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True))
+        return await unless_disconnected(request.receive, work)
+    except ClientGone:
+        return Response(status_code=499)
+
+
+def chat_token_ids(tok, messages: list[dict], add_generation_prompt: bool, continue_final_message: bool = False,
+                   tools: list[dict] | None = None) -> list[int]:
+    """The rendered template, tokenized without adding special tokens: it already holds any BOS it wants."""
+    options = {"continue_final_message": True} if continue_final_message else {}
+    if tools:
+        options["tools"] = tools
+    try:
+        return list(tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
+                                            **options))
     except Exception as e:                      # templates reject conversations they cannot render
         raise bad_request(f"the chat template rejected these messages: {type(e).__name__}: {e}", "messages") from e
 
@@ -178,7 +204,7 @@ def _tokenized(tok, prompts: list[tuple[str | None, list[int] | None]]) -> list[
     return [(text, ids if ids is not None else list(tok.encode(text))) for text, ids in prompts]
 
 
-async def _generate(state: ServerState, request: Request, parsed, model: str, chat: bool):
+async def _generate(state: ServerState, parsed, model: str, chat: bool):
     engine = state.ready_engine()
     if len(parsed.prompts) > state.engine.max_pending:
         raise bad_request(f"the request has {len(parsed.prompts)} prompts; this server takes at most "

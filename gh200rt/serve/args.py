@@ -6,6 +6,9 @@ import argparse
 from dataclasses import dataclass, field
 
 from gh200rt.cli_args import add_dataclass_arguments, add_engine_arguments, dataclass_from_args
+from gh200rt.serve.tool_parsers import PARSERS
+
+TOOL_CALL_PARSERS = tuple(PARSERS)
 
 
 def _help(text: str) -> dict:
@@ -17,9 +20,10 @@ class ServerConfig:
     host: str = field(default="127.0.0.1", metadata=_help("address to listen on (0.0.0.0 for all interfaces)"))
     port: int = field(default=8000, metadata=_help("TCP port to listen on"))
     api_key: str | None = field(default=None, metadata=_help(
-        "require 'Authorization: Bearer KEY' on every route except /health"))
-    served_model_name: str | None = field(default=None, metadata=_help(
-        "model name clients send and see in /v1/models; default: --model"))
+        "require 'Authorization: Bearer KEY' (or 'X-Api-Key: KEY') on every route except /health"))
+    served_model_name: tuple[str, ...] | None = field(default=None, metadata={
+        "help": "model name(s) clients send; the first is the one /v1/models and responses show, the others are "
+                "aliases; default: --model", "nargs": "+"})
     max_queued_requests: int = field(default=256, metadata=_help(
         "requests that may wait beyond --max-num-seqs running ones; more get 503 at once"))
     shutdown_timeout: float = field(default=30.0, metadata=_help(
@@ -29,6 +33,11 @@ class ServerConfig:
     max_request_bytes: int = field(default=8 * 1024 * 1024, metadata=_help(
         "largest request body accepted; larger ones get 413"))
     log_level: str = field(default="info", metadata=_help("uvicorn/server log level (debug, info, warning)"))
+    tool_call_parser: str | None = field(default=None, metadata={
+        "help": "how tool calls are read out of the model's text for \"tool_choice\": \"auto\" (hermes: Hermes/"
+                "Qwen <tool_call>; llama3_json: Llama 3.x JSON)", "choices": TOOL_CALL_PARSERS})
+    enable_auto_tool_choice: bool = field(default=False, metadata=_help(
+        "let the model decide to call tools (\"tool_choice\": \"auto\"); needs --tool-call-parser"))
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
@@ -41,6 +50,15 @@ class ServerConfig:
             raise ValueError(f"--max-request-bytes must be at least 1024, got {self.max_request_bytes}")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ValueError(f"--log-level {self.log_level!r}: choose debug, info, warning or error")
+        if self.served_model_name is not None:
+            names = (self.served_model_name,) if isinstance(self.served_model_name, str) else self.served_model_name
+            if not names or not all(names):
+                raise ValueError("--served-model-name needs at least one non-empty name")
+            object.__setattr__(self, "served_model_name", tuple(names))
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError(f"--enable-auto-tool-choice needs --tool-call-parser ({', '.join(TOOL_CALL_PARSERS)})")
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(f"--tool-call-parser {self.tool_call_parser!r}: choose {', '.join(TOOL_CALL_PARSERS)}")
         if self.api_key is not None and not self.api_key:
             raise ValueError("--api-key must not be empty; leave it out to serve without a key")
 

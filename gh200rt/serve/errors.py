@@ -6,7 +6,7 @@ Handlers raise ``APIError``; the app turns it into ``{"error": {"message", "type
 from __future__ import annotations
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 503: "service_unavailable",
+          405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error", 503: "service_unavailable",
           500: "internal_server_error"}
 
 

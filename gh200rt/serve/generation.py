@@ -37,6 +37,8 @@ class GenerationRun:
         self.unfinished: set[str] = set()
         self.prompt_token_ids: dict[int, list[int]] = {}
         self.prompt_logprobs: dict[int, list] = {}          # per prompt, when echo asked for logprobs
+        self.cached_tokens: dict[int, int] = {}             # per prompt: tokens reused from the prefix cache
+        self.completion_tokens_of: dict[int, int] = {}      # per choice
         self.completion_tokens = 0
         self.arrival = time.monotonic()
         self._last = None
@@ -58,6 +60,9 @@ class GenerationRun:
             self.metrics.count("requests_rejected_total")
             self.close(count_abort=False)
             raise
+        except asyncio.CancelledError:          # the client left before the engine accepted every prompt
+            self.close()
+            raise
 
     async def deltas(self):
         """Yields lists of ChoiceDelta until every prompt's choices finished."""
@@ -70,6 +75,7 @@ class GenerationRun:
                 continue
             p = self.prompt_index[rid]
             self.prompt_token_ids[p] = payload.prompt_token_ids
+            self.cached_tokens[p] = payload.num_cached_tokens
             if payload.prompt_logprobs is not None:
                 self.prompt_logprobs[p] = payload.prompt_logprobs
             now = time.monotonic()
@@ -97,6 +103,10 @@ class GenerationRun:
     @property
     def prompt_tokens(self) -> int:
         return sum(len(ids) for ids in self.prompt_token_ids.values())
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return sum(self.cached_tokens.values())
 
     def close(self, count_abort: bool = True) -> None:
         if self.unfinished and count_abort:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import bisect
 import threading
 
+from gh200rt.serve.vllm_metrics import vllm_lines
+
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 PREFIX = "gh200rt"
 
@@ -25,15 +27,18 @@ class Histogram:
         self.total += value
         self.n += 1
 
-    def render(self) -> list[str]:
-        full = f"{PREFIX}_{self.name}"
+    def render(self, full: str | None = None, labels: str = "") -> list[str]:
+        """Prometheus lines under ``full`` (default gh200rt_<name>); ``labels``: 'k="v",...' for every series."""
+        full = full or f"{PREFIX}_{self.name}"
+        sep = f"{labels}," if labels else ""
         lines = [f"# HELP {full} {self.help}", f"# TYPE {full} histogram"]
         running = 0
         for bound, count in zip(self.buckets, self.counts):
             running += count
-            lines.append(f'{full}_bucket{{le="{bound}"}} {running}')
-        lines.append(f'{full}_bucket{{le="+Inf"}} {self.n}')
-        lines += [f"{full}_sum {self.total}", f"{full}_count {self.n}"]
+            lines.append(f'{full}_bucket{{{sep}le="{bound}"}} {running}')
+        lines.append(f'{full}_bucket{{{sep}le="+Inf"}} {self.n}')
+        braces = f"{{{labels}}}" if labels else ""
+        lines += [f"{full}_sum{braces} {self.total}", f"{full}_count{braces} {self.n}"]
         return lines
 
 
@@ -70,13 +75,14 @@ class ServerMetrics:
         with self._lock:
             histogram.observe(value)
 
-    def render(self, num_pending: int) -> str:
+    def render(self, num_pending: int, model_name: str = "") -> str:
         with self._lock:
             lines = []
             for name, value in self.counters.items():
                 lines += _series(name, "counter", COUNTER_HELP[name], [("", value)])
             for h in (self.ttft, self.itl, self.e2e):
                 lines += h.render()
+            lines += vllm_lines(self, model_name)
         lines += _engine_lines(self.engine_stats, num_pending)
         return "\n".join(lines) + "\n"
 

@@ -2,20 +2,20 @@
 
 Every rule an OpenAI or vLLM client relies on is checked here, before the engine sees the
 request, and a violation raises ``APIError(400)`` naming the field and the allowed values.
-Unknown fields are ignored on purpose: benchmark clients send extras. Known OpenAI fields this
-server cannot honour (``logit_bias``, ``tools``, a JSON ``response_format``, ``suffix``) are a
-400 rather than silently ignored, as vLLM does for features it was not started with.
+Unknown fields are ignored on purpose: benchmark clients send extras. Known OpenAI and vLLM fields
+this server cannot honour (``suffix``, ``use_beam_search``, LoRA adapters, images and audio) are a
+400 naming the field rather than silently ignored.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from gh200rt.sampling_params import GREEDY_BELOW, MAX_LOGPROBS, SamplingParams
+from gh200rt.sampling_params import GREEDY_BELOW, MAX_LOGPROBS, SEED_MAX, SEED_MIN, SamplingParams
 from gh200rt.serve.errors import bad_request
+from gh200rt.serve.structured_fields import parse_constraint
 
 MAX_N = 16
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 @dataclass
@@ -27,6 +27,9 @@ class ParsedRequest:
     echo: bool = False
     logprobs: int | None = None
     model: str | None = None
+    return_token_ids: bool = False           # vLLM: token ids of the prompt and of each choice in the response
+    continuous_usage: bool = False           # stream_options.continuous_usage_stats: usage on every chunk
+    prompt_logprobs: int | None = None       # vLLM: top-k logprobs of every prompt token in the response
     extra: dict = field(default_factory=dict)
 
 
@@ -47,7 +50,7 @@ def _get(body: dict, name: str, kinds: tuple, default=None, what: str = ""):
     return value
 
 
-def _int(body, name, default=None, lo=None, hi=None, what=None):
+def integer(body, name, default=None, lo=None, hi=None, what=None):
     value = _get(body, name, (int,), default, what or "an integer")
     if value is not None and ((lo is not None and value < lo) or (hi is not None and value > hi)):
         raise bad_request(f"'{name}' must be {what or f'between {lo} and {hi}'}, got {show(value)}", name)
@@ -61,7 +64,7 @@ def _float(body, name, default):
     return float(value)
 
 
-def _bool(body, name, default=False):
+def flag(body, name, default=False):
     return _get(body, name, (bool,), default, "true or false")
 
 
@@ -128,64 +131,101 @@ def parse_prompts(prompt) -> list[tuple[str | None, list[int] | None]]:
                       "lists of token ids", "prompt")
 
 
-def _sampling_params(body: dict, default_max_tokens: int | None, logprobs: int | None,
+def _logit_bias(body: dict) -> dict[int, float] | None:
+    bias = body.get("logit_bias")
+    if bias is None:
+        return None
+    if not isinstance(bias, dict):
+        raise bad_request("'logit_bias' must map token ids to biases, like {\"50256\": -100}", "logit_bias")
+    result = {}
+    for key, value in bias.items():
+        if not (isinstance(key, str) and key.isdigit()) or isinstance(value, bool) or \
+                not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise bad_request(f"'logit_bias' entries must be a token id and a bias in [-100, 100], got "
+                              f"{show(key)}: {show(value)}", "logit_bias")
+        result[int(key)] = float(value)
+    return result or None
+
+
+def sampling_params(body: dict, default_max_tokens: int | None, logprobs: int | None,
                      prompt_logprobs: int | None = None) -> SamplingParams:
-    max_tokens = _int(body, "max_completion_tokens", None, 1, None, "an integer of at least 1")
+    max_tokens = integer(body, "max_completion_tokens", None, 1, None, "an integer of at least 1")
     if max_tokens is None:
-        max_tokens = _int(body, "max_tokens", None, 1, None, "an integer of at least 1")
+        max_tokens = integer(body, "max_tokens", None, 1, None, "an integer of at least 1")
     if max_tokens is None:
         max_tokens = default_max_tokens
     temperature = _float(body, "temperature", 1.0)
     try:
         return SamplingParams(
-            n=_int(body, "n", 1, 1, MAX_N), max_tokens=max_tokens,
+            n=integer(body, "n", 1, 1, MAX_N), max_tokens=max_tokens,
             temperature=0.0 if temperature < GREEDY_BELOW else temperature, top_p=_float(body, "top_p", 1.0),
-            top_k=_int(body, "top_k", 0, -1, None, "-1, 0 (off) or a positive integer"),
+            top_k=integer(body, "top_k", 0, -1, None, "-1, 0 (off) or a positive integer"),
             min_p=_float(body, "min_p", 0.0), repetition_penalty=_float(body, "repetition_penalty", 1.0),
             presence_penalty=_float(body, "presence_penalty", 0.0),
             frequency_penalty=_float(body, "frequency_penalty", 0.0),
-            seed=_int(body, "seed", None, -(2**63), 2**64 - 1, "an integer that fits in 64 bits"),
+            seed=integer(body, "seed", None, SEED_MIN, SEED_MAX, f"an integer in [{SEED_MIN}, {SEED_MAX}] (signed 64-bit)"),
             stop=_stop(body), stop_token_ids=_stop_token_ids(body),
-            include_stop_str_in_output=_bool(body, "include_stop_str_in_output"),
-            ignore_eos=_bool(body, "ignore_eos"), min_tokens=_int(body, "min_tokens", 0, 0),
+            include_stop_str_in_output=flag(body, "include_stop_str_in_output"),
+            ignore_eos=flag(body, "ignore_eos"), min_tokens=integer(body, "min_tokens", 0, 0),
             logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-            skip_special_tokens=_bool(body, "skip_special_tokens", True))
+            skip_special_tokens=flag(body, "skip_special_tokens", True), logit_bias=_logit_bias(body))
     except ValueError as e:
         raise bad_request(str(e), str(e).split(" ")[0]) from e
 
 
-def _stream_options(body: dict) -> tuple[bool, bool]:
-    stream = _bool(body, "stream")
+def stream_options(body: dict) -> tuple[bool, bool, bool]:
+    """(stream, include_usage, continuous_usage_stats)"""
+    stream = flag(body, "stream")
     options = body.get("stream_options")
     if options is None:
-        return stream, False
+        return stream, False, False
     if not isinstance(options, dict):
         raise bad_request("'stream_options' must be an object like {\"include_usage\": true}", "stream_options")
     if options and not stream:                  # vLLM's rule: an empty object is tolerated
         raise bad_request("'stream_options' is only allowed with \"stream\": true", "stream_options")
-    return stream, _get(options, "include_usage", (bool,), False, "true or false")
+    return (stream, _get(options, "include_usage", (bool,), False, "true or false"),
+            _get(options, "continuous_usage_stats", (bool,), False, "true or false"))
 
 
-def _model(body: dict) -> str | None:
+def response_options(parsed: "ParsedRequest", body: dict) -> "ParsedRequest":
+    """The fields that shape the response (not the sampling): vLLM's return_token_ids, prompt_logprobs."""
+    parsed.return_token_ids = flag(body, "return_token_ids")
+    parsed.prompt_logprobs = integer(body, "prompt_logprobs", None, 0, MAX_LOGPROBS)
+    if parsed.prompt_logprobs is not None:
+        parsed.params.prompt_logprobs = parsed.prompt_logprobs
+    found = parse_constraint(body)
+    if found is not None:
+        parsed.params.structured_output = found[0]
+    return parsed
+
+
+def model_name(body: dict) -> str | None:
     return _get(body, "model", (str,), None, "a string (a name from GET /v1/models)")
 
 
-def _unsupported(body: dict, chat: bool) -> None:
-    """Known OpenAI features this server does not implement: refuse rather than ignore them."""
-    if body.get("logit_bias"):
-        raise bad_request("'logit_bias' is not supported by this server; leave it out", "logit_bias")
-    if chat and body.get("tools") and body.get("tool_choice", "auto") != "none":
-        raise bad_request("tool calling is not supported by this server; leave out 'tools' or set "
-                          "\"tool_choice\": \"none\"", "tools")
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise bad_request("only {\"type\": \"text\"} is supported for 'response_format' (no JSON mode or "
-                          "schemas)", "response_format")
+UNSUPPORTED = {
+    "use_beam_search": "beam search is not supported by this server; leave 'use_beam_search' out",
+    "lora_request": "LoRA adapters are not supported by this server; leave 'lora_request' out",
+    "lora_name": "LoRA adapters are not supported by this server; leave 'lora_name' out",
+    "multi_modal_data": "images, audio and video are not supported by this server (text-only models)",
+    "mm_processor_kwargs": "images, audio and video are not supported by this server (text-only models)",
+    "audio": "audio output is not supported by this server; leave 'audio' out",
+}
+
+
+def unsupported(body: dict, chat: bool) -> None:
+    """Known OpenAI / vLLM features this server does not implement: refuse rather than ignore them."""
+    for name, message in UNSUPPORTED.items():
+        if body.get(name):
+            raise bad_request(message, name)
     if not chat and body.get("suffix"):
         raise bad_request("'suffix' (insertion) is not supported by this server; leave it out", "suffix")
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != body.get("n", 1):
+        raise bad_request("'best_of' is not supported by this server; use 'n' (every choice is returned)", "best_of")
 
 
-def _check_temperature(body: dict) -> None:
+def check_temperature(body: dict) -> None:
     t = body.get("temperature")
     if isinstance(t, (int, float)) and not isinstance(t, bool) and not 0 <= t <= 2:
         raise bad_request(f"'temperature' must be between 0 and 2, got {show(t)}", "temperature")
@@ -194,55 +234,12 @@ def _check_temperature(body: dict) -> None:
 def parse_completion_request(body: dict) -> ParsedRequest:
     if "prompt" not in body:
         raise bad_request("'prompt' is required", "prompt")
-    _check_temperature(body)
-    _unsupported(body, chat=False)
-    logprobs = _int(body, "logprobs", None, 0, MAX_LOGPROBS)
-    echo = _bool(body, "echo")
-    stream, include_usage = _stream_options(body)
-    params = _sampling_params(body, 16, logprobs, logprobs if echo else None)   # echo scores the prompt too
-    return ParsedRequest(parse_prompts(body["prompt"]), params, stream, include_usage, echo=echo,
-                         logprobs=logprobs, model=_model(body))
-
-
-def _message_text(message: dict, i: int) -> str:
-    content = message.get("content")
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise bad_request(f"messages[{i}].content: only text parts {{\"type\": \"text\", \"text\": ...}} "
-                                  "are supported", "messages")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise bad_request(f"messages[{i}].content must be a string or a list of text parts", "messages")
-
-
-def parse_messages(messages) -> list[dict]:
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("'messages' must be a non-empty list of {\"role\", \"content\"} objects", "messages")
-    result = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
-            raise bad_request(f"messages[{i}] needs a 'role' among {', '.join(CHAT_ROLES)}", "messages")
-        result.append({"role": message["role"], "content": _message_text(message, i)})
-    return result
-
-
-def parse_chat_request(body: dict) -> tuple[ParsedRequest, list[dict]]:
-    messages = parse_messages(body.get("messages"))
-    _check_temperature(body)
-    _unsupported(body, chat=True)
-    want_logprobs = _bool(body, "logprobs")
-    top = _int(body, "top_logprobs", None, 0, MAX_LOGPROBS)
-    if top is not None and not want_logprobs:
-        raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
-    logprobs = (top or 0) if want_logprobs else None
-    stream, include_usage = _stream_options(body)
-    parsed = ParsedRequest([], _sampling_params(body, None, logprobs), stream, include_usage,
-                           logprobs=logprobs, model=_model(body))
-    parsed.extra["add_generation_prompt"] = _bool(body, "add_generation_prompt", True)
-    return parsed, messages
+    check_temperature(body)
+    unsupported(body, chat=False)
+    logprobs = integer(body, "logprobs", None, 0, MAX_LOGPROBS)
+    echo = flag(body, "echo")
+    stream, include_usage, continuous = stream_options(body)
+    params = sampling_params(body, 16, logprobs, logprobs if echo else None)   # echo scores the prompt too
+    return response_options(ParsedRequest(parse_prompts(body["prompt"]), params, stream, include_usage, echo=echo,
+                                          logprobs=logprobs, model=model_name(body), continuous_usage=continuous),
+                            body)

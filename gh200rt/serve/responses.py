@@ -9,7 +9,11 @@ from __future__ import annotations
 import math
 import time
 
+import gh200rt
 from gh200rt.serve.generation import ChoiceDelta
+from gh200rt.serve.tools import split_tool_calls, tool_call_dicts
+
+SYSTEM_FINGERPRINT = f"gh200rt-{gh200rt.__version__}"
 
 
 def _token_text(tokenizer, token_id: int, lp) -> str:
@@ -67,14 +71,40 @@ def echo_text(tokenizer, run, prompt_index: int) -> str:
     return text if text is not None else tokenizer.decode(ids, skip_special_tokens=False)
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(run) -> dict:
+    """Over all prompts and choices so far; cached_tokens: prompt tokens the prefix cache supplied."""
+    prompt, completion = run.prompt_tokens, run.completion_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": run.num_cached_tokens}}
 
 
 def envelope(request_id: str, obj: str, model: str, choices: list, created: int | None = None) -> dict:
     return {"id": request_id, "object": obj, "created": created or int(time.time()), "model": model,
-            "choices": choices}
+            "system_fingerprint": SYSTEM_FINGERPRINT, "choices": choices}
+
+
+def prompt_logprobs_body(tokenizer, entries) -> list | None:
+    """vLLM's ``prompt_logprobs``: per prompt token None (the first) or {token id: {logprob, rank, decoded_token}}."""
+    if entries is None:
+        return None
+    return [None if e is None else {str(t): {"logprob": _finite(lp.logprob), "rank": lp.rank,
+                                             "decoded_token": _token_text(tokenizer, t, lp)} for t, lp in e.items()}
+            for e in entries]
+
+
+def chat_message(run, text: str, finish: str | None) -> tuple[dict, str | None]:
+    """The assistant message of a finished choice (tool calls read out of the text) and its finish_reason."""
+    parsed = run.parsed
+    tools = parsed.extra.get("tools")
+    message = {"role": "assistant", "content": text}
+    if tools is not None and tools.parses_output and finish == "stop":
+        content, calls = split_tool_calls(tools, text)
+        if calls:
+            message = {"role": "assistant", "content": content, "tool_calls": tool_call_dicts(calls)}
+            finish = "tool_calls"
+    if parsed.echo and message["content"] is not None:
+        message["content"] = parsed.extra["echo_text"] + message["content"]
+    return message, finish
 
 
 def completion_body(tok, run, model: str, chat: bool, request_id: str, per_choice: dict) -> dict:
@@ -87,18 +117,28 @@ def completion_body(tok, run, model: str, chat: bool, request_id: str, per_choic
         text = "".join(d.text for d in deltas)
         last = next((d for d in reversed(deltas) if d.finish_reason), None)
         finish, stop_reason = (last.finish_reason, last.stop_reason) if last else (None, None)
+        token_ids = {"token_ids": [t for d in deltas for t in d.token_ids]} if parsed.return_token_ids else {}
         if chat:
             lp = chat_logprobs(tok, deltas, parsed.logprobs) if parsed.logprobs is not None else None
-            choices.append({"index": index, "message": {"role": "assistant", "content": text},
-                            "logprobs": lp, "finish_reason": finish, "stop_reason": stop_reason})
+            message, finish = chat_message(run, text, finish)
+            choices.append({"index": index, "message": message, "logprobs": lp, "finish_reason": finish,
+                            "stop_reason": stop_reason, **token_ids})
             continue
         prefix = echo_text(tok, run, index // n) if parsed.echo else ""
         lp = None
         if parsed.logprobs is not None:
             pairs = (prompt_pairs(run, index // n) if parsed.echo else []) + generated_pairs(deltas)
             lp = completion_logprobs(tok, pairs, 0)
+        if parsed.return_token_ids:
+            token_ids["prompt_token_ids"] = run.prompt_token_ids.get(index // n)
+        if parsed.prompt_logprobs is not None:
+            token_ids["prompt_logprobs"] = prompt_logprobs_body(tok, run.prompt_logprobs.get(index // n))
         choices.append({"index": index, "text": prefix + text, "logprobs": lp, "finish_reason": finish,
-                        "stop_reason": stop_reason})
+                        "stop_reason": stop_reason, **token_ids})
     body = envelope(request_id, "chat.completion" if chat else "text_completion", model, choices)
-    body["usage"] = usage(run.prompt_tokens, run.completion_tokens)
+    if chat and parsed.return_token_ids:
+        body["prompt_token_ids"] = run.prompt_token_ids.get(0)
+    if chat and parsed.prompt_logprobs is not None:
+        body["prompt_logprobs"] = prompt_logprobs_body(tok, run.prompt_logprobs.get(0))
+    body["usage"] = usage(run)
     return body

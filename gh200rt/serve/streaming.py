@@ -1,6 +1,8 @@
-"""SSE bodies for streamed completions and chat: role only in each choice's first chat delta,
+"""SSE bodies for streamed completions and chat: one choice per chunk (as OpenAI and vLLM send, so
+clients that read ``choices[0]`` miss nothing), role only in each choice's first chat delta,
 exactly one finish_reason per choice, a usage chunk only when asked (and then ``"usage": null``
-on every other chunk, as OpenAI documents), ``[DONE]`` last.
+on every other chunk, as OpenAI documents, or the running usage with ``continuous_usage_stats``),
+``[DONE]`` last.
 
 The generator's ``finally`` closes the run: a client that disconnects cancels the generator
 (Starlette), which aborts the engine requests and frees their KV blocks at once.
@@ -13,8 +15,9 @@ import time
 from gh200rt.serve.errors import APIError, error_body
 from gh200rt.serve.generation import GenerationRun
 from gh200rt.serve.responses import (chat_logprobs, completion_logprobs, echo_text, envelope, generated_pairs,
-                                     prompt_pairs, usage)
+                                     prompt_logprobs_body, prompt_pairs, usage)
 from gh200rt.serve.sse import DONE, sse_event
+from gh200rt.serve.tool_stream import ToolStream
 
 log = logging.getLogger("gh200rt.serve")
 
@@ -25,7 +28,7 @@ async def _guarded(run: GenerationRun, chunks):
             yield item
         if run.parsed.include_usage:
             body = run.chunk_envelope([])
-            body["usage"] = usage(run.prompt_tokens, run.completion_tokens)
+            body["usage"] = usage(run)
             yield sse_event(body)
     except APIError as e:
         yield sse_event(e.body())
@@ -39,11 +42,12 @@ async def _guarded(run: GenerationRun, chunks):
 
 def _set_envelope(run: GenerationRun, request_id: str, obj: str, model: str) -> None:
     created = int(time.time())
+    continuous = run.parsed.include_usage and run.parsed.continuous_usage
 
     def chunk_envelope(choices: list) -> dict:
         body = envelope(request_id, obj, model, choices, created)
         if run.parsed.include_usage:
-            body["usage"] = None
+            body["usage"] = usage(run) if continuous and choices else None
         return body
     run.chunk_envelope = chunk_envelope
 
@@ -56,7 +60,6 @@ def stream_completion(run: GenerationRun, request_id: str, model: str, tok):
     async def chunks():
         offsets: dict[int, int] = {}
         async for batch in run.deltas():
-            choices = []
             for d in batch:
                 first = d.index not in offsets
                 text = (echo_text(tok, run, d.index // n) if first and parsed.echo else "") + d.text
@@ -65,26 +68,53 @@ def stream_completion(run: GenerationRun, request_id: str, model: str, tok):
                     pairs = (prompt_pairs(run, d.index // n) if first and parsed.echo else []) + generated_pairs([d])
                     lp = completion_logprobs(tok, pairs, offsets.get(d.index, 0))
                 offsets[d.index] = offsets.get(d.index, 0) + len(text)
-                choices.append({"index": d.index, "text": text, "logprobs": lp, "finish_reason": d.finish_reason,
-                                "stop_reason": d.stop_reason})
-            yield sse_event(run.chunk_envelope(choices))
+                choice = {"index": d.index, "text": text, "logprobs": lp, "finish_reason": d.finish_reason,
+                          "stop_reason": d.stop_reason}
+                if parsed.return_token_ids:
+                    choice["token_ids"] = d.token_ids
+                    if first:
+                        choice["prompt_token_ids"] = run.prompt_token_ids.get(d.index // n)
+                if first and parsed.prompt_logprobs is not None:
+                    choice["prompt_logprobs"] = prompt_logprobs_body(tok, run.prompt_logprobs.get(d.index // n))
+                yield sse_event(run.chunk_envelope([choice]))
 
     return _guarded(run, chunks())
 
 
 def stream_chat(run: GenerationRun, request_id: str, model: str, tok):
     _set_envelope(run, request_id, "chat.completion.chunk", model)
+    parsed = run.parsed
+    tools = parsed.extra.get("tools")
+
+    def chunk(index: int, delta: dict, lp=None, finish=None, token_ids=None) -> str:
+        choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
+        if token_ids is not None:
+            choice["token_ids"] = token_ids
+        return sse_event(run.chunk_envelope([choice]))
 
     async def chunks():
-        n = run.parsed.params.n
-        yield sse_event(run.chunk_envelope([{"index": i, "delta": {"role": "assistant", "content": ""},
-                                             "logprobs": None, "finish_reason": None} for i in range(n)]))
+        count = parsed.params.n * len(parsed.prompts)
+        streams = {i: ToolStream(tools) for i in range(count)} if tools is not None and tools.parses_output else {}
+        for i in range(count):
+            if i == 0 and parsed.return_token_ids:       # vLLM: the prompt's ids ride on the first chunk
+                body = run.chunk_envelope([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                            "logprobs": None, "finish_reason": None}])
+                yield sse_event({**body, "prompt_token_ids": parsed.prompts[0][1]})
+            else:
+                yield chunk(i, {"role": "assistant", "content": ""})
+            if parsed.echo and parsed.extra["echo_text"]:
+                yield chunk(i, {"content": parsed.extra["echo_text"]})
         async for batch in run.deltas():
-            choices = []
             for d in batch:
-                lp = chat_logprobs(tok, [d], run.parsed.logprobs) if run.parsed.logprobs is not None else None
-                delta = {"content": d.text} if d.text or not d.finish_reason else {}
-                choices.append({"index": d.index, "delta": delta, "logprobs": lp, "finish_reason": d.finish_reason})
-            yield sse_event(run.chunk_envelope(choices))
+                lp = chat_logprobs(tok, [d], parsed.logprobs) if parsed.logprobs is not None else None
+                ids = d.token_ids if parsed.return_token_ids else None
+                text, finish = d.text, d.finish_reason
+                if d.index in streams:
+                    text = streams[d.index].feed(d.text)
+                if text or lp or ids:
+                    yield chunk(d.index, {"content": text}, lp, None, ids)
+                if finish:
+                    delta, finish = streams[d.index].finish(finish) if d.index in streams else ({}, finish)
+                    yield chunk(d.index, delta, None, finish)
 
     return _guarded(run, chunks())

@@ -46,12 +46,30 @@ def validate_messages(messages) -> list[dict]:
     return [dict(m) for m in messages]
 
 
-def render_chat(source: str, messages, add_generation_prompt: bool, special_tokens: dict, **extra) -> str:
+def render_chat(source: str, messages, add_generation_prompt: bool, special_tokens: dict,
+                continue_final_message: bool = False, **extra) -> str:
+    """``continue_final_message``: the text ends inside the final (assistant) message, so the model goes on
+    writing it (assistant prefill), as transformers does: whatever the template adds after that
+    message's content (end-of-turn tokens) is cut off."""
     template = compile_template(source)
     variables = {**special_tokens, **extra}
+    messages = validate_messages(messages)
+    if continue_final_message and add_generation_prompt:
+        raise ValueError("continue_final_message and add_generation_prompt exclude each other")
     try:
-        return template.render(messages=validate_messages(messages), tools=variables.pop("tools", None),
+        text = template.render(messages=messages, tools=variables.pop("tools", None),
                                documents=variables.pop("documents", None),
                                add_generation_prompt=add_generation_prompt, **variables)
     except jinja2.exceptions.TemplateError as e:
         raise ValueError(f"the chat template rejected these messages: {e}") from e
+    return _cut_after_final_message(text, messages[-1]) if continue_final_message else text
+
+
+def _cut_after_final_message(text: str, final: dict) -> str:
+    content = final.get("content")
+    if not isinstance(content, str) or not content.strip():
+        raise ValueError("continue_final_message needs a final message with text to continue")
+    end = text.rfind(content.strip())
+    if end < 0:
+        raise ValueError("continue_final_message: the template does not render the final message's text verbatim")
+    return text[:end + len(content.strip())]

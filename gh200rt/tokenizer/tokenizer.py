@@ -46,9 +46,11 @@ class Tokenizer:
             return self.backend.id_to_token(ids)
         return [self.backend.id_to_token(int(i)) for i in ids]
 
-    def apply_chat_template(self, messages, add_generation_prompt: bool = True, tokenize: bool = False, **extra):
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True, tokenize: bool = False,
+                            continue_final_message: bool = False, **extra):
         if not self.chat_template:
             raise ValueError("this model has no chat template; pass a plain prompt instead of messages")
-        text = render_chat(self.chat_template, messages, add_generation_prompt, self.special_tokens, **extra)
+        text = render_chat(self.chat_template, messages, add_generation_prompt, self.special_tokens,
+                           continue_final_message=continue_final_message, **extra)
         # the template already wrote any BOS it wants, as transformers assumes
         return self.encode(text, add_special_tokens=False) if tokenize else text

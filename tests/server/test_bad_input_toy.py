@@ -88,8 +88,12 @@ CASES = [
     (C, completion(stream=True, stream_options={"include_usage": 1}), "include_usage", 400),
     (C, completion(model=[1]), "model", 400), (C, completion(model={}), "model", 400),
     (C, completion(model=5), "model", 400), (C, completion(model="gpt-4"), "model", 404),
-    (C, completion(logit_bias={"5": 100}), "logit_bias", 400), (C, completion(suffix="end"), "suffix", 400),
-    (C, completion(response_format={"type": "json_object"}), "response_format", 400),
+    (C, completion(logit_bias={"5": 101}), "logit_bias", 400),
+    (C, completion(logit_bias={"x": 1}), "logit_bias", 400), (C, completion(logit_bias=[1]), "logit_bias", 400),
+    (C, completion(logit_bias={"64": 1}), None, 400), (C, completion(use_beam_search=True), "use_beam_search", 400),
+    (C, completion(best_of=3), "best_of", 400), (CH, chat(lora_request={"name": "a"}), "lora_request", 400), (C, completion(suffix="end"), "suffix", 400),
+    (C, completion(response_format={"type": "xml"}), "response_format", 400),
+    (C, completion(response_format={"type": "json_object"}), None, 400),      # the toy tokenizer has no vocabulary
     (CH, {"max_tokens": 3}, "messages", 400), (CH, chat(messages=[]), "messages", 400),
     (CH, chat(messages="hi"), "messages", 400), (CH, chat(messages=[None]), "messages", 400),
     (CH, chat(messages=[{"content": "x"}]), "messages", 400),
@@ -106,7 +110,8 @@ CASES = [
     (CH, chat(logprobs=True, top_logprobs=21), "top_logprobs", 400),
     (CH, chat(logprobs=True, top_logprobs=BIG), "top_logprobs", 400),
     (CH, chat(add_generation_prompt=1), "add_generation_prompt", 400),
-    (CH, chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools", 400),
+    (CH, chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tool_choice", 400),
+    (CH, chat(tools=[{"type": "function"}], tool_choice="none"), "tools", 400),
     (CH, chat(n=17), "n", 400), (CH, chat(temperature=float("-0.5")), "temperature", 400),
     (TOK, {}, "prompt", 400), (TOK, {"prompt": 5}, "prompt", 400), (TOK, {"messages": 5}, "messages", 400),
     (TOK, {"prompt": "a", "add_special_tokens": "yes"}, "add_special_tokens", 400),
@@ -249,7 +254,7 @@ def test_fuzzed_requests_never_5xx_and_never_disturb_others(server):
             stop.set()
             return await victim
     assert asyncio.run(run()) >= 1
-    assert statuses.get(200, 0) > 40 and statuses.get(400, 0) > 100, statuses    # both paths were exercised
+    assert statuses.get(200, 0) > 30 and statuses.get(400, 0) > 100, statuses    # both paths were exercised
     assert httpx.get(server.url + "/health").status_code == 200
     idle = settled_metrics(server, ("num_requests_pending", "num_requests_running", "kv_blocks_used"))
     assert idle == dict.fromkeys(idle, 0.0), idle

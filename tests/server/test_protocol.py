@@ -4,7 +4,8 @@ import pytest
 from gh200rt.serve.args import ServerConfig, parse_args
 from gh200rt.serve.errors import APIError
 from gh200rt.serve.metrics import ServerMetrics
-from gh200rt.serve.protocol import parse_chat_request, parse_completion_request, parse_prompts
+from gh200rt.serve.chat_request import parse_chat_request
+from gh200rt.serve.protocol import parse_completion_request, parse_prompts
 from gh200rt.serve.sse import DONE, sse_event
 
 
@@ -21,7 +22,7 @@ def test_prompt_shapes():
 
 def test_completion_fields_map_to_sampling_params():
     p = parse_completion_request({"prompt": "x", "max_tokens": 7, "temperature": 0, "top_p": 0.5, "top_k": -1,
-                                  "min_p": 0.1, "seed": 2**64 - 1, "stop": "END", "logprobs": 20, "echo": True,
+                                  "min_p": 0.1, "seed": 2**63 - 1, "stop": "END", "logprobs": 20, "echo": True,
                                   "n": 2, "repetition_penalty": 1.2, "ignore_eos": True, "min_tokens": 3,
                                   "stream": True, "stream_options": {"include_usage": True}, "user": "u",
                                   "unknown_benchmark_field": [1]})
@@ -34,7 +35,7 @@ def test_completion_fields_map_to_sampling_params():
 
 
 @pytest.mark.parametrize("field,value", [
-    ("logprobs", 21), ("seed", 2**64), ("seed", -(2**63) - 1), ("temperature", 2.5), ("temperature", "hot"),
+    ("logprobs", 21), ("seed", 2**64), ("seed", 2**63), ("seed", -(2**63) - 1), ("temperature", 2.5), ("temperature", "hot"),
     ("max_tokens", 0), ("max_tokens", 1.5), ("n", 0), ("n", 17), ("top_p", 0), ("top_p", 1.1), ("top_k", -2),
     ("min_p", 2), ("presence_penalty", 3), ("frequency_penalty", -3), ("stop", [1]), ("stop", [""]),
     ("stream", "yes"), ("stream_options", "x"), ("echo", 1), ("min_tokens", -1), ("repetition_penalty", 0),

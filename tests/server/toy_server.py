@@ -2,6 +2,7 @@
 tests/engine, so HTTP behaviour can be tested in seconds. Same flags as ``python -m gh200rt.serve``."""
 import os
 import sys
+import threading
 import time
 
 from gh200rt.engine.engine import LLMEngine
@@ -11,13 +12,19 @@ from tests.engine.toy_model import ToyArch, ToyModel, ToyTokenizer
 
 
 class ChatToyTokenizer(ToyTokenizer):
-    """The toy tokenizer with the interface of gh200rt.tokenizer.Tokenizer the server uses."""
+    """The toy tokenizer with the interface of gh200rt.tokenizer.Tokenizer the server uses.
+    TOY_TOKENIZE_SECONDS makes chat tokenization slow and serialised, as on a saturated CPU."""
+    _busy = threading.Lock()
+
     def encode(self, text, add_special_tokens=True):
         return super().encode(text)
 
-    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False):
-        text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
-        text += "<assistant>" if add_generation_prompt else ""
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False, continue_final_message=False,
+                            **extra):
+        with self._busy:
+            time.sleep(float(os.environ.get("TOY_TOKENIZE_SECONDS", "0")))
+        text = "".join(f"<{m['role']}>{m['content'] or ''}" for m in messages)
+        text += "<assistant>" if add_generation_prompt and not continue_final_message else ""
         return self.encode(text) if tokenize else text
 
 

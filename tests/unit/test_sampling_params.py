@@ -7,7 +7,7 @@ from gh200rt.sampling_params import SamplingParams
     ({"n": 0}, "n"), ({"max_tokens": 0}, "max_tokens"), ({"temperature": -1}, "temperature"),
     ({"top_p": 0.0}, "top_p"), ({"top_k": -2}, "top_k"), ({"min_p": 1.5}, "min_p"),
     ({"repetition_penalty": 0.0}, "repetition_penalty"), ({"presence_penalty": 3}, "presence_penalty"),
-    ({"frequency_penalty": -3}, "frequency_penalty"), ({"seed": 2**64}, "seed"),
+    ({"frequency_penalty": -3}, "frequency_penalty"), ({"seed": 2**64}, "seed"), ({"seed": 2**63}, "seed"),
     ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"), ({"logprobs": 21}, "logprobs"),
     ({"prompt_logprobs": -1}, "prompt_logprobs"), ({"stop": [""]}, "stop"),
     ({"stop_token_ids": [-1]}, "stop_token_ids"),

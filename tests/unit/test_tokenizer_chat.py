@@ -62,3 +62,20 @@ def test_invalid_template_syntax(tokenizer_dir):
 def test_missing_tokenizer_json(tmp_path):
     with pytest.raises(ValueError, match="has no tokenizer.json"):
         tokenizer_from_hf_dir(str(tmp_path))
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_continue_final_message_ends_inside_the_assistant_turn():
+    from gh200rt.tokenizer.chat_template import render_chat
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello, wor "}]
+    text = render_chat(CHATML, messages, False, {}, continue_final_message=True)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nHello, wor"
+    assert render_chat(CHATML, messages, False, {}).endswith("<|im_end|>\n")
+    with pytest.raises(ValueError, match="exclude"):
+        render_chat(CHATML, messages, True, {}, continue_final_message=True)
+    with pytest.raises(ValueError, match="text to continue"):
+        render_chat(CHATML, messages[:1] + [{"role": "assistant", "content": ""}], False, {},
+                    continue_final_message=True)

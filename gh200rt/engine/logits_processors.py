@@ -1,0 +1,57 @@
+"""Per-request logits processing that runs before any sampling decision: ``logit_bias`` and the
+structured-output token masks. Both are applied to the whole batch at once, in place:
+
+* logit_bias: one ``index_put_`` with accumulate over every (row, token, bias) of the batch;
+* grammars: llguidance fills a packed bitmask (32 tokens per int32) for all constrained rows in
+  parallel in its own threads; one tensor expression unpacks it and fills -inf where a bit is 0.
+
+The sampler calls ``apply_logits_processors`` after it took the raw logprobs (so logprobs describe
+the model's distribution, as vLLM reports them by default) and before greedy or random choice.
+"""
+from __future__ import annotations
+
+import torch
+
+from gh200rt.engine.device_inputs import to_device
+from gh200rt.scheduler.request import Sequence
+
+
+@torch.inference_mode()       # the model's logits are inference tensors: in-place updates need this mode
+def apply_logits_processors(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    """In place on ``logits`` [B, V]; row b belongs to ``seqs[b]``."""
+    assert logits.dim() == 2 and logits.shape[0] == len(seqs)
+    biased = [(row, seq.params.logit_bias) for row, seq in enumerate(seqs) if seq.params.logit_bias]
+    if biased:
+        apply_logit_bias(logits, biased)
+    constrained = [(row, seq.grammar) for row, seq in enumerate(seqs)
+                   if getattr(seq, "grammar", None) is not None and not seq.grammar.failed]
+    if constrained:
+        apply_grammar_masks(logits, constrained)
+
+
+def apply_logit_bias(logits: torch.Tensor, biased: list[tuple[int, dict[int, float]]]) -> None:
+    rows = [row for row, bias in biased for _ in bias]
+    cols = [token for _, bias in biased for token in bias]
+    values = [value for _, bias in biased for value in bias.values()]
+    index = (to_device(rows, torch.int64, logits.device), to_device(cols, torch.int64, logits.device))
+    logits.index_put_(index, to_device(values, logits.dtype, logits.device), accumulate=True)
+
+
+def apply_grammar_masks(logits: torch.Tensor, constrained: list) -> None:
+    """``constrained``: (row, SequenceGrammar) pairs sharing one llguidance executor."""
+    vocab = logits.shape[1]
+    words = (vocab + 31) // 32
+    bitmask = torch.empty((len(constrained), words), dtype=torch.int32)
+    executor = constrained[0][1].executor
+    executor.unsafe_compute_mask_ptr([(g.matcher, i) for i, (_, g) in enumerate(constrained)],
+                                     bitmask.data_ptr(), words * 4, len(constrained))
+    rows = to_device([row for row, _ in constrained], torch.int64, logits.device)
+    allowed = unpack_bitmask(bitmask.to(logits.device, non_blocking=True), vocab)
+    logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[R, W] int32 (bit j of word w = token 32w + j allowed) -> [R, vocab] bool."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
+    return bits.reshape(bitmask.shape[0], -1)[:, :vocab].bool()

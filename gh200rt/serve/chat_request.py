@@ -1,0 +1,118 @@
+"""/v1/chat/completions bodies: messages (text parts, assistant tool calls, tool results), tools and
+tool_choice, assistant prefill (``continue_final_message``), ``echo``, and the sampling fields the
+completions route shares (``protocol``). Violations are a 400 naming the field."""
+from __future__ import annotations
+
+import json
+
+from gh200rt.sampling_params import MAX_LOGPROBS
+from gh200rt.serve.errors import bad_request
+from gh200rt.serve.protocol import (ParsedRequest, check_temperature, flag, integer, model_name, response_options,
+                                    sampling_params, stream_options, unsupported)
+from gh200rt.serve.tools import parse_tools, tool_constraint
+
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+UNSUPPORTED_PARTS = ("image_url", "input_audio", "video_url", "file")
+
+
+def _message_text(message: dict, i: int) -> str:
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") in UNSUPPORTED_PARTS:
+                raise bad_request(f"messages[{i}].content: '{part['type']}' parts are not supported by this server "
+                                  "(text-only models); send text parts", "messages")
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad_request(f"messages[{i}].content: only text parts {{\"type\": \"text\", \"text\": ...}} "
+                                  "are supported", "messages")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise bad_request(f"messages[{i}].content must be a string or a list of text parts", "messages")
+
+
+def _tool_calls(calls, i: int) -> list[dict]:
+    """An assistant message's tool calls, with JSON-text arguments turned into objects for the template."""
+    if not isinstance(calls, list):
+        raise bad_request(f"messages[{i}].tool_calls must be a list", "messages")
+    result = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise bad_request(f"messages[{i}].tool_calls entries need a function with a name", "messages")
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError:
+                raise bad_request(f"messages[{i}].tool_calls: arguments of {fn['name']!r} are not valid JSON",
+                                  "messages") from None
+        result.append({"id": call.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": args}})
+    return result
+
+
+def parse_messages(messages) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty list of {\"role\", \"content\"} objects", "messages")
+    result = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
+            raise bad_request(f"messages[{i}] needs a 'role' among {', '.join(CHAT_ROLES)}", "messages")
+        parsed = {"role": message["role"], "content": _message_text(message, i)}
+        if message.get("tool_calls"):
+            parsed["tool_calls"] = _tool_calls(message["tool_calls"], i)
+        for key in ("tool_call_id", "name"):
+            if isinstance(message.get(key), str):
+                parsed[key] = message[key]
+        result.append(parsed)
+    return result
+
+
+def template_flags(body: dict, messages: list[dict]) -> tuple[bool, bool]:
+    """(add_generation_prompt, continue_final_message), as vLLM takes them on chat and /tokenize."""
+    for name in ("continue_final_message", "add_generation_prompt"):
+        if name in body and not isinstance(body[name], bool):
+            raise bad_request(f"'{name}' must be true or false, got {body[name]!r:.60}", name)
+    continue_final = flag(body, "continue_final_message")
+    add_generation_prompt = flag(body, "add_generation_prompt", not continue_final)
+    if continue_final and (add_generation_prompt or messages[-1]["role"] != "assistant"):
+        raise bad_request("'continue_final_message' continues a final assistant message: end 'messages' with one "
+                          "and leave 'add_generation_prompt' false", "continue_final_message")
+    return add_generation_prompt, continue_final
+
+
+def parse_chat_request(body: dict, tool_call_parser: str | None = None,
+                       auto_tool_choice: bool = False) -> tuple[ParsedRequest, list[dict]]:
+    messages = parse_messages(body.get("messages"))
+    check_temperature(body)
+    unsupported(body, chat=True)
+    want_logprobs = flag(body, "logprobs")
+    top = integer(body, "top_logprobs", None, 0, MAX_LOGPROBS,
+                  f"an integer between 0 and {MAX_LOGPROBS} (the server's max_logprobs)")
+    if top is not None and not want_logprobs:
+        raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    logprobs = (top or 0) if want_logprobs else None
+    stream, include_usage, continuous = stream_options(body)
+    parsed = ParsedRequest([], sampling_params(body, None, logprobs), stream, include_usage,
+                           logprobs=logprobs, model=model_name(body), continuous_usage=continuous)
+    response_options(parsed, body)
+    tools = parse_tools(body, tool_call_parser, auto_tool_choice)
+    constraint = tool_constraint(tools) if tools is not None else None
+    if constraint is not None:
+        if parsed.params.structured_output is not None:
+            raise bad_request("a required or named 'tool_choice' already constrains the answer; leave out "
+                              "response_format / structured_outputs", "tool_choice")
+        try:
+            constraint.check()
+        except ValueError as e:
+            raise bad_request(f"a tool's 'parameters' schema: {e}", "tools") from None
+        parsed.params.structured_output = constraint
+    add_generation_prompt, continue_final = template_flags(body, messages)
+    parsed.echo = flag(body, "echo")
+    parsed.extra.update(add_generation_prompt=add_generation_prompt, continue_final_message=continue_final,
+                        tools=tools, echo_text=messages[-1]["content"] if messages[-1]["role"] == "assistant" else "")
+    return parsed, messages
