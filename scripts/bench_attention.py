@@ -49,7 +49,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"{'step':<32} {'dtype':<9} {'one padded call':>16} {'one call per kind':>18} {'speed-up':>9} {'max |diff|':>10}")
+    print(f"{'step':<32} {'dtype':<9} {'one padded call':>16} {'one call per kind':>18} {'speed-up':>9} "
+          f"{'max |diff|':>10}")
     for dtype in (torch.float32, torch.bfloat16):
         for name, (query_lens, seq_lens) in CASES.items():
             gen = torch.Generator().manual_seed(0)

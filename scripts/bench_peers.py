@@ -147,13 +147,15 @@ def served(engine: str, args, gguf: str, hf: str | None, port: int) -> dict:
 def print_table(engines: list[str], results: dict[str, dict], rows: list[str]) -> None:
     print("\n| work | " + " | ".join(engines) + " |")
     print("|---|" + "---|" * len(engines))
-    cell = lambda r, key, fmt: fmt.format(r[key]) if key in r else "—"  # noqa: E731
+    def row(label: str, key: str) -> None:
+        cells = [f"{results[e][key]:.1f}" if key in results[e] else "—" for e in engines]
+        print(f"| {label} | " + " | ".join(cells) + " |")
     if "single" in rows:
-        print("| single-stream decode, tok/s | " + " | ".join(cell(results[e], "single", "{:.1f}") for e in engines) + " |")
+        row("single-stream decode, tok/s", "single")
     if "offline" in rows:
-        print("| offline, output tok/s | " + " | ".join(cell(results[e], "offline", "{:.1f}") for e in engines) + " |")
+        row("offline, output tok/s", "offline")
     if "served" in rows:
-        print("| served, output tok/s | " + " | ".join(cell(results[e], "served", "{:.1f}") for e in engines) + " |")
+        row("served, output tok/s", "served")
         print("| served, TPOT p50 / TTFT p50 (ms) | " + " | ".join(
             f"{1000 * results[e]['tpot_p50']:.0f} / {1000 * results[e]['ttft_p50']:.0f}"
             if "tpot_p50" in results[e] else "—" for e in engines) + " |")

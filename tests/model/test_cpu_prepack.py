@@ -43,8 +43,8 @@ def test_onednn_weight_matches_bf16_f_linear(n, k, with_bias):
 
 
 def tiny_arch() -> ArchConfig:
-    return ArchConfig(architecture="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=3, num_heads=4,
-                      num_kv_heads=2, head_dim=8, max_position_embeddings=64, rms_norm_eps=1e-5,
+    return ArchConfig(architecture="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=3,
+                      num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=64, rms_norm_eps=1e-5,
                       rope_theta=10000.0, tie_word_embeddings=True)
 
 
