@@ -13,7 +13,8 @@ group 32, Q4_1 onto int4 (scale d, minimum m) and Q4_0 onto int4 (scale d, minim
 loss. ``PackedWeight`` and ``HalfWeight`` satisfy the ``WeightRef`` contract (``linear(x, bias)``,
 ``nbytes``): on CUDA they call ``host_gemm``; on CPU ``PackedWeight`` runs torch's exact int8/int4
 weight-only matmul ops for a single row where the layout allows, dequantize-then-matmul otherwise
-(more rows, other layouts); ``cpu_route="fbgemm"`` (int8 per channel) trades accuracy for speed
+(more rows, other layouts), and with bf16 activations (the bf16 CPU route) the same ops in bf16 at
+every M (int8 per channel, int4 g32-256); ``cpu_route="fbgemm"`` (int8 per channel) trades accuracy for speed
 (docs/benchmarks/kernels.md).
 
 Some CPU routes need a derived form of the storage (torch's int4 layout, an fbgemm packed
@@ -56,6 +57,7 @@ class PackedWeight:
         self.cpu_route, self.stable = cpu_route, stable
         self._cpu_int4: tuple[torch.Tensor, torch.Tensor] | None = None
         self._fbgemm = None
+        self._bf16_scales: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
@@ -104,6 +106,11 @@ class PackedWeight:
     def _linear_cpu(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         n, k = self.shape
         lead = x.shape[:-1]
+        if x.dtype == torch.bfloat16 and x.numel() and self._bf16_op_ok():
+            y = self._linear_bf16(x.reshape(-1, k).contiguous())
+            if bias is not None:
+                y = y + bias.to(y.dtype)
+            return y.reshape(*lead, n)
         x2 = x.reshape(-1, k).to(torch.float32).contiguous()
         # torch's weight-only ops take float32 rows one at a time (their cost grows with M), so they
         # only win for a single row; more rows dequantize once and run one float32 matmul.
@@ -121,6 +128,26 @@ class PackedWeight:
         if bias is not None:
             y = y + bias.to(y.dtype)
         return y.to(x.dtype).reshape(*lead, n)
+
+    def _bf16_op_ok(self) -> bool:
+        return (self.fmt == "int8" and self.group_size >= self.shape[1] and self.cpu_route == "exact") \
+            or (self.fmt == "int4" and self._cpu_int4_ok())
+
+    def _linear_bf16(self, x2: torch.Tensor) -> torch.Tensor:
+        # bf16 activations (the bf16 CPU route): torch's weight-only ops run native bf16 dot products at
+        # every M, 2.4x (int8) / 4.6x (int4) the fp32 step at M=1 (docs/benchmarks/kernels.md).
+        if self.fmt == "int8":
+            return torch._weight_int8pack_mm(x2, self.qweight, self._bf16_scale())
+        packed, scales_and_zeros = self._cpu_int4_form()
+        return torch._weight_int4pack_mm_for_cpu(x2, packed, self.group_size, self._bf16_scale(scales_and_zeros))
+
+    def _bf16_scale(self, scales_and_zeros: torch.Tensor | None = None) -> torch.Tensor:
+        if self._bf16_scales is not None:
+            return self._bf16_scales
+        scale = (self.scale[:, 0] if scales_and_zeros is None else scales_and_zeros).to(torch.bfloat16)
+        if self.stable:
+            self._bf16_scales = scale
+        return scale
 
     def _cpu_int4_ok(self) -> bool:
         n, k = self.shape

@@ -3,11 +3,13 @@ measured in one run, with llama.cpp's figure quoted alongside.
 
     python scripts/bench_model.py [--tokens 48] [--rounds 3] [--threads N] [--routes fp32 fp16 ...]
 
-Routes (each an ``LLM`` over the shipped Q4_1 GGUF, activations in float32):
+Routes (each an ``LLM`` over the shipped Q4_1 GGUF, activations in float32 unless named):
   fp32          all weights resident in fp32: the default (dense linears through oneDNN)
   fp32-flinear  the same with the oneDNN route switched off (F.linear / MKL, the previous route)
   fp16          --offload direct --host-weight-dtype fp16: decoder layers in fp16 host slabs (fbgemm)
   int8, int4    --offload direct --host-weight-dtype int8 / int4 (torch's exact weight-only ops)
+  auto          --dtype auto: the CPU's default route (bf16 through oneDNN with AVX-512 BF16 / AMX)
+  int8-bf16, int4-bf16   --dtype bfloat16 --offload direct --host-weight-dtype int8 / int4
 The embedding / lm_head (tied, 28 M weights) stays fp32 in every route.
 
 One request per ``generate``; decode rate = (N - 1) / (time for N tokens - time for 1 token), so
@@ -37,6 +39,9 @@ ROUTES = {
     "fp16": dict(offload="direct", host_weight_dtype="fp16"),
     "int8": dict(offload="direct", host_weight_dtype="int8"),
     "int4": dict(offload="direct", host_weight_dtype="int4"),
+    "auto": dict(dtype="auto"),
+    "int8-bf16": dict(dtype="bfloat16", offload="direct", host_weight_dtype="int8"),
+    "int4-bf16": dict(dtype="bfloat16", offload="direct", host_weight_dtype="int4"),
 }
 
 
@@ -91,7 +96,7 @@ def main():
     llms, ids = {}, None
     for name in args.routes:
         start = time.perf_counter()
-        llms[name] = LLM(dtype="float32", max_model_len=1024, num_kv_blocks=64, **ROUTES[name])
+        llms[name] = LLM(max_model_len=1024, num_kv_blocks=64, **{"dtype": "float32", **ROUTES[name]})
         print(f"gh200rt {name:<13} load {time.perf_counter() - start:6.2f} s")
         ids = ids or llms[name].tokenizer.encode(llms[name].tokenizer.apply_chat_template(PROMPT))
     reference, hf_load = load_transformers()

@@ -5,7 +5,8 @@
 
 Prints tokens/s for (1) gh200rt LLM.generate over all requests, per route (fp32: the default, all
 resident, dense linears through oneDNN; fp32-flinear: the same with oneDNN off, i.e. F.linear;
-fp16: --offload direct --host-weight-dtype fp16), (2) transformers generating the requests one at
+fp16: --offload direct --host-weight-dtype fp16; auto: the CPU's default route, bf16 through oneDNN
+with AVX-512 BF16 / AMX; int8-bf16: int8 weights, bf16 activations), (2) transformers generating the requests one at
 a time (the first --hf-sequential of them; a rate, so a subset is a fair sample), (3) transformers
 generating all requests as one left-padded static batch; then the ratios against the floor (5x
 one-at-a-time) and the goal (1.5x static batching). Both sides decode greedily for exactly
@@ -44,12 +45,13 @@ def make_prompts(tokenizer, count: int, seed: int = 0) -> list[list[int]]:
     return prompts
 
 
-ROUTES = {"fp32": {}, "fp32-flinear": {}, "fp16": dict(offload="direct", host_weight_dtype="fp16")}
+ROUTES = {"fp32": {}, "fp32-flinear": {}, "fp16": dict(offload="direct", host_weight_dtype="fp16"),
+          "auto": dict(dtype="auto"), "int8-bf16": dict(dtype="bfloat16", offload="direct", host_weight_dtype="int8")}
 
 
 def load_gh200rt(route: str, prompts, max_tokens: int):
     from gh200rt import LLM
-    llm = LLM(model=smollm2_gguf(), dtype="float32", num_kv_blocks=1024, **ROUTES[route])
+    llm = LLM(model=smollm2_gguf(), num_kv_blocks=1024, **{"dtype": "float32", **ROUTES[route]})
     bench_gh200rt(llm, route, prompts[:2], max_tokens)  # warm-up
     return llm
 

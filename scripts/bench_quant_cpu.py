@@ -7,7 +7,7 @@ same process (routes interleaved, median of --reps) and the machine's copy bandw
 step bounds decode tokens/s from the decoder linears alone (the fp32 lm_head comes on top).
 
 Routes marked "(not wired)" are measured for reference only; the others are what
-``RefLinear`` / ``PackedWeight`` / ``HalfWeight`` run.
+``RefLinear`` / ``OneDNNWeight`` / ``PackedWeight`` / ``HalfWeight`` run ("bf16 acts": the bf16 CPU route).
 
 Usage: ``python scripts/bench_quant_cpu.py [--rows 1 8 64] [--reps 5] [--threads 2] [--skip-slow]``
 """
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from gh200rt.kernels.quant import pack_weight, quantize_int4, quantize_int8
 from gh200rt.models.layers.cpu_linear import dense_linear
+from gh200rt.models.layers.cpu_prepack import OneDNNWeight
 
 HIDDEN, KV, INTER, LAYERS = 576, 192, 1536, 30
 SHAPES = [(HIDDEN + 2 * KV, HIDDEN), (HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER)]  # (out, in)
@@ -54,7 +55,10 @@ def routes(dense: list[torch.Tensor], skip_slow: bool) -> dict[str, tuple[list, 
     add("fp32 dense_linear (default)", [lambda x, w=w: dense_linear(x, w) for w in dense],
         sum(w.nbytes for w in dense))
     bf16 = [w.bfloat16() for w in dense]
-    add("bf16 F.linear, bf16 acts (not wired)", [lambda x, w=w: F.linear(x.bfloat16(), w) for w in bf16],
+    add("bf16 F.linear, bf16 acts", [lambda x, w=w: F.linear(x.bfloat16(), w) for w in bf16],
+        sum(w.nbytes for w in bf16))
+    reordered = [OneDNNWeight(w) for w in bf16]
+    add("bf16 OneDNNWeight (bf16 route)", [lambda x, o=o: o.linear(x.bfloat16()) for o in reordered],
         sum(w.nbytes for w in bf16))
     half = [pack_weight(w, "fp16") for w in dense]
     add("fp16 HalfWeight (fbgemm)", [h.linear for h in half], sum(h.weight.nbytes for h in half))
@@ -63,15 +67,12 @@ def routes(dense: list[torch.Tensor], skip_slow: bool) -> dict[str, tuple[list, 
     int8 = [quantize_int8(w) for w in dense]
     int8_bytes = sum(p.nbytes for p in int8)
     add("int8 PackedWeight (exact op)", [p.linear for p in int8], int8_bytes)
-    add("int8 op, bf16 acts (not wired)", [lambda x, p=p: torch._weight_int8pack_mm(
-        x.bfloat16(), p.qweight, p.scale[:, 0].bfloat16()) for p in int8], int8_bytes)
+    add("int8 PackedWeight, bf16 acts", [lambda x, p=p: p.linear(x.bfloat16()) for p in int8], int8_bytes)
     add("int8 fbgemm, int8 acts (opt-in)", [quantize_int8(w, cpu_route="fbgemm").linear for w in dense], int8_bytes)
     int4 = [quantize_int4(w, 32) for w in dense]
     int4_bytes = sum(p.nbytes for p in int4)
     add("int4 g32 PackedWeight (exact op)", [p.linear for p in int4], int4_bytes)
-    forms = [p._cpu_int4_form() for p in int4]
-    add("int4 g32 op, bf16 acts (not wired)", [lambda x, f=f: torch._weight_int4pack_mm_for_cpu(
-        x.bfloat16(), f[0], 32, f[1].bfloat16()) for f in forms], int4_bytes)
+    add("int4 g32 PackedWeight, bf16 acts", [lambda x, p=p: p.linear(x.bfloat16()) for p in int4], int4_bytes)
     if not skip_slow:
         add("int8 dequant+matmul", [lambda x, p=p: x @ p.dequantize().T for p in int8], int8_bytes)
     return out

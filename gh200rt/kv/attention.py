@@ -23,27 +23,49 @@ def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapp
     kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
 
 
-class _BatchLayout:
-    """Index tensors shared by every layer of one step (built once per AttentionMetadata)."""
+class _Group:
+    """Index tensors for the sequences of one kind in a step (all decoding, or all with several new tokens)."""
 
-    def __init__(self, meta: AttentionMetadata):
+    def __init__(self, meta: AttentionMetadata, seqs: list[int], decode: bool):
         device = meta.slot_mapping.device
-        max_len = max(meta.seq_lens_list)
-        blocks = -(-max_len // meta.block_size)
+        query_lens = [meta.query_lens_list[b] for b in seqs]
+        seq_lens = [meta.seq_lens_list[b] for b in seqs]
+        self.num_seqs, self.decode = len(seqs), decode
+        blocks = -(-max(seq_lens) // meta.block_size)
+        table = meta.block_tables if len(seqs) == meta.num_seqs else \
+            meta.block_tables.index_select(0, torch.tensor(seqs, dtype=torch.long, device=device))
         # index_select on a flat block list: several times faster on CPU than advanced indexing
-        self.blocks = meta.block_tables[:, :blocks].reshape(-1).long()
-        self.decode_only = meta.is_decode_only
-        self.max_query = max(meta.query_lens_list)
+        self.blocks = table[:, :blocks].reshape(-1).long()
+        starts = [0]
+        for q in meta.query_lens_list:
+            starts.append(starts[-1] + q)
+        # the step's flat token rows that belong to this group, in group order
+        self.token_rows = torch.tensor([starts[b] + i for b in seqs for i in range(meta.query_lens_list[b])],
+                                       dtype=torch.long, device=device)
         key_pos = torch.arange(blocks * meta.block_size, device=device)
-        if self.decode_only:
-            self.mask = (key_pos[None, :] < meta.seq_lens[:, None])[:, None, None, :]
+        lens = torch.tensor(seq_lens, dtype=torch.long, device=device)
+        if decode:
+            self.mask = (key_pos[None, :] < lens[:, None])[:, None, None, :]
             return
-        # row of each new token in the padded [B * max_query] query layout
-        rows = [b * self.max_query + i for b, q in enumerate(meta.query_lens_list) for i in range(q)]
+        self.max_query = max(query_lens)
+        # row of each new token in the padded [num_seqs * max_query] query layout
+        rows = [b * self.max_query + i for b, q in enumerate(query_lens) for i in range(q)]
         self.padded_rows = torch.tensor(rows, dtype=torch.long, device=device)
-        first_new = torch.tensor([s - q for q, s in zip(meta.query_lens_list, meta.seq_lens_list)], device=device)
+        first_new = torch.tensor([s - q for q, s in zip(query_lens, seq_lens)], device=device)
         query_pos = first_new[:, None] + torch.arange(self.max_query, device=device)[None, :]
         self.mask = (key_pos[None, None, :] <= query_pos[:, :, None])[:, None, :, :]
+
+
+class _BatchLayout:
+    """The step's sequences split into a decode group and a multi-token group (built once per
+    AttentionMetadata, shared by every layer). A mixed step (decodes next to a prefill chunk) runs
+    each group on its own, so decode rows are never padded to the prefill chunk's length."""
+
+    def __init__(self, meta: AttentionMetadata):
+        decode = [b for b, q in enumerate(meta.query_lens_list) if q == 1]
+        multi = [b for b, q in enumerate(meta.query_lens_list) if q > 1]
+        self.groups = [_Group(meta, seqs, kind) for seqs, kind in ((decode, True), (multi, False)) if seqs]
+        self.single = len(self.groups) == 1
 
 
 def _layout(meta: AttentionMetadata) -> _BatchLayout:
@@ -57,20 +79,30 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
                     num_kv_heads: int) -> torch.Tensor:
     """``q [T, num_heads, head_dim]`` (K/V already written) -> ``out [T, num_heads, head_dim]``."""
     layout = _layout(meta)
-    num_seqs = meta.num_seqs
-    head_dim = q.shape[-1]
-    k = kv_cache[0].index_select(0, layout.blocks).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
-    v = kv_cache[1].index_select(0, layout.blocks).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+    if layout.single:
+        return _attend(q, kv_cache, layout.groups[0], scale, num_kv_heads)
+    out = torch.empty_like(q)
+    for group in layout.groups:
+        out.index_copy_(0, group.token_rows, _attend(q.index_select(0, group.token_rows), kv_cache, group, scale,
+                                                     num_kv_heads))
+    return out
+
+
+def _attend(q: torch.Tensor, kv_cache: torch.Tensor, group: _Group, scale: float, num_kv_heads: int) -> torch.Tensor:
+    """Attention for one group; ``q`` holds exactly the group's token rows, in group order."""
+    num_seqs, head_dim = group.num_seqs, q.shape[-1]
+    k = kv_cache[0].index_select(0, group.blocks).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+    v = kv_cache[1].index_select(0, group.blocks).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
     k, v = k.to(q.dtype), v.to(q.dtype)
-    if layout.decode_only:
+    if group.decode:
         # The query heads sharing a KV head attend as that head's queries (no K/V repeat for GQA).
         queries = q.reshape(num_seqs, num_kv_heads, -1, head_dim)  # [B, Hkv, H/Hkv, D]
-        out = F.scaled_dot_product_attention(queries, k, v, attn_mask=layout.mask, scale=scale)
+        out = F.scaled_dot_product_attention(queries, k, v, attn_mask=group.mask, scale=scale)
         return out.reshape(num_seqs, q.shape[1], head_dim)
-    padded = q.new_zeros(num_seqs * layout.max_query, q.shape[1], head_dim)
-    padded.index_copy_(0, layout.padded_rows, q)
-    queries = padded.view(num_seqs, layout.max_query, -1, head_dim).transpose(1, 2)  # [B, H, Qmax, D]
-    out = F.scaled_dot_product_attention(queries, k, v, attn_mask=layout.mask, scale=scale,
+    padded = q.new_zeros(num_seqs * group.max_query, q.shape[1], head_dim)
+    padded.index_copy_(0, group.padded_rows, q)
+    queries = padded.view(num_seqs, group.max_query, -1, head_dim).transpose(1, 2)  # [B, H, Qmax, D]
+    out = F.scaled_dot_product_attention(queries, k, v, attn_mask=group.mask, scale=scale,
                                          enable_gqa=num_kv_heads != q.shape[1])
-    out = out.transpose(1, 2).reshape(num_seqs * layout.max_query, q.shape[1], head_dim)  # [B * Qmax, H, D]
-    return out.index_select(0, layout.padded_rows)
+    out = out.transpose(1, 2).reshape(num_seqs * group.max_query, q.shape[1], head_dim)  # [B * Qmax, H, D]
+    return out.index_select(0, group.padded_rows)

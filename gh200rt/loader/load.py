@@ -33,8 +33,9 @@ class LoadedModel:
 
 def compute_dtype(name: str, device: str, checkpoint_dtype: str) -> torch.dtype:
     if name == "auto":
-        if str(device).startswith("cpu"):
-            return torch.float32
+        if str(device).startswith("cpu"):  # the fastest accurate route for this CPU (bf16 or float32)
+            from gh200rt.platform.cpu_features import route_for
+            return route_for("auto").dtype
         return _DTYPES.get(checkpoint_dtype, torch.bfloat16)  # GGUF / fp32 checkpoints compute in bf16 on GPU
     if name not in _DTYPES:
         raise ModelLoadError(f"dtype {name!r} is not supported; choose auto, {', '.join(_DTYPES)}")

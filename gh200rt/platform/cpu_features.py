@@ -1,0 +1,106 @@
+"""Which CPU compute route is fastest and accurate on this machine, decided once per engine.
+
+Routes (docs/BENCHMARKS.md measures each against fp32, speed and perplexity):
+
+* ``bf16``: bf16 weights and activations, linears through oneDNN over weights reordered once at
+  start-up (``models/layers/cpu_prepack.py``). Chosen when the CPU has native bf16 dot products
+  (AVX-512 BF16 or AMX) and this torch's oneDNN says it can use them.
+* ``fp16``: float32 activations, linear weights stored as fp16 and multiplied by fbgemm's fp16 GEMM
+  (``HalfWeight``). Chosen on CPUs without native bf16 where fbgemm runs (x86 with AVX2).
+* ``fp32``: the exact reference (``--dtype float32`` always gives it): dense fp32 linears.
+
+Flags come from ``/proc/cpuinfo`` (x86 names: ``avx512_bf16``, ``amx_bf16``, ``avx2``); where that
+file is missing, torch's CPU capability and oneDNN's bf16 probe stand in.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+ROUTES = ("bf16", "fp16", "fp32")
+
+
+@dataclass(frozen=True)
+class CpuRoute:
+    name: str                 # one of ROUTES
+    dtype: torch.dtype        # compute dtype of activations (and of dense weights)
+    linear_format: str | None  # "onednn-bf16", "fp16", or None (dense weights as loaded)
+
+
+_ROUTES = {
+    "bf16": CpuRoute("bf16", torch.bfloat16, "onednn-bf16"),
+    "fp16": CpuRoute("fp16", torch.float32, "fp16"),
+    "fp32": CpuRoute("fp32", torch.float32, None),
+}
+
+
+def read_cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str] | None:
+    """The first CPU's feature flags, or None when the file is unreadable or lists none."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, sep, value = line.partition(":")
+                if sep and key.strip() in ("flags", "Features"):
+                    return frozenset(value.split())
+    except OSError:
+        return None
+    return None
+
+
+def _torch_flags() -> frozenset[str]:
+    """Flags inferred from torch when /proc/cpuinfo says nothing."""
+    flags = set()
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability in ("AVX2", "AVX512"):
+        flags.add("avx2")
+    if capability == "AVX512" and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        flags.add("avx512_bf16")
+    return frozenset(flags)
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    flags = read_cpu_flags()
+    return flags if flags else _torch_flags()
+
+
+def has_native_bf16(flags: frozenset[str]) -> bool:
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def _onednn_bf16_ok() -> bool:
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def choose_route(flags: frozenset[str], onednn_bf16: bool, fbgemm_fp16: bool) -> CpuRoute:
+    """The fastest accurate route for a CPU with ``flags`` (pure: tests pass made-up machines)."""
+    if has_native_bf16(flags) and onednn_bf16:
+        return _ROUTES["bf16"]
+    if "avx2" in flags and fbgemm_fp16:
+        return _ROUTES["fp16"]
+    return _ROUTES["fp32"]
+
+
+def route_for(dtype_flag: str) -> CpuRoute:
+    """The CPU route for ``--dtype``: ``auto`` detects; float32 is the exact reference; bfloat16 uses
+    the oneDNN route whenever oneDNN can (else plain bf16 linears); float16 keeps plain fp16 linears."""
+    if dtype_flag == "auto":
+        from gh200rt.kernels.quant import fbgemm_fp16_available
+        return choose_route(cpu_flags(), _onednn_bf16_ok(), fbgemm_fp16_available())
+    if dtype_flag == "bfloat16":
+        return _ROUTES["bf16"] if _onednn_bf16_ok() else CpuRoute("bf16", torch.bfloat16, None)
+    if dtype_flag == "float16":
+        return CpuRoute("fp16-acts", torch.float16, None)
+    return _ROUTES["fp32"]
+
+
+def describe(route: CpuRoute) -> str:
+    flags = cpu_flags()
+    shown = [f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in flags]
+    return f"CPU route {route.name} (compute {str(route.dtype).removeprefix('torch.')}; CPU flags: " \
+           f"{', '.join(shown) or 'none of avx2/avx512'})"

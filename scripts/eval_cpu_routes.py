@@ -1,0 +1,93 @@
+"""Accuracy of every CPU compute route against the exact float32 route: perplexity and logit error on SmolLM2.
+
+Each route is the model as the engine runs it on that route (``platform/cpu_features.py``):
+
+  bf16        --dtype auto on a CPU with AVX-512 BF16 / AMX: bf16 weights and activations, linears
+              through oneDNN over reordered weights (``apply_cpu_route``), bf16 KV cache
+  fp16        --dtype auto on an AVX2 CPU without native bf16: fp32 activations, fp16 linear weights (fbgemm)
+  int8-bf16   --offload direct --host-weight-dtype int8 on the bf16 route: per-channel int8 decoder
+              weights, bf16 activations (torch's weight-only op)
+  int4-bf16   the same with int4 groups of 32 (GGUF Q4_1's own grid)
+
+The reference is ``load_model(dtype="float32")`` over the shipped Q4_1 GGUF; tests/fixtures/eval_text.txt
+is scored in one prefill (``eval_quant.score``). The lm_head and embedding follow the route's dtype.
+
+Usage: ``python scripts/eval_cpu_routes.py [--routes bf16 fp16 int8-bf16 int4-bf16] [--max-tokens N]``
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import eval_quant  # noqa: E402
+
+from gh200rt.config import ModelConfig  # noqa: E402
+from gh200rt.kernels.quant import quantize_int4, quantize_int8  # noqa: E402
+from gh200rt.loader import load_model  # noqa: E402
+from gh200rt.models.layers.cpu_prepack import apply_cpu_route  # noqa: E402
+
+ROUTES = ("bf16", "fp16", "int8-bf16", "int4-bf16")
+_LINEAR_FORMAT = {"bf16": "onednn-bf16", "fp16": "fp16", "int8-bf16": "onednn-bf16", "int4-bf16": "onednn-bf16"}
+_PACKED = {"int8-bf16": lambda w: quantize_int8(w), "int4-bf16": lambda w: quantize_int4(w.float(), 32)}
+
+
+def route_model(route: str):
+    """The LoadedModel as the engine computes on ``route`` (all layers resident unless packed)."""
+    loaded = load_model(ModelConfig(dtype="float32" if route == "fp16" else "bfloat16"))
+    model = loaded.model
+    layers = list(range(len(model.layers)))
+    if route in _PACKED:  # decoder linears packed (as a direct host slab holds them), lm_head reordered
+        for ref in eval_quant.weight_refs(model):
+            ref.current = _PACKED[route](ref.current.float())
+        layers = []
+    apply_cpu_route(model, _LINEAR_FORMAT[route], layers)
+    return loaded
+
+
+def compare(ref_logits: torch.Tensor, ref_ppl: float, logits: torch.Tensor, ppl: float) -> dict:
+    err = (logits - ref_logits).abs()
+    ref_top, top = ref_logits.argmax(-1), logits.argmax(-1)
+    # where the route picks another token, how far behind the reference's choice that token was in fp32
+    margins = ref_logits.gather(-1, ref_top[:, None]) - ref_logits.gather(-1, top[:, None])
+    return dict(ppl=ppl, ppl_change=ppl / ref_ppl - 1, max_logit_err=err.max().item(),
+                mean_logit_err=err.mean().item(), top1_agree=(top == ref_top).float().mean().item(),
+                worst_flip_margin=margins.max().item())
+
+
+def evaluate_routes(routes: list[str], max_tokens: int | None = None) -> tuple[dict, dict[str, dict]]:
+    reference = eval_quant.load_reference()
+    ids = eval_quant.text_ids(reference, max_tokens=max_tokens)
+    ref_logits, ref_ppl = eval_quant.score(reference, ids)
+    results = {}
+    for route in routes:
+        logits, ppl = eval_quant.score(route_model(route), ids)
+        results[route] = compare(ref_logits, ref_ppl, logits, ppl)
+    return dict(ppl=ref_ppl, tokens=len(ids)), results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--routes", nargs="+", default=list(ROUTES), choices=ROUTES)
+    parser.add_argument("--max-tokens", type=int, default=None)
+    args = parser.parse_args()
+    start = time.time()
+    ref, results = evaluate_routes(args.routes, args.max_tokens)
+    print("| route | tokens | perplexity | ppl change | max abs logit err | mean abs logit err | top-1 agreement |"
+          " widest fp32 margin flipped |")
+    print("|---|---|---|---|---|---|---|---|")
+    print(f"| fp32 (reference) | {ref['tokens']} | {ref['ppl']:.4f} | +0.00% | 0 | 0 | 100.0% | - |")
+    for route, r in results.items():
+        print(f"| {route} | {ref['tokens']} | {r['ppl']:.4f} | {100 * r['ppl_change']:+.2f}% | "
+              f"{r['max_logit_err']:.4f} | {r['mean_logit_err']:.4f} | {100 * r['top1_agree']:.1f}% | "
+              f"{r['worst_flip_margin']:.3f} |")
+    print(f"({time.time() - start:.0f} s, {torch.get_num_threads()} threads)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""Resident linears converted for the CPU route: OneDNNWeight multiplies as F.linear does in bf16, and
+apply_cpu_route converts exactly the resident weights."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gh200rt.kernels.quant import HalfWeight
+from gh200rt.models.arch_config import ArchConfig
+from gh200rt.models.layers.cpu_prepack import OneDNNWeight, apply_cpu_route, linear_formats
+from gh200rt.models.registry import build_model
+from gh200rt.platform.cpu_features import route_for
+
+needs_onednn_bf16 = pytest.mark.skipif(route_for("bfloat16").linear_format is None,
+                                       reason="oneDNN cannot run bf16 on this CPU")
+
+
+def shapes(gen, k):
+    return {"1 row": torch.randn(1, k, generator=gen), "7 rows": torch.randn(7, k, generator=gen),
+            "100 rows": torch.randn(100, k, generator=gen), "3-D": torch.randn(2, 3, k, generator=gen),
+            "non-contiguous": torch.randn(5, 2 * k, generator=gen)[:, ::2], "empty": torch.randn(0, k, generator=gen)}
+
+
+@needs_onednn_bf16
+@pytest.mark.parametrize("n,k", [(960, 576), (576, 1536), (33, 40)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_onednn_weight_matches_bf16_f_linear(n, k, with_bias):
+    gen = torch.Generator().manual_seed(n + k)
+    w = (torch.randn(n, k, generator=gen) * 0.05).bfloat16()
+    bias = torch.randn(n, generator=gen).bfloat16() if with_bias else None
+    packed = OneDNNWeight(w)
+    for name, x in shapes(gen, k).items():
+        x = x.bfloat16()
+        got, want = packed.linear(x, bias), F.linear(x, w, bias)
+        exact = F.linear(x.float(), w.float(), None if bias is None else bias.float())
+        err = (got.float() - want.float()).abs().max().item() if got.numel() else 0.0
+        scale = exact.abs().max().item() if exact.numel() else 0.0
+        print(f"{n}x{k} {name} bias={with_bias}: max |oneDNN - F.linear| {err:.3g} (output scale {scale:.3g})")
+        assert got.shape == want.shape and got.dtype == torch.bfloat16
+        # one bf16 rounding of the output apart at most (both accumulate in fp32)
+        assert err <= 2 ** -7 * max(1.0, scale)
+    with pytest.raises(TypeError):
+        packed.linear(torch.randn(1, k))
+
+
+def tiny_arch() -> ArchConfig:
+    return ArchConfig(architecture="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=3,
+                      num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=64, rms_norm_eps=1e-5,
+                      rope_theta=10000.0, tie_word_embeddings=True)
+
+
+@needs_onednn_bf16
+def test_only_resident_weights_are_converted_and_values_survive():
+    torch.manual_seed(0)
+    model = build_model(tiny_arch(), torch.bfloat16)
+    with torch.no_grad():
+        model.embed_tokens.normal_()
+        for i in range(3):
+            for ref in model.layer_weight_refs(i).values():
+                ref.current.normal_()
+    kept = model.layer_weight_refs(1)["mlp.down_proj"].current
+    dense = {i: {k: r.current.clone() for k, r in model.layer_weight_refs(i).items()} for i in range(3)}
+    assert apply_cpu_route(model, "onednn-bf16", [0, 2]) == 9  # 4 linears x 2 layers + lm_head
+    assert model.layer_weight_refs(1)["mlp.down_proj"].current is kept
+    assert linear_formats(model) == {"OneDNNWeight": 9, "dense bfloat16": 4}
+    assert model.embed_tokens.dtype == torch.bfloat16  # the tied embedding still reads its dense tensor
+    x = torch.randn(3, 32).bfloat16()
+    ref = model.layer_weight_refs(0)["self_attn.qkv_proj"]
+    assert ref.current.shape == tuple(dense[0]["self_attn.qkv_proj"].shape)
+    assert torch.allclose(ref.current.linear(x).float(), F.linear(x, dense[0]["self_attn.qkv_proj"]).float(),
+                          atol=2e-2, rtol=2e-2)
+    assert apply_cpu_route(model, None, [0, 1, 2]) == 0
+
+
+def test_fp16_route_converts_fp32_weights_to_half_weights():
+    model = build_model(tiny_arch(), torch.float32)
+    with torch.no_grad():
+        for i in range(3):
+            for ref in model.layer_weight_refs(i).values():
+                ref.current.normal_()
+        model.embed_tokens.normal_()
+    big = model.layer_weight_refs(2)["mlp.down_proj"]
+    big.current[0, 0] = 1e6  # beyond fp16's range: stays dense float32
+    apply_cpu_route(model, "fp16", [0, 1, 2])
+    assert isinstance(model.layer_weight_refs(0)["mlp.gate_up_proj"].current, HalfWeight)
+    assert isinstance(big.current, torch.Tensor) and big.current.dtype == torch.float32
+    assert linear_formats(model) == {"HalfWeight": 12, "dense float32": 1}
