@@ -6,7 +6,7 @@ same run. Decode throughput is timed over decode-only steps (prefill excluded); 
 bytes the transfer backend moved into staging slots over that time. The roofline is the decode rate
 the platform profile's bandwidths allow for the plan's bytes per step: resident (and staged) weights
 read from device memory plus direct weights read over the link, or the streamed bytes' copies, whichever
-takes longer.
+takes longer (every resident byte counts, the embedding table included: a slightly conservative bound).
 
     python scripts/bench_decode.py [--model smollm2-135m] [--batches 1,8] [--tokens 32]
         [--placements resident,stream,every-2nd,direct] [--host-weight-dtype auto] [--dtype auto]

@@ -106,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="check every script and option a step uses, "
                                                                "print the steps, run nothing")
     args = parser.parse_args(argv)
-    py = str(args.venv / "bin" / "python") if args.venv else sys.executable
+    if args.venv and not args.wheelhouse:
+        parser.error("--venv needs --wheelhouse: gh200rt and its test packages are installed into the venv from it")
+    py = str(args.venv.resolve() / "bin" / "python") if args.venv else sys.executable
     out, cache = args.out.resolve(), args.cache.resolve()
     steps = (install_steps(py, args.wheelhouse.resolve()) if args.wheelhouse else []) + validation_steps(py, out, cache)
     unknown = [s for s in args.skip if s not in {step.name for step in steps}]
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     checks, results = list(device.get("checks", [])), []
     if code == 0 and args.venv and not Path(py).exists():
-        make_venv(args.venv)
+        make_venv(args.venv.resolve())
     for step in steps if code == 0 else []:
         left = deadline - time.monotonic()
         if left < 5:

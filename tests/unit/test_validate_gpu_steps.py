@@ -6,8 +6,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -118,8 +116,25 @@ def test_dry_run_of_this_checkout_passes_and_lists_the_steps():
     assert "all 6 steps can be called" in proc.stdout
 
 
-@pytest.mark.parametrize("bad", [["--skip", "warp drive"]])
-def test_unknown_skip_is_refused(bad):
-    proc = subprocess.run([PY, "scripts/validate_gpu.py", "--dry-run", *bad], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+def test_unknown_skip_is_refused():
+    proc = subprocess.run([PY, "scripts/validate_gpu.py", "--dry-run", "--skip", "warp drive"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "unknown step(s)" in proc.stderr
+
+
+def test_venv_without_a_wheelhouse_is_refused(tmp_path):
+    proc = subprocess.run([PY, "scripts/validate_gpu.py", "--dry-run", "--venv", str(tmp_path / "v")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--venv needs --wheelhouse" in proc.stderr
+
+
+def test_venv_sees_this_interpreters_packages_behind_its_own(tmp_path):
+    """The GPU host's python is often a venv itself: --system-site-packages alone would hide its torch."""
+    py = load_script().make_venv(tmp_path / "v")
+    code = "import numpy, sys; print(numpy.__file__); print(sys.prefix)"
+    proc = subprocess.run([py, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    numpy_file, prefix = proc.stdout.split()
+    assert Path(prefix) == tmp_path / "v" and not numpy_file.startswith(str(tmp_path))
+    proc = subprocess.run([py, "-m", "pip", "--version"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and str(tmp_path / "v") in proc.stdout, "its own pip installs into it"
