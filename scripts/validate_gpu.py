@@ -136,7 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     checks, results = list(device.get("checks", [])), []
     if code == 0 and args.venv and not Path(py).exists():
-        make_venv(args.venv.resolve())
+        try:
+            make_venv(args.venv.resolve())
+        except (OSError, subprocess.CalledProcessError) as exc:
+            print(f"validate_gpu: cannot create the venv {args.venv}: {exc}; leave out --venv to install into "
+                  f"{sys.executable}", file=sys.stderr)
+            return 1
     for step in steps if code == 0 else []:
         left = deadline - time.monotonic()
         if left < 5:
@@ -145,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         results.append(run_step(step, min(step.cap_s, left)))
         if results[-1]["status"] != "ok" and step.stop_on_failure:
-            print(f"stopping: {step.name} {results[-1]['status']}; see the report", file=sys.stderr)
+            print(f"{results[-1]['output_tail'][-2000:]}\nstopping: {step.name} {results[-1]['status']} (above); "
+                  "the later steps would only repeat it", file=sys.stderr)
             break
     registration = next((r for r in results if r["step"] == "registration preflight"), None)
     platform = {}
@@ -154,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         platform, checks = pre.get("platform", {}), checks + pre.get("checks", [])
     report = write_report(out, device.get("facts", {}), platform, checks, results)
     print(f"report: {report} and {out / 'report.json'}")
-    return 0 if code == 0 and results and all(r["status"] == "ok" for r in results) else 1
+    return 0 if json.loads((out / "report.json").read_text())["ok"] else 1
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ def collect_figures(results: list[dict], platform: dict) -> list[dict]:
 
 def write_report(out: Path, device: dict, platform: dict, checks: list[dict], results: list[dict]) -> Path:
     figures = collect_figures(results, platform)
-    ok = all(r["status"] == "ok" for r in results)
+    ok = bool(results) and all(r["status"] == "ok" for r in results) and all(c["ok"] for c in checks)
     (out / "report.json").write_text(json.dumps({"ok": ok, "device": device, "platform": platform,
                                                  "preflight": checks, "steps": results, "figures": figures},
                                                 indent=2))

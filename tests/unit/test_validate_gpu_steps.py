@@ -138,3 +138,9 @@ def test_venv_sees_this_interpreters_packages_behind_its_own(tmp_path):
     assert Path(prefix) == tmp_path / "v" and not numpy_file.startswith(str(tmp_path))
     proc = subprocess.run([py, "-m", "pip", "--version"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and str(tmp_path / "v") in proc.stdout, "its own pip installs into it"
+
+
+def test_a_failed_device_check_with_no_steps_run_is_not_a_pass(tmp_path):
+    write_report(tmp_path, {"device": "GPU"}, {}, [{"name": "triton_compile", "ok": False, "detail": "no ptxas"}], [])
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["ok"] is False and "FAILED" in (tmp_path / "report.md").read_text()
