@@ -9,8 +9,8 @@ from tokenizers import Tokenizer, processors
 
 httpx = pytest.importorskip("httpx")  # the test extra: a bare GPU host need not have it
 
-from tests.engine.real_models import save_tiny_llama
-from tests.server.helpers import ServerProcess, metric
+from tests.engine.real_models import save_tiny_llama  # noqa: E402
+from tests.server.helpers import ServerProcess, metric  # noqa: E402
 
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['content'] }} {% endfor %}"
             "{% if add_generation_prompt %}w3{% endif %}")
