@@ -1,6 +1,7 @@
 """A source checkout first on sys.path (pytest's pythonpath, scripts run from the checkout) next to a
 regular, non-editable install of gh200rt: gh200rt.numa and gh200rt.kernels, which setuptools installs
 from the top-level numa/ and kernels/ folders, are still found (the GPU host's validate_gpu.py setup)."""
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -9,22 +10,23 @@ ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = """
 import sys
-sys.path[:0] = [sys.argv[1], sys.argv[2]]
+sys.path[:0] = sys.argv[1:]
 import gh200rt.numa, gh200rt.kernels, gh200rt.config
 print(gh200rt.numa.__file__); print(gh200rt.kernels.__file__); print(gh200rt.config.__file__)
 """
 
 
 def test_installed_numa_and_kernels_are_found_behind_a_checkout(tmp_path):
-    site = tmp_path / "site-packages"
+    installed = tmp_path / "site-packages"
     for package in ("gh200rt", "gh200rt/numa", "gh200rt/kernels"):  # the installed layout, as stubs
-        (site / package).mkdir(parents=True)
-        (site / package / "__init__.py").write_text("")
-    # -S: no site-packages and no editable-install finder, only the two folders put on sys.path
-    proc = subprocess.run([sys.executable, "-S", "-c", PROBE, str(ROOT), str(site)], capture_output=True, text=True,
-                          timeout=60)
+        (installed / package).mkdir(parents=True)
+        (installed / package / "__init__.py").write_text("")
+    # -S: no editable-install finder (its .pth is not read); this environment's packages (what gh200rt itself
+    # imports) come after the checkout and the stub install, as site-packages would
+    proc = subprocess.run([sys.executable, "-S", "-c", PROBE, str(ROOT), str(installed), *site.getsitepackages()],
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     numa, kernels, config = proc.stdout.split()
-    assert numa == str(site / "gh200rt" / "numa" / "__init__.py")
-    assert kernels == str(site / "gh200rt" / "kernels" / "__init__.py")
+    assert numa == str(installed / "gh200rt" / "numa" / "__init__.py")
+    assert kernels == str(installed / "gh200rt" / "kernels" / "__init__.py")
     assert config == str(ROOT / "gh200rt" / "config.py"), "the checkout's own modules come first"
