@@ -17,6 +17,9 @@ from wheelhouse import (ROOT, Downloader, applies, excluded, platform_args, reso
 
 SOURCES = ("gh200rt", "numa", "kernels", "scripts", "tests")
 HOST_STACK = {"torch", "triton", "cuda-bindings", "cuda-pathfinder", "pip"}  # the GPU host's own, and pip
+# Other serving engines scripts/bench_peers.py compares against: installed by hand for that comparison, never
+# needed by the runtime, the tests or the validation benchmarks.
+PEER_ENGINES = {"vllm", "llama_cpp"}
 
 
 def imported_top_names() -> dict[str, str]:
@@ -65,7 +68,7 @@ def test_closure_covers_every_third_party_import():
     providers = metadata.packages_distributions()
     missing = []
     for name, where in sorted(imported_top_names().items()):
-        if name in sys.stdlib_module_names or is_local(name):
+        if name in sys.stdlib_module_names or is_local(name) or name in PEER_ENGINES:
             continue
         dists = {canonicalize_name(d) for d in providers.get(name, [])}
         if not dists & (closure | HOST_STACK):
