@@ -40,6 +40,7 @@ check-kernels: install-test
 test: install-test
 	$(PY) -m pytest -q tests
 	$(PY) scripts/check_kernels.py
+	$(PY) scripts/validate_gpu.py --dry-run
 
 clean:
 	rm -rf $(VENV) build *.egg-info

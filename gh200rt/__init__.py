@@ -1,4 +1,12 @@
 """gh200rt: LLM serving for Grace Hopper — weights in host memory, HBM for the KV cache."""
+import pkgutil
+
+# gh200rt.numa and gh200rt.kernels are installed from the top-level numa/ and kernels/ folders
+# (setuptools package-dir), so a source checkout that comes first on sys.path (pytest's
+# pythonpath, a script run from the checkout) hides them from a regular, non-editable install:
+# search every gh200rt folder on sys.path, the installed one included.
+__path__ = pkgutil.extend_path(__path__, __name__)
+
 from gh200rt.sampling_params import SamplingParams
 
 __version__ = "0.1.0"

@@ -3,16 +3,25 @@
 Runs the real engine (``LLMEngine.from_config``) on whatever this machine is — CPU here, the GPU on a
 GPU host — for each placement, and prints each next to the all-resident baseline measured in the
 same run. Decode throughput is timed over decode-only steps (prefill excluded); copy GB/s is the
-bytes the transfer backend moved into staging slots over that time.
+bytes the transfer backend moved into staging slots over that time. The roofline is the decode rate
+the platform profile's bandwidths allow for the plan's bytes per step: resident (and staged) weights
+read from device memory plus direct weights read over the link, or the streamed bytes' copies, whichever
+takes longer (every resident byte counts, the embedding table included: a slightly conservative bound).
 
     python scripts/bench_decode.py [--model smollm2-135m] [--batches 1,8] [--tokens 32]
         [--placements resident,stream,every-2nd,direct] [--host-weight-dtype auto] [--dtype auto]
+        [--random-model llama3-8b [--random-model-dir DIR]] [--json PATH]
+
+``--random-model`` benchmarks a model of that exact shape with random weights written on this host
+(scripts/random_checkpoint.py), so a real model size needs no download.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -21,6 +30,7 @@ from gh200rt.config import EngineConfig  # noqa: E402
 from gh200rt.engine.engine import LLMEngine  # noqa: E402
 from gh200rt.loader.load import read_arch  # noqa: E402
 from gh200rt.sampling_params import SamplingParams  # noqa: E402
+from scripts.random_checkpoint import SHAPES, write_random_checkpoint  # noqa: E402
 
 
 def placements(num_layers: int) -> dict[str, dict]:
@@ -46,6 +56,16 @@ def decode_rate(engine: LLMEngine, batch: int, tokens: int) -> tuple[float, floa
     return (engine.generation_tokens - generated) / seconds, (engine.stats().weight_bytes_copied - copied) / seconds / 1e9
 
 
+def roofline_tokens_per_second(engine: LLMEngine, batch: int) -> float:
+    """Decode tokens/s allowed by the platform profile's bandwidths for the plan's weight bytes per step."""
+    plan, platform = engine.plan, engine.platform
+    layer = plan.sizes.host_layer_bytes
+    streamed, direct = plan.tiers.count("streamed") * layer, plan.tiers.count("direct") * layer
+    compute = (plan.resident_weight_bytes + streamed) / (platform.hbm_gbps * 1e9) + direct / (platform.direct_read_gbps * 1e9)
+    step = max(compute, streamed / (platform.link_h2d_gbps * 1e9))
+    return batch / step
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
@@ -54,12 +74,27 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32, help="decode tokens per request")
     parser.add_argument("--placements", default="resident,stream,every-2nd,every-4th,direct")
     parser.add_argument("--host-weight-dtype", default="auto")
+    parser.add_argument("--random-model", choices=list(SHAPES),
+                        help="benchmark a model of this shape with random weights written here (overrides --model)")
+    parser.add_argument("--random-model-dir", help="where --random-model writes (or finds) its directory "
+                                                   "(default: a temporary directory, removed afterwards)")
+    parser.add_argument("--json", help="also write every row, with its roofline, to this JSON file")
     args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gh200rt-random-") as scratch:
+        if args.random_model:
+            start = time.perf_counter()
+            args.model = write_random_checkpoint(args.random_model, args.random_model_dir or scratch)
+            print(f"random {args.random_model} weights in {args.model} ({time.perf_counter() - start:.1f} s)")
+        run(args)
+
+
+def run(args) -> None:
     print(f"load average {os.getloadavg()[0]:.2f}; model {args.model}; host weight dtype {args.host_weight_dtype}")
     print(f"{'placement':<10} {'tiers (res/str/dir)':<20} {'batch':>5} {'tok/s':>9} {'vs resident':>11} "
-          f"{'copy GB/s':>9} {'copy wait s':>11}")
+          f"{'copy GB/s':>9} {'copy wait s':>11} {'roofline tok/s':>14}")
     layers = read_arch(args.model).num_layers
     baseline: dict[int, float] = {}
+    rows = []
     for name in args.placements.split(","):
         config = EngineConfig.from_kwargs(model=args.model, dtype=args.dtype, max_model_len=256, num_kv_blocks=256,
                                           host_weight_dtype=args.host_weight_dtype, **placements(layers)[name])
@@ -69,9 +104,20 @@ def main() -> None:
         for batch in map(int, args.batches.split(",")):
             tps, gbps = decode_rate(engine, batch, args.tokens)
             baseline.setdefault(batch, tps)
+            roof = roofline_tokens_per_second(engine, batch)
             print(f"{name:<10} {label:<20} {batch:>5} {tps:>9.1f} {tps / baseline[batch]:>10.2f}x {gbps:>9.2f} "
-                  f"{engine.stats().copy_wait_seconds:>11.3f}", flush=True)
+                  f"{engine.stats().copy_wait_seconds:>11.3f} {roof:>14.1f}", flush=True)
+            rows.append(dict(placement=name, tiers=label, batch=batch, tokens_per_second=tps,
+                             vs_resident=tps / baseline[batch], copy_gbps=gbps, roofline_tokens_per_second=roof,
+                             copy_wait_seconds=engine.stats().copy_wait_seconds))
         engine.close()
+    if args.json:
+        platform = engine.platform
+        with open(args.json, "w") as f:
+            json.dump(dict(model=args.random_model or args.model, platform=platform.profile,
+                           device=platform.device_name, hbm_gbps=platform.hbm_gbps,
+                           link_h2d_gbps=platform.link_h2d_gbps, direct_read_gbps=platform.direct_read_gbps,
+                           rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,16 @@
 """How fast each reader gets at host memory placed each way.
 
 For every placement (local bind, remote bind, interleave, default first touch) and every reader
-this machine has (CPU threads; GPU copy engine host->device; GPU kernel reading host memory in
-place) it measures bandwidth over sizes from 1 MiB to 1 GiB (repeats: median, min-max), writes
-JSON and a PNG plot, and prints a table with each figure next to the machine's published limit
-(../shared HARDWARE.md figures) where one is known.
+this machine has (CPU threads; GPU copy engine host->device; a GPU kernel summing host memory in
+place; host_gemm, the DIRECT tier's kernel, reading it in place as a bf16 weight for one token) it
+measures bandwidth over sizes from 1 MiB to 1 GiB (repeats: median, min-max), writes JSON (first)
+and a PNG plot (when matplotlib is installed), and prints a table with each figure next to the
+machine's published limit (../shared HARDWARE.md figures) where one is known.
 
     python scripts/numa_placement.py --list      # what would run here, and why the rest is skipped
     python scripts/numa_placement.py --quick     # under a minute
     python scripts/numa_placement.py --out results/numa --repeats 7
+    python scripts/numa_placement.py --readers gpu-copy-h2d,gpu-host-gemm --sizes-mib 64 256 1024
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -38,7 +41,11 @@ LIMITS = {
     ("gh200", "cpu-threads", "local-bind"): (486.0, "KTH STREAM on LPDDR5X"),
     ("x86-cuda", "gpu-copy-h2d", "local-bind"): (55.0, "PCIe Gen5 x16 pinned, common measurements"),
     ("x86-cuda", "gpu-kernel-direct", "local-bind"): (35.0, "nvbandwidth issue 24, SM-driven H2D"),
+    ("gh200", "gpu-host-gemm", "local-bind"): (330.0, "dnhkng part 1, ATS local node"),
+    ("gh200", "gpu-host-gemm", "remote-bind"): (221.0, "dnhkng part 1, ATS other socket"),
+    ("x86-cuda", "gpu-host-gemm", "local-bind"): (35.0, "nvbandwidth issue 24, SM-driven H2D"),
 }
+HOST_GEMM_K = 4096  # the weight's row length in the host_gemm reader (a Llama-3-8B hidden size)
 
 
 @dataclass(frozen=True)
@@ -74,12 +81,16 @@ def readers() -> tuple[dict, list[str]]:
         try:
             import triton  # noqa: F401
             available["gpu-kernel-direct"] = read_gpu_direct
+            available["gpu-host-gemm"] = read_gpu_host_gemm
         except ImportError:
-            skipped.append("gpu-kernel-direct: triton is not installed")
+            skipped.append("gpu-kernel-direct, gpu-host-gemm: triton is not installed")
     else:
-        skipped += ["gpu-copy-h2d: no CUDA GPU visible (torch.cuda.is_available() is False)",
-                    "gpu-kernel-direct: no CUDA GPU visible (torch.cuda.is_available() is False)"]
+        skipped += [f"{name}: no CUDA GPU visible (torch.cuda.is_available() is False)"
+                    for name in ("gpu-copy-h2d", "gpu-kernel-direct", "gpu-host-gemm")]
     return available, skipped
+
+
+READERS = ("cpu-threads", "gpu-copy-h2d", "gpu-kernel-direct", "gpu-host-gemm")
 
 
 def read_cpu(buf) -> float:
@@ -114,6 +125,30 @@ def read_gpu_direct(buf) -> float:
     sum_host_bytes(buf)
     torch.cuda.synchronize()
     return time.perf_counter() - start
+
+
+@cache
+def _gpu_platform():
+    from gh200rt.platform.detect import detect
+    return detect()
+
+
+def read_gpu_host_gemm(buf) -> float:
+    """host_gemm reads the buffer in place as a bf16 ``[N, 4096]`` weight for one token (decode's GEMV):
+    the bytes the DIRECT tier moves per layer, through the kernel that moves them."""
+    from gh200rt.kernels.host_gemm import host_gemm
+    from gh200rt.memory.device_view import device_view, prepare_slab_for_device
+    platform = _gpu_platform()
+    if not buf.cuda_registered:
+        prepare_slab_for_device(buf, platform)
+    rows = buf.nbytes // (HOST_GEMM_K * 2)
+    weight = device_view(buf, platform, "cuda")[: rows * HOST_GEMM_K * 2].view(torch.bfloat16).view(rows, HOST_GEMM_K)
+    x = torch.randn(1, HOST_GEMM_K, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    host_gemm(x, weight)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * buf.nbytes / (rows * HOST_GEMM_K * 2)  # per byte of the buffer
 
 
 def measure(placement: Placement, reader, size: int, repeats: int) -> dict:
@@ -155,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="3 sizes up to 64 MiB, 3 repeats (under a minute)")
     parser.add_argument("--sizes-mib", type=int, nargs="+", help="buffer sizes in MiB (default 1..1024)")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per point (default 5, quick 3)")
+    parser.add_argument("--readers", default=",".join(READERS),
+                        help=f"comma-separated readers to run where available (default: all of {', '.join(READERS)})")
+    parser.add_argument("--no-plot", action="store_true", help="write the JSON only")
     parser.add_argument("--gpu", type=int, default=0, help="which GPU's nearest node counts as local")
     parser.add_argument("--out", type=Path, default=Path("results/numa"), help="where the JSON and PNG go")
     args = parser.parse_args(argv)
@@ -165,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
                 else topo.cpu_nodes[0].id)
     chosen, skipped_places = placements(topo, gpu_node)
     reader_fns, skipped_readers = readers()
+    wanted = args.readers.split(",")
+    if unknown := sorted(set(wanted) - set(READERS)):
+        parser.error(f"unknown reader(s) {', '.join(unknown)}; choose from {', '.join(READERS)}")
+    reader_fns = {name: fn for name, fn in reader_fns.items() if name in wanted}
     sizes = [s * MIB for s in args.sizes_mib] if args.sizes_mib else (QUICK_SIZES if args.quick else FULL_SIZES)
     repeats = args.repeats if args.repeats is not None else (3 if args.quick else 5)
     if repeats < 1 or any(s <= 0 for s in sizes):
@@ -195,9 +237,14 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"machine": kind, "local_node": gpu_node, "nodes": list(topo.node_ids), "results": results,
               "skipped": skipped_places + skipped_readers}
-    (args.out / "numa_placement.json").write_text(json.dumps(report, indent=2))
-    plot(results, args.out / "numa_placement.png")
-    print(f"\nwrote {args.out / 'numa_placement.json'} and {args.out / 'numa_placement.png'}")
+    (args.out / "numa_placement.json").write_text(json.dumps(report, indent=2))  # before plotting: never lost
+    print(f"\nwrote {args.out / 'numa_placement.json'}")
+    if not args.no_plot:
+        try:
+            plot(results, args.out / "numa_placement.png")
+            print(f"wrote {args.out / 'numa_placement.png'}")
+        except ImportError as exc:
+            print(f"no plot: {exc} (pip install matplotlib, or pass --no-plot); the measurements are in the JSON")
     return 0
 
 

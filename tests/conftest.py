@@ -1,7 +1,10 @@
 import os
 
-# Must be set before any @triton.jit function is defined (kernels are checked in the interpreter here).
-os.environ.setdefault("TRITON_INTERPRET", "1")
+from tests import triton_mode  # pytest's pythonpath puts the repository root on sys.path first
+
+# Before any @triton.jit function is defined: the interpreter only where no CUDA device exists, so
+# `pytest -m gpu` on a GPU host runs the compiled kernels (an explicit TRITON_INTERPRET wins).
+triton_mode.apply(os.environ)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

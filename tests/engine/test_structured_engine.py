@@ -3,15 +3,16 @@ state follows the output tokens through batching and preemption by recompute, an
 grammar masks are applied per row of a mixed batch."""
 import json
 
-import jsonschema
 import pytest
 import torch
 
-from gh200rt.engine.logits_processors import apply_logit_bias, unpack_bitmask
-from gh200rt.sampling_params import SamplingParams
-from gh200rt.structured import Constraint
-from tests.engine.real_models import SharedModel
-from tests.server.byte_llama import save_byte_llama
+jsonschema = pytest.importorskip("jsonschema")  # the test extra: a bare GPU host need not have it
+
+from gh200rt.engine.logits_processors import apply_logit_bias, unpack_bitmask  # noqa: E402
+from gh200rt.sampling_params import SamplingParams  # noqa: E402
+from gh200rt.structured import Constraint  # noqa: E402
+from tests.engine.real_models import SharedModel  # noqa: E402
+from tests.server.byte_llama import save_byte_llama  # noqa: E402
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["k", "v"], "properties": {
     "k": {"enum": ["alpha", "beta"]}, "v": {"type": "array", "maxItems": 4,

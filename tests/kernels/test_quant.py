@@ -6,8 +6,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, GGUFReader
-from gguf.quants import dequantize, quantize
+
+pytest.importorskip("gguf")  # the reference GGUF reader: a bare GPU host need not have it
+from gguf import GGMLQuantizationType, GGUFReader  # noqa: E402
+from gguf.quants import dequantize, quantize  # noqa: E402
 
 from gh200rt.kernels.quant import PackedWeight, pack_weight, quantize_int4, quantize_int8, reference_linear
 

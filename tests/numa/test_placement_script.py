@@ -33,3 +33,19 @@ def test_small_run_writes_json_and_png(tmp_path):
 def test_bad_repeats_is_a_usage_error(tmp_path):
     proc = _run("--repeats", "0", "--out", str(tmp_path))
     assert proc.returncode == 2 and "--repeats" in proc.stderr
+
+
+def test_without_matplotlib_the_measurements_are_kept(tmp_path):
+    from tests.blocked_imports import run_without
+    proc = run_without({"matplotlib"}, "scripts/numa_placement.py", "--sizes-mib", "1", "--repeats", "1",
+                       "--readers", "cpu-threads", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no plot: No module named 'matplotlib'" in proc.stdout
+    report = json.loads((tmp_path / "numa_placement.json").read_text())
+    assert {r["reader"] for r in report["results"]} == {"cpu-threads"}
+    assert not (tmp_path / "numa_placement.png").exists()
+
+
+def test_unknown_reader_is_refused():
+    proc = _run("--list", "--readers", "cpu-threads,gpu-magic")
+    assert proc.returncode == 2 and "unknown reader(s) gpu-magic" in proc.stderr

@@ -8,8 +8,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:        # the tests import tests.engine.* helpers, as `python -m pytest` allows
     sys.path.insert(0, ROOT)
 
-from tests.server.helpers import ServerProcess  # noqa: E402
-
 TOY_ARGS = ["--model", "toy", "--num-kv-blocks", "256", "--block-size", "4", "--max-model-len", "256"]
 
 
@@ -18,6 +16,7 @@ def start_toy_server():
     started = []
 
     def start(*extra):
+        from tests.server.helpers import ServerProcess  # httpx and psutil, imported only when a server starts
         server = ServerProcess("tests.server.toy_server", [*TOY_ARGS, *extra])
         started.append(server)
         return server
@@ -29,6 +28,7 @@ def start_toy_server():
 
 @pytest.fixture(scope="module")
 def toy_server():
+    from tests.server.helpers import ServerProcess
     server = ServerProcess("tests.server.toy_server", TOY_ARGS)
     yield server
     server.stop()

@@ -3,10 +3,12 @@ blocks, a full queue answers 503, SIGTERM drains, API key and CORS."""
 import asyncio
 import time
 
-import httpx
+import pytest
 
-from tests.server.conftest import TOY_ARGS
-from tests.server.helpers import (ServerProcess, check_drained, check_streams_with_disconnects, metric,
+httpx = pytest.importorskip("httpx")  # the test extra: a bare GPU host need not have it
+
+from tests.server.conftest import TOY_ARGS  # noqa: E402
+from tests.server.helpers import (ServerProcess, check_drained, check_streams_with_disconnects, metric,  # noqa: E402
                                   settled_metrics, sigterm_during_streams)
 
 

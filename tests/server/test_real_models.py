@@ -5,12 +5,13 @@ import asyncio
 import json
 import os
 
-import httpx
-import openai
 import pytest
 
-from tests.engine.real_models import save_tiny_llama, smollm2_gguf
-from tests.server.helpers import ServerProcess, check_drained, check_streams_with_disconnects, sigterm_during_streams
+httpx = pytest.importorskip("httpx")  # the test extra: a bare GPU host need not have it
+openai = pytest.importorskip("openai")
+
+from tests.engine.real_models import save_tiny_llama, smollm2_gguf  # noqa: E402
+from tests.server.helpers import ServerProcess, check_drained, check_streams_with_disconnects, sigterm_during_streams  # noqa: E402
 
 CHAT_TEMPLATE = ("{% for m in messages %}<s> {{ m['content'] }} {% endfor %}"
                  "{% if add_generation_prompt %}w3 {% endif %}")

@@ -4,12 +4,13 @@ adds BOS: the start-up log shows the platform and the plan, /metrics exports the
 import json
 import os
 
-import httpx
 import pytest
 from tokenizers import Tokenizer, processors
 
-from tests.engine.real_models import save_tiny_llama
-from tests.server.helpers import ServerProcess, metric
+httpx = pytest.importorskip("httpx")  # the test extra: a bare GPU host need not have it
+
+from tests.engine.real_models import save_tiny_llama  # noqa: E402
+from tests.server.helpers import ServerProcess, metric  # noqa: E402
 
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['content'] }} {% endfor %}"
             "{% if add_generation_prompt %}w3{% endif %}")

@@ -4,13 +4,14 @@ required and named choices always give calls whose arguments validate, streamed 
 reads Hermes ``<tool_call>`` blocks out of the text; tools reach the chat template."""
 import json
 
-import httpx
-import jsonschema
-import openai
 import pytest
 
-from tests.server.byte_llama import save_byte_llama
-from tests.server.helpers import ServerProcess
+httpx = pytest.importorskip("httpx")  # the test extra: a bare GPU host need not have it
+openai = pytest.importorskip("openai")
+jsonschema = pytest.importorskip("jsonschema")
+
+from tests.server.byte_llama import save_byte_llama  # noqa: E402
+from tests.server.helpers import ServerProcess  # noqa: E402
 
 WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "unit"], "properties": {
     "city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["c", "f"]}}}

@@ -1,7 +1,9 @@
 """Our numpy dequantizers against gguf.quants on random blocks of every supported type."""
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType, quants
+
+pytest.importorskip("gguf")  # the reference GGUF reader: a bare GPU host need not have it
+from gguf import GGMLQuantizationType, quants  # noqa: E402
 
 from gh200rt.loader.dequant import BF16, F16, Q4_0, Q4_1, Q8_0, dequantize
 

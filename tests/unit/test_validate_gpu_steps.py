@@ -1,8 +1,19 @@
-"""scripts/validate_gpu.py runs the gpu-marked tests (tests/gpu included) with compiled Triton kernels."""
+"""scripts/validate_gpu.py: its steps, the dry run that catches drift, per-step time caps, and the report."""
 import importlib.util
+import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from validate_report import write_report  # noqa: E402
+from validate_steps import (DEVICE_PREFLIGHT_CAP_S, Step, dry_run_problems, install_steps,  # noqa: E402
+                            validation_steps)
+
+PY = sys.executable
 
 
 def load_script():
@@ -12,10 +23,9 @@ def load_script():
     return module
 
 
-def test_gpu_tests_step_collects_tests_gpu(tmp_path):
-    script = load_script()
-    commands = dict(script._steps(tmp_path, quick=True))
-    cmd = commands["gpu and gh200 tests"]
+def test_gpu_tests_step_selects_the_gpu_markers_over_all_tests(tmp_path):
+    steps = {s.name: s for s in validation_steps(PY, tmp_path, tmp_path)}
+    cmd = steps["gpu and gh200 tests"].argv
     assert cmd[cmd.index("-m", 2) + 1] == "gpu or gh200"
     assert cmd[-1] == "tests" and (ROOT / "tests" / "gpu").is_dir()
 
@@ -23,3 +33,114 @@ def test_gpu_tests_step_collects_tests_gpu(tmp_path):
 def test_steps_run_compiled_kernels_not_the_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert load_script().step_env()["TRITON_INTERPRET"] == "0"
+
+
+def test_caps_fit_nine_minutes(tmp_path):
+    steps = install_steps(PY, tmp_path) + validation_steps(PY, tmp_path, tmp_path)
+    assert DEVICE_PREFLIGHT_CAP_S + sum(s.cap_s for s in steps) <= 9 * 60
+    assert load_script().BUDGET_S <= 9 * 60
+
+
+def test_install_is_offline_and_keeps_the_hosts_torch(tmp_path):
+    for step in install_steps(PY, tmp_path / "wh"):
+        assert step.argv[1:4] == ["-m", "pip", "install"] and "--no-index" in step.argv
+        assert step.argv[step.argv.index("--find-links") + 1] == str(tmp_path / "wh")
+        assert not any(a.startswith(("torch", "triton", "cuda-bindings")) for a in step.argv)
+        assert "-e" not in step.argv and "--editable" not in step.argv, "a regular install: numa/ and kernels/ map"
+
+
+def test_dry_run_catches_a_missing_option_value_and_script():
+    drifted = [Step("decode", [PY, "scripts/bench_decode.py", "--quick"], 10),
+               Step("bandwidth", [PY, "scripts/numa_placement.py", "--readers", "gpu-warp-drive"], 10,
+                    values=("gpu-warp-drive",)),
+               Step("gone", [PY, "scripts/bench_everything.py"], 10),
+               Step("tests", [PY, "-m", "pytest", "-q", "--no-such-pytest-option", "tests"], 10)]
+    problems = "\n".join(dry_run_problems(drifted, PY))
+    assert "decode: scripts/bench_decode.py has no option --quick" in problems
+    assert "bandwidth: scripts/numa_placement.py does not offer 'gpu-warp-drive'" in problems
+    assert "gone: scripts/bench_everything.py does not exist" in problems
+    assert "tests: -m pytest has no option --no-such-pytest-option" in problems
+
+
+def test_a_step_past_its_cap_is_ended_with_what_it_started(tmp_path):
+    marker = tmp_path / "child.pid"
+    code = (f"import subprocess, time; p = subprocess.Popen(['sleep', '60']); "
+            f"open({str(marker)!r}, 'w').write(str(p.pid)); print('started', flush=True); time.sleep(60)")
+    start = time.monotonic()
+    result = load_script().run_step(Step("sleeper", [PY, "-c", code], 2), 2)
+    assert result["status"] == "timed out" and time.monotonic() - start < 20
+    assert "started" in result["output_tail"]
+    child = int(marker.read_text())
+    time.sleep(0.2)
+    stat = Path(f"/proc/{child}/stat")
+    assert not stat.exists() or stat.read_text().split()[2] == "Z", "the step's own children are killed too"
+
+
+def test_report_puts_each_figure_next_to_its_roofline(tmp_path):
+    decode = tmp_path / "decode.json"
+    proc = subprocess.run([PY, "scripts/bench_decode.py", "--random-model", "llama3-tiny", "--placements", "resident",
+                           "--batches", "2", "--tokens", "2", "--json", str(decode)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    bandwidth = tmp_path / "numa_placement.json"  # numa_placement.py's format, GPU readers as on an H100 host
+    bandwidth.write_text(json.dumps({"results": [
+        {"reader": "gpu-copy-h2d", "placement": "local-bind", "bytes": 1 << 30, "median_gbps": 48.0},
+        {"reader": "gpu-copy-h2d", "placement": "local-bind", "bytes": 64 << 20, "median_gbps": 30.0},
+        {"reader": "gpu-host-gemm", "placement": "local-bind", "bytes": 1 << 30, "median_gbps": 28.0},
+        {"reader": "gpu-host-gemm", "placement": "interleave", "bytes": 1 << 30, "median_gbps": 20.0}]}))
+    results = [{"step": "bandwidth", "command": "x", "status": "ok", "exit_code": 0, "seconds": 1.0, "cap_s": 45,
+                "output_tail": "table", "outputs": {"bandwidth": str(bandwidth)}},
+               {"step": "decode", "command": "y", "status": "timed out", "exit_code": -9, "seconds": 2.0, "cap_s": 45,
+                "output_tail": "rows", "outputs": {"decode": str(decode)}}]
+    platform = {"profile": "h100-sxm", "link_h2d_gbps": 52.0, "direct_read_gbps": 35.0}
+    md = write_report(tmp_path, {"device": "NVIDIA H100 80GB HBM3", "capability": "9.0"}, platform,
+                      [{"name": "registered_slab.is_pinned", "ok": True, "detail": "fine"}], results).read_text()
+    report = json.loads((tmp_path / "report.json").read_text())
+    figures = {f["what"]: f for f in report["figures"]}
+    copy = figures["pinned H2D copy, 1024 MiB, local node"]
+    assert (copy["measured"], copy["roofline"]) == (48.0, 52.0) and abs(copy["fraction"] - 48 / 52) < 1e-9
+    assert figures["direct read through host_gemm, 1024 MiB, local node"]["roofline"] == 35.0
+    rows = [f for f in report["figures"] if f["unit"] == "tok/s"]
+    assert len(rows) == 1 and rows[0]["roofline"] > 0 and "resident (4/0/0" in rows[0]["what"]
+    assert report["ok"] is False and "FAILED" in md and "| decode | timed out |" in md
+    assert "| pinned H2D copy, 1024 MiB, local node | 48.0 GB/s | 52.0 GB/s | 0.92 |" in md
+
+
+def test_dry_run_of_this_checkout_passes_and_lists_the_steps():
+    proc = subprocess.run([PY, "scripts/validate_gpu.py", "--dry-run"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    for name in ("registration preflight", "gpu and gh200 tests", "kernel compile check", "bandwidth",
+                 "decode SmolLM2", "decode Llama-3-8B shape"):
+        assert f"\n{name} (cap " in proc.stdout
+    assert "all 6 steps can be called" in proc.stdout
+
+
+def test_unknown_skip_is_refused():
+    proc = subprocess.run([PY, "scripts/validate_gpu.py", "--dry-run", "--skip", "warp drive"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "unknown step(s)" in proc.stderr
+
+
+def test_venv_without_a_wheelhouse_is_refused(tmp_path):
+    proc = subprocess.run([PY, "scripts/validate_gpu.py", "--dry-run", "--venv", str(tmp_path / "v")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--venv needs --wheelhouse" in proc.stderr
+
+
+def test_venv_sees_this_interpreters_packages_behind_its_own(tmp_path):
+    """The GPU host's python is often a venv itself: --system-site-packages alone would hide its torch."""
+    py = load_script().make_venv(tmp_path / "v")
+    code = "import numpy, sys; print(numpy.__file__); print(sys.prefix)"
+    proc = subprocess.run([py, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    numpy_file, prefix = proc.stdout.split()
+    assert Path(prefix) == tmp_path / "v" and not numpy_file.startswith(str(tmp_path))
+    proc = subprocess.run([py, "-m", "pip", "--version"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and str(tmp_path / "v") in proc.stdout, "its own pip installs into it"
+
+
+def test_a_failed_device_check_with_no_steps_run_is_not_a_pass(tmp_path):
+    write_report(tmp_path, {"device": "GPU"}, {}, [{"name": "triton_compile", "ok": False, "detail": "no ptxas"}], [])
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["ok"] is False and "FAILED" in (tmp_path / "report.md").read_text()

@@ -1,0 +1,128 @@
+"""Write a Hugging Face model directory of a known shape with random bf16 weights, generated here.
+
+For decode benchmarks of a real model size on a host that cannot download one: the shape is exact (so
+bytes moved, FLOPs and the planner's choices are those of the real model); the values are random, so
+the generated text is noise. Weights are slices of one seeded normal(0, 0.02) pool at random offsets
+(norms near 1), which keeps writing 16 GB fast and deterministic.
+
+    python scripts/random_checkpoint.py llama3-8b /tmp/llama3-8b-random
+    python scripts/bench_decode.py --random-model llama3-8b [--random-model-dir DIR] ...
+
+The directory holds config.json, one safetensors shard per decoder layer (plus one for embeddings and
+head) with model.safetensors.index.json, and a word-level tokenizer. An existing directory whose
+``random_checkpoint.json`` stamp names the same shape is reused as is.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+# transformers config fields; llama3-8b is Meta-Llama-3-8B's config.json (shape fields only).
+SHAPES: dict[str, dict] = {
+    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0),
+    # the same family at a size CI can write and load in a second
+    "llama3-tiny": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
+                        num_key_value_heads=2, vocab_size=1024, max_position_embeddings=2048, rope_theta=500000.0),
+}
+POOL_ELEMENTS = 1 << 26  # at most 128 MiB of bf16: every weight is a slice of it at a random offset
+STAMP = "random_checkpoint.json"
+
+
+def config_of(shape: str) -> dict:
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "bfloat16",
+            "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+            **SHAPES[shape]}
+
+
+def layer_shapes(cfg: dict, layer: int) -> dict[str, tuple[int, ...]]:
+    h, i = cfg["hidden_size"], cfg["intermediate_size"]
+    head_dim = h // cfg["num_attention_heads"]
+    kv = cfg["num_key_value_heads"] * head_dim
+    p = f"model.layers.{layer}."
+    return {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (h, h), p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, h),
+            p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h), p + "mlp.down_proj.weight": (h, i)}
+
+
+class RandomSource:
+    def __init__(self, seed: int = 0, pool_elements: int = POOL_ELEMENTS):
+        self.gen = torch.Generator().manual_seed(seed)
+        self.pool = (torch.randn(pool_elements, generator=self.gen) * 0.02).to(torch.bfloat16)
+
+    def tensor(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        if name.endswith("norm.weight"):
+            return 1.0 + self.tensor("", shape) * 5
+        numel = 1
+        for n in shape:
+            numel *= n
+        out = torch.empty(numel, dtype=torch.bfloat16)
+        done = 0
+        while done < numel:
+            start = int(torch.randint(0, len(self.pool) // 2, (1,), generator=self.gen))
+            take = min(numel - done, len(self.pool) - start)
+            out[done:done + take] = self.pool[start:start + take]
+            done += take
+        return out.view(shape)
+
+
+def write_tokenizer(path: str, vocab_size: int) -> None:
+    """A word-level tokenizer "<unk> <s> </s> w3 ... w{vocab_size-1}": ids are all a decode benchmark uses."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab_size)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(os.path.join(path, "tokenizer.json"))
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}, f)
+
+
+def write_random_checkpoint(shape: str, path: str, seed: int = 0) -> str:
+    """Write (or reuse) the directory; returns ``path``."""
+    from safetensors.torch import save_file
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
+    stamp = {"shape": shape, "seed": seed, **SHAPES[shape]}
+    stamp_path = os.path.join(path, STAMP)
+    if os.path.isfile(stamp_path):
+        with open(stamp_path) as f:
+            if json.load(f) == stamp:
+                return path
+    os.makedirs(path, exist_ok=True)
+    cfg = config_of(shape)
+    h, vocab = cfg["hidden_size"], cfg["vocab_size"]
+    source = RandomSource(seed, min(POOL_ELEMENTS, 2 * max(vocab * h, cfg["intermediate_size"] * h)))
+    shards = {"model-outer.safetensors": {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,),
+                                          "lm_head.weight": (vocab, h)}}
+    shards |= {f"model-layer{i:03d}.safetensors": layer_shapes(cfg, i) for i in range(cfg["num_hidden_layers"])}
+    weight_map = {}
+    for filename, shapes in shards.items():
+        save_file({name: source.tensor(name, s) for name, s in shapes.items()}, os.path.join(path, filename))
+        weight_map |= {name: filename for name in shapes}
+    with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    write_tokenizer(path, vocab)
+    with open(stamp_path, "w") as f:  # last: a directory without it is incomplete and is rewritten
+        json.dump(stamp, f)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("shape", choices=list(SHAPES))
+    parser.add_argument("path")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    print(write_random_checkpoint(args.shape, args.path, args.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""The report of scripts/validate_gpu.py: one JSON and one Markdown file with every step (command, exit
+code, seconds, output tail), the preflight checks, and each measured figure next to its roofline from
+the platform profile gh200rt detected (HARDWARE.md figures, or a measured profile):
+
+- pinned H2D copy GB/s (numa_placement ``gpu-copy-h2d``) against the profile's ``link_h2d_gbps``;
+- direct-read GB/s through host_gemm (``gpu-host-gemm``) against ``direct_read_gbps``;
+- decode tokens/s per placement (bench_decode) against the roofline bench_decode computes from the same
+  profile for the plan's bytes per step.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+READER_ROOFLINES = {"gpu-copy-h2d": ("pinned H2D copy", "link_h2d_gbps"),
+                    "gpu-host-gemm": ("direct read through host_gemm", "direct_read_gbps")}
+
+
+def _load(path: Path | None) -> dict | None:
+    try:
+        return json.loads(path.read_text()) if path is not None and path.is_file() else None
+    except json.JSONDecodeError:
+        return None
+
+
+def bandwidth_figures(report: dict | None, platform: dict) -> list[dict]:
+    """Largest buffer, local node, for each GPU reader: GB/s next to the profile's link figure."""
+    figures = []
+    for reader, (what, field) in READER_ROOFLINES.items():
+        rows = [r for r in (report or {}).get("results", []) if r["reader"] == reader and r["placement"] == "local-bind"]
+        if rows:
+            row = max(rows, key=lambda r: r["bytes"])
+            roof = platform.get(field)
+            figures.append({"what": f"{what}, {row['bytes'] >> 20} MiB, local node", "measured": row["median_gbps"],
+                            "unit": "GB/s", "roofline": roof, "roofline_source": f"profile {platform.get('profile')} "
+                            f"{field}", "fraction": row["median_gbps"] / roof if roof else None})
+    return figures
+
+
+def decode_figures(report: dict | None) -> list[dict]:
+    return [{"what": f"decode {report['model']}, {r['placement']} ({r['tiers']} res/str/dir), batch {r['batch']}",
+             "measured": r["tokens_per_second"], "unit": "tok/s", "roofline": r["roofline_tokens_per_second"],
+             "roofline_source": f"profile {report['platform']} bandwidths for the plan's bytes per step",
+             "fraction": r["tokens_per_second"] / r["roofline_tokens_per_second"]}
+            for r in (report or {}).get("rows", [])]
+
+
+def collect_figures(results: list[dict], platform: dict) -> list[dict]:
+    figures = []
+    for r in results:
+        for kind, path in r.get("outputs", {}).items():
+            data = _load(Path(path))
+            if kind == "bandwidth":
+                figures += bandwidth_figures(data, platform)
+            elif kind == "decode":
+                figures += decode_figures(data)
+    return figures
+
+
+def write_report(out: Path, device: dict, platform: dict, checks: list[dict], results: list[dict]) -> Path:
+    figures = collect_figures(results, platform)
+    ok = bool(results) and all(r["status"] == "ok" for r in results) and all(c["ok"] for c in checks)
+    (out / "report.json").write_text(json.dumps({"ok": ok, "device": device, "platform": platform,
+                                                 "preflight": checks, "steps": results, "figures": figures},
+                                                indent=2))
+    title = f"{device.get('device', 'GPU')} (capability {device.get('capability', '?')}), profile " \
+            f"{platform.get('profile', '?')}"
+    lines = [f"# GPU validation on {title}", "", f"Result: **{'all steps passed' if ok else 'FAILED'}**. "
+             f"torch {device.get('torch')}, CUDA {device.get('torch_cuda')}, Python {device.get('python')}, "
+             f"{device.get('machine')}.", "", "| step | status | seconds | cap |", "|---|---|---|---|"]
+    lines += [f"| {r['step']} | {r['status']} | {r['seconds']} | {r['cap_s']} |" for r in results]
+    lines += ["", "## Figures and their rooflines", "", "| what | measured | roofline | fraction | roofline from |",
+              "|---|---|---|---|---|"]
+    lines += [f"| {f['what']} | {f['measured']:.1f} {f['unit']} | "
+              f"{f['roofline']:.1f} {f['unit']} | {f['fraction']:.2f} | {f['roofline_source']} |"
+              if f["roofline"] else f"| {f['what']} | {f['measured']:.1f} {f['unit']} | n/a | n/a | |" for f in figures]
+    if not figures:
+        lines.append("| (no figures: the benchmark steps did not finish) | | | | |")
+    lines += ["", "## Preflight", ""] + [f"- {'ok' if c['ok'] else 'FAIL'} `{c['name']}`: {c['detail']}"
+                                         for c in checks]
+    for r in results:
+        lines += ["", f"## {r['step']}: {r['status']} (exit {r['exit_code']}, {r['seconds']} s)", "",
+                  f"`{r['command']}`", "", "```", r["output_tail"].rstrip(), "```"]
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

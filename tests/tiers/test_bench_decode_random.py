@@ -1,0 +1,43 @@
+"""bench_decode --random-model: a model of an exact published shape with random weights written on the host,
+run through the real engine per placement, with each row's roofline in the JSON."""
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+from gh200rt.loader.load import read_arch
+from scripts.random_checkpoint import SHAPES, config_of, layer_shapes, write_random_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_llama3_8b_shape_has_the_published_parameter_count():
+    cfg = config_of("llama3-8b")
+    per_layer = sum(math.prod(shape) for shape in layer_shapes(cfg, 0).values())
+    total = cfg["num_hidden_layers"] * per_layer + 2 * cfg["vocab_size"] * cfg["hidden_size"] + cfg["hidden_size"]
+    assert total == 8_030_261_248  # Meta-Llama-3-8B
+
+
+def test_written_directory_loads_with_its_shape_and_is_reused(tmp_path):
+    path = write_random_checkpoint("llama3-tiny", str(tmp_path / "m"))
+    arch = read_arch(path)
+    assert (arch.hidden_size, arch.num_layers, arch.num_kv_heads) == (256, 4, 2)
+    shard = tmp_path / "m" / "model-layer000.safetensors"
+    before = shard.stat().st_mtime_ns
+    write_random_checkpoint("llama3-tiny", path)
+    assert shard.stat().st_mtime_ns == before, "a complete directory of the same shape is reused"
+    assert set(SHAPES) >= {"llama3-8b", "llama3-tiny"}
+
+
+def test_bench_decode_random_model_writes_rows_with_rooflines(tmp_path):
+    out = tmp_path / "decode.json"
+    proc = subprocess.run([sys.executable, "scripts/bench_decode.py", "--random-model", "llama3-tiny",
+                           "--random-model-dir", str(tmp_path / "m"), "--placements", "resident,direct",
+                           "--batches", "1", "--tokens", "3", "--json", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["model"] == "llama3-tiny" and [r["placement"] for r in report["rows"]] == ["resident", "direct"]
+    assert [r["tiers"] for r in report["rows"]] == ["4/0/0", "0/0/4"]
+    assert all(r["tokens_per_second"] > 0 and r["roofline_tokens_per_second"] > 0 for r in report["rows"])
