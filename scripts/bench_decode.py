@@ -101,6 +101,7 @@ def run(args) -> None:
         engine = LLMEngine.from_config(config)
         tiers = engine.stats().layers_per_tier
         label = f"{tiers.get('resident', 0)}/{tiers.get('streamed', 0)}/{tiers.get('direct', 0)}"
+        decode_rate(engine, 1, 2)  # warm-up (kernel compiles, first-touch, allocator): not charged to the first row
         for batch in map(int, args.batches.split(",")):
             tps, gbps = decode_rate(engine, batch, args.tokens)
             baseline.setdefault(batch, tps)
