@@ -7,6 +7,8 @@ from gh200rt.kernels.rope import apply_rope, build_cos_sin_cache, reference_rope
 from gh200rt.kernels.silu_mul import reference_silu_mul, silu_mul
 from gh200rt.kernels.store_kv import reference_write_kv, write_kv
 
+pytestmark = pytest.mark.interpreter
+
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 

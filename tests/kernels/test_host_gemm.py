@@ -5,6 +5,8 @@ import torch
 from gh200rt.kernels.host_gemm import host_gemm, reference_host_gemm
 from gh200rt.kernels.quant import quantize_int4, quantize_int8
 
+pytestmark = pytest.mark.interpreter
+
 SHAPES = [(1, 40, 72), (3, 33, 130), (17, 20, 64), (1, 64, 256)]  # (M, N, K): awkward on purpose
 
 

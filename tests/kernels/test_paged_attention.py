@@ -8,6 +8,8 @@ from gh200rt.kernels.paged_attention import paged_attention, reference_paged_att
 from gh200rt.kernels.store_kv import write_kv
 from gh200rt.models.base import AttentionMetadata
 
+pytestmark = pytest.mark.interpreter
+
 
 def build_case(query_lens, seq_lens, heads, kv_heads, d, block_size, dtype, seed):
     rng = random.Random(seed)

@@ -15,6 +15,8 @@ from gh200rt.models.layers.rmsnorm import RMSNorm, rms_norm
 from gh200rt.models.layers.rotary import apply_rotary
 from gh200rt.models.llama import LlamaForCausalLM
 
+pytestmark = pytest.mark.interpreter
+
 BLOCK = 16
 
 
