@@ -2,7 +2,7 @@
 
     python scripts/bench_peers.py [--engines gh200rt:auto gh200rt:fp32 vllm:float32 vllm:bfloat16 llamacpp
                                    transformers] [--rows single offline served] [--threads 2] [--rounds 2]
-                                  [--peer-python /work/peers-venv/bin/python]
+                                  [--peer-python .venv-peers/bin/python]
 
 Rows (the table of issue 14):
   single   single-stream greedy decode of --single-tokens tokens, tok/s (prefill excluded)
@@ -176,7 +176,9 @@ def main() -> None:
     ap.add_argument("--offline-tokens", type=int, default=32)
     ap.add_argument("--single-tokens", type=int, default=64)
     ap.add_argument("--served-requests", type=int, default=48)
-    ap.add_argument("--peer-python", default=os.environ.get("PEER_PYTHON", "/work/peers-venv/bin/python"))
+    ap.add_argument("--peer-python", default=os.environ.get("PEER_PYTHON", ".venv-peers/bin/python"),
+                    help="interpreter of the peers' own environment (default: $PEER_PYTHON, else .venv-peers/ "
+                         "beside the checkout, see docs/benchmarks/peers.md)")
     ap.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "gh200rt-bench-peers"))
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per engine")
     args = ap.parse_args()

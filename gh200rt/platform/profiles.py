@@ -1,7 +1,7 @@
 """Built-in hardware profiles: published bandwidths the cost model uses when nothing was measured.
 
 Contract: ``PROFILES[name]`` is a ``HardwareProfile`` (all bandwidths in GB/s, 1 GB = 1e9 bytes).
-Figures come from /work/shared/HARDWARE.md; each entry names its sources. A measured profile JSON
+Figures come from the shared HARDWARE.md (hardware facts with sources); each entry names its sources. A measured profile JSON
 (``load_measured_profile``) overrides these field by field.
 """
 from __future__ import annotations

@@ -73,18 +73,19 @@ def test_streamed_forward_matches_all_resident(platform, dtype, slots, distance)
     backend.close()
 
 
-def test_streamed_decode_under_cuda_graphs(platform):
-    """Capture a decode step with streamed layers twice back to back, replay, then run eagerly again."""
+def captured_decode_step(platform, layers: list[int]):
+    """A tiny model with ``layers`` streamed (K=2, d=1, poisoned slots), its prompt already prefilled:
+    (backend, step, want) where ``step()`` decodes one token eagerly and ``want`` is what all-resident
+    computes for it. ``step`` has been warmed up on a side stream, as torch.cuda.graph asks."""
     arch = tiny_arch()
     resident = Steps(tiny_model(arch, torch.float32, "cuda"), "cuda")
     model = tiny_model(arch, torch.float32, "cuda")
-    backend, _ = stream_layers(model, [1, 2, 4, 5], platform, slots=2, distance=1, poison=True)
+    backend, _ = stream_layers(model, layers, platform, slots=2, distance=1, poison=True)
     streamed = Steps(model, "cuda")
     ids = PROMPT + [17]
     resident.run(PROMPT, len(PROMPT))
     streamed.run(PROMPT, len(PROMPT))
     want = resident.run(ids, 1)
-
     meta = streamed.meta(1, len(ids))
     tokens, positions = torch.tensor(ids[-1:], device="cuda"), meta.positions("cuda")
 
@@ -95,8 +96,14 @@ def test_streamed_decode_under_cuda_graphs(platform):
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        step()  # warm-up outside the capture, as torch.cuda.graph asks
+        step()
     torch.cuda.current_stream().wait_stream(side)
+    return backend, step, want
+
+
+def test_streamed_decode_under_cuda_graphs(platform):
+    """Capture a decode step with streamed layers twice back to back, replay, then run eagerly again."""
+    backend, step, want = captured_decode_step(platform, [1, 2, 4, 5])
     graphs, outputs = [], []
     for _ in range(2):
         graph = torch.cuda.CUDAGraph()
@@ -116,27 +123,7 @@ def test_streamed_decode_under_cuda_graphs(platform):
 def test_eager_steps_interleaved_with_replays_without_synchronising(platform):
     """replay -> eager -> replay -> eager ... with no host sync: an eager copy must not overwrite a slot
     that a replay launched before it still reads (poisoned slots turn such a race into NaN)."""
-    arch = tiny_arch()
-    resident = Steps(tiny_model(arch, torch.float32, "cuda"), "cuda")
-    model = tiny_model(arch, torch.float32, "cuda")
-    backend, _ = stream_layers(model, [0, 1, 2, 3, 4, 5], platform, slots=2, distance=1, poison=True)
-    streamed = Steps(model, "cuda")
-    ids = PROMPT + [17]
-    resident.run(PROMPT, len(PROMPT))
-    streamed.run(PROMPT, len(PROMPT))
-    want = resident.run(ids, 1)
-    meta = streamed.meta(1, len(ids))
-    tokens, positions = torch.tensor(ids[-1:], device="cuda"), meta.positions("cuda")
-
-    @torch.inference_mode()
-    def step():
-        return model.compute_logits(model(tokens, positions, meta, streamed.kv))
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
+    backend, step, want = captured_decode_step(platform, [0, 1, 2, 3, 4, 5])
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = step()
