@@ -13,7 +13,7 @@ DEFAULT_MODEL = "smollm2-135m"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 OFFLOAD_MODES = ("auto", "none", "stream", "direct")
 TIERS = ("resident", "streamed", "direct")
-HOST_WEIGHT_DTYPES = ("auto", "bf16", "fp16", "int8", "int4")
+HOST_WEIGHT_DTYPES = ("auto", "bf16", "fp16", "int8", "int4", "fp8")
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -125,7 +125,8 @@ class MemoryConfig:
     kv_cache_min_tokens: int | None = field(default=None, metadata=_help(
         "KV cache capacity the planner must leave room for, in tokens"))
     host_weight_dtype: str = field(default="auto", metadata=_help(
-        "format of offloaded weights in host memory", choices=HOST_WEIGHT_DTYPES))
+        "format of offloaded weights in host memory (fp8: e4m3 with a scale per output channel; auto keeps an "
+        "FP8 or GGUF checkpoint's own quantized weights)", choices=HOST_WEIGHT_DTYPES))
     platform: str | None = field(default=None, metadata=_help(
         "hardware profile for bandwidths (gh200-96g, h100-sxm, ...); default: detected"))
     bind_threads: bool = field(default=True, metadata=_help(

@@ -1,7 +1,8 @@
 """``y = x @ W.T (+ bias)`` for decode-sized M, reading W once from wherever it lives (host or HBM).
 
-W is a dense bf16/fp16/fp32 ``[N, K]`` tensor or a ``PackedWeight`` (int8 per channel/group, int4
-per group with scale and minimum; see quant.py). Quantized weights are dequantized in registers and
+W is a dense bf16/fp16/fp32 ``[N, K]`` tensor or a ``PackedWeight`` (int8 per channel/group, fp8 e4m3
+per channel, int4 per group with scale and minimum; see quant.py). int8 and fp8 take the same route
+(``FMT_SCALED``): the load's element type decides the upcast, the row's scale the dequantization. Quantized weights are dequantized in registers and
 every load is upcast to float32 before arithmetic (the Triton interpreter gets bf16 math wrong, and
 fp32 accumulation is what we want on the GPU anyway). The weight tile is contiguous along K, so with
 16-byte aligned rows the loads are 128-bit. M > 1 uses tensor cores (``tl.dot``, TF32 on the GPU,
@@ -18,7 +19,7 @@ import triton.language as tl
 
 from .quant import PackedWeight, reference_linear
 
-FMT_DENSE, FMT_INT8, FMT_INT4 = 0, 1, 2
+FMT_DENSE, FMT_SCALED, FMT_INT4 = 0, 1, 2  # SCALED: int8 or fp8 codes times a scale per group
 TARGET_PROGRAMS = 132 * 4  # H100/GH200 SM count x programs resident per SM
 
 
@@ -66,7 +67,7 @@ def host_gemm_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, y_ptr,
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_ok = offs_k < k_end
             w_mask = n_ok[:, None] & k_ok[None, :]
-            w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=w_mask, other=0).to(tl.float32)
+            w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=w_mask, other=0.0).to(tl.float32)
             if FMT == 1:
                 group = offs_k // group_size
                 w = w * tl.load(scale_ptr + offs_n[:, None] * stride_sn + group[None, :], mask=w_mask, other=0.0)
@@ -115,7 +116,7 @@ def host_gemm(x: torch.Tensor, weight: torch.Tensor | PackedWeight, bias: torch.
     atomic = split > 1
     y = (torch.zeros if atomic else torch.empty)((m, n), dtype=torch.float32 if atomic else x.dtype, device=x.device)
     if isinstance(weight, PackedWeight):
-        fmt = FMT_INT8 if weight.fmt == "int8" else FMT_INT4
+        fmt = FMT_INT4 if weight.fmt == "int4" else FMT_SCALED
         w, scale, group = weight.qweight, weight.scale, weight.group_size
         minimum = weight.minimum if weight.minimum is not None else scale
     else:
@@ -146,7 +147,8 @@ def compile_specs():
                "K", "k_packed", "stride_xm", "stride_wn", "stride_ym", "split_len")
     specs = []
     for fmt_name, fmt, w_type in (("bf16", FMT_DENSE, "*bf16"), ("fp16", FMT_DENSE, "*fp16"),
-                                  ("int8", FMT_INT8, "*i8"), ("int4", FMT_INT4, "*u8")):
+                                  ("int8", FMT_SCALED, "*i8"), ("fp8", FMT_SCALED, "*fp8e4nv"),
+                                  ("int4", FMT_INT4, "*u8")):
         for m, atomic in ((1, True), (8, True), (256, False)):
             cfg = tile_config(m, fmt)
             num_warps = cfg.pop("num_warps")

@@ -1,10 +1,13 @@
 """Weight-only formats for host-resident weights, and the one entry point that makes them.
 
 ``fp16`` (``HalfWeight``) is the dense weight rounded to float16; activations keep their dtype.
-Two quantized formats, both over a logical dense weight ``W[N, K]`` (out, in) split along K into
+Three quantized formats, all over a logical dense weight ``W[N, K]`` (out, in) split along K into
 groups of ``group_size`` columns (``group_size == K`` means one group per output channel):
 
 * ``int8``: ``qweight`` int8 ``[N, K]``; ``W = q * scale``.
+* ``fp8``: ``qweight`` float8_e4m3fn ``[N, K]``, one group per output channel; ``W = q * scale``
+  (the layout of Hugging Face FP8 checkpoints, whose per-tensor or per-channel ``weight_scale``
+  becomes a per-row scale without loss).
 * ``int4``: ``qweight`` uint8 ``[N, ceil(K/2)]``, column ``k`` in byte ``k // 2`` (low nibble for
   even k); ``W = q * scale + minimum`` with ``q`` in 0..15.
 
@@ -28,7 +31,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-HOST_FORMATS = ("bf16", "fp16", "int8", "int4")
+HOST_FORMATS = ("bf16", "fp16", "int8", "int4", "fp8")
+FP8_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
 INT4_DEFAULT_GROUP = 32
 CPU_ROUTES = ("exact", "fbgemm")
 _CPU_INT4_GROUPS = (32, 64, 128, 256)
@@ -40,7 +44,7 @@ class PackedWeight:
     def __init__(self, fmt: str, qweight: torch.Tensor, scale: torch.Tensor,
                  minimum: torch.Tensor | None, group_size: int, shape: tuple[int, int], cpu_route: str = "exact",
                  stable: bool = True):
-        assert fmt in ("int8", "int4"), fmt
+        assert fmt in ("int8", "int4", "fp8"), fmt
         if cpu_route not in CPU_ROUTES:
             raise ValueError(f"cpu_route {cpu_route!r}: choose one of {', '.join(CPU_ROUTES)}")
         n, k = shape
@@ -48,6 +52,9 @@ class PackedWeight:
         assert scale.shape == (n, groups) and scale.dtype == torch.float32, (scale.shape, scale.dtype)
         if fmt == "int8":
             assert qweight.dtype == torch.int8 and qweight.shape == (n, k) and minimum is None
+        elif fmt == "fp8":
+            assert qweight.dtype == torch.float8_e4m3fn and qweight.shape == (n, k) and minimum is None
+            assert group_size == k, "fp8 weights carry one scale per output channel"
         else:
             assert qweight.dtype == torch.uint8 and qweight.shape == (n, (k + 1) // 2)
             assert minimum is not None and minimum.shape == (n, groups)
@@ -86,6 +93,8 @@ class PackedWeight:
     def dequantize(self) -> torch.Tensor:
         """The dense float32 ``[N, K]`` weight."""
         n, k = self.shape
+        if self.fmt == "fp8":
+            return self.qweight.to(torch.float32) * self.scale
         q = self.qweight if self.fmt == "int8" else unpack_int4(self.qweight, k)
         if k % self.group_size == 0:  # scales broadcast over their group: one pass, no expanded copies
             w = q.view(n, -1, self.group_size) * self.scale[..., None]
@@ -303,13 +312,36 @@ def quantize_int4(w: torch.Tensor, group_size: int = INT4_DEFAULT_GROUP) -> Pack
     return PackedWeight("int4", pack_int4(q), scale.contiguous(), lo.contiguous(), group_size, (n, k))
 
 
+def quantize_fp8(w: torch.Tensor) -> PackedWeight:
+    """float8_e4m3fn with one float32 scale per output channel (the row's largest magnitude maps to 448)."""
+    w = w.detach().to(torch.float32)
+    n, k = w.shape
+    scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / FP8_MAX
+    q = (w / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return PackedWeight("fp8", q.contiguous(), scale.contiguous(), None, k, (n, k))
+
+
+def fp8_from_checkpoint(weight: torch.Tensor, weight_scale: torch.Tensor) -> PackedWeight:
+    """An FP8 checkpoint's ``weight`` (float8_e4m3fn ``[N, K]``) and ``weight_scale`` (one value, or one per
+    output channel: ``[1]``, ``[]``, ``[N]`` or ``[N, 1]``) as a packed fp8 weight, without loss."""
+    n, k = weight.shape
+    scale = weight_scale.detach().to(torch.float32).reshape(-1)
+    if weight.dtype != torch.float8_e4m3fn or scale.numel() not in (1, n):
+        raise ValueError(f"an fp8 weight is float8_e4m3fn [N, K] with one scale or one per output channel; got "
+                         f"{weight.dtype} {tuple(weight.shape)} with weight_scale {tuple(weight_scale.shape)}")
+    scale = scale.expand(n).reshape(n, 1).contiguous()
+    return PackedWeight("fp8", weight.contiguous(), scale, None, k, (n, k))
+
+
 def pack_weight(weight, fmt: str) -> torch.Tensor | PackedWeight:
     """The host-memory form of one linear weight for ``--host-weight-dtype``.
 
     ``weight`` is a dense ``[N, K]`` tensor (bf16/fp16/fp32) or a GGUF quantized tensor (any
     object with ``ggml_type``, ``data``/``raw`` and ``shape``, see ``gguf_blocks``). ``fmt``:
     ``auto`` keeps GGUF tensors in their own format (lossless) and dense tensors as bf16;
-    ``bf16`` gives a dense bf16 tensor; ``fp16`` a ``HalfWeight``; ``int8`` / ``int4`` a ``PackedWeight``.
+    ``bf16`` gives a dense bf16 tensor; ``fp16`` a ``HalfWeight``; ``int8`` / ``int4`` / ``fp8`` a
+    ``PackedWeight``. A ``PackedWeight`` (e.g. an FP8 checkpoint's weight) is kept when ``fmt`` is ``auto``
+    or its own format, else dequantized and converted.
     """
     from .gguf_blocks import from_gguf, is_gguf_tensor
     choices = ("auto",) + HOST_FORMATS
@@ -320,6 +352,10 @@ def pack_weight(weight, fmt: str) -> torch.Tensor | PackedWeight:
         if fmt == "auto" or fmt == packed.fmt:
             return packed
         weight = packed.dequantize()
+    if isinstance(weight, PackedWeight):
+        if fmt in ("auto", weight.fmt):
+            return weight
+        weight = weight.dequantize()
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         raise ValueError(f"pack_weight needs a 2-D [out, in] tensor or a GGUF tensor, got {type(weight).__name__}"
                          f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else ''}")
@@ -327,6 +363,8 @@ def pack_weight(weight, fmt: str) -> torch.Tensor | PackedWeight:
         return weight.detach().to(torch.bfloat16).contiguous()
     if fmt == "fp16":
         return _to_half(weight)
+    if fmt == "fp8":
+        return quantize_fp8(weight)
     return quantize_int8(weight) if fmt == "int8" else quantize_int4(weight)
 
 

@@ -40,18 +40,18 @@ def layer_linear_shapes(arch: ArchConfig) -> list[tuple[int, int]]:
 
 
 def host_weight_parts(fmt: str, shape: tuple[int, int]) -> list[int]:
-    """Bytes of each stored part of one ``[N, K]`` weight in ``fmt``: a dense dtype (one part), ``int8``
-    (qweight, float32 scale per output channel) or ``int4`` (packed nibbles, float32 scale and minimum per
+    """Bytes of each stored part of one ``[N, K]`` weight in ``fmt``: a dense dtype (one part), ``int8`` or
+    ``fp8`` (one byte per weight, float32 scale per output channel) or ``int4`` (packed nibbles, float32 scale and minimum per
     group of 32 columns)."""
     n, k = shape
     if fmt in DTYPE_BYTES:
         return [n * k * DTYPE_BYTES[fmt]]
-    if fmt == "int8":
+    if fmt in ("int8", "fp8"):
         return [n * k, 4 * n]
     if fmt == "int4":
         groups = -(-k // INT4_GROUP)
         return [n * ((k + 1) // 2), 4 * n * groups, 4 * n * groups]
-    raise ValueError(f"unknown host weight format {fmt!r}; choose a dtype, int8 or int4")
+    raise ValueError(f"unknown host weight format {fmt!r}; choose a dtype, int8, int4 or fp8")
 
 
 def aligned_total(part_bytes: list[int]) -> int:

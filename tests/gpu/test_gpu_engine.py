@@ -17,6 +17,10 @@ PLACEMENTS = {
     "direct": dict(offload="direct"),
     "direct int8": dict(offload="direct", host_weight_dtype="int8"),
     "stream int4": dict(offload="stream", staging_slots=2, prefetch_distance=1, host_weight_dtype="int4"),
+    "direct fp8": dict(offload="direct", host_weight_dtype="fp8"),
+    "stream fp8": dict(offload="stream", staging_slots=2, prefetch_distance=1, host_weight_dtype="fp8"),
+    "fp8 KV cache": dict(offload="stream", staging_slots=2, prefetch_distance=1, kv_cache_dtype="fp8",
+                         calculate_kv_scales=True),
 }
 
 
@@ -38,7 +42,7 @@ def generate(model_dir: str, **options):
 def test_gpu_placements_generate_what_all_resident_generates(tiny_dir, label):
     _, reference = generate(tiny_dir, offload="none")
     engine, outputs = generate(tiny_dir, **PLACEMENTS[label])
-    if "int" not in label:  # quantized host weights change the numbers; dense ones must not
+    if not any(q in label for q in ("int", "fp8")):  # quantized weights or KV change the numbers; dense must not
         assert_same_or_near_tie(reference, outputs, label)
     assert all(len(o.outputs[0].token_ids) == 8 for o in outputs)
     stats = engine.stats()

@@ -3,11 +3,12 @@ import pytest
 import torch
 
 from gh200rt.kernels.host_gemm import host_gemm, reference_host_gemm
-from gh200rt.kernels.quant import quantize_int4, quantize_int8
+from gh200rt.kernels.quant import quantize_fp8, quantize_int4, quantize_int8
 
 pytestmark = pytest.mark.interpreter
 
-SHAPES = [(1, 40, 72), (3, 33, 130), (17, 20, 64), (1, 64, 256)]  # (M, N, K): awkward on purpose
+# (M, N, K): awkward on purpose; K = 129 / 257 leave one column past a BLOCK_K of 128 / 64 (M=1 / M>1 tiles)
+SHAPES = [(1, 40, 72), (3, 33, 130), (17, 20, 64), (1, 64, 256), (1, 7, 129), (65, 5, 257)]
 
 
 def make_weight(fmt, n, k, gen):
@@ -18,10 +19,12 @@ def make_weight(fmt, n, k, gen):
         return quantize_int8(w, group_size=32)
     if fmt == "int4":
         return quantize_int4(w, group_size=32)
+    if fmt == "fp8":
+        return quantize_fp8(w)
     return w.to(getattr(torch, fmt))
 
 
-@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "float16", "int8", "int8-group", "int4"])
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "float16", "int8", "int8-group", "int4", "fp8"])
 @pytest.mark.parametrize("m,n,k", SHAPES)
 def test_host_gemm_matches_reference(fmt, m, n, k):
     gen = torch.Generator().manual_seed(m * 1000 + n + k)

@@ -97,7 +97,7 @@ def test_pack_weight_formats_and_sizes():
 
 def test_pack_weight_rejects_bad_input():
     with pytest.raises(ValueError, match="choose one of"):
-        pack_weight(torch.randn(4, 4), "fp8")
+        pack_weight(torch.randn(4, 4), "fp4")
     with pytest.raises(ValueError, match="2-D"):
         pack_weight(torch.randn(4), "int8")
     with pytest.raises(ValueError, match="only"):

@@ -107,7 +107,7 @@ def test_host_slabs_exact_size_on_the_chosen_node(tiny_dir):
         assert set(pages) == {placed.platform.host_numa_node}, pages
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4", "fp8"])
 def test_host_weight_formats_streamed_equals_direct(tiny_dir, fmt):
     direct = engine(tiny_dir, offload="direct", host_weight_dtype=fmt)
     streamed = engine(tiny_dir, offload="stream", staging_slots=2, prefetch_distance=1, host_weight_dtype=fmt)
@@ -115,7 +115,7 @@ def test_host_weight_formats_streamed_equals_direct(tiny_dir, fmt):
     slab = next(iter(streamed.placement.slabs.values())).nbytes
     dense = sum(ref.current.nbytes for ref in engine(tiny_dir, offload="none").runner.model.layer_weight_refs(0)
                 .values())
-    assert slab < dense * {"bf16": 0.51, "int8": 0.27, "int4": 0.2}[fmt]
+    assert slab < dense * {"bf16": 0.51, "int8": 0.27, "int4": 0.2, "fp8": 0.27}[fmt]
     streamed.close()
 
 
