@@ -7,7 +7,9 @@ table; its K/V must already be in the pool (``write_kv`` first). One program per
 handles that head's whole query group, so decode (one token per sequence) and prefill over a
 prefix-cached context take the same route: correct for any query length, and efficient for
 decode; long uncached prompts are better served by a tiled prefill kernel (not written yet).
-Online softmax in float32; every load is upcast first.
+Online softmax in float32; every load is upcast first. An fp8 pool (e4m3 / e5m2) is dequantized
+with the layer's ``kv_scale`` = [K scale, V scale]: the K scale is folded into the query (one multiply
+per query element instead of one per key element), the V scale into the output.
 """
 from __future__ import annotations
 
@@ -17,10 +19,11 @@ import triton.language as tl
 
 
 @triton.jit
-def paged_attention_kernel(q_ptr, cache_ptr, out_ptr, tables_ptr, tok_seq_ptr, tok_pos_ptr, scale,
+def paged_attention_kernel(q_ptr, cache_ptr, out_ptr, tables_ptr, tok_seq_ptr, tok_pos_ptr, kv_scale_ptr, scale,
                            group, stride_qt, stride_qh, stride_ot, stride_oh, stride_table,
                            stride_kv, stride_block, stride_slot, stride_head, head_dim,
-                           BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+                           BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                           KV_FP8: tl.constexpr):
     t, kv_head = tl.program_id(0), tl.program_id(1)
     seq = tl.load(tok_seq_ptr + t)
     pos = tl.load(tok_pos_ptr + t)
@@ -31,6 +34,8 @@ def paged_attention_kernel(q_ptr, cache_ptr, out_ptr, tables_ptr, tok_seq_ptr, t
     q_heads = kv_head * group + offs_g
     q = tl.load(q_ptr + t * stride_qt + q_heads[:, None] * stride_qh + offs_d[None, :],
                 mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32) * scale
+    if KV_FP8:
+        q = q * tl.load(kv_scale_ptr)
     m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)
@@ -50,6 +55,8 @@ def paged_attention_kernel(q_ptr, cache_ptr, out_ptr, tables_ptr, tok_seq_ptr, t
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m_i = m_new
     out = acc / l_i[:, None]
+    if KV_FP8:
+        out = out * tl.load(kv_scale_ptr + 1)
     tl.store(out_ptr + t * stride_ot + q_heads[:, None] * stride_oh + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
 
@@ -83,33 +90,38 @@ def token_layout(meta) -> tuple[torch.Tensor, torch.Tensor]:
     return layout
 
 
-def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale: float, num_kv_heads: int) -> torch.Tensor:
+def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale: float, num_kv_heads: int,
+                    kv_scale: torch.Tensor | None = None) -> torch.Tensor:
     t, num_heads, head_dim = q.shape
     assert kv_cache.shape[3] == num_kv_heads and kv_cache.shape[4] == head_dim and num_heads % num_kv_heads == 0
+    kv_fp8 = kv_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    assert kv_scale is not None or not kv_fp8, "an fp8 pool is read with its layer's kv_scale"
     group = num_heads // num_kv_heads
     out = torch.empty_like(q)
     tok_seq, tok_pos = token_layout(meta)
     tables = meta.block_tables
     block_size = kv_cache.shape[2]
     paged_attention_kernel[(t, num_kv_heads)](
-        q, kv_cache, out, tables, tok_seq, tok_pos, scale, group,
+        q, kv_cache, out, tables, tok_seq, tok_pos, kv_scale if kv_fp8 else tok_pos, scale, group,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), tables.stride(0),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), head_dim,
         BLOCK_SIZE=block_size, BLOCK_G=triton.next_power_of_2(group), BLOCK_D=triton.next_power_of_2(head_dim),
-        num_warps=attention_warps(group, head_dim, block_size))
+        KV_FP8=kv_fp8, num_warps=attention_warps(group, head_dim, block_size))
     return out
 
 
-def reference_paged_attention(q, kv_cache, meta, scale, num_kv_heads):
-    """Gather each sequence's K/V from its blocks and run causal attention in float32."""
+def reference_paged_attention(q, kv_cache, meta, scale, num_kv_heads, kv_scale=None):
+    """Gather each sequence's K/V from its blocks (an fp8 pool: times ``kv_scale``) and run causal
+    attention in float32."""
+    kv_scale = torch.ones(2) if kv_scale is None else kv_scale.float()
     out = torch.empty_like(q)
     group = q.shape[1] // num_kv_heads
     block_size = kv_cache.shape[2]
     start = 0
     for b, (q_len, s_len) in enumerate(zip(meta.query_lens_list, meta.seq_lens_list)):
         blocks = meta.block_tables[b, : -(-s_len // block_size)].long()
-        k = kv_cache[0, blocks].reshape(-1, num_kv_heads, q.shape[2])[:s_len].float()
-        v = kv_cache[1, blocks].reshape(-1, num_kv_heads, q.shape[2])[:s_len].float()
+        k = kv_cache[0, blocks].reshape(-1, num_kv_heads, q.shape[2])[:s_len].float() * kv_scale[0]
+        v = kv_cache[1, blocks].reshape(-1, num_kv_heads, q.shape[2])[:s_len].float() * kv_scale[1]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         qs = q[start:start + q_len].float()
         scores = torch.einsum("thd,shd->hts", qs, k) * scale
@@ -123,11 +135,14 @@ def reference_paged_attention(q, kv_cache, meta, scale, num_kv_heads):
 def compile_specs():
     from .compile_specs import CompileSpec, signature_of
     specs = []
-    for group, d, dtype, bs in ((3, 64, "bf16", 16), (4, 128, "bf16", 16), (8, 128, "fp16", 16), (4, 128, "bf16", 32)):
-        constexprs = dict(BLOCK_SIZE=bs, BLOCK_G=triton.next_power_of_2(group), BLOCK_D=d)
-        types = dict(q_ptr=f"*{dtype}", cache_ptr=f"*{dtype}", out_ptr=f"*{dtype}", tables_ptr="*i32",
-                     tok_seq_ptr="*i32", tok_pos_ptr="*i64", scale="fp32")
-        specs.append(CompileSpec("paged_attention", f"group={group} D={d} block={bs} {dtype}", paged_attention_kernel,
+    for group, d, dtype, bs, cache in ((3, 64, "bf16", 16, None), (4, 128, "bf16", 16, None), (8, 128, "fp16", 16, None),
+                                       (4, 128, "bf16", 32, None), (8, 128, "bf16", 16, "fp8e4nv"),
+                                       (4, 128, "bf16", 32, "fp8e4nv"), (3, 64, "fp16", 16, "fp8e5")):
+        constexprs = dict(BLOCK_SIZE=bs, BLOCK_G=triton.next_power_of_2(group), BLOCK_D=d, KV_FP8=cache is not None)
+        types = dict(q_ptr=f"*{dtype}", cache_ptr=f"*{cache or dtype}", out_ptr=f"*{dtype}", tables_ptr="*i32",
+                     tok_seq_ptr="*i32", tok_pos_ptr="*i64", kv_scale_ptr="*fp32" if cache else "*i64", scale="fp32")
+        label = f"group={group} D={d} block={bs} {dtype}" + (f" kv={cache}" if cache else "")
+        specs.append(CompileSpec("paged_attention", label, paged_attention_kernel,
                                  signature_of(paged_attention_kernel, types, constexprs), constexprs,
                                  attention_warps(group, d, bs),
                                  ("q_ptr", "cache_ptr", "out_ptr", "stride_qt", "stride_qh", "stride_ot", "stride_oh",

@@ -64,7 +64,7 @@ def place_model(config: EngineConfig, device: str | None = None, poison: bool = 
     arch, dtype = loaded.arch, DTYPE_NAMES[loaded.dtype]
     fmt = host_format.resolve_host_format(config.memory.host_weight_dtype, device == "cpu", loaded.dtype,
                                           bool(loaded.quantized))
-    sizes = model_sizes(arch, dtype, host_format=host_format.planning_format(fmt))
+    sizes = model_sizes(arch, dtype, kv_dtype=config.cache.kv_cache_dtype, host_format=host_format.planning_format(fmt))
     activations = activation_bytes(arch, config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs,
                                    dtype)
     free = torch.cuda.mem_get_info()[0] if device == "cuda" else None

@@ -17,6 +17,7 @@ from gh200rt.engine.model_runner import ModelRunner
 from gh200rt.engine.outputs import RequestOutput
 from gh200rt.engine.request_state import RequestState, prompt_logprobs_for_chunk
 from gh200rt.engine.sampler import Sampler
+from gh200rt.kv.fp8 import check_device_supports, configure_kv_scales, kv_cache_dtype
 from gh200rt.kv.kv_manager import KVCacheManager
 from gh200rt.engine.device_memory import PlacedModel, max_model_len, place_model, size_kv_pool
 from gh200rt.kv.pool import allocate_kv_caches, kv_bytes_per_block
@@ -70,14 +71,17 @@ class LLMEngine:
         else:
             self.ledger = placed.ledger
         bs = config.cache.block_size
-        per_block = kv_bytes_per_block(arch.num_layers, bs, arch.num_kv_heads, arch.head_dim, dtype)
+        kv_dtype = kv_cache_dtype(config.cache.kv_cache_dtype, dtype)
+        check_device_supports(kv_dtype, device)
+        configure_kv_scales(model, config.cache.calculate_kv_scales)
+        per_block = kv_bytes_per_block(arch.num_layers, bs, arch.num_kv_heads, arch.head_dim, kv_dtype)
         num_blocks = size_kv_pool(self.ledger, config.cache.num_kv_blocks, per_block, bs, self.max_model_len)
         self.placement = placed.placement if placed else None
         self.plan = dataclasses.replace(placed.plan, num_kv_blocks=num_blocks) if placed else None
         self.platform = placed.platform if placed else None
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens)
-        caches = allocate_kv_caches(arch.num_layers, num_blocks, bs, arch.num_kv_heads, arch.head_dim, dtype, device)
+        caches = allocate_kv_caches(arch.num_layers, num_blocks, bs, arch.num_kv_heads, arch.head_dim, kv_dtype, device)
         self.runner = ModelRunner(model, caches, bs, device)
         self.sampler = Sampler(config.model.seed)
         self.eos_token_ids = eos_ids_of(tokenizer)

@@ -4,21 +4,30 @@
 last ``query_len`` of its ``seq_len`` positions, so query i of sequence b sits at position
 ``seq_len - query_len + i`` and sees every cached key at or before it (causal within the new
 tokens, full over the cached prefix). All sequences are handled in one batched call: contexts are
-gathered through the block tables, padded to the longest, and masked.
+gathered through the block tables, padded to the longest, and masked. An fp8 pool is quantized on
+write and dequantized after the gather with the layer's ``kv_scale`` ``[K scale, V scale]`` (kv/fp8.py).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from gh200rt.kv import fp8
 from gh200rt.models.base import AttentionMetadata
 
 _LAYOUT_KEY = "_torch_paged_attention_layout"
 
 
-def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Store new K/V ``[T, num_kv_heads, head_dim]`` at their flat pool slots."""
+def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
+             kv_scale: torch.Tensor | None = None) -> None:
+    """Store new K/V ``[T, num_kv_heads, head_dim]`` at their flat pool slots (an fp8 pool: divided by
+    ``kv_scale``)."""
     num_kv_heads, head_dim = kv_cache.shape[-2], kv_cache.shape[-1]
+    if fp8.is_fp8(kv_cache.dtype):
+        assert kv_scale is not None, "an fp8 pool is written with its layer's kv_scale"
+        k, v = fp8.quantize(k, kv_scale[0], kv_cache.dtype), fp8.quantize(v, kv_scale[1], kv_cache.dtype)
+        # index_copy_ has no fp8 kernel on the CPU: an fp8 pool is written through its bytes
+        kv_cache, k, v = kv_cache.view(torch.uint8), k.view(torch.uint8), v.view(torch.uint8)
     kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
     kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
 
@@ -76,24 +85,32 @@ def _layout(meta: AttentionMetadata) -> _BatchLayout:
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                    num_kv_heads: int) -> torch.Tensor:
+                    num_kv_heads: int, kv_scale: torch.Tensor | None = None) -> torch.Tensor:
     """``q [T, num_heads, head_dim]`` (K/V already written) -> ``out [T, num_heads, head_dim]``."""
     layout = _layout(meta)
     if layout.single:
-        return _attend(q, kv_cache, layout.groups[0], scale, num_kv_heads)
+        return _attend(q, kv_cache, layout.groups[0], scale, num_kv_heads, kv_scale)
     out = torch.empty_like(q)
     for group in layout.groups:
         out.index_copy_(0, group.token_rows, _attend(q.index_select(0, group.token_rows), kv_cache, group, scale,
-                                                     num_kv_heads))
+                                                     num_kv_heads, kv_scale))
     return out
 
 
-def _attend(q: torch.Tensor, kv_cache: torch.Tensor, group: _Group, scale: float, num_kv_heads: int) -> torch.Tensor:
+def _gather(kv_cache: torch.Tensor, which: int, blocks: torch.Tensor, kv_scale: torch.Tensor | None,
+            dtype: torch.dtype) -> torch.Tensor:
+    if not fp8.is_fp8(kv_cache.dtype):
+        return kv_cache[which].index_select(0, blocks).to(dtype)
+    stored = kv_cache[which].view(torch.uint8).index_select(0, blocks).view(kv_cache.dtype)  # bytes: any device
+    return fp8.dequantize(stored, kv_scale[which], dtype)
+
+
+def _attend(q: torch.Tensor, kv_cache: torch.Tensor, group: _Group, scale: float, num_kv_heads: int,
+            kv_scale: torch.Tensor | None) -> torch.Tensor:
     """Attention for one group; ``q`` holds exactly the group's token rows, in group order."""
     num_seqs, head_dim = group.num_seqs, q.shape[-1]
-    k = kv_cache[0].index_select(0, group.blocks).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
-    v = kv_cache[1].index_select(0, group.blocks).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
-    k, v = k.to(q.dtype), v.to(q.dtype)
+    k = _gather(kv_cache, 0, group.blocks, kv_scale, q.dtype).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+    v = _gather(kv_cache, 1, group.blocks, kv_scale, q.dtype).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
     if group.decode:
         # The query heads sharing a KV head attend as that head's queries (no K/V repeat for GQA).
         queries = q.reshape(num_seqs, num_kv_heads, -1, head_dim)  # [B, Hkv, H/Hkv, D]

@@ -17,6 +17,7 @@ import warnings
 import torch
 
 from gh200rt.kv import attention as torch_attention
+from gh200rt.kv import fp8
 from gh200rt.models.layers import activation, attention, rmsnorm, rotary
 
 # The Triton paged attention runs one program per (query token, KV head) over the token's whole
@@ -44,19 +45,22 @@ def triton_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
     return rotate(x, torch.arange(tokens, device=x.device), table)
 
 
-def triton_write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def triton_write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
+                    kv_scale: torch.Tensor | None = None) -> None:
     from gh200rt.kernels.store_kv import write_kv
-    write_kv(kv_cache, k.to(kv_cache.dtype), v.to(kv_cache.dtype), slot_mapping)
+    if not fp8.is_fp8(kv_cache.dtype):  # an fp8 pool quantizes from the activations' dtype in the kernel
+        k, v = k.to(kv_cache.dtype), v.to(kv_cache.dtype)
+    write_kv(kv_cache, k, v, slot_mapping, kv_scale)
 
 
 def triton_paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale: float,
-                           num_kv_heads: int) -> torch.Tensor:
+                           num_kv_heads: int, kv_scale: torch.Tensor | None = None) -> torch.Tensor:
     block_size = kv_cache.shape[2]
     # the kernel walks a block per step with tl.arange(block_size): powers of two only
     if max(meta.query_lens_list) > TRITON_ATTENTION_MAX_QUERY or block_size & (block_size - 1):
-        return torch_attention.paged_attention(q, kv_cache, meta, scale, num_kv_heads)
+        return torch_attention.paged_attention(q, kv_cache, meta, scale, num_kv_heads, kv_scale)
     from gh200rt.kernels.paged_attention import paged_attention
-    return paged_attention(q, kv_cache, meta, scale, num_kv_heads)
+    return paged_attention(q, kv_cache, meta, scale, num_kv_heads, kv_scale)
 
 
 def triton_silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ from gh200rt.models.arch_config import ArchConfig
 from gh200rt.platform.detect import Platform
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
+FP8_KV_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}  # --kv-cache-dtype values other than auto
 INT4_GROUP = 32
 SLAB_ALIGN = 64  # every tensor in a host slab starts on a 64-byte boundary (128-bit loads, cache lines)
 
@@ -21,7 +22,7 @@ SLAB_ALIGN = 64  # every tensor in a host slab starts on a 64-byte boundary (128
 @dataclass(frozen=True)
 class ModelSizes:
     layer_params: int        # one decoder layer: linears and norms (for FLOPs)
-    layer_bytes: int         # one decoder layer's linear weights in the compute dtype (what offloading moves)
+    layer_bytes: int         # one decoder layer's linear weights as resident (compute dtype, or an FP8 checkpoint's fp8)
     fixed_bytes: int         # always on the device: embedding, lm_head (once if tied), norms, biases, RoPE tables
     head_bytes: int          # the lm_head matrix, read every step
     kv_bytes_per_token: int  # all layers, K and V
@@ -63,11 +64,16 @@ def aligned_total(part_bytes: list[int]) -> int:
 
 
 def model_sizes(arch: ArchConfig, dtype: str = "bf16", kv_dtype: str | None = None,
-                host_format: str | None = None) -> ModelSizes:
-    """``host_format``: how offloaded layers are stored (a dtype name, ``int8`` or ``int4``); default ``dtype``."""
+                host_format: str | None = None, resident_format: str | None = None) -> ModelSizes:
+    """``kv_dtype``: a ``--kv-cache-dtype`` value (``auto``/None: ``dtype``); ``host_format``: how offloaded
+    layers are stored (a dtype name, ``int8``, ``int4`` or ``fp8``); ``resident_format``: how resident layers'
+    linears are held (``fp8`` for an FP8 checkpoint on a GPU); both default to ``dtype``."""
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPE_BYTES)}")
-    wb, kvb = DTYPE_BYTES[dtype], DTYPE_BYTES[kv_dtype or dtype]
+    kv_dtype = dtype if kv_dtype in (None, "auto") else kv_dtype
+    if kv_dtype not in DTYPE_BYTES and kv_dtype not in FP8_KV_BYTES:
+        raise ValueError(f"--kv-cache-dtype {kv_dtype!r}: choose auto or one of {', '.join(FP8_KV_BYTES)}")
+    wb, kvb = DTYPE_BYTES[dtype], {**DTYPE_BYTES, **FP8_KV_BYTES}[kv_dtype]
     shapes = layer_linear_shapes(arch)
     linear_params = sum(n * k for n, k in shapes)
     layer_small = 2 * arch.hidden_size + (arch.q_size + 2 * arch.kv_size if arch.attention_bias else 0) \
@@ -77,7 +83,8 @@ def model_sizes(arch: ArchConfig, dtype: str = "bf16", kv_dtype: str | None = No
     rope_tables = 2 * arch.max_position_embeddings * (arch.head_dim // 2) * 4  # float32 cos and sin
     fixed = (embeds + arch.num_layers * layer_small) * wb + rope_tables
     parts = [part for shape in shapes for part in host_weight_parts(host_format or dtype, shape)]
-    return ModelSizes(linear_params + layer_small, linear_params * wb, fixed, head * wb,
+    resident = sum(part for shape in shapes for part in host_weight_parts(resident_format or dtype, shape))
+    return ModelSizes(linear_params + layer_small, resident, fixed, head * wb,
                       2 * arch.kv_size * kvb * arch.num_layers, arch.num_layers, aligned_total(parts))
 
 
@@ -89,8 +96,9 @@ def activation_bytes(arch: ArchConfig, max_num_batched_tokens: int, max_num_seqs
     return max_num_batched_tokens * per_token + max_num_seqs * arch.vocab_size * 4
 
 
-def layer_compute_seconds(sizes: ModelSizes, platform: Platform, batch: int) -> float:
-    memory_s = sizes.layer_bytes / (platform.hbm_gbps * 1e9)
+def layer_compute_seconds(sizes: ModelSizes, platform: Platform, batch: int, weight_bytes: int | None = None) -> float:
+    """``weight_bytes``: what the layer's GEMMs read from HBM (default: the resident form)."""
+    memory_s = (sizes.layer_bytes if weight_bytes is None else weight_bytes) / (platform.hbm_gbps * 1e9)
     flops_s = 2.0 * sizes.layer_params * batch / (platform.peak_tflops * 1e12)
     return max(memory_s, flops_s)
 
@@ -127,9 +135,12 @@ def predict_step_seconds(tiers: list[str], sizes: ModelSizes, platform: Platform
     """Decode step time: each streamed copy overlaps the compute of the ``prefetch_distance``
     layers before its use; the copy engine serialises copies, so the step is bounded below by
     the total copy time too."""
-    compute = layer_compute_seconds(sizes, platform, batch)
     host = sizes.host_layer_bytes
-    per_layer = [direct_read_seconds(host, platform) if tier == "direct" else compute for tier in tiers]
+    # a streamed layer computes from its staging slot, which holds the host form (fp8 / int8 / int4: fewer bytes)
+    seconds = {"resident": layer_compute_seconds(sizes, platform, batch),
+               "streamed": layer_compute_seconds(sizes, platform, batch, host),
+               "direct": direct_read_seconds(host, platform)}
+    per_layer = [seconds[tier] for tier in tiers]
     total = sum(per_layer)
     stall = 0.0
     for idx, tier in enumerate(tiers):

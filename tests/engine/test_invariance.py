@@ -6,6 +6,7 @@ Where a token differs from one-at-a-time generation, the test proves it was a ne
 import random
 
 import pytest
+import torch
 
 from gh200rt.sampling_params import SamplingParams
 from tests.engine.real_models import BACKENDS, SharedModel, assert_same_or_near_tie, save_tiny_llama, smollm2_gguf
@@ -21,11 +22,12 @@ def make_prompts(vocab: int, count: int = 32, seed: int = 0) -> list[list[int]]:
     return prompts
 
 
-def check_invariance(shared: SharedModel, vocab: int, max_tokens: int, small_pool: int):
+def check_invariance(shared: SharedModel, vocab: int, max_tokens: int, small_pool: int, **cache):
+    """``cache``: KV cache options every engine shares (e.g. ``kv_cache_dtype="fp8"``)."""
     prompts = make_prompts(vocab)
     ref_params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=2)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    ref_llm = shared.llm(enable_prefix_caching=False, max_model_len=128, num_kv_blocks=64)
+    ref_llm = shared.llm(enable_prefix_caching=False, max_model_len=128, num_kv_blocks=64, **cache)
     reference = [ref_llm.generate([p], ref_params)[0] for p in prompts]
     runs = {
         "all at once": {"num_kv_blocks": 256},
@@ -34,7 +36,9 @@ def check_invariance(shared: SharedModel, vocab: int, max_tokens: int, small_poo
         "small pool (preemption)": {"num_kv_blocks": small_pool},
     }
     for label, options in runs.items():
-        llm = shared.llm(max_model_len=128, **options)
+        llm = shared.llm(max_model_len=128, **options, **cache)
+        assert llm.engine.runner.kv_caches[0].dtype == {"fp8": torch.float8_e4m3fn}.get(
+            cache.get("kv_cache_dtype"), torch.float32)
         outs = llm.generate(prompts, params)
         assert_same_or_near_tie(reference, outs, label)
         stats = llm.engine.stats()
@@ -53,6 +57,13 @@ def check_invariance(shared: SharedModel, vocab: int, max_tokens: int, small_poo
 def test_invariance_tiny_random_llama(tmp_path, backend):
     path = save_tiny_llama(str(tmp_path / "tiny-llama"))
     check_invariance(SharedModel(path, backend), vocab=256, max_tokens=16, small_pool=12)
+
+
+def test_invariance_tiny_random_llama_fp8_kv(tmp_path):
+    """An fp8 KV cache with fixed per-layer scales: quantizing a token's K/V depends on nothing but
+    that token, so batching, chunking, prefix reuse and preemption still change nothing."""
+    path = save_tiny_llama(str(tmp_path / "tiny-llama"))
+    check_invariance(SharedModel(path), vocab=256, max_tokens=16, small_pool=12, kv_cache_dtype="fp8")
 
 
 def test_invariance_smollm2():

@@ -25,8 +25,8 @@ def _model() -> LlamaForCausalLM:
     return model
 
 
-def _greedy(model, prompt: list[int], steps: int):
-    kv = allocate_kv_caches(ARCH.num_layers, 4, BLOCK, ARCH.num_kv_heads, ARCH.head_dim, torch.float32)
+def _greedy(model, prompt: list[int], steps: int, kv_dtype: torch.dtype = torch.float32):
+    kv = allocate_kv_caches(ARCH.num_layers, 4, BLOCK, ARCH.num_kv_heads, ARCH.head_dim, kv_dtype)
     tokens, all_logits = list(prompt), []
     query = len(prompt)
     for _ in range(steps):
@@ -40,7 +40,8 @@ def _greedy(model, prompt: list[int], steps: int):
     return torch.stack(all_logits), tokens
 
 
-REFERENCE = _greedy(_model(), [1, 5, 9, 13], 6)
+KV_DTYPES = {"fp32 KV": torch.float32, "fp8 KV": torch.float8_e4m3fn}
+REFERENCE = {name: _greedy(_model(), [1, 5, 9, 13], 6, kv) for name, kv in KV_DTYPES.items()}
 
 PLACEMENTS = ([dict(offload="stream", staging_slots=k, prefetch_distance=d) for k, d in
                [(1, 0), (2, 1), (3, 1), (3, 2)]]
@@ -50,14 +51,15 @@ PLACEMENTS = ([dict(offload="stream", staging_slots=k, prefetch_distance=d) for 
                  dict(offload="direct")])
 
 
+@pytest.mark.parametrize("kv", KV_DTYPES)
 @pytest.mark.parametrize("memory", PLACEMENTS, ids=lambda m: str(m))
-def test_bit_identical_across_placements(memory):
+def test_bit_identical_across_placements(memory, kv):
     plan = make_plan(model_sizes(ARCH, "fp32"), detect("cpu"), MemoryConfig(**memory), 1 << 30)
     model = _model()
     placement = Placement(plan, poison=True)
     placement.apply(model)
-    logits, tokens = _greedy(model, [1, 5, 9, 13], 6)
-    assert torch.equal(logits, REFERENCE[0]) and tokens == REFERENCE[1]
+    logits, tokens = _greedy(model, [1, 5, 9, 13], 6, KV_DTYPES[kv])
+    assert torch.equal(logits, REFERENCE[kv][0]) and tokens == REFERENCE[kv][1]
     offloaded = sum(t != "resident" for t in plan.tiers) * model_sizes(ARCH, "fp32").layer_bytes
     assert placement.host_slab_bytes() <= 1.02 * offloaded + 64 * 4 * ARCH.num_layers
     if placement.backend is not None:

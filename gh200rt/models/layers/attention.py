@@ -1,10 +1,12 @@
 """Model-side self-attention: fused qkv projection, optional per-head q/k RMSNorm (Qwen3), RoPE,
-K/V written to the paged pool, paged attention, output projection."""
+K/V written to the paged pool, paged attention, output projection. ``kv_scale`` ([K scale, V scale],
+float32) is what an fp8 pool is quantized with (kv/fp8.py); a bf16/fp32 pool ignores it."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from gh200rt.kv import fp8
 from gh200rt.kv.attention import paged_attention, write_kv
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.models.base import AttentionMetadata
@@ -23,6 +25,9 @@ class SelfAttention(nn.Module):
         self.o_proj = RefLinear(self.q_size, arch.hidden_size, False, dtype, device)
         self.q_norm = RMSNorm(self.head_dim, arch.rms_norm_eps, dtype, device) if arch.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, arch.rms_norm_eps, dtype, device) if arch.qk_norm else None
+        # not persistent: checkpoints that carry K/V scales are read by the loader (k_scale / v_scale)
+        self.register_buffer("kv_scale", torch.ones(2, dtype=torch.float32, device=device), persistent=False)
+        self.calculate_kv_scales = False  # set the scales from the next batch (--calculate-kv-scales)
         # each may be swapped for the Triton kernel with the same signature (models/gpu_kernels.py)
         self.rotary_fn = apply_rotary
         self.write_kv_fn = write_kv
@@ -42,6 +47,9 @@ class SelfAttention(nn.Module):
             k = self.k_norm(qkv[:, self.q_size:self.q_size + self.kv_size].view(tokens, self.num_kv_heads,
                                                                                  self.head_dim))
             q, k = self.rotary_fn(q, cos, sin), self.rotary_fn(k, cos, sin)
-        self.write_kv_fn(kv_cache, k, v, meta.slot_mapping)
-        out = self.attention_fn(q, kv_cache, meta, self.scale, self.num_kv_heads)
+        if self.calculate_kv_scales and fp8.is_fp8(kv_cache.dtype):
+            self.kv_scale.copy_(fp8.calculated_scales(k, v, kv_cache.dtype))
+            self.calculate_kv_scales = False
+        self.write_kv_fn(kv_cache, k, v, meta.slot_mapping, self.kv_scale)
+        out = self.attention_fn(q, kv_cache, meta, self.scale, self.num_kv_heads, self.kv_scale)
         return self.o_proj(out.reshape(tokens, self.q_size))
