@@ -64,7 +64,11 @@ def place_model(config: EngineConfig, device: str | None = None, poison: bool = 
     arch, dtype = loaded.arch, DTYPE_NAMES[loaded.dtype]
     fmt = host_format.resolve_host_format(config.memory.host_weight_dtype, device == "cpu", loaded.dtype,
                                           bool(loaded.quantized))
-    sizes = model_sizes(arch, dtype, kv_dtype=config.cache.kv_cache_dtype, host_format=host_format.planning_format(fmt))
+    # an FP8 checkpoint's resident layers keep their fp8 weights on a GPU (placement._keep_fp8_resident)
+    fp8_resident = device != "cpu" and host_format.is_fp8_checkpoint(loaded.quantized)
+    sizes = model_sizes(arch, dtype, kv_dtype=config.cache.kv_cache_dtype,
+                        host_format=host_format.planning_format(fmt, loaded.quantized),
+                        resident_format="fp8" if fp8_resident else None)
     activations = activation_bytes(arch, config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs,
                                    dtype)
     free = torch.cuda.mem_get_info()[0] if device == "cuda" else None

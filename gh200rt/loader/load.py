@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gh200rt.kernels.quant import PackedWeight
 from gh200rt.loader.dequant import QuantizedTensor
 from gh200rt.loader.errors import ModelLoadError
 from gh200rt.loader.resolve import resolve_model_path
@@ -28,7 +29,8 @@ class LoadedModel:
     source: str
     load_seconds: float
     weight_bytes: int
-    quantized: dict[str, QuantizedTensor] = field(default_factory=dict)
+    # checkpoint name -> its quantized form as stored: GGUF blocks, or an FP8 checkpoint's fp8 weight
+    quantized: dict[str, QuantizedTensor | PackedWeight] = field(default_factory=dict)
 
 
 def compute_dtype(name: str, device: str, checkpoint_dtype: str) -> torch.dtype:
@@ -40,6 +42,15 @@ def compute_dtype(name: str, device: str, checkpoint_dtype: str) -> torch.dtype:
     if name not in _DTYPES:
         raise ModelLoadError(f"dtype {name!r} is not supported; choose auto, {', '.join(_DTYPES)}")
     return _DTYPES[name]
+
+
+def _config_json(directory: str) -> dict:
+    path = os.path.join(directory, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{path} is not valid JSON: {e}") from e
 
 
 def _arch_from_dir(directory: str) -> ArchConfig:
@@ -56,21 +67,33 @@ def _arch_from_dir(directory: str) -> ArchConfig:
 
 
 def _load_hf_dir(directory: str, dtype_name: str, device: str, compute_device: str):
-    from gh200rt.loader.safetensors_dir import checkpoint_size, load_safetensors, shard_files
-    from gh200rt.tokenizer.hf_dir import tokenizer_from_hf_dir
+    from gh200rt.loader.fp8_checkpoint import Fp8Weights, fp8_scheme
+    from gh200rt.loader.safetensors_dir import checkpoint_size, load_safetensors, shard_files, weight_scales
     arch = _arch_from_dir(directory)
+    is_fp8 = fp8_scheme(_config_json(directory), os.path.join(directory, "config.json"))
     dtype = compute_dtype(dtype_name, compute_device, arch.checkpoint_dtype)
     files = shard_files(directory)
     model = build_model(arch, dtype, device)
     count, size = checkpoint_size(files)
     writer = WeightWriter(model, directory, count, size)
-    load_safetensors(files, writer, dtype)
+    fp8 = Fp8Weights(weight_scales(files), directory) if is_fp8 else None
+    load_safetensors(files, writer, dtype, fp8)
     writer.finish()
+    if fp8 is not None:
+        if fp8.unused_scales():
+            raise ModelLoadError(f"{directory}: weight_scale entries without an fp8 weight: "
+                                 f"{', '.join(fp8.unused_scales()[:8])}")
+        fp8.apply_kv_scales(model)
+        return model, _hf_tokenizer(directory), arch, dtype, writer.bytes_written, fp8.packed
+    return model, _hf_tokenizer(directory), arch, dtype, writer.bytes_written, {}
+
+
+def _hf_tokenizer(directory: str):
+    from gh200rt.tokenizer.hf_dir import tokenizer_from_hf_dir
     try:
-        tokenizer = tokenizer_from_hf_dir(directory)
+        return tokenizer_from_hf_dir(directory)
     except ValueError as e:
         raise ModelLoadError(str(e)) from e
-    return model, tokenizer, arch, dtype, writer.bytes_written, {}
 
 
 def _load_gguf(path: str, dtype_name: str, device: str, compute_device: str):

@@ -48,15 +48,43 @@ def checkpoint_size(files: list[str]) -> tuple[int, int]:
     return count, size
 
 
-def load_safetensors(files: list[str], writer: WeightWriter, dtype: torch.dtype) -> None:
+def _get(f, path: str, name: str) -> torch.Tensor:
+    try:
+        return f.get_tensor(name)
+    except Exception as e:
+        raise ModelLoadError(f"{path} is truncated or corrupt: reading {name} failed ({e})") from e
+
+
+def weight_scales(files: list[str]) -> dict[str, torch.Tensor]:
+    """Every ``*.weight_scale`` of an FP8 checkpoint (small; read first, since a shard may end between a
+    weight and its scale)."""
+    scales = {}
+    for path in files:
+        with _open(path) as f:
+            scales.update({name: _get(f, path, name) for name in f.keys() if name.endswith(".weight_scale")})
+    return scales
+
+
+def load_safetensors(files: list[str], writer: WeightWriter, dtype: torch.dtype, fp8=None) -> None:
+    """Write every tensor of ``files`` through ``writer`` in ``dtype``; ``fp8`` (loader.fp8_checkpoint.Fp8Weights)
+    when the checkpoint is FP8: its weights are dequantized with their scales and kept in fp8 too."""
     for path in files:
         with _open(path) as f:
             for name in f.keys():
+                if fp8 is not None and fp8.is_kv_scale(name):
+                    fp8.note_kv_scale(name, _get(f, path, name))
+                    continue
+                if fp8 is not None and fp8.is_weight_scale(name):  # read up front (weight_scales)
+                    continue
                 if not writer.expects(name):
                     writer.write(name, torch.empty(0))  # records it as unexpected (or ignored)
                     continue
-                try:
-                    tensor = f.get_tensor(name)
-                except Exception as e:
-                    raise ModelLoadError(f"{path} is truncated or corrupt: reading {name} failed ({e})") from e
-                writer.write(name, tensor.to(dtype))
+                tensor = _get(f, path, name)
+                if fp8 is not None:
+                    writer.write(name, fp8.dense(name, tensor, dtype))
+                elif tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+                    raise ModelLoadError(f"{path}: {name} is stored as {tensor.dtype} but config.json has no "
+                                         "quantization_config describing its scales; add the checkpoint's "
+                                         "quantization_config (or use its unquantized original)")
+                else:
+                    writer.write(name, tensor.to(dtype))

@@ -2,10 +2,11 @@
 
 ``resolve_host_format`` turns the flag into one concrete format once per engine:
 - ``auto`` on the CPU platform keeps the compute dtype (the same bits as a resident weight, so
-  every placement computes exactly what all-resident computes); on a GPU it keeps a GGUF
-  checkpoint's own quantized blocks (Q8_0 / Q4_0 / Q4_1, lossless) and stores dense checkpoints
-  as bf16.
-- ``bf16`` / ``fp16`` / ``int8`` / ``int4`` convert at load (``kernels.quant.pack_weight``).
+  every placement computes exactly what all-resident computes); on a GPU it keeps a quantized
+  checkpoint's own weights (``GGUF``: GGUF Q8_0 / Q4_0 / Q4_1 blocks or an FP8 checkpoint's fp8
+  weights, lossless) and stores dense checkpoints as bf16.
+- ``bf16`` / ``fp16`` / ``int8`` / ``int4`` / ``fp8`` convert at load (``kernels.quant.pack_weight``);
+  ``fp8`` of an FP8 checkpoint takes its fp8 weights as they are.
 
 ``host_form`` returns a dense tensor or a ``PackedWeight``; ``storage_parts`` lists the tensors a
 slab must hold for it and ``bind`` rebuilds the weight over views of a slab or staging slot.
@@ -30,9 +31,17 @@ def resolve_host_format(flag: str, on_cpu: bool, compute_dtype: torch.dtype, has
     return GGUF if has_quantized else "bf16"
 
 
-def planning_format(fmt: str) -> str:
-    """The format the cost model sizes a slab with (GGUF Q4_x blocks import as int4 groups of 32)."""
-    return "int4" if fmt == GGUF else fmt
+def planning_format(fmt: str, quantized: dict | None = None) -> str:
+    """The format the cost model sizes a slab with (GGUF Q4_x blocks import as int4 groups of 32; an FP8
+    checkpoint's weights stay fp8)."""
+    if fmt != GGUF:
+        return fmt
+    return "fp8" if is_fp8_checkpoint(quantized) else "int4"
+
+
+def is_fp8_checkpoint(quantized: dict | None) -> bool:
+    """Whether the loader's quantized tensors are an FP8 checkpoint's weights."""
+    return any(isinstance(q, PackedWeight) and q.fmt == "fp8" for q in (quantized or {}).values())
 
 
 class UpcastWeight:
@@ -65,11 +74,11 @@ def concat_rows(parts: list[PackedWeight]) -> PackedWeight:
 
 def host_form(dense: torch.Tensor, fmt: str, gguf_parts: list | None = None):
     """What a slab stores for one linear: ``dense`` is the loaded weight, ``gguf_parts`` the checkpoint's
-    quantized tensors that make it up (in row order), when the checkpoint was a GGUF file."""
+    quantized tensors that make it up (in row order), when the checkpoint was a GGUF file or FP8."""
+    if gguf_parts and (fmt == GGUF or (fmt == "fp8" and all(isinstance(p, PackedWeight) for p in gguf_parts))):
+        return concat_rows([pack_weight(part, "auto") for part in gguf_parts])
     if fmt == GGUF:
-        if gguf_parts:
-            return concat_rows([pack_weight(part, "auto") for part in gguf_parts])
-        fmt = "bf16"  # tensors the GGUF stored unquantized
+        fmt = "bf16"  # tensors the checkpoint stored unquantized
     if _DTYPE_FORMATS.get(dense.dtype) == fmt:
         return dense
     return pack_weight(dense, fmt)

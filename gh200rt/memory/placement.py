@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from gh200rt.kernels.quant import PackedWeight
 from gh200rt.memory import host_format
 from gh200rt.memory.device_view import device_view, direct_weight, prepare_slab_for_device
 from gh200rt.memory.slabs import allocate_slab
@@ -113,6 +114,8 @@ class Placement:
             for name, ref in refs.items():  # drop the dense original now; rebound below
                 ref.current = host_format.bind(forms[name], _views(slab.tensor, layout)[name], compute_dtype,
                                                stable=True)
+        if self.device.type != "cpu" and host_format.is_fp8_checkpoint(quantized):
+            _keep_fp8_resident(model, quantized, [i for i in range(len(self.plan.tiers)) if i not in offloaded])
         self._move_to_device(model, set(offloaded))
         self._compute_dtype, self._layouts = compute_dtype, layouts
         streamed = [i for i in offloaded if self.plan.tiers[i] == "streamed"]
@@ -166,6 +169,9 @@ class Placement:
                     ref.current = ref.current.to(self.device)
                 if isinstance(ref.current, torch.Tensor):
                     seen[ref.current.data_ptr()] = ref.current.nbytes
+                elif isinstance(ref.current, PackedWeight):  # an FP8 checkpoint's resident weight
+                    ref.current = ref.current.with_tensors({n: t.to(self.device) for n, t in ref.current.tensors().items()})
+                    seen.update({t.data_ptr(): t.nbytes for t in ref.current.tensors().values()})
         for tensor in [*model.parameters(), *model.buffers()]:
             seen[tensor.data_ptr()] = tensor.nbytes
         self.device_weight_bytes = sum(seen.values())
@@ -189,8 +195,19 @@ class Placement:
         self.slabs.clear()
 
 
+def _keep_fp8_resident(model, quantized: dict, layers: list[int]) -> None:
+    """On a GPU, a resident layer of an FP8 checkpoint keeps its fp8 weights (half the HBM of bf16, read
+    by host_gemm with the row scales) instead of the dequantized copy the loader made."""
+    for i in layers:
+        for name, ref in model.layer_weight_refs(i).items():
+            parts = _gguf_parts(quantized, i, name)
+            if parts:
+                ref.current = host_format.concat_rows(parts)
+
+
 def _gguf_parts(quantized: dict | None, layer: int, name: str) -> list | None:
-    """The GGUF tensors whose rows make up linear ``name`` of ``layer``, or None when any is not quantized."""
+    """The checkpoint's quantized tensors (GGUF, or FP8 weights) whose rows make up linear ``name`` of ``layer``,
+    or None when any is not quantized."""
     if not quantized:
         return None
     prefix = f"model.layers.{layer}."

@@ -65,3 +65,52 @@ def save_tiny(family: str, path: str, seed: int = 0):
     model.save_pretrained(path, safe_serialization=True)
     write_tokenizer(path)
     return model
+
+
+FP8_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+               "mlp.up_proj", "mlp.down_proj")
+FP8_CONFIGS = {
+    "fp8": {"quant_method": "fp8", "activation_scheme": "static"},
+    "compressed-tensors": {
+        "quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
+        "config_groups": {"group_0": {"targets": ["Linear"],
+                                      "weights": {"num_bits": 8, "type": "float", "strategy": "channel",
+                                                  "symmetric": True, "dynamic": False},
+                                      "input_activations": {"num_bits": 8, "type": "float", "strategy": "tensor",
+                                                            "symmetric": True, "dynamic": False}}}},
+}
+
+
+def to_fp8_checkpoint(path: str, method: str = "fp8", kv_scales: dict[int, tuple[float, float]] | None = None
+                      ) -> dict[str, torch.Tensor]:
+    """Rewrite the safetensors checkpoint in ``path`` in the Hugging Face FP8 layout: each decoder linear
+    ``weight`` as float8_e4m3fn with ``weight_scale`` (per tensor for attention, per output channel for the
+    MLP) and a static ``input_scale``; ``quantization_config`` in config.json. ``kv_scales``: layer ->
+    (k_scale, v_scale) to store as ``self_attn.k_scale`` / ``v_scale``. Returns the dequantized weights
+    (``weight x weight_scale`` in float32) by name, what a loader must reproduce."""
+    from safetensors.torch import load_file, save_file
+    file = os.path.join(path, "model.safetensors")
+    tensors, dequantized = load_file(file), {}
+    for name in list(tensors):
+        if not name.endswith(".weight") or not any(f".{lin}." in name for lin in FP8_LINEARS):
+            continue
+        w = tensors[name].float()
+        per_channel = ".mlp." in name
+        amax = w.abs().amax(dim=1, keepdim=True) if per_channel else w.abs().amax().reshape(1)
+        scale = amax / 448.0
+        q = (w / (scale if per_channel else scale[0])).clamp(-448, 448).to(torch.float8_e4m3fn)
+        tensors[name] = q
+        tensors[name[:-len("weight")] + "weight_scale"] = scale
+        tensors[name[:-len("weight")] + "input_scale"] = torch.tensor([0.05])
+        dequantized[name] = q.float() * (scale if per_channel else scale[0])
+    for layer, (k, v) in (kv_scales or {}).items():
+        tensors[f"model.layers.{layer}.self_attn.k_scale"] = torch.tensor(k)
+        tensors[f"model.layers.{layer}.self_attn.v_scale"] = torch.tensor(v)
+    save_file(tensors, file, metadata={"format": "pt"})
+    config_path = os.path.join(path, "config.json")
+    with open(config_path) as f:
+        config = json.load(f)
+    config["quantization_config"] = FP8_CONFIGS[method]
+    with open(config_path, "w") as f:
+        json.dump(config, f)
+    return dequantized
