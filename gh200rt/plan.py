@@ -1,7 +1,9 @@
 """``python -m gh200rt.plan``: plan a deployment for a named hardware profile, no hardware needed.
 
 Reads only ``config.json`` from the model directory (weights need not be present) and prints the
-per-layer tiers, the staging ring, the KV capacity and the predicted decode step time.
+per-layer tiers, the staging ring, the KV capacity and the predicted decode step time. An FP8
+checkpoint (``quantization_config``, see loader/fp8_checkpoint.py) is planned as the engine places
+it: resident layers keep fp8 on a GPU, and ``--host-weight-dtype auto`` keeps fp8 in host memory.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 
 from gh200rt.cli_args import add_dataclass_arguments, dataclass_from_args
 from gh200rt.config import CacheConfig, MemoryConfig, SchedulerConfig
+from gh200rt.loader.fp8_checkpoint import fp8_scheme
 from gh200rt.memory.ledger import ledger_capacity
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.planner.cost_model import DTYPE_BYTES, activation_bytes, model_sizes
@@ -38,10 +41,15 @@ def main(argv: list[str] | None = None) -> int:
         cache = dataclass_from_args(CacheConfig, args)
         scheduler = dataclass_from_args(SchedulerConfig, args)
         platform = detect(memory.platform)
-        arch = ArchConfig.from_hf_config(json.loads(path.read_text()))
+        config = json.loads(path.read_text())
+        arch = ArchConfig.from_hf_config(config)
+        fp8_weights = fp8_scheme(config, str(path))
+        on_gpu = platform.kind != "cpu"
         host = memory.host_weight_dtype if memory.host_weight_dtype != "auto" else (
-            args.dtype if platform.kind == "cpu" else "bf16")
-        sizes = model_sizes(arch, args.dtype, host_format=host)
+            args.dtype if not on_gpu else "fp8" if fp8_weights else "bf16")
+        resident = "fp8" if fp8_weights and on_gpu else args.dtype
+        sizes = model_sizes(arch, args.dtype, kv_dtype=cache.kv_cache_dtype, host_format=host,
+                            resident_format=resident)
         activations = activation_bytes(arch, scheduler.max_num_batched_tokens, scheduler.max_num_seqs, args.dtype)
         free = None if platform.kind == "cpu" else platform.device_memory_bytes
         capacity = ledger_capacity(memory, free, sizes.all_resident_bytes + activations)
@@ -55,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:  # includes PlanDoesNotFit
         print(f"error: {err}", file=sys.stderr)
         return 2
+    kv = args.dtype if cache.kv_cache_dtype == "auto" else cache.kv_cache_dtype
+    print(f"weights: resident layers {resident}, offloaded layers {host} in host memory; KV cache {kv}")
     print(plan.explain())
     return 0
 

@@ -98,7 +98,8 @@ class Plan:
                      f"tokens (host_gemm would read each weight over the link once per 64 rows)"]
                     if self.direct_staging_tokens and self.direct_layers else []),
                   f"activations: {gib(self.activation_bytes)}",
-                  f"KV cache: {self.num_kv_blocks} blocks = {self.kv_tokens} tokens, {gib(self.kv_bytes)} "
+                  f"KV cache: {self.num_kv_blocks} blocks = {self.kv_tokens} tokens, {gib(self.kv_bytes)} at "
+                  f"{self.sizes.kv_bytes_per_token} bytes per token "
                   f"(all layers resident would leave {self.all_resident_kv_tokens} tokens)",
                   f"predicted decode step (batch 1): {self.predicted_step_seconds * 1e3:.3f} ms"]
         return "\n".join(lines)
