@@ -1,12 +1,16 @@
-"""Perplexity and logit error of SmolLM2 with fp16 / int8 / int4 host weights against the unquantized model.
+"""Perplexity and logit error of SmolLM2 with fp16 / int8 / int4 / fp8 host weights and an fp8 KV cache
+against the unquantized model.
 
 The reference is gh200rt's own SmolLM2-135M-Instruct (``load_model`` on the shipped Q4_1 GGUF,
 computed in float32: the "unquantized" model we can have offline). Every decoder linear weight
 (fused qkv, o, fused gate/up, down) is then repointed, through its ``WeightRef``, to a
 ``HalfWeight`` / ``PackedWeight`` made from the dense float32 tensor, and the fixed text
-tests/fixtures/eval_text.txt is scored in one prefill pass over a paged KV pool.
+tests/fixtures/eval_text.txt is scored in one prefill pass over a paged KV pool. The KV variants
+(``fp8-kv`` ...) keep the weights and store the pool in fp8: with the layers' scales at 1.0 (what
+``--kv-cache-dtype fp8`` does without scales in the checkpoint) or set from the text itself (the
+first batch, as ``--calculate-kv-scales`` does); ``fp8+fp8-kv`` quantizes both.
 
-Usage: ``python scripts/eval_quant.py [--formats fp16 int8 int4 int4-g128 int8-fbgemm]``
+Usage: ``python scripts/eval_quant.py [--formats fp16 int8 int4 int4-g128 int8-fbgemm fp8 fp8-kv ...]``
 """
 from __future__ import annotations
 
@@ -25,7 +29,13 @@ BLOCK_SIZE = 16
 FORMATS = {"fp16": lambda w: pack_weight(w, "fp16"), "int8": lambda w: quantize_int8(w),
            "int4": lambda w: quantize_int4(w, 32),
            "int4-g128": lambda w: quantize_int4(w, 128),
-           "int8-fbgemm": lambda w: quantize_int8(w, cpu_route="fbgemm")}
+           "int8-fbgemm": lambda w: quantize_int8(w, cpu_route="fbgemm"),
+           "fp8": lambda w: pack_weight(w, "fp8")}
+# name -> (weight format or None, KV cache dtype, scales set from the scored text)
+VARIANTS = {**{name: (name, None, False) for name in FORMATS},
+            "fp8-kv": (None, "fp8", False), "fp8-kv-calc": (None, "fp8", True),
+            "fp8_e5m2-kv": (None, "fp8_e5m2", False), "fp8+fp8-kv": ("fp8", "fp8", False),
+            "fp8+fp8-kv-calc": ("fp8", "fp8", True)}
 
 
 def load_reference():
@@ -57,14 +67,22 @@ def restore(originals: list) -> None:
 
 
 @torch.inference_mode()
-def score(loaded, ids: torch.Tensor) -> tuple[torch.Tensor, float]:
-    """(logits [T, V], perplexity of tokens 1..T-1), one prefill over a fresh paged KV pool."""
+def score(loaded, ids: torch.Tensor, kv_cache_dtype: str = "auto", calculate_kv_scales: bool = False
+          ) -> tuple[torch.Tensor, float]:
+    """(logits [T, V], perplexity of tokens 1..T-1), one prefill over a fresh paged KV pool of
+    ``kv_cache_dtype`` (a --kv-cache-dtype value)."""
+    from gh200rt.kv.fp8 import configure_kv_scales, kv_cache_dtype as pool_dtype
     from gh200rt.models.base import AttentionMetadata
+    from gh200rt.models.layers.attention import SelfAttention
     arch, t = loaded.arch, len(ids)
     blocks = -(-t // BLOCK_SIZE)
     meta = AttentionMetadata.build([t], [t], [list(range(blocks))], BLOCK_SIZE)
-    pools = [torch.zeros(2, blocks, BLOCK_SIZE, arch.num_kv_heads, arch.head_dim, dtype=loaded.dtype)
-             for _ in range(arch.num_layers)]
+    pools = [torch.zeros(2, blocks, BLOCK_SIZE, arch.num_kv_heads, arch.head_dim,
+                         dtype=pool_dtype(kv_cache_dtype, loaded.dtype)) for _ in range(arch.num_layers)]
+    for layer in loaded.model.modules():  # every variant starts from the default scales
+        if isinstance(layer, SelfAttention):
+            layer.kv_scale.fill_(1.0)
+    configure_kv_scales(loaded.model, calculate_kv_scales)
     hidden = loaded.model(ids, meta.positions(), meta, pools)
     logits = loaded.model.compute_logits(hidden).float()
     nll = torch.nn.functional.cross_entropy(logits[:-1], ids[1:])
@@ -81,9 +99,11 @@ def evaluate(loaded, ids: torch.Tensor, formats: list[str]) -> list[dict]:
     rows = [dict(format="reference fp32", tokens=len(ids), ppl=ref_ppl, max_logit_err=0.0, mean_logit_err=0.0,
                  top1_agree=1.0, bytes_ratio=1.0)]
     for fmt in formats:
-        originals, dense_bytes, packed_bytes = swap_in_packed(loaded.model, FORMATS[fmt])
+        weights, kv, calculate = VARIANTS[fmt]
+        originals, dense_bytes, packed_bytes = swap_in_packed(loaded.model, FORMATS[weights]) if weights else \
+            ([], 1, 1)
         try:
-            logits, ppl = score(loaded, ids)
+            logits, ppl = score(loaded, ids, kv or "auto", calculate)
         finally:
             restore(originals)
         err = (logits - ref_logits).abs()
@@ -97,13 +117,13 @@ def evaluate(loaded, ids: torch.Tensor, formats: list[str]) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--formats", nargs="+", default=["fp16", "int8", "int4", "int4-g128"],
-                        choices=list(FORMATS))
+                        choices=list(VARIANTS))
     args = parser.parse_args()
     start = time.time()
     loaded = load_reference()
     rows = evaluate(loaded, text_ids(loaded), args.formats)
     print("| format | tokens | perplexity | ppl change | max abs logit err | mean abs logit err | top-1 agreement |"
-          " bytes vs bf16 |")
+          " weight bytes vs bf16 |")
     print("|---|---|---|---|---|---|---|---|")
     ref = rows[0]["ppl"]
     for r in rows:

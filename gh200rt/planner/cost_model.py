@@ -23,7 +23,8 @@ SLAB_ALIGN = 64  # every tensor in a host slab starts on a 64-byte boundary (128
 class ModelSizes:
     layer_params: int        # one decoder layer: linears and norms (for FLOPs)
     layer_bytes: int         # one decoder layer's linear weights as resident (compute dtype, or an FP8 checkpoint's fp8)
-    fixed_bytes: int         # always on the device: embedding, lm_head (once if tied), norms, biases, RoPE tables
+    fixed_bytes: int         # always on the device: embedding, lm_head (once if tied), norms, biases, RoPE tables,
+                             # KV cache scales
     head_bytes: int          # the lm_head matrix, read every step
     kv_bytes_per_token: int  # all layers, K and V
     num_layers: int
@@ -81,7 +82,8 @@ def model_sizes(arch: ArchConfig, dtype: str = "bf16", kv_dtype: str | None = No
     head = arch.vocab_size * arch.hidden_size
     embeds = head * (1 if arch.tie_word_embeddings else 2) + arch.hidden_size
     rope_tables = 2 * arch.max_position_embeddings * (arch.head_dim // 2) * 4  # float32 cos and sin
-    fixed = (embeds + arch.num_layers * layer_small) * wb + rope_tables
+    kv_scales = arch.num_layers * 2 * 4  # float32 K and V scale per layer (kv/fp8.py)
+    fixed = (embeds + arch.num_layers * layer_small) * wb + rope_tables + kv_scales
     parts = [part for shape in shapes for part in host_weight_parts(host_format or dtype, shape)]
     resident = sum(part for shape in shapes for part in host_weight_parts(resident_format or dtype, shape))
     return ModelSizes(linear_params + layer_small, resident, fixed, head * wb,

@@ -13,18 +13,28 @@ def test_sizes_by_hand():
     sizes = model_sizes(TINY, "bf16")
     # q 8*8 + k,v 2*8*4 + o 8*8 + mlp 3*8*16 + norms 2*8 = 64+64+64+384+16 = 592; linears 576
     assert sizes.layer_params == 592 and sizes.layer_bytes == 576 * 2
-    # embed + lm_head 2 * 10*8, final norm 8, 2 layers x 2 norms x 8 in bf16; cos + sin 2048 x 2 in fp32
-    assert sizes.fixed_bytes == (2 * 10 * 8 + 8 + 2 * 16) * 2 + 2 * 2048 * 2 * 4
+    # embed + lm_head 2 * 10*8, final norm 8, 2 layers x 2 norms x 8 in bf16; cos + sin 2048 x 2 in fp32;
+    # K and V scales, fp32, per layer
+    assert sizes.fixed_bytes == (2 * 10 * 8 + 8 + 2 * 16) * 2 + 2 * 2048 * 2 * 4 + 2 * 2 * 4
     assert sizes.head_bytes == 10 * 8 * 2
     assert sizes.kv_bytes_per_token == 2 * 4 * 2 * 2  # K+V, 1 kv head x 4, bf16, 2 layers
     # the slab: qkv [16, 8], o [8, 8], gate_up [32, 8], down [8, 16] in bf16, each a multiple of 64 bytes
     assert sizes.host_layer_bytes == (16 * 8 + 8 * 8 + 32 * 8 + 8 * 16) * 2 == 1152
 
 
+def test_fp8_kv_and_fp8_resident_by_hand():
+    assert model_sizes(TINY, "bf16", kv_dtype="fp8").kv_bytes_per_token == 2 * 4 * 1 * 2
+    assert model_sizes(TINY, "fp32", kv_dtype="fp8_e5m2").kv_bytes_per_token == 2 * 4 * 1 * 2
+    assert model_sizes(TINY, "bf16", kv_dtype="auto").kv_bytes_per_token == 2 * 4 * 2 * 2
+    # fp8 resident linears: one byte per weight plus a float32 scale per output row (16 + 8 + 32 + 8 rows)
+    assert model_sizes(TINY, "bf16", resident_format="fp8").layer_bytes == 576 + 4 * (16 + 8 + 32 + 8)
+
+
 def test_host_formats_by_hand():
     assert host_weight_parts("int8", (10, 100)) == [1000, 40]               # int8 codes + fp32 scale per row
     assert host_weight_parts("int4", (10, 100)) == [500, 4 * 10 * 4, 160]   # nibbles; 4 groups of 32: scale, min
     assert host_weight_parts("fp16", (3, 5)) == [30]
+    assert host_weight_parts("fp8", (10, 100)) == [1000, 40]                # e4m3 codes + fp32 scale per row
     # TINY in int8: parts [128, 64], [64, 32], [256, 128], [128, 32], each padded to 64 bytes
     assert model_sizes(TINY, "bf16", host_format="int8").host_layer_bytes == 128 + 64 + 64 + 64 + 256 + 128 + 128 + 32
     with pytest.raises(ValueError, match="int8"):
