@@ -7,7 +7,7 @@ import torch
 
 from gh200rt.kernels import host_gemm as host_gemm_module
 from gh200rt.kernels.host_gemm import host_gemm, reference_host_gemm
-from gh200rt.kernels.quant import quantize_int4, quantize_int8
+from gh200rt.kernels.quant import quantize_fp8, quantize_int4, quantize_int8
 
 pytestmark = pytest.mark.gpu
 
@@ -17,12 +17,12 @@ TOLERANCE = {1: 1e-4, 8: 5e-3, 100: 5e-3}
 
 def packed_on(device, fmt, n, k):
     w = torch.randn(n, k)
-    packed = quantize_int8(w) if fmt == "int8" else quantize_int4(w, 32)
+    packed = {"int8": quantize_int8, "fp8": quantize_fp8, "int4": lambda t: quantize_int4(t, 32)}[fmt](w)
     move = (lambda t: t.pin_memory()) if device == "host" else (lambda t: t.cuda())
     return packed.with_tensors({name: move(t) for name, t in packed.tensors().items()})
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("fmt", ["int8", "int4", "fp8"])
 @pytest.mark.parametrize("m", [1, 8, 100])
 def test_packed_linear_calls_host_gemm_on_cuda(monkeypatch, fmt, m):
     calls = []
@@ -37,7 +37,7 @@ def test_packed_linear_calls_host_gemm_on_cuda(monkeypatch, fmt, m):
     assert calls and y.is_cuda and err < TOLERANCE[m]
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4", "fp8"])
 def test_direct_read_of_pinned_host_weights(fmt):
     """The DIRECT tier: weights stay in pinned host memory and the kernel loads them over the link."""
     if fmt == "bf16":
