@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.platform.detect import Platform
+from gh200rt.weights.tiers import Tier
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
 INT4_GROUP = 32
@@ -129,13 +130,13 @@ def predict_step_seconds(tiers: list[str], sizes: ModelSizes, platform: Platform
     the total copy time too."""
     compute = layer_compute_seconds(sizes, platform, batch)
     host = sizes.host_layer_bytes
-    per_layer = [direct_read_seconds(host, platform) if tier == "direct" else compute for tier in tiers]
+    per_layer = [direct_read_seconds(host, platform) if tier == Tier.DIRECT else compute for tier in tiers]
     total = sum(per_layer)
     stall = 0.0
     for idx, tier in enumerate(tiers):
-        if tier == "streamed":
+        if tier == Tier.STREAMED:
             hidden = sum(per_layer[max(0, idx - prefetch_distance):idx])
             stall += max(0.0, copy_seconds(host, platform) - hidden)
-    copies = tiers.count("streamed") * copy_seconds(host, platform)
+    copies = tiers.count(Tier.STREAMED) * copy_seconds(host, platform)
     head = sizes.head_bytes / (platform.hbm_gbps * 1e9)
     return max(total + stall, copies) + head
