@@ -9,10 +9,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from gh200rt.weights.tiers import Tier
+
 DEFAULT_MODEL = "smollm2-135m"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 OFFLOAD_MODES = ("auto", "none", "stream", "direct")
-TIERS = ("resident", "streamed", "direct")
+TIERS = tuple(tier.value for tier in Tier)
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's values; fp8 = fp8_e4m3
 HOST_WEIGHT_DTYPES = ("auto", "bf16", "fp16", "int8", "int4", "fp8")
 
@@ -134,6 +136,9 @@ class MemoryConfig:
     staging_slots: int | None = field(default=None, metadata=_help("staging ring depth K; default: planner"))
     prefetch_distance: int | None = field(default=None, metadata=_help(
         "prefetch d streamed layers ahead; default: planner"))
+    prefetch_across_steps: bool = field(default=True, metadata=_help(
+        "copy the next step's first streamed layers during the tail of this one (off: each step starts its "
+        "own copies)"))
     kv_cache_min_tokens: int | None = field(default=None, metadata=_help(
         "KV cache capacity the planner must leave room for, in tokens"))
     host_weight_dtype: str = field(default="auto", metadata=_help(

@@ -10,6 +10,7 @@ takes longer (every resident byte counts, the embedding table included: a slight
 
     python scripts/bench_decode.py [--model smollm2-135m] [--batches 1,8] [--tokens 32]
         [--placements resident,stream,every-2nd,direct] [--host-weight-dtype auto] [--dtype auto]
+        [--prefetch-across-steps on|off|both]
         [--random-model llama3-8b [--random-model-dir DIR]] [--json PATH]
 
 ``--random-model`` benchmarks a model of that exact shape with random weights written on this host
@@ -42,18 +43,24 @@ def placements(num_layers: int) -> dict[str, dict]:
             "direct": dict(offload="direct")}
 
 
-def decode_rate(engine: LLMEngine, batch: int, tokens: int) -> tuple[float, float]:
-    """(tokens/s, copy GB/s) over the decode steps of ``batch`` requests of ``tokens`` new tokens each."""
+def decode_rate(engine: LLMEngine, batch: int, tokens: int) -> tuple[float, float, float]:
+    """(tokens/s, copy GB/s, copy wait per step in ms) over the decode steps of ``batch`` requests of
+    ``tokens`` new tokens each."""
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     for i in range(batch):
         engine.add_request(f"b{batch}-{i}", None, params, prompt_token_ids=[1 + i, 17, 42, 99])
     engine.step()  # prefill of every request (+ their first token)
-    copied, generated = engine.stats().weight_bytes_copied, engine.generation_tokens
+    before = engine.stats()
+    generated, steps = engine.generation_tokens, 0
     start = time.perf_counter()
     while engine.has_unfinished_requests():
         engine.step()
+        steps += 1
     seconds = time.perf_counter() - start
-    return (engine.generation_tokens - generated) / seconds, (engine.stats().weight_bytes_copied - copied) / seconds / 1e9
+    after = engine.stats()
+    wait_ms = (after.copy_wait_seconds - before.copy_wait_seconds) / max(steps, 1) * 1e3
+    return ((engine.generation_tokens - generated) / seconds,
+            (after.weight_bytes_copied - before.weight_bytes_copied) / seconds / 1e9, wait_ms)
 
 
 def roofline_tokens_per_second(engine: LLMEngine, batch: int) -> float:
@@ -61,7 +68,8 @@ def roofline_tokens_per_second(engine: LLMEngine, batch: int) -> float:
     plan, platform = engine.plan, engine.platform
     layer = plan.sizes.host_layer_bytes
     streamed, direct = plan.tiers.count("streamed") * layer, plan.tiers.count("direct") * layer
-    compute = (plan.resident_weight_bytes + streamed) / (platform.hbm_gbps * 1e9) + direct / (platform.direct_read_gbps * 1e9)
+    compute = ((plan.resident_weight_bytes + streamed) / (platform.hbm_gbps * 1e9)
+               + direct / (platform.direct_read_gbps * 1e9))
     step = max(compute, streamed / (platform.link_h2d_gbps * 1e9))
     return batch / step
 
@@ -74,6 +82,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32, help="decode tokens per request")
     parser.add_argument("--placements", default="resident,stream,every-2nd,every-4th,direct")
     parser.add_argument("--host-weight-dtype", default="auto")
+    parser.add_argument("--prefetch-across-steps", default="on", choices=["on", "off", "both"],
+                        help="'both' runs every placement with a streamed layer twice, without and with the "
+                             "next step's first copies issued in the tail of this one")
     parser.add_argument("--random-model", choices=list(SHAPES),
                         help="benchmark a model of this shape with random weights written here (overrides --model)")
     parser.add_argument("--random-model-dir", help="where --random-model writes (or finds) its directory "
@@ -90,28 +101,34 @@ def main() -> None:
 
 def run(args) -> None:
     print(f"load average {os.getloadavg()[0]:.2f}; model {args.model}; host weight dtype {args.host_weight_dtype}")
-    print(f"{'placement':<10} {'tiers (res/str/dir)':<20} {'batch':>5} {'tok/s':>9} {'vs resident':>11} "
-          f"{'copy GB/s':>9} {'copy wait s':>11} {'roofline tok/s':>14}")
+    print(f"{'placement':<10} {'tiers (res/str/dir)':<20} {'across':>6} {'batch':>5} {'tok/s':>9} "
+          f"{'vs resident':>11} {'copy GB/s':>9} {'wait ms/step':>12} {'roofline tok/s':>14}")
     layers = read_arch(args.model).num_layers
     baseline: dict[int, float] = {}
     rows = []
+    across = {"on": [True], "off": [False], "both": [False, True]}[args.prefetch_across_steps]
     for name in args.placements.split(","):
-        config = EngineConfig.from_kwargs(model=args.model, dtype=args.dtype, max_model_len=256, num_kv_blocks=256,
-                                          host_weight_dtype=args.host_weight_dtype, **placements(layers)[name])
-        engine = LLMEngine.from_config(config)
-        tiers = engine.stats().layers_per_tier
-        label = f"{tiers.get('resident', 0)}/{tiers.get('streamed', 0)}/{tiers.get('direct', 0)}"
-        decode_rate(engine, 1, 2)  # warm-up (kernel compiles, first-touch, allocator): not charged to the first row
-        for batch in map(int, args.batches.split(",")):
-            tps, gbps = decode_rate(engine, batch, args.tokens)
-            baseline.setdefault(batch, tps)
-            roof = roofline_tokens_per_second(engine, batch)
-            print(f"{name:<10} {label:<20} {batch:>5} {tps:>9.1f} {tps / baseline[batch]:>10.2f}x {gbps:>9.2f} "
-                  f"{engine.stats().copy_wait_seconds:>11.3f} {roof:>14.1f}", flush=True)
-            rows.append(dict(placement=name, tiers=label, batch=batch, tokens_per_second=tps,
-                             vs_resident=tps / baseline[batch], copy_gbps=gbps, roofline_tokens_per_second=roof,
-                             copy_wait_seconds=engine.stats().copy_wait_seconds))
-        engine.close()
+        for wrap in across:
+            config = EngineConfig.from_kwargs(model=args.model, dtype=args.dtype, max_model_len=256,
+                                              num_kv_blocks=256, host_weight_dtype=args.host_weight_dtype,
+                                              prefetch_across_steps=wrap, **placements(layers)[name])
+            engine = LLMEngine.from_config(config)
+            tiers = engine.stats().layers_per_tier
+            if not tiers.get("streamed") and wrap is not across[-1]:
+                engine.close()           # nothing streams: one row is enough
+                continue
+            label = f"{tiers.get('resident', 0)}/{tiers.get('streamed', 0)}/{tiers.get('direct', 0)}"
+            decode_rate(engine, 1, 2)  # warm-up (compiles, first-touch, allocator): not charged to the first row
+            for batch in map(int, args.batches.split(",")):
+                tps, gbps, wait_ms = decode_rate(engine, batch, args.tokens)
+                baseline.setdefault(batch, tps)
+                roof = roofline_tokens_per_second(engine, batch)
+                print(f"{name:<10} {label:<20} {'on' if wrap else 'off':>6} {batch:>5} {tps:>9.1f} "
+                      f"{tps / baseline[batch]:>10.2f}x {gbps:>9.2f} {wait_ms:>12.3f} {roof:>14.1f}", flush=True)
+                rows.append(dict(placement=name, tiers=label, prefetch_across_steps=wrap, batch=batch,
+                                 tokens_per_second=tps, vs_resident=tps / baseline[batch], copy_gbps=gbps,
+                                 roofline_tokens_per_second=roof, copy_wait_ms_per_step=wait_ms))
+            engine.close()
     if args.json:
         platform = engine.platform
         with open(args.json, "w") as f:

@@ -3,7 +3,7 @@
 Each route is the model as the engine runs it on that route (``platform/cpu_features.py``):
 
   bf16        --dtype auto on a CPU with AVX-512 BF16 / AMX: bf16 weights and activations, linears
-              through oneDNN over reordered weights (``apply_cpu_route``), bf16 KV cache
+              through oneDNN over reordered weights (``cpu_route_form``), bf16 KV cache
   fp16        --dtype auto on an AVX2 CPU without native bf16: fp32 activations, fp16 linear weights (fbgemm)
   int8-bf16   --offload direct --host-weight-dtype int8 on the bf16 route: per-channel int8 decoder
               weights, bf16 activations (torch's weight-only op)
@@ -30,7 +30,7 @@ import eval_quant  # noqa: E402
 from gh200rt.config import ModelConfig  # noqa: E402
 from gh200rt.kernels.quant import quantize_int4, quantize_int8  # noqa: E402
 from gh200rt.loader import load_model  # noqa: E402
-from gh200rt.models.layers.cpu_prepack import apply_cpu_route  # noqa: E402
+from gh200rt.models.layers.cpu_prepack import cpu_route_form  # noqa: E402
 
 ROUTES = ("bf16", "fp16", "int8-bf16", "int4-bf16")
 _LINEAR_FORMAT = {"bf16": "onednn-bf16", "fp16": "fp16", "int8-bf16": "onednn-bf16", "int4-bf16": "onednn-bf16"}
@@ -46,7 +46,10 @@ def route_model(route: str):
         for ref in eval_quant.weight_refs(model):
             ref.current = _PACKED[route](ref.current.float())
         layers = []
-    apply_cpu_route(model, _LINEAR_FORMAT[route], layers)
+    refs = [ref for i in layers for ref in model.layer_weight_refs(i).values()] + [model.lm_head.weight_ref]
+    with torch.inference_mode():
+        for ref in refs:
+            ref.current = cpu_route_form(ref.current, _LINEAR_FORMAT[route])
     return loaded
 
 

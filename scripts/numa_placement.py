@@ -137,7 +137,7 @@ def read_gpu_host_gemm(buf) -> float:
     """host_gemm reads the buffer in place as a bf16 ``[N, 4096]`` weight for one token (decode's GEMV):
     the bytes the DIRECT tier moves per layer, through the kernel that moves them."""
     from gh200rt.kernels.host_gemm import host_gemm
-    from gh200rt.memory.device_view import device_view, prepare_slab_for_device
+    from gh200rt.weights.device_view import device_view, prepare_slab_for_device
     platform = _gpu_platform()
     if not buf.cuda_registered:
         prepare_slab_for_device(buf, platform)

@@ -6,7 +6,6 @@ stop conditions -> free finished sequences at once -> report what each request a
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -19,13 +18,14 @@ from gh200rt.engine.request_state import RequestState, prompt_logprobs_for_chunk
 from gh200rt.engine.sampler import Sampler
 from gh200rt.kv.fp8 import check_device_supports, configure_kv_scales, kv_cache_dtype
 from gh200rt.kv.kv_manager import KVCacheManager
-from gh200rt.engine.device_memory import PlacedModel, max_model_len, place_model, size_kv_pool
+from gh200rt.engine.bootstrap import PlacedModel, load_and_place, max_model_len, size_kv_pool
 from gh200rt.kv.pool import allocate_kv_caches, kv_bytes_per_block
 from gh200rt.memory.ledger import DeviceMemoryLedger, ledger_capacity
 from gh200rt.sampling_params import SamplingParams
 from gh200rt.scheduler.request import Sequence
 from gh200rt.scheduler.scheduler import Scheduler
 from gh200rt.structured import GrammarMatchers
+from gh200rt.weights.schedule import NULL_HOOKS
 
 
 @dataclass
@@ -55,8 +55,8 @@ def eos_ids_of(tokenizer) -> frozenset[int]:
 
 
 class LLMEngine:
-    """``placed`` carries the plan, placement and ledger of a model placed by ``place_model``; without it
-    (models built by hand, e.g. in tests) every weight counts as resident: ``weight_bytes`` of them."""
+    """``placed`` carries the plan, weight store and ledger of a model placed by ``load_and_place``; without
+    it (models built by hand, e.g. in tests) every weight counts as resident: ``weight_bytes`` of them."""
 
     def __init__(self, model: torch.nn.Module, tokenizer, arch, config: EngineConfig, weight_bytes: int = 0,
                  dtype: torch.dtype = torch.float32, device: str = "cpu", placed: PlacedModel | None = None):
@@ -65,24 +65,25 @@ class LLMEngine:
         self.arch = arch
         self.vocab_size = arch.vocab_size
         self.max_model_len = max_model_len(config, arch)
-        if placed is None:
-            self.ledger = DeviceMemoryLedger(ledger_capacity(config.memory, None, weight_bytes))
-            self.ledger.reserve("resident_weights", weight_bytes)
-        else:
-            self.ledger = placed.ledger
         bs = config.cache.block_size
         kv_dtype = kv_cache_dtype(config.cache.kv_cache_dtype, dtype)
         check_device_supports(kv_dtype, device)
         configure_kv_scales(model, config.cache.calculate_kv_scales)
-        per_block = kv_bytes_per_block(arch.num_layers, bs, arch.num_kv_heads, arch.head_dim, kv_dtype)
-        num_blocks = size_kv_pool(self.ledger, config.cache.num_kv_blocks, per_block, bs, self.max_model_len)
-        self.placement = placed.placement if placed else None
-        self.plan = dataclasses.replace(placed.plan, num_kv_blocks=num_blocks) if placed else None
+        if placed is None:
+            self.ledger = DeviceMemoryLedger(ledger_capacity(config.memory, None, weight_bytes))
+            self.ledger.reserve("resident_weights", weight_bytes)
+            per_block = kv_bytes_per_block(arch.num_layers, bs, arch.num_kv_heads, arch.head_dim, kv_dtype)
+            num_blocks = size_kv_pool(self.ledger, config.cache.num_kv_blocks, per_block, bs, self.max_model_len)
+        else:
+            self.ledger = placed.ledger
+            num_blocks = placed.plan.num_kv_blocks
+        self.store = placed.store if placed else None
+        self.plan = placed.plan if placed else None
         self.platform = placed.platform if placed else None
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens)
         caches = allocate_kv_caches(arch.num_layers, num_blocks, bs, arch.num_kv_heads, arch.head_dim, kv_dtype, device)
-        self.runner = ModelRunner(model, caches, bs, device)
+        self.runner = ModelRunner(model, caches, bs, device, hooks=self.store or NULL_HOOKS)
         self.sampler = Sampler(config.model.seed)
         self.eos_token_ids = eos_ids_of(tokenizer)
         self.grammars = GrammarMatchers(tokenizer, arch.vocab_size, self.eos_token_ids)
@@ -92,17 +93,18 @@ class LLMEngine:
         self.generation_tokens = 0
 
     @classmethod
-    def from_config(cls, config: EngineConfig, poison: bool = False) -> "LLMEngine":
-        """Load, plan and place the model of ``config`` (``poison``: NaN-fill staging slots before each copy)."""
-        placed = place_model(config, poison=poison)
+    def from_config(cls, config: EngineConfig, poison: bool = False, platform=None) -> "LLMEngine":
+        """Load, plan and place the model of ``config`` on ``platform`` (default: detected); ``poison``
+        NaN-fills staging slots before each copy."""
+        placed = load_and_place(config, platform, poison=poison)
         loaded = placed.loaded
         return cls(loaded.model, loaded.tokenizer, loaded.arch, config, dtype=loaded.dtype, device=placed.device,
                    placed=placed)
 
     def close(self) -> None:
-        """Stop the transfer backend's worker; the engine cannot step afterwards."""
-        if self.placement is not None:
-            self.placement.close()
+        """Stop the transfer backend's worker and free the host slabs; the engine cannot step afterwards."""
+        if self.store is not None:
+            self.store.close()
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | None, params: SamplingParams | None = None,
@@ -217,8 +219,8 @@ class LLMEngine:
         pool = self.kv.pool
         cached_free = pool.num_cached_free
         s = self.kv.stats
-        tiers = self.plan.tier_counts if self.plan else {"resident": self.arch.num_layers}
-        backend = self.placement.backend if self.placement else None
+        tiers = self.store.tier_counts if self.store else {"resident": self.arch.num_layers}
+        backend = self.store.backend if self.store else None
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), pool.num_blocks,
                            pool.num_blocks - pool.num_free, cached_free, s.lookups, s.hits, s.hit_tokens,
                            self.scheduler.num_preemptions, self.prompt_tokens, self.generation_tokens,

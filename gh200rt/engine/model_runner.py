@@ -4,6 +4,8 @@ Only rows that sample (the last token of a sequence that completes its prompt or
 through ``compute_logits``, plus every prompt position of sequences that asked for
 ``prompt_logprobs``. Inputs are built from host lists in one pass (no per-token tensors) and reach
 the device in one copy (through pinned memory on a GPU), so preparing a step never waits on it.
+The runner drives the weight store's hooks around every decoder layer (``forward``): the staging
+ring waits for and prefetches weights there, while the model itself stays pure.
 """
 from __future__ import annotations
 
@@ -12,8 +14,24 @@ from dataclasses import dataclass
 import torch
 
 from gh200rt.engine.device_inputs import to_device
-from gh200rt.models.base import NULL_SCHEDULE, AttentionMetadata
+from gh200rt.models.base import AttentionMetadata
 from gh200rt.scheduler.scheduler import SchedulerOutput
+from gh200rt.weights.schedule import NULL_HOOKS, LayerHooks
+
+
+def forward(model, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+            kv_caches: list[torch.Tensor], hooks: LayerHooks = NULL_HOOKS) -> torch.Tensor:
+    """``model(input_ids, positions, meta, kv_caches)`` with ``hooks`` called around every decoder layer
+    (without hooks, any model that follows the contract's ``forward`` runs as it is)."""
+    if hooks is NULL_HOOKS:
+        return model(input_ids, positions, meta, kv_caches)
+    hooks.begin_step(input_ids.shape[0])
+    hidden, context = model.embed(input_ids, positions)
+    for i, layer in enumerate(model.layers):
+        hooks.before_layer(i)
+        hidden = layer(hidden, *context, meta, kv_caches[i])
+        hooks.after_layer(i)
+    return model.norm(hidden)
 
 
 @dataclass
@@ -81,8 +99,9 @@ class StepLogits:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], block_size: int,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", hooks: LayerHooks = NULL_HOOKS):
         self.model = model
+        self.hooks = hooks
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
@@ -90,8 +109,7 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, out: SchedulerOutput) -> StepLogits:
         inputs = prepare_inputs(out, self.block_size, self.device)
-        getattr(self.model, "layer_schedule", NULL_SCHEDULE).begin_step(inputs.input_ids.shape[0])
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
+        hidden = forward(self.model, inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, self.hooks)
         if not inputs.sample_rows:
             sample_logits = torch.empty(0, 0)
         elif len(inputs.sample_rows) == hidden.shape[0]:   # decode: every row samples, in order

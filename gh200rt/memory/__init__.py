@@ -1,1 +1,1 @@
-"""Device-memory ledger (ledger.py); host slabs, staging ring and placement follow."""
+"""Device-memory ledger (ledger.py): the one account of what sits in device memory."""

@@ -5,6 +5,10 @@ A model is a ``torch.nn.Module`` with::
     forward(input_ids[T], positions[T], meta: AttentionMetadata, kv_caches: list[Tensor]) -> hidden[T, H]
     compute_logits(hidden[N, H]) -> logits[N, V]   (float32)
 
+and ``forward`` spelled out in parts, so that the model runner can act between layers:
+``embed(input_ids, positions) -> (hidden, context)``, then for each ``i``
+``hidden = layers[i](hidden, *context, meta, kv_caches[i])``, then ``norm(hidden)``.
+
 Tokens of all sequences in a step are flattened into one dimension ``T`` (no padding); the
 step's layout travels explicitly in ``AttentionMetadata`` (no global forward context).
 ``kv_caches[i]`` is layer i's paged pool, shape ``[2, num_blocks, block_size, num_kv_heads, head_dim]``
@@ -13,9 +17,8 @@ step's layout travels explicitly in ``AttentionMetadata`` (no global forward con
 
 Weights reach every linear layer through a ``WeightRef`` (one indirection): a placement points it
 at a resident tensor, a view into a staging slot or a host-memory view, and the loader writes
-each checkpoint tensor straight into whatever the ref holds. Before and after each decoder layer
-the model calls its ``LayerSchedule`` (the transfer scheduler waits for / prefetches weights
-there); the default schedule does nothing.
+each checkpoint tensor straight into whatever the ref holds. Models are pure: nothing in them
+knows where their weights live; the weight store's hooks run in the model runner, between layers.
 """
 from __future__ import annotations
 
@@ -92,20 +95,3 @@ class WeightRef:
     def nbytes(self) -> int:
         cur = self.current
         return cur.nbytes if isinstance(cur, torch.Tensor) else int(cur.nbytes)
-
-
-class LayerSchedule:
-    """Hooks around decoder layer i, and the start of each step (the model runner calls ``begin_step``
-    before the forward pass). The transfer scheduler overrides these; the default is free."""
-
-    def begin_step(self, num_tokens: int) -> None:
-        pass
-
-    def before_layer(self, index: int) -> None:
-        pass
-
-    def after_layer(self, index: int) -> None:
-        pass
-
-
-NULL_SCHEDULE = LayerSchedule()

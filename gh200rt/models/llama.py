@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gh200rt.models.arch_config import ArchConfig
-from gh200rt.models.base import NULL_SCHEDULE, AttentionMetadata, LayerSchedule, WeightRef
+from gh200rt.models.base import AttentionMetadata, WeightRef
 from gh200rt.models.layers.activation import SiluAndMul
 from gh200rt.models.layers.attention import SelfAttention
 from gh200rt.models.layers.linear import RefLinear
@@ -64,17 +64,17 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight_ref.current = self.embed_tokens
         self.rotary = RotaryEmbedding(arch.head_dim, arch.max_position_embeddings,
                                       arch.rope_theta, arch.rope_scaling, device)
-        self.layer_schedule: LayerSchedule = NULL_SCHEDULE
+
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+        """The hidden states entering layer 0, and what every layer takes besides them (cos, sin)."""
+        hidden = F.embedding(input_ids, self.embed_tokens)
+        return hidden, self.rotary.tables(positions, hidden.dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[torch.Tensor]) -> torch.Tensor:
-        hidden = F.embedding(input_ids, self.embed_tokens)
-        cos, sin = self.rotary.tables(positions, hidden.dtype)
-        schedule = self.layer_schedule
+        hidden, context = self.embed(input_ids, positions)
         for i, layer in enumerate(self.layers):
-            schedule.before_layer(i)
-            hidden = layer(hidden, cos, sin, meta, kv_caches[i])
-            schedule.after_layer(i)
+            hidden = layer(hidden, *context, meta, kv_caches[i])
         return self.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.platform.detect import Platform
+from gh200rt.weights.tiers import Tier
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
 FP8_KV_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}  # --kv-cache-dtype values other than auto
@@ -139,16 +140,16 @@ def predict_step_seconds(tiers: list[str], sizes: ModelSizes, platform: Platform
     the total copy time too."""
     host = sizes.host_layer_bytes
     # a streamed layer computes from its staging slot, which holds the host form (fp8 / int8 / int4: fewer bytes)
-    seconds = {"resident": layer_compute_seconds(sizes, platform, batch),
-               "streamed": layer_compute_seconds(sizes, platform, batch, host),
-               "direct": direct_read_seconds(host, platform)}
-    per_layer = [seconds[tier] for tier in tiers]
+    seconds = {Tier.RESIDENT: layer_compute_seconds(sizes, platform, batch),
+               Tier.STREAMED: layer_compute_seconds(sizes, platform, batch, host),
+               Tier.DIRECT: direct_read_seconds(host, platform)}
+    per_layer = [seconds[Tier(tier)] for tier in tiers]
     total = sum(per_layer)
     stall = 0.0
     for idx, tier in enumerate(tiers):
-        if tier == "streamed":
+        if tier == Tier.STREAMED:
             hidden = sum(per_layer[max(0, idx - prefetch_distance):idx])
             stall += max(0.0, copy_seconds(host, platform) - hidden)
-    copies = tiers.count("streamed") * copy_seconds(host, platform)
+    copies = tiers.count(Tier.STREAMED) * copy_seconds(host, platform)
     head = sizes.head_bytes / (platform.hbm_gbps * 1e9)
     return max(total + stall, copies) + head

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from gh200rt.config import MemoryConfig
 from gh200rt.planner.cost_model import ModelSizes, direct_staging_min_tokens, predict_step_seconds
 from gh200rt.platform.detect import Platform
-
-TIERS = ("resident", "streamed", "direct")
+from gh200rt.weights.tiers import Tier, slot_of
 
 
 class PlanDoesNotFit(ValueError):
@@ -23,7 +22,7 @@ class PlanDoesNotFit(ValueError):
 
 @dataclass(frozen=True)
 class Plan:
-    tiers: tuple[str, ...]
+    tiers: tuple[Tier, ...]
     staging_slots: int
     prefetch_distance: int
     num_kv_blocks: int
@@ -37,19 +36,19 @@ class Plan:
 
     @property
     def offloaded_layers(self) -> list[int]:
-        return [i for i, t in enumerate(self.tiers) if t != "resident"]
+        return [i for i, t in enumerate(self.tiers) if t != Tier.RESIDENT]
 
     @property
     def direct_layers(self) -> list[int]:
-        return [i for i, t in enumerate(self.tiers) if t == "direct"]
+        return [i for i, t in enumerate(self.tiers) if t == Tier.DIRECT]
 
     @property
     def streamed_layers(self) -> list[int]:
-        return [i for i, t in enumerate(self.tiers) if t == "streamed"]
+        return [i for i, t in enumerate(self.tiers) if t == Tier.STREAMED]
 
     @property
     def resident_weight_bytes(self) -> int:
-        return self.sizes.fixed_bytes + self.tiers.count("resident") * self.sizes.layer_bytes
+        return self.sizes.fixed_bytes + self.tiers.count(Tier.RESIDENT) * self.sizes.layer_bytes
 
     @property
     def staging_bytes(self) -> int:
@@ -57,11 +56,11 @@ class Plan:
 
     @property
     def host_weight_bytes(self) -> int:
-        return (len(self.tiers) - self.tiers.count("resident")) * self.sizes.host_layer_bytes
+        return (len(self.tiers) - self.tiers.count(Tier.RESIDENT)) * self.sizes.host_layer_bytes
 
     @property
     def tier_counts(self) -> dict[str, int]:
-        return {tier: self.tiers.count(tier) for tier in TIERS}
+        return {tier.value: self.tiers.count(tier) for tier in Tier}
 
     @property
     def kv_tokens(self) -> int:
@@ -79,7 +78,7 @@ class Plan:
 
     def slot_of(self, layer: int) -> int | None:
         streamed = self.streamed_layers
-        return streamed.index(layer) % self.staging_slots if layer in streamed else None
+        return slot_of(streamed.index(layer), self.staging_slots) if layer in streamed else None
 
     def explain(self) -> str:
         gib = lambda n: f"{n / (1 << 30):9.3f} GiB"  # noqa: E731
@@ -89,7 +88,7 @@ class Plan:
                  f"{'layer':>5} {'tier':<9} {'bytes':>13} {'slot':>4}"]
         for i, tier in enumerate(self.tiers):
             slot = self.slot_of(i)
-            nbytes = self.sizes.layer_bytes if tier == "resident" else self.sizes.host_layer_bytes
+            nbytes = self.sizes.layer_bytes if tier == Tier.RESIDENT else self.sizes.host_layer_bytes
             lines.append(f"{i:>5} {tier:<9} {gib(nbytes)} {'-' if slot is None else slot:>4}")
         lines += [f"device memory for weights (resident layers, embeddings, norms): {gib(self.resident_weight_bytes)}",
                   f"host memory for offloaded weights: {gib(self.host_weight_bytes)}",
@@ -109,23 +108,23 @@ def spread_evenly(num_layers: int, count: int) -> list[int]:
     return sorted({min(num_layers - 1, int((j + 0.5) * num_layers / count)) for j in range(count)})
 
 
-def _tiers_for(memory: MemoryConfig, sizes: ModelSizes, budget_for_weights: int) -> list[str]:
+def _tiers_for(memory: MemoryConfig, sizes: ModelSizes, budget_for_weights: int) -> list[Tier]:
     n = sizes.num_layers
     if memory.offload == "none":
-        return ["resident"] * n
+        return [Tier.RESIDENT] * n
     if memory.offload == "stream":
-        return ["streamed"] * n
+        return [Tier.STREAMED] * n
     if memory.offload == "direct":
-        return ["direct"] * n
+        return [Tier.DIRECT] * n
     slots = memory.staging_slots or 2
     for count in range(n + 1):
         staging = min(slots, count) * sizes.host_layer_bytes
         if sizes.fixed_bytes + (n - count) * sizes.layer_bytes + staging <= budget_for_weights:
-            tiers = ["resident"] * n
+            tiers = [Tier.RESIDENT] * n
             for i in spread_evenly(n, count) if count else []:
-                tiers[i] = "streamed"
+                tiers[i] = Tier.STREAMED
             return tiers
-    return ["streamed"] * n
+    return [Tier.STREAMED] * n
 
 
 def make_plan(sizes: ModelSizes, platform: Platform, memory: MemoryConfig, capacity: int,
@@ -139,15 +138,15 @@ def make_plan(sizes: ModelSizes, platform: Platform, memory: MemoryConfig, capac
         if layer >= sizes.num_layers:
             raise ValueError(f"--layer-tiers names layer {layer} but the model has {sizes.num_layers} layers "
                              f"(0-{sizes.num_layers - 1})")
-        tiers[layer] = tier
-    streamed = tiers.count("streamed")
-    staging_tokens = direct_staging_min_tokens(platform) if "direct" in tiers else None
-    ring_users = streamed + (tiers.count("direct") if staging_tokens else 0)
+        tiers[layer] = Tier(tier)
+    streamed = tiers.count(Tier.STREAMED)
+    staging_tokens = direct_staging_min_tokens(platform) if Tier.DIRECT in tiers else None
+    ring_users = streamed + (tiers.count(Tier.DIRECT) if staging_tokens else 0)
     slots = min(memory.staging_slots or 2, ring_users) if ring_users else 0
     distance = memory.prefetch_distance if memory.prefetch_distance is not None else max(0, slots - 1)
     if ring_users and distance >= slots:
         raise ValueError(f"--prefetch-distance {distance} must be less than the staging slots in use ({slots})")
-    weights = sizes.fixed_bytes + tiers.count("resident") * sizes.layer_bytes + slots * sizes.host_layer_bytes
+    weights = sizes.fixed_bytes + tiers.count(Tier.RESIDENT) * sizes.layer_bytes + slots * sizes.host_layer_bytes
     block_bytes = sizes.kv_bytes_per_token * block_size
     free = capacity - weights - activation_bytes
     kv_blocks = free // block_bytes if free > 0 else 0

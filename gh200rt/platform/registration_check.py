@@ -58,7 +58,7 @@ def _triton_reads_in_place(slab, platform) -> Check:
     import torch
 
     from gh200rt.kernels.host_read import sum_words
-    from gh200rt.memory.device_view import device_view
+    from gh200rt.weights.device_view import device_view
     n_words = slab.nbytes // 8
     try:
         words = device_view(slab, platform, "cuda")[: n_words * 8].view(torch.int64)
@@ -105,7 +105,7 @@ def check_registered_slab(platform=None, nbytes: int = SLAB_BYTES) -> list[Check
     """Register a ``nbytes`` gh200rt.numa slab as the placement does and run the three checks."""
     import torch
 
-    from gh200rt.memory.device_view import prepare_slab_for_device
+    from gh200rt.weights.device_view import prepare_slab_for_device
     from gh200rt.numa.alloc import allocate
     from gh200rt.platform.detect import detect
     platform = platform or detect()

@@ -20,17 +20,13 @@ from gh200rt.serve.async_engine import AsyncEngine
 log = logging.getLogger("gh200rt.serve")
 
 
-def describe_platform(profile: str | None = None) -> str:
-    """The platform the planner will see (``--platform`` overrides detection); never fails start-up."""
-    try:
-        from gh200rt.platform.detect import detect
-        p = detect(profile)
-        return (f"{p.kind} (profile {p.profile}): device {p.device_name}, {p.device_memory_bytes / 2**30:.1f} GiB "
-                f"device memory, host NUMA node {p.host_numa_node}, host->device {p.link_h2d_gbps:g} GB/s, "
-                f"direct read {p.direct_read_gbps:g} GB/s, ATS {'yes' if p.ats else 'no'}")
-    except Exception as e:                  # a bad --platform fails the engine load with its own message
-        import platform
-        return f"{platform.machine()} {platform.system()} (platform detection failed: {type(e).__name__}: {e})"
+def describe_platform(p) -> str:
+    """The platform the engine was placed on (detected once, at its start-up)."""
+    if p is None:
+        return "none recorded (weights placed by hand)"
+    return (f"{p.kind} (profile {p.profile}): device {p.device_name}, {p.device_memory_bytes / 2**30:.1f} GiB "
+            f"device memory, host NUMA node {p.host_numa_node}, host->device {p.link_h2d_gbps:g} GB/s, "
+            f"direct read {p.direct_read_gbps:g} GB/s, ATS {'yes' if p.ats else 'no'}")
 
 
 def describe_engine(engine) -> str:
@@ -90,11 +86,11 @@ def main(argv=None) -> int:
 def run_server(server_config, engine_config, build_engine) -> int:
     """Serve until a signal; ``build_engine()`` runs in the engine thread and returns an LLMEngine."""
     logging.basicConfig(level=server_config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    log.info("platform: %s", describe_platform(engine_config.memory.platform))
 
     def load():
         start = time.monotonic()
         engine = build_engine()
+        log.info("platform: %s", describe_platform(getattr(engine, "platform", None)))
         log.info("model %s loaded in %.1fs; plan:\n%s", engine_config.model.model, time.monotonic() - start,
                  describe_engine(engine))
         return engine

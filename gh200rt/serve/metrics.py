@@ -10,6 +10,7 @@ import bisect
 import threading
 
 from gh200rt.serve.vllm_metrics import vllm_lines
+from gh200rt.weights.tiers import Tier
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 PREFIX = "gh200rt"
@@ -50,7 +51,7 @@ COUNTER_HELP = {
     "prompt_tokens_total": "Prompt tokens of finished requests.",
     "generation_tokens_total": "Tokens generated.",
 }
-TIERS = ("resident", "streamed", "direct")
+TIERS = tuple(tier.value for tier in Tier)
 
 
 def _series(name: str, kind: str, help_text: str, samples: list[tuple[str, object]]) -> list[str]:

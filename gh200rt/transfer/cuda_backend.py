@@ -6,7 +6,7 @@ futures and no host synchronisation in ``copy`` / ``wait_copy`` / ``compute_done
 - ``copy(slot, src)``: on the copy stream, wait until the slot's last reader is done, optionally
   poison the slot (0xFF bytes: NaN in every float dtype), issue a ``non_blocking`` H2D copy from the
   host slab ``src`` and record the slot's "copy done" event. ``src`` must be page-locked (a slab
-  passed through ``gh200rt.memory.device_view.prepare_slab_for_device``): a pageable source would
+  passed through ``gh200rt.weights.device_view.prepare_slab_for_device``): a pageable source would
   make the copy synchronous, and is illegal under graph capture.
 - ``wait_copy(slot)``: the *current* stream waits on "copy done" (the host does not block).
 - ``compute_done(slot)``: records "compute done" on the current stream; the next copy into the slot
@@ -81,7 +81,7 @@ class CudaTransferBackend:
         capture = _capture_id(current)
         if capture is None and not src.is_pinned():
             raise ValueError("the host slab given to the CUDA transfer backend is not page-locked; call "
-                             "gh200rt.memory.device_view.prepare_slab_for_device(slab, platform) once after "
+                             "gh200rt.weights.device_view.prepare_slab_for_device(slab, platform) once after "
                              "allocating it")
         if self._releases.can_wait_on_event(slot, capture):
             self.copy_stream.wait_event(self._compute_done[slot])

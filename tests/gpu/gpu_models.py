@@ -1,19 +1,22 @@
 """A tiny random Llama on a device, and its layers placed STREAMED or DIRECT through the real pieces:
 exact-size host slabs, ``prepare_slab_for_device``, ``make_transfer_backend`` staging slots,
-``device_view`` / ``direct_weight`` and the placement's ``StreamingSchedule``; the layers are placed
-by hand (not by ``Placement``) so each test pins one piece.
+``device_view`` / ``direct_weight`` and the weight store's ``StreamingSchedule``; the layers are placed
+by hand (not by ``WeightStore``) so each test pins one piece; ``Steps`` drives the schedule's hooks as
+the model runner does.
 Imports nothing CUDA-only: callers are marked ``gpu`` and skipped without one."""
 from __future__ import annotations
 
 import torch
 
-from gh200rt.memory.device_view import device_view, direct_weight, prepare_slab_for_device
+from gh200rt.engine.model_runner import forward
 from gh200rt.models.arch_config import ArchConfig
-from gh200rt.memory.schedule import StreamingSchedule
 from gh200rt.models.base import AttentionMetadata
 from gh200rt.models.llama import LlamaForCausalLM
 from gh200rt.numa.alloc import allocate
 from gh200rt.transfer.backend import make_transfer_backend
+from gh200rt.weights.device_view import device_view, direct_weight, prepare_slab_for_device
+from gh200rt.weights.schedule import NULL_HOOKS, StreamingSchedule
+from gh200rt.weights.tiers import slot_of
 
 BLOCK = 16
 ALIGN = 64
@@ -38,9 +41,9 @@ def tiny_model(arch: ArchConfig, dtype: torch.dtype, device, seed: int = 0) -> L
 class Steps:
     """Prefill then decode one sequence through a paged KV cache on ``device``."""
 
-    def __init__(self, model, device, num_blocks: int = 8):
+    def __init__(self, model, device, num_blocks: int = 8, hooks=NULL_HOOKS):
         arch = model.arch
-        self.model, self.device = model, device
+        self.model, self.device, self.hooks = model, device, hooks
         self.kv = [torch.zeros(2, num_blocks, BLOCK, arch.num_kv_heads, arch.head_dim, dtype=model.dtype, device=device)
                    for _ in range(arch.num_layers)]
         self.table = list(range(num_blocks - 1, 0, -1))
@@ -53,7 +56,8 @@ class Steps:
         """Feed the last ``query`` of ``ids``; logits of those tokens."""
         meta = self.meta(query, len(ids))
         tokens = torch.tensor(ids[-query:], device=self.device)
-        return self.model.compute_logits(self.model(tokens, meta.positions(self.device), meta, self.kv))
+        hidden = forward(self.model, tokens, meta.positions(self.device), meta, self.kv, self.hooks)
+        return self.model.compute_logits(hidden)
 
     def greedy(self, prompt: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
         """Greedy continuation: (prompt + chosen ids, logits of every fed token)."""
@@ -95,19 +99,24 @@ def _typed_views(buffer: torch.Tensor, layout) -> dict[str, torch.Tensor]:
     return out
 
 
-def stream_layers(model, layers: list[int], platform, slots: int, distance: int, poison: bool = True):
-    """Make ``layers`` STREAMED through a ring of ``slots``; returns (backend, slabs)."""
+def stream_layers(model, layers: list[int], platform, slots: int, distance: int, poison: bool = True,
+                  wrap_steps: bool = True):
+    """Make ``layers`` STREAMED through a ring of ``slots``; returns (backend, slabs, schedule), the schedule
+    being the hooks to run the model with (``Steps(model, device, hooks=schedule)``)."""
     placed = {i: _slab_for_layer(model, i, platform) for i in layers}
     slot_bytes = max(slab.nbytes for slab, _ in placed.values())
     backend = make_transfer_backend(model.embed_tokens.device, slot_bytes, slots, poison)
-    for p, i in enumerate(layers):
-        refs = model.layer_weight_refs(i)
-        for name, view in _typed_views(backend.slots[p % slots], placed[i][1]).items():
-            refs[name].current = view
+
+    def bind(order: list[int]) -> None:
+        for p, i in enumerate(order):
+            refs = model.layer_weight_refs(i)
+            for name, view in _typed_views(backend.slots[slot_of(p, slots)], placed[i][1]).items():
+                refs[name].current = view
+
     slabs = {i: slab for i, (slab, _) in placed.items()}
-    model.layer_schedule = StreamingSchedule(layers, {i: slab.tensor for i, slab in slabs.items()}, backend, slots,
-                                             distance)
-    return backend, slabs
+    schedule = StreamingSchedule(backend, distance, lambda i: slabs[i].tensor, bind, wrap_steps=wrap_steps)
+    schedule.set_orders(layers)
+    return backend, slabs, schedule
 
 
 def direct_layers(model, layers: list[int], platform) -> dict:

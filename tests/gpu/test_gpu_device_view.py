@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from gh200rt.kernels import host_gemm as host_gemm_module
-from gh200rt.memory.device_view import (HostDenseWeight, device_address, device_view, direct_weight,
+from gh200rt.weights.device_view import (HostDenseWeight, device_address, device_view, direct_weight,
                                         prepare_slab_for_device)
 from gh200rt.models.layers.linear import RefLinear
 from gh200rt.numa.alloc import allocate

@@ -56,7 +56,7 @@ def test_gpu_placements_generate_what_all_resident_generates(tiny_dir, label):
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_direct_tier_reads_through_host_gemm_for_every_compute_dtype(tiny_dir, dtype, monkeypatch):
     from gh200rt.kernels import host_gemm as host_gemm_module
-    from gh200rt.memory.device_view import HostDenseWeight
+    from gh200rt.weights.device_view import HostDenseWeight
     calls = []
     real = host_gemm_module.host_gemm
     monkeypatch.setattr(host_gemm_module, "host_gemm", lambda *a, **k: calls.append(1) or real(*a, **k))

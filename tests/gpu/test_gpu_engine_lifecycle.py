@@ -27,7 +27,7 @@ def test_engines_built_and_closed_in_one_process(tiny_dir):
         config = EngineConfig.from_kwargs(model=tiny_dir, dtype="float32", max_model_len=64, num_kv_blocks=16,
                                           offload=offload, staging_slots=2, prefetch_distance=1)
         engine = LLMEngine.from_config(config)
-        slabs = list(engine.placement.slabs.values())
+        slabs = [s.buffer for s in engine.store.slabs.values()]
         assert slabs and all(slab.cuda_registered for slab in slabs)
         outputs.append(LLM.from_engine(engine).generate([[5, 6, 7]], params)[0].outputs[0].token_ids)
         engine.close()

@@ -3,9 +3,10 @@ never read), eager and under CUDA graph capture, with the counters the engine re
 import pytest
 import torch
 
-from gh200rt.memory.device_view import prepare_slab_for_device
+from gh200rt.weights.device_view import prepare_slab_for_device
 from gh200rt.numa.alloc import allocate
 from gh200rt.transfer.backend import make_transfer_backend
+from gh200rt.engine.model_runner import forward
 from tests.gpu.gpu_models import Steps, stream_layers, tiny_arch, tiny_model
 
 pytestmark = pytest.mark.gpu
@@ -62,8 +63,8 @@ def test_streamed_forward_matches_all_resident(platform, dtype, slots, distance)
     arch = tiny_arch()
     ids, want = Steps(tiny_model(arch, dtype, "cuda"), "cuda").greedy(PROMPT, 4)
     model = tiny_model(arch, dtype, "cuda")
-    backend, _ = stream_layers(model, list(range(arch.num_layers)), platform, slots, distance, poison=True)
-    got = Steps(model, "cuda").forced(ids, len(PROMPT))
+    backend, _, schedule = stream_layers(model, list(range(arch.num_layers)), platform, slots, distance, poison=True)
+    got = Steps(model, "cuda", hooks=schedule).forced(ids, len(PROMPT))
     torch.cuda.synchronize()
     err = relative_error(got, want)
     print(f"streamed K={slots} d={distance} {dtype}: worst relative logit error {err:.2e}")
@@ -76,12 +77,13 @@ def test_streamed_forward_matches_all_resident(platform, dtype, slots, distance)
 def captured_decode_step(platform, layers: list[int]):
     """A tiny model with ``layers`` streamed (K=2, d=1, poisoned slots), its prompt already prefilled:
     (backend, step, want) where ``step()`` decodes one token eagerly and ``want`` is what all-resident
-    computes for it. ``step`` has been warmed up on a side stream, as torch.cuda.graph asks."""
+    computes for it. ``step`` has been warmed up on a side stream, as torch.cuda.graph asks. A captured
+    step is self-contained, so its ring does not prefetch across steps."""
     arch = tiny_arch()
     resident = Steps(tiny_model(arch, torch.float32, "cuda"), "cuda")
     model = tiny_model(arch, torch.float32, "cuda")
-    backend, _ = stream_layers(model, layers, platform, slots=2, distance=1, poison=True)
-    streamed = Steps(model, "cuda")
+    backend, _, schedule = stream_layers(model, layers, platform, slots=2, distance=1, poison=True, wrap_steps=False)
+    streamed = Steps(model, "cuda", hooks=schedule)
     ids = PROMPT + [17]
     resident.run(PROMPT, len(PROMPT))
     streamed.run(PROMPT, len(PROMPT))
@@ -91,7 +93,7 @@ def captured_decode_step(platform, layers: list[int]):
 
     @torch.inference_mode()
     def step():
-        return model.compute_logits(model(tokens, positions, meta, streamed.kv))
+        return model.compute_logits(forward(model, tokens, positions, meta, streamed.kv, schedule))
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import torch
 
+from gh200rt.engine.model_runner import forward
 from gh200rt.models.base import AttentionMetadata
+from gh200rt.weights.schedule import NULL_HOOKS
 
 
 class PagedRunner:
-    def __init__(self, model, block_size: int = 4, num_blocks: int = 64, dtype: torch.dtype | None = None):
+    def __init__(self, model, block_size: int = 4, num_blocks: int = 64, dtype: torch.dtype | None = None,
+                 hooks=NULL_HOOKS):
         arch = model.arch
+        self.hooks = hooks
         dtype = dtype or model.dtype
         self.model = model
         self.block_size = block_size
@@ -23,7 +27,7 @@ class PagedRunner:
         """Feed the last ``len(new_ids)`` tokens of a ``seq_len``-token sequence; logits of every new token."""
         blocks = -(-seq_len // self.block_size)
         meta = AttentionMetadata.build([len(new_ids)], [seq_len], [self.table[:blocks]], self.block_size)
-        hidden = self.model(torch.tensor(new_ids), meta.positions(), meta, self.caches)
+        hidden = forward(self.model, torch.tensor(new_ids), meta.positions(), meta, self.caches, self.hooks)
         return self.model.compute_logits(hidden)
 
     def prefill(self, ids: list[int], chunks: list[int] | None = None) -> torch.Tensor:

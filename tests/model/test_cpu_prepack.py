@@ -1,14 +1,19 @@
 """Resident linears converted for the CPU route: OneDNNWeight multiplies as F.linear does in bf16, and
-apply_cpu_route converts exactly the resident weights."""
+the weight store converts exactly the resident weights (and a layer promoted back to resident)."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from gh200rt.kernels.quant import HalfWeight
 from gh200rt.models.arch_config import ArchConfig
-from gh200rt.models.layers.cpu_prepack import OneDNNWeight, apply_cpu_route, linear_formats
+from gh200rt.config import MemoryConfig
+from gh200rt.models.layers.cpu_prepack import OneDNNWeight, linear_formats
 from gh200rt.models.registry import build_model
+from gh200rt.planner.cost_model import model_sizes
+from gh200rt.planner.planner import make_plan
 from gh200rt.platform.cpu_features import route_for
+from gh200rt.platform.detect import detect
+from gh200rt.weights.store import WeightStore
 
 needs_onednn_bf16 = pytest.mark.skipif(route_for("bfloat16").linear_format is None,
                                        reason="oneDNN cannot run bf16 on this CPU")
@@ -48,6 +53,13 @@ def tiny_arch() -> ArchConfig:
                       rope_theta=10000.0, tie_word_embeddings=True)
 
 
+def place(model, dtype: str, linear_format: str | None, **memory) -> WeightStore:
+    plan = make_plan(model_sizes(model.arch, dtype), detect("cpu"), MemoryConfig(**memory), 1 << 30)
+    store = WeightStore(model, platform=plan.platform, cpu_linear_format=linear_format)
+    store.apply(plan)
+    return store
+
+
 @needs_onednn_bf16
 def test_only_resident_weights_are_converted_and_values_survive():
     torch.manual_seed(0)
@@ -57,18 +69,23 @@ def test_only_resident_weights_are_converted_and_values_survive():
         for i in range(3):
             for ref in model.layer_weight_refs(i).values():
                 ref.current.normal_()
-    kept = model.layer_weight_refs(1)["mlp.down_proj"].current
     dense = {i: {k: r.current.clone() for k, r in model.layer_weight_refs(i).items()} for i in range(3)}
-    assert apply_cpu_route(model, "onednn-bf16", [0, 2]) == 9  # 4 linears x 2 layers + lm_head
-    assert model.layer_weight_refs(1)["mlp.down_proj"].current is kept
-    assert linear_formats(model) == {"OneDNNWeight": 9, "dense bfloat16": 4}
+    store = place(model, "bf16", "onednn-bf16", offload="none", layer_tiers="1:direct")
+    kept = model.layer_weight_refs(1)["mlp.down_proj"].current    # read in place from its host slab
+    assert isinstance(kept, torch.Tensor) and torch.equal(kept, dense[1]["mlp.down_proj"])
+    assert linear_formats(model) == {"OneDNNWeight": 9, "dense bfloat16": 4}  # 4 linears x 2 layers + lm_head
     assert model.embed_tokens.dtype == torch.bfloat16  # the tied embedding still reads its dense tensor
     x = torch.randn(3, 32).bfloat16()
     ref = model.layer_weight_refs(0)["self_attn.qkv_proj"]
     assert ref.current.shape == tuple(dense[0]["self_attn.qkv_proj"].shape)
     assert torch.allclose(ref.current.linear(x).float(), F.linear(x, dense[0]["self_attn.qkv_proj"]).float(),
                           atol=2e-2, rtol=2e-2)
-    assert apply_cpu_route(model, None, [0, 1, 2]) == 0
+    store.set_tier(1, "resident")                 # promoted: converted like the layers resident from the start
+    assert linear_formats(model) == {"OneDNNWeight": 13}
+    store.close()
+    untouched = build_model(tiny_arch(), torch.bfloat16)
+    place(untouched, "bf16", None, offload="none")
+    assert linear_formats(untouched) == {"dense bfloat16": 13}
 
 
 def test_fp16_route_converts_fp32_weights_to_half_weights():
@@ -80,7 +97,7 @@ def test_fp16_route_converts_fp32_weights_to_half_weights():
         model.embed_tokens.normal_()
     big = model.layer_weight_refs(2)["mlp.down_proj"]
     big.current[0, 0] = 1e6  # beyond fp16's range: stays dense float32
-    apply_cpu_route(model, "fp16", [0, 1, 2])
+    place(model, "fp32", "fp16", offload="none")
     assert isinstance(model.layer_weight_refs(0)["mlp.gate_up_proj"].current, HalfWeight)
     assert isinstance(big.current, torch.Tensor) and big.current.dtype == torch.float32
     assert linear_formats(model) == {"HalfWeight": 12, "dense float32": 1}

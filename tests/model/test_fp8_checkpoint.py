@@ -69,10 +69,12 @@ def test_offloaded_layers_keep_the_checkpoint_fp8_bytes(checkpoints, tiers):
     engine, got = generate(fp8_dir, host_weight_dtype="fp8", **tiers)
     stored = load_file(os.path.join(fp8_dir, "model.safetensors"))
     for i in range(3):
-        placed = engine.placement._layouts[i][1]["self_attn.qkv_proj"]
-        assert isinstance(placed, PackedWeight) and placed.fmt == "fp8"
+        slab = engine.store.slabs[i]
+        form = slab.forms["self_attn.qkv_proj"]
+        assert isinstance(form, PackedWeight) and form.fmt == "fp8"
+        in_slab = slab.views(slab.tensor)["self_attn.qkv_proj"]["qweight"]
         want = torch.cat([stored[f"model.layers.{i}.self_attn.{p}_proj.weight"] for p in "qkv"])
-        assert torch.equal(placed.qweight.view(torch.uint8), want.view(torch.uint8))  # lossless: the same bytes
+        assert torch.equal(in_slab.view(torch.uint8), want.view(torch.uint8))  # lossless: the same bytes
     _, want = generate(dense_dir, offload="none")
     assert got == want  # fp8 bytes x scale, multiplied in float32: what the dequantized model computes
     engine.close()

@@ -1,18 +1,22 @@
-"""The hooks other subsystems rely on: WeightRef indirection, LayerSchedule calls, loader writing through refs."""
+"""What other subsystems rely on: WeightRef indirection, the runner's layer hooks around a pure model, the
+loader writing through refs."""
 import torch
 
 from gh200rt.config import ModelConfig
 from gh200rt.loader import load_model
 from gh200rt.models.arch_config import ArchConfig
-from gh200rt.models.base import LayerSchedule
 from gh200rt.models.registry import build_model
 from tests.model.paged_runner import PagedRunner
+from gh200rt.weights.schedule import LayerHooks
 from tests.model.tiny_checkpoints import save_tiny
 
 
-class RecordingSchedule(LayerSchedule):
+class RecordingSchedule(LayerHooks):
     def __init__(self):
         self.calls = []
+
+    def begin_step(self, num_tokens):
+        self.calls.append(("begin", num_tokens))
 
     def before_layer(self, index):
         self.calls.append(("before", index))
@@ -39,15 +43,15 @@ def test_schedule_hooks_and_packed_weights(tmp_path):
     ids = list(range(3, 40))
     before = PagedRunner(model).prefill(ids)
     schedule = RecordingSchedule()
-    model.layer_schedule = schedule
     refs = model.layer_weight_refs(1)
     assert set(refs) == {"self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"}
     packed = PackedWeight(refs["mlp.down_proj"].current)
     refs["mlp.down_proj"].current = packed
-    after = PagedRunner(model).prefill(ids)
-    assert schedule.calls == [("before", 0), ("after", 0), ("before", 1), ("after", 1)]
+    after = PagedRunner(model, hooks=schedule).prefill(ids)
+    assert schedule.calls == [("begin", len(ids)), ("before", 0), ("after", 0), ("before", 1), ("after", 1)]
     assert packed.calls == 1
     assert torch.equal(before, after)
+    assert torch.equal(PagedRunner(model).prefill(ids), after)   # the model alone: the same, with no hooks
 
 
 def test_loader_writes_through_repointed_refs(tmp_path):

@@ -104,8 +104,9 @@ def test_describe_engine_uses_the_plan_and_survives_without_one():
                              config=engine.config)
     assert "2 resident" in describe_engine(broken)
     assert "could not describe itself" in describe_engine(SimpleNamespace())
-    assert describe_platform().startswith("cpu (profile cpu)")
-    assert "platform detection failed" in describe_platform("no-such-profile")
+    from gh200rt.platform.detect import detect
+    assert describe_platform(detect("cpu")).startswith("cpu (profile cpu)")
+    assert "placed by hand" in describe_platform(None)
 
 
 def test_metrics_render_weight_placement_series():

@@ -24,7 +24,7 @@ def test_capture_info_returns_error_status_and_id_first():
 def test_registering_a_slab_without_a_driver_is_a_clear_error():
     if torch.cuda.is_available():
         pytest.skip("with a GPU registration succeeds; tests/gpu covers it")
-    from gh200rt.memory.device_view import prepare_slab_for_device
+    from gh200rt.weights.device_view import prepare_slab_for_device
     from gh200rt.numa.alloc import allocate
     from gh200rt.platform.detect import Platform
     from gh200rt.platform.profiles import get_profile

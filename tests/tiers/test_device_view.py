@@ -3,8 +3,8 @@ weight is the host view (torch reads it in place). The CUDA paths are in tests/g
 import torch
 import torch.nn.functional as F
 
-from gh200rt.memory.device_view import device_address, device_view, direct_weight, prepare_slab_for_device
-from gh200rt.memory.slabs import allocate_slab
+from gh200rt.weights.device_view import device_address, device_view, direct_weight, prepare_slab_for_device
+from gh200rt.weights.slabs import allocate_slab
 from gh200rt.models.layers.linear import RefLinear
 from gh200rt.platform.detect import Platform, detect
 from gh200rt.platform.profiles import get_profile

@@ -4,7 +4,7 @@ per-call upcast copy of the whole weight lands in device memory."""
 import pytest
 import torch
 
-from gh200rt.memory.host_format import UpcastWeight, bind
+from gh200rt.weights.forms import UpcastWeight, bind
 
 
 class Recorded:

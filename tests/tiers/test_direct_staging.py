@@ -50,7 +50,7 @@ def test_staged_long_steps_generate_what_all_resident_generates(tiny_dir, monkey
     reference = run(engine(tiny_dir, offload="none"))
     monkeypatch.setattr(planner, "direct_staging_min_tokens", lambda platform: 8)  # prompts of 8+ tokens stage
     eng = engine(tiny_dir, staging_slots=2, prefetch_distance=1, **options)
-    schedule = eng.runner.model.layer_schedule
+    schedule = eng.store._schedule
     assert eng.plan.direct_staging_tokens == 8 and schedule.large_step_tokens == 8
     assert len(schedule.large_order) > len(schedule.decode_order)
     assert run(eng) == reference       # a 30-token prompt stages, decode steps read in place; slots are poisoned

@@ -35,7 +35,7 @@ def generate(eng: LLMEngine) -> list[int]:
 def test_close_unmaps_every_slab_while_the_engine_lives(wide_dir, options):
     eng = build(wide_dir, **options)
     generate(eng)
-    slabs = list(eng.placement.slabs.values())
+    slabs = [s.buffer for s in eng.store.slabs.values()]
     assert len(slabs) == 4
     eng.close()
     assert all(slab.unmapped for slab in slabs)
@@ -53,7 +53,7 @@ def test_fifty_engines_leave_resident_memory_flat(wide_dir):
         eng = build(wide_dir, offload="stream", staging_slots=2, prefetch_distance=1)
         generate(eng)
         if i >= 10:
-            slab_bytes += eng.placement.host_slab_bytes()
+            slab_bytes += eng.store.host_slab_bytes()
         eng.close()
         del eng
         if i in (9, 49):

@@ -4,7 +4,7 @@ what all-resident generates (staging slots are poisoned with NaN before each cop
 import pytest
 
 from gh200rt.config import EngineConfig
-from gh200rt.engine.device_memory import place_model
+from gh200rt.engine.bootstrap import load_and_place
 from gh200rt.engine.engine import LLMEngine
 from gh200rt.engine.llm import LLM
 from gh200rt.numa.alloc import where
@@ -71,9 +71,9 @@ def test_smollm2_placements_are_bit_identical(label):
 
 
 def test_budget_below_all_resident_streams_within_budget_and_grows_kv(tiny_dir):
-    resident = place_model(EngineConfig.from_kwargs(model=tiny_dir, dtype="float32", max_model_len=128,
+    resident = load_and_place(EngineConfig.from_kwargs(model=tiny_dir, dtype="float32", max_model_len=128,
                                                     offload="none"))
-    needed = resident.ledger.used             # weights + activations with every layer resident
+    needed = resident.ledger.used - resident.ledger.by_kind["kv_pool"]  # weights + activations, all resident
     layer = resident.plan.sizes.layer_bytes
     block = resident.plan.sizes.kv_bytes_per_token * 16
     budget = needed + 12 * block - 3 * layer  # all-resident would not even fit its weights and one sequence
@@ -98,12 +98,12 @@ def test_budget_too_small_names_the_minimum_that_works(tiny_dir):
 
 
 def test_host_slabs_exact_size_on_the_chosen_node(tiny_dir):
-    placed = place_model(EngineConfig.from_kwargs(model=tiny_dir, dtype="float32", max_model_len=128,
+    placed = load_and_place(EngineConfig.from_kwargs(model=tiny_dir, dtype="float32", max_model_len=128,
                                                   offload="direct"))
     offloaded = LAYERS * sum(ref.current.nbytes for ref in placed.loaded.model.layer_weight_refs(0).values())
-    assert offloaded <= placed.placement.host_slab_bytes() <= 1.02 * offloaded
-    for slab in placed.placement.slabs.values():
-        pages = where(slab)
+    assert offloaded <= placed.store.host_slab_bytes() <= 1.02 * offloaded
+    for slab in placed.store.slabs.values():
+        pages = where(slab.buffer)
         assert set(pages) == {placed.platform.host_numa_node}, pages
 
 
@@ -112,7 +112,7 @@ def test_host_weight_formats_streamed_equals_direct(tiny_dir, fmt):
     direct = engine(tiny_dir, offload="direct", host_weight_dtype=fmt)
     streamed = engine(tiny_dir, offload="stream", staging_slots=2, prefetch_distance=1, host_weight_dtype=fmt)
     assert run(direct) == run(streamed)
-    slab = next(iter(streamed.placement.slabs.values())).nbytes
+    slab = next(iter(streamed.store.slabs.values())).nbytes
     dense = sum(ref.current.nbytes for ref in engine(tiny_dir, offload="none").runner.model.layer_weight_refs(0)
                 .values())
     assert slab < dense * {"bf16": 0.51, "int8": 0.27, "int4": 0.2, "fp8": 0.27}[fmt]

@@ -32,6 +32,6 @@ def test_fp16_streamed_equals_direct_and_halves_the_slabs(tmp_path):
     want = run(direct)
     assert run(streamed) == want and run(mixed) == want
     fp32 = engine(model, offload="direct")
-    assert direct.placement.host_slab_bytes() <= 0.51 * fp32.placement.host_slab_bytes()
+    assert direct.store.host_slab_bytes() <= 0.51 * fp32.store.host_slab_bytes()
     for eng in (direct, streamed, mixed, fp32):
         eng.close()

@@ -4,13 +4,15 @@ import torch
 
 from gh200rt.config import MemoryConfig
 from gh200rt.kv.pool import allocate_kv_caches
-from gh200rt.memory.placement import Placement
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.models.base import AttentionMetadata
+from gh200rt.engine.model_runner import forward
 from gh200rt.models.llama import LlamaForCausalLM
 from gh200rt.planner.cost_model import model_sizes
 from gh200rt.planner.planner import make_plan
 from gh200rt.platform.detect import detect
+from gh200rt.weights.schedule import NULL_HOOKS
+from gh200rt.weights.store import WeightStore
 
 ARCH = ArchConfig("llama", hidden_size=32, intermediate_size=64, num_layers=6, num_heads=4,
                   num_kv_heads=2, head_dim=8, vocab_size=97)
@@ -25,7 +27,7 @@ def _model() -> LlamaForCausalLM:
     return model
 
 
-def _greedy(model, prompt: list[int], steps: int, kv_dtype: torch.dtype = torch.float32):
+def _greedy(model, prompt: list[int], steps: int, kv_dtype: torch.dtype = torch.float32, hooks=NULL_HOOKS):
     kv = allocate_kv_caches(ARCH.num_layers, 4, BLOCK, ARCH.num_kv_heads, ARCH.head_dim, kv_dtype)
     tokens, all_logits = list(prompt), []
     query = len(prompt)
@@ -33,7 +35,7 @@ def _greedy(model, prompt: list[int], steps: int, kv_dtype: torch.dtype = torch.
         meta = AttentionMetadata.build([query], [len(tokens)], [[0, 1, 2, 3]], BLOCK)
         ids = torch.tensor(tokens[-query:])
         pos = torch.arange(len(tokens) - query, len(tokens))
-        logits = model.compute_logits(model(ids, pos, meta, kv))[-1]
+        logits = model.compute_logits(forward(model, ids, pos, meta, kv, hooks))[-1]
         all_logits.append(logits)
         tokens.append(int(logits.argmax()))
         query = 1
@@ -56,12 +58,12 @@ PLACEMENTS = ([dict(offload="stream", staging_slots=k, prefetch_distance=d) for 
 def test_bit_identical_across_placements(memory, kv):
     plan = make_plan(model_sizes(ARCH, "fp32"), detect("cpu"), MemoryConfig(**memory), 1 << 30)
     model = _model()
-    placement = Placement(plan, poison=True)
-    placement.apply(model)
-    logits, tokens = _greedy(model, [1, 5, 9, 13], 6, KV_DTYPES[kv])
+    store = WeightStore(model, platform=plan.platform, poison=True)
+    store.apply(plan)
+    logits, tokens = _greedy(model, [1, 5, 9, 13], 6, KV_DTYPES[kv], store)
     assert torch.equal(logits, REFERENCE[kv][0]) and tokens == REFERENCE[kv][1]
     offloaded = sum(t != "resident" for t in plan.tiers) * model_sizes(ARCH, "fp32").layer_bytes
-    assert placement.host_slab_bytes() <= 1.02 * offloaded + 64 * 4 * ARCH.num_layers
-    if placement.backend is not None:
-        assert placement.backend.bytes_copied > 0
-        placement.backend.close()
+    assert store.host_slab_bytes() <= 1.02 * offloaded + 64 * 4 * ARCH.num_layers
+    if store.backend is not None:
+        assert store.backend.bytes_copied > 0
+    store.close()

@@ -6,8 +6,8 @@ import pytest
 
 from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
-from gh200rt.memory import slabs
-from gh200rt.memory.slabs import check_node_has_room, node_available_bytes
+from gh200rt.weights import slabs
+from gh200rt.weights.slabs import check_node_has_room, node_available_bytes
 from tests.engine.real_models import save_tiny_llama
 
 FIXTURES = Path(__file__).parents[1] / "numa" / "fixtures"

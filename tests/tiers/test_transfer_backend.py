@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from gh200rt.memory.slabs import allocate_slab
+from gh200rt.weights.slabs import allocate_slab
 from gh200rt.transfer.backend import make_transfer_backend
 from gh200rt.transfer.cpu_backend import CpuTransferBackend
 

@@ -1,6 +1,6 @@
 import torch
 
-from gh200rt.memory.slabs import allocate_slab
+from gh200rt.weights.slabs import allocate_slab
 from gh200rt.transfer.cpu_backend import CpuTransferBackend
 
 

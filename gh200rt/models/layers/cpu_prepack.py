@@ -1,7 +1,8 @@
 """Resident CPU linear weights converted once, at start-up, into the form the CPU route multiplies fastest.
 
-``apply_cpu_route`` repoints the ``WeightRef`` of every resident linear (decoder layers and the
-lm_head) for the route chosen in ``platform/cpu_features.py``:
+``cpu_route_form(weight, linear_format)`` is the form a resident dense weight takes for the route
+chosen in ``platform/cpu_features.py``; the weight store applies it to every resident linear
+(decoder layers and the lm_head):
 
 * ``onednn-bf16`` -> ``OneDNNWeight``: the bf16 weight reordered into oneDNN's blocked layout
   (``torch.ops.mkldnn._reorder_linear_weight``) and multiplied by oneDNN's inner product. At decode
@@ -42,7 +43,7 @@ class OneDNNWeight:
         return f"OneDNNWeight(shape={self.shape})"
 
 
-def _convert(weight: torch.Tensor, fmt: str):
+def cpu_route_form(weight: torch.Tensor, fmt: str):
     if fmt == "onednn-bf16":
         return OneDNNWeight(weight) if weight.dtype == torch.bfloat16 else weight
     if fmt == "fp16":
@@ -53,29 +54,6 @@ def _convert(weight: torch.Tensor, fmt: str):
         half._fbgemm_form()  # build fbgemm's packed copy now, not inside the first request
         return half
     raise ValueError(f"unknown CPU linear format {fmt!r}")
-
-
-def _resident_refs(model, resident_layers: list[int]):
-    for i in resident_layers:
-        yield from model.layer_weight_refs(i).values()
-    yield model.lm_head.weight_ref
-
-
-def apply_cpu_route(model, linear_format: str | None, resident_layers: list[int]) -> int:
-    """Convert the resident dense weights of ``model`` to ``linear_format``; returns how many were."""
-    if linear_format is None:
-        return 0
-    converted = 0
-    with torch.inference_mode():
-        for ref in _resident_refs(model, resident_layers):
-            current = ref.current
-            if not isinstance(current, torch.Tensor) or current.device.type != "cpu":
-                continue
-            form = _convert(current, linear_format)
-            if form is not current:
-                ref.current = form
-                converted += 1
-    return converted
 
 
 def linear_formats(model) -> dict[str, int]:

@@ -1,31 +1,35 @@
-"""Where the engine's weights and KV cache live: platform -> plan -> placement -> ledger.
+"""Engine start-up: detect the platform, load the model on the host, plan its tiers, place its weights
+and size the KV cache, in that order and once.
 
-The hardware decision is made here, once (DESIGN.md invariant 1): ``place_model`` loads the
-model on the host, plans per-layer tiers against the device-memory ledger, applies the
-placement and books every device byte; ``size_kv_pool`` then gives the KV cache what the ledger
-has left (or the ``--num-kv-blocks`` override) and books it too. Over-commit fails here, at
-start-up, with the numbers and the flag to change.
+The hardware decision is made here (DESIGN.md invariant 1): ``load_and_place(config)`` detects the
+platform (unless given one), loads the model on the host, plans per-layer tiers against the
+device-memory ledger, hands the model to a ``WeightStore`` that places it and books every device
+byte, then gives the KV cache what the ledger has left (or ``--num-kv-blocks``) and books it too.
+The returned ``Plan`` is the one plan: its ``num_kv_blocks`` is the pool that was booked. Over-commit
+fails here, at start-up, with the numbers and the flag to change.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
 import torch
 
 from gh200rt.config import EngineConfig
+from gh200rt.kv.fp8 import kv_cache_dtype
+from gh200rt.kv.pool import kv_bytes_per_block
 from gh200rt.loader.load import LoadedModel, load_model
-from gh200rt.memory import host_format
 from gh200rt.memory.ledger import DeviceMemoryLedger, ledger_capacity
-from gh200rt.memory.placement import Placement
-from gh200rt.memory.slabs import check_node_has_room
-from gh200rt.numa.affinity import bind_engine_threads
 from gh200rt.models.gpu_kernels import use_triton_kernels
-from gh200rt.models.layers.cpu_prepack import apply_cpu_route
+from gh200rt.numa.affinity import bind_engine_threads
 from gh200rt.planner.cost_model import activation_bytes, model_sizes
 from gh200rt.planner.planner import Plan, make_plan
 from gh200rt.platform.cpu_features import route_for
 from gh200rt.platform.detect import Platform, detect
+from gh200rt.weights import forms as weight_forms
+from gh200rt.weights.slabs import check_node_has_room
+from gh200rt.weights.store import WeightStore
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +40,8 @@ DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp
 class PlacedModel:
     loaded: LoadedModel
     platform: Platform
-    plan: Plan
-    placement: Placement
+    plan: Plan                  # the one plan: tiers at start-up and the KV blocks booked
+    store: WeightStore
     ledger: DeviceMemoryLedger
     device: str
 
@@ -55,19 +59,20 @@ def execution_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def place_model(config: EngineConfig, device: str | None = None, poison: bool = False) -> PlacedModel:
+def load_and_place(config: EngineConfig, platform: Platform | None = None, device: str | None = None,
+                   poison: bool = False) -> PlacedModel:
     """Load ``config.model`` and place its weights per ``config.memory``; ``poison`` NaN-fills staging
     slots before every copy (tests: a read before the copy lands shows up)."""
     device = device or execution_device()
-    platform = detect(config.memory.platform)
+    platform = platform or detect(config.memory.platform)
     loaded = load_model(config.model, device="cpu", compute_device=device)  # placed below, layer by layer
     arch, dtype = loaded.arch, DTYPE_NAMES[loaded.dtype]
-    fmt = host_format.resolve_host_format(config.memory.host_weight_dtype, device == "cpu", loaded.dtype,
-                                          bool(loaded.quantized))
-    # an FP8 checkpoint's resident layers keep their fp8 weights on a GPU (placement._keep_fp8_resident)
-    fp8_resident = device != "cpu" and host_format.is_fp8_checkpoint(loaded.quantized)
+    fmt = weight_forms.resolve_host_format(config.memory.host_weight_dtype, device == "cpu", loaded.dtype,
+                                           bool(loaded.quantized))
+    # an FP8 checkpoint's resident layers keep their fp8 weights on a GPU (WeightStore)
+    fp8_resident = device != "cpu" and weight_forms.is_fp8_checkpoint(loaded.quantized)
     sizes = model_sizes(arch, dtype, kv_dtype=config.cache.kv_cache_dtype,
-                        host_format=host_format.planning_format(fmt, loaded.quantized),
+                        host_format=weight_forms.planning_format(fmt, loaded.quantized),
                         resident_format="fp8" if fp8_resident else None)
     activations = activation_bytes(arch, config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs,
                                    dtype)
@@ -80,18 +85,18 @@ def place_model(config: EngineConfig, device: str | None = None, poison: bool = 
     if device != "cpu" and config.memory.bind_threads:
         bind_threads_near(platform.host_numa_node)
     check_node_has_room(plan.host_weight_bytes, platform.host_numa_node)
-    placement = Placement(plan, device, platform, fmt, poison)
-    placement.apply(loaded.model, loaded.quantized)
+    ledger = DeviceMemoryLedger(capacity)
+    store = WeightStore(loaded.model, device, platform, fmt, poison, ledger, loaded.quantized,
+                        cpu_linear_format=route_for(config.model.dtype).linear_format,
+                        prefetch_across_steps=config.memory.prefetch_across_steps)
+    store.apply(plan)
     if device != "cpu":
         use_triton_kernels(loaded.model)
-    else:  # resident linears into the form the CPU route multiplies fastest (bf16 oneDNN, fp16 fbgemm)
-        resident = [i for i, tier in enumerate(plan.tiers) if tier == "resident"]
-        apply_cpu_route(loaded.model, route_for(config.model.dtype).linear_format, resident)
-    ledger = DeviceMemoryLedger(capacity)
-    ledger.reserve("resident_weights", placement.device_weight_bytes)
-    ledger.reserve("staging_ring", placement.staging_bytes)
     ledger.reserve("activations", activations)
-    return PlacedModel(loaded, platform, plan, placement, ledger, device)
+    per_block = kv_bytes_per_block(arch.num_layers, config.cache.block_size, arch.num_kv_heads, arch.head_dim,
+                                   kv_cache_dtype(config.cache.kv_cache_dtype, loaded.dtype))
+    blocks = size_kv_pool(ledger, config.cache.num_kv_blocks, per_block, config.cache.block_size, longest)
+    return PlacedModel(loaded, platform, dataclasses.replace(plan, num_kv_blocks=blocks), store, ledger, device)
 
 
 def bind_threads_near(node: int) -> None:

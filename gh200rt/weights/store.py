@@ -1,0 +1,304 @@
+"""WeightStore: the one owner of where a model's decoder-layer weights live, and the only writer of
+``WeightRef.current``.
+
+``WeightStore(model, device, platform, host_format, ...)`` takes a model loaded on the host;
+``apply(plan)`` places it, ``set_tier(layer, tier)`` moves one layer between steps, ``close()``
+releases every slab.
+- Parameters, buffers and the linear weights of RESIDENT layers live on ``device`` (on the CPU
+  platform, converted into the CPU route's fastest form, ``cpu_linear_format``).
+- An offloaded layer's linears take their host form (``forms.py``) in one ``LayerSlab`` on the
+  platform's host NUMA node. A DIRECT layer's WeightRefs point at the slab as the device reads it in
+  place; a STREAMED layer's at its staging slot, which ``StreamingSchedule`` fills ahead of use.
+- When the plan says so (``direct_staging_tokens``, GPU platforms), steps that long also stage the
+  direct layers through the ring.
+- A layer promoted back to RESIDENT gets one device buffer holding its slab's bytes: it computes
+  with exactly the bits it streamed. Its slab stays, so demoting it again is a rebind; with
+  ``keep_host_copies`` every layer gets a slab at ``apply`` (dynamic tiers), otherwise a resident
+  layer's slab is built from its device weights when it is first demoted.
+- The store drives the ring: the model runner calls its ``begin_step`` / ``before_layer`` /
+  ``after_layer`` hooks; with ``prefetch_across_steps`` the next step's first streamed layers copy
+  during the tail of this one. Tier changes happen between steps only.
+- Every device byte it places is booked in ``ledger`` (when given) under ``resident_weights`` and
+  ``staging_ring``; a promotion that does not fit raises ``LedgerOverCommit`` before anything moves.
+"""
+from __future__ import annotations
+
+import torch
+
+from gh200rt.kernels.quant import PackedWeight
+from gh200rt.models.layers.cpu_prepack import cpu_route_form
+from gh200rt.models.layers.linear import RefLinear
+from gh200rt.models.llama import FUSED_SHARDS
+from gh200rt.transfer.backend import make_transfer_backend
+from gh200rt.weights import forms as weight_forms
+from gh200rt.weights.layer_slab import LayerSlab
+from gh200rt.weights.schedule import NULL_HOOKS, LayerHooks, StreamingSchedule
+from gh200rt.weights.tiers import Tier, slot_of
+
+DEFAULT_STAGING_SLOTS = 2
+
+
+class _ClosedWeight:
+    """What an offloaded layer's WeightRef holds once its store was closed."""
+    nbytes = 0
+
+    def linear(self, x, bias=None):
+        raise RuntimeError("this model's offloaded weights were released when its engine was closed; "
+                           "build a new engine to generate again")
+
+
+CLOSED_WEIGHT = _ClosedWeight()
+
+
+def _weight_nbytes(weight) -> int:
+    return weight.nbytes if isinstance(weight, torch.Tensor) else int(weight.nbytes)
+
+
+class WeightStore(LayerHooks):
+    def __init__(self, model, device="cpu", platform=None, host_format: str | None = None, poison: bool = False,
+                 ledger=None, quantized: dict | None = None, cpu_linear_format: str | None = None,
+                 keep_host_copies: bool = False, prefetch_across_steps: bool = True):
+        self.model, self.device, self.platform = model, torch.device(device), platform
+        self.compute_dtype = model.dtype
+        self.host_format = host_format or weight_forms.resolve_host_format(
+            "auto", self.device.type == "cpu", self.compute_dtype, bool(quantized))
+        self.poison, self.ledger, self.quantized = poison, ledger, quantized
+        self.cpu_linear_format = cpu_linear_format if self.device.type == "cpu" else None
+        self.keep_host_copies = keep_host_copies
+        self.prefetch_across_steps = prefetch_across_steps
+        self.tiers: list[Tier] = []
+        self.slabs: dict[int, LayerSlab] = {}
+        self.backend = None
+        self.device_weight_bytes = 0
+        self._layer_device_bytes: dict[int, int] = {}   # resident layer -> device bytes of its linears
+        self._num_slots = DEFAULT_STAGING_SLOTS
+        self._distance: int | None = None
+        self._direct_staging_tokens: int | None = None
+        self._schedule: LayerHooks = NULL_HOOKS
+        self._closed = False
+
+    # ---- what the ledger and the engine read ------------------------------------------------------
+    @property
+    def staging_bytes(self) -> int:
+        return sum(slot.nbytes for slot in self.backend.slots) if self.backend else 0
+
+    def host_slab_bytes(self) -> int:
+        return sum(s.nbytes for s in self.slabs.values())
+
+    @property
+    def tier_counts(self) -> dict[str, int]:
+        return {tier.value: self.tiers.count(tier) for tier in Tier}
+
+    def layers(self, tier: Tier) -> list[int]:
+        return [i for i, t in enumerate(self.tiers) if t == tier]
+
+    # ---- placing -----------------------------------------------------------------------------------
+    def apply(self, plan) -> None:
+        """Place the model per ``plan`` (the first call), or move every layer whose tier differs (later)."""
+        tiers = [Tier(t) for t in plan.tiers]
+        if self.tiers:
+            for layer, tier in enumerate(tiers):
+                self.set_tier(layer, tier)
+            return
+        self.platform = self.platform or plan.platform
+        self._num_slots = plan.staging_slots or DEFAULT_STAGING_SLOTS
+        self._distance = plan.prefetch_distance if plan.staging_slots else None
+        self._direct_staging_tokens = plan.direct_staging_tokens
+        self.tiers = tiers
+        for layer, tier in enumerate(tiers):   # one layer at a time: its dense weights go once the slab holds them
+            if tier != Tier.RESIDENT or self.keep_host_copies:
+                self._build_slab(layer, self.model.layer_weight_refs(layer))
+            if tier != Tier.RESIDENT:
+                self._write(layer, self.slabs[layer].bind(self.slabs[layer].tensor, self.compute_dtype, stable=True))
+        if self.device.type != "cpu" and weight_forms.is_fp8_checkpoint(self.quantized):
+            self._keep_fp8_resident()
+        placed = self._move_to_device()
+        for layer in self.layers(Tier.RESIDENT):
+            self._write(layer, {name: self._resident_form(ref.current)
+                                for name, ref in self.model.layer_weight_refs(layer).items()})
+        lm_head = self.model.lm_head.weight_ref
+        lm_head.current = self._resident_form(lm_head.current)
+        self._book("resident_weights", placed)
+        if self._ring_users():
+            self._make_ring(max(self.slabs[i].nbytes for i in self._ring_users()))
+        self._reorder()
+
+    def set_tier(self, layer: int, tier: Tier | str) -> None:
+        """Move ``layer`` to ``tier``, between steps. A promotion that does not fit the ledger raises
+        ``LedgerOverCommit`` and changes nothing."""
+        tier, old = Tier(tier), self.tiers[layer]
+        if self._closed:
+            raise RuntimeError("this weight store was closed with its engine; build a new engine")
+        if tier == old:
+            return
+        if old == Tier.RESIDENT:
+            if layer not in self.slabs:
+                self._build_slab(layer, self.model.layer_weight_refs(layer))
+            if self.backend is None and tier == Tier.STREAMED:
+                self._make_ring(self.slabs[layer].nbytes)
+            assert self.backend is None or self.slabs[layer].nbytes <= self.backend.slots[0].nbytes, \
+                "decoder layers of one model share a slab size"
+            self.tiers[layer] = tier
+            self._reorder()                      # the layer's refs now point at its slot or slab
+            self._book("resident_weights", -self._layer_device_bytes.pop(layer))
+            return
+        if tier == Tier.RESIDENT:
+            slab = self.slabs[layer]
+            self._book("resident_weights", slab.nbytes)
+            try:
+                home = slab.device_copy()
+            except BaseException:
+                self._book("resident_weights", -slab.nbytes)
+                raise
+            self.tiers[layer] = tier
+            self._reorder()                      # out of the ring first: the refs written below are final
+            bound = slab.bind(home, self.compute_dtype, stable=True)
+            self._write(layer, {name: self._resident_form(weight) for name, weight in bound.items()})
+            self._layer_device_bytes[layer] = slab.nbytes
+            return
+        if self.backend is None and tier == Tier.STREAMED:
+            self._make_ring(self.slabs[layer].nbytes)
+        self.tiers[layer] = tier
+        self._reorder()
+
+    # ---- the ring ----------------------------------------------------------------------------------
+    def _ring_users(self) -> list[int]:
+        staged_direct = self.layers(Tier.DIRECT) if self._direct_staging_tokens else []
+        return sorted(self.layers(Tier.STREAMED) + staged_direct)
+
+    def _make_ring(self, slot_bytes: int) -> None:
+        self._book("staging_ring", slot_bytes * self._num_slots)
+        self.backend = make_transfer_backend(self.device, slot_bytes, self._num_slots, self.poison)
+        distance = self._distance if self._distance is not None else self._num_slots - 1
+        self._schedule = StreamingSchedule(self.backend, distance, lambda layer: self.slabs[layer].tensor,
+                                           self._bind_ring, wrap_steps=self.prefetch_across_steps)
+
+    def _reorder(self) -> None:
+        if isinstance(self._schedule, StreamingSchedule):
+            self._schedule.set_orders(self.layers(Tier.STREAMED), self._ring_users(), self._direct_staging_tokens)
+        else:
+            self._bind_ring([])
+
+    def _bind_ring(self, order: list[int]) -> None:
+        """Point each offloaded layer's WeightRefs at its slot in ``order``, or, for a direct layer outside
+        ``order``, at its host slab as the device reads it in place."""
+        position = {layer: p for p, layer in enumerate(order)}
+        for layer, tier in enumerate(self.tiers):
+            if tier == Tier.RESIDENT:
+                continue
+            slab = self.slabs[layer]
+            if layer in position:
+                slot = self.backend.slots[slot_of(position[layer], self._num_slots)]
+                self._write(layer, slab.bind(slot, self.compute_dtype, stable=False))
+            else:
+                assert tier == Tier.DIRECT, (layer, tier, order)
+                self._write(layer, slab.direct(self.compute_dtype))
+
+    # ---- hooks the model runner drives ------------------------------------------------------------
+    def begin_step(self, num_tokens: int) -> None:
+        self._schedule.begin_step(num_tokens)
+
+    def before_layer(self, index: int) -> None:
+        self._schedule.before_layer(index)
+
+    def after_layer(self, index: int) -> None:
+        self._schedule.after_layer(index)
+
+    # ---- helpers -----------------------------------------------------------------------------------
+    def _write(self, layer: int, weights: dict[str, object]) -> None:
+        for name, ref in self.model.layer_weight_refs(layer).items():
+            ref.current = weights[name]
+
+    def _build_slab(self, layer: int, refs) -> None:
+        forms = {}
+        for name, ref in refs.items():
+            weight = ref.current
+            if not isinstance(weight, torch.Tensor) and not hasattr(weight, "tensors"):
+                raise ValueError(f"layer {layer}'s {name} is held as {type(weight).__name__}, which has no host "
+                                 f"form; start the engine with every layer's host copy kept (dynamic tiers)")
+            if isinstance(weight, torch.Tensor):
+                weight = weight.cpu()
+            forms[name] = weight_forms.host_form(weight, self.host_format, _gguf_parts(self.quantized, layer, name)) \
+                if isinstance(weight, torch.Tensor) else weight
+        self.slabs[layer] = LayerSlab(forms, self.platform.host_numa_node, self.platform, self.device)
+
+    def _keep_fp8_resident(self) -> None:
+        """On a GPU, a resident layer of an FP8 checkpoint keeps its fp8 weights (half the HBM of bf16, read by
+        host_gemm with the row scales) instead of the dequantized copy the loader made."""
+        for layer in self.layers(Tier.RESIDENT):
+            for name, ref in self.model.layer_weight_refs(layer).items():
+                parts = _gguf_parts(self.quantized, layer, name)
+                if parts:
+                    ref.current = weight_forms.concat_rows(parts)
+
+    def _resident_form(self, weight):
+        if self.cpu_linear_format is None or not isinstance(weight, torch.Tensor) or weight.device.type != "cpu":
+            return weight
+        with torch.inference_mode():
+            return cpu_route_form(weight, self.cpu_linear_format)
+
+    def _move_to_device(self) -> int:
+        """Everything but the offloaded layers' linear weights goes to the device; returns its bytes."""
+        model = self.model
+        if self.device.type != "cpu":
+            model.to(self.device)
+        offloaded = {id(ref) for i, tier in enumerate(self.tiers) if tier != Tier.RESIDENT
+                     for ref in model.layer_weight_refs(i).values()}
+        seen: dict[int, int] = {}
+        for layer in self.layers(Tier.RESIDENT):
+            self._layer_device_bytes[layer] = 0
+            for ref in model.layer_weight_refs(layer).values():
+                self._layer_device_bytes[layer] += _weight_nbytes(ref.current)
+        for module in model.modules():
+            if isinstance(module, RefLinear) and id(module.weight_ref) not in offloaded:
+                ref = module.weight_ref
+                if isinstance(ref.current, torch.Tensor) and ref.current.device != self.device:
+                    ref.current = ref.current.to(self.device)
+                if isinstance(ref.current, torch.Tensor):
+                    seen[ref.current.data_ptr()] = ref.current.nbytes
+                elif isinstance(ref.current, PackedWeight):   # an FP8 checkpoint's resident weight
+                    ref.current = ref.current.with_tensors({n: t.to(self.device)
+                                                            for n, t in ref.current.tensors().items()})
+                    seen.update({t.data_ptr(): t.nbytes for t in ref.current.tensors().values()})
+        for tensor in [*model.parameters(), *model.buffers()]:
+            seen[tensor.data_ptr()] = tensor.nbytes
+        return sum(seen.values())
+
+    def _book(self, kind: str, nbytes: int) -> None:
+        """Reserve (``nbytes`` >= 0) or release device bytes; a reservation that does not fit raises first."""
+        if self.ledger is not None:
+            if nbytes >= 0:
+                self.ledger.reserve(kind, nbytes)
+            else:
+                self.ledger.release(kind, -nbytes)
+        if kind == "resident_weights":
+            self.device_weight_bytes += nbytes
+
+    def close(self) -> None:
+        """Finish outstanding copies, detach from the model and free every slab (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        if isinstance(self._schedule, StreamingSchedule):
+            self._schedule.drain()
+        self._schedule = NULL_HOOKS
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = None
+        for layer, tier in enumerate(self.tiers):
+            if tier != Tier.RESIDENT:
+                for ref in self.model.layer_weight_refs(layer).values():
+                    ref.current = CLOSED_WEIGHT
+        for slab in self.slabs.values():
+            slab.free()
+        self.slabs.clear()
+
+
+def _gguf_parts(quantized: dict | None, layer: int, name: str) -> list | None:
+    """The checkpoint's quantized tensors (GGUF, or FP8 weights) whose rows make up linear ``name`` of ``layer``,
+    or None when any is not quantized."""
+    if not quantized:
+        return None
+    prefix = f"model.layers.{layer}."
+    parts = [f"{prefix}{part}.weight" for part in FUSED_SHARDS.get(name, (name,))]
+    return [quantized[p] for p in parts] if all(p in quantized for p in parts) else None

@@ -1,0 +1,156 @@
+"""WeightStore: the one writer of WeightRef.current. Layers moved between tiers between steps compute exactly
+what all-resident computes (fp32, NaN-poisoned slots); the ledger follows every move; a promotion that does
+not fit changes nothing; a closed store refuses to move anything."""
+import random
+
+import pytest
+import torch
+
+from gh200rt.config import MemoryConfig
+from gh200rt.engine.model_runner import forward
+from gh200rt.kv.pool import allocate_kv_caches
+from gh200rt.memory.ledger import DeviceMemoryLedger, LedgerOverCommit
+from gh200rt.models.base import AttentionMetadata
+from gh200rt.planner.cost_model import model_sizes
+from gh200rt.planner.planner import make_plan
+from gh200rt.platform.detect import detect
+from gh200rt.sampling_params import SamplingParams
+from gh200rt.weights.schedule import NULL_HOOKS
+from gh200rt.weights.store import WeightStore
+from gh200rt.weights.tiers import Tier
+from tests.tiers.test_engine_placement import engine, tiny_dir  # noqa: F401 (fixture)
+from tests.tiers.test_invariance import ARCH, BLOCK, _model
+
+STEPS = 14
+PROMPT = [1, 5, 9, 13]
+
+
+def greedy(model, hooks=NULL_HOOKS, between_steps=lambda step: None):
+    kv = allocate_kv_caches(ARCH.num_layers, 4, BLOCK, ARCH.num_kv_heads, ARCH.head_dim, torch.float32)
+    tokens, all_logits, query = list(PROMPT), [], len(PROMPT)
+    for step in range(STEPS):
+        between_steps(step)
+        meta = AttentionMetadata.build([query], [len(tokens)], [[0, 1, 2, 3]], BLOCK)
+        pos = torch.arange(len(tokens) - query, len(tokens))
+        logits = model.compute_logits(forward(model, torch.tensor(tokens[-query:]), pos, meta, kv, hooks))[-1]
+        all_logits.append(logits)
+        tokens.append(int(logits.argmax()))
+        query = 1
+    return torch.stack(all_logits), tokens
+
+
+REFERENCE = greedy(_model())
+
+
+def placed(keep_host_copies=False, ledger=None, **memory):
+    memory = {"staging_slots": 2, "prefetch_distance": 1, **memory}
+    plan = make_plan(model_sizes(ARCH, "fp32"), detect("cpu"), MemoryConfig(**memory), 1 << 30)
+    model = _model()
+    store = WeightStore(model, platform=plan.platform, poison=True, ledger=ledger, keep_host_copies=keep_host_copies)
+    store.apply(plan)
+    return model, store
+
+
+@pytest.mark.parametrize("keep_host_copies", [False, True], ids=["slabs on demand", "every layer on the host"])
+@pytest.mark.parametrize("start", [dict(offload="none"), dict(offload="stream"),
+                                   dict(offload="none", layer_tiers="1:streamed,3:streamed,4:direct")],
+                         ids=["all resident", "all streamed", "mixed"])
+def test_random_tier_moves_between_steps_are_bit_identical(keep_host_copies, start):
+    model, store = placed(keep_host_copies, **start)
+    rng = random.Random(sum(map(ord, str(start))) + keep_host_copies)
+    moves = []
+
+    def move(step):
+        for _ in range(rng.randint(0, 3)):
+            layer, tier = rng.randrange(ARCH.num_layers), rng.choice(list(Tier))
+            store.set_tier(layer, tier)
+            moves.append((step, layer, tier))
+
+    logits, tokens = greedy(model, store, move)
+    assert tokens == REFERENCE[1] and torch.equal(logits, REFERENCE[0]), moves
+    assert {t for _, _, t in moves} == set(Tier)
+    store.close()
+
+
+def test_every_tier_to_every_tier():
+    model, store = placed(offload="none")
+    path = [Tier.STREAMED, Tier.DIRECT, Tier.RESIDENT, Tier.DIRECT, Tier.STREAMED, Tier.RESIDENT]
+    logits, tokens = greedy(model, store, lambda step: [store.set_tier(layer, path[step % len(path)])
+                                                        for layer in (0, 3, 5)])
+    assert tokens == REFERENCE[1] and torch.equal(logits, REFERENCE[0])
+    assert store.tiers[0] == path[(STEPS - 1) % len(path)]
+    store.close()
+
+
+def test_ledger_follows_moves_and_a_promotion_that_does_not_fit_changes_nothing():
+    ledger = DeviceMemoryLedger(1 << 30)
+    model, store = placed(ledger=ledger, offload="none", layer_tiers="2:streamed,5:streamed")
+    layer_bytes = sum(r.current.nbytes for r in model.layer_weight_refs(0).values())
+    resident = ledger.by_kind["resident_weights"]
+    assert ledger.by_kind["staging_ring"] == 2 * store.slabs[2].nbytes
+    store.set_tier(0, Tier.DIRECT)
+    assert ledger.by_kind["resident_weights"] == resident - layer_bytes == store.device_weight_bytes
+    store.set_tier(0, Tier.RESIDENT)
+    assert ledger.by_kind["resident_weights"] == resident
+    store.set_tier(1, Tier.STREAMED)
+    ledger.capacity = ledger.used + layer_bytes // 2        # too little left to promote a layer
+    before = {name: ref.current for name, ref in model.layer_weight_refs(1).items()}
+    with pytest.raises(LedgerOverCommit, match="resident_weights"):
+        store.set_tier(1, Tier.RESIDENT)
+    assert store.tiers[1] == Tier.STREAMED
+    assert {name: ref.current for name, ref in model.layer_weight_refs(1).items()} == before
+    logits, tokens = greedy(model, store)
+    assert tokens == REFERENCE[1] and torch.equal(logits, REFERENCE[0])
+    store.close()
+
+
+def test_a_ring_appears_when_the_first_layer_streams():
+    ledger = DeviceMemoryLedger(1 << 30)
+    model, store = placed(ledger=ledger, offload="none")
+    assert store.backend is None and ledger.by_kind["staging_ring"] == 0
+    store.set_tier(3, Tier.STREAMED)
+    assert len(store.backend.slots) == 2 and ledger.by_kind["staging_ring"] == 2 * store.slabs[3].nbytes
+    logits, tokens = greedy(model, store)
+    assert tokens == REFERENCE[1] and torch.equal(logits, REFERENCE[0])
+    assert store.backend.bytes_copied > 0
+    store.close()
+
+
+def test_a_closed_store_moves_nothing():
+    model, store = placed(offload="stream")
+    store.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        store.set_tier(0, Tier.RESIDENT)
+    store.close()
+
+
+def test_engine_steps_with_tier_moves_match_all_resident(tiny_dir):  # noqa: F811
+    """Shared prefixes (one request arrives per step, so later ones hit the prefix cache), preemption (a KV
+    pool of 20 blocks for 10 requests) and tier moves every other step: what all-resident produces."""
+    prompts = [[7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23 + i] for i in range(6)] + \
+        [[40 + i, 41, 42] for i in range(4)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2)
+
+    def run(eng, moves=None):
+        done, step = {}, 0
+        while step < len(prompts) or eng.has_unfinished_requests():
+            if step < len(prompts):
+                eng.add_request(str(step), None, params, prompt_token_ids=prompts[step])
+            if moves is not None and step % 2 == 1:
+                moves(step)
+            for out in eng.step():
+                if out.finished:
+                    completion = out.outputs[0]
+                    done[out.request_id] = (completion.token_ids, [sorted(lp.items()) for lp in completion.logprobs])
+            step += 1
+        return [done[str(i)] for i in range(len(prompts))], eng.stats()
+
+    reference, _ = run(engine(tiny_dir, offload="none", num_kv_blocks=20))
+    eng = engine(tiny_dir, offload="none", layer_tiers="2:streamed,4:streamed", staging_slots=2, prefetch_distance=1,
+                 num_kv_blocks=20)
+    rng = random.Random(3)
+    got, stats = run(eng, lambda step: eng.store.set_tier(rng.randrange(6), rng.choice(list(Tier))))
+    assert got == reference
+    assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
+    assert sum(stats.layers_per_tier.values()) == 6
+    eng.close()
