@@ -17,10 +17,18 @@ _LAYOUT_KEY = "_torch_paged_attention_layout"
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Store new K/V ``[T, num_kv_heads, head_dim]`` at their flat pool slots."""
+    """Store new K/V ``[T, num_kv_heads, head_dim]`` at their flat pool slots (block * block_size + offset).
+    The pool may be a strided view (the device arena lays blocks out block-major across layers)."""
     num_kv_heads, head_dim = kv_cache.shape[-2], kv_cache.shape[-1]
-    kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
-    kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
+    k, v = k.to(kv_cache.dtype), v.to(kv_cache.dtype)
+    if kv_cache[0].is_contiguous():
+        kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
+        kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+        return
+    block_size = kv_cache.shape[2]
+    where = (slot_mapping // block_size, slot_mapping % block_size)
+    kv_cache[0].index_put_(where, k)
+    kv_cache[1].index_put_(where, v)
 
 
 class _Group:
