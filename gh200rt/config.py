@@ -13,7 +13,7 @@ from gh200rt.weights.tiers import Tier
 
 DEFAULT_MODEL = "smollm2-135m"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-OFFLOAD_MODES = ("auto", "none", "stream", "direct")
+OFFLOAD_MODES = ("auto", "none", "stream", "direct", "dynamic")
 TIERS = tuple(tier.value for tier in Tier)
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's values; fp8 = fp8_e4m3
 HOST_WEIGHT_DTYPES = ("auto", "bf16", "fp16", "int8", "int4", "fp8")
@@ -129,13 +129,18 @@ class MemoryConfig:
     gpu_memory_utilization: float = field(default=0.9, metadata=_help(
         "fraction of free device memory to use when no budget is given"))
     offload: str = field(default="auto", metadata=_help(
-        "where weights live: auto (planner decides), none (all resident), stream, direct",
+        "where weights live: auto (planner decides; dynamic where the platform makes streaming cheap), none "
+        "(all resident), stream, direct, dynamic (layers move between resident and streamed as KV demand changes)",
         choices=OFFLOAD_MODES))
     layer_tiers: str | None = field(default=None, metadata=_help(
         "per-layer override, e.g. 0-3:streamed,7:direct"))
     staging_slots: int | None = field(default=None, metadata=_help("staging ring depth K; default: planner"))
     prefetch_distance: int | None = field(default=None, metadata=_help(
         "prefetch d streamed layers ahead; default: planner"))
+    retier_interval_steps: int = field(default=8, metadata=_help(
+        "--offload dynamic: at least this many steps between two tier moves"))
+    retier_min_dwell_seconds: float = field(default=2.0, metadata=_help(
+        "--offload dynamic: at least this many seconds between two tier moves"))
     prefetch_across_steps: bool = field(default=True, metadata=_help(
         "copy the next step's first streamed layers during the tail of this one (off: each step starts its "
         "own copies)"))
@@ -168,6 +173,10 @@ class MemoryConfig:
                 and self.prefetch_distance >= self.staging_slots):
             raise ValueError(f"--prefetch-distance ({self.prefetch_distance}) must be less than --staging-slots "
                              f"({self.staging_slots}): a prefetch may not overwrite a slot still in use")
+        if self.retier_interval_steps < 1:
+            raise ValueError(f"--retier-interval-steps must be at least 1, got {self.retier_interval_steps}")
+        if self.retier_min_dwell_seconds < 0:
+            raise ValueError(f"--retier-min-dwell-seconds must be 0 or more, got {self.retier_min_dwell_seconds}")
         if self.kv_cache_min_tokens is not None and self.kv_cache_min_tokens < 0:
             raise ValueError(f"--kv-cache-min-tokens must be 0 or more, got {self.kv_cache_min_tokens}")
 

@@ -1,7 +1,9 @@
 """``python -m gh200rt.plan``: plan a deployment for a named hardware profile, no hardware needed.
 
 Reads only ``config.json`` from the model directory (weights need not be present) and prints the
-per-layer tiers, the staging ring, the KV capacity and the predicted decode step time. An FP8
+per-layer tiers, the staging ring, the KV capacity and the predicted decode step time. With tiers
+that follow KV demand (``--offload dynamic``, or ``auto`` on a platform where streaming is cheap),
+it also prints where the split settles, and the step time predicted, at several KV demands. An FP8
 checkpoint (``quantization_config``, see loader/fp8_checkpoint.py) is planned as the engine places
 it: resident layers keep fp8 on a GPU, and ``--host-weight-dtype auto`` keeps fp8 in host memory.
 """
@@ -18,7 +20,7 @@ from gh200rt.loader.fp8_checkpoint import fp8_scheme
 from gh200rt.memory.ledger import ledger_capacity
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.planner.cost_model import DTYPE_BYTES, activation_bytes, model_sizes
-from gh200rt.planner.planner import make_plan
+from gh200rt.planner.planner import Plan, dynamic_splits, make_plan
 from gh200rt.platform.detect import detect
 
 
@@ -66,7 +68,25 @@ def main(argv: list[str] | None = None) -> int:
     kv = args.dtype if cache.kv_cache_dtype == "auto" else cache.kv_cache_dtype
     print(f"weights: resident layers {resident}, offloaded layers {host} in host memory; KV cache {kv}")
     print(plan.explain())
+    if plan.dynamic:
+        print(dynamic_table(plan, args.batch))
     return 0
+
+
+def dynamic_table(plan: Plan, batch: int) -> str:
+    """The split ``--offload dynamic`` settles on from a small KV demand up to the most the device holds."""
+    sizes = plan.sizes
+    most = (plan.capacity - plan.activation_bytes - sizes.fixed_bytes
+            - plan.staging_slots * sizes.host_layer_bytes) // sizes.kv_bytes_per_token
+    demands = sorted({max(plan.block_size, int(most * f)) for f in (1 / 64, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1)}
+                     | ({plan.all_resident_kv_tokens} if plan.all_resident_kv_tokens else set()))
+    lines = [f"dynamic tiers at KV demand (decode batch {batch}):",
+             f"{'KV tokens':>10} {'resident':>8} {'streamed':>8} {'step ms':>9}"]
+    for row in dynamic_splits(plan, demands, batch):
+        if row["fits"]:
+            lines.append(f"{row['kv_tokens']:>10} {row['resident']:>8} {row['streamed']:>8} "
+                         f"{row['step_seconds'] * 1e3:>9.3f}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

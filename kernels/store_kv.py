@@ -1,6 +1,7 @@
-"""Write new K/V into the paged pool: token t goes to flat slot ``slot_mapping[t]`` of
-``kv_cache[2, num_blocks, block_size, num_kv_heads, head_dim]`` (0 = K, 1 = V). A negative slot
-means "padding token, do not write" (graph-replayed batches carry padding rows).
+"""Write new K/V into the paged pool: token t goes to flat slot ``slot_mapping[t]`` (block * block_size +
+offset) of ``kv_cache[2, num_blocks, block_size, num_kv_heads, head_dim]`` (0 = K, 1 = V), addressed
+through the pool's strides (the device arena's per-layer view is block-major across layers). A
+negative slot means "padding token, do not write" (graph-replayed batches carry padding rows).
 
 An fp8 pool (e4m3 or e5m2) is written as ``k / kv_scale[0]`` and ``v / kv_scale[1]``, saturated to
 the format's finite range and rounded to nearest even, exactly as gh200rt.kv.fp8.quantize does.
@@ -34,22 +35,22 @@ def round_to_fp8_grid(x, FP8_MAX: tl.constexpr, MANT_BITS: tl.constexpr, MIN_EXP
 
 
 @triton.jit
-def store_kv_kernel(k_ptr, v_ptr, cache_ptr, slot_ptr, scale_ptr, row_elems, stride_kt, stride_vt, v_offset,
-                    BLOCK: tl.constexpr, QUANT: tl.constexpr, FP8_MAX: tl.constexpr, MANT_BITS: tl.constexpr,
-                    MIN_EXP: tl.constexpr):
+def store_kv_kernel(k_ptr, v_ptr, cache_ptr, slot_ptr, scale_ptr, row_elems, stride_kt, stride_vt, stride_kv,
+                    stride_block, stride_slot, block_size, BLOCK: tl.constexpr, QUANT: tl.constexpr,
+                    FP8_MAX: tl.constexpr, MANT_BITS: tl.constexpr, MIN_EXP: tl.constexpr):
     t, chunk = tl.program_id(0).to(tl.int64), tl.program_id(1)  # int64: T * row stride passes 2^31
     slot = tl.load(slot_ptr + t)
     if slot >= 0:
         offs = chunk * BLOCK + tl.arange(0, BLOCK)
         ok = offs < row_elems
-        dst = cache_ptr + slot * row_elems + offs
+        dst = cache_ptr + (slot // block_size) * stride_block + (slot % block_size) * stride_slot + offs
         k = tl.load(k_ptr + t * stride_kt + offs, mask=ok)
         v = tl.load(v_ptr + t * stride_vt + offs, mask=ok)
         if QUANT:
             k = round_to_fp8_grid(k.to(tl.float32) / tl.load(scale_ptr), FP8_MAX, MANT_BITS, MIN_EXP)
             v = round_to_fp8_grid(v.to(tl.float32) / tl.load(scale_ptr + 1), FP8_MAX, MANT_BITS, MIN_EXP)
         tl.store(dst, k.to(cache_ptr.dtype.element_ty), mask=ok)
-        tl.store(dst + v_offset, v.to(cache_ptr.dtype.element_ty), mask=ok)
+        tl.store(dst + stride_kv, v.to(cache_ptr.dtype.element_ty), mask=ok)
 
 
 def _quant_constexprs(cache_dtype: torch.dtype) -> dict:
@@ -64,26 +65,29 @@ def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapp
     """k, v ``[T, num_kv_heads, head_dim]`` into their slots, in place: the pool's dtype, or any float
     dtype into an fp8 pool (quantized with ``kv_scale`` = [K scale, V scale], float32)."""
     quant = _quant_constexprs(kv_cache.dtype)
-    assert kv_cache.is_contiguous() and k.dtype == v.dtype
+    assert k.dtype == v.dtype
     assert k.dtype == kv_cache.dtype or (quant["QUANT"] and kv_scale is not None), (k.dtype, kv_cache.dtype)
+    assert kv_cache.stride(4) == 1 and kv_cache.stride(3) == kv_cache.shape[4], "a slot's heads must be contiguous"
     t = k.shape[0]
     row_elems = kv_cache.shape[3] * kv_cache.shape[4]
     k2, v2 = k.reshape(t, row_elems), v.reshape(t, row_elems)
     block = min(1024, triton.next_power_of_2(row_elems))
     store_kv_kernel[(t, triton.cdiv(row_elems, block))](
         k2, v2, kv_cache, slot_mapping, kv_scale if quant["QUANT"] else slot_mapping, row_elems, k2.stride(0),
-        v2.stride(0), kv_cache[1].storage_offset(), BLOCK=block, **quant)
+        v2.stride(0), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.shape[2], BLOCK=block,
+        **quant)
 
 
 def reference_write_kv(kv_cache, k, v, slot_mapping, kv_scale=None):
     from gh200rt.kv import fp8
-    if fp8.is_fp8(kv_cache.dtype):
+    if fp8.is_fp8(kv_cache.dtype):  # indexed writes have no fp8 kernel on the CPU: write the bytes
         k, v = fp8.quantize(k, kv_scale[0], kv_cache.dtype), fp8.quantize(v, kv_scale[1], kv_cache.dtype)
         kv_cache, k, v = kv_cache.view(torch.uint8), k.view(torch.uint8), v.view(torch.uint8)
-    flat = kv_cache.view(2, -1, kv_cache.shape[3], kv_cache.shape[4])
     keep = slot_mapping >= 0
-    flat[0, slot_mapping[keep]] = k[keep]
-    flat[1, slot_mapping[keep]] = v[keep]
+    slots = slot_mapping[keep]
+    block_size = kv_cache.shape[2]
+    kv_cache[0, slots // block_size, slots % block_size] = k[keep]
+    kv_cache[1, slots // block_size, slots % block_size] = v[keep]
 
 
 def compile_specs():
@@ -100,5 +104,6 @@ def compile_specs():
         label = f"kv_heads={heads} D={d} {dtype}" + (f" -> {cache_type}" if cache in FP8_FORMATS else "")
         specs.append(CompileSpec("store_kv", label, store_kv_kernel,
                                  signature_of(store_kv_kernel, types, constexprs), constexprs, 4,
-                                 ("k_ptr", "v_ptr", "cache_ptr", "row_elems", "stride_kt", "stride_vt", "v_offset")))
+                                 ("k_ptr", "v_ptr", "cache_ptr", "row_elems", "stride_kt", "stride_vt", "stride_kv",
+                                  "stride_block", "stride_slot")))
     return specs

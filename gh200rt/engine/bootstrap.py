@@ -3,10 +3,12 @@ and size the KV cache, in that order and once.
 
 The hardware decision is made here (DESIGN.md invariant 1): ``load_and_place(config)`` detects the
 platform (unless given one), loads the model on the host, plans per-layer tiers against the
-device-memory ledger, hands the model to a ``WeightStore`` that places it and books every device
-byte, then gives the KV cache what the ledger has left (or ``--num-kv-blocks``) and books it too.
-The returned ``Plan`` is the one plan: its ``num_kv_blocks`` is the pool that was booked. Over-commit
-fails here, at start-up, with the numbers and the flag to change.
+device-memory ledger and hands the model to a ``WeightStore``. The store places the offloaded layers
+in host slabs and the fixed weights and staging ring on the device, then asks for the device arena
+(``kv/arena.py``): what the ledger has left (or ``--num-kv-blocks`` plus the resident layers) in KV
+blocks, of which the resident layers take runs and the KV cache the rest. The returned ``Plan`` is the
+one plan: its ``num_kv_blocks`` are the arena's KV blocks at start-up. Over-commit fails here, with
+the numbers and the flag to change.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from gh200rt.config import EngineConfig
+from gh200rt.kv.arena import DeviceArena
 from gh200rt.kv.fp8 import kv_cache_dtype
 from gh200rt.kv.pool import kv_bytes_per_block
 from gh200rt.loader.load import LoadedModel, load_model
@@ -88,15 +91,29 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     ledger = DeviceMemoryLedger(capacity)
     store = WeightStore(loaded.model, device, platform, fmt, poison, ledger, loaded.quantized,
                         cpu_linear_format=route_for(config.model.dtype).linear_format,
-                        prefetch_across_steps=config.memory.prefetch_across_steps)
-    store.apply(plan)
+                        keep_host_copies=plan.dynamic, prefetch_across_steps=config.memory.prefetch_across_steps)
+    block_size = config.cache.block_size
+    kv_dtype = kv_cache_dtype(config.cache.kv_cache_dtype, loaded.dtype)
+    per_block = kv_bytes_per_block(arch.num_layers, block_size, arch.num_kv_heads, arch.head_dim, kv_dtype)
+
+    def make_arena(run_bytes: list[int]) -> DeviceArena:
+        ledger.reserve("activations", activations)
+        runs = sum(max(1, -(-nbytes // per_block)) for nbytes in run_bytes)
+        ledger.reserve("arena_weights", runs * per_block)
+        kv_blocks = size_kv_pool(ledger, config.cache.num_kv_blocks, per_block, block_size, longest)
+        ledger.release("arena_weights", runs * per_block)   # the store books each run as it takes it
+        ledger.release("kv_pool", kv_blocks * per_block)
+        ledger.reserve("kv_pool", (kv_blocks + runs) * per_block)
+        return DeviceArena(kv_blocks + runs, arch.num_layers, block_size, arch.num_kv_heads, arch.head_dim,
+                           kv_dtype, device)
+
+    store.apply(plan, make_arena)
     if device != "cpu":
         use_triton_kernels(loaded.model)
-    ledger.reserve("activations", activations)
-    per_block = kv_bytes_per_block(arch.num_layers, config.cache.block_size, arch.num_kv_heads, arch.head_dim,
-                                   kv_cache_dtype(config.cache.kv_cache_dtype, loaded.dtype))
-    blocks = size_kv_pool(ledger, config.cache.num_kv_blocks, per_block, config.cache.block_size, longest)
-    return PlacedModel(loaded, platform, dataclasses.replace(plan, num_kv_blocks=blocks), store, ledger, device)
+    arena = store.arena
+    kv_blocks = arena.num_blocks - arena.pool.num_run_blocks
+    plan = dataclasses.replace(plan, num_kv_blocks=kv_blocks, arena_weight_blocks=arena.pool.num_run_blocks)
+    return PlacedModel(loaded, platform, plan, store, ledger, device)
 
 
 def bind_threads_near(node: int) -> None:

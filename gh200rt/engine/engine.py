@@ -6,6 +6,7 @@ stop conditions -> free finished sequences at once -> report what each request a
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -16,6 +17,7 @@ from gh200rt.engine.model_runner import ModelRunner
 from gh200rt.engine.outputs import RequestOutput
 from gh200rt.engine.request_state import RequestState, prompt_logprobs_for_chunk
 from gh200rt.engine.sampler import Sampler
+from gh200rt.engine.tier_controller import PressurePolicy, TierController, TierSignals
 from gh200rt.kv.fp8 import check_device_supports, configure_kv_scales, kv_cache_dtype
 from gh200rt.kv.kv_manager import KVCacheManager
 from gh200rt.engine.bootstrap import PlacedModel, load_and_place, max_model_len, size_kv_pool
@@ -44,6 +46,8 @@ class EngineStats:
     layers_per_tier: dict[str, int] = field(default_factory=dict)   # "resident" / "streamed" / "direct" -> layers
     weight_bytes_copied: int = 0     # bytes copied into staging slots since start (streamed tier)
     copy_wait_seconds: float = 0.0   # time the compute side waited for a staging copy
+    arena_weight_blocks: int = 0     # device arena blocks resident layer weights hold (the KV cache has the rest)
+    retier_counts: dict[str, int] = field(default_factory=dict)   # "promote" / "demote" -> layers moved
 
 
 def eos_ids_of(tokenizer) -> frozenset[int]:
@@ -80,15 +84,24 @@ class LLMEngine:
         self.store = placed.store if placed else None
         self.plan = placed.plan if placed else None
         self.platform = placed.platform if placed else None
-        self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching)
+        arena = self.store.arena if self.store else None
+        self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching,
+                                 pool=arena.pool if arena else None)
         self.scheduler = Scheduler(self.kv, config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens)
-        caches = allocate_kv_caches(arch.num_layers, num_blocks, bs, arch.num_kv_heads, arch.head_dim, kv_dtype, device)
+        caches = arena.kv_caches() if arena else \
+            allocate_kv_caches(arch.num_layers, num_blocks, bs, arch.num_kv_heads, arch.head_dim, kv_dtype, device)
         self.runner = ModelRunner(model, caches, bs, device, hooks=self.store or NULL_HOOKS)
         self.sampler = Sampler(config.model.seed)
         self.eos_token_ids = eos_ids_of(tokenizer)
         self.grammars = GrammarMatchers(tokenizer, arch.vocab_size, self.eos_token_ids)
         self.requests: dict[str, RequestState] = {}
         self._arrivals = 0
+        self.controller = None
+        if placed is not None and placed.plan.dynamic:
+            memory = config.memory
+            self.controller = TierController(self.store, PressurePolicy(memory.retier_interval_steps,
+                                                                        memory.retier_min_dwell_seconds))
+        self._steps, self._seen_preemptions, self._compute_seconds, self._seen_wait = 0, 0, 0.0, 0.0
         self.prompt_tokens = 0
         self.generation_tokens = 0
 
@@ -170,13 +183,32 @@ class LLMEngine:
         return bool(self.requests)
 
     # ---- the step -------------------------------------------------------------------------------
+    def tier_signals(self) -> TierSignals:
+        """What the tier controller looks at before a step; counters are deltas since the last call."""
+        pool, kv, sched = self.kv.pool, self.kv, self.scheduler
+        kv_blocks = pool.num_blocks - pool.num_run_blocks
+        waiting = sum(kv.blocks_needed(seq.num_tokens) for seq in sched.waiting)
+        wait = self.store.backend.wait_seconds if self.store and self.store.backend else 0.0
+        signals = TierSignals(self._steps, kv_blocks, pool.num_free, kv_blocks - pool.num_free, waiting,
+                              len(sched.waiting), sched.num_preemptions - self._seen_preemptions,
+                              self._compute_seconds, wait - self._seen_wait,
+                              self.store.layer_run_blocks if self.store and self.store.arena else 0,
+                              tuple(self.store.tiers) if self.store else ())
+        self._seen_preemptions, self._seen_wait, self._compute_seconds = sched.num_preemptions, wait, 0.0
+        return signals
+
     def step(self) -> list[RequestOutput]:
+        if self.controller is not None:
+            self.controller.between_steps(self.tier_signals())
+        self._steps += 1
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
         sampling = [item.seq for item in out.scheduled if item.samples]
         prompt_chunks = {i: (item.seq, item.seq.num_computed_tokens) for i, item in enumerate(out.scheduled)}
+        started = time.perf_counter()
         logits = self.runner.run(out)
+        self._compute_seconds += time.perf_counter() - started
         self.scheduler.step_done(out)
         touched: dict[str, set[int]] = {}
         for i, chunk_logits in logits.prompt_logits.items():
@@ -221,7 +253,9 @@ class LLMEngine:
         s = self.kv.stats
         tiers = self.store.tier_counts if self.store else {"resident": self.arch.num_layers}
         backend = self.store.backend if self.store else None
-        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), pool.num_blocks,
-                           pool.num_blocks - pool.num_free, cached_free, s.lookups, s.hits, s.hit_tokens,
+        kv_blocks = pool.num_blocks - pool.num_run_blocks   # the rest of the arena holds resident weights
+        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), kv_blocks,
+                           kv_blocks - pool.num_free, cached_free, s.lookups, s.hits, s.hit_tokens,
                            self.scheduler.num_preemptions, self.prompt_tokens, self.generation_tokens,
-                           tiers, backend.bytes_copied if backend else 0, backend.wait_seconds if backend else 0.0)
+                           tiers, backend.bytes_copied if backend else 0, backend.wait_seconds if backend else 0.0,
+                           pool.num_run_blocks, dict(self.controller.counts) if self.controller else {})

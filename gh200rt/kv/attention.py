@@ -20,16 +20,24 @@ _LAYOUT_KEY = "_torch_paged_attention_layout"
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
              kv_scale: torch.Tensor | None = None) -> None:
-    """Store new K/V ``[T, num_kv_heads, head_dim]`` at their flat pool slots (an fp8 pool: divided by
-    ``kv_scale``)."""
+    """Store new K/V ``[T, num_kv_heads, head_dim]`` at their flat pool slots (block * block_size + offset;
+    an fp8 pool: divided by ``kv_scale``). The pool may be a strided view (the device arena lays blocks
+    out block-major across layers)."""
     num_kv_heads, head_dim = kv_cache.shape[-2], kv_cache.shape[-1]
     if fp8.is_fp8(kv_cache.dtype):
         assert kv_scale is not None, "an fp8 pool is written with its layer's kv_scale"
         k, v = fp8.quantize(k, kv_scale[0], kv_cache.dtype), fp8.quantize(v, kv_scale[1], kv_cache.dtype)
-        # index_copy_ has no fp8 kernel on the CPU: an fp8 pool is written through its bytes
+        # indexed writes have no fp8 kernel on the CPU: an fp8 pool is written through its bytes
         kv_cache, k, v = kv_cache.view(torch.uint8), k.view(torch.uint8), v.view(torch.uint8)
-    kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
-    kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
+    k, v = k.to(kv_cache.dtype), v.to(kv_cache.dtype)
+    if kv_cache[0].is_contiguous():
+        kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
+        kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+        return
+    block_size = kv_cache.shape[2]
+    where = (slot_mapping // block_size, slot_mapping % block_size)
+    kv_cache[0].index_put_(where, k)
+    kv_cache[1].index_put_(where, v)
 
 
 class _Group:

@@ -3,6 +3,11 @@
 A block is either in use (``ref_count > 0``) or free. Free blocks wait in LRU order; a free
 block may still hold a cached prefix (its ``block_hash`` is set), so it can be revived by a
 prefix-cache hit until it is handed out again, at which point its hash is dropped (evicted).
+
+Block ids are addresses: in the device arena (``arena.py``) block i is the i-th ``block_bytes`` of one
+buffer, so a run of consecutive ids is contiguous memory. ``take_run`` hands such a run to resident
+weights: it is neither free nor in use by a request until ``return_run`` gives it back to the free
+list. A run may evict cached prefixes (free blocks), never a block a request holds.
 Pure Python and hardware-agnostic: ids only, no tensors.
 """
 from __future__ import annotations
@@ -31,6 +36,7 @@ class BlockPool:
         self.cached: dict[int, int] = {}           # block_hash -> block_id
         self.num_evictions = 0
         self._num_cached_free = 0                   # free blocks that still hold a hash (kept O(1) for stats)
+        self.runs: dict[int, int] = {}              # start -> length of every run resident weights hold
 
     @property
     def num_blocks(self) -> int:
@@ -85,6 +91,44 @@ class BlockPool:
             if block.ref_count == 0:
                 self._free[block_id] = None
                 self._num_cached_free += block.block_hash is not None
+
+    @property
+    def num_run_blocks(self) -> int:
+        return sum(self.runs.values())
+
+    def find_run(self, count: int) -> int | None:
+        """The start of the highest run of ``count`` consecutive free blocks (weights gather at the top;
+        the KV cache starts at the bottom), or None when a request holds a block in every window."""
+        assert count > 0, count
+        length = 0
+        for block_id in range(self.num_blocks - 1, -1, -1):
+            length = length + 1 if block_id in self._free else 0
+            if length == count:
+                return block_id
+        return None
+
+    def take_run(self, count: int) -> int | None:
+        """Take ``count`` consecutive free blocks for resident weights (evicting cached prefixes there);
+        their start, or None when no such run is free."""
+        start = self.find_run(count)
+        if start is None:
+            return None
+        for block_id in range(start, start + count):
+            del self._free[block_id]
+            block = self.blocks[block_id]
+            self._num_cached_free -= block.block_hash is not None
+            self._evict(block)
+            block.epoch += 1                        # its bytes become weights: no hit may point at them
+        self.runs[start] = count
+        return start
+
+    def return_run(self, start: int) -> None:
+        """Give a run back: its blocks join the free list first in line, so the KV cache uses them first."""
+        count = self.runs.pop(start)
+        for block_id in range(start + count - 1, start - 1, -1):
+            self.blocks[block_id].epoch += 1
+            self._free[block_id] = None
+            self._free.move_to_end(block_id, last=False)
 
     def register(self, block_id: int, block_hash: int, token_ids: tuple[int, ...],
                  parent: tuple[int, int] | None) -> bool:

@@ -38,8 +38,9 @@ class PrefixCacheStats:
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 hash_fn: Callable[[int | None, tuple[int, ...]], int] = chain_hash):
-        self.pool = BlockPool(num_blocks)
+                 hash_fn: Callable[[int | None, tuple[int, ...]], int] = chain_hash, pool: BlockPool | None = None):
+        """``pool``: the device arena's pool (some of its blocks may hold weights); else a pool of ``num_blocks``."""
+        self.pool = pool if pool is not None else BlockPool(num_blocks)
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.hash_fn = hash_fn

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from gh200rt.config import MemoryConfig
 
-KINDS = ("resident_weights", "staging_ring", "kv_pool", "activations", "graph_pools")
+# kv_pool and arena_weights split one device arena: blocks move between them as layers change tier
+KINDS = ("resident_weights", "arena_weights", "staging_ring", "kv_pool", "activations", "graph_pools")
 CPU_DEFAULT_KV_BYTES = 2 << 30
 
 

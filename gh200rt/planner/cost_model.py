@@ -118,6 +118,16 @@ def direct_read_seconds(nbytes: int, platform: Platform) -> float:
 HOST_GEMM_ROWS_PER_READ = 64
 
 
+# The link must carry at least this share of HBM bandwidth for tiers to follow KV demand by default
+# (GH200's NVLink-C2C: ~0.1 of HBM3; PCIe Gen5 x16 on an H100: ~0.016).
+CHEAP_STREAMING_LINK_SHARE = 0.05
+
+
+def streaming_is_cheap(platform: Platform) -> bool:
+    """Whether ``--offload auto`` means dynamic tiers: a GPU whose host link is fast next to its HBM."""
+    return platform.kind != "cpu" and platform.link_h2d_gbps >= CHEAP_STREAMING_LINK_SHARE * platform.hbm_gbps
+
+
 def direct_staging_min_tokens(platform: Platform) -> int | None:
     """Smallest step, in tokens, from which a DIRECT layer is better copied into a staging slot once
     (then read from HBM) than read in place by host_gemm, which crosses the link once per 64 rows.

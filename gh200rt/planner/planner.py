@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gh200rt.config import MemoryConfig
-from gh200rt.planner.cost_model import ModelSizes, direct_staging_min_tokens, predict_step_seconds
+from gh200rt.planner.cost_model import (ModelSizes, direct_staging_min_tokens, predict_step_seconds,
+                                        streaming_is_cheap)
 from gh200rt.platform.detect import Platform
 from gh200rt.weights.tiers import Tier, slot_of
 
@@ -33,6 +34,8 @@ class Plan:
     predicted_step_seconds: float
     activation_bytes: int = 0
     direct_staging_tokens: int | None = None   # steps this long stage DIRECT layers through the ring
+    arena_weight_blocks: int = 0               # blocks of the device arena the resident layers hold at start-up
+    dynamic: bool = False                      # tiers follow KV demand at run time (--offload dynamic)
 
     @property
     def offloaded_layers(self) -> list[int]:
@@ -56,7 +59,9 @@ class Plan:
 
     @property
     def host_weight_bytes(self) -> int:
-        return (len(self.tiers) - self.tiers.count(Tier.RESIDENT)) * self.sizes.host_layer_bytes
+        """Host slabs: the offloaded layers', or every layer's when tiers move at run time."""
+        on_host = len(self.tiers) if self.dynamic else len(self.tiers) - self.tiers.count(Tier.RESIDENT)
+        return on_host * self.sizes.host_layer_bytes
 
     @property
     def tier_counts(self) -> dict[str, int]:
@@ -84,7 +89,7 @@ class Plan:
         gib = lambda n: f"{n / (1 << 30):9.3f} GiB"  # noqa: E731
         counts = ", ".join(f"{n} {tier}" for tier, n in self.tier_counts.items() if n)
         lines = [f"plan for {self.platform.profile} ({self.platform.kind}), device budget {gib(self.capacity)}: "
-                 f"{counts}",
+                 f"{counts}" + (" at start-up; tiers follow KV demand (--offload dynamic)" if self.dynamic else ""),
                  f"{'layer':>5} {'tier':<9} {'bytes':>13} {'slot':>4}"]
         for i, tier in enumerate(self.tiers):
             slot = self.slot_of(i)
@@ -100,6 +105,10 @@ class Plan:
                   f"KV cache: {self.num_kv_blocks} blocks = {self.kv_tokens} tokens, {gib(self.kv_bytes)} at "
                   f"{self.sizes.kv_bytes_per_token} bytes per token "
                   f"(all layers resident would leave {self.all_resident_kv_tokens} tokens)",
+                  *([f"device arena: {self.num_kv_blocks + self.arena_weight_blocks} blocks of "
+                     f"{self.sizes.kv_bytes_per_token * self.block_size} bytes: {self.arena_weight_blocks} hold the "
+                     f"resident layers' weights, {self.num_kv_blocks} the KV cache (moving a layer's tier moves "
+                     f"its blocks between the two)"] if self.arena_weight_blocks else []),
                   f"predicted decode step (batch 1): {self.predicted_step_seconds * 1e3:.3f} ms"]
         return "\n".join(lines)
 
@@ -108,17 +117,11 @@ def spread_evenly(num_layers: int, count: int) -> list[int]:
     return sorted({min(num_layers - 1, int((j + 0.5) * num_layers / count)) for j in range(count)})
 
 
-def _tiers_for(memory: MemoryConfig, sizes: ModelSizes, budget_for_weights: int) -> list[Tier]:
+def fewest_streamed(sizes: ModelSizes, budget_for_weights: int, slots: int, ring_always: bool) -> list[Tier]:
+    """The fewest streamed layers, spread evenly, whose resident rest (plus the ring) fits the budget."""
     n = sizes.num_layers
-    if memory.offload == "none":
-        return [Tier.RESIDENT] * n
-    if memory.offload == "stream":
-        return [Tier.STREAMED] * n
-    if memory.offload == "direct":
-        return [Tier.DIRECT] * n
-    slots = memory.staging_slots or 2
     for count in range(n + 1):
-        staging = min(slots, count) * sizes.host_layer_bytes
+        staging = (slots if ring_always else min(slots, count)) * sizes.host_layer_bytes
         if sizes.fixed_bytes + (n - count) * sizes.layer_bytes + staging <= budget_for_weights:
             tiers = [Tier.RESIDENT] * n
             for i in spread_evenly(n, count) if count else []:
@@ -127,13 +130,29 @@ def _tiers_for(memory: MemoryConfig, sizes: ModelSizes, budget_for_weights: int)
     return [Tier.STREAMED] * n
 
 
+def is_dynamic(memory: MemoryConfig, platform: Platform) -> bool:
+    return memory.offload == "dynamic" or (memory.offload == "auto" and streaming_is_cheap(platform))
+
+
+def _tiers_for(memory: MemoryConfig, sizes: ModelSizes, budget_for_weights: int, dynamic: bool) -> list[Tier]:
+    n = sizes.num_layers
+    if memory.offload == "none":
+        return [Tier.RESIDENT] * n
+    if memory.offload == "stream":
+        return [Tier.STREAMED] * n
+    if memory.offload == "direct":
+        return [Tier.DIRECT] * n
+    return fewest_streamed(sizes, budget_for_weights, memory.staging_slots or 2, dynamic)
+
+
 def make_plan(sizes: ModelSizes, platform: Platform, memory: MemoryConfig, capacity: int,
               block_size: int = 16, batch: int = 1, activation_bytes: int = 0, max_model_len: int = 0) -> Plan:
     """``max_model_len``: the KV cache must hold at least one sequence that long (and
     ``--kv-cache-min-tokens``)."""
     kv_min_tokens = max(memory.kv_cache_min_tokens or 0, max_model_len)
     kv_min = -(-kv_min_tokens // block_size) * block_size * sizes.kv_bytes_per_token
-    tiers = _tiers_for(memory, sizes, capacity - kv_min - activation_bytes)
+    dynamic = is_dynamic(memory, platform)
+    tiers = _tiers_for(memory, sizes, capacity - kv_min - activation_bytes, dynamic)
     for layer, tier in memory.tier_overrides.items():
         if layer >= sizes.num_layers:
             raise ValueError(f"--layer-tiers names layer {layer} but the model has {sizes.num_layers} layers "
@@ -143,8 +162,10 @@ def make_plan(sizes: ModelSizes, platform: Platform, memory: MemoryConfig, capac
     staging_tokens = direct_staging_min_tokens(platform) if Tier.DIRECT in tiers else None
     ring_users = streamed + (tiers.count(Tier.DIRECT) if staging_tokens else 0)
     slots = min(memory.staging_slots or 2, ring_users) if ring_users else 0
+    if dynamic:                         # any layer may start streaming: the ring is booked up front
+        slots = memory.staging_slots or 2
     distance = memory.prefetch_distance if memory.prefetch_distance is not None else max(0, slots - 1)
-    if ring_users and distance >= slots:
+    if (ring_users or dynamic) and distance >= slots:
         raise ValueError(f"--prefetch-distance {distance} must be less than the staging slots in use ({slots})")
     weights = sizes.fixed_bytes + tiers.count(Tier.RESIDENT) * sizes.layer_bytes + slots * sizes.host_layer_bytes
     block_bytes = sizes.kv_bytes_per_token * block_size
@@ -161,4 +182,22 @@ def make_plan(sizes: ModelSizes, platform: Platform, memory: MemoryConfig, capac
             f"--kv-cache-min-tokens, --max-model-len or --max-num-batched-tokens, or use --offload stream")
     step = predict_step_seconds(tiers, sizes, platform, batch, max(distance, 1))
     return Plan(tuple(tiers), slots, distance, int(kv_blocks), block_size, sizes, capacity, platform, step,
-                activation_bytes, staging_tokens)
+                activation_bytes, staging_tokens, dynamic=dynamic)
+
+
+def dynamic_splits(plan: Plan, kv_tokens: list[int], batch: int = 1) -> list[dict]:
+    """Where ``--offload dynamic`` settles for each KV demand: the fewest streamed layers (spread evenly)
+    that leave ``kv_tokens`` of KV cache, with the decode step the cost model predicts for that split."""
+    sizes, rows = plan.sizes, []
+    budget = plan.capacity - plan.activation_bytes
+    for tokens in kv_tokens:
+        kv = -(-tokens // plan.block_size) * plan.block_size * sizes.kv_bytes_per_token
+        tiers = fewest_streamed(sizes, budget - kv, plan.staging_slots, True)
+        weights = sizes.fixed_bytes + tiers.count(Tier.RESIDENT) * sizes.layer_bytes + \
+            plan.staging_slots * sizes.host_layer_bytes
+        fits = weights + kv <= budget
+        rows.append(dict(kv_tokens=tokens, fits=fits, streamed=tiers.count(Tier.STREAMED),
+                         resident=tiers.count(Tier.RESIDENT),
+                         step_seconds=predict_step_seconds(tiers, sizes, plan.platform, batch,
+                                                           max(plan.prefetch_distance, 1))))
+    return rows

@@ -117,4 +117,9 @@ def _engine_lines(s, num_pending: int) -> list[str]:
     tiers = get("layers_per_tier", None) or {}
     lines += _series("weight_layers", "gauge", "Decoder layers per weight tier (resident, streamed, direct).",
                      [(f'{{tier="{t}"}}', tiers.get(t, 0)) for t in (*TIERS, *sorted(set(tiers) - set(TIERS)))])
+    retier = get("retier_counts", None) or {}
+    lines += _series("retier_total", "counter", "Decoder layers moved between tiers at run time (--offload dynamic).",
+                     [(f'{{direction="{d}"}}', retier.get(d, 0)) for d in ("promote", "demote")])
+    lines += _series("arena_blocks", "gauge", "Device arena blocks held by resident layer weights and by the KV cache.",
+                     [('{holder="weights"}', get("arena_weight_blocks")), ('{holder="kv"}', get("kv_blocks_total"))])
     return lines

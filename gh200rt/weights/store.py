@@ -31,11 +31,15 @@ from gh200rt.models.layers.linear import RefLinear
 from gh200rt.models.llama import FUSED_SHARDS
 from gh200rt.transfer.backend import make_transfer_backend
 from gh200rt.weights import forms as weight_forms
-from gh200rt.weights.layer_slab import LayerSlab
+from gh200rt.weights.layer_slab import LayerSlab, WeightLayout
 from gh200rt.weights.schedule import NULL_HOOKS, LayerHooks, StreamingSchedule
 from gh200rt.weights.tiers import Tier, slot_of
 
 DEFAULT_STAGING_SLOTS = 2
+
+
+class NoFreeRun(RuntimeError):
+    """A promotion found no run of free contiguous arena blocks (requests hold a block in every window)."""
 
 
 class _ClosedWeight:
@@ -76,6 +80,8 @@ class WeightStore(LayerHooks):
         self._direct_staging_tokens: int | None = None
         self._schedule: LayerHooks = NULL_HOOKS
         self._closed = False
+        self.arena = None
+        self._runs: dict[int, int] = {}                  # resident layer -> first block of its arena run
 
     # ---- what the ledger and the engine read ------------------------------------------------------
     @property
@@ -89,12 +95,24 @@ class WeightStore(LayerHooks):
     def tier_counts(self) -> dict[str, int]:
         return {tier.value: self.tiers.count(tier) for tier in Tier}
 
+    @property
+    def layer_run_blocks(self) -> int:
+        """Arena blocks one decoder layer's weights take (the largest layer)."""
+        if self.arena is None:
+            return 0
+        if self.slabs:
+            return self.arena.blocks_for(max(s.layout.nbytes for s in self.slabs.values()))
+        return max(self.arena.pool.runs.values(), default=0)
+
     def layers(self, tier: Tier) -> list[int]:
         return [i for i, t in enumerate(self.tiers) if t == tier]
 
     # ---- placing -----------------------------------------------------------------------------------
-    def apply(self, plan) -> None:
-        """Place the model per ``plan`` (the first call), or move every layer whose tier differs (later)."""
+    def apply(self, plan, arena_factory=None) -> None:
+        """Place the model per ``plan`` (the first call), or move every layer whose tier differs (later).
+
+        ``arena_factory(run_bytes)``, called once the fixed weights and the staging ring are booked, returns
+        the ``DeviceArena`` the resident layers (of ``run_bytes`` bytes each) then take runs of."""
         tiers = [Tier(t) for t in plan.tiers]
         if self.tiers:
             for layer, tier in enumerate(tiers):
@@ -112,15 +130,25 @@ class WeightStore(LayerHooks):
                 self._write(layer, self.slabs[layer].bind(self.slabs[layer].tensor, self.compute_dtype, stable=True))
         if self.device.type != "cpu" and weight_forms.is_fp8_checkpoint(self.quantized):
             self._keep_fp8_resident()
-        placed = self._move_to_device()
-        for layer in self.layers(Tier.RESIDENT):
-            self._write(layer, {name: self._resident_form(ref.current)
-                                for name, ref in self.model.layer_weight_refs(layer).items()})
+        in_arena = arena_factory is not None
+        placed = self._move_to_device(resident_layers=not in_arena)
+        if not in_arena:
+            for layer in self.layers(Tier.RESIDENT):
+                self._write(layer, {name: self._resident_form(ref.current)
+                                    for name, ref in self.model.layer_weight_refs(layer).items()})
         lm_head = self.model.lm_head.weight_ref
         lm_head.current = self._resident_form(lm_head.current)
         self._book("resident_weights", placed)
-        if self._ring_users():
-            self._make_ring(max(self.slabs[i].nbytes for i in self._ring_users()))
+        ring_layers = self._ring_users() or (list(self.slabs) if getattr(plan, "dynamic", False) else [])
+        if ring_layers:  # dynamic tiers book the ring up front: any layer may start streaming later
+            self._make_ring(max(self.slabs[i].nbytes for i in ring_layers))
+        if in_arena:
+            layouts = {layer: WeightLayout({name: ref.current for name, ref in
+                                            self.model.layer_weight_refs(layer).items()})
+                       for layer in self.layers(Tier.RESIDENT)}
+            self.arena = arena_factory([layout.nbytes for layout in layouts.values()])
+            for layer, layout in layouts.items():
+                self._place_in_arena(layer, layout)
         self._reorder()
 
     def set_tier(self, layer: int, tier: Tier | str) -> None:
@@ -131,6 +159,10 @@ class WeightStore(LayerHooks):
             raise RuntimeError("this weight store was closed with its engine; build a new engine")
         if tier == old:
             return
+        if tier == Tier.STREAMED and self.backend is None and self.arena is not None:
+            raise ValueError(f"layer {layer} cannot stream: this engine started without a staging ring and the "
+                             f"device arena holds the rest of device memory; start it with a streamed layer "
+                             f"(--layer-tiers / --offload stream) so the ring is booked")
         if old == Tier.RESIDENT:
             if layer not in self.slabs:
                 self._build_slab(layer, self.model.layer_weight_refs(layer))
@@ -140,7 +172,16 @@ class WeightStore(LayerHooks):
                 "decoder layers of one model share a slab size"
             self.tiers[layer] = tier
             self._reorder()                      # the layer's refs now point at its slot or slab
-            self._book("resident_weights", -self._layer_device_bytes.pop(layer))
+            if self.arena is not None:
+                self._return_run(layer)
+            else:
+                self._book("resident_weights", -self._layer_device_bytes.pop(layer))
+            return
+        if tier == Tier.RESIDENT and self.arena is not None:
+            slab = self.slabs[layer]
+            self._place_in_arena(layer, slab.layout, slab)
+            self.tiers[layer] = tier
+            self._reorder()
             return
         if tier == Tier.RESIDENT:
             slab = self.slabs[layer]
@@ -160,6 +201,44 @@ class WeightStore(LayerHooks):
             self._make_ring(self.slabs[layer].nbytes)
         self.tiers[layer] = tier
         self._reorder()
+
+    # ---- the arena ---------------------------------------------------------------------------------
+    def _place_in_arena(self, layer: int, layout: WeightLayout, slab: LayerSlab | None = None) -> None:
+        """The layer's weights into a run of arena blocks: from ``slab`` (a promotion: the bits it streamed)
+        or from ``layout``'s own tensors (start-up). On the CPU route the resident form is a reordered copy
+        of its own, so the run is booked and left unwritten."""
+        start = self.arena.take_run(layout.nbytes)
+        if start is None:
+            blocks = self.arena.blocks_for(layout.nbytes)
+            raise NoFreeRun(f"layer {layer} needs {blocks} contiguous free blocks of the device arena and "
+                            f"requests hold a block in every such window ({self.arena.pool.num_free} of "
+                            f"{self.arena.num_blocks} blocks free); it stays {self.tiers[layer]}")
+        run_bytes = self.arena.pool.runs[start] * self.arena.block_bytes
+        try:
+            self._book("kv_pool", -run_bytes)
+            self._book("arena_weights", run_bytes)
+        except BaseException:
+            self.arena.pool.return_run(start)
+            raise
+        source = slab.tensor if slab is not None else None
+        if self.cpu_linear_format is not None:
+            bound = layout.bind(source, self.compute_dtype, stable=True) if slab is not None else layout.forms
+            weights = {name: self._resident_form(weight) for name, weight in bound.items()}
+        elif slab is not None:
+            weights = slab.bind(slab.device_copy(into=self.arena.run(start)), self.compute_dtype, stable=True)
+        else:
+            run = self.arena.run(start)
+            layout.fill(run)
+            weights = layout.bind(run, self.compute_dtype, stable=True)
+        self._runs[layer] = start
+        self._write(layer, weights)
+
+    def _return_run(self, layer: int) -> None:
+        start = self._runs.pop(layer)
+        run_bytes = self.arena.pool.runs[start] * self.arena.block_bytes
+        self.arena.return_run(start)
+        self._book("arena_weights", -run_bytes)
+        self._book("kv_pool", run_bytes)
 
     # ---- the ring ----------------------------------------------------------------------------------
     def _ring_users(self) -> list[int]:
@@ -237,15 +316,16 @@ class WeightStore(LayerHooks):
         with torch.inference_mode():
             return cpu_route_form(weight, self.cpu_linear_format)
 
-    def _move_to_device(self) -> int:
-        """Everything but the offloaded layers' linear weights goes to the device; returns its bytes."""
+    def _move_to_device(self, resident_layers: bool = True) -> int:
+        """Everything but the offloaded layers' linear weights (and, with ``resident_layers=False``, the
+        resident layers' too: they go to the arena) goes to the device; returns its bytes."""
         model = self.model
         if self.device.type != "cpu":
             model.to(self.device)
-        offloaded = {id(ref) for i, tier in enumerate(self.tiers) if tier != Tier.RESIDENT
+        offloaded = {id(ref) for i, tier in enumerate(self.tiers) if tier != Tier.RESIDENT or not resident_layers
                      for ref in model.layer_weight_refs(i).values()}
         seen: dict[int, int] = {}
-        for layer in self.layers(Tier.RESIDENT):
+        for layer in self.layers(Tier.RESIDENT) if resident_layers else []:
             self._layer_device_bytes[layer] = 0
             for ref in model.layer_weight_refs(layer).values():
                 self._layer_device_bytes[layer] += _weight_nbytes(ref.current)

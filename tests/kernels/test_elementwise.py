@@ -81,3 +81,28 @@ def test_write_kv(dtype):
     write_kv(pool, k, v, slots)
     print(f"write_kv {dtype}: {int((pool != want).sum())} differing elements")
     assert torch.equal(pool, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_write_kv_into_the_arenas_strided_layer_view(dtype):
+    """The device arena's layer view (blocks block-major across layers): the kernel and the torch path write
+    exactly the slots the reference writes there, and nothing of the neighbouring layers."""
+    from gh200rt.kv.arena import DeviceArena
+    from gh200rt.kv.attention import write_kv as torch_write_kv
+    gen = torch.Generator().manual_seed(4)
+    arena = DeviceArena(6, 3, 16, 3, 20, dtype)
+    arena.buffer.view(dtype).copy_(torch.randn(arena.buffer.numel() // dtype.itemsize, generator=gen).to(dtype))
+    k = torch.randn(5, 3, 20, generator=gen).to(dtype)
+    v = torch.randn(5, 3, 20, generator=gen).to(dtype)
+    slots = torch.tensor([0, 17, 95, -1, 40])
+    before = arena.buffer.clone()
+    want = [c.clone() for c in arena.kv_caches()]
+    reference_write_kv(want[1], k, v, slots)
+    write_kv(arena.kv_caches()[1], k, v, slots)
+    got = arena.kv_caches()
+    assert not got[1].is_contiguous() and torch.equal(got[1], want[1])
+    assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
+    arena.buffer.copy_(before)
+    keep = slots >= 0
+    torch_write_kv(arena.kv_caches()[1], k[keep], v[keep], slots[keep])
+    assert all(torch.equal(g, w) for g, w in zip(arena.kv_caches(), want))

@@ -70,9 +70,9 @@ def test_offloaded_layers_keep_the_checkpoint_fp8_bytes(checkpoints, tiers):
     stored = load_file(os.path.join(fp8_dir, "model.safetensors"))
     for i in range(3):
         slab = engine.store.slabs[i]
-        form = slab.forms["self_attn.qkv_proj"]
+        form = slab.layout.forms["self_attn.qkv_proj"]
         assert isinstance(form, PackedWeight) and form.fmt == "fp8"
-        in_slab = slab.views(slab.tensor)["self_attn.qkv_proj"]["qweight"]
+        in_slab = slab.layout.views(slab.tensor)["self_attn.qkv_proj"]["qweight"]
         want = torch.cat([stored[f"model.layers.{i}.self_attn.{p}_proj.weight"] for p in "qkv"])
         assert torch.equal(in_slab.view(torch.uint8), want.view(torch.uint8))  # lossless: the same bytes
     _, want = generate(dense_dir, offload="none")

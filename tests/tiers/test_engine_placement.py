@@ -135,9 +135,12 @@ def test_engine_options_reach_the_plan(tiny_dir):
     eng = engine(tiny_dir, offload="none", layer_tiers="1:direct,3-4:streamed", staging_slots=2,
                  prefetch_distance=1)
     assert eng.plan.tiers == ("resident", "direct", "resident", "streamed", "streamed", "resident")
-    assert eng.plan.num_kv_blocks == eng.kv.pool.num_blocks
+    pool = eng.kv.pool
+    assert eng.plan.num_kv_blocks == pool.num_blocks - pool.num_run_blocks == eng.stats().kv_blocks_total
+    assert eng.plan.arena_weight_blocks == pool.num_run_blocks
     text = eng.plan.explain()
-    assert "streamed" in text and "direct" in text and f"{eng.kv.pool.num_blocks} blocks" in text
+    assert "streamed" in text and "direct" in text and f"{eng.plan.num_kv_blocks} blocks" in text
+    assert f"device arena: {pool.num_blocks} blocks" in text
     gh200_profile = engine(tiny_dir, platform="gh200-96g", offload="direct")  # plans for a GH200, runs here
     assert gh200_profile.plan.platform.kind == "gh200" and run(gh200_profile) == run(eng)
     with pytest.raises(ValueError, match="--max-model-len 4096 exceeds"):

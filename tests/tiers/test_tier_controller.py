@@ -1,0 +1,135 @@
+"""The tier controller: the pressure policy's choices and hysteresis, and the engine under a policy that moves
+layers every few steps (acceptance 1: tokens identical to all-resident; no block or slab leaks)."""
+import random
+
+import pytest
+
+from gh200rt.config import EngineConfig
+from gh200rt.engine.engine import LLMEngine
+from gh200rt.engine.llm import LLM
+from gh200rt.engine.tier_controller import Move, PressurePolicy, TierController, TierSignals, spread_pick
+from gh200rt.sampling_params import SamplingParams
+from gh200rt.weights.tiers import Tier
+from tests.tiers.test_engine_placement import engine, tiny_dir  # noqa: F401 (fixture)
+
+R, S, D = Tier.RESIDENT, Tier.STREAMED, Tier.DIRECT
+
+
+def signals(step, tiers, free=50, total=100, waiting=0, waiting_blocks=0, preemptions=0, run_blocks=10):
+    return TierSignals(step, total, free, total - free, waiting_blocks, waiting, preemptions, 0.01, 0.001,
+                       run_blocks, tuple(tiers))
+
+
+def test_spread_pick_keeps_streamed_layers_apart():
+    assert spread_pick((R, R, S, R, R, R), R, None, farthest=True) == 5
+    assert spread_pick((R,) * 8, R, None, farthest=True) == 4        # nothing streams yet: the middle
+    assert spread_pick((S, S, R, R, S, R), S, S, farthest=False) == 1  # the most crowded streamed layer
+    assert spread_pick((R, R, R), S, S, farthest=False) is None
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_pressure_demotes_and_slack_promotes_with_hysteresis():
+    clock = Clock()
+    policy = PressurePolicy(min_steps_between=4, min_dwell_seconds=1.0, promote_headroom=0.25, clock=clock)
+    tiers = [R] * 6
+    move = policy.decide(signals(0, tiers, free=2, waiting=3, waiting_blocks=9))
+    assert move == Move(3, S, move.reason) and "3 waiting need 9 blocks" in move.reason
+    tiers[3] = S
+    assert policy.decide(signals(2, tiers, free=2, waiting=3, waiting_blocks=9)) is None   # too few steps
+    clock.now = 0.5
+    assert policy.decide(signals(5, tiers, free=2, preemptions=1)) is None                 # too soon
+    clock.now = 2.0
+    assert policy.decide(signals(6, tiers, free=2, preemptions=1)).layer == 0
+    tiers[0] = S
+    clock.now = 10.0
+    assert policy.decide(signals(8, tiers, free=80)) is None          # quiet for too few steps since pressure
+    move = policy.decide(signals(20, tiers, free=80))
+    assert move.tier == R and move.layer in (0, 3) and "KV slack" in move.reason
+    clock.now = 20.0
+    assert policy.decide(signals(40, tiers, free=30)) is None         # 30 - 10 < 25% of 90: stays streamed
+    assert policy.decide(signals(40, tiers, free=80, waiting=1)) is None
+
+
+class FlipPolicy:
+    """Moves a random layer to a random tier every ``every`` steps (tests: tiers change under load)."""
+
+    def __init__(self, every: int, seed: int):
+        self.every, self.rng = every, random.Random(seed)
+
+    def decide(self, s: TierSignals):
+        if s.step % self.every:
+            return None
+        return Move(self.rng.randrange(len(s.tiers)), self.rng.choice(list(Tier)), "test flip")
+
+
+def run_all(eng, prompts, params, abort=None):
+    for i, prompt in enumerate(prompts):
+        eng.add_request(str(i), None, params, prompt_token_ids=prompt)
+    done, step = {}, 0
+    while eng.has_unfinished_requests():
+        if abort is not None:
+            for request_id in abort(step):
+                eng.abort(request_id)
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = out.outputs[0].token_ids
+        step += 1
+    return done
+
+
+def test_moves_every_few_steps_give_all_resident_tokens_and_leak_nothing(tiny_dir):  # noqa: F811
+    shared = list(range(10, 42))                       # two full blocks every request shares
+    prompts = [shared + [50 + i, 60 + i % 3] for i in range(32)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    reference = run_all(engine(tiny_dir, offload="none", num_kv_blocks=10), prompts, params)
+    eng = engine(tiny_dir, offload="dynamic", num_kv_blocks=10, max_num_seqs=16)
+    assert eng.plan.dynamic and len(eng.store.slabs) == 6 and eng.store.backend is not None
+    eng.controller = TierController(eng.store, FlipPolicy(every=3, seed=1))
+    got = run_all(eng, prompts, params)
+    stats = eng.stats()
+    assert got == reference
+    assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
+    assert sum(eng.controller.counts.values()) >= 5
+    # 200 more requests with random aborts: every block and slab accounted for afterwards
+    rng = random.Random(7)
+    many = [[rng.randrange(3, 90) for _ in range(rng.randrange(3, 40))] for _ in range(200)]
+    run_all(eng, many, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+            abort=lambda step: [str(rng.randrange(200)) for _ in range(rng.random() < 0.3)])
+    pool = eng.kv.pool
+    assert pool.num_free == pool.num_blocks - pool.num_run_blocks
+    assert all(b.ref_count == 0 for b in pool.blocks)
+    assert sorted(eng.store._runs.values()) == sorted(pool.runs)
+    assert len(eng.store._runs) == eng.store.tiers.count(Tier.RESIDENT)
+    assert len(eng.store.slabs) == 6
+    eng.close()
+
+
+@pytest.mark.parametrize("budget_layers", [3])
+def test_llm_offload_dynamic_on_the_cpu_platform(tiny_dir, budget_layers):  # noqa: F811
+    """``LLM(..., offload="dynamic")`` with a budget below all-resident: starts with streamed layers, and a
+    burst that needs more KV than it has makes the controller demote (its moves show in the stats)."""
+    probe = engine(tiny_dir, offload="none")
+    need = probe.ledger.used - probe.ledger.by_kind["kv_pool"] - probe.ledger.by_kind["arena_weights"]
+    layer = probe.plan.sizes.layer_bytes
+    block = probe.plan.sizes.kv_bytes_per_token * 16
+    probe.close()
+    budget = need + 6 * layer + 2 * layer + 12 * block      # all layers, the ring and 12 KV blocks
+    config = EngineConfig.from_kwargs(model=tiny_dir, dtype="float32", max_model_len=128, offload="dynamic",
+                                      device_memory_budget=str(budget), retier_interval_steps=2,
+                                      retier_min_dwell_seconds=0.0)
+    eng = LLMEngine.from_config(config, poison=True)
+    assert eng.plan.dynamic and "tiers follow KV demand" in eng.plan.explain()
+    outs = LLM.from_engine(eng).generate([[5 + i] * 60 for i in range(8)],
+                                         SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    assert all(len(o.outputs[0].token_ids) == 16 for o in outs)
+    stats = eng.stats()
+    assert stats.retier_counts["demote"] >= 1
+    assert stats.arena_weight_blocks + stats.kv_blocks_total == eng.store.arena.num_blocks
+    eng.close()
