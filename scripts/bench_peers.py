@@ -122,10 +122,9 @@ def served(engine: str, args, gguf: str, hf: str | None, port: int) -> dict:
             time.sleep(2)
         else:
             return {"error": "server did not start in time"}
-        ns = argparse.Namespace(base_url=f"http://127.0.0.1:{port}", model=None, api_key=None,
-                                num_prompts=args.served_requests, input_len=128, output_len=64, dataset="random",
-                                shared_prefix_len=0, vocab_size=49152, request_rate=float("inf"),
-                                max_concurrency=8, timeout=600.0, seed=0)
+        ns = bench_serving.parser().parse_args([
+            "--base-url", f"http://127.0.0.1:{port}", "--num-prompts", str(args.served_requests), "--input-len", "128",
+            "--output-len", "64", "--max-concurrency", "8"])
         warm = argparse.Namespace(**{**vars(ns), "num_prompts": 2, "output_len": 4})
         asyncio.run(bench_serving.run(warm))
         results, duration = asyncio.run(bench_serving.run(ns))
