@@ -15,7 +15,8 @@ Each engine runs in its own process (scripts/bench_peer_worker.py), the peers wi
 environment of their own: see docs/BENCHMARKS.md for the pip commands). An engine whose package does not
 import there is skipped with the reason. vLLM and transformers read the GGUF dequantized to a Hugging
 Face directory (written once, by transformers' GGUF reader, under --work-dir); gh200rt and llama.cpp
-read the GGUF itself. Everyone decodes greedily with EOS ignored. Engines run one after another, so
+read the GGUF itself. Everyone decodes greedily with EOS ignored and computes on cores 0..threads-1 (vLLM's
+OpenMP threads, gh200rt's engine thread). Engines run one after another, so
 on a shared machine compare figures from the same run only (rerun a few times, take the median).
 """
 from __future__ import annotations
@@ -68,11 +69,21 @@ def hf_dir(work_dir: str, gguf: str, peer_python: str) -> str:
     return out
 
 
+def engine_cores(threads: int) -> str:
+    return "0" if threads == 1 else f"0-{threads - 1}"
+
+
 def engine_env(threads: int) -> dict[str, str]:
-    """Every engine on ``threads`` CPU threads (vLLM binds its OpenMP threads to cores 0..threads-1)."""
-    cores = "0" if threads == 1 else f"0-{threads - 1}"
+    """Every engine on ``threads`` CPU threads, bound to cores 0..threads-1: vLLM binds its OpenMP threads
+    there, gh200rt its engine thread (``--engine-cpus``; an offline worker as a whole). On a shared machine
+    an unbound engine loses far more to other processes than a bound one (docs/benchmarks/peers.md, run 4)."""
     return dict(os.environ, OMP_NUM_THREADS=str(threads), VLLM_CPU_KVCACHE_SPACE="2",
-                VLLM_CPU_OMP_THREADS_BIND=cores)
+                VLLM_CPU_OMP_THREADS_BIND=engine_cores(threads))
+
+
+def bind_to(threads: int):
+    cores = set(range(threads))
+    return lambda: os.sched_setaffinity(0, cores)
 
 
 def run_worker(engine: str, spec: dict, python: str, timeout: float) -> dict:
@@ -81,8 +92,9 @@ def run_worker(engine: str, spec: dict, python: str, timeout: float) -> dict:
         with open(spec_path, "w", encoding="utf-8") as f:
             json.dump(spec, f)
         env = engine_env(spec["threads"])
+        bind = bind_to(spec["threads"]) if engine.startswith("gh200rt") else None
         proc = subprocess.run([python, WORKER, engine, spec_path, out_path], capture_output=True, text=True,
-                              timeout=timeout, env=env)
+                              timeout=timeout, env=env, preexec_fn=bind)
         if proc.returncode != 0:
             return {"error": (proc.stderr or proc.stdout).strip()[-600:]}
         with open(out_path, encoding="utf-8") as f:
@@ -95,7 +107,7 @@ def server_command(engine: str, args, gguf: str, hf: str | None, port: int) -> l
         route = ["--dtype", "float32"] if variant == "fp32" else \
             ["--offload", "direct", "--host-weight-dtype", "int8"] if variant == "int8" else []
         return [sys.executable, "-m", "gh200rt.serve", "--model", gguf, "--port", str(port), "--max-model-len",
-                "1024", "--log-level", "warning", *route]
+                "1024", "--log-level", "warning", "--engine-cpus", engine_cores(args.threads), *route]
     if kind == "vllm":
         return [args.peer_python, "-m", "vllm.entrypoints.openai.api_server", "--model", hf, "--dtype", variant,
                 "--port", str(port), "--max-model-len", "1024", "--seed", "0"]
@@ -122,10 +134,9 @@ def served(engine: str, args, gguf: str, hf: str | None, port: int) -> dict:
             time.sleep(2)
         else:
             return {"error": "server did not start in time"}
-        ns = argparse.Namespace(base_url=f"http://127.0.0.1:{port}", model=None, api_key=None,
-                                num_prompts=args.served_requests, input_len=128, output_len=64, dataset="random",
-                                shared_prefix_len=0, vocab_size=49152, request_rate=float("inf"),
-                                max_concurrency=8, timeout=600.0, seed=0)
+        ns = bench_serving.parser().parse_args([
+            "--base-url", f"http://127.0.0.1:{port}", "--num-prompts", str(args.served_requests), "--input-len", "128",
+            "--output-len", "64", "--max-concurrency", "8"])
         warm = argparse.Namespace(**{**vars(ns), "num_prompts": 2, "output_len": 4})
         asyncio.run(bench_serving.run(warm))
         results, duration = asyncio.run(bench_serving.run(ns))

@@ -147,7 +147,7 @@ def report(args, results: list[Result], duration: float) -> None:
     print(f"E2E:   {_stats([r.e2e for r in ok])}")
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base-url", default="http://127.0.0.1:8000")
     ap.add_argument("--model", default=None, help="model name to send; default: the first of /v1/models")
@@ -168,6 +168,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="with --compare-structured: alternated rounds of each")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--seed", type=int, default=0)
+    return ap
+
+
+def main() -> None:
+    ap = parser()
     args = ap.parse_args()
     if args.num_prompts < 1 or args.input_len < 1 or args.output_len < 1:
         ap.error("--num-prompts, --input-len and --output-len must be at least 1")

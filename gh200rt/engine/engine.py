@@ -13,6 +13,7 @@ import torch
 
 from gh200rt.config import EngineConfig
 from gh200rt.engine.detokenizer import IncrementalDetokenizer
+from gh200rt.engine.host_allocator import keep_freed_memory
 from gh200rt.engine.model_runner import ModelRunner
 from gh200rt.engine.outputs import RequestOutput
 from gh200rt.engine.request_state import RequestState, prompt_logprobs_for_chunk
@@ -91,6 +92,8 @@ class LLMEngine:
         caches = arena.kv_caches() if arena else \
             allocate_kv_caches(arch.num_layers, num_blocks, bs, arch.num_kv_heads, arch.head_dim, kv_dtype, device)
         self.runner = ModelRunner(model, caches, bs, device, hooks=self.store or NULL_HOOKS)
+        if torch.device(device).type == "cpu":     # activations live in host memory: keep their pages
+            keep_freed_memory()
         self.sampler = Sampler(config.model.seed)
         self.eos_token_ids = eos_ids_of(tokenizer)
         self.grammars = GrammarMatchers(tokenizer, arch.vocab_size, self.eos_token_ids)

@@ -8,7 +8,9 @@ step time (compute vs copy wait) since the last look. The policy answers with at
 - **promote** (a streamed layer takes a free run back) when nothing waits, no preemption happened
   for a while, and after the promotion at least ``promote_headroom`` of the KV cache would still
   be free beyond what running requests hold.
-Hysteresis: at least ``min_steps_between`` steps and ``min_dwell_seconds`` between two moves.
+Hysteresis: at least ``min_steps_between`` steps and ``min_dwell_seconds`` between two moves, except
+that demotions follow each other one per step while the pressure lasts (a burst must not wait
+``min_steps_between`` steps per layer for KV it needs now; a reversal always waits).
 Streamed layers stay spread: a demotion picks the resident layer farthest from any streamed one,
 a promotion the streamed layer closest to another, so the copies keep hiding behind resident
 compute (one in every G). Each move is logged at INFO with its reason and numbers; ``counts``
@@ -79,13 +81,16 @@ class PressurePolicy:
     _last_step: int = field(default=-(1 << 30), repr=False)
     _last_time: float = field(default=float("-inf"), repr=False)
     _quiet_since: int = field(default=0, repr=False)
+    _last_tier: Tier | None = field(default=None, repr=False)
 
     def decide(self, signals: TierSignals) -> Move | None:
         now = self.clock()
         pressure = signals.preemptions > 0 or (signals.num_waiting and signals.waiting_blocks > signals.kv_free_blocks)
         if pressure:
             self._quiet_since = signals.step
-        if signals.step - self._last_step < self.min_steps_between or now - self._last_time < self.min_dwell_seconds:
+        streak = pressure and self._last_tier == Tier.STREAMED and signals.step > self._last_step
+        if not streak and (signals.step - self._last_step < self.min_steps_between
+                           or now - self._last_time < self.min_dwell_seconds):
             return None
         move = None
         if pressure:
@@ -107,7 +112,7 @@ class PressurePolicy:
                                 f"copy wait {signals.copy_wait_seconds * 1e3:.1f} ms of "
                                 f"{signals.compute_seconds * 1e3:.1f} ms since the last look")
         if move is not None:
-            self._last_step, self._last_time = signals.step, now
+            self._last_step, self._last_time, self._last_tier = signals.step, now, move.tier
         return move
 
 

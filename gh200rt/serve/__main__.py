@@ -14,7 +14,7 @@ import time
 import uvicorn
 
 from gh200rt.serve.api import ServerState, create_app
-from gh200rt.serve.args import parse_args
+from gh200rt.serve.args import parse_args, parse_cpu_list
 from gh200rt.serve.async_engine import AsyncEngine
 
 log = logging.getLogger("gh200rt.serve")
@@ -99,7 +99,8 @@ def run_server(server_config, engine_config, build_engine) -> int:
     def stop_on_load_error(_error):
         server.should_exit = True
 
-    engine = AsyncEngine(load, max_pending, on_load_error=stop_on_load_error)
+    cpus = parse_cpu_list(server_config.engine_cpus) if server_config.engine_cpus is not None else None
+    engine = AsyncEngine(load, max_pending, on_load_error=stop_on_load_error, cpus=cpus)
     state = ServerState(server_config, engine, engine_config.model.model)
     app = create_app(state)
     uv_config = uvicorn.Config(app, host=server_config.host, port=server_config.port,

@@ -3,6 +3,7 @@ dataclasses (``gh200rt.cli_args``) so flags never drift from the config."""
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass, field
 
 from gh200rt.cli_args import add_dataclass_arguments, add_engine_arguments, dataclass_from_args
@@ -38,6 +39,10 @@ class ServerConfig:
                 "Qwen <tool_call>; llama3_json: Llama 3.x JSON)", "choices": TOOL_CALL_PARSERS})
     enable_auto_tool_choice: bool = field(default=False, metadata=_help(
         "let the model decide to call tools (\"tool_choice\": \"auto\"); needs --tool-call-parser"))
+    engine_cpus: str | None = field(default=None, metadata=_help(
+        "CPUs the engine thread and the torch threads it starts run on, e.g. 0 or 0-3,8 (what vLLM's "
+        "VLLM_CPU_OMP_THREADS_BIND does for its CPU backend); the HTTP side stays free to run elsewhere. "
+        "Default: wherever the OS schedules them"))
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
@@ -59,12 +64,33 @@ class ServerConfig:
             raise ValueError(f"--enable-auto-tool-choice needs --tool-call-parser ({', '.join(TOOL_CALL_PARSERS)})")
         if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
             raise ValueError(f"--tool-call-parser {self.tool_call_parser!r}: choose {', '.join(TOOL_CALL_PARSERS)}")
+        if self.engine_cpus is not None:
+            parse_cpu_list(self.engine_cpus)
         if self.api_key is not None and not self.api_key:
             raise ValueError("--api-key must not be empty; leave it out to serve without a key")
 
     @property
     def origins(self) -> tuple[str, ...]:
         return tuple(o.strip() for o in self.allowed_origins.split(",") if o.strip())
+
+
+def parse_cpu_list(text: str) -> frozenset[int]:
+    """``"0-3,8"`` -> {0, 1, 2, 3, 8}; every CPU must be one this process may run on."""
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            first, _, last = part.strip().partition("-")
+            lo, hi = int(first), int(last or first)
+            if lo < 0 or hi < lo:
+                raise ValueError
+            cpus.update(range(lo, hi + 1))
+    except ValueError:
+        raise ValueError(f"--engine-cpus {text!r}: give CPU numbers and ranges, e.g. 0 or 0-3,8") from None
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else cpus
+    if not cpus <= allowed:
+        raise ValueError(f"--engine-cpus {text!r}: CPUs {sorted(cpus - allowed)} are not among the ones this "
+                         f"process may use ({sorted(allowed)})")
+    return frozenset(cpus)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -39,8 +40,9 @@ class _Add:
 
 
 class AsyncEngine:
-    def __init__(self, engine_factory, max_pending: int, on_load_error=None):
+    def __init__(self, engine_factory, max_pending: int, on_load_error=None, cpus: frozenset[int] | None = None):
         self._factory = engine_factory
+        self._cpus = cpus
         self._on_load_error = on_load_error
         self.max_pending = max_pending
         self.engine = None
@@ -100,6 +102,8 @@ class AsyncEngine:
 
     # ---- engine thread --------------------------------------------------------------------------
     def _run(self) -> None:
+        if self._cpus is not None:          # this thread only (Linux); torch's threads, started from it, inherit it
+            os.sched_setaffinity(0, self._cpus)
         try:
             self.engine = self._factory()
         except BaseException as e:              # reported by /health and the start-up log

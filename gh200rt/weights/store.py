@@ -25,12 +25,10 @@ from __future__ import annotations
 
 import torch
 
-from gh200rt.kernels.quant import PackedWeight
 from gh200rt.models.layers.cpu_prepack import cpu_route_form
-from gh200rt.models.layers.linear import RefLinear
-from gh200rt.models.llama import FUSED_SHARDS
 from gh200rt.transfer.backend import make_transfer_backend
 from gh200rt.weights import forms as weight_forms
+from gh200rt.weights.device_moves import gguf_parts, move_to_device
 from gh200rt.weights.layer_slab import LayerSlab, WeightLayout
 from gh200rt.weights.schedule import NULL_HOOKS, LayerHooks, StreamingSchedule
 from gh200rt.weights.tiers import Tier, slot_of
@@ -52,10 +50,6 @@ class _ClosedWeight:
 
 
 CLOSED_WEIGHT = _ClosedWeight()
-
-
-def _weight_nbytes(weight) -> int:
-    return weight.nbytes if isinstance(weight, torch.Tensor) else int(weight.nbytes)
 
 
 class WeightStore(LayerHooks):
@@ -139,7 +133,7 @@ class WeightStore(LayerHooks):
         lm_head = self.model.lm_head.weight_ref
         lm_head.current = self._resident_form(lm_head.current)
         self._book("resident_weights", placed)
-        ring_layers = self._ring_users() or (list(self.slabs) if getattr(plan, "dynamic", False) else [])
+        ring_layers = self._ring_users() or (list(self.slabs) if plan.dynamic else [])
         if ring_layers:  # dynamic tiers book the ring up front: any layer may start streaming later
             self._make_ring(max(self.slabs[i].nbytes for i in ring_layers))
         if in_arena:
@@ -297,7 +291,7 @@ class WeightStore(LayerHooks):
                                  f"form; start the engine with every layer's host copy kept (dynamic tiers)")
             if isinstance(weight, torch.Tensor):
                 weight = weight.cpu()
-            forms[name] = weight_forms.host_form(weight, self.host_format, _gguf_parts(self.quantized, layer, name)) \
+            forms[name] = weight_forms.host_form(weight, self.host_format, gguf_parts(self.quantized, layer, name)) \
                 if isinstance(weight, torch.Tensor) else weight
         self.slabs[layer] = LayerSlab(forms, self.platform.host_numa_node, self.platform, self.device)
 
@@ -306,7 +300,7 @@ class WeightStore(LayerHooks):
         host_gemm with the row scales) instead of the dequantized copy the loader made."""
         for layer in self.layers(Tier.RESIDENT):
             for name, ref in self.model.layer_weight_refs(layer).items():
-                parts = _gguf_parts(self.quantized, layer, name)
+                parts = gguf_parts(self.quantized, layer, name)
                 if parts:
                     ref.current = weight_forms.concat_rows(parts)
 
@@ -319,30 +313,11 @@ class WeightStore(LayerHooks):
     def _move_to_device(self, resident_layers: bool = True) -> int:
         """Everything but the offloaded layers' linear weights (and, with ``resident_layers=False``, the
         resident layers' too: they go to the arena) goes to the device; returns its bytes."""
-        model = self.model
-        if self.device.type != "cpu":
-            model.to(self.device)
-        offloaded = {id(ref) for i, tier in enumerate(self.tiers) if tier != Tier.RESIDENT or not resident_layers
-                     for ref in model.layer_weight_refs(i).values()}
-        seen: dict[int, int] = {}
-        for layer in self.layers(Tier.RESIDENT) if resident_layers else []:
-            self._layer_device_bytes[layer] = 0
-            for ref in model.layer_weight_refs(layer).values():
-                self._layer_device_bytes[layer] += _weight_nbytes(ref.current)
-        for module in model.modules():
-            if isinstance(module, RefLinear) and id(module.weight_ref) not in offloaded:
-                ref = module.weight_ref
-                if isinstance(ref.current, torch.Tensor) and ref.current.device != self.device:
-                    ref.current = ref.current.to(self.device)
-                if isinstance(ref.current, torch.Tensor):
-                    seen[ref.current.data_ptr()] = ref.current.nbytes
-                elif isinstance(ref.current, PackedWeight):   # an FP8 checkpoint's resident weight
-                    ref.current = ref.current.with_tensors({n: t.to(self.device)
-                                                            for n, t in ref.current.tensors().items()})
-                    seen.update({t.data_ptr(): t.nbytes for t in ref.current.tensors().values()})
-        for tensor in [*model.parameters(), *model.buffers()]:
-            seen[tensor.data_ptr()] = tensor.nbytes
-        return sum(seen.values())
+        resident = self.layers(Tier.RESIDENT) if resident_layers else []
+        on_host = {i for i in range(len(self.tiers)) if i not in resident}
+        placed, per_layer = move_to_device(self.model, self.device, on_host)
+        self._layer_device_bytes.update({layer: per_layer[layer] for layer in resident})
+        return placed
 
     def _book(self, kind: str, nbytes: int) -> None:
         """Reserve (``nbytes`` >= 0) or release device bytes; a reservation that does not fit raises first."""
@@ -372,13 +347,3 @@ class WeightStore(LayerHooks):
         for slab in self.slabs.values():
             slab.free()
         self.slabs.clear()
-
-
-def _gguf_parts(quantized: dict | None, layer: int, name: str) -> list | None:
-    """The checkpoint's quantized tensors (GGUF, or FP8 weights) whose rows make up linear ``name`` of ``layer``,
-    or None when any is not quantized."""
-    if not quantized:
-        return None
-    prefix = f"model.layers.{layer}."
-    parts = [f"{prefix}{part}.weight" for part in FUSED_SHARDS.get(name, (name,))]
-    return [quantized[p] for p in parts] if all(p in quantized for p in parts) else None

@@ -119,3 +119,15 @@ def test_metrics_render_weight_placement_series():
     assert "# TYPE gh200rt_weight_bytes_copied_total counter\ngh200rt_weight_bytes_copied_total 4096" in text
     assert "# TYPE gh200rt_copy_wait_seconds_total counter\ngh200rt_copy_wait_seconds_total 0.25" in text
     assert all(line.startswith("# ") or " " in line for line in text.splitlines())
+
+
+def test_metrics_render_dynamic_tier_series():
+    from gh200rt.engine.engine import EngineStats
+    m = ServerMetrics()
+    assert 'gh200rt_retier_total{direction="demote"} 0' in m.render(num_pending=0)
+    m.engine_stats = EngineStats(0, 0, 40, 0, 0, 0, 0, 0, 0, 0, 0, {"resident": 20, "streamed": 8}, 0, 0.0,
+                                 arena_weight_blocks=60, retier_counts={"promote": 2, "demote": 5})
+    text = m.render(num_pending=0)
+    assert "# TYPE gh200rt_retier_total counter" in text
+    assert 'gh200rt_retier_total{direction="promote"} 2' in text and 'gh200rt_retier_total{direction="demote"} 5' in text
+    assert 'gh200rt_arena_blocks{holder="weights"} 60' in text and 'gh200rt_arena_blocks{holder="kv"} 40' in text

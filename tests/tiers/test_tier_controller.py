@@ -42,16 +42,17 @@ def test_pressure_demotes_and_slack_promotes_with_hysteresis():
     move = policy.decide(signals(0, tiers, free=2, waiting=3, waiting_blocks=9))
     assert move == Move(3, S, move.reason) and "3 waiting need 9 blocks" in move.reason
     tiers[3] = S
-    assert policy.decide(signals(2, tiers, free=2, waiting=3, waiting_blocks=9)) is None   # too few steps
-    clock.now = 0.5
-    assert policy.decide(signals(5, tiers, free=2, preemptions=1)) is None                 # too soon
-    clock.now = 2.0
-    assert policy.decide(signals(6, tiers, free=2, preemptions=1)).layer == 0
+    assert policy.decide(signals(0, tiers, free=2, waiting=3, waiting_blocks=9)) is None   # one move per step
+    assert policy.decide(signals(1, tiers, free=2, preemptions=1)).layer == 0              # pressure: next step
     tiers[0] = S
     clock.now = 10.0
-    assert policy.decide(signals(8, tiers, free=80)) is None          # quiet for too few steps since pressure
+    assert policy.decide(signals(4, tiers, free=80)) is None          # quiet for too few steps since pressure
     move = policy.decide(signals(20, tiers, free=80))
     assert move.tier == R and move.layer in (0, 3) and "KV slack" in move.reason
+    tiers[move.layer] = R
+    assert policy.decide(signals(21, tiers, free=80)) is None         # promotions wait the interval
+    clock.now = 10.5
+    assert policy.decide(signals(25, tiers, free=2, preemptions=1)) is None   # a reversal waits the dwell time
     clock.now = 20.0
     assert policy.decide(signals(40, tiers, free=30)) is None         # 30 - 10 < 25% of 90: stays streamed
     assert policy.decide(signals(40, tiers, free=80, waiting=1)) is None

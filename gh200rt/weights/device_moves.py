@@ -1,0 +1,47 @@
+"""What the weight store moves to the device as it is (everything but offloaded linears), and where a
+GGUF or FP8 checkpoint's quantized weights for one fused linear are."""
+from __future__ import annotations
+
+import torch
+
+from gh200rt.kernels.quant import PackedWeight
+from gh200rt.models.layers.linear import RefLinear
+from gh200rt.models.llama import FUSED_SHARDS
+
+
+def weight_nbytes(weight) -> int:
+    return weight.nbytes if isinstance(weight, torch.Tensor) else int(weight.nbytes)
+
+
+def move_to_device(model, device: torch.device, host_layers: set[int]) -> tuple[int, dict[int, int]]:
+    """Parameters, buffers and every linear weight outside the decoder layers ``host_layers`` to ``device``.
+    Returns the device bytes placed (each storage once) and the linear bytes of every other layer."""
+    if device.type != "cpu":
+        model.to(device)
+    kept = {id(ref) for i in host_layers for ref in model.layer_weight_refs(i).values()}
+    per_layer = {i: sum(weight_nbytes(ref.current) for ref in model.layer_weight_refs(i).values())
+                 for i in range(len(model.layers)) if i not in host_layers}
+    seen: dict[int, int] = {}
+    for module in model.modules():
+        if isinstance(module, RefLinear) and id(module.weight_ref) not in kept:
+            ref = module.weight_ref
+            if isinstance(ref.current, torch.Tensor) and ref.current.device != device:
+                ref.current = ref.current.to(device)
+            if isinstance(ref.current, torch.Tensor):
+                seen[ref.current.data_ptr()] = ref.current.nbytes
+            elif isinstance(ref.current, PackedWeight):   # an FP8 checkpoint's resident weight, kept in fp8
+                ref.current = ref.current.with_tensors({n: t.to(device) for n, t in ref.current.tensors().items()})
+                seen.update({t.data_ptr(): t.nbytes for t in ref.current.tensors().values()})
+    for tensor in [*model.parameters(), *model.buffers()]:
+        seen[tensor.data_ptr()] = tensor.nbytes
+    return sum(seen.values()), per_layer
+
+
+def gguf_parts(quantized: dict | None, layer: int, name: str) -> list | None:
+    """The checkpoint's quantized tensors (GGUF blocks, or an FP8 checkpoint's fp8 weights) whose rows make up
+    linear ``name`` of ``layer``, or None when any is not quantized."""
+    if not quantized:
+        return None
+    prefix = f"model.layers.{layer}."
+    parts = [f"{prefix}{part}.weight" for part in FUSED_SHARDS.get(name, (name,))]
+    return [quantized[p] for p in parts] if all(p in quantized for p in parts) else None
