@@ -141,6 +141,9 @@ class MemoryConfig:
         "--offload dynamic: at least this many steps between two tier moves"))
     retier_min_dwell_seconds: float = field(default=2.0, metadata=_help(
         "--offload dynamic: at least this many seconds between two tier moves"))
+    retier_max_step_seconds: float | None = field(default=None, metadata=_help(
+        "--offload dynamic: stream no more layers once a decode step takes this long (a TPOT target; default: "
+        "KV demand alone decides)"))
     prefetch_across_steps: bool = field(default=True, metadata=_help(
         "copy the next step's first streamed layers during the tail of this one (off: each step starts its "
         "own copies)"))
@@ -177,6 +180,8 @@ class MemoryConfig:
             raise ValueError(f"--retier-interval-steps must be at least 1, got {self.retier_interval_steps}")
         if self.retier_min_dwell_seconds < 0:
             raise ValueError(f"--retier-min-dwell-seconds must be 0 or more, got {self.retier_min_dwell_seconds}")
+        if self.retier_max_step_seconds is not None and self.retier_max_step_seconds <= 0:
+            raise ValueError(f"--retier-max-step-seconds must be positive, got {self.retier_max_step_seconds}")
         if self.kv_cache_min_tokens is not None and self.kv_cache_min_tokens < 0:
             raise ValueError(f"--kv-cache-min-tokens must be 0 or more, got {self.kv_cache_min_tokens}")
 

@@ -11,7 +11,7 @@ moves and the share of time spent at each tier split (resident / streamed layers
 
     python scripts/bench_dynamic.py [--model smollm2-135m] [--budget-kv-blocks 24] [--seed 0]
         [--quiet-rate 1] [--quiet-seconds 8] [--burst-requests 24] [--burst-seconds 2]
-        [--slo-ttft 5] [--slo-tpot 0.5] [--engines resident,streamed,dynamic] [--json PATH]
+        [--slo-ttft 5] [--slo-tpot 0.5] [--no-step-target] [--engines resident,streamed,dynamic] [--json PATH]
 """
 from __future__ import annotations
 
@@ -81,7 +81,8 @@ def base_config(args, offload: str) -> EngineConfig:
     return EngineConfig.from_kwargs(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
                                     offload=offload, device_memory_budget=str(args.budget),
                                     max_num_seqs=args.max_num_seqs, retier_interval_steps=args.retier_interval,
-                                    retier_min_dwell_seconds=args.retier_dwell)
+                                    retier_min_dwell_seconds=args.retier_dwell,
+                                    retier_max_step_seconds=args.slo_tpot if args.step_target else None)
 
 
 def budget_bytes(args) -> int:
@@ -180,6 +181,8 @@ def main() -> None:
     parser.add_argument("--slo-tpot", type=float, default=0.5, help="seconds per output token")
     parser.add_argument("--retier-interval", type=int, default=4)
     parser.add_argument("--retier-dwell", type=float, default=0.25)
+    parser.add_argument("--step-target", action=argparse.BooleanOptionalAction, default=True,
+                        help="give the dynamic engine the TPOT SLO as --retier-max-step-seconds (default: on)")
     parser.add_argument("--json", help="also write the summary to this JSON file")
     args = parser.parse_args()
     args.budget = budget_bytes(args)

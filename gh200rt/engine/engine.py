@@ -102,9 +102,11 @@ class LLMEngine:
         self.controller = None
         if placed is not None and placed.plan.dynamic:
             memory = config.memory
-            self.controller = TierController(self.store, PressurePolicy(memory.retier_interval_steps,
-                                                                        memory.retier_min_dwell_seconds))
+            self.controller = TierController(self.store, PressurePolicy(
+                memory.retier_interval_steps, memory.retier_min_dwell_seconds,
+                max_step_seconds=memory.retier_max_step_seconds))
         self._steps, self._seen_preemptions, self._compute_seconds, self._seen_wait = 0, 0, 0.0, 0.0
+        self._decode_seconds, self._decode_steps = 0.0, 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
 
@@ -195,9 +197,11 @@ class LLMEngine:
         signals = TierSignals(self._steps, kv_blocks, pool.num_free, kv_blocks - pool.num_free, waiting,
                               len(sched.waiting), sched.num_preemptions - self._seen_preemptions,
                               self._compute_seconds, wait - self._seen_wait,
+                              self._decode_seconds / self._decode_steps if self._decode_steps else None,
                               self.store.layer_run_blocks if self.store and self.store.arena else 0,
                               tuple(self.store.tiers) if self.store else ())
         self._seen_preemptions, self._seen_wait, self._compute_seconds = sched.num_preemptions, wait, 0.0
+        self._decode_seconds, self._decode_steps = 0.0, 0
         return signals
 
     def step(self) -> list[RequestOutput]:
@@ -211,7 +215,10 @@ class LLMEngine:
         prompt_chunks = {i: (item.seq, item.seq.num_computed_tokens) for i, item in enumerate(out.scheduled)}
         started = time.perf_counter()
         logits = self.runner.run(out)
-        self._compute_seconds += time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        self._compute_seconds += seconds
+        if out.num_batched_tokens == len(out.scheduled):      # decode only: one token per sequence
+            self._decode_seconds, self._decode_steps = self._decode_seconds + seconds, self._decode_steps + 1
         self.scheduler.step_done(out)
         touched: dict[str, set[int]] = {}
         for i, chunk_logits in logits.prompt_logits.items():

@@ -4,7 +4,9 @@ Before each step the engine hands the controller a ``TierSignals`` snapshot: the
 (total, free, held by requests), the blocks the waiting queue needs to be admitted, preemptions and
 step time (compute vs copy wait) since the last look. The policy answers with at most one move:
 - **demote** (a resident layer starts streaming, its arena run goes to the KV cache) when requests
-  wait for blocks the cache does not have, or a request was preempted;
+  wait for blocks the cache does not have, or a request was preempted, unless decode steps already
+  take ``max_step_seconds`` (``--retier-max-step-seconds``, a TPOT target: more KV is not worth
+  making every running request slower than that);
 - **promote** (a streamed layer takes a free run back) when nothing waits, no preemption happened
   for a while, and after the promotion at least ``promote_headroom`` of the KV cache would still
   be free beyond what running requests hold.
@@ -40,6 +42,7 @@ class TierSignals:
     preemptions: int              # since the last snapshot
     compute_seconds: float        # since the last snapshot
     copy_wait_seconds: float
+    decode_step_seconds: float | None   # mean model time of the decode-only steps since then (None: none ran)
     run_blocks: int               # arena blocks one layer's weights take
     tiers: tuple[Tier, ...]
 
@@ -72,11 +75,17 @@ def spread_pick(tiers: tuple[Tier, ...], candidates: Tier, others: Tier | None, 
     return max(picks, key=key)
 
 
+# demotions stop once decode steps take this share of --retier-max-step-seconds: the next streamed layer
+# adds its copy to every step, and the target is a ceiling, not a goal
+STEP_GUARD = 0.9
+
+
 @dataclass
 class PressurePolicy:
     min_steps_between: int = 8
     min_dwell_seconds: float = 2.0
     promote_headroom: float = 0.25
+    max_step_seconds: float | None = None
     clock: callable = time.monotonic
     _last_step: int = field(default=-(1 << 30), repr=False)
     _last_time: float = field(default=float("-inf"), repr=False)
@@ -93,7 +102,9 @@ class PressurePolicy:
                            or now - self._last_time < self.min_dwell_seconds):
             return None
         move = None
-        if pressure:
+        slow = (self.max_step_seconds is not None and signals.decode_step_seconds is not None
+                and signals.decode_step_seconds > STEP_GUARD * self.max_step_seconds)
+        if pressure and not slow:
             layer = spread_pick(signals.tiers, Tier.RESIDENT, None, farthest=True)
             if layer is not None:
                 move = Move(layer, Tier.STREAMED,

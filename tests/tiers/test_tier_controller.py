@@ -15,9 +15,10 @@ from tests.tiers.test_engine_placement import engine, tiny_dir  # noqa: F401 (fi
 R, S, D = Tier.RESIDENT, Tier.STREAMED, Tier.DIRECT
 
 
-def signals(step, tiers, free=50, total=100, waiting=0, waiting_blocks=0, preemptions=0, run_blocks=10):
+def signals(step, tiers, free=50, total=100, waiting=0, waiting_blocks=0, preemptions=0, run_blocks=10,
+            decode_step=0.01):
     return TierSignals(step, total, free, total - free, waiting_blocks, waiting, preemptions, 0.01, 0.001,
-                       run_blocks, tuple(tiers))
+                       decode_step, run_blocks, tuple(tiers))
 
 
 def test_spread_pick_keeps_streamed_layers_apart():
@@ -56,6 +57,14 @@ def test_pressure_demotes_and_slack_promotes_with_hysteresis():
     clock.now = 20.0
     assert policy.decide(signals(40, tiers, free=30)) is None         # 30 - 10 < 25% of 90: stays streamed
     assert policy.decide(signals(40, tiers, free=80, waiting=1)) is None
+
+
+def test_no_demotion_once_decode_steps_reach_the_step_target():
+    policy = PressurePolicy(min_steps_between=1, min_dwell_seconds=0.0, max_step_seconds=0.1, clock=Clock())
+    tiers = [R] * 6
+    assert policy.decide(signals(0, tiers, free=2, waiting=3, waiting_blocks=9, decode_step=0.095)) is None
+    assert policy.decide(signals(1, tiers, free=2, waiting=3, waiting_blocks=9, decode_step=0.05)).tier == S
+    assert policy.decide(signals(2, tiers, free=2, waiting=3, waiting_blocks=9, decode_step=None)).tier == S
 
 
 class FlipPolicy:
