@@ -60,19 +60,18 @@ def test_fp8_checkpoint_keeps_fp8_in_hbm(tmp_path):
     save_file({**dense, **dequantized}, os.path.join(dense_dir, "model.safetensors"), metadata={"format": "pt"})
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2)
     prompts = [[5, 9, 13, 17], [40, 41], list(range(60, 90))]
-    outputs = {}
+    outputs, layer0 = {}, {}
     for name, path, options in (("dense", dense_dir, dict(offload="none")), ("fp8", fp8_dir, dict(offload="none")),
                                 ("fp8 mixed", fp8_dir, dict(offload="none", layer_tiers="1:streamed,3:direct"))):
         config = EngineConfig.from_kwargs(model=path, dtype="bfloat16", max_model_len=128, num_kv_blocks=64,
                                           **options)
         engine = LLMEngine.from_config(config)
-        if name != "dense":
+        layer0[name] = layer0_bytes(engine)
+        if name != "dense":                    # "dense" runs first: the bf16 twin every fp8 run is measured against
             ref = engine.runner.model.layer_weight_refs(0)["mlp.down_proj"]
             assert isinstance(ref.current, PackedWeight) and ref.current.fmt == "fp8" and ref.current.device.type == "cuda"
             # one byte a weight and a float32 scale a row (K = 64 or 128): about half of bf16
-            assert layer0_bytes(engine) < 0.55 * dense_layer0
-        else:
-            dense_layer0 = layer0_bytes(engine)
+            assert layer0[name] < 0.55 * layer0["dense"]
         outputs[name] = LLM.from_engine(engine).generate(prompts, params)
         engine.close()
     # bf16 activations either way; the dense twin multiplies the same weight values (tie gap: bf16 rounding)

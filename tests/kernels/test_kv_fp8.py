@@ -8,7 +8,6 @@ from gh200rt.kernels.paged_attention import paged_attention, reference_paged_att
 from gh200rt.kernels.store_kv import reference_write_kv, write_kv
 from gh200rt.kv import attention as torch_attention
 from gh200rt.kv import fp8
-from gh200rt.models.base import AttentionMetadata
 from tests.kernels.test_paged_attention import build_case
 
 pytestmark = pytest.mark.interpreter

@@ -3,20 +3,17 @@ import pytest
 import torch
 
 from gh200rt.config import MemoryConfig
-from gh200rt.kv.pool import allocate_kv_caches
 from gh200rt.models.arch_config import ArchConfig
-from gh200rt.models.base import AttentionMetadata
-from gh200rt.engine.model_runner import forward
 from gh200rt.models.llama import LlamaForCausalLM
 from gh200rt.planner.cost_model import model_sizes
 from gh200rt.planner.planner import make_plan
 from gh200rt.platform.detect import detect
 from gh200rt.weights.schedule import NULL_HOOKS
 from gh200rt.weights.store import WeightStore
+from tests.tiers.greedy import greedy
 
 ARCH = ArchConfig("llama", hidden_size=32, intermediate_size=64, num_layers=6, num_heads=4,
                   num_kv_heads=2, head_dim=8, vocab_size=97)
-BLOCK = 16
 
 
 def _model() -> LlamaForCausalLM:
@@ -28,18 +25,7 @@ def _model() -> LlamaForCausalLM:
 
 
 def _greedy(model, prompt: list[int], steps: int, kv_dtype: torch.dtype = torch.float32, hooks=NULL_HOOKS):
-    kv = allocate_kv_caches(ARCH.num_layers, 4, BLOCK, ARCH.num_kv_heads, ARCH.head_dim, kv_dtype)
-    tokens, all_logits = list(prompt), []
-    query = len(prompt)
-    for _ in range(steps):
-        meta = AttentionMetadata.build([query], [len(tokens)], [[0, 1, 2, 3]], BLOCK)
-        ids = torch.tensor(tokens[-query:])
-        pos = torch.arange(len(tokens) - query, len(tokens))
-        logits = model.compute_logits(forward(model, ids, pos, meta, kv, hooks))[-1]
-        all_logits.append(logits)
-        tokens.append(int(logits.argmax()))
-        query = 1
-    return torch.stack(all_logits), tokens
+    return greedy(model, prompt, steps, num_blocks=4, hooks=hooks, kv_dtype=kv_dtype)
 
 
 KV_DTYPES = {"fp32 KV": torch.float32, "fp8 KV": torch.float8_e4m3fn}

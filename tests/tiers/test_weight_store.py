@@ -7,10 +7,7 @@ import pytest
 import torch
 
 from gh200rt.config import MemoryConfig
-from gh200rt.engine.model_runner import forward
-from gh200rt.kv.pool import allocate_kv_caches
 from gh200rt.memory.ledger import DeviceMemoryLedger, LedgerOverCommit
-from gh200rt.models.base import AttentionMetadata
 from gh200rt.planner.cost_model import model_sizes
 from gh200rt.planner.planner import make_plan
 from gh200rt.platform.detect import detect
@@ -18,28 +15,19 @@ from gh200rt.sampling_params import SamplingParams
 from gh200rt.weights.schedule import NULL_HOOKS
 from gh200rt.weights.store import NoFreeRun, WeightStore
 from gh200rt.weights.tiers import Tier
+from tests.tiers.greedy import greedy
 from tests.tiers.test_engine_placement import engine, tiny_dir  # noqa: F401 (fixture)
-from tests.tiers.test_invariance import ARCH, BLOCK, _model
+from tests.tiers.test_invariance import ARCH, _model
 
 STEPS = 14
 PROMPT = [1, 5, 9, 13]
 
 
-def greedy(model, hooks=NULL_HOOKS, between_steps=lambda step: None):
-    kv = allocate_kv_caches(ARCH.num_layers, 4, BLOCK, ARCH.num_kv_heads, ARCH.head_dim, torch.float32)
-    tokens, all_logits, query = list(PROMPT), [], len(PROMPT)
-    for step in range(STEPS):
-        between_steps(step)
-        meta = AttentionMetadata.build([query], [len(tokens)], [[0, 1, 2, 3]], BLOCK)
-        pos = torch.arange(len(tokens) - query, len(tokens))
-        logits = model.compute_logits(forward(model, torch.tensor(tokens[-query:]), pos, meta, kv, hooks))[-1]
-        all_logits.append(logits)
-        tokens.append(int(logits.argmax()))
-        query = 1
-    return torch.stack(all_logits), tokens
+def run(model, hooks=NULL_HOOKS, between_steps=None):
+    return greedy(model, PROMPT, STEPS, num_blocks=4, hooks=hooks, between_steps=between_steps)
 
 
-REFERENCE = greedy(_model())
+REFERENCE = run(_model())
 
 
 def placed(keep_host_copies=False, ledger=None, **memory):
@@ -66,7 +54,7 @@ def test_random_tier_moves_between_steps_are_bit_identical(keep_host_copies, sta
             store.set_tier(layer, tier)
             moves.append((step, layer, tier))
 
-    logits, tokens = greedy(model, store, move)
+    logits, tokens = run(model, store, move)
     assert tokens == REFERENCE[1] and torch.equal(logits, REFERENCE[0]), moves
     assert {t for _, _, t in moves} == set(Tier)
     store.close()
@@ -75,7 +63,7 @@ def test_random_tier_moves_between_steps_are_bit_identical(keep_host_copies, sta
 def test_every_tier_to_every_tier():
     model, store = placed(offload="none")
     path = [Tier.STREAMED, Tier.DIRECT, Tier.RESIDENT, Tier.DIRECT, Tier.STREAMED, Tier.RESIDENT]
-    logits, tokens = greedy(model, store, lambda step: [store.set_tier(layer, path[step % len(path)])
+    logits, tokens = run(model, store, lambda step: [store.set_tier(layer, path[step % len(path)])
                                                         for layer in (0, 3, 5)])
     assert tokens == REFERENCE[1] and torch.equal(logits, REFERENCE[0])
     assert store.tiers[0] == path[(STEPS - 1) % len(path)]
@@ -99,7 +87,7 @@ def test_ledger_follows_moves_and_a_promotion_that_does_not_fit_changes_nothing(
         store.set_tier(1, Tier.RESIDENT)
     assert store.tiers[1] == Tier.STREAMED
     assert {name: ref.current for name, ref in model.layer_weight_refs(1).items()} == before
-    logits, tokens = greedy(model, store)
+    logits, tokens = run(model, store)
     assert tokens == REFERENCE[1] and torch.equal(logits, REFERENCE[0])
     store.close()
 
@@ -110,7 +98,7 @@ def test_a_ring_appears_when_the_first_layer_streams():
     assert store.backend is None and ledger.by_kind["staging_ring"] == 0
     store.set_tier(3, Tier.STREAMED)
     assert len(store.backend.slots) == 2 and ledger.by_kind["staging_ring"] == 2 * store.slabs[3].nbytes
-    logits, tokens = greedy(model, store)
+    logits, tokens = run(model, store)
     assert tokens == REFERENCE[1] and torch.equal(logits, REFERENCE[0])
     assert store.backend.bytes_copied > 0
     store.close()
