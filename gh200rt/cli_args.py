@@ -50,9 +50,9 @@ def dataclass_from_args(cls, args: argparse.Namespace):
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    from gh200rt.config import CacheConfig, MemoryConfig, ModelConfig, SchedulerConfig
+    from gh200rt.config import CacheConfig, GraphConfig, MemoryConfig, ModelConfig, SchedulerConfig
     for cls, title in ((ModelConfig, "model"), (CacheConfig, "KV cache"), (SchedulerConfig, "scheduler"),
-                       (MemoryConfig, "memory placement")):
+                       (MemoryConfig, "memory placement"), (GraphConfig, "CUDA graphs")):
         add_dataclass_arguments(parser, cls, title)
 
 

@@ -194,17 +194,51 @@ class MemoryConfig:
         return parse_layer_tiers(self.layer_tiers)
 
 
+MAX_GRAPH_BATCH = 256
+
+
+@dataclass(frozen=True)
+class GraphConfig:
+    enforce_eager: bool | None = field(default=None, metadata=_help(
+        "run every step eagerly (no CUDA graphs); default: decode steps replay CUDA graphs on a GPU and run "
+        "eagerly on the CPU (--no-enforce-eager runs the CPU through the same bucketed, padded path)"))
+    max_graph_batch: int | None = field(default=None, metadata=_help(
+        "largest decode batch replayed from a graph (buckets 1, 2, 4, 8, then steps of 8); larger batches run "
+        f"eagerly; default: min(--max-num-seqs, {MAX_GRAPH_BATCH})"))
+    check_graph_addresses: bool = field(default=False, metadata=_help(
+        "debug: before every replay, check that each address the graph saw at capture (input buffers, KV cache, "
+        "weights, staging slots) is unchanged"))
+
+    def __post_init__(self):
+        if self.max_graph_batch is not None and self.max_graph_batch < 1:
+            raise ValueError(f"--max-graph-batch must be at least 1, got {self.max_graph_batch}")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    graphs: GraphConfig = field(default_factory=GraphConfig)
+
+    @property
+    def max_graph_batch(self) -> int:
+        """The largest decode batch a graph holds: ``--max-graph-batch``, at most ``--max-num-seqs``."""
+        wanted = self.graphs.max_graph_batch or MAX_GRAPH_BATCH
+        return min(wanted, self.scheduler.max_num_seqs)
+
+    def use_graphs(self, device_type: str) -> bool:
+        """Decode steps go through the bucketed graph path: on by default on a GPU, off on the CPU."""
+        if self.graphs.enforce_eager is None:
+            return device_type == "cuda"
+        return not self.graphs.enforce_eager
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":
         """Flat keyword arguments (as ``LLM(...)`` takes them) -> nested config; unknown names raise."""
-        parts = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "memory": MemoryConfig}
+        parts = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "memory": MemoryConfig,
+                 "graphs": GraphConfig}
         values: dict[str, dict] = {name: {} for name in parts}
         owners = {f: name for name, klass in parts.items() for f in klass.__dataclass_fields__}
         for key, value in kwargs.items():

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gh200rt.config import EngineConfig
+from gh200rt.engine.cuda_graphs import decode_graphs
 from gh200rt.engine.detokenizer import IncrementalDetokenizer
 from gh200rt.engine.host_allocator import keep_freed_memory
 from gh200rt.engine.model_runner import ModelRunner
@@ -49,6 +50,8 @@ class EngineStats:
     copy_wait_seconds: float = 0.0   # time the compute side waited for a staging copy
     arena_weight_blocks: int = 0     # device arena blocks resident layer weights hold (the KV cache has the rest)
     retier_counts: dict[str, int] = field(default_factory=dict)   # "promote" / "demote" -> layers moved
+    graph_captures: int = 0          # decode graphs captured (recaptures after a tier move included)
+    graph_pool_bytes: int = 0        # device bytes the decode graphs' shared memory pool took
 
 
 def eos_ids_of(tokenizer) -> frozenset[int]:
@@ -91,7 +94,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv, config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens)
         caches = arena.kv_caches() if arena else \
             allocate_kv_caches(arch.num_layers, num_blocks, bs, arch.num_kv_heads, arch.head_dim, kv_dtype, device)
-        self.runner = ModelRunner(model, caches, bs, device, hooks=self.store or NULL_HOOKS)
+        self.graphs = decode_graphs(model, caches, config, self.max_model_len, device, self.store, self.ledger)
+        self.runner = ModelRunner(model, caches, bs, device, hooks=self.store or NULL_HOOKS, graphs=self.graphs)
         if torch.device(device).type == "cpu":     # activations live in host memory: keep their pages
             keep_freed_memory()
         self.sampler = Sampler(config.model.seed)
@@ -121,6 +125,8 @@ class LLMEngine:
 
     def close(self) -> None:
         """Stop the transfer backend's worker and free the host slabs; the engine cannot step afterwards."""
+        if self.graphs is not None:
+            self.graphs.close()
         if self.store is not None:
             self.store.close()
 
@@ -268,4 +274,5 @@ class LLMEngine:
                            kv_blocks - pool.num_free, cached_free, s.lookups, s.hits, s.hit_tokens,
                            self.scheduler.num_preemptions, self.prompt_tokens, self.generation_tokens,
                            tiers, backend.bytes_copied if backend else 0, backend.wait_seconds if backend else 0.0,
-                           pool.num_run_blocks, dict(self.controller.counts) if self.controller else {})
+                           pool.num_run_blocks, dict(self.controller.counts) if self.controller else {},
+                           self.graphs.captures if self.graphs else 0, self.graphs.pool_bytes if self.graphs else 0)

@@ -5,7 +5,8 @@ through ``compute_logits``, plus every prompt position of sequences that asked f
 ``prompt_logprobs``. Inputs are built from host lists in one pass (no per-token tensors) and reach
 the device in one copy (through pinned memory on a GPU), so preparing a step never waits on it.
 The runner drives the weight store's hooks around every decoder layer (``forward``): the staging
-ring waits for and prefetches weights there, while the model itself stays pure.
+ring waits for and prefetches weights there, while the model itself stays pure. Decode-only steps go
+through ``graphs`` (a ``DecodeGraphRunner``: bucketed, padded, replayed from CUDA graphs) when given.
 """
 from __future__ import annotations
 
@@ -99,8 +100,9 @@ class StepLogits:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], block_size: int,
-                 device: torch.device | str = "cpu", hooks: LayerHooks = NULL_HOOKS):
+                 device: torch.device | str = "cpu", hooks: LayerHooks = NULL_HOOKS, graphs=None):
         self.model = model
+        self.graphs = graphs
         self.hooks = hooks
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -108,6 +110,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, out: SchedulerOutput) -> StepLogits:
+        if self.graphs is not None and self.graphs.handles(out):   # every row samples, in order
+            return StepLogits(self.model.compute_logits(self.graphs.run(out)).float(), {})
         inputs = prepare_inputs(out, self.block_size, self.device)
         hidden = forward(self.model, inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, self.hooks)
         if not inputs.sample_rows:

@@ -22,8 +22,12 @@ def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapp
              kv_scale: torch.Tensor | None = None) -> None:
     """Store new K/V ``[T, num_kv_heads, head_dim]`` at their flat pool slots (block * block_size + offset;
     an fp8 pool: divided by ``kv_scale``). The pool may be a strided view (the device arena lays blocks
-    out block-major across layers)."""
+    out block-major across layers). A negative slot is a padding row of a bucketed decode step: it writes
+    nothing (as in the Triton store)."""
     num_kv_heads, head_dim = kv_cache.shape[-2], kv_cache.shape[-1]
+    keep = slot_mapping >= 0
+    if not bool(keep.all()):
+        k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
     if fp8.is_fp8(kv_cache.dtype):
         assert kv_scale is not None, "an fp8 pool is written with its layer's kv_scale"
         k, v = fp8.quantize(k, kv_scale[0], kv_cache.dtype), fp8.quantize(v, kv_scale[1], kv_cache.dtype)
@@ -57,11 +61,15 @@ class _Group:
         for q in meta.query_lens_list:
             starts.append(starts[-1] + q)
         # the step's flat token rows that belong to this group, in group order
-        self.token_rows = torch.tensor([starts[b] + i for b in seqs for i in range(meta.query_lens_list[b])],
-                                       dtype=torch.long, device=device)
+        self.token_rows = None if len(seqs) == meta.num_seqs else \
+            torch.tensor([starts[b] + i for b in seqs for i in range(meta.query_lens_list[b])],
+                         dtype=torch.long, device=device)
         key_pos = torch.arange(blocks * meta.block_size, device=device)
-        lens = torch.tensor(seq_lens, dtype=torch.long, device=device)
         if decode:
+            # Lengths from the device tensor when the group is the whole step: a bucketed decode step's host
+            # lists hold its capacity (fixed per graph), its device seq_lens the real lengths.
+            lens = meta.seq_lens if len(seqs) == meta.num_seqs else \
+                torch.tensor(seq_lens, dtype=torch.long, device=device)
             self.mask = (key_pos[None, :] < lens[:, None])[:, None, None, :]
             return
         self.max_query = max(query_lens)

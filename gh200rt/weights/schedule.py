@@ -9,7 +9,8 @@ Prefetch wraps across steps (``wrap_steps``): positions past the end of the orde
 step's first ones, so in the tail of step n the first layers of step n+1 are already copying, while
 the host samples, schedules and prepares step n+1. Such a copy waits for its slot's last reader in
 step n (with L mod K != 0 that can be the last layer, so the copy starts after it). A step captured
-into a CUDA graph must be self-contained, so capture turns wrapping off.
+into a CUDA graph must be self-contained: the graph runner wraps capture and replay in
+``self_contained()``, which drains what an eager step issued ahead and turns wrapping off inside.
 
 Two orders exist. Small steps (decode) stream only the STREAMED layers. A step of at least
 ``large_step_tokens`` tokens also stages the DIRECT layers, because host_gemm would read their
@@ -20,7 +21,8 @@ for the new order, between steps, so no kernel reads a slot through a stale refe
 """
 from __future__ import annotations
 
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import torch
 
@@ -39,6 +41,15 @@ class LayerHooks:
 
     def after_layer(self, index: int) -> None:
         pass
+
+    @contextmanager
+    def self_contained(self) -> Iterator[None]:
+        """Around a step captured into a graph, or replayed from one: no copy crosses its boundaries."""
+        yield
+
+    def replay(self, graph) -> None:
+        """Launch a captured ``torch.cuda.CUDAGraph``."""
+        graph.replay()
 
 
 NULL_HOOKS = LayerHooks()
@@ -81,6 +92,18 @@ class StreamingSchedule(LayerHooks):
         order = self.large_order if large else self.decode_order
         if order is not self.order:
             self._switch(order)
+
+    @contextmanager
+    def self_contained(self) -> Iterator[None]:
+        self.drain()        # copies issued ahead by an eager step are not part of the graph
+        wrap, self.wrap_steps = self.wrap_steps, False
+        try:
+            yield
+        finally:
+            self.wrap_steps = wrap
+
+    def replay(self, graph) -> None:
+        self.backend.replay(graph)
 
     def drain(self) -> None:
         """Let every issued copy land and release its slot unread (the order it was issued for is gone)."""

@@ -76,6 +76,7 @@ class WeightStore(LayerHooks):
         self._closed = False
         self.arena = None
         self._runs: dict[int, int] = {}                  # resident layer -> first block of its arena run
+        self.plan_version = 0                            # +1 per placement change: captured graphs are stale
 
     # ---- what the ledger and the engine read ------------------------------------------------------
     @property
@@ -112,6 +113,7 @@ class WeightStore(LayerHooks):
             for layer, tier in enumerate(tiers):
                 self.set_tier(layer, tier)
             return
+        self.plan_version += 1
         self.platform = self.platform or plan.platform
         self._num_slots = plan.staging_slots or DEFAULT_STAGING_SLOTS
         self._distance = plan.prefetch_distance if plan.staging_slots else None
@@ -153,6 +155,7 @@ class WeightStore(LayerHooks):
             raise RuntimeError("this weight store was closed with its engine; build a new engine")
         if tier == old:
             return
+        self.plan_version += 1
         if tier == Tier.STREAMED and self.backend is None and self.arena is not None:
             raise ValueError(f"layer {layer} cannot stream: this engine started without a staging ring and the "
                              f"device arena holds the rest of device memory; start it with a streamed layer "
@@ -276,6 +279,12 @@ class WeightStore(LayerHooks):
 
     def after_layer(self, index: int) -> None:
         self._schedule.after_layer(index)
+
+    def self_contained(self):
+        return self._schedule.self_contained()
+
+    def replay(self, graph) -> None:
+        self._schedule.replay(graph)
 
     # ---- helpers -----------------------------------------------------------------------------------
     def _write(self, layer: int, weights: dict[str, object]) -> None:

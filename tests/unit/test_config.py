@@ -3,7 +3,7 @@ import argparse
 import pytest
 
 from gh200rt.cli_args import add_engine_arguments, dataclass_from_args, engine_config_from_args
-from gh200rt.config import CacheConfig, EngineConfig, MemoryConfig, ModelConfig, SchedulerConfig, parse_layer_tiers, parse_size
+from gh200rt.config import CacheConfig, EngineConfig, GraphConfig, MemoryConfig, ModelConfig, SchedulerConfig, parse_layer_tiers, parse_size
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -61,7 +61,7 @@ def test_cli_is_generated_from_every_field():
     assert cfg.cache.enable_prefix_caching is False and cfg.cache.num_kv_blocks == 64
     assert cfg.memory.budget_bytes == 1024**3 and cfg.memory.offload == "stream"
     flags = {a.dest for a in parser._actions}
-    for klass in (ModelConfig, CacheConfig, SchedulerConfig, MemoryConfig):
+    for klass in (ModelConfig, CacheConfig, SchedulerConfig, MemoryConfig, GraphConfig):
         assert set(klass.__dataclass_fields__) <= flags
 
 

@@ -1,0 +1,147 @@
+"""DecodeGraphRunner: one lazily captured graph per decode batch bucket, recaptured when placement changes.
+
+``run(out)`` pads the step to its bucket, and captures the bucket's graph on first use (or after
+``WeightStore.plan_version`` moved: a layer changed tier, so refs, slots and copies differ) inside the
+weight store's ``self_contained()`` (no prefetch crosses a graph's boundary), then replays it. Each
+capture is counted (``captures``, in ``/metrics``), timed and logged at INFO; on a GPU its pool growth
+is booked in the ledger under ``graph_pools``, and a bucket whose graph would over-commit it runs
+eagerly from then on. The sampler and the logits stay outside the graph.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from gh200rt.engine.cuda_graphs.addresses import Addresses, check_addresses, graph_addresses
+from gh200rt.engine.cuda_graphs.buckets import bucket_for, graph_buckets
+from gh200rt.engine.cuda_graphs.capture import CapturedStep, make_capture
+from gh200rt.engine.cuda_graphs.decode_buffers import DecodeBuffers
+from gh200rt.kv import attention as torch_attention
+from gh200rt.memory.ledger import LedgerOverCommit
+from gh200rt.models.layers.attention import SelfAttention
+from gh200rt.scheduler.scheduler import SchedulerOutput
+from gh200rt.weights.schedule import NULL_HOOKS, LayerHooks
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Graph:
+    step: CapturedStep
+    addresses: Addresses
+
+
+def decode_graphs(model, kv_caches, config, max_model_len: int, device: str, store,
+                  ledger) -> DecodeGraphRunner | None:
+    """The bucketed decode path when the config turns it on for this device (--enforce-eager turns it off)."""
+    if not config.use_graphs(torch.device(device).type):
+        return None
+    if not graphs_supported(model, device):
+        log.warning("decode steps run eagerly: CUDA graphs need the Triton KV store and attention kernels "
+                    "(install gh200rt with the triton extra)")
+        return None
+    bs = config.cache.block_size
+    buffers = DecodeBuffers(config.max_graph_batch, -(-max_model_len // bs), bs, device)
+    return DecodeGraphRunner(model, kv_caches, buffers, graph_buckets(config.max_graph_batch),
+                             store or NULL_HOOKS, config.graphs.check_graph_addresses, ledger)
+
+
+def graphs_supported(model, device: torch.device | str) -> bool:
+    """On a GPU, capture needs the Triton KV store and attention (the torch ones size tensors from data)."""
+    if torch.device(device).type != "cuda":
+        return True
+    return all(m.write_kv_fn is not torch_attention.write_kv for m in model.modules() if isinstance(m, SelfAttention))
+
+
+class DecodeGraphRunner:
+    def __init__(self, model, kv_caches: list[torch.Tensor], buffers: DecodeBuffers, buckets: list[int],
+                 hooks: LayerHooks = NULL_HOOKS, check_addresses: bool = False, ledger=None):
+        assert buckets and buckets[-1] <= buffers.max_batch, (buckets, buffers.max_batch)
+        self.model, self.kv_caches, self.buffers, self.buckets = model, kv_caches, buffers, buckets
+        self.hooks, self.check, self.ledger = hooks, check_addresses, ledger
+        self.capture = make_capture(buffers.device)
+        self.graphs: dict[int, _Graph] = {}
+        self.eager_buckets: set[int] = set()
+        self.captures = 0
+        self.capture_seconds = 0.0
+        self.pool_bytes = 0
+        self._version = self._plan_version()
+
+    def handles(self, out: SchedulerOutput) -> bool:
+        """Decode only: each sequence computes one token and samples it (no prompt logprobs in the step)."""
+        bucket = bucket_for(len(out.scheduled), self.buckets)
+        if bucket is None or bucket in self.eager_buckets:
+            return False
+        for item in out.scheduled:
+            seq = item.seq
+            if item.num_new_tokens != 1 or not item.samples:
+                return False
+            if seq.params.prompt_logprobs is not None and seq.num_computed_tokens < len(seq.prompt_token_ids):
+                return False
+        return True
+
+    def run(self, out: SchedulerOutput) -> torch.Tensor:
+        """Final hidden states ``[B, H]`` of the step's B sequences, in scheduled order."""
+        batch = len(out.scheduled)
+        bucket = bucket_for(batch, self.buckets)
+        assert bucket is not None, (batch, self.buckets)
+        version = self._plan_version()
+        if version != self._version:
+            if self.graphs:
+                log.info("weight placement changed: the %d captured decode graphs will be recaptured as used",
+                         len(self.graphs))
+            self.graphs.clear()
+            self._version = version
+        self.buffers.fill(out, bucket)
+        with self.hooks.self_contained():
+            graph = self.graphs.get(bucket) or self._capture(bucket)
+            if graph is None:       # this step runs its function eagerly on the same buffers
+                return self._step(bucket)()[:batch]
+            self.hooks.begin_step(bucket)   # the staging ring's order and refs as the graph saw them
+            if self.check:
+                check_addresses(bucket, graph.addresses, self.addresses())
+            hidden = self.capture.replay(graph.step, self.hooks)
+        return hidden[:batch]
+
+    def addresses(self) -> Addresses:
+        backend = getattr(self.hooks, "backend", None)
+        return graph_addresses(self.model, self.kv_caches, self.buffers.tensors(), backend.slots if backend else [])
+
+    def close(self) -> None:
+        self.graphs.clear()
+
+    def _plan_version(self) -> int:
+        return getattr(self.hooks, "plan_version", 0)
+
+    def _step(self, bucket: int):
+        from gh200rt.engine.model_runner import forward
+        ids, positions = self.buffers.input_ids[:bucket], self.buffers.positions[:bucket]
+
+        def step() -> torch.Tensor:
+            # fresh metadata each call: what attention derives from it is recomputed from the refilled buffers
+            return forward(self.model, ids, positions, self.buffers.meta(bucket), self.kv_caches, self.hooks)
+        return step
+
+    def _capture(self, bucket: int) -> _Graph | None:
+        """Capture ``bucket``'s graph; None when its pool does not fit the ledger (the bucket turns eager)."""
+        started = time.perf_counter()
+        step = self.capture.capture(self._step(bucket))
+        seconds = time.perf_counter() - started
+        if step.pool_bytes and self.ledger is not None:
+            try:
+                self.ledger.reserve("graph_pools", step.pool_bytes)
+            except LedgerOverCommit as exc:
+                log.warning("the decode graph of batch bucket %d does not fit the device memory ledger; that "
+                            "bucket runs eagerly from now on (%s)", bucket, exc)
+                self.eager_buckets.add(bucket)
+                return None
+        self.pool_bytes += step.pool_bytes
+        self.captures += 1
+        self.capture_seconds += seconds
+        log.info("captured the decode graph of batch bucket %d in %.1f ms (graph pool +%.1f MiB, %.1f MiB in all)",
+                 bucket, seconds * 1e3, step.pool_bytes / 2**20, self.pool_bytes / 2**20)
+        graph = self.graphs[bucket] = _Graph(step, self.addresses())
+        return graph
