@@ -99,6 +99,7 @@ def _engine_lines(s, num_pending: int) -> list[str]:
         "kv_blocks_total": (get("kv_blocks_total"), "KV cache blocks in the pool."),
         "kv_blocks_used": (get("kv_blocks_used"), "KV cache blocks held by requests."),
         "prefix_cache_hit_rate": (hits / lookups if lookups else 0.0, "Prefix cache hits / lookups."),
+        "graph_pool_bytes": (get("graph_pool_bytes"), "Device bytes of the decode graphs' shared memory pool."),
     }
     counters = {
         "prefix_cache_lookups_total": (lookups, "Prefix cache lookups."),
@@ -108,6 +109,8 @@ def _engine_lines(s, num_pending: int) -> list[str]:
                                       "Bytes of streamed-tier weights copied into staging slots."),
         "copy_wait_seconds_total": (float(get("copy_wait_seconds", 0.0)),
                                     "Seconds the compute side waited for a staging copy to land."),
+        "graph_captures_total": (get("graph_captures"),
+                                 "Decode graphs captured (one per batch bucket, again after each tier move)."),
     }
     lines = []
     for name, (value, help_text) in gauges.items():
