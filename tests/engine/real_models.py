@@ -43,6 +43,7 @@ class SharedModel:
     """
 
     def __init__(self, model: str, backend: str = "gh200rt"):
+        self.backend = backend
         if backend == "gh200rt":
             from gh200rt.loader import load_model
             loaded = load_model(ModelConfig(model=model, dtype="float32"), device="cpu")

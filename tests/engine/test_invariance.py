@@ -35,6 +35,9 @@ def check_invariance(shared: SharedModel, vocab: int, max_tokens: int, small_poo
         "tiny prefill chunks": {"max_num_batched_tokens": 7, "num_kv_blocks": 256},
         "small pool (preemption)": {"num_kv_blocks": small_pool},
     }
+    if shared.backend == "gh200rt":   # decode steps bucketed and padded as CUDA graphs replay them
+        runs["bucketed decode (graph path), small pool"] = {"num_kv_blocks": small_pool, "enforce_eager": False,
+                                                           "max_graph_batch": 16}
     for label, options in runs.items():
         llm = shared.llm(max_model_len=128, **options, **cache)
         assert llm.engine.runner.kv_caches[0].dtype == {"fp8": torch.float8_e4m3fn}.get(
@@ -42,7 +45,9 @@ def check_invariance(shared: SharedModel, vocab: int, max_tokens: int, small_poo
         outs = llm.generate(prompts, params)
         assert_same_or_near_tie(reference, outs, label)
         stats = llm.engine.stats()
-        if label == "small pool (preemption)":
+        if label.startswith("bucketed"):
+            assert stats.graph_captures > 0, "no decode step took the bucketed path"
+        if "small pool" in label:
             assert stats.num_preemptions > 0, "the small pool did not force a preemption"
         if label == "all at once":
             # Admitted together, nothing was cached yet; a second pass must reuse every shared prefix.

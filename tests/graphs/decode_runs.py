@@ -5,6 +5,7 @@ from __future__ import annotations
 from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
 from gh200rt.engine.llm import LLM
+from gh200rt.engine.outputs import RequestOutput
 from gh200rt.sampling_params import SamplingParams
 
 MAX_BATCH = 24
@@ -16,15 +17,39 @@ def prompts(count: int = MAX_BATCH) -> list[list[int]]:
     return [[(7 * i + j) % 250 + 3 for j in range(3 + i % 11)] for i in range(count)]
 
 
-def make_engine(model_dir: str, graphs: bool, poison: bool = True, **options) -> LLMEngine:
-    config = EngineConfig.from_kwargs(model=model_dir, dtype="float32", max_model_len=128, num_kv_blocks=96,
+def make_engine(model_dir: str, graphs: bool, poison: bool = True, dtype: str = "float32", **options) -> LLMEngine:
+    config = EngineConfig.from_kwargs(model=model_dir, dtype=dtype, max_model_len=128, num_kv_blocks=96,
                                       max_num_seqs=MAX_BATCH, enforce_eager=not graphs,
                                       max_graph_batch=MAX_BATCH, **options)
     return LLMEngine.from_config(config, poison=poison)
 
 
-def generate(engine: LLMEngine, count: int = MAX_BATCH) -> list[tuple[list[int], list]]:
-    """(token ids, logprobs) per prompt; prompt i generates i + 1 tokens."""
+def generate_outputs(engine: LLMEngine, count: int = MAX_BATCH) -> list[RequestOutput]:
+    """Prompt i generates i + 1 tokens, greedily, with 3 logprobs per token."""
     params = [SamplingParams(temperature=0, max_tokens=i + 1, ignore_eos=True, logprobs=3) for i in range(count)]
-    outs = LLM.from_engine(engine).generate(prompts(count), params)
+    return LLM.from_engine(engine).generate(prompts(count), params)
+
+
+def generate(engine: LLMEngine, count: int = MAX_BATCH) -> list[tuple[list[int], list]]:
+    """(token ids, logprobs) per prompt of ``generate_outputs``."""
+    outs = generate_outputs(engine, count)
     return [(o.outputs[0].token_ids, [sorted(lp.items()) for lp in o.outputs[0].logprobs]) for o in outs]
+
+
+def staggered(engine: LLMEngine, steps: int = 40, arrivals: tuple[int, ...] = (4, 9, 15, 22)) -> list[RequestOutput]:
+    """Two requests decode while others arrive at the given steps: their prefills run eagerly between the
+    decode steps' replays. The same arrivals on any engine give the same schedule."""
+    params = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True, logprobs=3)
+    waiting = {step: i for i, step in enumerate(arrivals, start=2)}
+    for i in range(2):
+        engine.add_request(str(i), None, params, prompt_token_ids=prompts(8)[i])
+    final = {}
+    for step in range(steps):
+        if step in waiting:
+            i = waiting[step]
+            engine.add_request(str(i), None, params, prompt_token_ids=prompts(8)[i])
+        for out in engine.step():
+            if out.finished:
+                final[out.request_id] = out
+    assert not engine.has_unfinished_requests()
+    return [final[str(i)] for i in range(2 + len(arrivals))]

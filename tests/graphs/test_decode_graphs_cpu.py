@@ -151,3 +151,16 @@ def test_enforce_eager_and_the_cpu_default_take_the_eager_path(tiny_dir):
     default = LLMEngine.from_config(EngineConfig.from_kwargs(model=tiny_dir, dtype="float32", max_model_len=128,
                                                              num_kv_blocks=64))
     assert default.graphs is None, "on the CPU the bucketed path is opt-in (--no-enforce-eager)"
+
+
+def test_eager_prefills_interleave_with_bucketed_steps(tiny_dir):
+    from tests.engine.real_models import assert_same_or_near_tie
+    from tests.graphs.decode_runs import staggered
+    options = dict(offload="stream", staging_slots=2, prefetch_distance=1)
+    reference = staggered(make_engine(tiny_dir, graphs=False, **options))
+    engine = make_engine(tiny_dir, graphs=True, **options)
+    outputs = staggered(engine)
+    assert engine.graphs.captures > 0
+    assert assert_same_or_near_tie(reference, outputs, "prefills between bucketed steps") == 0
+    resident = staggered(make_engine(tiny_dir, graphs=True, offload="none"))
+    assert [o.outputs[0].logprobs for o in resident] == [o.outputs[0].logprobs for o in outputs]

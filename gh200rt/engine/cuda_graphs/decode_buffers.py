@@ -68,7 +68,7 @@ class DecodeBuffers:
         host_tables[:batch, :width] = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
         self._rows, self._width = batch, width
         if self._copied is not None:
-            self.int64[:, :bucket].copy_(host[:, :bucket], non_blocking=True)
+            self.int64.copy_(host, non_blocking=True)     # whole (contiguous) rows: one plain copy
             self.block_tables[:bucket].copy_(host_tables[:bucket], non_blocking=True)
             self._copied.record()
 

@@ -69,12 +69,17 @@ class DecodeGraphRunner:
         self.capture_seconds = 0.0
         self.pool_bytes = 0
         self._version = self._plan_version()
+        self._scales_pending = True    # --calculate-kv-scales: the first batch must not include padding rows
 
     def handles(self, out: SchedulerOutput) -> bool:
         """Decode only: each sequence computes one token and samples it (no prompt logprobs in the step)."""
         bucket = bucket_for(len(out.scheduled), self.buckets)
         if bucket is None or bucket in self.eager_buckets:
             return False
+        if self._scales_pending:
+            if any(getattr(m, "calculate_kv_scales", False) for m in self.model.modules()):
+                return False
+            self._scales_pending = False
         for item in out.scheduled:
             seq = item.seq
             if item.num_new_tokens != 1 or not item.samples:

@@ -1,0 +1,105 @@
+"""CUDA-graph decode on a GPU (issue 12, acceptance 2): for each placement, replayed decode steps
+generate what eager steps generate (a differing token must be a near tie; logprobs within the dtype's
+tolerance), with NaN-poisoned staging slots, and with eager prefills interleaved between replays
+without a device synchronisation; capture time and graph pool bytes are reported."""
+import pytest
+import torch
+
+from tests.engine.real_models import assert_same_or_near_tie, save_tiny_llama
+from tests.graphs.decode_runs import BUCKETS, LAYERS, generate_outputs, make_engine, staggered
+
+pytestmark = pytest.mark.gpu
+EVERY_2ND = ",".join(f"{i}:streamed" for i in range(1, LAYERS, 2))
+PLACEMENTS = {
+    "resident": dict(offload="none"),
+    "stream K1 d0": dict(offload="stream", staging_slots=1, prefetch_distance=0),
+    "stream K2 d1": dict(offload="stream", staging_slots=2, prefetch_distance=1),
+    "stream K3 d2": dict(offload="stream", staging_slots=3, prefetch_distance=2),
+    "every 2nd streamed": dict(offload="none", layer_tiers=EVERY_2ND, staging_slots=2, prefetch_distance=1),
+    "direct": dict(offload="direct"),
+    "direct + streamed": dict(offload="direct", layer_tiers="0-2:streamed", staging_slots=2, prefetch_distance=1),
+}
+LOGPROB_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.1}
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return save_tiny_llama(str(tmp_path_factory.mktemp("tiny6-gpu-graphs")), num_layers=LAYERS)
+
+
+def assert_close_logprobs(reference, outputs, tolerance: float) -> None:
+    """Where the tokens agree, the chosen tokens' logprobs agree within ``tolerance``."""
+    worst = 0.0
+    for ref, out in zip(reference, outputs):
+        a, b = ref.outputs[0], out.outputs[0]
+        for token_a, token_b, lp_a, lp_b in zip(a.token_ids, b.token_ids, a.logprobs, b.logprobs):
+            if token_a != token_b:
+                break
+            worst = max(worst, abs(lp_a[token_a].logprob - lp_b[token_b].logprob))
+    assert worst <= tolerance, f"logprobs differ by up to {worst:.3g} (tolerance {tolerance})"
+
+
+def report(engine, label: str) -> None:
+    graphs = engine.graphs
+    print(f"{label}: {graphs.captures} captures in {graphs.capture_seconds * 1e3:.1f} ms, "
+          f"graph pool {graphs.pool_bytes / 2**20:.2f} MiB")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("label", PLACEMENTS)
+def test_replay_matches_eager_for_each_placement_with_poisoned_slots(tiny_dir, label, dtype):
+    eager_engine = make_engine(tiny_dir, graphs=False, dtype=dtype, **PLACEMENTS[label])
+    assert eager_engine.graphs is None and eager_engine.runner.device == "cuda"
+    eager = generate_outputs(eager_engine)
+    eager_engine.close()
+    engine = make_engine(tiny_dir, graphs=True, dtype=dtype, check_graph_addresses=True, **PLACEMENTS[label])
+    outputs = generate_outputs(engine)
+    assert_same_or_near_tie(eager, outputs, label)
+    assert_close_logprobs(eager, outputs, LOGPROB_TOLERANCE[dtype])
+    graphs = engine.graphs
+    assert sorted(graphs.graphs) == BUCKETS and graphs.captures == len(BUCKETS)
+    assert graphs.pool_bytes > 0 and engine.ledger.by_kind["graph_pools"] == graphs.pool_bytes
+    assert engine.stats().graph_pool_bytes == graphs.pool_bytes
+    report(engine, f"{label} {dtype}")
+    # the replays ran: a second pass captures nothing new and still generates the same
+    again = generate_outputs(engine)
+    assert graphs.captures == len(BUCKETS)
+    assert_same_or_near_tie(eager, again, f"{label}, replayed")
+    engine.close()
+
+
+@pytest.mark.parametrize("label", ["resident", "stream K2 d1", "direct + streamed"])
+def test_eager_prefills_interleave_with_replays_without_synchronising(tiny_dir, label, monkeypatch):
+    eager_engine = make_engine(tiny_dir, graphs=False, **PLACEMENTS[label])
+    reference = staggered(eager_engine)
+    eager_engine.close()
+    engine = make_engine(tiny_dir, graphs=True, **PLACEMENTS[label])
+    generate_outputs(engine)                       # captures every bucket (capture itself synchronises)
+    captures = engine.graphs.captures
+    replays = []
+    real_replay = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda graph: replays.append(1) or real_replay(graph))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: pytest.fail("a step synchronised the device"))
+    outputs = staggered(engine)
+    assert engine.graphs.captures == captures and len(replays) > 10
+    assert_same_or_near_tie(reference, outputs, f"{label}, prefills between replays")
+    assert_close_logprobs(reference, outputs, LOGPROB_TOLERANCE["float32"])
+    engine.close()
+
+
+def test_a_tier_move_on_a_gpu_recaptures_and_keeps_addresses_checked(tiny_dir):
+    from gh200rt.weights.tiers import Tier
+    eager_engine = make_engine(tiny_dir, graphs=False, offload="none", layer_tiers="0:streamed,1:streamed,5:streamed",
+                               staging_slots=2, prefetch_distance=1)
+    reference = generate_outputs(eager_engine)
+    eager_engine.close()
+    engine = make_engine(tiny_dir, graphs=True, offload="none", layer_tiers=EVERY_2ND, staging_slots=2,
+                         prefetch_distance=1, check_graph_addresses=True)
+    generate_outputs(engine)
+    engine.store.set_tier(0, Tier.STREAMED)
+    engine.store.set_tier(3, Tier.RESIDENT)
+    outputs = generate_outputs(engine)
+    assert engine.graphs.captures == 2 * len(BUCKETS)
+    assert_same_or_near_tie(reference, outputs, "after a tier move")
+    report(engine, "after a tier move")
+    engine.close()

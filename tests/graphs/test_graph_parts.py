@@ -1,0 +1,89 @@
+"""The pieces of the bucketed decode path: buckets, the persistent buffers' fill and padding, the torch KV
+store's padding rows, the address record, the config switches."""
+import pytest
+import torch
+
+from gh200rt.config import EngineConfig, GraphConfig
+from gh200rt.engine.cuda_graphs import DecodeBuffers, GraphAddressChanged, bucket_for, graph_buckets
+from gh200rt.engine.cuda_graphs.addresses import check_addresses
+from gh200rt.kv.attention import write_kv
+from gh200rt.sampling_params import SamplingParams
+from gh200rt.scheduler.request import Sequence
+from gh200rt.scheduler.scheduler import ScheduledSequence, SchedulerOutput
+
+
+def test_buckets_are_1_2_4_8_then_steps_of_8_up_to_the_largest():
+    assert graph_buckets(1) == [1]
+    assert graph_buckets(8) == [1, 2, 4, 8]
+    assert graph_buckets(20) == [1, 2, 4, 8, 16, 20]
+    assert graph_buckets(256) == [1, 2, 4, 8] + list(range(16, 257, 8))
+    buckets = graph_buckets(24)
+    assert [bucket_for(b, buckets) for b in (1, 2, 3, 5, 8, 9, 16, 17, 24)] == [1, 2, 4, 8, 8, 16, 16, 24, 24]
+    assert bucket_for(25, buckets) is None
+
+
+def test_graph_config_defaults_and_errors():
+    config = EngineConfig.from_kwargs(max_num_seqs=64)
+    assert config.max_graph_batch == 64 and EngineConfig().max_graph_batch == 256
+    assert EngineConfig.from_kwargs(max_num_seqs=512).max_graph_batch == 256
+    assert EngineConfig.from_kwargs(max_graph_batch=40).max_graph_batch == 40
+    assert config.use_graphs("cuda") and not config.use_graphs("cpu")
+    assert EngineConfig.from_kwargs(enforce_eager=False).use_graphs("cpu")
+    assert not EngineConfig.from_kwargs(enforce_eager=True).use_graphs("cuda")
+    with pytest.raises(ValueError, match="--max-graph-batch must be at least 1"):
+        GraphConfig(max_graph_batch=0)
+
+
+def _decode_step(tables: list[list[int]], computed: list[int], block_size: int = 4) -> SchedulerOutput:
+    scheduled = []
+    for i, (table, done) in enumerate(zip(tables, computed)):
+        seq = Sequence(f"s{i}", f"s{i}", 0, list(range(10, 10 + done + 1)), SamplingParams(max_tokens=4), i,
+                       frozenset(), 64)
+        seq.block_ids = list(table)
+        seq.num_computed_tokens = done
+        scheduled.append(ScheduledSequence(seq, 1))
+    return SchedulerOutput(scheduled)
+
+
+def test_fill_writes_real_rows_and_pads_the_bucket():
+    buffers = DecodeBuffers(max_batch=8, max_blocks_per_seq=4, block_size=4, device="cpu")
+    buffers.fill(_decode_step([[3, 5], [7], [2, 9, 4]], [5, 2, 9]), bucket=4)
+    assert buffers.input_ids[:4].tolist() == [15, 12, 19, 0]
+    assert buffers.positions[:4].tolist() == [5, 2, 9, 0]
+    assert buffers.slot_mapping[:4].tolist() == [5 * 4 + 1, 7 * 4 + 2, 4 * 4 + 1, -1]
+    assert buffers.seq_lens[:4].tolist() == [6, 3, 10, 1]
+    assert buffers.block_tables[:4].tolist() == [[3, 5, 0, 0], [7, 0, 0, 0], [2, 9, 4, 0], [0, 0, 0, 0]]
+    meta = buffers.meta(4)
+    assert meta.query_lens_list == [1] * 4 and meta.seq_lens_list == [16] * 4 and meta.query_start_loc.tolist() == \
+        [0, 1, 2, 3, 4]
+    # a smaller, narrower step clears what the last one left in rows and columns it no longer uses
+    buffers.fill(_decode_step([[6]], [1]), bucket=2)
+    assert buffers.block_tables.tolist() == [[6, 0, 0, 0]] + [[0, 0, 0, 0]] * 7
+    assert buffers.slot_mapping[:2].tolist() == [6 * 4 + 1, -1]
+
+
+def test_fill_refuses_a_sequence_longer_than_the_buffers_hold():
+    buffers = DecodeBuffers(max_batch=2, max_blocks_per_seq=2, block_size=4, device="cpu")
+    with pytest.raises(ValueError, match="holds 3 KV blocks"):
+        buffers.fill(_decode_step([[1, 2, 3]], [9]), bucket=1)
+
+
+@pytest.mark.parametrize("strided", [False, True])
+def test_torch_write_kv_skips_negative_slots(strided):
+    pool = torch.randn(2, 5, 2, 4, 8, 2)[..., 0] if strided else torch.randn(2, 5, 2, 4, 8)
+    before = pool.clone()
+    k, v = torch.randn(3, 4, 8), torch.randn(3, 4, 8)
+    write_kv(pool, k, v, torch.tensor([7, -1, 2]))
+    expected = before.clone()
+    expected[0, 3, 1], expected[1, 3, 1] = k[0], v[0]
+    expected[0, 1, 0], expected[1, 1, 0] = k[2], v[2]
+    assert torch.equal(pool, expected)
+
+
+def test_address_check_names_what_moved():
+    captured = {"kv_cache[0]": (0x1000, 64), "inputs.int64": (0x2000, 32)}
+    check_addresses(4, captured, dict(captured))
+    with pytest.raises(GraphAddressChanged, match=r"bucket 4 .*kv_cache\[0\]: 0x1000 \(64 B\) -> 0x3000 \(64 B\)"):
+        check_addresses(4, captured, {"kv_cache[0]": (0x3000, 64), "inputs.int64": (0x2000, 32)})
+    with pytest.raises(GraphAddressChanged, match="inputs.int64: 0x2000 .* -> gone"):
+        check_addresses(4, captured, {"kv_cache[0]": (0x1000, 64)})
