@@ -11,7 +11,12 @@ takes longer (every resident byte counts, the embedding table included: a slight
     python scripts/bench_decode.py [--model smollm2-135m] [--batches 1,8] [--tokens 32]
         [--placements resident,stream,every-2nd,direct] [--host-weight-dtype auto] [--dtype auto]
         [--prefetch-across-steps on|off|both]
-        [--random-model llama3-8b [--random-model-dir DIR]] [--json PATH]
+        [--random-model llama3-8b [--random-model-dir DIR]] [--json PATH] [--graphs]
+
+``--graphs`` instead times the decode step (the time between tokens) eager and through the bucketed
+graph path, side by side per placement and batch (each batch's bucket is captured before timing): on a
+GPU the CUDA-graph speed-up, on the CPU the bucketed, padded path's overhead per step (nothing is
+captured there; replay calls the same function on the persistent buffers).
 
 ``--random-model`` benchmarks a model of that exact shape with random weights written on this host
 (scripts/random_checkpoint.py), so a real model size needs no download.
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -63,6 +69,60 @@ def decode_rate(engine: LLMEngine, batch: int, tokens: int) -> tuple[float, floa
             (after.weight_bytes_copied - before.weight_bytes_copied) / seconds / 1e9, wait_ms)
 
 
+def step_ms(engine: LLMEngine, batch: int, tokens: int) -> float:
+    """Median decode-step time in ms (the time between tokens) of ``batch`` requests of ``tokens`` tokens."""
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    for i in range(batch):
+        engine.add_request(f"t{batch}-{i}", None, params, prompt_token_ids=[1 + i, 17, 42, 99])
+    engine.step()  # prefill of every request (+ their first token)
+    times = []
+    while engine.has_unfinished_requests():
+        start = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def run_graphs(args) -> None:
+    print(f"load average {os.getloadavg()[0]:.2f}; model {args.model}; dtype {args.dtype}")
+    print(f"{'placement':<10} {'tiers (res/str/dir)':<20} {'batch':>5} {'bucket':>6} {'eager ms':>9} "
+          f"{'graphs ms':>9} {'speed-up':>8} {'overhead ms':>11} {'captures':>8} {'pool MiB':>8}")
+    layers = read_arch(args.model).num_layers
+    rows = []
+    for name in args.placements.split(","):
+        engines = {}
+        for graphs in (False, True):
+            config = EngineConfig.from_kwargs(model=args.model, dtype=args.dtype, max_model_len=256,
+                                              num_kv_blocks=256, host_weight_dtype=args.host_weight_dtype,
+                                              enforce_eager=not graphs, **placements(layers)[name])
+            engines[graphs] = LLMEngine.from_config(config)
+        eager, bucketed = engines[False], engines[True]
+        tiers = eager.stats().layers_per_tier
+        label = f"{tiers.get('resident', 0)}/{tiers.get('streamed', 0)}/{tiers.get('direct', 0)}"
+        for batch in map(int, args.batches.split(",")):
+            for engine in engines.values():
+                step_ms(engine, batch, 3)       # warm-up; captures this batch's bucket
+            # alternate the two, so load from other processes falls on both alike
+            times = {False: [], True: []}
+            for _ in range(3):
+                for graphs, engine in engines.items():
+                    times[graphs].append(step_ms(engine, batch, args.tokens))
+            t_eager, t_graphs = min(times[False]), min(times[True])
+            graphs = bucketed.graphs
+            bucket = min((b for b in graphs.buckets if b >= batch), default=batch)
+            print(f"{name:<10} {label:<20} {batch:>5} {bucket:>6} {t_eager:>9.3f} {t_graphs:>9.3f} "
+                  f"{t_eager / t_graphs:>7.2f}x {t_graphs - t_eager:>11.3f} {graphs.captures:>8} "
+                  f"{graphs.pool_bytes / 2**20:>8.1f}", flush=True)
+            rows.append(dict(placement=name, tiers=label, batch=batch, bucket=bucket, eager_ms=t_eager,
+                             graphs_ms=t_graphs, speedup=t_eager / t_graphs, captures=graphs.captures,
+                             graph_pool_bytes=graphs.pool_bytes, device=bucketed.runner.device))
+        for engine in engines.values():
+            engine.close()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(model=args.random_model or args.model, rows=rows), f, indent=1)
+
+
 def roofline_tokens_per_second(engine: LLMEngine, batch: int) -> float:
     """Decode tokens/s allowed by the platform profile's bandwidths for the plan's weight bytes per step."""
     plan, platform = engine.plan, engine.platform
@@ -90,13 +150,15 @@ def main() -> None:
     parser.add_argument("--random-model-dir", help="where --random-model writes (or finds) its directory "
                                                    "(default: a temporary directory, removed afterwards)")
     parser.add_argument("--json", help="also write every row, with its roofline, to this JSON file")
+    parser.add_argument("--graphs", action="store_true",
+                        help="time decode steps eager vs the bucketed graph path (see above)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gh200rt-random-") as scratch:
         if args.random_model:
             start = time.perf_counter()
             args.model = write_random_checkpoint(args.random_model, args.random_model_dir or scratch)
             print(f"random {args.random_model} weights in {args.model} ({time.perf_counter() - start:.1f} s)")
-        run(args)
+        (run_graphs if args.graphs else run)(args)
 
 
 def run(args) -> None:

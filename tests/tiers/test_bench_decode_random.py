@@ -41,3 +41,17 @@ def test_bench_decode_random_model_writes_rows_with_rooflines(tmp_path):
     assert report["model"] == "llama3-tiny" and [r["placement"] for r in report["rows"]] == ["resident", "direct"]
     assert [r["tiers"] for r in report["rows"]] == ["4/0/0", "0/0/4"]
     assert all(r["tokens_per_second"] > 0 and r["roofline_tokens_per_second"] > 0 for r in report["rows"])
+
+
+def test_bench_decode_graphs_times_eager_and_the_bucketed_path_side_by_side(tmp_path):
+    out = tmp_path / "graphs.json"
+    proc = subprocess.run([sys.executable, "scripts/bench_decode.py", "--random-model", "llama3-tiny",
+                           "--random-model-dir", str(tmp_path / "m"), "--placements", "resident,stream",
+                           "--batches", "1,3", "--tokens", "3", "--dtype", "float32", "--graphs", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["placement"], r["batch"], r["bucket"]) for r in rows] == \
+        [("resident", 1, 1), ("resident", 3, 4), ("stream", 1, 1), ("stream", 3, 4)]
+    assert all(r["eager_ms"] > 0 and r["graphs_ms"] > 0 and r["captures"] >= 1 for r in rows)
+    assert "speed-up" in proc.stdout and "overhead ms" in proc.stdout
