@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from gh200rt.config import EngineConfig
+from gh200rt.engine.cuda_graphs import reserve_graph_pool
 from gh200rt.kv.arena import DeviceArena
 from gh200rt.kv.fp8 import kv_cache_dtype
 from gh200rt.kv.pool import kv_bytes_per_block
@@ -89,6 +90,7 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
         bind_threads_near(platform.host_numa_node)
     check_node_has_room(plan.host_weight_bytes, platform.host_numa_node)
     ledger = DeviceMemoryLedger(capacity)
+    reserve_graph_pool(ledger, config, arch, dtype, device)
     store = WeightStore(loaded.model, device, platform, fmt, poison, ledger, loaded.quantized,
                         cpu_linear_format=route_for(config.model.dtype).linear_format,
                         keep_host_copies=plan.dynamic, prefetch_across_steps=config.memory.prefetch_across_steps)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gh200rt.config import EngineConfig
-from gh200rt.engine.cuda_graphs import decode_graphs
+from gh200rt.engine.cuda_graphs import decode_graphs, reserve_graph_pool
 from gh200rt.engine.detokenizer import IncrementalDetokenizer
 from gh200rt.engine.host_allocator import keep_freed_memory
 from gh200rt.engine.model_runner import ModelRunner
@@ -22,7 +22,7 @@ from gh200rt.engine.sampler import Sampler
 from gh200rt.engine.tier_controller import PressurePolicy, TierController, TierSignals
 from gh200rt.kv.fp8 import check_device_supports, configure_kv_scales, kv_cache_dtype
 from gh200rt.kv.kv_manager import KVCacheManager
-from gh200rt.engine.bootstrap import PlacedModel, load_and_place, max_model_len, size_kv_pool
+from gh200rt.engine.bootstrap import DTYPE_NAMES, PlacedModel, load_and_place, max_model_len, size_kv_pool
 from gh200rt.kv.pool import allocate_kv_caches, kv_bytes_per_block
 from gh200rt.memory.ledger import DeviceMemoryLedger, ledger_capacity
 from gh200rt.sampling_params import SamplingParams
@@ -80,6 +80,7 @@ class LLMEngine:
         if placed is None:
             self.ledger = DeviceMemoryLedger(ledger_capacity(config.memory, None, weight_bytes))
             self.ledger.reserve("resident_weights", weight_bytes)
+            reserve_graph_pool(self.ledger, config, arch, DTYPE_NAMES[dtype], device)
             per_block = kv_bytes_per_block(arch.num_layers, bs, arch.num_kv_heads, arch.head_dim, kv_dtype)
             num_blocks = size_kv_pool(self.ledger, config.cache.num_kv_blocks, per_block, bs, self.max_model_len)
         else:

@@ -99,6 +99,14 @@ def activation_bytes(arch: ArchConfig, max_num_batched_tokens: int, max_num_seqs
     return max_num_batched_tokens * per_token + max_num_seqs * arch.vocab_size * 4
 
 
+def graph_pool_bytes(arch: ArchConfig, buckets: list[int], dtype: str) -> int:
+    """Device memory the decode graphs' shared pool needs: the largest bucket's step intermediates (the pool
+    reuses them across captures) plus every graph's output, which stays allocated (logits are outside)."""
+    wb = DTYPE_BYTES[dtype]
+    per_token = (3 * arch.hidden_size + arch.q_size + 2 * arch.kv_size + 3 * arch.intermediate_size) * wb
+    return max(buckets) * per_token + sum(buckets) * arch.hidden_size * wb
+
+
 def layer_compute_seconds(sizes: ModelSizes, platform: Platform, batch: int, weight_bytes: int | None = None) -> float:
     """``weight_bytes``: what the layer's GEMMs read from HBM (default: the resident form)."""
     memory_s = (sizes.layer_bytes if weight_bytes is None else weight_bytes) / (platform.hbm_gbps * 1e9)

@@ -58,7 +58,8 @@ def test_replay_matches_eager_for_each_placement_with_poisoned_slots(tiny_dir, l
     assert_close_logprobs(eager, outputs, LOGPROB_TOLERANCE[dtype])
     graphs = engine.graphs
     assert sorted(graphs.graphs) == BUCKETS and graphs.captures == len(BUCKETS)
-    assert graphs.pool_bytes > 0 and engine.ledger.by_kind["graph_pools"] == graphs.pool_bytes
+    # booked: the start-up estimate, or the pool's real size where it grew past it
+    assert graphs.pool_bytes > 0 and engine.ledger.by_kind["graph_pools"] >= graphs.pool_bytes
     assert engine.stats().graph_pool_bytes == graphs.pool_bytes
     report(engine, f"{label} {dtype}")
     # the replays ran: a second pass captures nothing new and still generates the same

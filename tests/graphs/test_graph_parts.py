@@ -87,3 +87,20 @@ def test_address_check_names_what_moved():
         check_addresses(4, captured, {"kv_cache[0]": (0x3000, 64), "inputs.int64": (0x2000, 32)})
     with pytest.raises(GraphAddressChanged, match="inputs.int64: 0x2000 .* -> gone"):
         check_addresses(4, captured, {"kv_cache[0]": (0x1000, 64)})
+
+
+def test_the_graph_pool_is_booked_before_the_kv_cache_on_a_gpu_only():
+    from gh200rt.engine.cuda_graphs import reserve_graph_pool
+    from gh200rt.memory.ledger import DeviceMemoryLedger
+    from gh200rt.models.arch_config import ArchConfig
+    from gh200rt.planner.cost_model import graph_pool_bytes
+    arch = ArchConfig("llama", hidden_size=256, intermediate_size=512, num_layers=2, num_heads=4, num_kv_heads=2,
+                      head_dim=64, vocab_size=300)
+    booked = {}
+    for label, device, options in (("gpu", "cuda", {}), ("cpu", "cpu", {"enforce_eager": False}),
+                                   ("eager gpu", "cuda", {"enforce_eager": True})):
+        ledger = DeviceMemoryLedger(1 << 30)
+        reserve_graph_pool(ledger, EngineConfig.from_kwargs(max_num_seqs=32, **options), arch, "bf16", device)
+        booked[label] = ledger.by_kind["graph_pools"]
+    assert booked == {"gpu": graph_pool_bytes(arch, graph_buckets(32), "bf16"), "cpu": 0, "eager gpu": 0}
+    assert graph_pool_bytes(arch, [1, 2, 4], "bf16") < graph_pool_bytes(arch, [1, 2, 4, 8], "bf16")

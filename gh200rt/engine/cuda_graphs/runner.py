@@ -3,9 +3,10 @@
 ``run(out)`` pads the step to its bucket, and captures the bucket's graph on first use (or after
 ``WeightStore.plan_version`` moved: a layer changed tier, so refs, slots and copies differ) inside the
 weight store's ``self_contained()`` (no prefetch crosses a graph's boundary), then replays it. Each
-capture is counted (``captures``, in ``/metrics``), timed and logged at INFO; on a GPU its pool growth
-is booked in the ledger under ``graph_pools``, and a bucket whose graph would over-commit it runs
-eagerly from then on. The sampler and the logits stay outside the graph.
+capture is counted (``captures``, in ``/metrics``), timed and logged at INFO. On a GPU the ledger books
+an estimate of the pool under ``graph_pools`` at start-up (``reserve_graph_pool``, before the KV cache
+is sized); a capture whose pool grows past what is booked books the rest, and a bucket whose graph
+would over-commit the ledger runs eagerly from then on. The sampler and the logits stay outside the graph.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from gh200rt.engine.cuda_graphs.decode_buffers import DecodeBuffers
 from gh200rt.kv import attention as torch_attention
 from gh200rt.memory.ledger import LedgerOverCommit
 from gh200rt.models.layers.attention import SelfAttention
+from gh200rt.planner.cost_model import graph_pool_bytes
 from gh200rt.scheduler.scheduler import SchedulerOutput
 from gh200rt.weights.schedule import NULL_HOOKS, LayerHooks
 
@@ -49,6 +51,12 @@ def decode_graphs(model, kv_caches, config, max_model_len: int, device: str, sto
                              store or NULL_HOOKS, config.graphs.check_graph_addresses, ledger)
 
 
+def reserve_graph_pool(ledger, config, arch, dtype: str, device: str) -> None:
+    """Book the decode graphs' pool before the KV cache takes what the ledger has left (GPU, graphs on)."""
+    if torch.device(device).type == "cuda" and config.use_graphs("cuda"):
+        ledger.reserve("graph_pools", graph_pool_bytes(arch, graph_buckets(config.max_graph_batch), dtype))
+
+
 def graphs_supported(model, device: torch.device | str) -> bool:
     """On a GPU, capture needs the Triton KV store and attention (the torch ones size tensors from data)."""
     if torch.device(device).type != "cuda":
@@ -68,6 +76,7 @@ class DecodeGraphRunner:
         self.captures = 0
         self.capture_seconds = 0.0
         self.pool_bytes = 0
+        self._booked = ledger.by_kind["graph_pools"] if ledger is not None else 0   # reserved at start-up
         self._version = self._plan_version()
         self._scales_pending = True    # --calculate-kv-scales: the first batch must not include padding rows
 
@@ -135,9 +144,11 @@ class DecodeGraphRunner:
         started = time.perf_counter()
         step = self.capture.capture(self._step(bucket))
         seconds = time.perf_counter() - started
-        if step.pool_bytes and self.ledger is not None:
+        beyond = self.pool_bytes + step.pool_bytes - self._booked
+        if beyond > 0 and self.ledger is not None:
             try:
-                self.ledger.reserve("graph_pools", step.pool_bytes)
+                self.ledger.reserve("graph_pools", beyond)
+                self._booked += beyond
             except LedgerOverCommit as exc:
                 log.warning("the decode graph of batch bucket %d does not fit the device memory ledger; that "
                             "bucket runs eagerly from now on (%s)", bucket, exc)
