@@ -45,8 +45,10 @@ def report(engine, label: str) -> None:
           f"graph pool {graphs.pool_bytes / 2**20:.2f} MiB")
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("label", PLACEMENTS)
+CASES = [(label, "float32") for label in PLACEMENTS] + [("resident", "bfloat16"), ("direct + streamed", "bfloat16")]
+
+
+@pytest.mark.parametrize("label,dtype", CASES)
 def test_replay_matches_eager_for_each_placement_with_poisoned_slots(tiny_dir, label, dtype):
     eager_engine = make_engine(tiny_dir, graphs=False, dtype=dtype, **PLACEMENTS[label])
     assert eager_engine.graphs is None and eager_engine.runner.device == "cuda"
