@@ -107,7 +107,8 @@ class DecodeGraphRunner:
             if self.graphs:
                 log.info("weight placement changed: the %d captured decode graphs will be recaptured as used",
                          len(self.graphs))
-            self.graphs.clear()
+            self.graphs.clear()     # their pool memory is free again: the recaptures measure it anew
+            self.pool_bytes = 0
             self._version = version
         self.buffers.fill(out, bucket)
         with self.hooks.self_contained():
