@@ -104,3 +104,21 @@ def test_the_graph_pool_is_booked_before_the_kv_cache_on_a_gpu_only():
         booked[label] = ledger.by_kind["graph_pools"]
     assert booked == {"gpu": graph_pool_bytes(arch, graph_buckets(32), "bf16"), "cpu": 0, "eager gpu": 0}
     assert graph_pool_bytes(arch, [1, 2, 4], "bf16") < graph_pool_bytes(arch, [1, 2, 4, 8], "bf16")
+
+
+def test_what_a_gpu_setup_lacks_for_capture(monkeypatch):
+    from gh200rt.engine.cuda_graphs import graphs_missing
+    from gh200rt.engine.cuda_graphs import runner
+    from gh200rt.models.gpu_kernels import TRITON_OPS, _switch
+    from tests.gpu.gpu_models import tiny_arch, tiny_model
+    model = tiny_model(tiny_arch(num_layers=2), torch.float32, "cpu")
+    assert graphs_missing(model, "cpu") is None
+    assert "Triton KV store" in graphs_missing(model, "cuda")
+    _switch(model, TRITON_OPS)
+    assert graphs_missing(model, "cuda") is None
+
+    class Store:
+        backend = object()
+    monkeypatch.setattr(runner, "_has_cuda_bindings", lambda: False)
+    assert "cuda-bindings" in graphs_missing(model, "cuda", Store())
+    assert graphs_missing(model, "cuda", None) is None

@@ -17,8 +17,8 @@ every replay.
 from gh200rt.engine.cuda_graphs.addresses import GraphAddressChanged
 from gh200rt.engine.cuda_graphs.buckets import bucket_for, graph_buckets
 from gh200rt.engine.cuda_graphs.decode_buffers import DecodeBuffers
-from gh200rt.engine.cuda_graphs.runner import DecodeGraphRunner, decode_graphs, graphs_supported, reserve_graph_pool
+from gh200rt.engine.cuda_graphs.runner import DecodeGraphRunner, decode_graphs, graphs_missing, reserve_graph_pool
 
 __all__ = ["DecodeBuffers", "DecodeGraphRunner", "GraphAddressChanged", "bucket_for", "decode_graphs", "graph_buckets",
-           "graphs_supported",
+           "graphs_missing",
            "reserve_graph_pool"]

@@ -10,6 +10,7 @@ would over-commit the ledger runs eagerly from then on. The sampler and the logi
 """
 from __future__ import annotations
 
+import importlib.util
 import logging
 import time
 from dataclasses import dataclass
@@ -41,9 +42,9 @@ def decode_graphs(model, kv_caches, config, max_model_len: int, device: str, sto
     """The bucketed decode path when the config turns it on for this device (--enforce-eager turns it off)."""
     if not config.use_graphs(torch.device(device).type):
         return None
-    if not graphs_supported(model, device):
-        log.warning("decode steps run eagerly: CUDA graphs need the Triton KV store and attention kernels "
-                    "(install gh200rt with the triton extra)")
+    missing = graphs_missing(model, device, store)
+    if missing:
+        log.warning("decode steps run eagerly: CUDA graphs need %s", missing)
         return None
     bs = config.cache.block_size
     buffers = DecodeBuffers(config.max_graph_batch, -(-max_model_len // bs), bs, device)
@@ -57,11 +58,23 @@ def reserve_graph_pool(ledger, config, arch, dtype: str, device: str) -> None:
         ledger.reserve("graph_pools", graph_pool_bytes(arch, graph_buckets(config.max_graph_batch), dtype))
 
 
-def graphs_supported(model, device: torch.device | str) -> bool:
-    """On a GPU, capture needs the Triton KV store and attention (the torch ones size tensors from data)."""
+def graphs_missing(model, device: torch.device | str, store=None) -> str | None:
+    """What this GPU setup lacks for capture (None: nothing): the Triton KV store and attention (the torch ones
+    size tensors from data), and cuda-bindings where a staging ring copies inside the graph."""
     if torch.device(device).type != "cuda":
-        return True
-    return all(m.write_kv_fn is not torch_attention.write_kv for m in model.modules() if isinstance(m, SelfAttention))
+        return None
+    if any(m.write_kv_fn is torch_attention.write_kv for m in model.modules() if isinstance(m, SelfAttention)):
+        return "the Triton KV store and attention kernels (install gh200rt with the triton extra)"
+    if getattr(store, "backend", None) is not None and not _has_cuda_bindings():
+        return "cuda-bindings to capture the staging copies (install gh200rt with the cuda extra)"
+    return None
+
+
+def _has_cuda_bindings() -> bool:
+    try:
+        return importlib.util.find_spec("cuda.bindings") is not None
+    except ModuleNotFoundError:
+        return False
 
 
 class DecodeGraphRunner:
