@@ -22,12 +22,13 @@ def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapp
              kv_scale: torch.Tensor | None = None) -> None:
     """Store new K/V ``[T, num_kv_heads, head_dim]`` at their flat pool slots (block * block_size + offset;
     an fp8 pool: divided by ``kv_scale``). The pool may be a strided view (the device arena lays blocks
-    out block-major across layers). A negative slot is a padding row of a bucketed decode step: it writes
-    nothing (as in the Triton store)."""
+    out block-major across layers). On the CPU a negative slot is a padding row of a bucketed decode step: it
+    writes nothing (as in the Triton store, which CUDA graphs require)."""
     num_kv_heads, head_dim = kv_cache.shape[-2], kv_cache.shape[-1]
-    keep = slot_mapping >= 0
-    if not bool(keep.all()):
-        k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
+    if slot_mapping.device.type == "cpu":   # on a GPU padding rows only reach the Triton store (no sync here)
+        keep = slot_mapping >= 0
+        if not bool(keep.all()):
+            k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
     if fp8.is_fp8(kv_cache.dtype):
         assert kv_scale is not None, "an fp8 pool is written with its layer's kv_scale"
         k, v = fp8.quantize(k, kv_scale[0], kv_cache.dtype), fp8.quantize(v, kv_scale[1], kv_cache.dtype)
