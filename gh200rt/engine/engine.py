@@ -111,6 +111,7 @@ class LLMEngine:
                 max_step_seconds=memory.retier_max_step_seconds, costs=StepCostModel(prior)))
         self._steps, self._seen_preemptions, self._step_seconds, self._seen_wait = 0, 0, 0.0, 0.0
         self._step_tokens, self._step_rows = 0, 0
+        self._waiting_hashes: dict[str, tuple[int, list[int]]] = {}   # seq id -> (tokens, prompt prefix hashes)
         self.prompt_tokens = 0
         self.generation_tokens = 0
 
@@ -194,9 +195,9 @@ class LLMEngine:
     # ---- the step -------------------------------------------------------------------------------
     def tier_signals(self) -> TierSignals:
         """What the tier controller looks at before a step; counters are deltas since the last call."""
-        pool, kv, sched = self.kv.pool, self.kv, self.scheduler
+        pool, sched = self.kv.pool, self.scheduler
         kv_blocks = pool.num_blocks - pool.num_run_blocks
-        waiting = sum(kv.blocks_needed(seq.num_tokens) for seq in sched.waiting)
+        waiting = self._waiting_blocks()
         wait = self.store.backend.wait_seconds if self.store and self.store.backend else 0.0
         tpots = [(seq.last_token_time - seq.first_token_time) / (len(seq.output_token_ids) - 1)
                  for seq in sched.running if len(seq.output_token_ids) > 1]
@@ -208,6 +209,22 @@ class LLMEngine:
         self._seen_preemptions, self._seen_wait, self._step_seconds = sched.num_preemptions, wait, 0.0
         self._step_tokens, self._step_rows = 0, 0
         return signals
+
+    def _waiting_blocks(self) -> int:
+        """Free blocks the waiting queue takes when admitted: a prompt prefix that running requests hold is
+        shared, not allocated (each waiting sequence's prefix hashes are computed once)."""
+        kv, memo = self.kv, {}
+        if not kv.enable_prefix_caching:
+            return sum(kv.blocks_needed(seq.num_tokens) for seq in self.scheduler.waiting)
+        total = 0
+        for seq in self.scheduler.waiting:
+            known = self._waiting_hashes.get(seq.seq_id)
+            if known is None or known[0] != seq.num_tokens:      # new, or preempted with more tokens since
+                known = (seq.num_tokens, kv.prefix_hashes(seq.all_token_ids))
+            memo[seq.seq_id] = known
+            total += kv.blocks_to_admit(seq.num_tokens, known[1])
+        self._waiting_hashes = memo
+        return total
 
     def step(self) -> list[RequestOutput]:
         if self.controller is not None:

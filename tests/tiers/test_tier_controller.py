@@ -205,3 +205,20 @@ def test_the_engine_reports_step_time_tokens_and_the_running_requests_tpot(tiny_
     assert len(seq.output_token_ids) == 4              # the first decode look saw two of them
     assert 0 < first_decode.tpot_seconds < seq.last_token_time - seq.first_token_time
     eng.close()
+
+
+def test_waiting_demand_leaves_out_prefix_blocks_running_requests_hold(tiny_dir):  # noqa: F811
+    eng = engine(tiny_dir, offload="dynamic", num_kv_blocks=10, max_num_seqs=2)
+    shared = list(range(10, 42))                       # two full blocks
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    eng.add_request("a", None, params, prompt_token_ids=shared + [50])
+    eng.step()
+    eng.add_request("b", None, params, prompt_token_ids=[80] * 20)
+    eng.step()                                         # a and b run: the next requests wait for a seat
+    eng.add_request("c", None, params, prompt_token_ids=shared + [60] * 20)   # 52 tokens: 4 blocks, 2 held by a
+    assert eng.tier_signals().waiting_blocks == 4 - 2
+    eng.add_request("d", None, params, prompt_token_ids=[70] * 40)            # shares nothing: 3 blocks
+    assert eng.tier_signals().waiting_blocks == 2 + 3
+    while eng.has_unfinished_requests():
+        eng.step()
+    eng.close()
