@@ -26,7 +26,7 @@ CASES = {"8 decodes + a 128-token chunk": ([1] * 8 + [128], [200] * 8 + [128]),
 
 def one_padded_call(q, kv, meta):
     group = attention._Group(meta, list(range(meta.num_seqs)), decode=meta.is_decode_only)
-    return attention._attend(q, kv, group, HEAD_DIM ** -0.5, KV_HEADS)
+    return attention._attend(q, kv, group, HEAD_DIM ** -0.5, KV_HEADS, None)
 
 
 def split_calls(q, kv, meta):
