@@ -142,8 +142,8 @@ class MemoryConfig:
     retier_min_dwell_seconds: float = field(default=2.0, metadata=_help(
         "--offload dynamic: at least this many seconds between two tier moves"))
     retier_max_step_seconds: float | None = field(default=None, metadata=_help(
-        "--offload dynamic: stream no more layers once a decode step takes this long (a TPOT target; default: "
-        "KV demand alone decides)"))
+        "--offload dynamic: a TPOT target: stream no layer that would make a step take longer, and promote "
+        "layers back while steps take longer (default: KV demand alone decides)"))
     prefetch_across_steps: bool = field(default=True, metadata=_help(
         "copy the next step's first streamed layers during the tail of this one (off: each step starts its "
         "own copies)"))

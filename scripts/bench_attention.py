@@ -1,15 +1,20 @@
-"""CPU paged attention per layer call: a step that mixes decodes with a prefill chunk, attended in one padded
-call (every decode padded to the chunk's length, as before) against one batched call per kind (now).
+"""CPU paged attention per layer call, against a baseline measured in the same run (calls alternated).
 
-    python scripts/bench_attention.py [--threads 1] [--reps 20]
+    python scripts/bench_attention.py [--threads 1] [--reps 20] [--baseline padded | PATH]
 
-SmolLM2-135M's attention shape (9 query heads, 3 KV heads, head_dim 64, blocks of 16). Prints the
-fastest of --reps calls for each (the minimum is the least disturbed by other processes on a
-shared machine) and whether the two agree (they differ in rounding only, max |diff| shown).
+``--baseline padded`` (default): every step attended in one padded call (each decode padded to a prefill
+chunk's length, as before the split per kind) against one batched call per kind (now).
+``--baseline PATH``: the ``paged_attention`` of another version of ``gh200rt/kv/attention.py``, e.g.
+``git show REV:gh200rt/kv/attention.py > /tmp/attention_rev.py``, against this tree's.
+
+SmolLM2-135M's attention shape (9 query heads, 3 KV heads, head_dim 64, blocks of 16), the pool a
+strided view of a block-major arena as in the engine (kv/arena.py). Prints the median of --reps calls
+(each on a fresh step layout, built by a first call as layer 0 would) and whether the two agree.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import time
 
 import torch
@@ -17,54 +22,73 @@ import torch
 from gh200rt.kv import attention
 from gh200rt.models.base import AttentionMetadata
 
-HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
+HEADS, KV_HEADS, HEAD_DIM, BLOCK, ARENA_LAYERS = 9, 3, 64, 16, 4
 CASES = {"8 decodes + a 128-token chunk": ([1] * 8 + [128], [200] * 8 + [128]),
          "32 decodes + a 256-token chunk": ([1] * 32 + [256], [300] * 32 + [256]),
          "64 decodes": ([1] * 64, [130] * 64),
          "18 prompts of 114 tokens": ([114] * 18, [114] * 18)}
+# decode steps at batch 1, 8 and 32 with contexts of 128-1024 (lengths spread over a block), and prompts
+CASES.update({f"{b} decodes, context ~{c}": ([1] * b, [c - (i * 5) % 11 for i in range(b)])
+              for b in (1, 8, 32) for c in (128, 512, 1024)})
+CASES.update({"8 prompts of 128 tokens": ([128] * 8, [128] * 8),
+              "8 prompts of 65-128 tokens": ([128 - 9 * i for i in range(8)], [128 - 9 * i for i in range(8)]),
+              "1 prompt of 512 tokens": ([512], [512]),
+              "8 chunks of 64 after 64 cached": ([64] * 8, [128] * 8)})
 
 
 def one_padded_call(q, kv, meta):
     group = attention._Group(meta, list(range(meta.num_seqs)), decode=meta.is_decode_only)
-    return attention._attend(q, kv, group, HEAD_DIM ** -0.5, KV_HEADS)
+    return attention._attend(q, kv, group, HEAD_DIM ** -0.5, KV_HEADS, None)
 
 
-def split_calls(q, kv, meta):
+def this_tree(q, kv, meta):
     return attention.paged_attention(q, kv, meta, HEAD_DIM ** -0.5, KV_HEADS)
 
 
-def fastest(fn, q, kv, query_lens, seq_lens, tables, reps: int) -> tuple[float, torch.Tensor]:
-    times = []
+def baseline_file(path: str):
+    spec = importlib.util.spec_from_file_location("baseline_attention", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return lambda q, kv, meta: module.paged_attention(q, kv, meta, HEAD_DIM ** -0.5, KV_HEADS)
+
+
+def alternated(fns, q, kv, query_lens, seq_lens, tables, reps: int) -> list[tuple[float, torch.Tensor]]:
+    """Median seconds per call of each fn (calls alternated) and its last output."""
+    times, outs = [[] for _ in fns], [None for _ in fns]
     for _ in range(reps):
-        meta = AttentionMetadata.build(query_lens, seq_lens, tables, BLOCK)  # layout built once per step
-        start = time.perf_counter()
-        out = fn(q, kv, meta)
-        times.append(time.perf_counter() - start)
-    return min(times), out
+        for i, fn in enumerate(fns):
+            meta = AttentionMetadata.build(query_lens, seq_lens, tables, BLOCK)
+            fn(q, kv, meta)  # layer 0 builds the step's layout; the other layers reuse it
+            start = time.perf_counter()
+            outs[i] = fn(q, kv, meta)
+            times[i].append(time.perf_counter() - start)
+    return [(sorted(t)[len(t) // 2], out) for t, out in zip(times, outs)]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--baseline", default="padded",
+                        help="'padded' or the path of another version of gh200rt/kv/attention.py")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"{'step':<32} {'dtype':<9} {'one padded call':>16} {'one call per kind':>18} {'speed-up':>9} "
-          f"{'max |diff|':>10}")
+    baseline = one_padded_call if args.baseline == "padded" else baseline_file(args.baseline)
+    label = "one padded call" if args.baseline == "padded" else "baseline"
+    print(f"{'step':<32} {'dtype':<9} {label:>16} {'this tree':>12} {'speed-up':>9} {'max |diff|':>10}")
     for dtype in (torch.float32, torch.bfloat16):
         for name, (query_lens, seq_lens) in CASES.items():
             gen = torch.Generator().manual_seed(0)
-            tables, start = [], 0
-            for s in seq_lens:
-                n = -(-s // BLOCK)
-                tables.append(list(range(start, start + n)))
-                start += n
-            kv = torch.randn(2, start, BLOCK, KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
+            needed = [-(-s // BLOCK) for s in seq_lens]
+            ids = (torch.randperm(sum(needed), generator=gen) + 1).tolist()  # scattered blocks, 0 unused
+            tables = [ids[sum(needed[:b]):sum(needed[:b + 1])] for b in range(len(needed))]
+            arena = torch.randn(sum(needed) + 1, ARENA_LAYERS, 2, BLOCK, KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
+            kv = arena[:, 1].transpose(0, 1)  # layer 1's [2, blocks, ...] view, as kv/arena.py lays it out
             q = torch.randn(sum(query_lens), HEADS, HEAD_DIM, generator=gen).to(dtype)
-            before, want = fastest(one_padded_call, q, kv, query_lens, seq_lens, tables, args.reps)
-            after, got = fastest(split_calls, q, kv, query_lens, seq_lens, tables, args.reps)
+            (before, want), (after, got) = alternated([baseline, this_tree], q, kv, query_lens, seq_lens, tables,
+                                                      args.reps)
             diff = (got.float() - want.float()).abs().max().item()
-            print(f"{name:<32} {str(dtype).removeprefix('torch.'):<9} {before * 1e3:13.2f} ms {after * 1e3:15.2f} ms "
+            print(f"{name:<32} {str(dtype).removeprefix('torch.'):<9} {before * 1e3:13.3f} ms {after * 1e3:9.3f} ms "
                   f"{before / after:8.2f}x {diff:10.2e}")
 
 

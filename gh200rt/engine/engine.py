@@ -19,11 +19,13 @@ from gh200rt.engine.model_runner import ModelRunner
 from gh200rt.engine.outputs import RequestOutput
 from gh200rt.engine.request_state import RequestState, prompt_logprobs_for_chunk
 from gh200rt.engine.sampler import Sampler
+from gh200rt.engine.step_cost import StepCostModel
 from gh200rt.engine.tier_controller import PressurePolicy, TierController, TierSignals
 from gh200rt.kv.fp8 import check_device_supports, configure_kv_scales, kv_cache_dtype
 from gh200rt.kv.kv_manager import KVCacheManager
 from gh200rt.engine.bootstrap import DTYPE_NAMES, PlacedModel, load_and_place, max_model_len, size_kv_pool
 from gh200rt.kv.pool import allocate_kv_caches, kv_bytes_per_block
+from gh200rt.planner.cost_model import copy_seconds
 from gh200rt.memory.ledger import DeviceMemoryLedger, ledger_capacity
 from gh200rt.sampling_params import SamplingParams
 from gh200rt.scheduler.request import Sequence
@@ -107,11 +109,14 @@ class LLMEngine:
         self.controller = None
         if placed is not None and placed.plan.dynamic:
             memory = config.memory
+            # until steps at several splits are timed, a streamed layer is taken to cost its copy
+            prior = copy_seconds(placed.plan.sizes.host_layer_bytes, placed.platform)
             self.controller = TierController(self.store, PressurePolicy(
                 memory.retier_interval_steps, memory.retier_min_dwell_seconds,
-                max_step_seconds=memory.retier_max_step_seconds))
-        self._steps, self._seen_preemptions, self._compute_seconds, self._seen_wait = 0, 0, 0.0, 0.0
-        self._decode_seconds, self._decode_steps = 0.0, 0
+                max_step_seconds=memory.retier_max_step_seconds, costs=StepCostModel(prior)))
+        self._steps, self._seen_preemptions, self._step_seconds, self._seen_wait = 0, 0, 0.0, 0.0
+        self._step_tokens, self._step_rows = 0, 0
+        self._waiting_hashes: dict[str, tuple[int, list[int]]] = {}   # seq id -> (tokens, prompt prefix hashes)
         self.prompt_tokens = 0
         self.generation_tokens = 0
 
@@ -197,35 +202,50 @@ class LLMEngine:
     # ---- the step -------------------------------------------------------------------------------
     def tier_signals(self) -> TierSignals:
         """What the tier controller looks at before a step; counters are deltas since the last call."""
-        pool, kv, sched = self.kv.pool, self.kv, self.scheduler
+        pool, sched = self.kv.pool, self.scheduler
         kv_blocks = pool.num_blocks - pool.num_run_blocks
-        waiting = sum(kv.blocks_needed(seq.num_tokens) for seq in sched.waiting)
+        waiting = self._waiting_blocks()
         wait = self.store.backend.wait_seconds if self.store and self.store.backend else 0.0
+        tpots = [(seq.last_token_time - seq.first_token_time) / (len(seq.output_token_ids) - 1)
+                 for seq in sched.running if len(seq.output_token_ids) > 1]
         signals = TierSignals(self._steps, kv_blocks, pool.num_free, kv_blocks - pool.num_free, waiting,
                               len(sched.waiting), sched.num_preemptions - self._seen_preemptions,
-                              self._compute_seconds, wait - self._seen_wait,
-                              self._decode_seconds / self._decode_steps if self._decode_steps else None,
-                              self.store.layer_run_blocks if self.store and self.store.arena else 0,
+                              self._step_seconds, wait - self._seen_wait, self._step_tokens, self._step_rows,
+                              sum(tpots) / len(tpots) if tpots else None, self.store.layer_run_blocks if self.store and self.store.arena else 0,
                               tuple(self.store.tiers) if self.store else ())
-        self._seen_preemptions, self._seen_wait, self._compute_seconds = sched.num_preemptions, wait, 0.0
-        self._decode_seconds, self._decode_steps = 0.0, 0
+        self._seen_preemptions, self._seen_wait, self._step_seconds = sched.num_preemptions, wait, 0.0
+        self._step_tokens, self._step_rows = 0, 0
         return signals
+
+    def _waiting_blocks(self) -> int:
+        """Free blocks the waiting queue takes when admitted: a prompt prefix that running requests hold is
+        shared, not allocated (each waiting sequence's prefix hashes are computed once)."""
+        kv, memo = self.kv, {}
+        if not kv.enable_prefix_caching:
+            return sum(kv.blocks_needed(seq.num_tokens) for seq in self.scheduler.waiting)
+        total = 0
+        for seq in self.scheduler.waiting:
+            known = self._waiting_hashes.get(seq.seq_id)
+            if known is None or known[0] != seq.num_tokens:      # new, or preempted with more tokens since
+                known = (seq.num_tokens, kv.prefix_hashes(seq.all_token_ids))
+            memo[seq.seq_id] = known
+            total += kv.blocks_to_admit(seq.num_tokens, known[1])
+        self._waiting_hashes = memo
+        return total
 
     def step(self) -> list[RequestOutput]:
         if self.controller is not None:
             self.controller.between_steps(self.tier_signals())
+        started = time.perf_counter()
         self._steps += 1
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
         sampling = [item.seq for item in out.scheduled if item.samples]
         prompt_chunks = {i: (item.seq, item.seq.num_computed_tokens) for i, item in enumerate(out.scheduled)}
-        started = time.perf_counter()
         logits = self.runner.run(out)
-        seconds = time.perf_counter() - started
-        self._compute_seconds += seconds
-        if out.num_batched_tokens == len(out.scheduled):      # decode only: one token per sequence
-            self._decode_seconds, self._decode_steps = self._decode_seconds + seconds, self._decode_steps + 1
+        self._step_tokens += out.num_batched_tokens
+        self._step_rows += len(out.scheduled)
         self.scheduler.step_done(out)
         touched: dict[str, set[int]] = {}
         for i, chunk_logits in logits.prompt_logits.items():
@@ -236,7 +256,10 @@ class LLMEngine:
                                                                        seq.params.prompt_logprobs))
         if sampling:
             result = self.sampler(logits.sample_logits, sampling)
+            stamp = time.perf_counter()
             for seq, token, lp, chosen in zip(sampling, result.token_ids, result.logprobs, result.chosen_logprobs):
+                seq.first_token_time = seq.first_token_time or stamp
+                seq.last_token_time = stamp
                 self._advance(seq, token, lp, chosen)
                 touched.setdefault(seq.group_id, set()).add(seq.index)
         outputs = []
@@ -245,6 +268,7 @@ class LLMEngine:
             outputs.append(state.make_output(advanced))
             if state.finished:
                 del self.requests[group_id]
+        self._step_seconds += time.perf_counter() - started    # what a running request waits per token
         return outputs
 
     def _advance(self, seq: Sequence, token: int, lp, chosen: float) -> None:

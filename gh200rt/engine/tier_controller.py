@@ -2,17 +2,23 @@
 
 Before each step the engine hands the controller a ``TierSignals`` snapshot: the arena's KV blocks
 (total, free, held by requests), the blocks the waiting queue needs to be admitted, preemptions and
-step time (compute vs copy wait) since the last look. The policy answers with at most one move:
+step time (wall, and the copy wait in it) since the last look. The policy answers with at most one move:
 - **demote** (a resident layer starts streaming, its arena run goes to the KV cache) when requests
-  wait for blocks the cache does not have, or a request was preempted, unless decode steps already
-  take ``max_step_seconds`` (``--retier-max-step-seconds``, a TPOT target: more KV is not worth
-  making every running request slower than that);
+  wait for blocks the cache does not have, or a request was preempted, unless the step with one
+  more streamed layer would take longer than ``max_step_seconds`` (``--retier-max-step-seconds``, a
+  TPOT target: more KV is not worth making every running request slower than that). The step with
+  one more layer is predicted by ``StepCostModel`` (engine/step_cost.py): the recent step time plus
+  a streamed layer's cost fitted over the steps that ran, mixed steps included;
 - **promote** (a streamed layer takes a free run back) when nothing waits, no preemption happened
   for a while, and after the promotion at least ``promote_headroom`` of the KV cache would still
-  be free beyond what running requests hold.
+  be free beyond what running requests hold; or, with a TPOT target, when recent steps take longer
+  than the target and the cache has a free run (shorter steps for the running requests, at the
+  price of KV the queue wanted).
 Hysteresis: at least ``min_steps_between`` steps and ``min_dwell_seconds`` between two moves, except
-that demotions follow each other one per step while the pressure lasts (a burst must not wait
-``min_steps_between`` steps per layer for KV it needs now; a reversal always waits).
+that a run of moves in one direction goes one per step while its reason lasts: demotions while the
+pressure lasts (a burst must not wait ``min_steps_between`` steps per layer for KV it needs now), and
+slack promotions while at least two more layers' runs would stay free (the tail of a burst gets its
+speed back as the queue drains). A reversal always waits.
 Streamed layers stay spread: a demotion picks the resident layer farthest from any streamed one,
 a promotion the streamed layer closest to another, so the copies keep hiding behind resident
 compute (one in every G). Each move is logged at INFO with its reason and numbers; ``counts``
@@ -25,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from gh200rt.engine.step_cost import StepCostModel
 from gh200rt.weights.store import NoFreeRun
 from gh200rt.weights.tiers import Tier
 
@@ -40,9 +47,11 @@ class TierSignals:
     waiting_blocks: int           # what the waiting queue needs to be admitted (prompt blocks)
     num_waiting: int
     preemptions: int              # since the last snapshot
-    compute_seconds: float        # since the last snapshot
+    step_seconds: float           # wall time of the steps since the last snapshot (schedule to outputs)
     copy_wait_seconds: float
-    decode_step_seconds: float | None   # mean model time of the decode-only steps since then (None: none ran)
+    step_tokens: int              # tokens those steps batched (0: none ran)
+    step_rows: int                # sequences those steps ran
+    tpot_seconds: float | None    # mean time per output token so far of the running requests (None: none has 2)
     run_blocks: int               # arena blocks one layer's weights take
     tiers: tuple[Tier, ...]
 
@@ -75,9 +84,9 @@ def spread_pick(tiers: tuple[Tier, ...], candidates: Tier, others: Tier | None, 
     return max(picks, key=key)
 
 
-# demotions stop once decode steps take this share of --retier-max-step-seconds: the next streamed layer
-# adds its copy to every step, and the target is a ceiling, not a goal
-STEP_GUARD = 0.9
+# demotions stop once the predicted step passes this share of --retier-max-step-seconds: the prediction
+# leaves out the prefill chunks of the requests a demotion admits, and the target is a ceiling, not a goal
+STEP_GUARD = 0.8
 
 
 @dataclass
@@ -86,6 +95,7 @@ class PressurePolicy:
     min_dwell_seconds: float = 2.0
     promote_headroom: float = 0.25
     max_step_seconds: float | None = None
+    costs: StepCostModel = field(default_factory=lambda: StepCostModel(0.0))
     clock: callable = time.monotonic
     _last_step: int = field(default=-(1 << 30), repr=False)
     _last_time: float = field(default=float("-inf"), repr=False)
@@ -94,37 +104,62 @@ class PressurePolicy:
 
     def decide(self, signals: TierSignals) -> Move | None:
         now = self.clock()
+        streamed = signals.tiers.count(Tier.STREAMED)
+        self.costs.observe(signals.step_seconds, signals.step_tokens, signals.step_rows, streamed)
         pressure = signals.preemptions > 0 or (signals.num_waiting and signals.waiting_blocks > signals.kv_free_blocks)
         if pressure:
             self._quiet_since = signals.step
-        streak = pressure and self._last_tier == Tier.STREAMED and signals.step > self._last_step
-        if not streak and (signals.step - self._last_step < self.min_steps_between
-                           or now - self._last_time < self.min_dwell_seconds):
+        after = signals.kv_total_blocks - signals.run_blocks          # KV blocks left if one layer promotes
+        free_after = after - signals.kv_held_blocks
+        slack = (not pressure and not signals.num_waiting and signals.step - self._quiet_since >= self.min_steps_between
+                 and free_after >= self.promote_headroom * after)
+        # steps over the target promote a layer back, on step time alone: a preempted request's TPOT so
+        # far keeps its wait in the queue, and taking KV back would only add preemptions
+        steps = self.costs.recent_seconds
+        over = self.max_step_seconds is not None and steps is not None and steps > self.max_step_seconds
+        # a demotion must keep what running requests see (the recent steps, or their TPOT so far where
+        # preemptions and prefill chunks made it longer) under the target
+        recent = steps if steps is None or signals.tpot_seconds is None else max(steps, signals.tpot_seconds)
+        # the requests one layer's run admits join every step: at most the queue, at its mean prompt size
+        admitted = min(signals.num_waiting, signals.run_blocks * signals.num_waiting / signals.waiting_blocks) \
+            if signals.waiting_blocks else 0.0
+        next_step = self.costs.predict_next(admitted, recent)
+        too_slow = (self.max_step_seconds is not None and next_step is not None
+                    and next_step > STEP_GUARD * self.max_step_seconds)
+        if self._last_tier == Tier.STREAMED:
+            streak = pressure and not too_slow
+        else:
+            streak = slack and free_after - 2 * signals.run_blocks >= self.promote_headroom * after
+        if not (streak and signals.step > self._last_step) and (
+                signals.step - self._last_step < self.min_steps_between or now - self._last_time < self.min_dwell_seconds):
             return None
         move = None
-        slow = (self.max_step_seconds is not None and signals.decode_step_seconds is not None
-                and signals.decode_step_seconds > STEP_GUARD * self.max_step_seconds)
-        if pressure and not slow:
+        if pressure and not too_slow and not over:
             layer = spread_pick(signals.tiers, Tier.RESIDENT, None, farthest=True)
             if layer is not None:
                 move = Move(layer, Tier.STREAMED,
                             f"KV pressure: {signals.num_waiting} waiting need {signals.waiting_blocks} blocks, "
                             f"{signals.kv_free_blocks} of {signals.kv_total_blocks} free, "
-                            f"{signals.preemptions} preempted since the last look")
-        elif signals.step - self._quiet_since >= self.min_steps_between and not signals.num_waiting:
-            after = signals.kv_total_blocks - signals.run_blocks
-            free_after = after - signals.kv_held_blocks
-            if free_after >= self.promote_headroom * after:
-                layer = spread_pick(signals.tiers, Tier.STREAMED, Tier.STREAMED, farthest=False)
-                if layer is not None:
-                    move = Move(layer, Tier.RESIDENT,
-                                f"KV slack: requests hold {signals.kv_held_blocks} of {signals.kv_total_blocks} "
-                                f"blocks, {free_after} stay free after giving {signals.run_blocks} to the layer; "
-                                f"copy wait {signals.copy_wait_seconds * 1e3:.1f} ms of "
-                                f"{signals.compute_seconds * 1e3:.1f} ms since the last look")
+                            f"{signals.preemptions} preempted since the last look; "
+                            f"{self._step_note(recent, next_step, admitted)}")
+        elif streamed and (slack or (over and signals.kv_free_blocks >= signals.run_blocks)):
+            layer = spread_pick(signals.tiers, Tier.STREAMED, Tier.STREAMED, farthest=False)
+            why = (f"KV slack: requests hold {signals.kv_held_blocks} of {signals.kv_total_blocks} blocks, "
+                   f"{free_after} stay free after giving {signals.run_blocks} to the layer") if slack else \
+                (f"steps over the target: {steps * 1e3:.1f} ms > {self.max_step_seconds * 1e3:.1f} ms, "
+                 f"{signals.kv_free_blocks} KV blocks free")
+            move = Move(layer, Tier.RESIDENT, f"{why}; copy wait {signals.copy_wait_seconds * 1e3:.1f} ms of "
+                                              f"{signals.step_seconds * 1e3:.1f} ms since the last look")
         if move is not None:
             self._last_step, self._last_time, self._last_tier = signals.step, now, move.tier
         return move
+
+    def _step_note(self, recent: float | None, next_step: float | None, admitted: float) -> str:
+        if next_step is None:
+            return "no step timed yet"
+        return (f"step {recent * 1e3:.1f} ms, {next_step * 1e3:.1f} ms predicted with one more "
+                f"streamed layer ({self.costs.layer_seconds * 1e3:.2f} ms per layer) and {admitted:.1f} more "
+                f"requests ({self.costs.row_seconds * 1e3:.2f} ms each)")
 
 
 class TierController:

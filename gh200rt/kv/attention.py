@@ -3,8 +3,9 @@
 ``kv_cache``: ``[2, num_blocks, block_size, num_kv_heads, head_dim]``. A sequence's new tokens are the
 last ``query_len`` of its ``seq_len`` positions, so query i of sequence b sits at position
 ``seq_len - query_len + i`` and sees every cached key at or before it (causal within the new
-tokens, full over the cached prefix). All sequences are handled in one batched call: contexts are
-gathered through the block tables, padded to the longest, and masked. An fp8 pool is quantized on
+tokens, full over the cached prefix). The decodes of a step are one batched SDPA call and its
+multi-token sequences another: contexts are gathered through the block tables, padded to the longest
+and masked only where the lengths call for it (``_Group``). An fp8 pool is quantized on
 write and dequantized after the gather with the layer's ``kv_scale`` ``[K scale, V scale]`` (kv/fp8.py).
 """
 from __future__ import annotations
@@ -46,7 +47,13 @@ def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapp
 
 
 class _Group:
-    """Index tensors for the sequences of one kind in a step (all decoding, or all with several new tokens)."""
+    """Index tensors for the sequences of one kind in a step (all decoding, or all with several new tokens).
+
+    SDPA gets the cheapest exact form of the group's mask: ``is_causal`` for prompts with no cached
+    prefix (a padded key or query row is seen only by padded query rows, which are dropped), else an
+    additive float mask built once per step and dtype (SDPA converts a boolean one in every layer).
+    K/V stay padded to whole blocks: SDPA's sums depend on that width, not on the mask's form, so every
+    form gives the bits of the fully masked call (tests/model/test_torch_attention_masks.py)."""
 
     def __init__(self, meta: AttentionMetadata, seqs: list[int], decode: bool):
         device = meta.slot_mapping.device
@@ -65,21 +72,33 @@ class _Group:
         self.token_rows = None if len(seqs) == meta.num_seqs else \
             torch.tensor([starts[b] + i for b in seqs for i in range(meta.query_lens_list[b])],
                          dtype=torch.long, device=device)
-        key_pos = torch.arange(blocks * meta.block_size, device=device)
-        if decode:
-            # Lengths from the device tensor when the group is the whole step: a bucketed decode step's host
-            # lists hold its capacity (fixed per graph), its device seq_lens the real lengths.
-            lens = meta.seq_lens if len(seqs) == meta.num_seqs else \
-                torch.tensor(seq_lens, dtype=torch.long, device=device)
-            self.mask = (key_pos[None, :] < lens[:, None])[:, None, None, :]
-            return
         self.max_query = max(query_lens)
-        # row of each new token in the padded [num_seqs * max_query] query layout
-        rows = [b * self.max_query + i for b, q in enumerate(query_lens) for i in range(q)]
-        self.padded_rows = torch.tensor(rows, dtype=torch.long, device=device)
-        first_new = torch.tensor([s - q for q, s in zip(query_lens, seq_lens)], device=device)
+        self.causal = not decode and query_lens == seq_lens
+        # row of each new token in the padded [num_seqs * max_query] query layout (None: nothing padded)
+        self.padded_rows = None
+        if len(set(query_lens)) > 1:
+            rows = [b * self.max_query + i for b, q in enumerate(query_lens) for i in range(q)]
+            self.padded_rows = torch.tensor(rows, dtype=torch.long, device=device)
+        self._allowed, self._masks = None, {}
+        if self.causal:
+            return
+        key_pos = torch.arange(blocks * meta.block_size, device=device)
+        # Lengths from the device tensor when the group is the whole step: a bucketed decode step's host lists
+        # hold its capacity (fixed per graph), its device seq_lens the real lengths.
+        lens = meta.seq_lens if len(seqs) == meta.num_seqs else torch.tensor(seq_lens, dtype=torch.long, device=device)
+        first_new = lens - 1 if decode else lens - torch.tensor(query_lens, dtype=torch.long, device=device)
         query_pos = first_new[:, None] + torch.arange(self.max_query, device=device)[None, :]
-        self.mask = (key_pos[None, None, :] <= query_pos[:, :, None])[:, None, :, :]
+        self._allowed = (key_pos[None, None, :] <= query_pos[:, :, None])[:, None, :, :]  # [B, 1, Qmax, S]
+
+    def mask(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """Additive mask (0 or -inf) in the query dtype; None for a causal group."""
+        if self._allowed is None:
+            return None
+        mask = self._masks.get(dtype)
+        if mask is None:
+            mask = self._masks[dtype] = torch.zeros(self._allowed.shape, dtype=dtype, device=self._allowed.device
+                                                    ).masked_fill_(~self._allowed, float("-inf"))
+        return mask
 
 
 class _BatchLayout:
@@ -131,12 +150,13 @@ def _attend(q: torch.Tensor, kv_cache: torch.Tensor, group: _Group, scale: float
     if group.decode:
         # The query heads sharing a KV head attend as that head's queries (no K/V repeat for GQA).
         queries = q.reshape(num_seqs, num_kv_heads, -1, head_dim)  # [B, Hkv, H/Hkv, D]
-        out = F.scaled_dot_product_attention(queries, k, v, attn_mask=group.mask, scale=scale)
+        out = F.scaled_dot_product_attention(queries, k, v, attn_mask=group.mask(q.dtype), scale=scale)
         return out.reshape(num_seqs, q.shape[1], head_dim)
-    padded = q.new_zeros(num_seqs * group.max_query, q.shape[1], head_dim)
-    padded.index_copy_(0, group.padded_rows, q)
-    queries = padded.view(num_seqs, group.max_query, -1, head_dim).transpose(1, 2)  # [B, H, Qmax, D]
-    out = F.scaled_dot_product_attention(queries, k, v, attn_mask=group.mask, scale=scale,
-                                         enable_gqa=num_kv_heads != q.shape[1])
+    if group.padded_rows is not None:
+        padded = q.new_zeros(num_seqs * group.max_query, q.shape[1], head_dim)
+        q = padded.index_copy_(0, group.padded_rows, q)
+    queries = q.reshape(num_seqs, group.max_query, -1, head_dim).transpose(1, 2)  # [B, H, Qmax, D]
+    out = F.scaled_dot_product_attention(queries, k, v, attn_mask=group.mask(q.dtype), is_causal=group.causal,
+                                         scale=scale, enable_gqa=num_kv_heads != q.shape[1])
     out = out.transpose(1, 2).reshape(num_seqs * group.max_query, q.shape[1], head_dim)  # [B * Qmax, H, D]
-    return out.index_select(0, group.padded_rows)
+    return out if group.padded_rows is None else out.index_select(0, group.padded_rows)

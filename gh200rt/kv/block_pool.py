@@ -8,6 +8,12 @@ Block ids are addresses: in the device arena (``arena.py``) block i is the i-th 
 buffer, so a run of consecutive ids is contiguous memory. ``take_run`` hands such a run to resident
 weights: it is neither free nor in use by a request until ``return_run`` gives it back to the free
 list. A run may evict cached prefixes (free blocks), never a block a request holds.
+
+A promotion needs a whole window of free blocks, and the KV cache scatters requests' blocks over
+the pool in LRU order. ``set_reserve(count)`` keeps the ``count`` highest blocks no run holds (where
+promotions go: the streamed layers' runs) for last: the free list is split at that boundary, and
+allocation takes the lower part (LRU) before the reserve (LRU), so under slack the reserve stays
+free and a promotion finds its window; under pressure the KV cache uses it like any other block.
 Pure Python and hardware-agnostic: ids only, no tensors.
 """
 from __future__ import annotations
@@ -32,7 +38,11 @@ class BlockPool:
             raise ValueError(f"a KV pool needs at least one block, got {num_blocks}")
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         # Least recently freed first: allocation takes from the front, freeing appends at the back.
+        # _free holds the blocks below the reserve boundary, _spare those at or above it (taken last).
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self._spare: OrderedDict[int, None] = OrderedDict()
+        self._reserve_from = num_blocks
+        self._reserve_count = 0
         self.cached: dict[int, int] = {}           # block_hash -> block_id
         self.num_evictions = 0
         self._num_cached_free = 0                   # free blocks that still hold a hash (kept O(1) for stats)
@@ -44,21 +54,45 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return len(self._free) + len(self._spare)
 
     @property
     def num_cached_free(self) -> int:
         return self._num_cached_free
 
     def free_order(self) -> list[int]:
-        return list(self._free)
+        """Free blocks in the order allocation takes them."""
+        return list(self._free) + list(self._spare)
+
+    def _list_of(self, block_id: int) -> OrderedDict[int, None]:
+        return self._spare if block_id >= self._reserve_from else self._free
+
+    def _is_free(self, block_id: int) -> bool:
+        return block_id in self._free or block_id in self._spare
+
+    def set_reserve(self, count: int) -> None:
+        """Allocate the ``count`` highest blocks that no run holds last (0: no reserve). Kept across
+        ``take_run`` / ``return_run`` as a count: the boundary follows the runs."""
+        assert count >= 0, count
+        self._reserve_count = count
+        boundary, left = self.num_blocks, count
+        in_run = {b for start, n in self.runs.items() for b in range(start, start + n)}
+        while left and boundary:
+            boundary -= 1
+            left -= boundary not in in_run
+        if boundary == self._reserve_from:
+            return
+        self._reserve_from = boundary
+        order = list(self._free) + list(self._spare)
+        self._free = OrderedDict((b, None) for b in order if b < boundary)
+        self._spare = OrderedDict((b, None) for b in order if b >= boundary)
 
     def allocate(self, count: int) -> list[int]:
-        if count > len(self._free):
-            raise RuntimeError(f"asked for {count} KV blocks, {len(self._free)} free")
+        if count > self.num_free:
+            raise RuntimeError(f"asked for {count} KV blocks, {self.num_free} free")
         ids = []
         for _ in range(count):
-            block_id, _ = self._free.popitem(last=False)
+            block_id, _ = (self._free if self._free else self._spare).popitem(last=False)
             block = self.blocks[block_id]
             self._num_cached_free -= block.block_hash is not None
             self._evict(block)
@@ -78,7 +112,7 @@ class BlockPool:
         """Take one more reference (a prefix hit or a fork); revives a free cached block."""
         block = self.blocks[block_id]
         if block.ref_count == 0:
-            del self._free[block_id]
+            del self._list_of(block_id)[block_id]
             self._num_cached_free -= block.block_hash is not None
         block.ref_count += 1
 
@@ -89,7 +123,7 @@ class BlockPool:
             assert block.ref_count > 0, f"block {block_id} released more often than taken"
             block.ref_count -= 1
             if block.ref_count == 0:
-                self._free[block_id] = None
+                self._list_of(block_id)[block_id] = None
                 self._num_cached_free += block.block_hash is not None
 
     @property
@@ -102,7 +136,7 @@ class BlockPool:
         assert count > 0, count
         length = 0
         for block_id in range(self.num_blocks - 1, -1, -1):
-            length = length + 1 if block_id in self._free else 0
+            length = length + 1 if self._is_free(block_id) else 0
             if length == count:
                 return block_id
         return None
@@ -114,12 +148,13 @@ class BlockPool:
         if start is None:
             return None
         for block_id in range(start, start + count):
-            del self._free[block_id]
+            del self._list_of(block_id)[block_id]
             block = self.blocks[block_id]
             self._num_cached_free -= block.block_hash is not None
             self._evict(block)
             block.epoch += 1                        # its bytes become weights: no hit may point at them
         self.runs[start] = count
+        self.set_reserve(self._reserve_count)
         return start
 
     def return_run(self, start: int) -> None:
@@ -127,8 +162,10 @@ class BlockPool:
         count = self.runs.pop(start)
         for block_id in range(start + count - 1, start - 1, -1):
             self.blocks[block_id].epoch += 1
-            self._free[block_id] = None
-            self._free.move_to_end(block_id, last=False)
+            free = self._list_of(block_id)
+            free[block_id] = None
+            free.move_to_end(block_id, last=False)
+        self.set_reserve(self._reserve_count)
 
     def register(self, block_id: int, block_hash: int, token_ids: tuple[int, ...],
                  parent: tuple[int, int] | None) -> bool:

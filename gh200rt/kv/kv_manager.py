@@ -63,7 +63,7 @@ class KVCacheManager:
         hits: list[int] = []
         hashes: list[int] = []
         parent_hash, parent = None, None
-        for start in range(0, len(token_ids) - 1 - (len(token_ids) - 1) % bs, bs):
+        for start in self._reusable_block_starts(len(token_ids)):
             chunk = tuple(token_ids[start:start + bs])
             h = self.hash_fn(parent_hash, chunk)
             block_id = self.pool.lookup(h, chunk, parent)
@@ -76,6 +76,34 @@ class KVCacheManager:
             self.stats.hits += 1
             self.stats.hit_tokens += len(hits) * bs
         return hits, hashes
+
+    def _reusable_block_starts(self, num_tokens: int) -> range:
+        """First token of each full block a prefix hit may cover (at least one token is left to compute)."""
+        bs = self.block_size
+        return range(0, num_tokens - 1 - (num_tokens - 1) % bs, bs)
+
+    def prefix_hashes(self, token_ids: list[int]) -> list[int]:
+        """The chained hashes of the blocks a prefix hit may cover (``find_cached_prefix``'s keys)."""
+        hashes, parent_hash = [], None
+        for start in self._reusable_block_starts(len(token_ids)):
+            parent_hash = self.hash_fn(parent_hash, tuple(token_ids[start:start + self.block_size]))
+            hashes.append(parent_hash)
+        return hashes
+
+    def blocks_to_admit(self, num_tokens: int, hashes: list[int]) -> int:
+        """Free blocks a waiting request of ``num_tokens`` takes when admitted: its blocks less the leading
+        cached ones that running requests hold (shared at no cost; a free cached block is revived out of
+        the free list, so it counts). ``hashes``: ``prefix_hashes`` of its tokens. An estimate for the tier
+        controller: hashes are not confirmed against the stored tokens, as admission does."""
+        need = self.blocks_needed(num_tokens)
+        if not self.enable_prefix_caching:
+            return need
+        for h in hashes:
+            block_id = self.pool.cached.get(h)
+            if block_id is None:
+                break
+            need -= self.pool.blocks[block_id].ref_count > 0
+        return need
 
     def adopt_prefix(self, request: HasBlocks, block_ids: list[int], hashes: list[int]) -> None:
         """Give a fresh request shared references to already-computed blocks (prefix hit or fork)."""

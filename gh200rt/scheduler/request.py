@@ -47,6 +47,8 @@ class Sequence:
         self.output_logprobs: list = []
         self.cumulative_logprob = 0.0
         self.grammar = None                       # gh200rt.structured.SequenceGrammar of a constrained request
+        self.first_token_time: float | None = None  # perf_counter stamps of the first and latest output token
+        self.last_token_time: float | None = None
 
     def generator_on(self, device: torch.device) -> torch.Generator:
         """This sequence's own generator, on the device its logits live on (created at first draw)."""

@@ -146,10 +146,21 @@ class WeightStore(LayerHooks):
             for layer, layout in layouts.items():
                 self._place_in_arena(layer, layout)
         self._reorder()
+        self._keep_promotion_room()
 
     def set_tier(self, layer: int, tier: Tier | str) -> None:
         """Move ``layer`` to ``tier``, between steps. A promotion that does not fit the ledger raises
         ``LedgerOverCommit`` and changes nothing."""
+        self._move(layer, tier)
+        self._keep_promotion_room()
+
+    def _keep_promotion_room(self) -> None:
+        """Dynamic tiers: the KV cache takes the blocks where the streamed layers would promote last
+        (``BlockPool.set_reserve``), so a promotion finds a whole window once demand falls."""
+        if self.arena is not None and self.keep_host_copies:
+            self.arena.pool.set_reserve(len(self.layers(Tier.STREAMED)) * self.layer_run_blocks)
+
+    def _move(self, layer: int, tier: Tier | str) -> None:
         tier, old = Tier(tier), self.tiers[layer]
         if self._closed:
             raise RuntimeError("this weight store was closed with its engine; build a new engine")

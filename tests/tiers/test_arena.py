@@ -28,6 +28,24 @@ def test_a_run_is_the_highest_window_of_free_blocks_and_evicts_cached_prefixes()
     assert pool.free_order()[:2] == [6, 7] and pool.allocate(2) == [6, 7]   # the KV cache gets them first
 
 
+def test_the_reserve_is_allocated_last_so_a_promotion_finds_its_window():
+    pool = BlockPool(12)
+    assert pool.take_run(2) == 10
+    pool.set_reserve(4)                      # blocks 6-9: the four highest no run holds
+    held = pool.allocate(6)
+    assert sorted(held) == [0, 1, 2, 3, 4, 5]
+    pool.release(held[::2])                  # 0, 2, 4 free again, scattered
+    assert pool.allocate(3) == [0, 2, 4]     # still below the reserve, in LRU order
+    assert pool.take_run(4) == 6             # the reserve is a whole window for the next promotion
+    assert pool.runs == {6: 4, 10: 2} and pool.num_free == 0
+    pool.return_run(6)                       # the boundary follows the runs: 6-9 are the reserve again
+    pool.release([1, 3])
+    assert pool.free_order() == [1, 3, 6, 7, 8, 9]
+    assert pool.allocate(4) == [1, 3, 6, 7]  # under pressure the KV cache takes the reserve too
+    pool.set_reserve(0)
+    assert pool.free_order() == [8, 9] and pool.num_free == 2
+
+
 def test_a_demoted_layers_blocks_go_to_the_kv_cache(tiny_dir):  # noqa: F811
     eng = engine(tiny_dir, offload="none")
     pool, ledger = eng.kv.pool, eng.ledger

@@ -7,6 +7,7 @@ import pytest
 from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
 from gh200rt.engine.llm import LLM
+from gh200rt.engine.step_cost import StepCostModel
 from gh200rt.engine.tier_controller import Move, PressurePolicy, TierController, TierSignals, spread_pick
 from gh200rt.sampling_params import SamplingParams
 from gh200rt.weights.tiers import Tier
@@ -16,9 +17,9 @@ R, S, D = Tier.RESIDENT, Tier.STREAMED, Tier.DIRECT
 
 
 def signals(step, tiers, free=50, total=100, waiting=0, waiting_blocks=0, preemptions=0, run_blocks=10,
-            decode_step=0.01):
-    return TierSignals(step, total, free, total - free, waiting_blocks, waiting, preemptions, 0.01, 0.001,
-                       decode_step, run_blocks, tuple(tiers))
+            step_seconds=0.01, tokens=4, tpot=None):
+    return TierSignals(step, total, free, total - free, waiting_blocks, waiting, preemptions, step_seconds, 0.001,
+                       tokens, tokens, tpot, run_blocks, tuple(tiers))
 
 
 def test_spread_pick_keeps_streamed_layers_apart():
@@ -51,7 +52,7 @@ def test_pressure_demotes_and_slack_promotes_with_hysteresis():
     move = policy.decide(signals(20, tiers, free=80))
     assert move.tier == R and move.layer in (0, 3) and "KV slack" in move.reason
     tiers[move.layer] = R
-    assert policy.decide(signals(21, tiers, free=80)) is None         # promotions wait the interval
+    assert policy.decide(signals(21, tiers, free=40)) is None         # no room for two more runs: the interval
     clock.now = 10.5
     assert policy.decide(signals(25, tiers, free=2, preemptions=1)) is None   # a reversal waits the dwell time
     clock.now = 20.0
@@ -59,12 +60,55 @@ def test_pressure_demotes_and_slack_promotes_with_hysteresis():
     assert policy.decide(signals(40, tiers, free=80, waiting=1)) is None
 
 
-def test_no_demotion_once_decode_steps_reach_the_step_target():
-    policy = PressurePolicy(min_steps_between=1, min_dwell_seconds=0.0, max_step_seconds=0.1, clock=Clock())
+def test_slack_promotions_follow_each_other_while_two_more_runs_stay_free():
+    clock = Clock()
+    policy = PressurePolicy(min_steps_between=4, min_dwell_seconds=1.0, promote_headroom=0.25, clock=clock)
+    tiers = [S] * 6
+    clock.now = 10.0
+    first = policy.decide(signals(20, tiers, free=90))
+    tiers[first.layer] = R
+    second = policy.decide(signals(21, tiers, free=80))               # the next step, the dwell not yet over
+    assert second.tier == R and second.layer != first.layer
+    tiers[second.layer] = R
+    assert policy.decide(signals(22, tiers, free=45)) is None         # 45 - 10 - 20 < 25% of 90: the interval again
+
+
+def test_no_demotion_past_the_step_target_and_promotion_back_over_it():
+    policy = PressurePolicy(min_steps_between=1, min_dwell_seconds=0.0, max_step_seconds=0.1, clock=Clock(),
+                            costs=StepCostModel(0.01))
     tiers = [R] * 6
-    assert policy.decide(signals(0, tiers, free=2, waiting=3, waiting_blocks=9, decode_step=0.095)) is None
-    assert policy.decide(signals(1, tiers, free=2, waiting=3, waiting_blocks=9, decode_step=0.05)).tier == S
-    assert policy.decide(signals(2, tiers, free=2, waiting=3, waiting_blocks=9, decode_step=None)).tier == S
+    # a 95 ms step plus a 10 ms layer would pass the 100 ms target: no demotion
+    assert policy.decide(signals(0, tiers, free=2, waiting=3, waiting_blocks=9, step_seconds=0.095)) is None
+    policy = PressurePolicy(min_steps_between=1, min_dwell_seconds=0.0, max_step_seconds=0.1, clock=Clock(),
+                            costs=StepCostModel(0.01))
+    # the running requests' TPOT so far (preemptions, prefill chunks) counts where it is the longer
+    assert policy.decide(signals(0, tiers, free=2, waiting=3, waiting_blocks=9, step_seconds=0.05, tpot=0.095)) is None
+    move = policy.decide(signals(1, tiers, free=2, waiting=3, waiting_blocks=9, step_seconds=0.05, tpot=0.06))
+    assert move.tier == S and "predicted with one more streamed layer" in move.reason
+    tiers[move.layer] = S
+    # steps over the target with a free run: promote back even while requests wait
+    back = policy.decide(signals(3, tiers, free=12, waiting=3, waiting_blocks=30, step_seconds=0.5))
+    assert back == Move(move.layer, R, back.reason) and "over the target" in back.reason
+    tiers[move.layer] = R
+    assert policy.decide(signals(5, tiers, free=2, waiting=3, waiting_blocks=30, step_seconds=0.5)) is None
+
+
+def test_step_cost_model_learns_the_streamed_layer_cost_from_mixed_steps():
+    rng = random.Random(0)
+    model = StepCostModel(prior_layer_seconds=0.0005)
+    assert model.layer_seconds == 0.0005 and model.predict_next() is None
+    for _ in range(40):                      # one split only: the prior holds
+        tokens = rng.randrange(1, 400)
+        model.observe(0.02 + 1e-4 * tokens + 0.003 * 10, tokens, 8, 10)
+    assert model.layer_seconds == pytest.approx(0.0005, rel=0.05)
+    for _ in range(200):                     # mixed steps at many splits: 3 ms per streamed layer
+        tokens, rows, streamed = rng.randrange(1, 400), rng.randrange(1, 16), rng.randrange(0, 30)
+        noise = rng.gauss(0, 0.001)
+        model.observe(0.02 + 1e-4 * tokens + 5e-4 * rows + 0.003 * streamed + noise, tokens, rows, streamed)
+    assert model.layer_seconds == pytest.approx(0.003, rel=0.1)
+    assert model.predict_next() == pytest.approx(model.recent_seconds + model.layer_seconds)
+    model.observe(1.0, 0, 0, 0)              # an empty step teaches nothing
+    assert model.recent_seconds < 1.0
 
 
 class FlipPolicy:
@@ -142,4 +186,39 @@ def test_llm_offload_dynamic_on_the_cpu_platform(tiny_dir, budget_layers):  # no
     stats = eng.stats()
     assert stats.retier_counts["demote"] >= 1
     assert stats.arena_weight_blocks + stats.kv_blocks_total == eng.store.arena.num_blocks
+    eng.close()
+
+
+def test_the_engine_reports_step_time_tokens_and_the_running_requests_tpot(tiny_dir):  # noqa: F811
+    eng = engine(tiny_dir, offload="dynamic", num_kv_blocks=10)
+    seen = []
+    eng.controller = TierController(eng.store, type("Record", (), {"decide": lambda self, s: seen.append(s)})())
+    eng.add_request("a", None, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+                    prompt_token_ids=list(range(3, 12)))
+    for _ in range(4):
+        eng.step()
+    prefill, first_decode = seen[1], seen[2]           # each look describes the step before it
+    assert (prefill.step_tokens, prefill.step_rows) == (9, 1) and prefill.step_seconds > 0
+    assert prefill.tpot_seconds is None               # one output token: no TPOT yet
+    assert (first_decode.step_tokens, first_decode.step_rows) == (1, 1)
+    seq = next(iter(eng.scheduler.running))
+    assert len(seq.output_token_ids) == 4              # the first decode look saw two of them
+    assert 0 < first_decode.tpot_seconds < seq.last_token_time - seq.first_token_time
+    eng.close()
+
+
+def test_waiting_demand_leaves_out_prefix_blocks_running_requests_hold(tiny_dir):  # noqa: F811
+    eng = engine(tiny_dir, offload="dynamic", num_kv_blocks=10, max_num_seqs=2)
+    shared = list(range(10, 42))                       # two full blocks
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    eng.add_request("a", None, params, prompt_token_ids=shared + [50])
+    eng.step()
+    eng.add_request("b", None, params, prompt_token_ids=[80] * 20)
+    eng.step()                                         # a and b run: the next requests wait for a seat
+    eng.add_request("c", None, params, prompt_token_ids=shared + [60] * 20)   # 52 tokens: 4 blocks, 2 held by a
+    assert eng.tier_signals().waiting_blocks == 4 - 2
+    eng.add_request("d", None, params, prompt_token_ids=[70] * 40)            # shares nothing: 3 blocks
+    assert eng.tier_signals().waiting_blocks == 2 + 3
+    while eng.has_unfinished_requests():
+        eng.step()
     eng.close()

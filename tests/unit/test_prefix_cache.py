@@ -85,3 +85,16 @@ def test_prefix_caching_off_never_hits():
     compute(kv, a, 3)
     assert kv.find_cached_prefix([1, 2, 3]) == ([], [])
     assert kv.stats.lookups == 0
+
+
+def test_blocks_to_admit_counts_only_prefix_blocks_that_running_requests_hold():
+    kv = KVCacheManager(16, 4)
+    a = Req(range(12))
+    compute(kv, a, 12)                                 # three full blocks, held by a
+    waiting = list(range(8)) + [50, 51, 52, 53, 54]    # shares a's first two blocks, 13 tokens = 4 blocks
+    hashes = kv.prefix_hashes(waiting)
+    assert len(hashes) == 3 and hashes[:2] == a.block_hashes[:2]
+    assert kv.blocks_to_admit(len(waiting), hashes) == 4 - 2
+    kv.pool.release(a.block_ids[::-1])                 # a finishes: its blocks stay cached, but free
+    assert kv.blocks_to_admit(len(waiting), hashes) == 4   # reviving a free block takes it off the free list
+    assert KVCacheManager(16, 4, enable_prefix_caching=False).blocks_to_admit(13, hashes) == 4

@@ -1,0 +1,85 @@
+"""What one more streamed layer adds to a step, learned from the steps the engine runs.
+
+The tier controller must not stream a layer whose copy makes every step slower than the TPOT target.
+The steps it sees during a burst are mixed (decodes beside prefill chunks of varying length), so no
+single step time answers "what does a streamed layer cost": the model fits
+
+    step seconds ~= a + b * tokens + c * rows + d * streamed layers
+
+by least squares over the last ``window`` steps, where ``d`` is the answer, and ``b + c`` is what each
+request the freed KV admits adds to every step once it decodes (on a GPU decode is bound by reading
+weights and a row costs little; on the CPU compute grows with the batch). While the window holds
+too few distinct splits to tell ``d`` apart from the intercept, a prior (the cost model's copy time of
+one layer) holds it: one pseudo-observation pulls ``d`` toward the prior with the weight of
+``prior_weight`` steps, so the data take over as soon as the splits vary. ``recent_seconds`` is the
+mean time of the last ``RECENT_STEPS`` steps, the TPOT the running requests see now (a mean over
+enough steps that a few short decode steps between prefill chunks do not open the guard).
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+RECENT_STEPS = 16
+
+
+class StepCostModel:
+    def __init__(self, prior_layer_seconds: float, window: int = 256, prior_weight: float = 32.0):
+        assert prior_layer_seconds >= 0 and window >= 8
+        self.prior = prior_layer_seconds
+        self.prior_weight = prior_weight
+        self._steps: deque[tuple[float, int, int, int]] = deque(maxlen=window)
+        self._fit: tuple[float, float] | None = None
+
+    def observe(self, seconds: float, tokens: int, rows: int, streamed: int) -> None:
+        """One step's model time, its batched tokens and sequences, and the layers that streamed in it."""
+        if tokens <= 0:
+            return
+        self._steps.append((seconds, tokens, rows, streamed))
+        self._fit = None
+
+    @property
+    def recent_seconds(self) -> float | None:
+        """Mean time of the last ``RECENT_STEPS`` steps (None before any step ran)."""
+        if not self._steps:
+            return None
+        recent = list(self._steps)[-RECENT_STEPS:]
+        return sum(step[0] for step in recent) / len(recent)
+
+    @property
+    def layer_seconds(self) -> float:
+        """The fitted cost of one streamed layer per step (never below zero: a copy is not a speed-up)."""
+        return self._coefficients()[0]
+
+    @property
+    def row_seconds(self) -> float:
+        """The fitted cost of one more decoding sequence per step (never below zero)."""
+        return self._coefficients()[1]
+
+    def predict_next(self, extra_rows: float = 0.0, now: float | None = None) -> float | None:
+        """The step time with one more layer streamed and ``extra_rows`` more sequences decoding, from
+        ``now`` (default: the recent steps' mean; None before any step ran)."""
+        now = self.recent_seconds if now is None else now
+        if now is None:
+            return None
+        return now + self.layer_seconds + extra_rows * self.row_seconds
+
+    def _coefficients(self) -> tuple[float, float]:
+        if self._fit is None:
+            self._fit = self._solve()
+        return self._fit
+
+    def _solve(self) -> tuple[float, float]:
+        if len(self._steps) < 4:
+            return self.prior, 0.0
+        data = np.asarray(self._steps, dtype=np.float64)
+        y = data[:, 0]
+        x = np.column_stack((np.ones(len(data)), data[:, 1], data[:, 2], data[:, 3]))
+        # the pseudo-row speaks for prior_weight steps one streamed layer apart
+        w = np.sqrt(self.prior_weight)
+        x = np.vstack((x, [0.0, 0.0, 0.0, w]))
+        y = np.append(y, w * self.prior)
+        coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+        # a decode row is one token and one sequence; min-norm splits b and c when every step decodes only
+        return max(0.0, float(coef[3])), max(0.0, float(coef[1] + coef[2]))
