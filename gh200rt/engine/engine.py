@@ -237,6 +237,7 @@ class LLMEngine:
         if self.controller is not None:
             self.controller.between_steps(self.tier_signals())
         started = time.perf_counter()
+        capturing = self.graphs.capture_seconds if self.graphs is not None else 0.0
         self._steps += 1
         out = self.scheduler.schedule()
         if out.is_empty:
@@ -268,7 +269,10 @@ class LLMEngine:
             outputs.append(state.make_output(advanced))
             if state.finished:
                 del self.requests[group_id]
-        self._step_seconds += time.perf_counter() - started    # what a running request waits per token
+        # what a running request waits per token; a graph capture is one-off (after a tier move, it
+        # must not read as slow steps that call for the next move)
+        captured = self.graphs.capture_seconds - capturing if self.graphs is not None else 0.0
+        self._step_seconds += time.perf_counter() - started - captured
         return outputs
 
     def _advance(self, seq: Sequence, token: int, lp, chosen: float) -> None:

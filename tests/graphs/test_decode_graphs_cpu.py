@@ -10,6 +10,8 @@ differently from the same rows inside a larger M), and SDPA's result bits depend
 path has the same dependence on batch composition, which is why the invariance suite compares with
 near-tie tolerance (``assert_same_or_near_tie``), and that suite passes with this path on.
 """
+import time
+
 import pytest
 import torch
 
@@ -17,7 +19,7 @@ from gh200rt.engine.cuda_graphs import GraphAddressChanged
 from gh200rt.serve.metrics import _engine_lines
 from gh200rt.weights.tiers import Tier
 from tests.engine.real_models import save_tiny_llama
-from tests.graphs.decode_runs import BUCKETS, LAYERS, generate, make_engine
+from tests.graphs.decode_runs import BUCKETS, LAYERS, generate, generate_outputs, make_engine
 
 EVERY_2ND = ",".join(f"{i}:streamed" for i in range(1, LAYERS, 2))
 PLACEMENTS = {
@@ -164,3 +166,20 @@ def test_eager_prefills_interleave_with_bucketed_steps(tiny_dir):
     assert assert_same_or_near_tie(reference, outputs, "prefills between bucketed steps") == 0
     resident = staggered(make_engine(tiny_dir, graphs=True, offload="none"))
     assert [o.outputs[0].logprobs for o in resident] == [o.outputs[0].logprobs for o in outputs]
+
+
+def test_a_capture_does_not_count_as_step_time_for_the_tier_controller(tiny_dir):
+    from gh200rt.engine.tier_controller import TierController
+    engine = make_engine(tiny_dir, graphs=True, offload="dynamic")
+    seen = []
+    engine.controller = TierController(engine.store, type("Record", (), {"decide": lambda self, s: seen.append(s)})())
+    capture = engine.graphs.capture.capture
+
+    def slow_capture(step):
+        time.sleep(0.5)                  # a capture far slower than any step of this model
+        return capture(step)
+    engine.graphs.capture.capture = slow_capture
+    generate_outputs(engine, count=4)                 # decode batches 3, 2, 1: buckets 4, 2, 1 captured
+    assert engine.graphs.captures == 3 and engine.graphs.capture_seconds >= 1.5
+    assert max(s.step_seconds for s in seen) < 0.5
+    engine.close()
