@@ -6,19 +6,9 @@ import pytest
 import torch
 
 from tests.engine.real_models import assert_same_or_near_tie, save_tiny_llama
-from tests.graphs.decode_runs import BUCKETS, LAYERS, generate_outputs, make_engine, staggered
+from tests.graphs.decode_runs import BUCKETS, EVERY_2ND, LAYERS, PLACEMENTS, generate_outputs, make_engine, staggered
 
 pytestmark = pytest.mark.gpu
-EVERY_2ND = ",".join(f"{i}:streamed" for i in range(1, LAYERS, 2))
-PLACEMENTS = {
-    "resident": dict(offload="none"),
-    "stream K1 d0": dict(offload="stream", staging_slots=1, prefetch_distance=0),
-    "stream K2 d1": dict(offload="stream", staging_slots=2, prefetch_distance=1),
-    "stream K3 d2": dict(offload="stream", staging_slots=3, prefetch_distance=2),
-    "every 2nd streamed": dict(offload="none", layer_tiers=EVERY_2ND, staging_slots=2, prefetch_distance=1),
-    "direct": dict(offload="direct"),
-    "direct + streamed": dict(offload="direct", layer_tiers="0-2:streamed", staging_slots=2, prefetch_distance=1),
-}
 LOGPROB_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.1}
 
 

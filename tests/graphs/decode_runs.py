@@ -11,6 +11,17 @@ from gh200rt.sampling_params import SamplingParams
 MAX_BATCH = 24
 BUCKETS = [1, 2, 4, 8, 16, 24]
 LAYERS = 6
+EVERY_2ND = ",".join(f"{i}:streamed" for i in range(1, LAYERS, 2))
+# every placement the graph path must keep: the ring at depths 1-3, streamed beside resident, direct
+PLACEMENTS = {
+    "resident": dict(offload="none"),
+    "stream K1 d0": dict(offload="stream", staging_slots=1, prefetch_distance=0),
+    "stream K2 d1": dict(offload="stream", staging_slots=2, prefetch_distance=1),
+    "stream K3 d2": dict(offload="stream", staging_slots=3, prefetch_distance=2),
+    "every 2nd streamed": dict(offload="none", layer_tiers=EVERY_2ND, staging_slots=2, prefetch_distance=1),
+    "direct": dict(offload="direct"),
+    "direct + streamed": dict(offload="direct", layer_tiers="0-2:streamed", staging_slots=2, prefetch_distance=1),
+}
 
 
 def prompts(count: int = MAX_BATCH) -> list[list[int]]:

@@ -1,32 +1,19 @@
 """Paged attention (Triton, interpreted here) against the gather-then-attend torch reference."""
-import random
-
 import pytest
 import torch
 
 from gh200rt.kernels.paged_attention import paged_attention, reference_paged_attention
 from gh200rt.kernels.store_kv import write_kv
-from gh200rt.models.base import AttentionMetadata
+from tests.kernels.paged_cases import scattered_case
 
 pytestmark = pytest.mark.interpreter
 
 
 def build_case(query_lens, seq_lens, heads, kv_heads, d, block_size, dtype, seed):
-    rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
-    needed = [-(-s // block_size) for s in seq_lens]
-    ids = list(range(1, sum(needed) + 3))
-    rng.shuffle(ids)  # blocks scattered through the pool, block 0 left as padding
-    tables, at = [], 0
-    for n in needed:
-        tables.append(ids[at:at + n])
-        at += n
-    pool = torch.randn(2, len(ids) + 1, block_size, kv_heads, d, generator=gen).to(dtype)
-    meta = AttentionMetadata.build(query_lens, seq_lens, tables, block_size)
-    t = meta.num_tokens
-    q = torch.randn(t, heads, d, generator=gen).to(dtype)
-    k = torch.randn(t, kv_heads, d, generator=gen).to(dtype)
-    v = torch.randn(t, kv_heads, d, generator=gen).to(dtype)
+    """A scattered case whose new tokens' K/V are written by the Triton store, as a model step does."""
+    q, pool, meta, gen = scattered_case(query_lens, seq_lens, heads, kv_heads, d, block_size, dtype, seed)
+    k = torch.randn(meta.num_tokens, kv_heads, d, generator=gen).to(dtype)
+    v = torch.randn(meta.num_tokens, kv_heads, d, generator=gen).to(dtype)
     write_kv(pool, k, v, meta.slot_mapping)
     return q, pool, meta
 

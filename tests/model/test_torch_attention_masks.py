@@ -1,8 +1,6 @@
 """Each mask form of the CPU paged attention (gh200rt/kv/attention.py) against the gather-then-attend
 reference, and against the fully masked form bit for bit: a sequence's output must not depend on
 which form its batch mates select (invariance of batched, chunked and one-at-a-time runs)."""
-import random
-
 import pytest
 import torch
 
@@ -10,6 +8,7 @@ from gh200rt.kernels.paged_attention import reference_paged_attention
 from gh200rt.kv import attention
 from gh200rt.kv.attention import paged_attention, write_kv
 from gh200rt.models.base import AttentionMetadata
+from tests.kernels.paged_cases import scattered_case
 
 # (query_lens, seq_lens) per form; block size 8, so 7/8/9 and 16/17 sit on block boundaries
 FORMS = {
@@ -25,19 +24,7 @@ HEADS = [(9, 3, 64), (4, 4, 24)]
 
 
 def build(query_lens, seq_lens, heads, kv_heads, d, dtype, seed, block_size=8):
-    rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
-    needed = [-(-s // block_size) for s in seq_lens]
-    ids = list(range(1, sum(needed) + 3))
-    rng.shuffle(ids)  # scattered blocks; block 0 is the tables' padding
-    tables, at = [], 0
-    for n in needed:
-        tables.append(ids[at:at + n])
-        at += n
-    pool = torch.randn(2, len(ids) + 1, block_size, kv_heads, d, generator=gen).to(dtype)
-    meta = AttentionMetadata.build(query_lens, seq_lens, tables, block_size)
-    q = torch.randn(meta.num_tokens, heads, d, generator=gen).to(dtype)
-    return q, pool, meta
+    return scattered_case(query_lens, seq_lens, heads, kv_heads, d, block_size, dtype, seed)[:3]
 
 
 @pytest.mark.parametrize("form", FORMS)
