@@ -59,7 +59,7 @@ def test_failed_probe_falls_back_to_f_linear(monkeypatch):
     def broken(*args):
         raise RuntimeError("could not create a primitive descriptor")
     monkeypatch.setattr(cpu_linear, "_onednn_ok", None)
-    monkeypatch.setattr(cpu_linear, "_onednn", broken)
+    monkeypatch.setattr(cpu_linear, "onednn_linear", broken)
     w, x = torch.randn(N, K), torch.randn(3, K)
     assert torch.equal(dense_linear(x, w), F.linear(x, w))
     assert cpu_linear._onednn_ok is False
@@ -67,7 +67,7 @@ def test_failed_probe_falls_back_to_f_linear(monkeypatch):
 
 def test_wrong_answers_fail_the_probe(monkeypatch):
     monkeypatch.setattr(cpu_linear, "_onednn_ok", None)
-    monkeypatch.setattr(cpu_linear, "_onednn", lambda x, w, b: F.linear(x, w, b) + 1e-3)
+    monkeypatch.setattr(cpu_linear, "onednn_linear", lambda x, w, b: F.linear(x, w, b) + 1e-3)
     assert not cpu_linear.onednn_available()
 
 
@@ -80,3 +80,23 @@ def test_ref_linear_reads_the_ref_every_call():
     assert torch.allclose(layer(x), F.linear(x, w1, bias), rtol=1e-5, atol=1e-4)
     layer.weight_ref.current = w2
     assert torch.allclose(layer(x), F.linear(x, w2, bias), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.skipif(not cpu_linear.onednn_available(), reason="this torch has no oneDNN inner product")
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_one_row_computes_as_the_first_of_two_whatever_the_second(with_bias):
+    """The one-row rule: a single row runs as the first of two (the second zero); rows do not mix, so it gets
+    the bits it gets beside any other row, and at batch 1 dense and reordered weights agree as at batch 2."""
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(N, K, generator=gen)
+    bias = torch.randn(N, generator=gen) if with_bias else None
+    x = torch.randn(1, K, generator=gen)
+    seconds = {"zero": torch.zeros(1, K), "random": torch.randn(1, K, generator=gen), "huge": 1e6 * x,
+               "itself": x}
+    want = dense_linear(x, w, bias)
+    for name, second in seconds.items():
+        pair = torch.ops.mkldnn._linear_pointwise(torch.cat([x, second]), w, bias, "none", [], "")
+        assert torch.equal(pair[:1], want), f"second row {name}: worst {(pair[:1] - want).abs().max():.3g}"
+    for shape in [(K,), (1, 1, K)]:
+        got = dense_linear(x.reshape(shape), w, bias)
+        assert got.shape == (*shape[:-1], N) and torch.equal(got.reshape(1, N), want), shape

@@ -10,6 +10,16 @@ against ``F.linear`` (bias / no bias, one and several rows, non-contiguous input
 missing (aarch64 builds, other torch versions) or disagrees, ``F.linear`` serves every call of
 the process. The route depends only on dtypes, device and weight size, never on where the weight
 lives, so the same weight bytes give the same bits in every tier (DESIGN invariant 4).
+
+One rule for one row: every float32 oneDNN linear — over a dense weight here, or over a resident
+weight reordered at start-up (``cpu_prepack.OneDNNWeight``) — runs with at least two rows. A
+single-row input gets one zero row appended and the first output row is returned. oneDNN takes a
+GEMV kernel at one row whose bits differ from its GEMM's, and a reordered weight never takes it,
+so without the rule a resident layer and a streamed or direct one would disagree at batch 1. Rows
+do not mix in an inner product, so the appended row cannot change the real row's bits (tested).
+The cost falls on dense weights at one row (SmolLM2-135M, all 121 linears, one decode step on 2
+AVX2 cores: ~35 -> ~54 ms); a reordered weight costs the same at one row as at two
+(docs/benchmarks/models.md).
 """
 from __future__ import annotations
 
@@ -22,8 +32,13 @@ ONEDNN_MIN_ELEMENTS = 1 << 18
 _onednn_ok: bool | None = None  # None: not probed yet
 
 
-def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """oneDNN's inner product over a dense or reordered float32 weight, with the one-row rule."""
+    if x.numel() != x.shape[-1]:
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    rows = torch.cat([x.reshape(1, -1), x.new_zeros(1, x.shape[-1])])
+    out = torch.ops.mkldnn._linear_pointwise(rows, weight, bias, "none", [], "")
+    return out[:1].reshape(*x.shape[:-1], out.shape[-1])
 
 
 def _probe_onednn() -> bool:
@@ -34,7 +49,7 @@ def _probe_onednn() -> bool:
     try:
         for x in inputs:
             for b in (None, bias):
-                got, want = _onednn(x, weight, b), F.linear(x, weight, b)
+                got, want = onednn_linear(x, weight, b), F.linear(x, weight, b)
                 if got.shape != want.shape or got.dtype != want.dtype \
                         or not torch.allclose(got, want, rtol=1e-5, atol=1e-5):
                     return False
@@ -50,18 +65,23 @@ def onednn_available() -> bool:
     return _onednn_ok
 
 
+def onednn_weight(weight: torch.Tensor) -> bool:
+    """Whether ``dense_linear`` sends float32 activations against this weight to oneDNN (a large contiguous
+    float32 CPU weight, and oneDNN passed its probe): the weights a resident reordered copy may stand in for."""
+    return (weight.dtype == torch.float32 and weight.device.type == "cpu" and weight.dim() == 2
+            and weight.is_contiguous() and weight.numel() >= ONEDNN_MIN_ELEMENTS and onednn_available())
+
+
 def uses_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether ``dense_linear`` sends this call to oneDNN (float32 CPU tensors, large contiguous weight)."""
-    return (x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu"
-            and weight.device.type == "cpu" and weight.dim() == 2 and weight.is_contiguous()
-            and weight.numel() >= ONEDNN_MIN_ELEMENTS and x.numel() > 0
+    return (x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() > 0
             and (bias is None or bias.dtype == torch.float32)
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
-            and onednn_available())
+            and onednn_weight(weight))
 
 
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x W^T (+ b)`` for a dense weight, through the fastest exact route this process has."""
     if uses_onednn(x, weight, bias):
-        return _onednn(x, weight, bias)
+        return onednn_linear(x, weight, bias)
     return F.linear(x, weight, bias)
