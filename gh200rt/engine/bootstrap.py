@@ -26,6 +26,7 @@ from gh200rt.kv.pool import kv_bytes_per_block
 from gh200rt.loader.load import LoadedModel, load_model
 from gh200rt.memory.ledger import DeviceMemoryLedger, ledger_capacity
 from gh200rt.models.gpu_kernels import use_triton_kernels
+from gh200rt.models.layers.cpu_prepack import resident_linear_format
 from gh200rt.numa.affinity import bind_engine_threads
 from gh200rt.planner.cost_model import activation_bytes, model_sizes
 from gh200rt.planner.planner import Plan, make_plan
@@ -91,8 +92,10 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     check_node_has_room(plan.host_weight_bytes, platform.host_numa_node)
     ledger = DeviceMemoryLedger(capacity)
     reserve_graph_pool(ledger, config, arch, dtype, device)
+    linear_format = resident_linear_format(loaded.model, route_for(config.model.dtype).linear_format) \
+        if device == "cpu" else None
     store = WeightStore(loaded.model, device, platform, fmt, poison, ledger, loaded.quantized,
-                        cpu_linear_format=route_for(config.model.dtype).linear_format,
+                        cpu_linear_format=linear_format,
                         keep_host_copies=plan.dynamic, prefetch_across_steps=config.memory.prefetch_across_steps)
     block_size = config.cache.block_size
     kv_dtype = kv_cache_dtype(config.cache.kv_cache_dtype, loaded.dtype)

@@ -7,7 +7,9 @@ Routes (docs/BENCHMARKS.md measures each against fp32, speed and perplexity):
   (AVX-512 BF16 or AMX) and this torch's oneDNN says it can use them.
 * ``fp16``: float32 activations, linear weights stored as fp16 and multiplied by fbgemm's fp16 GEMM
   (``HalfWeight``). Chosen on CPUs without native bf16 where fbgemm runs (x86 with AVX2).
-* ``fp32``: the exact reference (``--dtype float32`` always gives it): dense fp32 linears.
+* ``fp32``: the exact reference (``--dtype float32`` always gives it): fp32 linears through oneDNN,
+  resident weights reordered once at start-up where that gives the dense weights' bits (probed per
+  model, ``cpu_prepack.resident_linear_format``), streamed and direct ones dense.
 
 Flags come from ``/proc/cpuinfo`` (x86 names: ``avx512_bf16``, ``amx_bf16``, ``avx2``); where that
 file is missing, torch's CPU capability and oneDNN's bf16 probe stand in.
@@ -26,13 +28,13 @@ ROUTES = ("bf16", "fp16", "fp32")
 class CpuRoute:
     name: str                 # one of ROUTES
     dtype: torch.dtype        # compute dtype of activations (and of dense weights)
-    linear_format: str | None  # "onednn-bf16", "fp16", or None (dense weights as loaded)
+    linear_format: str | None  # "onednn-bf16", "onednn-fp32", "fp16", or None (dense weights as loaded)
 
 
 _ROUTES = {
     "bf16": CpuRoute("bf16", torch.bfloat16, "onednn-bf16"),
     "fp16": CpuRoute("fp16", torch.float32, "fp16"),
-    "fp32": CpuRoute("fp32", torch.float32, None),
+    "fp32": CpuRoute("fp32", torch.float32, "onednn-fp32"),
 }
 
 

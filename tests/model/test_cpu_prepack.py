@@ -1,5 +1,8 @@
-"""Resident linears converted for the CPU route: OneDNNWeight multiplies as F.linear does in bf16, and
-the weight store converts exactly the resident weights (and a layer promoted back to resident)."""
+"""Resident linears converted for the CPU route: OneDNNWeight multiplies as F.linear does in bf16 and gives
+dense_linear's bits in float32, the start-up probe decides the fp32 form, and the weight store converts
+exactly the resident weights (and a layer promoted back to resident)."""
+import logging
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -7,7 +10,9 @@ import torch.nn.functional as F
 from gh200rt.kernels.quant import HalfWeight
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.config import MemoryConfig
-from gh200rt.models.layers.cpu_prepack import OneDNNWeight, linear_formats
+from gh200rt.models.layers import cpu_prepack
+from gh200rt.models.layers.cpu_linear import dense_linear, onednn_available
+from gh200rt.models.layers.cpu_prepack import OneDNNWeight, linear_formats, resident_linear_format
 from gh200rt.models.registry import build_model
 from gh200rt.planner.cost_model import model_sizes
 from gh200rt.planner.planner import make_plan
@@ -47,10 +52,84 @@ def test_onednn_weight_matches_bf16_f_linear(n, k, with_bias):
         packed.linear(torch.randn(1, k))
 
 
-def tiny_arch() -> ArchConfig:
-    return ArchConfig(architecture="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=3,
-                      num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=64, rms_norm_eps=1e-5,
-                      rope_theta=10000.0, tie_word_embeddings=True)
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN inner product")
+
+
+@needs_onednn
+@pytest.mark.parametrize("n,k", [(960, 576), (576, 1536), (512, 512)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fp32_onednn_weight_gives_dense_linear_bits(n, k, with_bias):
+    """Every input shape, one row included (the one-row rule), bit for bit: a resident layer computes what
+    the same weight streamed or read in place computes."""
+    gen = torch.Generator().manual_seed(n + k)
+    w = torch.randn(n, k, generator=gen) * 0.05
+    bias = torch.randn(n, generator=gen) if with_bias else None
+    packed = OneDNNWeight(w)
+    for name, x in shapes(gen, k).items():
+        got, want = packed.linear(x, bias), dense_linear(x, w, bias)
+        worst = (got - want).abs().max().item() if got.numel() else 0.0
+        assert got.shape == want.shape and torch.equal(got, want), f"{n}x{k} {name}: worst {worst:.3g}"
+    with pytest.raises(TypeError):
+        packed.linear(torch.randn(1, k).bfloat16())
+
+
+def tiny_arch(hidden: int = 32, intermediate: int = 48, vocab: int = 64) -> ArchConfig:
+    return ArchConfig(architecture="llama", vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
+                      num_layers=3, num_heads=4, num_kv_heads=2, head_dim=hidden // 4, max_position_embeddings=64,
+                      rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True)
+
+
+def wide_fp32_model():
+    """qkv 1024x512, o 512x512, gate_up 2048x512, down 512x1024, tied lm_head 512x512: all go to oneDNN."""
+    torch.manual_seed(0)
+    model = build_model(tiny_arch(hidden=512, intermediate=1024, vocab=512), torch.float32)
+    with torch.no_grad():
+        model.embed_tokens.normal_()
+        for i in range(3):
+            for ref in model.layer_weight_refs(i).values():
+                ref.current.normal_()
+    return model
+
+
+@needs_onednn
+def test_fp32_probe_passes_here_and_resident_weights_are_reordered(monkeypatch):
+    monkeypatch.setattr(cpu_prepack, "_probed", {})
+    model = wide_fp32_model()
+    assert resident_linear_format(model, "onednn-fp32") == "onednn-fp32"
+    assert set(cpu_prepack._probed) == {(1024, 512, False), (512, 512, False), (2048, 512, False),
+                                        (512, 1024, False)}
+    embedding = model.embed_tokens.clone()
+    dense = {k: r.current.clone() for k, r in model.layer_weight_refs(1).items()}
+    store = place(model, "fp32", "onednn-fp32", offload="none", layer_tiers="1:streamed")
+    assert linear_formats(model) == {"OneDNNWeight": 9, "dense float32": 4}  # layer 1 streams from dense bytes
+    assert torch.equal(model.embed_tokens, embedding)  # the tied embedding still reads its dense tensor
+    store.set_tier(1, "resident")
+    assert linear_formats(model) == {"OneDNNWeight": 13}
+    x = torch.randn(1, 512)
+    got = model.layer_weight_refs(1)["mlp.gate_up_proj"].current.linear(x)
+    assert torch.equal(got, dense_linear(x, dense["mlp.gate_up_proj"]))
+    store.close()
+
+
+def test_fp32_small_weights_stay_dense():
+    """Below oneDNN's size dense_linear takes F.linear, so the resident copy stays dense too."""
+    model = build_model(tiny_arch(), torch.float32)
+    assert resident_linear_format(model, "onednn-fp32") == ("onednn-fp32" if onednn_available() else None)
+    place(model, "fp32", "onednn-fp32", offload="none")
+    assert linear_formats(model) == {"dense float32": 13}
+
+
+@needs_onednn
+def test_fp32_probe_mismatch_keeps_dense_weights(monkeypatch, caplog):
+    exact = OneDNNWeight.linear
+    monkeypatch.setattr(cpu_prepack, "_probed", {})
+    monkeypatch.setattr(OneDNNWeight, "linear", lambda self, x, bias=None:
+                        torch.nextafter(exact(self, x, bias), torch.tensor(float("inf"))))
+    model = wide_fp32_model()
+    with caplog.at_level(logging.WARNING, logger=cpu_prepack.__name__):
+        assert resident_linear_format(model, "onednn-fp32") is None
+    assert "keep dense weights" in caplog.text and "(2048, 512, False)" in caplog.text
+    assert resident_linear_format(model, "onednn-bf16") == "onednn-bf16"  # other routes are not probed
 
 
 def place(model, dtype: str, linear_format: str | None, **memory) -> WeightStore:

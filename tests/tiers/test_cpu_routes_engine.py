@@ -1,5 +1,6 @@
-"""The CPU routes through the engine: which weight form each placement gets, and the int8 route with bf16
-activations computing the same bits streamed (slots poisoned before every copy) as direct."""
+"""The CPU routes through the engine: which weight form each placement gets, the fp32 route's reordered resident
+layers computing the bits of dense streamed and direct ones, and the int8 route with bf16 activations computing
+the same bits streamed (slots poisoned before every copy) as direct."""
 import pytest
 import torch
 
@@ -7,6 +8,8 @@ from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
 from gh200rt.engine.llm import LLM
 from gh200rt.kernels.quant import PackedWeight
+from gh200rt.models.layers import cpu_prepack
+from gh200rt.models.layers.cpu_linear import onednn_available
 from gh200rt.models.layers.cpu_prepack import OneDNNWeight, linear_formats
 from gh200rt.platform.cpu_features import route_for
 from gh200rt.sampling_params import SamplingParams
@@ -23,8 +26,8 @@ def engine(model: str, **options) -> LLMEngine:
     return LLMEngine.from_config(config, poison=True)
 
 
-def run(eng: LLMEngine):
-    outs = LLM.from_engine(eng).generate(PROMPTS, PARAMS)
+def run(eng: LLMEngine, prompts=PROMPTS):
+    outs = LLM.from_engine(eng).generate(prompts, PARAMS)
     return [(o.outputs[0].token_ids, [sorted(lp.items()) for lp in o.outputs[0].logprobs]) for o in outs]
 
 
@@ -33,8 +36,51 @@ def tiny(tmp_path_factory):
     return save_tiny_llama(str(tmp_path_factory.mktemp("tiny") / "tiny"), num_layers=4)
 
 
-def test_float32_keeps_dense_weights(tiny):
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """Every linear large enough for oneDNN (qkv 1024x512 ... lm_head 512x512), so fp32 resident ones are reordered."""
+    return save_tiny_llama(str(tmp_path_factory.mktemp("wide") / "wide"), vocab_size=512, num_layers=4,
+                           hidden_size=512, intermediate_size=1024)
+
+
+def test_float32_small_linears_stay_dense(tiny):
     eng = engine(tiny, dtype="float32")
+    assert linear_formats(eng.runner.model) == {"dense float32": 17}   # below oneDNN's size: F.linear everywhere
+    eng.close()
+
+
+FP32_PLACEMENTS = {
+    "streamed": dict(offload="stream", staging_slots=2, prefetch_distance=1),
+    "direct": dict(offload="direct"),
+    "mixed": dict(offload="none", layer_tiers="1:streamed,2:direct", staging_slots=1, prefetch_distance=0),
+}
+
+
+@pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN inner product")
+def test_float32_reordered_resident_equals_dense_streamed_and_direct(wide):
+    """DESIGN invariant 4 across weight forms: resident layers multiply reordered weights, streamed and direct
+    ones the dense bytes of their slots and slabs; decode at batch 3 and batch 1 (the one-row rule) and
+    prefill chunks give the same tokens and logprobs bit for bit."""
+    resident = engine(wide, dtype="float32", offload="none")
+    assert linear_formats(resident.runner.model) == {"OneDNNWeight": 17}
+    single = [PROMPTS[0]]
+    want = run(resident), run(resident, single)
+    resident.close()
+    for label, placement in FP32_PLACEMENTS.items():
+        eng = engine(wide, dtype="float32", **placement)
+        formats = linear_formats(eng.runner.model)
+        assert formats["dense float32"] >= 4 and formats.get("OneDNNWeight", 0) >= 1, (label, formats)  # lm_head
+        assert (run(eng), run(eng, single)) == want, label
+        eng.close()
+
+
+@pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN inner product")
+def test_float32_probe_mismatch_keeps_dense_resident_weights(wide, monkeypatch):
+    exact = OneDNNWeight.linear
+    monkeypatch.setattr(cpu_prepack, "_probed", {})
+    monkeypatch.setattr(OneDNNWeight, "linear", lambda self, x, bias=None:
+                        torch.nextafter(exact(self, x, bias), torch.tensor(float("inf"))))
+    eng = engine(wide, dtype="float32", offload="none")
     assert linear_formats(eng.runner.model) == {"dense float32": 17}
     eng.close()
 

@@ -39,12 +39,12 @@ def test_each_cpu_gets_its_fastest_accurate_route():
     assert (route.name, route.dtype, route.linear_format) == ("fp16", torch.float32, "fp16")
     assert choose_route(haswell, True, False).name == "fp32"   # no fbgemm
     route = choose_route(graviton, True, True)
-    assert (route.name, route.dtype, route.linear_format) == ("fp32", torch.float32, None)
+    assert (route.name, route.dtype, route.linear_format) == ("fp32", torch.float32, "onednn-fp32")
 
 
 def test_explicit_dtypes_override_detection():
     exact = route_for("float32")
-    assert (exact.name, exact.dtype, exact.linear_format) == ("fp32", torch.float32, None)
+    assert (exact.name, exact.dtype, exact.linear_format) == ("fp32", torch.float32, "onednn-fp32")
     assert route_for("bfloat16").dtype == torch.bfloat16
     assert route_for("float16").dtype == torch.float16 and route_for("float16").linear_format is None
     detected = choose_route(cpu_features.cpu_flags(), cpu_features._onednn_bf16_ok(), fbgemm_fp16_available())

@@ -9,6 +9,13 @@ chosen in ``platform/cpu_features.py``; the weight store applies it to every res
   and prefill shapes it is faster than ``F.linear`` over the same bf16 tensor (which reorders the
   weight on every call) with the same arithmetic (bf16 products, fp32 accumulation; the tests
   compare the two).
+* ``onednn-fp32`` -> ``OneDNNWeight`` over the float32 weight, for the exact fp32 route. oneDNN's
+  inner product over the dense ``[N, K]`` tensor reorders the weight on every call above one row;
+  the reordered copy saves that (SmolLM2-135M, one decode step on 2 AVX2 cores: ~54 -> ~32 ms at 2
+  rows, docs/benchmarks/models.md). Streamed and direct layers keep computing from dense bytes, so
+  this form is used only where it gives ``dense_linear``'s bits: on weights ``dense_linear`` sends to
+  oneDNN, with the one-row rule of ``cpu_linear``, and only after ``resident_linear_format`` found
+  reordered == dense bit for bit for the model's shapes at start-up (DESIGN invariant 4).
 * ``fp16`` -> ``HalfWeight`` (fbgemm's fp16 GEMM, float32 activations).
 
 Only resident weights are converted: a streamed layer's slot changes every step and a direct
@@ -17,26 +24,44 @@ layer's host slab is in the format ``--host-weight-dtype`` chose. The dense orig
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from gh200rt.kernels.quant import pack_weight
+from gh200rt.models.layers.cpu_linear import onednn_linear, onednn_weight
+from gh200rt.models.layers.linear import RefLinear
+
+log = logging.getLogger(__name__)
+
+# The row count oneDNN picks the float32 reordered layout for. Measured on 2 AVX2 cores, SmolLM2-135M's
+# 121 linears (docs/benchmarks/models.md): hints 32 and 64 are the fastest at decode sizes (1-8 rows:
+# ~30-43 ms against ~33-48 ms for None and 8) and no slower than the others at 64-256 row prefill
+# chunks; every hint gives the dense weight's bits at two rows and more. 32 sits nearer decode batches.
+FP32_REORDER_ROWS = 32
+# Row counts the start-up probe compares reordered and dense at: small and odd ones, and a chunk's worth.
+PROBE_ROWS = (2, 3, 7, 33)
 
 
 class OneDNNWeight:
-    """A bf16 ``[N, K]`` weight in oneDNN's reordered layout (satisfies the ``WeightRef`` contract)."""
+    """A bf16 or float32 ``[N, K]`` weight in oneDNN's reordered layout (satisfies the ``WeightRef`` contract).
+    A float32 one multiplies under ``cpu_linear``'s one-row rule, as dense float32 weights do."""
     __slots__ = ("packed", "shape", "dtype", "nbytes")
 
     def __init__(self, weight: torch.Tensor):
-        assert weight.dtype == torch.bfloat16 and weight.dim() == 2 and weight.device.type == "cpu"
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
+        assert weight.dtype in (torch.bfloat16, torch.float32) and weight.dim() == 2 and weight.device.type == "cpu"
+        rows = FP32_REORDER_ROWS if weight.dtype == torch.float32 else None
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), rows)
         self.shape, self.dtype = tuple(weight.shape), weight.dtype
         self.nbytes = weight.nbytes  # the reordered copy holds the same values (plus block padding)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if x.dtype != torch.bfloat16:
-            raise TypeError(f"OneDNNWeight multiplies bf16 activations, got {x.dtype}")
+        if x.dtype != self.dtype:
+            raise TypeError(f"this OneDNNWeight multiplies {self.dtype} activations, got {x.dtype}")
         if x.numel() == 0:
             return x.new_empty(*x.shape[:-1], self.shape[0])
+        if self.dtype == torch.float32:
+            return onednn_linear(x, self.packed, bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 
     def __repr__(self) -> str:
@@ -46,6 +71,8 @@ class OneDNNWeight:
 def cpu_route_form(weight: torch.Tensor, fmt: str):
     if fmt == "onednn-bf16":
         return OneDNNWeight(weight) if weight.dtype == torch.bfloat16 else weight
+    if fmt == "onednn-fp32":  # only where dense_linear takes oneDNN: elsewhere F.linear's bits are the reference
+        return OneDNNWeight(weight) if onednn_weight(weight) else weight
     if fmt == "fp16":
         try:
             half = pack_weight(weight, "fp16")
@@ -66,3 +93,39 @@ def linear_formats(model) -> dict[str, int]:
             else type(cur).__name__
         counts[name] = counts.get(name, 0) + 1
     return counts
+
+
+_probed: dict[tuple[int, int, bool], bool] = {}  # (N, K, bias) -> reordered == dense, once per process
+
+
+def reordered_matches_dense(n: int, k: int, with_bias: bool) -> bool:
+    """Whether a reordered float32 ``[n, k]`` weight gives the dense weight's bits at every ``PROBE_ROWS`` count
+    (random weight and inputs of that shape; one-row inputs follow the rule that makes them two rows)."""
+    key = (n, k, with_bias)
+    if key not in _probed:
+        gen = torch.Generator().manual_seed(n * 7919 + k)
+        weight = torch.randn(n, k, generator=gen)
+        bias = torch.randn(n, generator=gen) if with_bias else None
+        with torch.inference_mode():
+            packed = OneDNNWeight(weight)
+            _probed[key] = all(torch.equal(packed.linear(x, bias), onednn_linear(x, weight, bias))
+                               for x in (torch.randn(rows, k, generator=gen) for rows in PROBE_ROWS))
+    return _probed[key]
+
+
+def resident_linear_format(model, fmt: str | None) -> str | None:
+    """The form the weight store gives ``model``'s resident linears: ``fmt`` (the CPU route's
+    ``linear_format``), except that ``onednn-fp32`` falls back to dense weights (None), with a log line
+    saying why, unless reordered weights give the dense bits for every shape the model reorders."""
+    if fmt != "onednn-fp32":
+        return fmt
+    shapes = sorted({(*m.weight_ref.shape, m.bias is not None) for m in model.modules()
+                     if isinstance(m, RefLinear) and isinstance(m.weight_ref.current, torch.Tensor)
+                     and onednn_weight(m.weight_ref.current)})
+    differing = [shape for shape in shapes if not reordered_matches_dense(*shape)]
+    if differing:
+        log.warning("fp32 route: resident linears keep dense weights; oneDNN's reordered weights do not give the "
+                    "dense weights' bits for (N, K, bias) %s, and streamed or direct layers must match resident "
+                    "ones bit for bit", differing)
+        return None
+    return fmt
