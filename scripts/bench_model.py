@@ -4,8 +4,8 @@ measured in one run, with llama.cpp's figure quoted alongside.
     python scripts/bench_model.py [--tokens 48] [--rounds 3] [--threads N] [--routes fp32 fp16 ...]
 
 Routes (each an ``LLM`` over the shipped Q4_1 GGUF, activations in float32 unless named):
-  fp32          all weights resident in fp32: the default (dense linears through oneDNN)
-  fp32-flinear  the same with the oneDNN route switched off (F.linear / MKL, the previous route)
+  fp32          all weights resident in fp32: the default (linears through oneDNN, resident weights reordered)
+  fp32-flinear  dense weights with the oneDNN route switched off (F.linear / MKL)
   fp16          --offload direct --host-weight-dtype fp16: decoder layers in fp16 host slabs (fbgemm)
   int8, int4    --offload direct --host-weight-dtype int8 / int4 (torch's exact weight-only ops)
   auto          --dtype auto: the CPU's default route (bf16 through oneDNN with AVX-512 BF16 / AMX)
@@ -96,6 +96,7 @@ def main():
     llms, ids = {}, None
     for name in args.routes:
         start = time.perf_counter()
+        cpu_linear._onednn_ok = False if name == "fp32-flinear" else None  # off at load too: no reordered weights
         llms[name] = LLM(max_model_len=1024, num_kv_blocks=64, **{"dtype": "float32", **ROUTES[name]})
         print(f"gh200rt {name:<13} load {time.perf_counter() - start:6.2f} s")
         ids = ids or llms[name].tokenizer.encode(llms[name].tokenizer.apply_chat_template(PROMPT))

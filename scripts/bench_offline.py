@@ -4,7 +4,8 @@
                                   [--threads N] [--routes fp32 fp32-flinear fp16]
 
 Prints tokens/s for (1) gh200rt LLM.generate over all requests, per route (fp32: the default, all
-resident, dense linears through oneDNN; fp32-flinear: the same with oneDNN off, i.e. F.linear;
+resident, linears through oneDNN over weights reordered at start-up; fp32-flinear: dense weights with oneDNN
+off, i.e. F.linear;
 fp16: --offload direct --host-weight-dtype fp16; auto: the CPU's default route, bf16 through oneDNN
 with AVX-512 BF16 / AMX; int8-bf16: int8 weights, bf16 activations), (2) transformers generating the requests one at
 a time (the first --hf-sequential of them; a rate, so a subset is a fair sample), (3) transformers
@@ -51,6 +52,8 @@ ROUTES = {"fp32": {}, "fp32-flinear": {}, "fp16": dict(offload="direct", host_we
 
 def load_gh200rt(route: str, prompts, max_tokens: int):
     from gh200rt import LLM
+    from gh200rt.models.layers import cpu_linear
+    cpu_linear._onednn_ok = False if route == "fp32-flinear" else None  # off at load too: no reordered weights
     llm = LLM(model=smollm2_gguf(), num_kv_blocks=1024, **{"dtype": "float32", **ROUTES[route]})
     bench_gh200rt(llm, route, prompts[:2], max_tokens)  # warm-up
     return llm

@@ -34,13 +34,15 @@ from gh200rt.models.layers.linear import RefLinear
 
 log = logging.getLogger(__name__)
 
-# The row count oneDNN picks the float32 reordered layout for. Measured on 2 AVX2 cores, SmolLM2-135M's
-# 121 linears (docs/benchmarks/models.md): hints 32 and 64 are the fastest at decode sizes (1-8 rows:
-# ~30-43 ms against ~33-48 ms for None and 8) and no slower than the others at 64-256 row prefill
-# chunks; every hint gives the dense weight's bits at two rows and more. 32 sits nearer decode batches.
+# The row count oneDNN lays the float32 reordered weight out for. Measured on 2 shared AVX2 cores, SmolLM2-135M's
+# 121 linears per pass (docs/benchmarks/models.md): at 2-8 rows every hint (None, 8, 32, 64) takes ~30-48 ms
+# against ~54-67 ms dense, 32 and 64 ahead of None and 8 in the quieter run and all within noise in the
+# other; at 256-2048-row prefill chunks all four are within noise of each other and of the dense weight per
+# shape. 32 sits inside the decode batch range. Every hint gives the dense weight's bits at two rows and more.
 FP32_REORDER_ROWS = 32
-# Row counts the start-up probe compares reordered and dense at: small and odd ones, and a chunk's worth.
-PROBE_ROWS = (2, 3, 7, 33)
+# Row counts the start-up probe compares reordered and dense at: decode batches (odd ones too) and a small
+# prefill chunk; each shape once per process (SmolLM2-135M: ~1 s on 2 busy cores, most of it the lm_head).
+PROBE_ROWS = (2, 3, 7, 33, 129)
 
 
 class OneDNNWeight:
