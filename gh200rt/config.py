@@ -15,6 +15,7 @@ DEFAULT_MODEL = "smollm2-135m"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 OFFLOAD_MODES = ("auto", "none", "stream", "direct", "dynamic")
 TIERS = tuple(tier.value for tier in Tier)
+CPU_KERNELS = ("native", "torch")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's values; fp8 = fp8_e4m3
 HOST_WEIGHT_DTYPES = ("auto", "bf16", "fp16", "int8", "int4", "fp8")
 
@@ -75,10 +76,16 @@ class ModelConfig:
     max_model_len: int | None = field(default=None, metadata=_help(
         "longest prompt + completion in tokens; default: the model's context length"))
     seed: int = field(default=0, metadata=_help("seed for requests that give none"))
+    cpu_kernels: str = field(default="native", metadata=_help(
+        "small ops of a CPU model (RMSNorm, RoPE, KV store, decode attention, SiLU): native = C loops built once "
+        "per machine with the system's C compiler (torch ops where none is found), torch = torch ops only",
+        choices=CPU_KERNELS))
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype {self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
+        if self.cpu_kernels not in CPU_KERNELS:
+            raise ValueError(f"--cpu-kernels {self.cpu_kernels!r}: choose one of {', '.join(CPU_KERNELS)}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"--max-model-len must be at least 1, got {self.max_model_len}")
 

@@ -7,6 +7,8 @@ paged_attention.py  causal attention over the paged KV pool (decode and prefix-c
 store_kv.py         write new K/V into the pool at their slots
 rmsnorm.py, rope.py, silu_mul.py   the model runner's small fused ops
 compile_specs.py    representative Hopper compile configurations (scripts/check_kernels.py)
+cpu/ops.c, cpu_native.py   the CPU model runner's small ops as native C (RMSNorm, RoPE, KV store, decode
+                    attention, SiLU-and-mul), built once per machine and called through ctypes
 
 Importing a kernel module needs triton; ``quant`` and ``gguf_blocks`` import it only when a packed
 weight meets a CUDA tensor, so the CPU platform runs without it.

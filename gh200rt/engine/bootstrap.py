@@ -25,6 +25,7 @@ from gh200rt.kv.fp8 import kv_cache_dtype
 from gh200rt.kv.pool import kv_bytes_per_block
 from gh200rt.loader.load import LoadedModel, load_model
 from gh200rt.memory.ledger import DeviceMemoryLedger, ledger_capacity
+from gh200rt.models.cpu_kernels import use_native_cpu_kernels, use_torch_cpu_kernels
 from gh200rt.models.gpu_kernels import use_triton_kernels
 from gh200rt.models.layers.cpu_prepack import resident_linear_format
 from gh200rt.numa.affinity import bind_engine_threads
@@ -113,12 +114,24 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
                            kv_dtype, device)
 
     store.apply(plan, make_arena)
-    if device != "cpu":
-        use_triton_kernels(loaded.model)
+    install_kernels(loaded.model, config, device)
     arena = store.arena
     kv_blocks = arena.num_blocks - arena.pool.num_run_blocks
     plan = dataclasses.replace(plan, num_kv_blocks=kv_blocks, arena_weight_blocks=arena.pool.num_run_blocks)
     return PlacedModel(loaded, platform, plan, store, ledger, device)
+
+
+def install_kernels(model: torch.nn.Module, config: EngineConfig, device: str) -> None:
+    """The model's small ops for where it runs: Triton kernels on a GPU (where triton imports), on the CPU
+    the native ops or torch's (``--cpu-kernels``)."""
+    if device != "cpu":
+        use_triton_kernels(model)
+    elif config.model.cpu_kernels == "torch":
+        use_torch_cpu_kernels(model)
+    else:
+        why_not = use_native_cpu_kernels(model)
+        if why_not is not None:
+            log.warning("the CPU model keeps torch's small ops (slower per step): %s", why_not)
 
 
 def bind_threads_near(node: int) -> None:

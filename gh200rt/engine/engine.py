@@ -23,7 +23,8 @@ from gh200rt.engine.step_cost import StepCostModel
 from gh200rt.engine.tier_controller import PressurePolicy, TierController, TierSignals
 from gh200rt.kv.fp8 import check_device_supports, configure_kv_scales, kv_cache_dtype
 from gh200rt.kv.kv_manager import KVCacheManager
-from gh200rt.engine.bootstrap import DTYPE_NAMES, PlacedModel, load_and_place, max_model_len, size_kv_pool
+from gh200rt.engine.bootstrap import (DTYPE_NAMES, PlacedModel, install_kernels, load_and_place, max_model_len,
+                                     size_kv_pool)
 from gh200rt.kv.pool import allocate_kv_caches, kv_bytes_per_block
 from gh200rt.planner.cost_model import copy_seconds
 from gh200rt.memory.ledger import DeviceMemoryLedger, ledger_capacity
@@ -80,6 +81,8 @@ class LLMEngine:
         check_device_supports(kv_dtype, device)
         configure_kv_scales(model, config.cache.calculate_kv_scales)
         if placed is None:
+            if device == "cpu":  # a placed model got its kernels in load_and_place
+                install_kernels(model, config, device)
             self.ledger = DeviceMemoryLedger(ledger_capacity(config.memory, None, weight_bytes))
             self.ledger.reserve("resident_weights", weight_bytes)
             reserve_graph_pool(self.ledger, config, arch, DTYPE_NAMES[dtype], device)

@@ -10,6 +10,8 @@ write and dequantized after the gather with the layer's ``kv_scale`` ``[K scale,
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -17,6 +19,9 @@ from gh200rt.kv import fp8
 from gh200rt.models.base import AttentionMetadata
 
 _LAYOUT_KEY = "_torch_paged_attention_layout"
+
+# (q [B, heads, D], kv_cache, block_tables [B, W], seq_lens [B], scale) -> out [B, heads, D]
+DecodeKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
@@ -61,8 +66,10 @@ class _Group:
         seq_lens = [meta.seq_lens_list[b] for b in seqs]
         self.num_seqs, self.decode = len(seqs), decode
         blocks = -(-max(seq_lens) // meta.block_size)
-        table = meta.block_tables if len(seqs) == meta.num_seqs else \
+        whole = len(seqs) == meta.num_seqs
+        table = meta.block_tables if whole else \
             meta.block_tables.index_select(0, torch.tensor(seqs, dtype=torch.long, device=device))
+        self.table = table
         # index_select on a flat block list: several times faster on CPU than advanced indexing
         self.blocks = table[:, :blocks].reshape(-1).long()
         starts = [0]
@@ -80,12 +87,12 @@ class _Group:
             rows = [b * self.max_query + i for b, q in enumerate(query_lens) for i in range(q)]
             self.padded_rows = torch.tensor(rows, dtype=torch.long, device=device)
         self._allowed, self._masks = None, {}
+        # Lengths from the device tensor when the group is the whole step: a bucketed decode step's host lists
+        # hold its capacity (fixed per graph), its device seq_lens the real lengths.
+        self.seq_lens = lens = meta.seq_lens if whole else torch.tensor(seq_lens, dtype=torch.long, device=device)
         if self.causal:
             return
         key_pos = torch.arange(blocks * meta.block_size, device=device)
-        # Lengths from the device tensor when the group is the whole step: a bucketed decode step's host lists
-        # hold its capacity (fixed per graph), its device seq_lens the real lengths.
-        lens = meta.seq_lens if len(seqs) == meta.num_seqs else torch.tensor(seq_lens, dtype=torch.long, device=device)
         first_new = lens - 1 if decode else lens - torch.tensor(query_lens, dtype=torch.long, device=device)
         query_pos = first_new[:, None] + torch.arange(self.max_query, device=device)[None, :]
         self._allowed = (key_pos[None, None, :] <= query_pos[:, :, None])[:, None, :, :]  # [B, 1, Qmax, S]
@@ -121,15 +128,19 @@ def _layout(meta: AttentionMetadata) -> _BatchLayout:
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                    num_kv_heads: int, kv_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """``q [T, num_heads, head_dim]`` (K/V already written) -> ``out [T, num_heads, head_dim]``."""
+                    num_kv_heads: int, kv_scale: torch.Tensor | None = None,
+                    decode_kernel: DecodeKernel | None = None) -> torch.Tensor:
+    """``q [T, num_heads, head_dim]`` (K/V already written) -> ``out [T, num_heads, head_dim]``.
+
+    ``decode_kernel(q, kv_cache, block_tables, seq_lens, scale)``, when given, attends the step's decode
+    group in place of the gather and SDPA (a native CPU kernel); multi-token groups keep SDPA."""
     layout = _layout(meta)
     if layout.single:
-        return _attend(q, kv_cache, layout.groups[0], scale, num_kv_heads, kv_scale)
+        return _attend(q, kv_cache, layout.groups[0], scale, num_kv_heads, kv_scale, decode_kernel)
     out = torch.empty_like(q)
     for group in layout.groups:
         out.index_copy_(0, group.token_rows, _attend(q.index_select(0, group.token_rows), kv_cache, group, scale,
-                                                     num_kv_heads, kv_scale))
+                                                     num_kv_heads, kv_scale, decode_kernel))
     return out
 
 
@@ -142,8 +153,10 @@ def _gather(kv_cache: torch.Tensor, which: int, blocks: torch.Tensor, kv_scale: 
 
 
 def _attend(q: torch.Tensor, kv_cache: torch.Tensor, group: _Group, scale: float, num_kv_heads: int,
-            kv_scale: torch.Tensor | None) -> torch.Tensor:
+            kv_scale: torch.Tensor | None, decode_kernel: DecodeKernel | None) -> torch.Tensor:
     """Attention for one group; ``q`` holds exactly the group's token rows, in group order."""
+    if group.decode and decode_kernel is not None:
+        return decode_kernel(q, kv_cache, group.table, group.seq_lens, scale)
     num_seqs, head_dim = group.num_seqs, q.shape[-1]
     k = _gather(kv_cache, 0, group.blocks, kv_scale, q.dtype).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
     v = _gather(kv_cache, 1, group.blocks, kv_scale, q.dtype).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)

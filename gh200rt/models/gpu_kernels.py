@@ -75,7 +75,7 @@ TORCH_OPS = dict(rotary=rotary.apply_rotary, write_kv=torch_attention.write_kv,
                  attention=torch_attention.paged_attention, norm=rmsnorm.rms_norm, act=activation.silu_and_mul)
 
 
-def _switch(model: torch.nn.Module, ops: dict) -> int:
+def switch_hooks(model: torch.nn.Module, ops: dict) -> int:
     """Point every hook in ``model`` at ``ops``; returns how many modules were switched."""
     switched = 0
     for module in model.modules():
@@ -92,11 +92,11 @@ def _switch(model: torch.nn.Module, ops: dict) -> int:
 
 
 def install_triton_kernels(model: torch.nn.Module) -> int:
-    return _switch(model, TRITON_OPS)
+    return switch_hooks(model, TRITON_OPS)
 
 
 def use_torch_kernels(model: torch.nn.Module) -> int:
-    return _switch(model, TORCH_OPS)
+    return switch_hooks(model, TORCH_OPS)
 
 
 def use_triton_kernels(model: torch.nn.Module) -> bool:

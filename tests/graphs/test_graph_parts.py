@@ -109,12 +109,12 @@ def test_the_graph_pool_is_booked_before_the_kv_cache_on_a_gpu_only():
 def test_what_a_gpu_setup_lacks_for_capture(monkeypatch):
     from gh200rt.engine.cuda_graphs import graphs_missing
     from gh200rt.engine.cuda_graphs import runner
-    from gh200rt.models.gpu_kernels import TRITON_OPS, _switch
+    from gh200rt.models.gpu_kernels import TRITON_OPS, switch_hooks
     from tests.gpu.gpu_models import tiny_arch, tiny_model
     model = tiny_model(tiny_arch(num_layers=2), torch.float32, "cpu")
     assert graphs_missing(model, "cpu") is None
     assert "Triton KV store" in graphs_missing(model, "cuda")
-    _switch(model, TRITON_OPS)
+    switch_hooks(model, TRITON_OPS)
     assert graphs_missing(model, "cuda") is None
 
     class Store:

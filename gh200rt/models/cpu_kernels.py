@@ -1,0 +1,78 @@
+"""Native CPU ops inside the model, through the layers' swap hooks (the CPU counterpart of gpu_kernels.py).
+
+``use_native_cpu_kernels(model) -> str | None`` points RMSNorm, RoPE, the KV store, decode attention
+and SiLU-and-mul at the native ops of ``kernels/cpu/ops.c`` and returns None, or leaves the torch
+ops in place and returns why (no C compiler, not a CPU model). At decode sizes each torch op costs
+more in dispatch than in arithmetic: one layer's ~36 small ops take about a millisecond on a 2-core
+host, the native ops a fraction of that (docs/benchmarks/models.md).
+
+Each adapter takes what the layer passes and returns what the torch op returns; inputs the native
+code does not cover (an fp8 pool, a dtype other than float32/bfloat16, multi-token attention groups)
+go to the torch op. The same ops serve every tier and the bucketed decode path, so placements stay
+bit-identical to each other (DESIGN invariant 4); against the torch ops rotary and the KV store are
+bit-identical and the reductions (RMSNorm, SiLU's exp, attention's softmax) agree to float32 rounding
+(tests/kernels/test_cpu_native.py).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from gh200rt.kernels.cpu_native import DTYPES, NativeOps, load_native_ops, native_ops_error
+from gh200rt.kv import attention as torch_attention
+from gh200rt.kv import fp8
+from gh200rt.models.gpu_kernels import TORCH_OPS, switch_hooks
+from gh200rt.models.layers import activation, rmsnorm, rotary
+
+
+def native_cpu_ops(ops: NativeOps) -> dict:
+    def norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        if x.dtype not in DTYPES or weight.dtype != x.dtype:
+            return rmsnorm.rms_norm(x, weight, eps)
+        return ops.rms_norm(x, weight, eps)
+
+    def act(gate_up: torch.Tensor) -> torch.Tensor:
+        if gate_up.dtype not in DTYPES:
+            return activation.silu_and_mul(gate_up)
+        return ops.silu_mul(gate_up)
+
+    def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if x.dtype not in DTYPES or cos.dtype != x.dtype:
+            return rotary.apply_rotary(x, cos, sin)
+        return ops.rotary(x, cos, sin)
+
+    def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
+                 kv_scale: torch.Tensor | None = None) -> None:
+        if fp8.is_fp8(kv_cache.dtype) or kv_cache.dtype not in DTYPES:
+            return torch_attention.write_kv(kv_cache, k, v, slot_mapping, kv_scale)
+        ops.write_kv(kv_cache, k, v, slot_mapping)
+
+    def attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale: float, num_kv_heads: int,
+                  kv_scale: torch.Tensor | None = None) -> torch.Tensor:
+        decode = None if fp8.is_fp8(kv_cache.dtype) or kv_cache.dtype != q.dtype or q.dtype not in DTYPES \
+            else ops.decode_attention
+        return torch_attention.paged_attention(q, kv_cache, meta, scale, num_kv_heads, kv_scale, decode)
+
+    return dict(rotary=rope, write_kv=write_kv, attention=attention, norm=norm, act=act)
+
+
+@functools.lru_cache(maxsize=1)
+def _native_ops_table() -> dict | None:
+    ops = load_native_ops()
+    return None if ops is None else native_cpu_ops(ops)
+
+
+def use_native_cpu_kernels(model: torch.nn.Module) -> str | None:
+    """Switch ``model``'s hooks to the native CPU ops; returns None, or why the torch ops stay."""
+    if any(p.device.type != "cpu" for p in model.parameters()):
+        return "the model is not on the CPU"
+    table = _native_ops_table()
+    if table is None:
+        return native_ops_error()
+    switch_hooks(model, table)
+    return None
+
+
+def use_torch_cpu_kernels(model: torch.nn.Module) -> None:
+    switch_hooks(model, TORCH_OPS)

@@ -1,0 +1,263 @@
+/* The CPU model runner's small ops as native loops: one call per layer op instead of 5-20 torch ops.
+ *
+ * Built by kernels/cpu_native.py with -O3 -march=native -ffp-contract=off and called through ctypes with
+ * data pointers and element strides; the Python side checks shapes, dtypes and devices. dtype: 0 float32,
+ * 1 bfloat16 (bits in uint16). Every op rounds where its torch reference rounds: in bf16 each
+ * elementwise op's result is rounded to bf16 (R below), and no multiply-add is fused into an FMA
+ * (-ffp-contract=off), so rotary and the KV store give the torch ops' bits, RMSNorm and SiLU agree to
+ * the last bits of their reductions and exp, and decode attention to float32 rounding.
+ * Single-threaded: at decode sizes the work per call is microseconds; the GEMMs around them keep
+ * torch's threads.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline float bf16_load(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t bf16_store(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);                                         /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE float load(const void *p, int64_t i, int dtype) {
+    return dtype ? bf16_load(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+INLINE void store(void *p, int64_t i, float x, int dtype) {
+    if (dtype) ((uint16_t *)p)[i] = bf16_store(x);
+    else ((float *)p)[i] = x;
+}
+
+/* the value an op whose result is stored in `dtype` hands to the next op */
+INLINE float R(float x, int dtype) { return dtype ? bf16_load(bf16_store(x)) : x; }
+
+INLINE void load_row(float *dst, const void *src, int64_t offset, int64_t n, int dtype) {
+    if (dtype) {
+        const uint16_t *s = (const uint16_t *)src + offset;
+        for (int64_t i = 0; i < n; i++) dst[i] = bf16_load(s[i]);
+    } else {
+        memcpy(dst, (const float *)src + offset, (size_t)n * sizeof(float));
+    }
+}
+
+/* exp(x) for float32 in branch-free arithmetic the compiler vectorises (glibc's expf is a call per element):
+ * x = n ln2 + r with |r| <= ln2 / 2, e^r by its degree-6 Taylor polynomial (error below 2 ulp), times 2^n
+ * built in the exponent bits. Inputs are clamped to [-87, 88]: e^-87 stands in for an underflow to zero
+ * and stays a normal float. */
+INLINE float exp_f32(float x) {
+    x = x > 88.0f ? 88.0f : x;
+    x = x < -87.0f ? -87.0f : x;
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* round to nearest: 1.5 * 2^23 */
+    float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-06f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.6666667e-1f + r * (4.1666668e-2f + r * (8.3333338e-3f
+              + r * 1.3888889e-3f)))));
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return p * scale;
+}
+
+static void silu_rounded(float *restrict g, const float *restrict u, int64_t n, int dtype) {
+    for (int64_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + exp_f32(-g[i]));
+    if (dtype)
+        for (int64_t i = 0; i < n; i++) g[i] = R(g[i], 1);
+    for (int64_t i = 0; i < n; i++) g[i] *= u[i];
+}
+
+INLINE void store_row(void *dst, int64_t offset, const float *src, int64_t n, int dtype) {
+    if (dtype) {
+        uint16_t *d = (uint16_t *)dst + offset;
+        for (int64_t i = 0; i < n; i++) d[i] = bf16_store(src[i]);
+    } else {
+        memcpy((float *)dst + offset, src, (size_t)n * sizeof(float));
+    }
+}
+
+/* eight independent partial sums: vectorised without reassociating the float adds */
+INLINE float dot(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) acc[l] += a[i + l] * b[i + l];
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* out[r] = w * rms_norm(x[r]) over `dim`, statistics in float32 (x rows `x_stride` elements apart). */
+INLINE void gh_rms_norm_impl(const void *x, int64_t rows, int64_t dim, int64_t x_stride, const void *w, void *out,
+                 float eps, int dtype) {
+    float *row = malloc((size_t)dim * sizeof(float));
+    for (int64_t r = 0; r < rows; r++) {
+        load_row(row, x, r * x_stride, dim, dtype);
+        float inv = 1.0f / sqrtf(dot(row, row, dim) / (float)dim + eps);
+        for (int64_t i = 0; i < dim; i++)
+            store(out, r * dim + i, load(w, i, dtype) * R(row[i] * inv, dtype), dtype);
+    }
+    free(row);
+}
+
+/* out[r] = silu(gate) * up over a fused [gate | up] row of 2 * inter elements. */
+INLINE void gh_silu_mul_impl(const void *gate_up, int64_t rows, int64_t inter, void *out, int dtype) {
+    float *g = malloc((size_t)inter * sizeof(float)), *u = malloc((size_t)inter * sizeof(float));
+    for (int64_t r = 0; r < rows; r++) {
+        load_row(g, gate_up, r * 2 * inter, inter, dtype);
+        load_row(u, gate_up, r * 2 * inter + inter, inter, dtype);
+        silu_rounded(g, u, inter, dtype);
+        store_row(out, r * inter, g, inter, dtype);
+    }
+    free(g);
+    free(u);
+}
+
+/* Rotate-half RoPE: x [T, heads, 2 * half] (strides tok_stride, head_stride; last dim contiguous),
+ * cos/sin [T, half] contiguous in x's dtype, out [T, heads, 2 * half] contiguous. */
+INLINE void gh_rotary_impl(const void *x, int64_t tokens, int64_t heads, int64_t half, int64_t tok_stride,
+               int64_t head_stride, const void *cos, const void *sin, void *out, int dtype) {
+    for (int64_t t = 0; t < tokens; t++) {
+        for (int64_t h = 0; h < heads; h++) {
+            int64_t src = t * tok_stride + h * head_stride, dst = (t * heads + h) * 2 * half;
+            for (int64_t i = 0; i < half; i++) {
+                float c = load(cos, t * half + i, dtype), s = load(sin, t * half + i, dtype);
+                float x1 = load(x, src + i, dtype), x2 = load(x, src + half + i, dtype);
+                store(out, dst + i, R(x1 * c, dtype) - R(x2 * s, dtype), dtype);
+                store(out, dst + half + i, R(x2 * c, dtype) + R(x1 * s, dtype), dtype);
+            }
+        }
+    }
+}
+
+/* Copy new K and V [T, kv_heads, head_dim] (token and head strides in elements; last dim contiguous) to
+ * their pool slots. The pool's K and V planes share strides (block, slot within block, head; elements).
+ * A negative slot is a padding row: it writes nothing. */
+void gh_write_kv(void *k_cache, void *v_cache, int64_t block_stride, int64_t slot_stride, int64_t head_stride,
+                 int64_t block_size, const void *k, const void *v, int64_t k_tok_stride, int64_t k_head_stride,
+                 int64_t v_tok_stride, int64_t v_head_stride, const int64_t *slots, int64_t tokens,
+                 int64_t kv_heads, int64_t head_dim, int64_t elem_size) {
+    size_t row = (size_t)(head_dim * elem_size);
+    for (int64_t t = 0; t < tokens; t++) {
+        int64_t slot = slots[t];
+        if (slot < 0) continue;
+        int64_t base = (slot / block_size) * block_stride + (slot % block_size) * slot_stride;
+        for (int64_t h = 0; h < kv_heads; h++) {
+            memcpy((char *)k_cache + (base + h * head_stride) * elem_size,
+                   (const char *)k + (t * k_tok_stride + h * k_head_stride) * elem_size, row);
+            memcpy((char *)v_cache + (base + h * head_stride) * elem_size,
+                   (const char *)v + (t * v_tok_stride + h * v_head_stride) * elem_size, row);
+        }
+    }
+}
+
+/* Decode attention over the paged pool: one new query token per sequence, at position seq_len - 1,
+ * sees keys 0 .. seq_len - 1. q [B, heads, head_dim] (strides q_seq_stride, q_head_stride), out
+ * [B, heads, head_dim] contiguous; the heads of group g = h / (heads / kv_heads) share KV head g. Block
+ * tables int32 [B, table_stride], seq_lens int64 [B]. Scores and the weighted sum in float32. */
+INLINE void gh_decode_attention_impl(const void *q, int64_t q_seq_stride, int64_t q_head_stride, const void *k_cache,
+                         const void *v_cache, int64_t block_stride, int64_t slot_stride, int64_t head_stride,
+                         int64_t block_size, const int32_t *block_tables, int64_t table_stride,
+                         const int64_t *seq_lens, int64_t num_seqs, int64_t heads, int64_t kv_heads,
+                         int64_t head_dim, float scale, void *out, int dtype) {
+    int64_t group = heads / kv_heads, longest = 0;
+    for (int64_t b = 0; b < num_seqs; b++)
+        if (seq_lens[b] > longest) longest = seq_lens[b];
+    float *qf = malloc((size_t)(group * head_dim) * sizeof(float));
+    float *kv = malloc((size_t)head_dim * sizeof(float));
+    float *acc = malloc((size_t)(group * head_dim) * sizeof(float));
+    float *scores = malloc((size_t)(group * (longest > 0 ? longest : 1)) * sizeof(float));
+    for (int64_t b = 0; b < num_seqs; b++) {
+        int64_t len = seq_lens[b];
+        const int32_t *table = block_tables + b * table_stride;
+        for (int64_t g = 0; g < kv_heads; g++) {
+            for (int64_t j = 0; j < group; j++)
+                load_row(qf + j * head_dim, q, b * q_seq_stride + (g * group + j) * q_head_stride, head_dim, dtype);
+            for (int64_t p = 0; p < len; p++) {
+                int64_t at = table[p / block_size] * block_stride + (p % block_size) * slot_stride + g * head_stride;
+                load_row(kv, k_cache, at, head_dim, dtype);
+                for (int64_t j = 0; j < group; j++) scores[j * len + p] = dot(qf + j * head_dim, kv, head_dim) * scale;
+            }
+            float sums[group];
+            for (int64_t j = 0; j < group; j++) {
+                float *s = scores + j * len, top = -INFINITY, sum = 0.0f;
+                for (int64_t p = 0; p < len; p++) top = s[p] > top ? s[p] : top;
+                for (int64_t p = 0; p < len; p++) s[p] = exp_f32(s[p] - top);
+                float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                int64_t p = 0;
+                for (; p + 8 <= len; p += 8)
+                    for (int l = 0; l < 8; l++) part[l] += s[p + l];
+                sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+                for (; p < len; p++) sum += s[p];
+                sums[j] = sum;
+            }
+            memset(acc, 0, (size_t)(group * head_dim) * sizeof(float));
+            for (int64_t p = 0; p < len; p++) {
+                int64_t at = table[p / block_size] * block_stride + (p % block_size) * slot_stride + g * head_stride;
+                load_row(kv, v_cache, at, head_dim, dtype);
+                for (int64_t j = 0; j < group; j++) {
+                    float w = scores[j * len + p], *a = acc + j * head_dim;
+                    for (int64_t d = 0; d < head_dim; d++) a[d] += w * kv[d];
+                }
+            }
+            for (int64_t j = 0; j < group; j++) {
+                int64_t dst = (b * heads + g * group + j) * head_dim;
+                for (int64_t d = 0; d < head_dim; d++) store(out, dst + d, acc[j * head_dim + d] / sums[j], dtype);
+            }
+        }
+    }
+    free(qf);
+    free(kv);
+    free(acc);
+    free(scores);
+}
+
+/* Public entry points: each calls its always-inline body with a constant dtype, so the compiler builds
+ * (and vectorises) a float32 and a bfloat16 version instead of branching per element. */
+#define BY_DTYPE(call) do { if (dtype) call(1); else call(0); } while (0)
+
+void gh_rms_norm(const void *x, int64_t rows, int64_t dim, int64_t x_stride, const void *w, void *out, float eps,
+                 int dtype) {
+#define CALL(d) gh_rms_norm_impl(x, rows, dim, x_stride, w, out, eps, d)
+    BY_DTYPE(CALL);
+#undef CALL
+}
+
+void gh_silu_mul(const void *gate_up, int64_t rows, int64_t inter, void *out, int dtype) {
+#define CALL(d) gh_silu_mul_impl(gate_up, rows, inter, out, d)
+    BY_DTYPE(CALL);
+#undef CALL
+}
+
+void gh_rotary(const void *x, int64_t tokens, int64_t heads, int64_t half, int64_t tok_stride, int64_t head_stride,
+               const void *cos, const void *sin, void *out, int dtype) {
+#define CALL(d) gh_rotary_impl(x, tokens, heads, half, tok_stride, head_stride, cos, sin, out, d)
+    BY_DTYPE(CALL);
+#undef CALL
+}
+
+void gh_decode_attention(const void *q, int64_t q_seq_stride, int64_t q_head_stride, const void *k_cache,
+                         const void *v_cache, int64_t block_stride, int64_t slot_stride, int64_t head_stride,
+                         int64_t block_size, const int32_t *block_tables, int64_t table_stride,
+                         const int64_t *seq_lens, int64_t num_seqs, int64_t heads, int64_t kv_heads,
+                         int64_t head_dim, float scale, void *out, int dtype) {
+    /* the common head sizes as constants: the per-key dot products and updates unroll completely */
+#define CALL_DIM(dim, d) gh_decode_attention_impl(q, q_seq_stride, q_head_stride, k_cache, v_cache, block_stride, \
+                                                  slot_stride, head_stride, block_size, block_tables, table_stride, \
+                                                  seq_lens, num_seqs, heads, kv_heads, dim, scale, out, d)
+#define CALL_64(d) CALL_DIM(64, d)
+#define CALL_128(d) CALL_DIM(128, d)
+#define CALL_ANY(d) CALL_DIM(head_dim, d)
+    if (head_dim == 64) BY_DTYPE(CALL_64);
+    else if (head_dim == 128) BY_DTYPE(CALL_128);
+    else BY_DTYPE(CALL_ANY);
+}

@@ -1,0 +1,215 @@
+"""The native CPU ops (``kernels/cpu/ops.c``): compiled once per machine, called through ctypes.
+
+``load_native_ops()`` returns a ``NativeOps`` handle or None with the reason in ``native_ops_error()``: it
+needs a C compiler (``$CC``, else ``cc``/``gcc``/``clang``) on a Linux or macOS host. The library is
+built with ``-march=native`` into ``$GH200RT_CACHE_DIR`` (default ``~/.cache/gh200rt``) under a name
+that hashes the source, the compiler's version, the flags and this CPU's model and features, so a
+shared home directory never hands one machine's build to another; later processes load it in
+milliseconds. No torch headers are involved, so a build takes about a second.
+
+Each wrapper takes torch tensors, checks what the C code assumes (CPU, dtype, the strides it reads)
+and passes data pointers and element strides. ctypes releases the GIL for the call.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu") / "ops.c"
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=c11")
+DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+
+_P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+SIGNATURES = {
+    "gh_rms_norm": (_P, _I, _I, _I, _P, _P, _F, _C),
+    "gh_silu_mul": (_P, _I, _I, _P, _C),
+    "gh_rotary": (_P, _I, _I, _I, _I, _I, _P, _P, _P, _C),
+    "gh_write_kv": (_P, _P, _I, _I, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _I, _I, _I),
+    "gh_decode_attention": (_P, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _P, _I, _I, _I, _I, _F, _P, _C),
+}
+
+_error: str | None = None
+
+
+class NativeOpsError(RuntimeError):
+    pass
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _cpu_identity() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [line for line in f if line.startswith(("model name", "flags", "Features", "CPU part"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor() + platform.machine()
+
+
+def _build(cc: str) -> Path:
+    source = SOURCE.read_bytes()
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256(b"\0".join([source, version.encode(), " ".join(FLAGS).encode(),
+                                      _cpu_identity().encode()])).hexdigest()[:16]
+    cache = Path(os.environ.get("GH200RT_CACHE_DIR") or Path.home() / ".cache" / "gh200rt") / "native"
+    target = cache / f"gh200rt_cpu_ops_{key}.so"
+    if target.exists():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        built = Path(tmp) / target.name
+        done = subprocess.run([cc, *FLAGS, "-o", str(built), str(SOURCE), "-lm"], capture_output=True, text=True,
+                              timeout=300)
+        if done.returncode != 0:
+            raise NativeOpsError(f"{cc} failed to build {SOURCE.name}: {done.stderr.strip()[-2000:]}")
+        os.replace(built, target)  # atomic: a concurrent process loads either none or a whole library
+    return target
+
+
+def _load() -> "NativeOps":
+    if platform.system() not in ("Linux", "Darwin"):
+        raise NativeOpsError(f"native CPU ops are built on Linux and macOS only, not {platform.system()}")
+    cc = _compiler()
+    if cc is None:
+        raise NativeOpsError("no C compiler found (set $CC or install gcc/clang)")
+    library = ctypes.CDLL(str(_build(cc)))
+    for name, argtypes in SIGNATURES.items():
+        getattr(library, name).argtypes = argtypes
+        getattr(library, name).restype = None
+    return NativeOps(library)
+
+
+@functools.lru_cache(maxsize=1)
+def load_native_ops() -> "NativeOps | None":
+    global _error
+    try:
+        return _load()
+    except (NativeOpsError, OSError, subprocess.SubprocessError) as exc:
+        _error = str(exc)
+        return None
+
+
+def native_ops_error() -> str | None:
+    """Why ``load_native_ops()`` returned None (None when it has not failed)."""
+    return _error
+
+
+def _code(x: torch.Tensor, *others: torch.Tensor) -> int:
+    """The C dtype code of ``x``, checking that ``others`` match it and that all are CPU tensors."""
+    code = DTYPES.get(x.dtype)
+    if code is None or x.device.type != "cpu" or any(t.dtype != x.dtype or t.device.type != "cpu" for t in others):
+        raise TypeError(f"native CPU ops take float32 or bfloat16 CPU tensors of one dtype, got "
+                        f"{[(t.dtype, t.device.type) for t in (x, *others)]}")
+    return code
+
+
+class NativeOps:
+    """The ops of ``kernels/cpu/ops.c`` on torch tensors. Per call the Python side costs a few microseconds
+    (a new output tensor, pointers, strides), the same order as the work at decode sizes, so the checks
+    are kept to what the C code relies on."""
+
+    def __init__(self, library: ctypes.CDLL):
+        self._lib = library
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        dim = x.shape[-1]
+        rows = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, dim)
+        if rows.stride(-1) != 1:
+            rows = rows.contiguous()
+        out = torch.empty(x.shape, dtype=x.dtype)
+        code = _code(x, weight)
+        if weight.shape != (dim,) or not weight.is_contiguous():
+            raise ValueError(f"RMSNorm weight {tuple(weight.shape)} does not match rows of {dim}")
+        self._lib.gh_rms_norm(rows.data_ptr(), rows.shape[0], dim, rows.stride(0), weight.data_ptr(),
+                              out.data_ptr(), eps, code)
+        return out
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up`` over the last dim ``[gate | up]``."""
+        rows = gate_up if gate_up.is_contiguous() else gate_up.contiguous()
+        inter = rows.shape[-1] // 2
+        out = torch.empty(*rows.shape[:-1], inter, dtype=rows.dtype)
+        self._lib.gh_silu_mul(rows.data_ptr(), rows.numel() // (2 * inter) if inter else 0, inter, out.data_ptr(),
+                              _code(rows))
+        return out
+
+    def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``x [T, heads, D]``, ``cos``/``sin`` ``[T, 1, D/2]`` (contiguous, x's dtype) -> rotated, contiguous."""
+        tokens, heads, dim = x.shape
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        if not (cos.is_contiguous() and sin.is_contiguous()) or cos.numel() != tokens * (dim // 2) \
+                or sin.shape != cos.shape:
+            raise ValueError(f"rotary tables {tuple(cos.shape)} / {tuple(sin.shape)} do not match {tokens} "
+                             f"tokens of head size {dim} (contiguous [T, 1, D/2] expected)")
+        out = torch.empty(tokens, heads, dim, dtype=x.dtype)
+        self._lib.gh_rotary(x.data_ptr(), tokens, heads, dim // 2, x.stride(0), x.stride(1), cos.data_ptr(),
+                            sin.data_ptr(), out.data_ptr(), _code(x, cos, sin))
+        return out
+
+    def write_kv(self, kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """K/V ``[T, kv_heads, D]`` (cast to the pool's dtype) into ``kv_cache [2, blocks, block_size, kv_heads, D]``
+        at ``slot_mapping`` (int64); negative slots are skipped."""
+        if k.dtype != kv_cache.dtype:
+            k, v = k.to(kv_cache.dtype), v.to(kv_cache.dtype)
+        if k.stride(-1) != 1:
+            k = k.contiguous()
+        if v.stride(-1) != 1:
+            v = v.contiguous()
+        if slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous():
+            slot_mapping = slot_mapping.to(torch.int64).contiguous()
+        _check_pool(kv_cache, k)
+        _code(k, v, kv_cache)
+        if slot_mapping.device.type != "cpu" or slot_mapping.shape[0] != k.shape[0] or v.shape != k.shape:
+            raise ValueError(f"write_kv: {slot_mapping.shape[0]} slots for K {tuple(k.shape)} and V {tuple(v.shape)}")
+        strides = kv_cache.stride()
+        self._lib.gh_write_kv(kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), strides[1], strides[2], strides[3],
+                              kv_cache.shape[2], k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), v.stride(0),
+                              v.stride(1), slot_mapping.data_ptr(), k.shape[0], k.shape[1], k.shape[2],
+                              kv_cache.element_size())
+
+    def decode_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                         seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+        """``q [B, heads, D]`` (one new token per sequence, at position seq_len - 1) -> ``out [B, heads, D]``.
+        ``block_tables`` int32 ``[B, W]`` must cover ``seq_lens`` (int64 ``[B]``); the caller guarantees it."""
+        num_seqs, heads, dim = q.shape
+        if q.stride(-1) != 1:
+            q = q.contiguous()
+        _check_pool(kv_cache, q)
+        if block_tables.dtype != torch.int32 or block_tables.stride(-1) != 1:
+            block_tables = block_tables.to(torch.int32).contiguous()
+        if seq_lens.dtype != torch.int64 or not seq_lens.is_contiguous():
+            seq_lens = seq_lens.to(torch.int64).contiguous()
+        kv_heads = kv_cache.shape[3]
+        if heads % kv_heads or block_tables.shape[0] != num_seqs or seq_lens.shape[0] != num_seqs:
+            raise ValueError(f"decode_attention: q {tuple(q.shape)}, {kv_heads} KV heads, block tables "
+                             f"{tuple(block_tables.shape)}, seq_lens {tuple(seq_lens.shape)}")
+        out = torch.empty(num_seqs, heads, dim, dtype=q.dtype)
+        strides = kv_cache.stride()
+        self._lib.gh_decode_attention(q.data_ptr(), q.stride(0), q.stride(1), kv_cache[0].data_ptr(),
+                                      kv_cache[1].data_ptr(), strides[1], strides[2], strides[3], kv_cache.shape[2],
+                                      block_tables.data_ptr(), block_tables.stride(0), seq_lens.data_ptr(), num_seqs,
+                                      heads, kv_heads, dim, scale, out.data_ptr(), _code(q, kv_cache))
+        return out
+
+
+def _check_pool(kv_cache: torch.Tensor, rows: torch.Tensor) -> None:
+    """The pool layout the C code indexes: [2, blocks, block_size, kv_heads, head_dim], unit last stride."""
+    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2 or kv_cache.stride(-1) != 1 \
+            or kv_cache.shape[-1] != rows.shape[-1] or kv_cache.device.type != "cpu":
+        raise ValueError(f"expected a CPU KV pool [2, blocks, block_size, kv_heads, {rows.shape[-1]}] with a unit "
+                         f"last stride, got {tuple(kv_cache.shape)} strides {kv_cache.stride()} on {kv_cache.device}")

@@ -1,0 +1,151 @@
+"""The native CPU ops (kernels/cpu/ops.c) against the torch ops they replace, and their build.
+
+Rotary and the KV store must give the torch ops' bits; RMSNorm, SiLU-and-mul and decode attention
+agree to float32 rounding (their sums and exp are evaluated in another order), in bf16 to one bf16
+step. The engine-level checks (every placement bit-identical with the native ops on, the native and
+torch ops giving the same greedy tokens) are at the end."""
+import pytest
+import torch
+
+from gh200rt.kernels import cpu_native
+from gh200rt.kernels.cpu_native import NativeOpsError, load_native_ops
+from gh200rt.kv.arena import DeviceArena
+from gh200rt.kv.attention import paged_attention, write_kv
+from gh200rt.models.layers.activation import silu_and_mul
+from gh200rt.models.layers.rmsnorm import rms_norm
+from gh200rt.models.layers.rotary import apply_rotary
+from tests.kernels.paged_cases import scattered_case
+
+OPS = load_native_ops()
+pytestmark = pytest.mark.skipif(OPS is None, reason=f"native CPU ops unavailable: {cpu_native.native_ops_error()}")
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def assert_close(got, want, dtype, bf16_atol=1e-5):
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
+    else:  # one bf16 step where an fp32 sum or exp lands on the other side of a rounding boundary
+        torch.testing.assert_close(got.float(), want.float(), rtol=8e-3, atol=bf16_atol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 576), (7, 96), (3, 4, 64), (2, 37)])
+def test_rms_norm_matches_torch(dtype, shape):
+    gen = torch.Generator().manual_seed(1)
+    x = (torch.randn(shape, generator=gen) * 3).to(dtype)
+    weight = torch.randn(shape[-1], generator=gen).to(dtype)
+    assert_close(OPS.rms_norm(x, weight, 1e-6), rms_norm(x, weight, 1e-6), dtype)
+    strided = torch.randn(shape[0], 2 * shape[-1], generator=gen).to(dtype)[:, ::2]  # rows with a gap
+    assert_close(OPS.rms_norm(strided, weight, 1e-5), rms_norm(strided, weight, 1e-5), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,inter", [(1, 1536), (5, 40), (3, 7)])
+def test_silu_mul_matches_torch(dtype, rows, inter):
+    gate_up = (torch.randn(rows, 2 * inter, generator=torch.Generator().manual_seed(2)) * 4).to(dtype)
+    gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])  # exp's clamped ends and zero
+    assert_close(OPS.silu_mul(gate_up), silu_and_mul(gate_up), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_is_bit_identical_to_torch(dtype):
+    gen = torch.Generator().manual_seed(3)
+    qkv = torch.randn(6, (9 + 2 * 3) * 64, generator=gen).to(dtype)
+    x = qkv[:, :12 * 64].view(6, 12, 64)  # q and k heads of a fused projection: a strided view
+    cos, sin = torch.randn(6, 1, 32, generator=gen).to(dtype), torch.randn(6, 1, 32, generator=gen).to(dtype)
+    assert torch.equal(OPS.rotary(x, cos, sin), apply_rotary(x, cos, sin))
+
+
+def _arena_pool(dtype, blocks=12, block_size=4, kv_heads=3, head_dim=16, layer=1):
+    arena = DeviceArena(blocks, 3, block_size, kv_heads, head_dim, dtype, "cpu")
+    return arena.kv_caches()[layer]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["contiguous", "arena (strided)"])
+def test_write_kv_is_bit_identical_to_torch_and_skips_padding(dtype, layout):
+    gen = torch.Generator().manual_seed(4)
+    if layout == "contiguous":
+        pool = torch.zeros(2, 12, 4, 3, 16, dtype=dtype)
+    else:
+        pool = _arena_pool(dtype)
+        pool.zero_()
+    kv = torch.randn(5, 6, 16, generator=gen).to(dtype)
+    k, v = kv[:, :3], kv[:, 3:]  # strided views of one projection, as the layer passes them
+    slots = torch.tensor([5, -1, 40, 0, 17])
+    expected = pool.clone()
+    write_kv(expected, k, v, slots)
+    OPS.write_kv(pool, k, v, slots)
+    assert torch.equal(pool, expected)
+    assert pool.abs().sum() > 0
+
+
+def test_write_kv_rejects_a_mismatched_pool():
+    with pytest.raises(ValueError, match="KV pool"):
+        OPS.write_kv(torch.zeros(2, 4, 4, 3, 8), torch.zeros(1, 3, 16), torch.zeros(1, 3, 16), torch.tensor([0]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (4, 4, 128), (8, 2, 24)])
+@pytest.mark.parametrize("seq_lens", [[1], [17, 3, 40, 16], [64, 9]])
+def test_decode_attention_matches_torch(dtype, heads, kv_heads, d, seq_lens):
+    q, pool, meta, _ = scattered_case([1] * len(seq_lens), seq_lens, heads, kv_heads, d, 8, dtype, seed=5)
+    want = paged_attention(q, pool, meta, d ** -0.5, kv_heads)
+    got = OPS.decode_attention(q, pool, meta.block_tables, meta.seq_lens, d ** -0.5)
+    # bf16: SDPA rounds the probabilities to bf16 before multiplying V, the kernel keeps them in float32,
+    # so outputs near zero differ by a bf16 step of the larger terms (the kernel is the closer to float32)
+    assert_close(got, want, dtype, bf16_atol=4e-3)
+    exact = paged_attention(q.float(), pool.float(), meta, d ** -0.5, kv_heads)
+    assert (got.float() - exact).abs().max() <= (want.float() - exact).abs().max() + 1e-6
+    # through the torch attention's decode hook, on a strided query view
+    wide = torch.cat([q, q], dim=1)[:, :heads]
+    hooked = paged_attention(wide, pool, meta, d ** -0.5, kv_heads, decode_kernel=OPS.decode_attention)
+    assert torch.equal(hooked, got)
+
+
+def test_decode_hook_leaves_multi_token_groups_to_sdpa():
+    """A mixed step: the decode rows go to the kernel, the prompt and chunk rows keep the torch path."""
+    q, pool, meta, _ = scattered_case([1, 12, 1, 4], [30, 12, 9, 17], 9, 3, 64, 8, torch.float32, seed=6)
+    want = paged_attention(q, pool, meta, 0.125, 3)
+    got = paged_attention(q, pool, meta, 0.125, 3, decode_kernel=OPS.decode_attention)
+    decode_rows = [0, 13]  # sequences 0 and 2 in the flat step (rows 1-12: the prompt, 14-17: the chunk)
+    multi_rows = [r for r in range(q.shape[0]) if r not in decode_rows]
+    assert torch.equal(got[multi_rows], want[multi_rows])
+    assert_close(got[decode_rows], want[decode_rows], torch.float32)
+
+
+def test_decode_attention_on_the_arena_pool():
+    pool = _arena_pool(torch.float32, blocks=12, block_size=4, kv_heads=3, head_dim=16, layer=2)
+    pool.copy_(torch.randn(pool.shape, generator=torch.Generator().manual_seed(7)))
+    from gh200rt.models.base import AttentionMetadata
+    meta = AttentionMetadata.build([1, 1], [7, 10], [[3, 9], [11, 2, 5]], 4)
+    q = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(8))
+    assert_close(OPS.decode_attention(q, pool, meta.block_tables, meta.seq_lens, 0.25),
+                 paged_attention(q, pool, meta, 0.25, 3), torch.float32)
+
+
+def test_build_without_a_compiler_says_why(monkeypatch):
+    monkeypatch.setattr(cpu_native, "_compiler", lambda: None)
+    with pytest.raises(NativeOpsError, match="no C compiler"):
+        cpu_native._load()
+
+
+def test_build_is_cached_per_source_and_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("GH200RT_CACHE_DIR", str(tmp_path))
+    cc = cpu_native._compiler()
+    first = cpu_native._build(cc)
+    assert first.parent == tmp_path / "native" and first.exists()
+    stamp = first.stat().st_mtime_ns
+    assert cpu_native._build(cc) == first and first.stat().st_mtime_ns == stamp  # loaded, not rebuilt
+    monkeypatch.setattr(cpu_native, "_cpu_identity", lambda: "another machine")
+    assert cpu_native._build(cc) != first
+
+
+def test_a_broken_source_reports_the_compiler_error(tmp_path, monkeypatch):
+    broken = tmp_path / "ops.c"
+    broken.write_text("void gh_rms_norm( {\n")
+    monkeypatch.setattr(cpu_native, "SOURCE", broken)
+    monkeypatch.setenv("GH200RT_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(NativeOpsError, match="failed to build ops.c"):
+        cpu_native._build(cpu_native._compiler())
