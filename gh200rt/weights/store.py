@@ -213,8 +213,9 @@ class WeightStore(LayerHooks):
     # ---- the arena ---------------------------------------------------------------------------------
     def _place_in_arena(self, layer: int, layout: WeightLayout, slab: LayerSlab | None = None) -> None:
         """The layer's weights into a run of arena blocks: from ``slab`` (a promotion: the bits it streamed)
-        or from ``layout``'s own tensors (start-up). On the CPU route the resident form is a reordered copy
-        of its own, so the run is booked and left unwritten."""
+        or from ``layout``'s own tensors (start-up). On the bf16 and fp16 CPU routes the resident form is a
+        converted copy of its own, so the run is booked and left unwritten; on the fp32 route a weight too small
+        for oneDNN stays dense in the run (the others become reordered copies of it)."""
         start = self.arena.take_run(layout.nbytes)
         if start is None:
             blocks = self.arena.blocks_for(layout.nbytes)
@@ -229,15 +230,17 @@ class WeightStore(LayerHooks):
             self.arena.pool.return_run(start)
             raise
         source = slab.tensor if slab is not None else None
-        if self.cpu_linear_format is not None:
+        if self.cpu_linear_format not in (None, "onednn-fp32"):  # every linear converted: the run stays unwritten
             bound = layout.bind(source, self.compute_dtype, stable=True) if slab is not None else layout.forms
             weights = {name: self._resident_form(weight) for name, weight in bound.items()}
-        elif slab is not None:
-            weights = slab.bind(slab.device_copy(into=self.arena.run(start)), self.compute_dtype, stable=True)
-        else:
-            run = self.arena.run(start)
-            layout.fill(run)
-            weights = layout.bind(run, self.compute_dtype, stable=True)
+        else:  # fp32: weights too small for oneDNN stay dense, in the run; the others are reordered copies of it
+            if slab is not None:
+                weights = slab.bind(slab.device_copy(into=self.arena.run(start)), self.compute_dtype, stable=True)
+            else:
+                run = self.arena.run(start)
+                layout.fill(run)
+                weights = layout.bind(run, self.compute_dtype, stable=True)
+            weights = {name: self._resident_form(weight) for name, weight in weights.items()}
         self._runs[layer] = start
         self._write(layer, weights)
 
