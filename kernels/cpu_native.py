@@ -111,7 +111,10 @@ def native_ops_error() -> str | None:
 def _code(x: torch.Tensor, *others: torch.Tensor) -> int:
     """The C dtype code of ``x``, checking that ``others`` match it and that all are CPU tensors."""
     code = DTYPES.get(x.dtype)
-    if code is None or x.device.type != "cpu" or any(t.dtype != x.dtype or t.device.type != "cpu" for t in others):
+    ok = code is not None and x.is_cpu
+    for t in others:
+        ok = ok and t.dtype == x.dtype and t.is_cpu
+    if not ok:
         raise TypeError(f"native CPU ops take float32 or bfloat16 CPU tensors of one dtype, got "
                         f"{[(t.dtype, t.device.type) for t in (x, *others)]}")
     return code
@@ -130,7 +133,7 @@ class NativeOps:
         rows = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, dim)
         if rows.stride(-1) != 1:
             rows = rows.contiguous()
-        out = torch.empty(x.shape, dtype=x.dtype)
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
         code = _code(x, weight)
         if weight.shape != (dim,) or not weight.is_contiguous():
             raise ValueError(f"RMSNorm weight {tuple(weight.shape)} does not match rows of {dim}")
@@ -142,7 +145,7 @@ class NativeOps:
         """``silu(gate) * up`` over the last dim ``[gate | up]``."""
         rows = gate_up if gate_up.is_contiguous() else gate_up.contiguous()
         inter = rows.shape[-1] // 2
-        out = torch.empty(*rows.shape[:-1], inter, dtype=rows.dtype)
+        out = rows.new_empty((*rows.shape[:-1], inter))
         self._lib.gh_silu_mul(rows.data_ptr(), rows.numel() // (2 * inter) if inter else 0, inter, out.data_ptr(),
                               _code(rows))
         return out
@@ -156,7 +159,7 @@ class NativeOps:
                 or sin.shape != cos.shape:
             raise ValueError(f"rotary tables {tuple(cos.shape)} / {tuple(sin.shape)} do not match {tokens} "
                              f"tokens of head size {dim} (contiguous [T, 1, D/2] expected)")
-        out = torch.empty(tokens, heads, dim, dtype=x.dtype)
+        out = x.new_empty((tokens, heads, dim))
         self._lib.gh_rotary(x.data_ptr(), tokens, heads, dim // 2, x.stride(0), x.stride(1), cos.data_ptr(),
                             sin.data_ptr(), out.data_ptr(), _code(x, cos, sin))
         return out
@@ -198,7 +201,7 @@ class NativeOps:
         if heads % kv_heads or block_tables.shape[0] != num_seqs or seq_lens.shape[0] != num_seqs:
             raise ValueError(f"decode_attention: q {tuple(q.shape)}, {kv_heads} KV heads, block tables "
                              f"{tuple(block_tables.shape)}, seq_lens {tuple(seq_lens.shape)}")
-        out = torch.empty(num_seqs, heads, dim, dtype=q.dtype)
+        out = q.new_empty((num_seqs, heads, dim))
         strides = kv_cache.stride()
         self._lib.gh_decode_attention(q.data_ptr(), q.stride(0), q.stride(1), kv_cache[0].data_ptr(),
                                       kv_cache[1].data_ptr(), strides[1], strides[2], strides[3], kv_cache.shape[2],

@@ -1,0 +1,74 @@
+"""Decode step time on the CPU with the native small ops (``--cpu-kernels native``) against torch's ops,
+measured in the same run.
+
+    python scripts/bench_cpu_kernels.py [--model smollm2-135m] [--dtypes auto,float32] [--batches 1,8,16]
+        [--prompt-tokens 128] [--tokens 32] [--rounds 3]
+
+For each dtype (route) and batch, two engines over the same model, one per kernel choice, decode
+``--batches`` requests of ``--prompt-tokens`` random prompt tokens each; the median step time of the
+decode steps (the time between tokens) is taken per round, the two engines alternate round by round
+so load from other processes falls on both alike, and the best round is printed with the speed-up.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from gh200rt.config import EngineConfig  # noqa: E402
+from gh200rt.engine.engine import LLMEngine  # noqa: E402
+from gh200rt.sampling_params import SamplingParams  # noqa: E402
+
+
+def decode_step_ms(engine: LLMEngine, batch: int, prompt_tokens: int, tokens: int, seed: int) -> float:
+    rng = random.Random(seed)
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    for i in range(batch):
+        prompt = [rng.randrange(3, engine.vocab_size) for _ in range(prompt_tokens)]
+        engine.add_request(f"b{batch}-{seed}-{i}", None, params, prompt_token_ids=prompt)
+    engine.step()  # the prompts' prefill (--batches x --prompt-tokens fits one step's token budget)
+    times = []
+    while engine.has_unfinished_requests():
+        start = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--dtypes", default="auto,float32")
+    ap.add_argument("--batches", default="1,8,16")
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    print(f"load average {os.getloadavg()[0]:.2f}; model {args.model}; prompts of {args.prompt_tokens} tokens, "
+          f"{args.tokens} decode steps; best of {args.rounds} rounds")
+    print(f"{'dtype':<8} {'batch':>5} {'torch ms':>9} {'native ms':>9} {'speed-up':>8}")
+    for dtype in args.dtypes.split(","):
+        engines = {}
+        for kernels in ("torch", "native"):
+            config = EngineConfig.from_kwargs(model=args.model, dtype=dtype, cpu_kernels=kernels,
+                                              max_model_len=args.prompt_tokens + args.tokens + 8)
+            engines[kernels] = LLMEngine.from_config(config)
+            decode_step_ms(engines[kernels], 1, 8, 4, seed=0)  # warm-up
+        for batch in map(int, args.batches.split(",")):
+            times = {kernels: [] for kernels in engines}
+            for round_ in range(args.rounds):
+                for kernels, engine in engines.items():
+                    times[kernels].append(decode_step_ms(engine, batch, args.prompt_tokens, args.tokens, round_))
+            old, new = min(times["torch"]), min(times["native"])
+            print(f"{dtype:<8} {batch:>5} {old:>9.2f} {new:>9.2f} {old / new:>7.2f}x", flush=True)
+        for engine in engines.values():
+            engine.close()
+
+
+if __name__ == "__main__":
+    main()
