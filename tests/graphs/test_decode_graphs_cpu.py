@@ -5,8 +5,9 @@ bucketed path generates exactly what the bucketed path generates all-resident, t
 padded and exact; padding rows filled with garbage change no real row. Against the plain eager
 path the tokens agree and the logprobs agree to float32 rounding, not bit for bit: CPU fp32 GEMMs
 (oneDNN/MKL) pick kernels by the row count M (rows of a partial 4-row panel, or M = 1 (gemv), come out
-differently from the same rows inside a larger M), and SDPA's result bits depend on the key length
-(the bucketed path attends over the capacity, masked; eager over the longest sequence). The eager
+differently from the same rows inside a larger M), and with ``--cpu-kernels torch`` SDPA's result bits
+depend on the key length (the bucketed path attends over the capacity, masked; eager over the longest
+sequence; the native decode attention reads each sequence's own length either way). The eager
 path has the same dependence on batch composition, which is why the invariance suite compares with
 near-tie tolerance (``assert_same_or_near_tie``), and that suite passes with this path on.
 """
