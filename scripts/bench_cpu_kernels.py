@@ -14,30 +14,19 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gh200rt.config import EngineConfig  # noqa: E402
 from gh200rt.engine.engine import LLMEngine  # noqa: E402
-from gh200rt.sampling_params import SamplingParams  # noqa: E402
+from scripts.bench_decode import step_ms  # noqa: E402
 
 
 def decode_step_ms(engine: LLMEngine, batch: int, prompt_tokens: int, tokens: int, seed: int) -> float:
     rng = random.Random(seed)
-    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
-    for i in range(batch):
-        prompt = [rng.randrange(3, engine.vocab_size) for _ in range(prompt_tokens)]
-        engine.add_request(f"b{batch}-{seed}-{i}", None, params, prompt_token_ids=prompt)
-    engine.step()  # the prompts' prefill (--batches x --prompt-tokens fits one step's token budget)
-    times = []
-    while engine.has_unfinished_requests():
-        start = time.perf_counter()
-        engine.step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    prompts = [[rng.randrange(3, engine.vocab_size) for _ in range(prompt_tokens)] for _ in range(batch)]
+    return step_ms(engine, batch, tokens, prompts)
 
 
 def main() -> None:

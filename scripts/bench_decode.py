@@ -69,11 +69,13 @@ def decode_rate(engine: LLMEngine, batch: int, tokens: int) -> tuple[float, floa
             (after.weight_bytes_copied - before.weight_bytes_copied) / seconds / 1e9, wait_ms)
 
 
-def step_ms(engine: LLMEngine, batch: int, tokens: int) -> float:
-    """Median decode-step time in ms (the time between tokens) of ``batch`` requests of ``tokens`` tokens."""
+def step_ms(engine: LLMEngine, batch: int, tokens: int, prompts: list[list[int]] | None = None) -> float:
+    """Median decode-step time in ms (the time between tokens) of ``batch`` requests of ``tokens`` tokens
+    (``prompts``: one per request, default four tokens each; together they must fit one step's token budget)."""
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     for i in range(batch):
-        engine.add_request(f"t{batch}-{i}", None, params, prompt_token_ids=[1 + i, 17, 42, 99])
+        prompt = prompts[i] if prompts is not None else [1 + i, 17, 42, 99]
+        engine.add_request(f"t{batch}-{i}", None, params, prompt_token_ids=prompt)
     engine.step()  # prefill of every request (+ their first token)
     times = []
     while engine.has_unfinished_requests():
