@@ -24,8 +24,10 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("cpu") / "ops.c"
+SOURCES = tuple(Path(__file__).with_name("cpu") / name for name in ("ops.c", "quant_linear.c"))
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=c11")
+# quant_linear.c's threads: the libgomp torch has loaded (same soname), so they run on torch's own pool
+OPENMP = ("-fopenmp",)
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
 _P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
@@ -35,7 +37,10 @@ SIGNATURES = {
     "gh_rotary": (_P, _I, _I, _I, _I, _I, _P, _P, _P, _C),
     "gh_write_kv": (_P, _P, _I, _I, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _I, _I, _I),
     "gh_decode_attention": (_P, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _P, _I, _I, _I, _I, _F, _P, _C),
+    "gh_quant_linear": (_P, _I, _I, _P, _P, _P, _I, _I, _I, _I, _P, _I, _I),
+    "gh_dequantize": (_P, _P, _P, _I, _I, _I, _I, _P, _I),
 }
+RESTYPES = {"gh_quant_linear": ctypes.c_int}
 
 _error: str | None = None
 
@@ -61,9 +66,9 @@ def _cpu_identity() -> str:
 
 
 def _build(cc: str) -> Path:
-    source = SOURCE.read_bytes()
+    source = b"\0".join(path.read_bytes() for path in SOURCES)
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256(b"\0".join([source, version.encode(), " ".join(FLAGS).encode(),
+    key = hashlib.sha256(b"\0".join([source, version.encode(), " ".join(FLAGS + OPENMP).encode(),
                                       _cpu_identity().encode()])).hexdigest()[:16]
     cache = Path(os.environ.get("GH200RT_CACHE_DIR") or Path.home() / ".cache" / "gh200rt") / "native"
     target = cache / f"gh200rt_cpu_ops_{key}.so"
@@ -72,10 +77,13 @@ def _build(cc: str) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         built = Path(tmp) / target.name
-        done = subprocess.run([cc, *FLAGS, "-o", str(built), str(SOURCE), "-lm"], capture_output=True, text=True,
-                              timeout=300)
+        command = [cc, *FLAGS, "-o", str(built), *map(str, SOURCES), "-lm"]
+        done = subprocess.run(command[:1] + list(OPENMP) + command[1:], capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:  # a compiler without OpenMP: the quantized linears run on one thread
+            done = subprocess.run(command, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
-            raise NativeOpsError(f"{cc} failed to build {SOURCE.name}: {done.stderr.strip()[-2000:]}")
+            raise NativeOpsError(f"{cc} failed to build {', '.join(p.name for p in SOURCES)}: "
+                                 f"{done.stderr.strip()[-2000:]}")
         os.replace(built, target)  # atomic: a concurrent process loads either none or a whole library
     return target
 
@@ -89,7 +97,7 @@ def _load() -> "NativeOps":
     library = ctypes.CDLL(str(_build(cc)))
     for name, argtypes in SIGNATURES.items():
         getattr(library, name).argtypes = argtypes
-        getattr(library, name).restype = None
+        getattr(library, name).restype = RESTYPES.get(name)
     return NativeOps(library)
 
 
@@ -208,6 +216,49 @@ class NativeOps:
                                       block_tables.data_ptr(), block_tables.stride(0), seq_lens.data_ptr(), num_seqs,
                                       heads, kv_heads, dim, scale, out.data_ptr(), _code(q, kv_cache))
         return out
+
+
+    def quant_linear(self, x: torch.Tensor, weight) -> torch.Tensor:
+        """``x [..., K]`` float32 times a ``PackedWeight`` int8 / int4 ``[N, K]`` (group size a multiple of 32 that
+        divides K; ``quant_linear_fits``) -> float32 ``[..., N]``, on ``torch.get_num_threads()`` threads."""
+        n, k = weight.shape
+        rows = x.reshape(-1, k)
+        if rows.dtype != torch.float32 or rows.stride(-1) != 1:
+            rows = rows.to(torch.float32).contiguous()
+        out = rows.new_empty((rows.shape[0], n))
+        parts = _packed_parts(weight)
+        if rows.shape[0] and self._lib.gh_quant_linear(rows.data_ptr(), rows.shape[0], rows.stride(0), *parts,
+                                                       out.data_ptr(), out.stride(0), torch.get_num_threads()):
+            raise MemoryError(f"native quantized linear: no memory for its {torch.get_num_threads()} row buffers "
+                              f"of {4 * k} floats")
+        return out.reshape(*x.shape[:-1], n)
+
+    def dequantize(self, weight) -> torch.Tensor:
+        """The dense float32 ``[N, K]`` weight, with ``PackedWeight.dequantize()``'s bits."""
+        n, k = weight.shape
+        out = torch.empty(n, k)
+        q, scale, minimum, fmt, _, _, group = _packed_parts(weight)
+        self._lib.gh_dequantize(q, scale, minimum, fmt, n, k, group, out.data_ptr(), torch.get_num_threads())
+        return out
+
+
+def quant_linear_fits(weight) -> bool:
+    """Whether the native quantized linear takes this ``PackedWeight``: int8 or int4 on the CPU, contiguous
+    storage, groups of a multiple of 32 columns that divide K."""
+    n, k = weight.shape
+    tensors = weight.tensors().values()
+    return (weight.fmt in ("int8", "int4") and weight.group_size % 32 == 0 and k % weight.group_size == 0
+            and all(t.is_cpu and t.is_contiguous() for t in tensors))
+
+
+def _packed_parts(weight) -> tuple:
+    if not quant_linear_fits(weight):
+        raise ValueError(f"the native quantized linear takes int8 / int4 CPU weights with groups of a multiple of "
+                         f"32 columns that divide K, got {weight!r}")
+    n, k = weight.shape
+    minimum = weight.minimum.data_ptr() if weight.minimum is not None else None
+    return (weight.qweight.data_ptr(), weight.scale.data_ptr(), minimum, 0 if weight.fmt == "int8" else 1, n, k,
+            weight.group_size)
 
 
 def _check_pool(kv_cache: torch.Tensor, rows: torch.Tensor) -> None:

@@ -14,10 +14,15 @@ groups of ``group_size`` columns (``group_size == K`` means one group per output
 ``scale`` / ``minimum`` are float32 ``[N, ceil(K/group_size)]``. GGUF Q8_0 maps onto int8 with
 group 32, Q4_1 onto int4 (scale d, minimum m) and Q4_0 onto int4 (scale d, minimum -8d) without
 loss. ``PackedWeight`` and ``HalfWeight`` satisfy the ``WeightRef`` contract (``linear(x, bias)``,
-``nbytes``): on CUDA they call ``host_gemm``; on CPU ``PackedWeight`` runs torch's exact int8/int4
-weight-only matmul ops for a single row where the layout allows, dequantize-then-matmul otherwise
-(more rows, other layouts), and with bf16 activations (the bf16 CPU route) the same ops in bf16 at
-every M (int8 per channel, int4 g32-256); ``cpu_route="fbgemm"`` (int8 per channel) trades accuracy for speed
+``nbytes``): on CUDA they call ``host_gemm``. On CPU, float32 activations against int8 / int4 weights
+(groups of a multiple of 32) go through the native quantized linear (``kernels/cpu/quant_linear.c``:
+the packed bytes read in place, activations rounded to int16 per block of 32 columns, integer dot
+products, float32 accumulation; relative error ~3e-5 against the dequantized float32 reference, and a
+row's result does not depend on the rows beside it) up to ``NATIVE_MAX_ROWS`` rows, and through one
+native dequantize and a float32 GEMM above. Without the native library (no C compiler), torch's exact
+int8/int4 weight-only ops serve a single row where the layout allows, dequantize-then-matmul the
+rest. bf16 activations (the bf16 CPU route) run torch's ops in bf16 at every M (int8 per channel,
+int4 g32-256); ``cpu_route="fbgemm"`` (int8 per channel) trades accuracy for speed
 (docs/benchmarks/kernels.md).
 
 Some CPU routes need a derived form of the storage (torch's int4 layout, an fbgemm packed
@@ -36,6 +41,10 @@ FP8_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
 INT4_DEFAULT_GROUP = 32
 CPU_ROUTES = ("exact", "fbgemm")
 _CPU_INT4_GROUPS = (32, 64, 128, 256)
+# Row counts up to which float32 activations go through the native quantized linear; above it one native
+# dequantize and a float32 GEMM, which the per-block integer sums stop beating between 8 and 32 rows
+# (SmolLM2's decoder linears on 2 AVX2 cores, docs/benchmarks/kernels.md).
+NATIVE_MAX_ROWS = 16
 
 
 class PackedWeight:
@@ -121,6 +130,13 @@ class PackedWeight:
                 y = y + bias.to(y.dtype)
             return y.reshape(*lead, n)
         x2 = x.reshape(-1, k).to(torch.float32).contiguous()
+        native = self._native_ops()
+        if native is not None:
+            y = native.quant_linear(x2, self) if x2.shape[0] <= NATIVE_MAX_ROWS \
+                else F.linear(x2, native.dequantize(self))
+            if bias is not None:
+                y = y + bias.to(y.dtype)
+            return y.to(x.dtype).reshape(*lead, n)
         # torch's weight-only ops take float32 rows one at a time (their cost grows with M), so they
         # only win for a single row; more rows dequantize once and run one float32 matmul.
         single = x2.shape[0] == 1
@@ -137,6 +153,14 @@ class PackedWeight:
         if bias is not None:
             y = y + bias.to(y.dtype)
         return y.to(x.dtype).reshape(*lead, n)
+
+    def _native_ops(self):
+        """The native quantized linear (``kernels/cpu/quant_linear.c``) when it is built and takes this weight."""
+        if self.cpu_route != "exact":
+            return None
+        from .cpu_native import load_native_ops, quant_linear_fits
+        ops = load_native_ops()
+        return ops if ops is not None and quant_linear_fits(self) else None
 
     def _bf16_op_ok(self) -> bool:
         return (self.fmt == "int8" and self.group_size >= self.shape[1] and self.cpu_route == "exact") \

@@ -145,7 +145,81 @@ def test_build_is_cached_per_source_and_machine(tmp_path, monkeypatch):
 def test_a_broken_source_reports_the_compiler_error(tmp_path, monkeypatch):
     broken = tmp_path / "ops.c"
     broken.write_text("void gh_rms_norm( {\n")
-    monkeypatch.setattr(cpu_native, "SOURCE", broken)
+    monkeypatch.setattr(cpu_native, "SOURCES", (broken,) + cpu_native.SOURCES[1:])
     monkeypatch.setenv("GH200RT_CACHE_DIR", str(tmp_path / "cache"))
     with pytest.raises(NativeOpsError, match="failed to build ops.c"):
         cpu_native._build(cpu_native._compiler())
+
+
+# ---- the native quantized linear (kernels/cpu/quant_linear.c) --------------------------------------------
+
+def _packed(fmt, n, k, group, seed=0):
+    from gh200rt.kernels.quant import quantize_int4, quantize_int8
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
+    return quantize_int4(w, group) if fmt == "int4" else quantize_int8(w, group)
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+@pytest.mark.parametrize("n,k,group", [(1000, 576, 32), (7, 96, 32), (4, 1536, 1536), (13, 256, 64)])
+def test_quant_linear_matches_the_dequantized_weight(fmt, n, k, group):
+    weight = _packed(fmt, n, k, group)
+    dense = weight.dequantize().double()
+    for rows in (1, 2, 3, 5, 8, 33):
+        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+        got = OPS.quant_linear(x, weight)
+        want = (x.double() @ dense.T)
+        # x rounded to int16 per 32 columns (each element within 1/65534 of its block's largest |x|), exact
+        # integer products, float32 sums: a few 1e-5 of the output's scale
+        assert (got.double() - want).abs().max().item() <= 1e-4 * want.abs().max().item()
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+def test_quant_linear_rows_and_threads_do_not_change_a_rows_bits(fmt):
+    weight = _packed(fmt, 203, 576, 32, seed=3)   # 203: a last block of 3 channels
+    x = torch.randn(11, 576, generator=torch.Generator().manual_seed(4))
+    together = OPS.quant_linear(x, weight)
+    alone = torch.cat([OPS.quant_linear(x[i:i + 1], weight) for i in range(11)])
+    assert torch.equal(together, alone)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one_thread = OPS.quant_linear(x, weight)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(together, one_thread)
+
+
+def test_quant_linear_takes_strided_rows_and_leading_dims():
+    weight = _packed("int4", 64, 128, 32)
+    wide = torch.randn(6, 256, generator=torch.Generator().manual_seed(5))
+    strided = wide[:, ::2]
+    assert torch.equal(OPS.quant_linear(strided, weight), OPS.quant_linear(strided.contiguous(), weight))
+    batched = wide[:, :128].reshape(2, 3, 128)
+    assert OPS.quant_linear(batched, weight).shape == (2, 3, 64)
+    assert torch.equal(OPS.quant_linear(batched, weight).reshape(6, 64), OPS.quant_linear(wide[:, :128], weight))
+    assert OPS.quant_linear(torch.empty(0, 128), weight).shape == (0, 64)
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+def test_native_dequantize_gives_the_torch_bits(fmt):
+    weight = _packed(fmt, 37, 192, 64)
+    assert torch.equal(OPS.dequantize(weight), weight.dequantize())
+
+
+def test_quant_linear_refuses_what_it_cannot_read():
+    from gh200rt.kernels.quant import quantize_fp8, quantize_int4
+    with pytest.raises(ValueError, match="groups of a multiple of 32"):
+        OPS.quant_linear(torch.randn(1, 48), quantize_int4(torch.randn(8, 48), 16))
+    with pytest.raises(ValueError, match="int8 / int4"):
+        OPS.quant_linear(torch.randn(1, 64), quantize_fp8(torch.randn(8, 64)))
+
+
+def test_packed_weights_use_the_native_linear_up_to_its_row_limit():
+    from gh200rt.kernels.quant import NATIVE_MAX_ROWS, quantize_int4
+    weight = quantize_int4(torch.randn(48, 128, generator=torch.Generator().manual_seed(6)), 32)
+    bias = torch.randn(48)
+    x = torch.randn(NATIVE_MAX_ROWS + 3, 128, generator=torch.Generator().manual_seed(7))
+    small = x[:NATIVE_MAX_ROWS]
+    assert torch.equal(weight.linear(small, bias), OPS.quant_linear(small, weight) + bias)
+    # above the limit: one native dequantize (the torch bits) and a float32 GEMM
+    assert torch.equal(weight.linear(x), torch.nn.functional.linear(x, weight.dequantize()))
