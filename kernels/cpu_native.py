@@ -37,8 +37,8 @@ SIGNATURES = {
     "gh_rotary": (_P, _I, _I, _I, _I, _I, _P, _P, _P, _C),
     "gh_write_kv": (_P, _P, _I, _I, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _I, _I, _I),
     "gh_decode_attention": (_P, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _P, _I, _I, _I, _I, _F, _P, _C),
-    "gh_quant_linear": (_P, _I, _I, _P, _P, _P, _I, _I, _I, _I, _P, _I, _I),
-    "gh_dequantize": (_P, _P, _P, _I, _I, _I, _I, _P, _I),
+    "gh_quant_linear": (_P, _I, _I, _P, _P, _I, _I),
+    "gh_dequantize": (_P, _P, _I),
 }
 RESTYPES = {"gh_quant_linear": ctypes.c_int}
 
@@ -220,26 +220,60 @@ class NativeOps:
 
     def quant_linear(self, x: torch.Tensor, weight) -> torch.Tensor:
         """``x [..., K]`` float32 times a ``PackedWeight`` int8 / int4 ``[N, K]`` (group size a multiple of 32 that
-        divides K; ``quant_linear_fits``) -> float32 ``[..., N]``, on ``torch.get_num_threads()`` threads."""
+        divides K; ``quant_linear_fits``) -> float32 ``[..., N]``, on ``torch.get_num_threads()`` threads (one
+        for weights too small to share). A decode step makes ~120 of these calls, so the per-call Python is
+        kept to a cached argument block, one output tensor and the call."""
+        args = quant_weight_args(weight)
         n, k = weight.shape
-        rows = x.reshape(-1, k)
-        if rows.dtype != torch.float32 or rows.stride(-1) != 1:
-            rows = rows.to(torch.float32).contiguous()
-        out = rows.new_empty((rows.shape[0], n))
-        parts = _packed_parts(weight)
-        if rows.shape[0] and self._lib.gh_quant_linear(rows.data_ptr(), rows.shape[0], rows.stride(0), *parts,
-                                                       out.data_ptr(), out.stride(0), torch.get_num_threads()):
-            raise MemoryError(f"native quantized linear: no memory for its {torch.get_num_threads()} row buffers "
-                              f"of {4 * k} floats")
-        return out.reshape(*x.shape[:-1], n)
+        rows = x if x.dim() == 2 and x.stride(-1) == 1 and x.dtype == torch.float32 else \
+            x.reshape(-1, k).to(torch.float32).contiguous()
+        out = torch.empty((rows.shape[0], n))
+        threads = torch.get_num_threads() if n * k >= SHARED_WEIGHT_ELEMENTS else 1
+        if rows.shape[0] and self._lib.gh_quant_linear(rows.data_ptr(), rows.shape[0], rows.stride(0), args.pointer,
+                                                       out.data_ptr(), n, threads):
+            raise MemoryError(f"native quantized linear: no memory for its buffers ({rows.shape[0]} rows of {k})")
+        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], n)
 
     def dequantize(self, weight) -> torch.Tensor:
         """The dense float32 ``[N, K]`` weight, with ``PackedWeight.dequantize()``'s bits."""
-        n, k = weight.shape
-        out = torch.empty(n, k)
-        q, scale, minimum, fmt, _, _, group = _packed_parts(weight)
-        self._lib.gh_dequantize(q, scale, minimum, fmt, n, k, group, out.data_ptr(), torch.get_num_threads())
+        out = torch.empty(weight.shape)
+        self._lib.gh_dequantize(quant_weight_args(weight).pointer, out.data_ptr(), torch.get_num_threads())
         return out
+
+
+# below this many weights a quantized linear runs on one thread: waking a second costs more than it saves
+SHARED_WEIGHT_ELEMENTS = 1 << 17
+
+
+class _WeightArgs(ctypes.Structure):
+    """quant_linear.c's WeightArgs."""
+    _fields_ = [("q", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("minimum", ctypes.c_void_p),
+                ("fmt", ctypes.c_int64), ("n", ctypes.c_int64), ("k", ctypes.c_int64), ("group", ctypes.c_int64)]
+
+
+class QuantWeight:
+    """The argument block of one packed weight, built once: its storage's addresses never change (a staging
+    slot's contents do, which the kernel reads afresh on every call)."""
+    __slots__ = ("args", "pointer")
+
+    def __init__(self, weight):
+        if not quant_linear_fits(weight):
+            raise ValueError(f"the native quantized linear takes int8 / int4 CPU weights with groups of a multiple "
+                             f"of 32 columns that divide K, got {weight!r}")
+        n, k = weight.shape
+        minimum = weight.minimum.data_ptr() if weight.minimum is not None else None
+        self.args = _WeightArgs(weight.qweight.data_ptr(), weight.scale.data_ptr(), minimum,
+                                0 if weight.fmt == "int8" else 1, n, k, weight.group_size)
+        self.pointer = ctypes.addressof(self.args)
+
+
+def quant_weight_args(weight) -> QuantWeight:
+    """``weight``'s cached ``QuantWeight`` (kept on the weight, whose tensors it points into)."""
+    args = getattr(weight, "_native_args", None)
+    if args is None:
+        args = QuantWeight(weight)
+        weight._native_args = args
+    return args
 
 
 def quant_linear_fits(weight) -> bool:
@@ -249,16 +283,6 @@ def quant_linear_fits(weight) -> bool:
     tensors = weight.tensors().values()
     return (weight.fmt in ("int8", "int4") and weight.group_size % 32 == 0 and k % weight.group_size == 0
             and all(t.is_cpu and t.is_contiguous() for t in tensors))
-
-
-def _packed_parts(weight) -> tuple:
-    if not quant_linear_fits(weight):
-        raise ValueError(f"the native quantized linear takes int8 / int4 CPU weights with groups of a multiple of "
-                         f"32 columns that divide K, got {weight!r}")
-    n, k = weight.shape
-    minimum = weight.minimum.data_ptr() if weight.minimum is not None else None
-    return (weight.qweight.data_ptr(), weight.scale.data_ptr(), minimum, 0 if weight.fmt == "int8" else 1, n, k,
-            weight.group_size)
 
 
 def _check_pool(kv_cache: torch.Tensor, rows: torch.Tensor) -> None:

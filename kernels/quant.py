@@ -74,6 +74,8 @@ class PackedWeight:
         self._cpu_int4: tuple[torch.Tensor, torch.Tensor] | None = None
         self._fbgemm = None
         self._bf16_scales: torch.Tensor | None = None
+        self._native = None        # the native library's handle once checked, False when it does not apply
+        self._native_args = None   # kernels.cpu_native.QuantWeight: this weight's argument block
 
     @property
     def nbytes(self) -> int:
@@ -129,14 +131,15 @@ class PackedWeight:
             if bias is not None:
                 y = y + bias.to(y.dtype)
             return y.reshape(*lead, n)
-        x2 = x.reshape(-1, k).to(torch.float32).contiguous()
         native = self._native_ops()
         if native is not None:
-            y = native.quant_linear(x2, self) if x2.shape[0] <= NATIVE_MAX_ROWS \
-                else F.linear(x2, native.dequantize(self))
+            rows = x.numel() // k if k else 0
+            y = native.quant_linear(x, self) if rows <= NATIVE_MAX_ROWS \
+                else F.linear(x.reshape(-1, k).to(torch.float32), native.dequantize(self)).reshape(*lead, n)
             if bias is not None:
                 y = y + bias.to(y.dtype)
-            return y.to(x.dtype).reshape(*lead, n)
+            return y if y.dtype == x.dtype else y.to(x.dtype)
+        x2 = x.reshape(-1, k).to(torch.float32).contiguous()
         # torch's weight-only ops take float32 rows one at a time (their cost grows with M), so they
         # only win for a single row; more rows dequantize once and run one float32 matmul.
         single = x2.shape[0] == 1
@@ -155,12 +158,13 @@ class PackedWeight:
         return y.to(x.dtype).reshape(*lead, n)
 
     def _native_ops(self):
-        """The native quantized linear (``kernels/cpu/quant_linear.c``) when it is built and takes this weight."""
-        if self.cpu_route != "exact":
-            return None
-        from .cpu_native import load_native_ops, quant_linear_fits
-        ops = load_native_ops()
-        return ops if ops is not None and quant_linear_fits(self) else None
+        """The native quantized linear (``kernels/cpu/quant_linear.c``) when it is built and takes this weight
+        (decided once per weight object)."""
+        if self._native is None:
+            from .cpu_native import load_native_ops, quant_linear_fits
+            ops = load_native_ops() if self.cpu_route == "exact" else None
+            self._native = ops if ops is not None and quant_linear_fits(self) else False
+        return self._native or None
 
     def _bf16_op_ok(self) -> bool:
         return (self.fmt == "int8" and self.group_size >= self.shape[1] and self.cpu_route == "exact") \

@@ -7,7 +7,9 @@ same process (routes interleaved, median of --reps) and the machine's copy bandw
 step bounds decode tokens/s from the decoder linears alone (the fp32 lm_head comes on top).
 
 Routes marked "(not wired)" are measured for reference only; the others are what
-``RefLinear`` / ``OneDNNWeight`` / ``PackedWeight`` / ``HalfWeight`` run ("bf16 acts": the bf16 CPU route).
+``RefLinear`` / ``OneDNNWeight`` / ``PackedWeight`` / ``HalfWeight`` run ("bf16 acts": the bf16 CPU route;
+"native": the native quantized linear, ``kernels/cpu/quant_linear.c``, up to ``NATIVE_MAX_ROWS`` rows;
+"torch fallback": the same weights where the native library cannot be built).
 
 Usage: ``python scripts/bench_quant_cpu.py [--rows 1 8 64] [--reps 5] [--threads 2] [--skip-slow]``
 """
@@ -44,6 +46,14 @@ def make_weights(gen: torch.Generator) -> list[torch.Tensor]:
     return [torch.randn(n, k, generator=gen) * 0.02 for _ in range(LAYERS) for n, k in SHAPES]
 
 
+def _without_native(weights) -> list:
+    """Packed weights that take torch's path (what a machine without a C compiler runs)."""
+    out = list(weights)
+    for p in out:
+        p._native = False
+    return out
+
+
 def routes(dense: list[torch.Tensor], skip_slow: bool) -> dict[str, tuple[list, int]]:
     """name -> (list of (callable(x), K), weight bytes read per step)."""
     out = {}
@@ -66,12 +76,16 @@ def routes(dense: list[torch.Tensor], skip_slow: bool) -> dict[str, tuple[list, 
         sum(h.weight.nbytes for h in half))
     int8 = [quantize_int8(w) for w in dense]
     int8_bytes = sum(p.nbytes for p in int8)
-    add("int8 PackedWeight (exact op)", [p.linear for p in int8], int8_bytes)
+    add("int8 PackedWeight (native, fp32 acts)", [p.linear for p in int8], int8_bytes)
+    add("int8 PackedWeight, torch fallback", [p.linear for p in _without_native(quantize_int8(w) for w in dense)],
+        int8_bytes)
     add("int8 PackedWeight, bf16 acts", [lambda x, p=p: p.linear(x.bfloat16()) for p in int8], int8_bytes)
     add("int8 fbgemm, int8 acts (opt-in)", [quantize_int8(w, cpu_route="fbgemm").linear for w in dense], int8_bytes)
     int4 = [quantize_int4(w, 32) for w in dense]
     int4_bytes = sum(p.nbytes for p in int4)
-    add("int4 g32 PackedWeight (exact op)", [p.linear for p in int4], int4_bytes)
+    add("int4 g32 PackedWeight (native, fp32 acts)", [p.linear for p in int4], int4_bytes)
+    add("int4 g32 PackedWeight, torch fallback", [p.linear for p in _without_native(quantize_int4(w, 32) for w in dense)],
+        int4_bytes)
     add("int4 g32 PackedWeight, bf16 acts", [lambda x, p=p: p.linear(x.bfloat16()) for p in int4], int4_bytes)
     if not skip_slow:
         add("int8 dequant+matmul", [lambda x, p=p: x @ p.dequantize().T for p in int8], int8_bytes)

@@ -8,6 +8,11 @@ Each route is the model as the engine runs it on that route (``platform/cpu_feat
   int8-bf16   --offload direct --host-weight-dtype int8 on the bf16 route: per-channel int8 decoder
               weights, bf16 activations (torch's weight-only op)
   int4-bf16   the same with int4 groups of 32 (GGUF Q4_1's own grid)
+  gguf-rows   the single-row half of --dtype auto's fp16+gguf form on an AVX2 CPU (one sequence decoding):
+              every linear multiplies the GGUF file's own Q4_1 / Q8_0 blocks through the native quantized
+              linear (``kernels/cpu/quant_linear.c``), fp32 activations rounded to int16 per 32 columns.
+              The kernel never mixes rows, so the one prefill scored here gives each token exactly the
+              logits a one-row decode of it would
 
 The reference is ``load_model(dtype="float32")`` over the shipped Q4_1 GGUF; tests/fixtures/eval_text.txt
 is scored in one prefill (``eval_quant.score``). The lm_head and embedding follow the route's dtype.
@@ -32,13 +37,48 @@ from gh200rt.kernels.quant import quantize_int4, quantize_int8  # noqa: E402
 from gh200rt.loader import load_model  # noqa: E402
 from gh200rt.models.layers.cpu_prepack import cpu_route_form  # noqa: E402
 
-ROUTES = ("bf16", "fp16", "int8-bf16", "int4-bf16")
+ROUTES = ("bf16", "fp16", "int8-bf16", "int4-bf16", "gguf-rows")
 _LINEAR_FORMAT = {"bf16": "onednn-bf16", "fp16": "fp16", "int8-bf16": "onednn-bf16", "int4-bf16": "onednn-bf16"}
 _PACKED = {"int8-bf16": lambda w: quantize_int8(w), "int4-bf16": lambda w: quantize_int4(w.float(), 32)}
 
 
+class _EveryRow:
+    """A GGUF-block weight multiplied by the native kernel at every row count (as one row at a time would be)."""
+
+    def __init__(self, packed):
+        from gh200rt.kernels.cpu_native import load_native_ops
+        self.packed, self.ops = packed, load_native_ops()
+
+    def linear(self, x, bias=None):
+        y = self.ops.quant_linear(x, self.packed)
+        return y if bias is None else y + bias
+
+
+def gguf_rows_model():
+    """The float32 model with every linear on its GGUF blocks and the native quantized linear."""
+    from gh200rt.models.layers.cpu_prepack import gguf_blocks_form
+    from gh200rt.weights.device_moves import gguf_parts, lm_head_parts
+    loaded = load_model(ModelConfig(dtype="float32"))
+    model = loaded.model
+    for i in range(len(model.layers)):
+        for name, ref in model.layer_weight_refs(i).items():
+            ref.current = _EveryRow(_blocks(gguf_blocks_form(gguf_parts(loaded.quantized, i, name)), name))
+    parts = lm_head_parts(loaded.quantized, model.arch.tie_word_embeddings)
+    model.lm_head.weight_ref.current = _EveryRow(_blocks(gguf_blocks_form(parts), "lm_head"))
+    return loaded
+
+
+def _blocks(packed, name: str):
+    if packed is None:
+        raise SystemExit(f"gguf-rows: {name} has no GGUF Q4_0/Q4_1/Q8_0 blocks the native kernel takes "
+                         "(or the native library did not build)")
+    return packed
+
+
 def route_model(route: str):
     """The LoadedModel as the engine computes on ``route`` (all layers resident unless packed)."""
+    if route == "gguf-rows":
+        return gguf_rows_model()
     loaded = load_model(ModelConfig(dtype="float32" if route == "fp16" else "bfloat16"))
     model = loaded.model
     layers = list(range(len(model.layers)))

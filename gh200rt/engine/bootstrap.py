@@ -93,7 +93,8 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     check_node_has_room(plan.host_weight_bytes, platform.host_numa_node)
     ledger = DeviceMemoryLedger(capacity)
     reserve_graph_pool(ledger, config, arch, dtype, device)
-    linear_format = resident_linear_format(loaded.model, route_for(config.model.dtype).linear_format) \
+    linear_format = resident_linear_format(loaded.model, route_for(config.model.dtype).linear_format, loaded.quantized,
+                                           native_kernels=config.model.cpu_kernels == "native") \
         if device == "cpu" else None
     store = WeightStore(loaded.model, device, platform, fmt, poison, ledger, loaded.quantized,
                         cpu_linear_format=linear_format,

@@ -45,3 +45,9 @@ def gguf_parts(quantized: dict | None, layer: int, name: str) -> list | None:
     prefix = f"model.layers.{layer}."
     parts = [f"{prefix}{part}.weight" for part in FUSED_SHARDS.get(name, (name,))]
     return [quantized[p] for p in parts] if all(p in quantized for p in parts) else None
+
+
+def lm_head_parts(quantized: dict | None, tied: bool) -> list | None:
+    """The checkpoint's quantized lm_head (its own, or the embedding it is tied to), or None."""
+    key = "model.embed_tokens.weight" if tied else "lm_head.weight"
+    return [quantized[key]] if quantized and key in quantized else None

@@ -28,7 +28,7 @@ import torch
 from gh200rt.models.layers.cpu_prepack import cpu_route_form
 from gh200rt.transfer.backend import make_transfer_backend
 from gh200rt.weights import forms as weight_forms
-from gh200rt.weights.device_moves import gguf_parts, move_to_device
+from gh200rt.weights.device_moves import gguf_parts, lm_head_parts, move_to_device
 from gh200rt.weights.layer_slab import LayerSlab, WeightLayout
 from gh200rt.weights.schedule import NULL_HOOKS, LayerHooks, StreamingSchedule
 from gh200rt.weights.tiers import Tier, slot_of
@@ -130,10 +130,10 @@ class WeightStore(LayerHooks):
         placed = self._move_to_device(resident_layers=not in_arena)
         if not in_arena:
             for layer in self.layers(Tier.RESIDENT):
-                self._write(layer, {name: self._resident_form(ref.current)
+                self._write(layer, {name: self._resident_form(ref.current, layer, name)
                                     for name, ref in self.model.layer_weight_refs(layer).items()})
         lm_head = self.model.lm_head.weight_ref
-        lm_head.current = self._resident_form(lm_head.current)
+        lm_head.current = self._resident_form(lm_head.current, None, "lm_head")
         self._book("resident_weights", placed)
         ring_layers = self._ring_users() or (list(self.slabs) if plan.dynamic else [])
         if ring_layers:  # dynamic tiers book the ring up front: any layer may start streaming later
@@ -202,7 +202,7 @@ class WeightStore(LayerHooks):
             self.tiers[layer] = tier
             self._reorder()                      # out of the ring first: the refs written below are final
             bound = slab.bind(home, self.compute_dtype, stable=True)
-            self._write(layer, {name: self._resident_form(weight) for name, weight in bound.items()})
+            self._write(layer, {name: self._resident_form(weight, layer, name) for name, weight in bound.items()})
             self._layer_device_bytes[layer] = slab.nbytes
             return
         if self.backend is None and tier == Tier.STREAMED:
@@ -232,7 +232,7 @@ class WeightStore(LayerHooks):
         source = slab.tensor if slab is not None else None
         if self.cpu_linear_format not in (None, "onednn-fp32"):  # every linear converted: the run stays unwritten
             bound = layout.bind(source, self.compute_dtype, stable=True) if slab is not None else layout.forms
-            weights = {name: self._resident_form(weight) for name, weight in bound.items()}
+            weights = {name: self._resident_form(weight, layer, name) for name, weight in bound.items()}
         else:  # fp32: weights too small for oneDNN stay dense, in the run; the others are reordered copies of it
             if slab is not None:
                 weights = slab.bind(slab.device_copy(into=self.arena.run(start)), self.compute_dtype, stable=True)
@@ -240,7 +240,7 @@ class WeightStore(LayerHooks):
                 run = self.arena.run(start)
                 layout.fill(run)
                 weights = layout.bind(run, self.compute_dtype, stable=True)
-            weights = {name: self._resident_form(weight) for name, weight in weights.items()}
+            weights = {name: self._resident_form(weight, layer, name) for name, weight in weights.items()}
         self._runs[layer] = start
         self._write(layer, weights)
 
@@ -327,11 +327,16 @@ class WeightStore(LayerHooks):
                 if parts:
                     ref.current = weight_forms.concat_rows(parts)
 
-    def _resident_form(self, weight):
+    def _resident_form(self, weight, layer: int | None, name: str):
+        """The CPU route's form of a resident linear (``layer`` None: the lm_head)."""
         if self.cpu_linear_format is None or not isinstance(weight, torch.Tensor) or weight.device.type != "cpu":
             return weight
+        parts = None
+        if self.cpu_linear_format == "fp16+gguf":
+            parts = gguf_parts(self.quantized, layer, name) if layer is not None \
+                else lm_head_parts(self.quantized, self.model.arch.tie_word_embeddings)
         with torch.inference_mode():
-            return cpu_route_form(weight, self.cpu_linear_format)
+            return cpu_route_form(weight, self.cpu_linear_format, parts)
 
     def _move_to_device(self, resident_layers: bool = True) -> int:
         """Everything but the offloaded layers' linear weights (and, with ``resident_layers=False``, the

@@ -197,18 +197,26 @@ static void block(const Weight *w, const Rows *x, int64_t rows, int64_t n0, int 
 }
 #endif
 
+/* The weight as the Python side describes it once (kernels/cpu_native.py QuantWeight): pointers and sizes. */
+typedef struct {
+    const uint8_t *q;
+    const float *scale;
+    const float *minimum;    /* NULL for int8 */
+    int64_t fmt, n, k, group;
+} WeightArgs;
+
 /* out[rows, n] = x[rows, k] W^T (+ the int4 minimum terms). fmt 0: int8 q [n, k]; fmt 1: int4 q [n, k/2] with
  * minimum. group is a multiple of 32, k a multiple of group. Returns 0, or -1 when the buffers could not be
  * allocated. */
-int gh_quant_linear(const float *x, int64_t rows, int64_t x_stride, const uint8_t *q, const float *scale,
-                    const float *minimum, int64_t fmt, int64_t n, int64_t k, int64_t group, float *out,
+int gh_quant_linear(const float *x, int64_t rows, int64_t x_stride, const WeightArgs *args, float *out,
                     int64_t out_stride, int64_t threads) {
-    Weight w = {q, scale, fmt == 0 ? NULL : minimum, k, group, k / group, fmt};
+    int64_t fmt = args->fmt, n = args->n, k = args->k, group = args->group;
+    Weight w = {args->q, args->scale, fmt == 0 ? NULL : args->minimum, k, group, k / group, fmt};
     int64_t blocks = (n + NB - 1) / NB;
     if (threads < 1) threads = 1;
     int64_t groups = k / group, with_sum = w.minimum != NULL;
     size_t floats = (size_t)(rows * (k / CHUNK) + (with_sum ? rows * groups : 0));
-    size_t shorts = (size_t)(rows * k + threads * NB * k);
+    size_t shorts = (size_t)(rows * k + (rows > 1 ? threads * NB * k : 0));
     float *fbuf = malloc(floats * sizeof(float) + 32);
     int16_t *sbuf = malloc(shorts * sizeof(int16_t) + 32);
     if (!fbuf || !sbuf) {
@@ -223,7 +231,7 @@ int gh_quant_linear(const float *x, int64_t rows, int64_t x_stride, const uint8_
     for (int64_t b = 0; b < blocks; b++) {
         int64_t n0 = b * NB;
         int nb = (int)(n - n0 < NB ? n - n0 : NB);
-        block(&w, &xr, rows, n0, nb, out, out_stride, widened + thread_index() * NB * k);
+        block(&w, &xr, rows, n0, nb, out, out_stride, rows > 1 ? widened + thread_index() * NB * k : NULL);
     }
     free(fbuf);
     free(sbuf);
@@ -232,9 +240,11 @@ int gh_quant_linear(const float *x, int64_t rows, int64_t x_stride, const uint8_
 
 /* The dense float32 [n, k] weight with PackedWeight.dequantize()'s bits (q * scale, then + minimum), for row
  * counts a GEMM serves better. */
-void gh_dequantize(const uint8_t *q, const float *scale, const float *minimum, int64_t fmt, int64_t n, int64_t k,
-                   int64_t group, float *out, int64_t threads) {
-    Weight w = {q, scale, fmt == 0 ? NULL : minimum, k, group, k / group, fmt};
+void gh_dequantize(const WeightArgs *args, float *out, int64_t threads) {
+    int64_t fmt = args->fmt, n = args->n, k = args->k, group = args->group;
+    const uint8_t *q = args->q;
+    const float *scale = args->scale;
+    Weight w = {q, scale, fmt == 0 ? NULL : args->minimum, k, group, k / group, fmt};
     (void)threads;
 #pragma omp parallel for schedule(static) num_threads((int)threads) if (threads > 1)
     for (int64_t row = 0; row < n; row++)

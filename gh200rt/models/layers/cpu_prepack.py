@@ -17,6 +17,9 @@ chosen in ``platform/cpu_features.py``; the weight store applies it to every res
   oneDNN, with the one-row rule of ``cpu_linear``, and only after ``resident_linear_format`` found
   reordered == dense bit for bit for the model's shapes at start-up (DESIGN invariant 4).
 * ``fp16`` -> ``HalfWeight`` (fbgemm's fp16 GEMM, float32 activations).
+* ``fp16+gguf`` (the fp16 route of a GGUF checkpoint, native kernels on) -> ``OneRowBlocksWeight``: a
+  single row through the checkpoint's Q4_0 / Q4_1 / Q8_0 blocks and the native quantized linear, more
+  rows through the ``HalfWeight``. A linear stored in another GGUF type keeps the plain fp16 form.
 
 Only resident weights are converted: a streamed layer's slot changes every step and a direct
 layer's host slab is in the format ``--host-weight-dtype`` chose. The dense original is released
@@ -70,7 +73,52 @@ class OneDNNWeight:
         return f"OneDNNWeight(shape={self.shape})"
 
 
-def cpu_route_form(weight: torch.Tensor, fmt: str):
+class OneRowBlocksWeight:
+    """A resident linear with two forms of one weight: a single row (one sequence decoding) multiplies the
+    checkpoint's own GGUF blocks through the native quantized linear (``kernels/cpu/quant_linear.c``: 4.5 or
+    8.5 bits a weight read in place, the exact GGUF weights), more rows the route's batch form (fbgemm's
+    fp16 GEMM), which the per-block integer sums do not beat from two rows on (docs/benchmarks/kernels.md).
+    The choice depends on the row count alone, never on where the weight lives."""
+    __slots__ = ("blocks", "batch", "shape")
+
+    def __init__(self, blocks, batch):
+        assert tuple(blocks.shape) == tuple(batch.shape), (blocks.shape, batch.shape)
+        self.blocks, self.batch = blocks, batch
+        self.shape = tuple(batch.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.blocks.nbytes) + int(self.batch.nbytes)
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        form = self.blocks if x.numel() == x.shape[-1] else self.batch
+        return form.linear(x, bias)
+
+    def __repr__(self) -> str:
+        return f"OneRowBlocksWeight({self.blocks!r}, {self.batch!r})"
+
+
+def gguf_blocks_form(parts: list | None):
+    """The GGUF blocks that make up one linear (``parts``: the loader's quantized tensors, in row order) as one
+    ``PackedWeight`` the native quantized linear takes, or None (no parts, another format, no native library)."""
+    from gh200rt.kernels.cpu_native import load_native_ops, quant_linear_fits
+    from gh200rt.weights.forms import concat_rows
+    if not parts or any(not hasattr(p, "ggml_type") for p in parts) or load_native_ops() is None:
+        return None
+    try:
+        packed = concat_rows([pack_weight(part, "auto") for part in parts])
+    except ValueError:  # a GGUF type that has no packed form (Q4_K, F16...)
+        return None
+    return packed if quant_linear_fits(packed) else None
+
+
+def cpu_route_form(weight: torch.Tensor, fmt: str, gguf_parts: list | None = None):
+    """The resident form of ``weight`` for the route's ``fmt``; ``gguf_parts`` (the checkpoint's quantized
+    tensors making up this linear, when it was a GGUF file) serve the ``fp16+gguf`` format's single rows."""
+    if fmt == "fp16+gguf":
+        half = cpu_route_form(weight, "fp16")
+        blocks = gguf_blocks_form(gguf_parts)
+        return OneRowBlocksWeight(blocks, half) if blocks is not None and not isinstance(half, torch.Tensor) else half
     if fmt == "onednn-bf16":
         return OneDNNWeight(weight) if weight.dtype == torch.bfloat16 else weight
     if fmt == "onednn-fp32":  # only where dense_linear takes oneDNN: elsewhere F.linear's bits are the reference
@@ -115,10 +163,17 @@ def reordered_matches_dense(n: int, k: int, with_bias: bool) -> bool:
     return _probed[key]
 
 
-def resident_linear_format(model, fmt: str | None) -> str | None:
+def resident_linear_format(model, fmt: str | None, quantized: dict | None = None,
+                           native_kernels: bool = True) -> str | None:
     """The form the weight store gives ``model``'s resident linears: ``fmt`` (the CPU route's
     ``linear_format``), except that ``onednn-fp32`` falls back to dense weights (None), with a log line
-    saying why, unless reordered weights give the dense bits for every shape the model reorders."""
+    saying why, unless reordered weights give the dense bits for every shape the model reorders; and that
+    the fp16 route of a GGUF checkpoint (``quantized`` holds its blocks) with the native CPU kernels becomes
+    ``fp16+gguf``: single rows through the blocks (``OneRowBlocksWeight``)."""
+    if fmt == "fp16" and native_kernels and quantized and \
+            any(hasattr(q, "ggml_type") for q in quantized.values()):
+        from gh200rt.kernels.cpu_native import load_native_ops
+        return "fp16+gguf" if load_native_ops() is not None else fmt
     if fmt != "onednn-fp32":
         return fmt
     shapes = sorted({(*m.weight_ref.shape, m.bias is not None) for m in model.modules()
