@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from gh200rt.kernels.quant import pack_weight, quantize_int4, quantize_int8
 from gh200rt.models.layers.cpu_linear import dense_linear
 from gh200rt.models.layers.cpu_prepack import OneDNNWeight
+from gh200rt.platform.cpu_features import route_for
 
 HIDDEN, KV, INTER, LAYERS = 576, 192, 1536, 30
 SHAPES = [(HIDDEN + 2 * KV, HIDDEN), (HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER)]  # (out, in)
@@ -67,9 +68,10 @@ def routes(dense: list[torch.Tensor], skip_slow: bool) -> dict[str, tuple[list, 
     bf16 = [w.bfloat16() for w in dense]
     add("bf16 F.linear, bf16 acts", [lambda x, w=w: F.linear(x.bfloat16(), w) for w in bf16],
         sum(w.nbytes for w in bf16))
-    reordered = [OneDNNWeight(w) for w in bf16]
-    add("bf16 OneDNNWeight (bf16 route)", [lambda x, o=o: o.linear(x.bfloat16()) for o in reordered],
-        sum(w.nbytes for w in bf16))
+    if route_for("bfloat16").linear_format is not None:  # oneDNN reorders bf16 only with AVX-512 / AVX-NE-CONVERT
+        reordered = [OneDNNWeight(w) for w in bf16]
+        add("bf16 OneDNNWeight (bf16 route)", [lambda x, o=o: o.linear(x.bfloat16()) for o in reordered],
+            sum(w.nbytes for w in bf16))
     half = [pack_weight(w, "fp16") for w in dense]
     add("fp16 HalfWeight (fbgemm)", [h.linear for h in half], sum(h.weight.nbytes for h in half))
     add("fp16 F.linear, fp16 acts (not wired)", [lambda x, h=h: F.linear(x.half(), h.weight) for h in half],
