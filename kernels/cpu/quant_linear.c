@@ -123,11 +123,22 @@ INLINE void row_block(const Weight *w, int fmt, const Rows *x, int64_t r, int64_
     for (int j = 0; j < NB; j++) acc[j] = _mm256_setzero_ps();
     const int16_t *xq = x->q + r * x->k;
     const float *xs = x->scale + r * (x->k / CHUNK);
-    for (int64_t c = 0; c < w->k; c += CHUNK) {
+    /* the next block's codes, one or two cache lines per chunk (a block of int4 codes spans k / 32 lines,
+     * one of int8 codes twice that): the hardware prefetcher does not follow NB rows at once */
+    const char *ahead = (const char *)w->q + (n0 + NB) * (fmt ? w->k >> 1 : w->k);
+    int64_t g = 0, group_end = w->group;
+    for (int64_t c = 0, i = 0; c < w->k; c += CHUNK, i++) {
+        if (c == group_end) {
+            g++;
+            group_end += w->group;
+        }
+        if (!from_buf) {
+            _mm_prefetch(ahead + (fmt ? i : 2 * i) * 64, _MM_HINT_T0);
+            if (!fmt) _mm_prefetch(ahead + (2 * i + 1) * 64, _MM_HINT_T0);
+        }
         __m256i xa = _mm256_loadu_si256((const __m256i *)(xq + c));
         __m256i xb = _mm256_loadu_si256((const __m256i *)(xq + c + 16));
-        __m256 xscale = _mm256_broadcast_ss(xs + c / CHUNK);
-        int64_t g = c / w->group;
+        __m256 xscale = _mm256_broadcast_ss(xs + i);
         for (int j = 0; j < nb; j++) {
             __m256i a, b;
             if (from_buf) {
