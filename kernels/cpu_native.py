@@ -37,10 +37,11 @@ SIGNATURES = {
     "gh_rotary": (_P, _I, _I, _I, _I, _I, _P, _P, _P, _C),
     "gh_write_kv": (_P, _P, _I, _I, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _I, _I, _I),
     "gh_decode_attention": (_P, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _P, _I, _I, _I, _I, _F, _P, _C),
+    "gh_decode_attention_block": (_P, _I, _P, _P, _P, _P, _I, _I, _I, _I, _P, _P, _I, _P, _I, _I, _I, _I, _F, _P, _C),
     "gh_quant_linear": (_P, _I, _I, _P, _P, _I, _I),
     "gh_dequantize": (_P, _P, _I),
 }
-RESTYPES = {"gh_quant_linear": ctypes.c_int}
+RESTYPES = {"gh_quant_linear": ctypes.c_int, "gh_decode_attention_block": ctypes.c_int}
 
 _error: str | None = None
 
@@ -217,6 +218,41 @@ class NativeOps:
                                       heads, kv_heads, dim, scale, out.data_ptr(), _code(q, kv_cache))
         return out
 
+
+    def decode_attention_block(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+                               slot_mapping: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                               scale: float, heads: int, kv_heads: int) -> torch.Tensor:
+        """``rotary`` on the query and key heads of ``qkv [T, (heads + 2 kv_heads) * D]``, ``write_kv`` of the new
+        K and V, ``decode_attention`` -> ``out [T, heads, D]``: the three ops' bits in one call. One token per
+        sequence, in sequence order; ``cos``/``sin`` contiguous ``[T, 1, D/2]`` in qkv's dtype."""
+        tokens, width = qkv.shape
+        dim = kv_cache.shape[-1]
+        if qkv.stride(-1) != 1:
+            qkv = qkv.contiguous()
+        code = _code(qkv, cos, sin, kv_cache)
+        if width != (heads + 2 * kv_heads) * dim or kv_cache.shape[3] != kv_heads or heads % kv_heads \
+                or not (cos.is_contiguous() and sin.is_contiguous()) or cos.numel() != tokens * (dim // 2) \
+                or sin.shape != cos.shape or block_tables.shape[0] != tokens or seq_lens.shape[0] != tokens \
+                or slot_mapping.shape[0] != tokens:
+            raise ValueError(f"decode_attention_block: qkv {tuple(qkv.shape)}, {heads} / {kv_heads} heads, pool "
+                             f"{tuple(kv_cache.shape)}, tables {tuple(cos.shape)}, block tables "
+                             f"{tuple(block_tables.shape)}, seq_lens {tuple(seq_lens.shape)}")
+        _check_pool(kv_cache, qkv.view(tokens, -1, dim))
+        if block_tables.dtype != torch.int32 or block_tables.stride(-1) != 1:
+            block_tables = block_tables.to(torch.int32).contiguous()
+        if seq_lens.dtype != torch.int64 or not seq_lens.is_contiguous():
+            seq_lens = seq_lens.to(torch.int64).contiguous()
+        if slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous():
+            slot_mapping = slot_mapping.to(torch.int64).contiguous()
+        out = qkv.new_empty((tokens, heads, dim))
+        strides = kv_cache.stride()
+        if self._lib.gh_decode_attention_block(qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(),
+                                               kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), strides[1], strides[2],
+                                               strides[3], kv_cache.shape[2], slot_mapping.data_ptr(),
+                                               block_tables.data_ptr(), block_tables.stride(0), seq_lens.data_ptr(),
+                                               tokens, heads, kv_heads, dim, scale, out.data_ptr(), code):
+            raise MemoryError("decode_attention_block: no memory for the rotated heads")
+        return out
 
     def quant_linear(self, x: torch.Tensor, weight) -> torch.Tensor:
         """``x [..., K]`` float32 times a ``PackedWeight`` int8 / int4 ``[N, K]`` (group size a multiple of 32 that

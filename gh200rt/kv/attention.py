@@ -120,6 +120,11 @@ class _BatchLayout:
         self.single = len(self.groups) == 1
 
 
+def batch_layout(meta: AttentionMetadata) -> _BatchLayout:
+    """The step's decode / multi-token groups (built once per metadata, shared by every layer)."""
+    return _layout(meta)
+
+
 def _layout(meta: AttentionMetadata) -> _BatchLayout:
     layout = meta.__dict__.get(_LAYOUT_KEY)
     if layout is None:

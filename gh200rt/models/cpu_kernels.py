@@ -1,7 +1,8 @@
 """Native CPU ops inside the model, through the layers' swap hooks (the CPU counterpart of gpu_kernels.py).
 
 ``use_native_cpu_kernels(model) -> str | None`` points RMSNorm, RoPE, the KV store, decode attention
-and SiLU-and-mul at the native ops of ``kernels/cpu/ops.c`` and returns None, or leaves the torch
+and SiLU-and-mul at the native ops of ``kernels/cpu/ops.c`` (a decode-only step's RoPE, KV store and
+attention in one call per layer, ``decode_block``) and returns None, or leaves the torch
 ops in place and returns why (no C compiler, not a CPU model). At decode sizes each torch op costs
 more in dispatch than in arithmetic: one layer's ~36 small ops take about a millisecond on a 2-core
 host, the native ops a fraction of that (docs/benchmarks/models.md).
@@ -54,7 +55,17 @@ def native_cpu_ops(ops: NativeOps) -> dict:
             else ops.decode_attention
         return torch_attention.paged_attention(q, kv_cache, meta, scale, num_kv_heads, kv_scale, decode)
 
-    return dict(rotary=rope, write_kv=write_kv, attention=attention, norm=norm, act=act)
+    def decode_block(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor, meta,
+                     scale: float, heads: int, kv_heads: int) -> torch.Tensor | None:
+        layout = torch_attention.batch_layout(meta)
+        if not (layout.single and layout.groups[0].decode) or qkv.dtype not in DTYPES or kv_cache.dtype != qkv.dtype \
+                or cos.dtype != qkv.dtype:
+            return None
+        group = layout.groups[0]
+        return ops.decode_attention_block(qkv, cos, sin, kv_cache, meta.slot_mapping, group.table, group.seq_lens,
+                                          scale, heads, kv_heads)
+
+    return dict(rotary=rope, write_kv=write_kv, attention=attention, norm=norm, act=act, decode_block=decode_block)
 
 
 @functools.lru_cache(maxsize=1)

@@ -81,6 +81,7 @@ def switch_hooks(model: torch.nn.Module, ops: dict) -> int:
     for module in model.modules():
         if isinstance(module, attention.SelfAttention):
             module.rotary_fn, module.write_kv_fn, module.attention_fn = ops["rotary"], ops["write_kv"], ops["attention"]
+            module.decode_block_fn = ops.get("decode_block")
         elif isinstance(module, rmsnorm.RMSNorm):
             module.norm_fn = ops["norm"]
         elif isinstance(module, activation.SiluAndMul):

@@ -261,3 +261,28 @@ void gh_decode_attention(const void *q, int64_t q_seq_stride, int64_t q_head_str
     else if (head_dim == 128) BY_DTYPE(CALL_128);
     else BY_DTYPE(CALL_ANY);
 }
+
+/* A decode step's attention for one layer in one call, from the fused qkv projection: RoPE on the query and
+ * key heads, the new K and V into their pool slots, then decode attention. The same bodies as gh_rotary,
+ * gh_write_kv and gh_decode_attention on the same values, so the same bits as the three calls; one call
+ * saves the two round trips through Python per layer. qkv [T, (heads + 2 kv_heads) * head_dim] (row stride
+ * qkv_stride), one token per sequence in sequence order; out [T, heads, head_dim]. Returns -1 when the
+ * scratch row could not be allocated. */
+int gh_decode_attention_block(const void *qkv, int64_t qkv_stride, const void *cos, const void *sin, void *k_cache,
+                              void *v_cache, int64_t block_stride, int64_t slot_stride, int64_t head_stride,
+                              int64_t block_size, const int64_t *slots, const int32_t *block_tables,
+                              int64_t table_stride, const int64_t *seq_lens, int64_t num_seqs, int64_t heads,
+                              int64_t kv_heads, int64_t head_dim, float scale, void *out, int dtype) {
+    int64_t rotated_heads = heads + kv_heads, elem = dtype ? 2 : 4;
+    char *rotated = malloc((size_t)(num_seqs * rotated_heads * head_dim * elem) + 1);
+    if (!rotated) return -1;
+    gh_rotary(qkv, num_seqs, rotated_heads, head_dim / 2, qkv_stride, head_dim, cos, sin, rotated, dtype);
+    gh_write_kv(k_cache, v_cache, block_stride, slot_stride, head_stride, block_size,
+                rotated + heads * head_dim * elem, (const char *)qkv + rotated_heads * head_dim * elem,
+                rotated_heads * head_dim, head_dim, qkv_stride, head_dim, slots, num_seqs, kv_heads, head_dim, elem);
+    gh_decode_attention(rotated, rotated_heads * head_dim, head_dim, k_cache, v_cache, block_stride, slot_stride,
+                        head_stride, block_size, block_tables, table_stride, seq_lens, num_seqs, heads, kv_heads,
+                        head_dim, scale, out, dtype);
+    free(rotated);
+    return 0;
+}

@@ -115,6 +115,31 @@ def test_decode_hook_leaves_multi_token_groups_to_sdpa():
     assert_close(got[decode_rows], want[decode_rows], torch.float32)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (4, 4, 32)])
+def test_decode_attention_block_gives_the_three_ops_bits(dtype, heads, kv_heads, d):
+    """RoPE + KV store + decode attention from a fused qkv row, in one call: the same bits as the three ops,
+    the same pool afterwards; a padding row (slot -1) writes nothing."""
+    seq_lens = [5, 17, 9]
+    _, pool, meta, gen = scattered_case([1, 1, 1], seq_lens, heads, kv_heads, d, 8, dtype, seed=9)
+    slots = meta.slot_mapping.clone()
+    slots[2] = -1
+    meta.slot_mapping = slots
+    qkv = torch.randn(3, (heads + 2 * kv_heads) * d, generator=gen).to(dtype)
+    angles = torch.rand(3, 1, d // 2, generator=gen) * 6
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    separate, fused = pool.clone(), pool.clone()
+    qk = OPS.rotary(qkv[:, :(heads + kv_heads) * d].view(3, heads + kv_heads, d), cos, sin)
+    OPS.write_kv(separate, qk[:, heads:], qkv[:, (heads + kv_heads) * d:].view(3, kv_heads, d), slots)
+    want = OPS.decode_attention(qk[:, :heads], separate, meta.block_tables, meta.seq_lens, d ** -0.5)
+    got = OPS.decode_attention_block(qkv, cos, sin, fused, slots, meta.block_tables, meta.seq_lens, d ** -0.5,
+                                     heads, kv_heads)
+    assert torch.equal(got, want) and torch.equal(fused, separate)
+    with pytest.raises(ValueError, match="decode_attention_block"):
+        OPS.decode_attention_block(qkv[:, :-d], cos, sin, fused, slots, meta.block_tables, meta.seq_lens, 0.1,
+                                   heads, kv_heads)
+
+
 def test_decode_attention_on_the_arena_pool():
     pool = _arena_pool(torch.float32, blocks=12, block_size=4, kv_heads=3, head_dim=16, layer=2)
     pool.copy_(torch.randn(pool.shape, generator=torch.Generator().manual_seed(7)))
