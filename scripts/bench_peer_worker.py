@@ -9,7 +9,7 @@ which rows to run; OUT.json receives ``{"single": tok/s, "offline": tok/s, "load
 Every engine decodes greedily with EOS ignored, so each produces exactly the tokens asked for.
 
 single-stream decode: one prompt, (N - 1) / (time(N tokens) - fastest time(1 token)), best of the rounds.
-offline: all prompts submitted at once (llama.cpp has no batch API in its Python binding: one after
+offline: all prompts submitted at once (each round its own prompts, so no round hits a prefix cache) (llama.cpp has no batch API in its Python binding: one after
 another; transformers: one left-padded static batch), output tokens / wall time, best of the rounds.
 """
 from __future__ import annotations
@@ -137,12 +137,12 @@ def main() -> None:
     start = time.perf_counter()
     engine = ENGINES[kind](spec, variant)
     result = {"load_s": time.perf_counter() - start}
-    engine.generate(spec["prompts"][:2], 4)  # warm-up (vLLM's compile, oneDNN's first calls)
+    engine.generate(spec["warmup_prompts"], 4)  # warm-up (vLLM's compile, oneDNN's first calls)
     if "single" in spec["rows"]:
         result["single"] = max(single_stream(engine, spec["single_prompt"], spec["single_tokens"])
                                for _ in range(spec["rounds"]))
     if "offline" in spec["rows"]:
-        rates = [offline(engine, spec["prompts"], spec["offline_tokens"]) for _ in range(spec["rounds"])]
+        rates = [offline(engine, prompts, spec["offline_tokens"]) for prompts in spec["round_prompts"]]
         result["offline"], result["offline_rounds"] = max(rates), rates
     result["sample"] = engine.generate(spec["prompts"][:4], 16)
     with open(out_path, "w", encoding="utf-8") as f:

@@ -7,7 +7,8 @@
 Rows (the table of issue 14):
   single   single-stream greedy decode of --single-tokens tokens, tok/s (prefill excluded)
   offline  --requests prompts of random token ids (80-150 tokens, ~7.3k in all) x --offline-tokens new
-           tokens, submitted at once: output tok/s
+           tokens, submitted at once: output tok/s (each round its own tokens, same lengths: no prefix
+           cache hits from an earlier round or the warm-up)
   served   --served-requests requests of 128 random tokens in / 64 out at concurrency 8 against the
            engine's OpenAI server, measured by scripts/bench_serving.py: output tok/s, TPOT p50, TTFT p50
 
@@ -60,6 +61,13 @@ def missing_reason(engine: str, peer_python: str) -> str | None:
 def random_prompts(count: int, low_len: int, high_len: int, seed: int = 0, vocab: int = 49152) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(100, vocab - 100) for _ in range(rng.randint(low_len, high_len))] for _ in range(count)]
+
+
+def fresh_tokens(prompts: list[list[int]], seed: int, vocab: int = 49152) -> list[list[int]]:
+    """Prompts of the same lengths with other random tokens: each offline round (and the warm-up) gets its
+    own, so no engine's prefix cache serves a round from the one before."""
+    rng = random.Random(seed)
+    return [[rng.randrange(100, vocab - 100) for _ in p] for p in prompts]
 
 
 def hf_dir(work_dir: str, gguf: str, peer_python: str) -> str:
@@ -200,6 +208,8 @@ def main() -> None:
     needs_hf = any(e.partition(":")[0] in ("vllm", "transformers") and available[e] is None for e in args.engines)
     hf = hf_dir(args.work_dir, gguf, args.peer_python) if needs_hf else None
     spec = dict(gguf=gguf, hf_dir=hf, prompts=prompts, single_prompt=prompts[0], threads=args.threads,
+                warmup_prompts=fresh_tokens(prompts[:2], seed=1000),
+                round_prompts=[prompts] + [fresh_tokens(prompts, seed=1000 + r) for r in range(1, args.rounds)],
                 rounds=args.rounds, rows=[r for r in args.rows if r != "served"], max_model_len=1024,
                 kv_blocks=2048, offline_tokens=args.offline_tokens, single_tokens=args.single_tokens)
     print(f"{len(prompts)} prompts, {sum(map(len, prompts))} prompt tokens; threads {args.threads}; "
