@@ -77,8 +77,9 @@ class ModelConfig:
         "longest prompt + completion in tokens; default: the model's context length"))
     seed: int = field(default=0, metadata=_help("seed for requests that give none"))
     cpu_kernels: str = field(default="native", metadata=_help(
-        "small ops of a CPU model (RMSNorm, RoPE, KV store, decode attention, SiLU): native = C loops built once "
-        "per machine with the system's C compiler (torch ops where none is found), torch = torch ops only",
+        "small ops of a CPU model (RMSNorm, RoPE, KV store, decode attention, SiLU) and its float32 linears of up "
+        "to 8 rows: native = C loops built once per machine with the system's C compiler (torch ops where none "
+        "is found), torch = torch ops and oneDNN only",
         choices=CPU_KERNELS))
 
     def __post_init__(self):

@@ -8,7 +8,9 @@ shared home directory never hands one machine's build to another; later processe
 milliseconds. No torch headers are involved, so a build takes about a second.
 
 Each wrapper takes torch tensors, checks what the C code assumes (CPU, dtype, the strides it reads)
-and passes data pointers and element strides. ctypes releases the GIL for the call.
+and passes data pointers and element strides. ctypes releases the GIL for the call. Every op runs on
+up to ``torch.get_num_threads()`` threads of torch's own OpenMP pool (the C code keeps one for small work);
+the bits do not depend on the count.
 """
 from __future__ import annotations
 
@@ -24,22 +26,24 @@ from pathlib import Path
 
 import torch
 
-SOURCES = tuple(Path(__file__).with_name("cpu") / name for name in ("ops.c", "quant_linear.c"))
+SOURCES = tuple(Path(__file__).with_name("cpu") / name for name in ("ops.c", "quant_linear.c", "f32_linear.c"))
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=c11")
-# quant_linear.c's threads: the libgomp torch has loaded (same soname), so they run on torch's own pool
+# the ops' threads: the libgomp torch has loaded (same soname), so they run on torch's own pool
 OPENMP = ("-fopenmp",)
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
 _P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 SIGNATURES = {
-    "gh_rms_norm": (_P, _I, _I, _I, _P, _P, _F, _C),
-    "gh_silu_mul": (_P, _I, _I, _P, _C),
-    "gh_rotary": (_P, _I, _I, _I, _I, _I, _P, _P, _P, _C),
+    "gh_rms_norm": (_P, _I, _I, _I, _P, _P, _F, _C, _I),
+    "gh_silu_mul": (_P, _I, _I, _P, _C, _I),
+    "gh_rotary": (_P, _I, _I, _I, _I, _I, _P, _P, _P, _C, _I),
     "gh_write_kv": (_P, _P, _I, _I, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _I, _I, _I),
-    "gh_decode_attention": (_P, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _P, _I, _I, _I, _I, _F, _P, _C),
-    "gh_decode_attention_block": (_P, _I, _P, _P, _P, _P, _I, _I, _I, _I, _P, _P, _I, _P, _I, _I, _I, _I, _F, _P, _C),
+    "gh_decode_attention": (_P, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _P, _I, _I, _I, _I, _F, _P, _C, _I),
+    "gh_decode_attention_block": (_P, _I, _P, _P, _P, _P, _I, _I, _I, _I, _P, _P, _I, _P, _I, _I, _I, _I, _F, _P, _C,
+                                  _I),
     "gh_quant_linear": (_P, _I, _I, _P, _P, _I, _I),
     "gh_dequantize": (_P, _P, _I),
+    "gh_f32_linear": (_P, _I, _I, _P, _I, _I, _I, _P, _P, _I, _I),
 }
 RESTYPES = {"gh_quant_linear": ctypes.c_int, "gh_decode_attention_block": ctypes.c_int}
 
@@ -147,7 +151,7 @@ class NativeOps:
         if weight.shape != (dim,) or not weight.is_contiguous():
             raise ValueError(f"RMSNorm weight {tuple(weight.shape)} does not match rows of {dim}")
         self._lib.gh_rms_norm(rows.data_ptr(), rows.shape[0], dim, rows.stride(0), weight.data_ptr(),
-                              out.data_ptr(), eps, code)
+                              out.data_ptr(), eps, code, torch.get_num_threads())
         return out
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
@@ -156,7 +160,7 @@ class NativeOps:
         inter = rows.shape[-1] // 2
         out = rows.new_empty((*rows.shape[:-1], inter))
         self._lib.gh_silu_mul(rows.data_ptr(), rows.numel() // (2 * inter) if inter else 0, inter, out.data_ptr(),
-                              _code(rows))
+                              _code(rows), torch.get_num_threads())
         return out
 
     def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -170,7 +174,7 @@ class NativeOps:
                              f"tokens of head size {dim} (contiguous [T, 1, D/2] expected)")
         out = x.new_empty((tokens, heads, dim))
         self._lib.gh_rotary(x.data_ptr(), tokens, heads, dim // 2, x.stride(0), x.stride(1), cos.data_ptr(),
-                            sin.data_ptr(), out.data_ptr(), _code(x, cos, sin))
+                            sin.data_ptr(), out.data_ptr(), _code(x, cos, sin), torch.get_num_threads())
         return out
 
     def write_kv(self, kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -215,7 +219,8 @@ class NativeOps:
         self._lib.gh_decode_attention(q.data_ptr(), q.stride(0), q.stride(1), kv_cache[0].data_ptr(),
                                       kv_cache[1].data_ptr(), strides[1], strides[2], strides[3], kv_cache.shape[2],
                                       block_tables.data_ptr(), block_tables.stride(0), seq_lens.data_ptr(), num_seqs,
-                                      heads, kv_heads, dim, scale, out.data_ptr(), _code(q, kv_cache))
+                                      heads, kv_heads, dim, scale, out.data_ptr(), _code(q, kv_cache),
+                                      torch.get_num_threads())
         return out
 
 
@@ -250,7 +255,8 @@ class NativeOps:
                                                kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), strides[1], strides[2],
                                                strides[3], kv_cache.shape[2], slot_mapping.data_ptr(),
                                                block_tables.data_ptr(), block_tables.stride(0), seq_lens.data_ptr(),
-                                               tokens, heads, kv_heads, dim, scale, out.data_ptr(), code):
+                                               tokens, heads, kv_heads, dim, scale, out.data_ptr(), code,
+                                               torch.get_num_threads()):
             raise MemoryError("decode_attention_block: no memory for the rotated heads")
         return out
 
@@ -268,6 +274,36 @@ class NativeOps:
         if rows.shape[0] and self._lib.gh_quant_linear(rows.data_ptr(), rows.shape[0], rows.stride(0), args.pointer,
                                                        out.data_ptr(), n, threads):
             raise MemoryError(f"native quantized linear: no memory for its buffers ({rows.shape[0]} rows of {k})")
+        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], n)
+
+    def f32_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [..., K] W^T (+ bias)`` for float32 CPU tensors, ``weight [N, K]`` read in place (any row stride,
+        unit column stride), on ``torch.get_num_threads()`` threads (one for weights too small to share). A row's
+        bits depend on that row and the weight's values alone (kernels/cpu/f32_linear.c)."""
+        n, k = weight.shape
+        if x.dtype != torch.float32 or weight.dtype != torch.float32 or weight.stride(-1) != 1 or x.shape[-1] != k \
+                or not (x.is_cpu and weight.is_cpu) or (bias is not None and (bias.dtype != torch.float32 or
+                                                                               bias.shape != (n,) or not bias.is_cpu)):
+            raise ValueError(f"f32_linear takes float32 CPU x [..., {k}] and weight [N, K] with unit column stride, got "
+                             f"x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} {weight.dtype} strides "
+                             f"{weight.stride()}")
+        return self.f32_linear_checked(x, weight, bias)
+
+    def f32_linear_checked(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``f32_linear`` for arguments the caller has checked (``cpu_linear.native_rows``): a decode step makes
+        ~120 of these calls, so the Python around the kernel is kept to one output tensor and the call."""
+        n, k = weight.shape
+        rows = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, k)
+        if rows.stride(-1) != 1:
+            rows = rows.contiguous()
+        if bias is not None and not bias.is_contiguous():
+            bias = bias.contiguous()
+        count = rows.shape[0]
+        out = torch.empty((count, n))
+        if count:
+            self._lib.gh_f32_linear(rows.data_ptr(), count, rows.stride(0), weight.data_ptr(), n, k, weight.stride(0),
+                                    None if bias is None else bias.data_ptr(), out.data_ptr(), n,
+                                    torch.get_num_threads() if n * k >= SHARED_WEIGHT_ELEMENTS else 1)
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], n)
 
     def dequantize(self, weight) -> torch.Tensor:

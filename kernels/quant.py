@@ -123,6 +123,14 @@ class PackedWeight:
             return host_gemm(x, self, bias)
         return self._linear_cpu(x, bias)
 
+    def dense_for(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The dense float32 weight when this form multiplies ``x`` as that dense weight would (fp8 with float32
+        activations on the CPU: no faster exact route than dequantizing), else None. A layer then multiplies it
+        through its own dense route, so fp8 bytes give the dequantized model's bits on every kernel choice."""
+        if self.fmt == "fp8" and x.dtype == torch.float32 and not x.is_cuda:
+            return self.dequantize()
+        return None
+
     def _linear_cpu(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         n, k = self.shape
         lead = x.shape[:-1]

@@ -1,7 +1,8 @@
-"""The fp32 CPU route's linears, side by side in one process on SmolLM2-135M: resident weights reordered for
-oneDNN at start-up (the route now), dense weights under the one-row rule (what streamed and direct layers
-compute with), and dense weights without the rule (the route before). Round by round, interleaved (the
-machine is shared), it times decode steps at each batch and one prefill chunk per length.
+"""The fp32 CPU route's linears, side by side in one process on SmolLM2-135M: resident weights with the native
+float32 kernel for up to NATIVE_F32_MAX_ROWS rows and reordered for oneDNN above (the route now), the
+reordered weights alone under the one-row rule (the route before the native kernel), and dense weights with
+and without the native rows (what streamed and direct layers compute with, now and before). Round by round,
+interleaved (the machine is shared), it times decode steps at each batch and one prefill chunk per length.
 
     python scripts/bench_fp32_reorder.py [--rounds 4] [--batches 1,8] [--prefill 256,1024]
 
@@ -28,17 +29,13 @@ from gh200rt.models.layers import cpu_linear  # noqa: E402
 from gh200rt.sampling_params import SamplingParams  # noqa: E402
 from scripts.bench_offline import smollm2_gguf  # noqa: E402
 
-WITH_RULE = cpu_linear.onednn_linear
-
-
-def without_rule(x, weight, bias):
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+NATIVE_ROWS = cpu_linear.NATIVE_F32_MAX_ROWS
 
 
 def build(reordered: bool, max_len: int) -> LLMEngine:
     chosen = bootstrap.resident_linear_format
     if not reordered:
-        bootstrap.resident_linear_format = lambda model, fmt: None
+        bootstrap.resident_linear_format = lambda *args, **kwargs: None
     try:
         config = EngineConfig.from_kwargs(model=smollm2_gguf(), dtype="float32", max_model_len=max_len,
                                           num_kv_blocks=4 * max_len // 16, enable_prefix_caching=False,
@@ -61,16 +58,16 @@ def main() -> None:
     model = engines["dense"].runner.model
     linear_bytes = sum(r.nbytes for i in range(len(model.layers)) for r in model.layer_weight_refs(i).values()) \
         + model.lm_head.weight_ref.nbytes
-    modes = {"reordered (now)": ("reordered", WITH_RULE), "dense, one-row rule": ("dense", WITH_RULE),
-             "dense, no rule (before)": ("dense", without_rule)}
+    modes = {"native rows + reordered": ("reordered", NATIVE_ROWS), "reordered, one-row rule": ("reordered", 0),
+             "dense + native rows": ("dense", NATIVE_ROWS), "dense, one-row rule": ("dense", 0)}
     phases = [f"decode b{b}" for b in batches] + [f"prefill {p}" for p in prefill]
     times: dict[tuple[str, str], list[float]] = {(m, p): [] for m in modes for p in phases}
     rng, uid = random.Random(0), 0
     print(f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f} at start; "
           f"{linear_bytes / 1e6:.0f} MB of linear weights")
     for r in range(args.rounds):
-        for mode, (name, linear) in modes.items():
-            cpu_linear.onednn_linear = linear
+        for mode, (name, native_rows) in modes.items():
+            cpu_linear.NATIVE_F32_MAX_ROWS = native_rows
             eng = engines[name]
             for b in batches:
                 for _ in range(b):
@@ -95,7 +92,7 @@ def main() -> None:
                 while eng.has_unfinished_requests():
                     eng.step()
         print(f"round {r + 1} of {args.rounds} done, load average {os.getloadavg()[0]:.1f}", flush=True)
-    cpu_linear.onednn_linear = WITH_RULE
+    cpu_linear.NATIVE_F32_MAX_ROWS = NATIVE_ROWS
     print(f"{'weights':<24} {'phase':<13} {'best ms':>8} {'median ms':>9} {'tok/s':>8} {'weight GB/s':>11}")
     for (mode, phase), ts in times.items():
         rows = int(phase.split()[-1].lstrip("b"))

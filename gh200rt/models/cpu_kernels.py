@@ -2,7 +2,8 @@
 
 ``use_native_cpu_kernels(model) -> str | None`` points RMSNorm, RoPE, the KV store, decode attention
 and SiLU-and-mul at the native ops of ``kernels/cpu/ops.c`` (a decode-only step's RoPE, KV store and
-attention in one call per layer, ``decode_block``) and returns None, or leaves the torch
+attention in one call per layer, ``decode_block``) and float32 linears of a few rows at the native
+kernel (``cpu_linear.native_dense_linear``), and returns None, or leaves the torch
 ops in place and returns why (no C compiler, not a CPU model). At decode sizes each torch op costs
 more in dispatch than in arithmetic: one layer's ~36 small ops take about a millisecond on a 2-core
 host, the native ops a fraction of that (docs/benchmarks/models.md).
@@ -24,7 +25,7 @@ from gh200rt.kernels.cpu_native import DTYPES, NativeOps, load_native_ops, nativ
 from gh200rt.kv import attention as torch_attention
 from gh200rt.kv import fp8
 from gh200rt.models.gpu_kernels import TORCH_OPS, switch_hooks
-from gh200rt.models.layers import activation, rmsnorm, rotary
+from gh200rt.models.layers import activation, cpu_linear, rmsnorm, rotary
 
 
 def native_cpu_ops(ops: NativeOps) -> dict:
@@ -65,7 +66,8 @@ def native_cpu_ops(ops: NativeOps) -> dict:
         return ops.decode_attention_block(qkv, cos, sin, kv_cache, meta.slot_mapping, group.table, group.seq_lens,
                                           scale, heads, kv_heads)
 
-    return dict(rotary=rope, write_kv=write_kv, attention=attention, norm=norm, act=act, decode_block=decode_block)
+    return dict(rotary=rope, write_kv=write_kv, attention=attention, norm=norm, act=act, decode_block=decode_block,
+                dense_linear=cpu_linear.native_dense_linear(ops))
 
 
 @functools.lru_cache(maxsize=1)

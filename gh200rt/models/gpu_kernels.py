@@ -18,7 +18,7 @@ import torch
 
 from gh200rt.kv import attention as torch_attention
 from gh200rt.kv import fp8
-from gh200rt.models.layers import activation, attention, rmsnorm, rotary
+from gh200rt.models.layers import activation, attention, cpu_linear, linear, rmsnorm, rotary
 
 # The Triton paged attention runs one program per (query token, KV head) over the token's whole
 # context, so a long uncached prompt re-reads its K/V once per token: a step in which any sequence
@@ -76,9 +76,13 @@ TORCH_OPS = dict(rotary=rotary.apply_rotary, write_kv=torch_attention.write_kv,
 
 
 def switch_hooks(model: torch.nn.Module, ops: dict) -> int:
-    """Point every hook in ``model`` at ``ops``; returns how many modules were switched."""
+    """Point every hook in ``model`` at ``ops``; returns how many modules were switched. Linears' dense route
+    (``RefLinear.dense_fn``) follows ``ops["dense_linear"]`` (default ``dense_linear``) and is not counted."""
     switched = 0
     for module in model.modules():
+        if isinstance(module, linear.RefLinear):
+            module.dense_fn = ops.get("dense_linear", cpu_linear.dense_linear)
+            continue
         if isinstance(module, attention.SelfAttention):
             module.rotary_fn, module.write_kv_fn, module.attention_fn = ops["rotary"], ops["write_kv"], ops["attention"]
             module.decode_block_fn = ops.get("decode_block")

@@ -230,10 +230,10 @@ class WeightStore(LayerHooks):
             self.arena.pool.return_run(start)
             raise
         source = slab.tensor if slab is not None else None
-        if self.cpu_linear_format not in (None, "onednn-fp32"):  # every linear converted: the run stays unwritten
+        if self.cpu_linear_format not in (None, "onednn-fp32", "onednn-fp32+native"):  # all converted: run unwritten
             bound = layout.bind(source, self.compute_dtype, stable=True) if slab is not None else layout.forms
             weights = {name: self._resident_form(weight, layer, name) for name, weight in bound.items()}
-        else:  # fp32: weights too small for oneDNN stay dense, in the run; the others are reordered copies of it
+        else:  # fp32: the dense weights in the run (too small for oneDNN, or the native kernel's), reordered copies
             if slab is not None:
                 weights = slab.bind(slab.device_copy(into=self.arena.run(start)), self.compute_dtype, stable=True)
             else:

@@ -6,13 +6,32 @@
  * elementwise op's result is rounded to bf16 (R below), and no multiply-add is fused into an FMA
  * (-ffp-contract=off), so rotary and the KV store give the torch ops' bits, RMSNorm and SiLU agree to
  * the last bits of their reductions and exp, and decode attention to float32 rounding.
- * Single-threaded: at decode sizes the work per call is microseconds; the GEMMs around them keep
- * torch's threads.
+ * Threads: each op takes a thread count and splits independent rows (RMSNorm, SiLU, RoPE tokens) or
+ * (sequence, KV head) pairs (decode attention) over OpenMP threads (torch's libgomp pool, as in
+ * quant_linear.c); every row is computed by the same code whichever thread runs it, so the bits do not
+ * depend on the count. The Python side passes 1 below a size where waking threads costs more than it saves.
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+/* a team of `team` threads (a local of the function, from team_size), none when it is 1 */
+#define PARALLEL _Pragma("omp parallel num_threads((int)team) if (team > 1)")
+#define FOR_ROWS _Pragma("omp for schedule(static)")
+#define FOR_PAIRS _Pragma("omp for schedule(dynamic, 1)")
+#else
+#define PARALLEL (void)team;
+#define FOR_ROWS
+#define FOR_PAIRS
+#endif
+
+/* below this many elements of work an op keeps one thread: waking a second costs more than it saves */
+#define SHARE_MIN_WORK 32768
+static inline int64_t team_size(int64_t threads, int64_t items, int64_t work) {
+    if (work < SHARE_MIN_WORK || threads < 2) return 1;
+    return threads < items ? threads : items;
+}
 
 static inline float bf16_load(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -98,34 +117,48 @@ INLINE float dot(const float *a, const float *b, int64_t n) {
 
 /* out[r] = w * rms_norm(x[r]) over `dim`, statistics in float32 (x rows `x_stride` elements apart). */
 INLINE void gh_rms_norm_impl(const void *x, int64_t rows, int64_t dim, int64_t x_stride, const void *w, void *out,
-                 float eps, int dtype) {
-    float *row = malloc((size_t)dim * sizeof(float));
-    for (int64_t r = 0; r < rows; r++) {
-        load_row(row, x, r * x_stride, dim, dtype);
-        float inv = 1.0f / sqrtf(dot(row, row, dim) / (float)dim + eps);
-        for (int64_t i = 0; i < dim; i++)
-            store(out, r * dim + i, load(w, i, dtype) * R(row[i] * inv, dtype), dtype);
+                 float eps, int dtype, int64_t threads) {
+    int64_t team = team_size(threads, rows, rows * dim);
+    PARALLEL
+    {
+        float *row = malloc((size_t)dim * sizeof(float));
+        FOR_ROWS
+        for (int64_t r = 0; r < rows; r++) {
+            load_row(row, x, r * x_stride, dim, dtype);
+            float inv = 1.0f / sqrtf(dot(row, row, dim) / (float)dim + eps);
+            for (int64_t i = 0; i < dim; i++)
+                store(out, r * dim + i, load(w, i, dtype) * R(row[i] * inv, dtype), dtype);
+        }
+        free(row);
     }
-    free(row);
 }
 
 /* out[r] = silu(gate) * up over a fused [gate | up] row of 2 * inter elements. */
-INLINE void gh_silu_mul_impl(const void *gate_up, int64_t rows, int64_t inter, void *out, int dtype) {
-    float *g = malloc((size_t)inter * sizeof(float)), *u = malloc((size_t)inter * sizeof(float));
-    for (int64_t r = 0; r < rows; r++) {
-        load_row(g, gate_up, r * 2 * inter, inter, dtype);
-        load_row(u, gate_up, r * 2 * inter + inter, inter, dtype);
-        silu_rounded(g, u, inter, dtype);
-        store_row(out, r * inter, g, inter, dtype);
+INLINE void gh_silu_mul_impl(const void *gate_up, int64_t rows, int64_t inter, void *out, int dtype,
+                              int64_t threads) {
+    int64_t team = team_size(threads, rows, rows * inter);
+    PARALLEL
+    {
+        float *g = malloc((size_t)inter * sizeof(float)), *u = malloc((size_t)inter * sizeof(float));
+        FOR_ROWS
+        for (int64_t r = 0; r < rows; r++) {
+            load_row(g, gate_up, r * 2 * inter, inter, dtype);
+            load_row(u, gate_up, r * 2 * inter + inter, inter, dtype);
+            silu_rounded(g, u, inter, dtype);
+            store_row(out, r * inter, g, inter, dtype);
+        }
+        free(g);
+        free(u);
     }
-    free(g);
-    free(u);
 }
 
 /* Rotate-half RoPE: x [T, heads, 2 * half] (strides tok_stride, head_stride; last dim contiguous),
  * cos/sin [T, half] contiguous in x's dtype, out [T, heads, 2 * half] contiguous. */
 INLINE void gh_rotary_impl(const void *x, int64_t tokens, int64_t heads, int64_t half, int64_t tok_stride,
-               int64_t head_stride, const void *cos, const void *sin, void *out, int dtype) {
+               int64_t head_stride, const void *cos, const void *sin, void *out, int dtype, int64_t threads) {
+    int64_t team = team_size(threads, tokens, tokens * heads * half);
+    PARALLEL
+    FOR_ROWS
     for (int64_t t = 0; t < tokens; t++) {
         for (int64_t h = 0; h < heads; h++) {
             int64_t src = t * tok_stride + h * head_stride, dst = (t * heads + h) * 2 * half;
@@ -160,6 +193,19 @@ void gh_write_kv(void *k_cache, void *v_cache, int64_t block_stride, int64_t slo
     }
 }
 
+/* K and V rows are scattered over the pool's blocks (and rows of one head sit kv_heads * head_dim apart), which
+ * the hardware prefetcher does not follow: without asking for them a few keys ahead the kernel waits on
+ * memory for most of its time (perf: ~70% of its samples on the two row loads). */
+#ifndef KV_AHEAD
+#define KV_AHEAD 4
+#endif
+INLINE void prefetch_row(const void *cache, const int32_t *table, int64_t p, int64_t block_size, int64_t block_stride,
+                         int64_t slot_stride, int64_t head_offset, int64_t head_dim, int dtype) {
+    const char *row = (const char *)cache + (table[p / block_size] * block_stride + (p % block_size) * slot_stride
+                                              + head_offset) * (dtype ? 2 : 4);
+    for (int64_t b = 0; b < head_dim * (dtype ? 2 : 4); b += 64) __builtin_prefetch(row + b);
+}
+
 /* Decode attention over the paged pool: one new query token per sequence, at position seq_len - 1,
  * sees keys 0 .. seq_len - 1. q [B, heads, head_dim] (strides q_seq_stride, q_head_stride), out
  * [B, heads, head_dim] contiguous; the heads of group g = h / (heads / kv_heads) share KV head g. Block
@@ -168,24 +214,34 @@ INLINE void gh_decode_attention_impl(const void *q, int64_t q_seq_stride, int64_
                          const void *v_cache, int64_t block_stride, int64_t slot_stride, int64_t head_stride,
                          int64_t block_size, const int32_t *block_tables, int64_t table_stride,
                          const int64_t *seq_lens, int64_t num_seqs, int64_t heads, int64_t kv_heads,
-                         int64_t head_dim, float scale, void *out, int dtype) {
-    int64_t group = heads / kv_heads, longest = 0;
-    for (int64_t b = 0; b < num_seqs; b++)
-        if (seq_lens[b] > longest) longest = seq_lens[b];
-    float *qf = malloc((size_t)(group * head_dim) * sizeof(float));
-    float *kv = malloc((size_t)head_dim * sizeof(float));
-    float *acc = malloc((size_t)(group * head_dim) * sizeof(float));
-    float *scores = malloc((size_t)(group * (longest > 0 ? longest : 1)) * sizeof(float));
+                         int64_t head_dim, float scale, void *out, int dtype, int64_t threads) {
+    int64_t group = heads / kv_heads, longest = 0, keys = 0, pairs = num_seqs * kv_heads;
     for (int64_t b = 0; b < num_seqs; b++) {
-        int64_t len = seq_lens[b];
-        const int32_t *table = block_tables + b * table_stride;
-        for (int64_t g = 0; g < kv_heads; g++) {
+        if (seq_lens[b] > longest) longest = seq_lens[b];
+        keys += seq_lens[b];
+    }
+    int64_t team = team_size(threads, pairs, keys * heads * head_dim);
+    PARALLEL
+    {
+        float *qf = malloc((size_t)(group * head_dim) * sizeof(float));
+        float *kv = malloc((size_t)head_dim * sizeof(float));
+        float *acc = malloc((size_t)(group * head_dim) * sizeof(float));
+        float *scores = malloc((size_t)(group * (longest > 0 ? longest : 1)) * sizeof(float));
+        FOR_PAIRS
+        for (int64_t pair = 0; pair < pairs; pair++) {
+            int64_t b = pair / kv_heads, g = pair % kv_heads, len = seq_lens[b];
+            const int32_t *table = block_tables + b * table_stride;
             for (int64_t j = 0; j < group; j++)
                 load_row(qf + j * head_dim, q, b * q_seq_stride + (g * group + j) * q_head_stride, head_dim, dtype);
             for (int64_t p = 0; p < len; p++) {
                 int64_t at = table[p / block_size] * block_stride + (p % block_size) * slot_stride + g * head_stride;
-                load_row(kv, k_cache, at, head_dim, dtype);
-                for (int64_t j = 0; j < group; j++) scores[j * len + p] = dot(qf + j * head_dim, kv, head_dim) * scale;
+                if (p + KV_AHEAD < len)
+                    prefetch_row(k_cache, table, p + KV_AHEAD, block_size, block_stride, slot_stride, g * head_stride,
+                                 head_dim, dtype);
+                const float *key = kv;
+                if (dtype) load_row(kv, k_cache, at, head_dim, dtype);
+                else key = (const float *)k_cache + at;  /* float32 keys are read in place */
+                for (int64_t j = 0; j < group; j++) scores[j * len + p] = dot(qf + j * head_dim, key, head_dim) * scale;
             }
             float sums[group];
             for (int64_t j = 0; j < group; j++) {
@@ -203,10 +259,15 @@ INLINE void gh_decode_attention_impl(const void *q, int64_t q_seq_stride, int64_
             memset(acc, 0, (size_t)(group * head_dim) * sizeof(float));
             for (int64_t p = 0; p < len; p++) {
                 int64_t at = table[p / block_size] * block_stride + (p % block_size) * slot_stride + g * head_stride;
-                load_row(kv, v_cache, at, head_dim, dtype);
+                if (p + KV_AHEAD < len)
+                    prefetch_row(v_cache, table, p + KV_AHEAD, block_size, block_stride, slot_stride, g * head_stride,
+                                 head_dim, dtype);
+                const float *value = kv;
+                if (dtype) load_row(kv, v_cache, at, head_dim, dtype);
+                else value = (const float *)v_cache + at;
                 for (int64_t j = 0; j < group; j++) {
                     float w = scores[j * len + p], *a = acc + j * head_dim;
-                    for (int64_t d = 0; d < head_dim; d++) a[d] += w * kv[d];
+                    for (int64_t d = 0; d < head_dim; d++) a[d] += w * value[d];
                 }
             }
             for (int64_t j = 0; j < group; j++) {
@@ -214,11 +275,11 @@ INLINE void gh_decode_attention_impl(const void *q, int64_t q_seq_stride, int64_
                 for (int64_t d = 0; d < head_dim; d++) store(out, dst + d, acc[j * head_dim + d] / sums[j], dtype);
             }
         }
+        free(qf);
+        free(kv);
+        free(acc);
+        free(scores);
     }
-    free(qf);
-    free(kv);
-    free(acc);
-    free(scores);
 }
 
 /* Public entry points: each calls its always-inline body with a constant dtype, so the compiler builds
@@ -226,21 +287,21 @@ INLINE void gh_decode_attention_impl(const void *q, int64_t q_seq_stride, int64_
 #define BY_DTYPE(call) do { if (dtype) call(1); else call(0); } while (0)
 
 void gh_rms_norm(const void *x, int64_t rows, int64_t dim, int64_t x_stride, const void *w, void *out, float eps,
-                 int dtype) {
-#define CALL(d) gh_rms_norm_impl(x, rows, dim, x_stride, w, out, eps, d)
+                 int dtype, int64_t threads) {
+#define CALL(d) gh_rms_norm_impl(x, rows, dim, x_stride, w, out, eps, d, threads)
     BY_DTYPE(CALL);
 #undef CALL
 }
 
-void gh_silu_mul(const void *gate_up, int64_t rows, int64_t inter, void *out, int dtype) {
-#define CALL(d) gh_silu_mul_impl(gate_up, rows, inter, out, d)
+void gh_silu_mul(const void *gate_up, int64_t rows, int64_t inter, void *out, int dtype, int64_t threads) {
+#define CALL(d) gh_silu_mul_impl(gate_up, rows, inter, out, d, threads)
     BY_DTYPE(CALL);
 #undef CALL
 }
 
 void gh_rotary(const void *x, int64_t tokens, int64_t heads, int64_t half, int64_t tok_stride, int64_t head_stride,
-               const void *cos, const void *sin, void *out, int dtype) {
-#define CALL(d) gh_rotary_impl(x, tokens, heads, half, tok_stride, head_stride, cos, sin, out, d)
+               const void *cos, const void *sin, void *out, int dtype, int64_t threads) {
+#define CALL(d) gh_rotary_impl(x, tokens, heads, half, tok_stride, head_stride, cos, sin, out, d, threads)
     BY_DTYPE(CALL);
 #undef CALL
 }
@@ -249,11 +310,11 @@ void gh_decode_attention(const void *q, int64_t q_seq_stride, int64_t q_head_str
                          const void *v_cache, int64_t block_stride, int64_t slot_stride, int64_t head_stride,
                          int64_t block_size, const int32_t *block_tables, int64_t table_stride,
                          const int64_t *seq_lens, int64_t num_seqs, int64_t heads, int64_t kv_heads,
-                         int64_t head_dim, float scale, void *out, int dtype) {
+                         int64_t head_dim, float scale, void *out, int dtype, int64_t threads) {
     /* the common head sizes as constants: the per-key dot products and updates unroll completely */
 #define CALL_DIM(dim, d) gh_decode_attention_impl(q, q_seq_stride, q_head_stride, k_cache, v_cache, block_stride, \
                                                   slot_stride, head_stride, block_size, block_tables, table_stride, \
-                                                  seq_lens, num_seqs, heads, kv_heads, dim, scale, out, d)
+                                                  seq_lens, num_seqs, heads, kv_heads, dim, scale, out, d, threads)
 #define CALL_64(d) CALL_DIM(64, d)
 #define CALL_128(d) CALL_DIM(128, d)
 #define CALL_ANY(d) CALL_DIM(head_dim, d)
@@ -272,17 +333,18 @@ int gh_decode_attention_block(const void *qkv, int64_t qkv_stride, const void *c
                               void *v_cache, int64_t block_stride, int64_t slot_stride, int64_t head_stride,
                               int64_t block_size, const int64_t *slots, const int32_t *block_tables,
                               int64_t table_stride, const int64_t *seq_lens, int64_t num_seqs, int64_t heads,
-                              int64_t kv_heads, int64_t head_dim, float scale, void *out, int dtype) {
+                              int64_t kv_heads, int64_t head_dim, float scale, void *out, int dtype,
+                              int64_t threads) {
     int64_t rotated_heads = heads + kv_heads, elem = dtype ? 2 : 4;
     char *rotated = malloc((size_t)(num_seqs * rotated_heads * head_dim * elem) + 1);
     if (!rotated) return -1;
-    gh_rotary(qkv, num_seqs, rotated_heads, head_dim / 2, qkv_stride, head_dim, cos, sin, rotated, dtype);
+    gh_rotary(qkv, num_seqs, rotated_heads, head_dim / 2, qkv_stride, head_dim, cos, sin, rotated, dtype, threads);
     gh_write_kv(k_cache, v_cache, block_stride, slot_stride, head_stride, block_size,
                 rotated + heads * head_dim * elem, (const char *)qkv + rotated_heads * head_dim * elem,
                 rotated_heads * head_dim, head_dim, qkv_stride, head_dim, slots, num_seqs, kv_heads, head_dim, elem);
     gh_decode_attention(rotated, rotated_heads * head_dim, head_dim, k_cache, v_cache, block_stride, slot_stride,
                         head_stride, block_size, block_tables, table_stride, seq_lens, num_seqs, heads, kv_heads,
-                        head_dim, scale, out, dtype);
+                        head_dim, scale, out, dtype, threads);
     free(rotated);
     return 0;
 }

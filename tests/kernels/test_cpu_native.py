@@ -140,6 +140,38 @@ def test_decode_attention_block_gives_the_three_ops_bits(dtype, heads, kv_heads,
                                    heads, kv_heads)
 
 
+def _with_threads(count, fn):
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(count)
+        return fn()
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ops_give_the_same_bits_on_any_thread_count(dtype):
+    """Sizes above the C code's sharing threshold (a prefill chunk, a batch of long decodes), so rows and
+    (sequence, KV head) pairs are split over 3 threads: each row's bits are the one-thread bits."""
+    gen = torch.Generator().manual_seed(11)
+    x = (torch.randn(301, 576, generator=gen) * 3).to(dtype)
+    weight = torch.randn(576, generator=gen).to(dtype)
+    gate_up = (torch.randn(97, 2 * 1536, generator=gen) * 4).to(dtype)
+    qk = torch.randn(211, 12, 64, generator=gen).to(dtype)
+    cos, sin = torch.randn(211, 1, 32, generator=gen).to(dtype), torch.randn(211, 1, 32, generator=gen).to(dtype)
+    q, pool, meta, _ = scattered_case([1] * 7, [300, 5, 129, 64, 1, 77, 250], 9, 3, 64, 16, dtype, seed=12)
+
+    def run():
+        return (OPS.rms_norm(x, weight, 1e-5), OPS.silu_mul(gate_up), OPS.rotary(qk, cos, sin),
+                OPS.decode_attention(q, pool, meta.block_tables, meta.seq_lens, 0.125))
+
+    one, three = _with_threads(1, run), _with_threads(3, run)
+    for a, b in zip(one, three):
+        assert torch.equal(a, b)
+    assert_close(three[0], rms_norm(x, weight, 1e-5), dtype)
+    assert_close(three[3], paged_attention(q, pool, meta, 0.125, 3), dtype, bf16_atol=4e-3)
+
+
 def test_decode_attention_on_the_arena_pool():
     pool = _arena_pool(torch.float32, blocks=12, block_size=4, kv_heads=3, head_dim=16, layer=2)
     pool.copy_(torch.randn(pool.shape, generator=torch.Generator().manual_seed(7)))
@@ -205,13 +237,7 @@ def test_quant_linear_rows_and_threads_do_not_change_a_rows_bits(fmt):
     together = OPS.quant_linear(x, weight)
     alone = torch.cat([OPS.quant_linear(x[i:i + 1], weight) for i in range(11)])
     assert torch.equal(together, alone)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one_thread = OPS.quant_linear(x, weight)
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(together, one_thread)
+    assert torch.equal(together, _with_threads(1, lambda: OPS.quant_linear(x, weight)))
 
 
 def test_quant_linear_takes_strided_rows_and_leading_dims():
@@ -248,3 +274,47 @@ def test_packed_weights_use_the_native_linear_up_to_its_row_limit():
     assert torch.equal(weight.linear(small, bias), OPS.quant_linear(small, weight) + bias)
     # above the limit: one native dequantize (the torch bits) and a float32 GEMM
     assert torch.equal(weight.linear(x), torch.nn.functional.linear(x, weight.dequantize()))
+
+
+@pytest.mark.parametrize("n,k", [(203, 580), (8, 64), (7, 13), (1000, 576), (576, 1536)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_f32_linear_matches_f_linear(n, k, with_bias):
+    """Ragged channel blocks (n % 8) and a K % 8 tail; float32 rounding of a sum in another order."""
+    gen = torch.Generator().manual_seed(n + k)
+    weight, x = torch.randn(n, k, generator=gen), torch.randn(5, k, generator=gen)
+    bias = torch.randn(n, generator=gen) if with_bias else None
+    got = OPS.f32_linear(x, weight, bias)
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-4 * k ** 0.5)
+
+
+def test_f32_linear_rows_threads_and_layout_do_not_change_a_rows_bits():
+    """A row's bits depend on that row and the weight's values alone: alone or in a batch, on any thread count,
+    from a strided weight view (a slot or slab) or a contiguous copy, 2-D or 3-D input."""
+    gen = torch.Generator().manual_seed(21)
+    weight, bias = torch.randn(1003, 576, generator=gen), torch.randn(1003, generator=gen)
+    x = torch.randn(9, 576, generator=gen)
+    together = OPS.f32_linear(x, weight, bias)
+    assert torch.equal(together, torch.cat([OPS.f32_linear(x[i:i + 1], weight, bias) for i in range(9)]))
+    assert torch.equal(together, _with_threads(1, lambda: OPS.f32_linear(x, weight, bias)))
+    assert torch.equal(together, _with_threads(3, lambda: OPS.f32_linear(x, weight, bias)))
+    slab = torch.randn(1003, 700, generator=gen)
+    slab[:, 50:626] = weight
+    assert torch.equal(together, OPS.f32_linear(x, slab[:, 50:626], bias))
+    wide_x = torch.randn(9, 700, generator=gen)
+    wide_x[:, 10:586] = x                                  # rows 700 apart, read in place
+    assert torch.equal(together, OPS.f32_linear(wide_x[:, 10:586], weight, bias))
+    assert torch.equal(together, OPS.f32_linear(torch.stack([x, x], -1)[..., 0], weight, bias))  # column stride 2
+    assert torch.equal(together.view(3, 3, -1), OPS.f32_linear(x.view(3, 3, -1), weight, bias))
+    assert OPS.f32_linear(x[:0], weight).shape == (0, 1003)
+
+
+def test_f32_linear_refuses_what_it_cannot_read():
+    weight = torch.randn(16, 32)
+    with pytest.raises(ValueError, match="f32_linear"):
+        OPS.f32_linear(torch.randn(2, 32).bfloat16(), weight)
+    with pytest.raises(ValueError, match="f32_linear"):
+        OPS.f32_linear(torch.randn(2, 32), weight.t().contiguous().t())   # column stride 16
+    with pytest.raises(ValueError, match="f32_linear"):
+        OPS.f32_linear(torch.randn(2, 31), weight)
+    with pytest.raises(ValueError, match="f32_linear"):
+        OPS.f32_linear(torch.randn(2, 32), weight, torch.randn(15))

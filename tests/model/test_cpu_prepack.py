@@ -11,7 +11,9 @@ from gh200rt.kernels.quant import HalfWeight
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.config import MemoryConfig
 from gh200rt.models.layers import cpu_prepack
-from gh200rt.models.layers.cpu_linear import dense_linear, onednn_available
+from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
+from gh200rt.models.cpu_kernels import use_native_cpu_kernels
+from gh200rt.models.layers.cpu_linear import NATIVE_F32_MAX_ROWS, dense_linear, native_dense_linear, onednn_available
 from gh200rt.models.layers.cpu_prepack import OneDNNWeight, linear_formats, resident_linear_format
 from gh200rt.models.registry import build_model
 from gh200rt.planner.cost_model import model_sizes
@@ -95,7 +97,7 @@ def wide_fp32_model():
 def test_fp32_probe_passes_here_and_resident_weights_are_reordered(monkeypatch):
     monkeypatch.setattr(cpu_prepack, "_probed", {})
     model = wide_fp32_model()
-    assert resident_linear_format(model, "onednn-fp32") == "onednn-fp32"
+    assert resident_linear_format(model, "onednn-fp32", native_kernels=False) == "onednn-fp32"
     assert set(cpu_prepack._probed) == {(1024, 512, False), (512, 512, False), (2048, 512, False),
                                         (512, 1024, False)}
     embedding = model.embed_tokens.clone()
@@ -111,10 +113,41 @@ def test_fp32_probe_passes_here_and_resident_weights_are_reordered(monkeypatch):
     store.close()
 
 
+@needs_onednn
+def test_fp32_native_rows_form_keeps_dense_bytes_and_the_streamed_bits(monkeypatch):
+    """With the native kernels, resident float32 linears hold their dense bytes (the native kernel's, up to
+    NATIVE_F32_MAX_ROWS rows) beside the reordered copy; at every row count a resident layer computes the
+    bits a direct layer computes from the same dense bytes (its host slab) through native_dense_linear."""
+    ops = load_native_ops()
+    if ops is None:
+        pytest.skip(f"native CPU ops unavailable: {native_ops_error()}")
+    monkeypatch.setattr(cpu_prepack, "_probed", {})
+    model = wide_fp32_model()
+    assert resident_linear_format(model, "onednn-fp32", native_kernels=True) == "onednn-fp32+native"
+    assert use_native_cpu_kernels(model) is None
+    dense = {k: r.current.clone() for k, r in model.layer_weight_refs(1).items()}
+    store = place(model, "fp32", "onednn-fp32+native", offload="none", layer_tiers="1:direct")
+    assert linear_formats(model) == {"NativeRowsWeight": 9, "dense float32": 4}
+    form = model.layer_weight_refs(0)["mlp.gate_up_proj"].current
+    assert form.nbytes == 2 * form.dense.nbytes and form.dense.data_ptr() != 0
+    direct = {rows: model.layers[1].mlp.gate_up_proj(torch.randn(rows, 512, generator=torch.Generator()
+                                                                   .manual_seed(rows)))
+                for rows in (1, 2, NATIVE_F32_MAX_ROWS, NATIVE_F32_MAX_ROWS + 1, 40)}
+    store.set_tier(1, "resident")
+    assert linear_formats(model) == {"NativeRowsWeight": 13}
+    linear = native_dense_linear(ops)
+    for rows, want in direct.items():
+        x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+        assert torch.equal(model.layers[1].mlp.gate_up_proj(x), want), rows
+        assert torch.equal(want, linear(x, dense["mlp.gate_up_proj"])), rows
+    store.close()
+
+
 def test_fp32_small_weights_stay_dense():
     """Below oneDNN's size dense_linear takes F.linear, so the resident copy stays dense too."""
     model = build_model(tiny_arch(), torch.float32)
-    assert resident_linear_format(model, "onednn-fp32") == ("onednn-fp32" if onednn_available() else None)
+    assert resident_linear_format(model, "onednn-fp32", native_kernels=False) == \
+        ("onednn-fp32" if onednn_available() else None)
     place(model, "fp32", "onednn-fp32", offload="none")
     assert linear_formats(model) == {"dense float32": 13}
 

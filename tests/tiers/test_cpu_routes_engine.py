@@ -7,6 +7,7 @@ import torch
 from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
 from gh200rt.engine.llm import LLM
+from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
 from gh200rt.kernels.quant import PackedWeight
 from gh200rt.models.layers import cpu_prepack
 from gh200rt.models.layers.cpu_linear import onednn_available
@@ -57,21 +58,43 @@ FP32_PLACEMENTS = {
 
 
 @pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN inner product")
-def test_float32_reordered_resident_equals_dense_streamed_and_direct(wide):
-    """DESIGN invariant 4 across weight forms: resident layers multiply reordered weights, streamed and direct
-    ones the dense bytes of their slots and slabs; decode at batch 3 and batch 1 (the one-row rule) and
-    prefill chunks give the same tokens and logprobs bit for bit."""
-    resident = engine(wide, dtype="float32", offload="none")
-    assert linear_formats(resident.runner.model) == {"OneDNNWeight": 17}
+@pytest.mark.parametrize("kernels,resident_form", [("torch", "OneDNNWeight"), ("native", "NativeRowsWeight")])
+def test_float32_reordered_resident_equals_dense_streamed_and_direct(wide, kernels, resident_form):
+    """DESIGN invariant 4 across weight forms: resident layers multiply reordered weights (with the native
+    kernels: their dense bytes up to NATIVE_F32_MAX_ROWS rows, the reordered copy above), streamed and direct
+    ones the dense bytes of their slots and slabs; decode at batch 3 and batch 1 (the one-row rule, or the
+    native kernel) and prefill chunks give the same tokens and logprobs bit for bit."""
+    if kernels == "native" and load_native_ops() is None:
+        pytest.skip(f"native CPU ops unavailable: {native_ops_error()}")
+    resident = engine(wide, dtype="float32", offload="none", cpu_kernels=kernels)
+    assert linear_formats(resident.runner.model) == {resident_form: 17}
     single = [PROMPTS[0]]
     want = run(resident), run(resident, single)
     resident.close()
     for label, placement in FP32_PLACEMENTS.items():
-        eng = engine(wide, dtype="float32", **placement)
+        eng = engine(wide, dtype="float32", cpu_kernels=kernels, **placement)
         formats = linear_formats(eng.runner.model)
-        assert formats["dense float32"] >= 4 and formats.get("OneDNNWeight", 0) >= 1, (label, formats)  # lm_head
+        assert formats["dense float32"] >= 4 and formats.get(resident_form, 0) >= 1, (label, formats)  # lm_head
         assert (run(eng), run(eng, single)) == want, label
         eng.close()
+
+
+@pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN inner product")
+def test_float32_native_rows_agree_with_torch_kernels_closely(wide):
+    """The native float32 kernel sums in another order than oneDNN: the same greedy tokens, logprobs within
+    float32 rounding."""
+    if load_native_ops() is None:
+        pytest.skip(f"native CPU ops unavailable: {native_ops_error()}")
+    outs = {}
+    for kernels in ("torch", "native"):
+        eng = engine(wide, dtype="float32", offload="none", cpu_kernels=kernels)
+        outs[kernels] = run(eng)
+        eng.close()
+    for (tokens, logprobs), (want_tokens, want_logprobs) in zip(outs["native"], outs["torch"]):
+        assert tokens == want_tokens
+        for got, want in zip(logprobs, want_logprobs):
+            assert [t for t, _ in got] == [t for t, _ in want]
+            assert max(abs(a.logprob - b.logprob) for (_, a), (_, b) in zip(got, want)) < 1e-4
 
 
 @pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN inner product")

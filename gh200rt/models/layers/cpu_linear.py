@@ -20,6 +20,15 @@ do not mix in an inner product, so the appended row cannot change the real row's
 The cost falls on dense weights at one row (SmolLM2-135M, all 121 linears, one decode step on 2
 AVX2 cores: ~35 -> ~54 ms); a reordered weight costs the same at one row as at two
 (docs/benchmarks/models.md).
+
+With the native CPU kernels (``--cpu-kernels native``), float32 linears of up to
+``NATIVE_F32_MAX_ROWS`` rows (a decode step of a few sequences) go to ``kernels/cpu/f32_linear.c``
+instead (``native_dense_linear``, set on every ``RefLinear`` by ``models/cpu_kernels.py``): it streams
+the dense weight in place at close to the memory's speed, where oneDNN's two-row inner product reads
+it at half that (SmolLM2-135M, one decode step of all 121 linears on 2 AVX2 cores: ~24 ms against ~36
+ms reordered, docs/benchmarks/kernels.md). Its bits depend on the row and the weight's values alone,
+so every tier still agrees; resident weights keep their dense bytes for it beside the reordered copy
+(``cpu_prepack.NativeRowsWeight``).
 """
 from __future__ import annotations
 
@@ -28,6 +37,10 @@ import torch.nn.functional as F
 
 # oneDNN costs ~20 us more per call than F.linear; below ~1 MiB of weight that outweighs the gain.
 ONEDNN_MIN_ELEMENTS = 1 << 18
+# Up to this many rows a float32 linear runs the native kernel (with the native CPU kernels on). On 2 AVX2
+# cores it beats oneDNN's reordered weights up to ~12 rows (it re-reads each block of weights from cache per
+# row, oneDNN multiplies register tiles of rows); 8 keeps a margin.
+NATIVE_F32_MAX_ROWS = 8
 
 _onednn_ok: bool | None = None  # None: not probed yet
 
@@ -85,3 +98,21 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     if uses_onednn(x, weight, bias):
         return onednn_linear(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def native_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether ``native_dense_linear`` sends this call to the native kernel: float32 CPU tensors, 1 to
+    ``NATIVE_F32_MAX_ROWS`` rows, a 2-D weight with unit column stride."""
+    return (x.dtype == torch.float32 and weight.dtype == torch.float32 and 0 < x.numel() <= NATIVE_F32_MAX_ROWS
+            * x.shape[-1] and x.is_cpu and weight.is_cpu and weight.dim() == 2 and weight.stride(1) == 1
+            and x.shape[-1] == weight.shape[1] and (bias is None or (bias.dtype == torch.float32 and bias.is_cpu
+                                                                     and bias.shape == weight.shape[:1])))
+
+
+def native_dense_linear(ops):
+    """``dense_linear`` with float32 calls of a few rows on ``ops.f32_linear`` (``ops``: the loaded NativeOps)."""
+    def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if native_rows(x, weight, bias):
+            return ops.f32_linear_checked(x, weight, bias)
+        return dense_linear(x, weight, bias)
+    return linear

@@ -16,6 +16,10 @@ chosen in ``platform/cpu_features.py``; the weight store applies it to every res
   this form is used only where it gives ``dense_linear``'s bits: on weights ``dense_linear`` sends to
   oneDNN, with the one-row rule of ``cpu_linear``, and only after ``resident_linear_format`` found
   reordered == dense bit for bit for the model's shapes at start-up (DESIGN invariant 4).
+* ``onednn-fp32+native`` (the fp32 route with the native CPU kernels) -> ``NativeRowsWeight``: up to
+  ``cpu_linear.NATIVE_F32_MAX_ROWS`` rows through the native float32 kernel over the dense weight,
+  more through the reordered copy: the two routes ``native_dense_linear`` takes for a streamed or
+  direct layer, so the bits agree. It holds both copies (twice the resident linear bytes).
 * ``fp16`` -> ``HalfWeight`` (fbgemm's fp16 GEMM, float32 activations).
 * ``fp16+gguf`` (the fp16 route of a GGUF checkpoint, native kernels on) -> ``OneRowBlocksWeight``: a
   single row through the checkpoint's Q4_0 / Q4_1 / Q8_0 blocks and the native quantized linear, more
@@ -32,7 +36,7 @@ import logging
 import torch
 
 from gh200rt.kernels.quant import pack_weight
-from gh200rt.models.layers.cpu_linear import onednn_linear, onednn_weight
+from gh200rt.models.layers.cpu_linear import native_rows, onednn_linear, onednn_weight
 from gh200rt.models.layers.linear import RefLinear
 
 log = logging.getLogger(__name__)
@@ -98,6 +102,32 @@ class OneRowBlocksWeight:
         return f"OneRowBlocksWeight({self.blocks!r}, {self.batch!r})"
 
 
+class NativeRowsWeight:
+    """A resident float32 linear kept in two forms: its dense bytes for the native kernel (up to
+    ``NATIVE_F32_MAX_ROWS`` rows: a decode step of a few sequences, streamed at close to the memory's
+    speed) and oneDNN's reordered copy for more rows. ``native_dense_linear`` routes a streamed or direct
+    layer's dense weight the same way by the same row count, and the reordered copy gives the dense bits
+    (``reordered_matches_dense``), so placements agree bit for bit."""
+    __slots__ = ("dense", "batch", "ops", "shape", "dtype")
+
+    def __init__(self, dense: torch.Tensor, batch: OneDNNWeight, ops):
+        assert dense.dtype == torch.float32 and tuple(dense.shape) == batch.shape, (dense.shape, batch.shape)
+        self.dense, self.batch, self.ops = dense, batch, ops
+        self.shape, self.dtype = batch.shape, dense.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.dense.nbytes) + int(self.batch.nbytes)
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if native_rows(x, self.dense, bias):
+            return self.ops.f32_linear_checked(x, self.dense, bias)
+        return self.batch.linear(x, bias)
+
+    def __repr__(self) -> str:
+        return f"NativeRowsWeight(shape={self.shape})"
+
+
 def gguf_blocks_form(parts: list | None):
     """The GGUF blocks that make up one linear (``parts``: the loader's quantized tensors, in row order) as one
     ``PackedWeight`` the native quantized linear takes, or None (no parts, another format, no native library)."""
@@ -123,6 +153,11 @@ def cpu_route_form(weight: torch.Tensor, fmt: str, gguf_parts: list | None = Non
         return OneDNNWeight(weight) if weight.dtype == torch.bfloat16 else weight
     if fmt == "onednn-fp32":  # only where dense_linear takes oneDNN: elsewhere F.linear's bits are the reference
         return OneDNNWeight(weight) if onednn_weight(weight) else weight
+    if fmt == "onednn-fp32+native":
+        from gh200rt.kernels.cpu_native import load_native_ops
+        ops = load_native_ops()
+        assert ops is not None, "resident_linear_format picks onednn-fp32+native only with the native library"
+        return NativeRowsWeight(weight, OneDNNWeight(weight), ops) if onednn_weight(weight) else weight
     if fmt == "fp16":
         try:
             half = pack_weight(weight, "fp16")
@@ -167,9 +202,10 @@ def resident_linear_format(model, fmt: str | None, quantized: dict | None = None
                            native_kernels: bool = True) -> str | None:
     """The form the weight store gives ``model``'s resident linears: ``fmt`` (the CPU route's
     ``linear_format``), except that ``onednn-fp32`` falls back to dense weights (None), with a log line
-    saying why, unless reordered weights give the dense bits for every shape the model reorders; and that
-    the fp16 route of a GGUF checkpoint (``quantized`` holds its blocks) with the native CPU kernels becomes
-    ``fp16+gguf``: single rows through the blocks (``OneRowBlocksWeight``)."""
+    saying why, unless reordered weights give the dense bits for every shape the model reorders, and becomes
+    ``onednn-fp32+native`` with the native CPU kernels (``NativeRowsWeight``); and that the fp16 route of a
+    GGUF checkpoint (``quantized`` holds its blocks) with the native CPU kernels becomes ``fp16+gguf``: single
+    rows through the blocks (``OneRowBlocksWeight``)."""
     if fmt == "fp16" and native_kernels and quantized and \
             any(hasattr(q, "ggml_type") for q in quantized.values()):
         from gh200rt.kernels.cpu_native import load_native_ops
@@ -185,4 +221,7 @@ def resident_linear_format(model, fmt: str | None, quantized: dict | None = None
                     "dense weights' bits for (N, K, bias) %s, and streamed or direct layers must match resident "
                     "ones bit for bit", differing)
         return None
+    if native_kernels:
+        from gh200rt.kernels.cpu_native import load_native_ops
+        return "onednn-fp32+native" if load_native_ops() is not None else fmt
     return fmt

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from gh200rt.kernels.quant import PackedWeight
 from gh200rt.models.base import WeightRef
 from gh200rt.models.layers.cpu_linear import dense_linear
 
@@ -11,8 +12,9 @@ from gh200rt.models.layers.cpu_linear import dense_linear
 class RefLinear(nn.Module):
     """``y = x W^T (+ b)``; W is read from ``weight_ref.current`` on every call, never cached.
 
-    A dense weight goes through ``dense_linear`` (oneDNN for float32 on the CPU, else F.linear); a
-    packed one computes through its own ``linear``.
+    A dense weight goes through ``dense_fn`` (``dense_linear``: oneDNN for float32 on the CPU, else F.linear;
+    the native CPU kernels swap in ``native_dense_linear``); a packed one computes through its own ``linear``, or
+    through ``dense_fn`` over the dense weight it hands back from ``dense_for`` (fp8 on the CPU).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
@@ -22,9 +24,13 @@ class RefLinear(nn.Module):
         self.weight_ref = WeightRef(weight, (out_features, in_features), dtype)
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device),
                                  requires_grad=False) if bias else None
+        self.dense_fn = dense_linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight_ref.current
         if isinstance(weight, torch.Tensor):
-            return dense_linear(x, weight, self.bias)
+            return self.dense_fn(x, weight, self.bias)
+        dense = weight.dense_for(x) if isinstance(weight, PackedWeight) else None
+        if dense is not None:
+            return self.dense_fn(x, dense, self.bias)
         return weight.linear(x, self.bias)
