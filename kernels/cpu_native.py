@@ -26,7 +26,9 @@ from pathlib import Path
 
 import torch
 
-SOURCES = tuple(Path(__file__).with_name("cpu") / name for name in ("ops.c", "quant_linear.c", "f32_linear.c"))
+SOURCES = tuple(Path(__file__).with_name("cpu") / name
+                for name in ("ops.c", "quant_linear.c", "f32_linear.c", "decode_layer.c"))
+HEADERS = (Path(__file__).with_name("cpu") / "gh_native.h",)
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=c11")
 # the ops' threads: the libgomp torch has loaded (same soname), so they run on torch's own pool
 OPENMP = ("-fopenmp",)
@@ -44,8 +46,9 @@ SIGNATURES = {
     "gh_quant_linear": (_P, _I, _I, _P, _P, _I, _I),
     "gh_dequantize": (_P, _P, _I),
     "gh_f32_linear": (_P, _I, _I, _P, _I, _I, _I, _P, _P, _I, _I),
+    "gh_decode_layer": (_P, _I, _P, _P),
 }
-RESTYPES = {"gh_quant_linear": ctypes.c_int, "gh_decode_attention_block": ctypes.c_int}
+RESTYPES = {"gh_quant_linear": ctypes.c_int, "gh_decode_attention_block": ctypes.c_int, "gh_decode_layer": ctypes.c_int}
 
 _error: str | None = None
 
@@ -71,7 +74,7 @@ def _cpu_identity() -> str:
 
 
 def _build(cc: str) -> Path:
-    source = b"\0".join(path.read_bytes() for path in SOURCES)
+    source = b"\0".join(path.read_bytes() for path in SOURCES + HEADERS)
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256(b"\0".join([source, version.encode(), " ".join(FLAGS + OPENMP).encode(),
                                       _cpu_identity().encode()])).hexdigest()[:16]
@@ -270,9 +273,8 @@ class NativeOps:
         rows = x if x.dim() == 2 and x.stride(-1) == 1 and x.dtype == torch.float32 else \
             x.reshape(-1, k).to(torch.float32).contiguous()
         out = torch.empty((rows.shape[0], n))
-        threads = torch.get_num_threads() if n * k >= SHARED_WEIGHT_ELEMENTS else 1
         if rows.shape[0] and self._lib.gh_quant_linear(rows.data_ptr(), rows.shape[0], rows.stride(0), args.pointer,
-                                                       out.data_ptr(), n, threads):
+                                                       out.data_ptr(), n, linear_threads(n, k)):
             raise MemoryError(f"native quantized linear: no memory for its buffers ({rows.shape[0]} rows of {k})")
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], n)
 
@@ -303,8 +305,15 @@ class NativeOps:
         if count:
             self._lib.gh_f32_linear(rows.data_ptr(), count, rows.stride(0), weight.data_ptr(), n, k, weight.stride(0),
                                     None if bias is None else bias.data_ptr(), out.data_ptr(), n,
-                                    torch.get_num_threads() if n * k >= SHARED_WEIGHT_ELEMENTS else 1)
+                                    linear_threads(n, k))
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], n)
+
+    def decode_layer(self, hidden: torch.Tensor, args: "DecodeLayerArgs", out: torch.Tensor) -> None:
+        """``out [rows, hidden]`` = one decoder layer over contiguous float32 ``hidden [rows, hidden]`` (a decode
+        step: one token per sequence), with everything else in ``args`` (kernels/cpu/decode_layer.c). The caller
+        (gh200rt/models/cpu_decode_layer.py) builds ``args`` from what the layer-by-layer path would call."""
+        if self._lib.gh_decode_layer(hidden.data_ptr(), hidden.shape[0], ctypes.addressof(args), out.data_ptr()):
+            raise MemoryError(f"native decode layer: no memory for its buffers ({hidden.shape[0]} rows)")
 
     def dequantize(self, weight) -> torch.Tensor:
         """The dense float32 ``[N, K]`` weight, with ``PackedWeight.dequantize()``'s bits."""
@@ -337,6 +346,29 @@ class QuantWeight:
         self.args = _WeightArgs(weight.qweight.data_ptr(), weight.scale.data_ptr(), minimum,
                                 0 if weight.fmt == "int8" else 1, n, k, weight.group_size)
         self.pointer = ctypes.addressof(self.args)
+
+
+class LinearArgs(ctypes.Structure):
+    """decode_layer.c's LinearArgs: one linear as the layer-by-layer path would call it."""
+    _fields_ = [("kind", _I), ("w", _P), ("w_stride", _I), ("packed", _P), ("bias", _P), ("n", _I), ("k", _I),
+                ("threads", _I)]
+
+
+LINEAR_F32, LINEAR_QUANT = 0, 1
+
+
+class DecodeLayerArgs(ctypes.Structure):
+    """decode_layer.c's DecodeLayerArgs."""
+    _fields_ = [("qkv", LinearArgs), ("o", LinearArgs), ("gate_up", LinearArgs), ("down", LinearArgs),
+                ("norm1", _P), ("norm2", _P), ("eps", _F), ("scale", _F), ("cos", _P), ("sin", _P),
+                ("k_cache", _P), ("v_cache", _P), ("block_stride", _I), ("slot_stride", _I), ("head_stride", _I),
+                ("block_size", _I), ("slots", _P), ("block_tables", _P), ("table_stride", _I), ("seq_lens", _P),
+                ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("hidden", _I), ("inter", _I), ("threads", _I)]
+
+
+def linear_threads(n: int, k: int) -> int:
+    """The threads a native linear of ``[n, k]`` weights runs on: one below ``SHARED_WEIGHT_ELEMENTS``."""
+    return torch.get_num_threads() if n * k >= SHARED_WEIGHT_ELEMENTS else 1
 
 
 def quant_weight_args(weight) -> QuantWeight:

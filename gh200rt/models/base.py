@@ -22,6 +22,7 @@ knows where their weights live; the weight store's hooks run in the model runner
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -75,6 +76,8 @@ class AttentionMetadata:
         pos = [p for q, s in zip(self.query_lens_list, self.seq_lens_list) for p in range(s - q, s)]
         return torch.tensor(pos, dtype=torch.int64, device=device)
 
+_REF_VERSIONS = itertools.count(1)
+
 
 class WeightRef:
     """Where a linear layer reads its weight now: a dense ``[out, in]`` tensor or a packed quantized weight.
@@ -83,13 +86,25 @@ class WeightRef:
     logical dense weight whatever the storage. A packed (quantized) weight is any object with
     ``linear(x, bias) -> Tensor`` and ``nbytes``; a linear layer computes
     ``F.linear(x, current, bias)`` for a tensor and ``current.linear(x, bias)`` otherwise.
+    ``version`` changes with every assignment to ``current`` and is never reused in the process, so code that
+    derives something from the current weight (the native decode layer's arguments) can key it on the
+    version without holding the weight alive.
     """
-    __slots__ = ("current", "shape", "dtype")
+    __slots__ = ("_current", "version", "shape", "dtype")
 
     def __init__(self, current, shape: tuple[int, int], dtype: torch.dtype):
         self.current = current
         self.shape = shape
         self.dtype = dtype
+
+    @property
+    def current(self):
+        return self._current
+
+    @current.setter
+    def current(self, weight) -> None:
+        self._current = weight
+        self.version = next(_REF_VERSIONS)
 
     @property
     def nbytes(self) -> int:

@@ -3,7 +3,8 @@
 ``use_native_cpu_kernels(model) -> str | None`` points RMSNorm, RoPE, the KV store, decode attention
 and SiLU-and-mul at the native ops of ``kernels/cpu/ops.c`` (a decode-only step's RoPE, KV store and
 attention in one call per layer, ``decode_block``) and float32 linears of a few rows at the native
-kernel (``cpu_linear.native_dense_linear``), and returns None, or leaves the torch
+kernel (``cpu_linear.native_dense_linear``), gives a decode step's decoder layers one call each where every
+op of the layer is native (``cpu_decode_layer.native_decode_layer``), and returns None, or leaves the torch
 ops in place and returns why (no C compiler, not a CPU model). At decode sizes each torch op costs
 more in dispatch than in arithmetic: one layer's ~36 small ops take about a millisecond on a 2-core
 host, the native ops a fraction of that (docs/benchmarks/models.md).
@@ -24,6 +25,7 @@ import torch
 from gh200rt.kernels.cpu_native import DTYPES, NativeOps, load_native_ops, native_ops_error
 from gh200rt.kv import attention as torch_attention
 from gh200rt.kv import fp8
+from gh200rt.models.cpu_decode_layer import native_decode_layer
 from gh200rt.models.gpu_kernels import TORCH_OPS, switch_hooks
 from gh200rt.models.layers import activation, cpu_linear, rmsnorm, rotary
 
@@ -67,7 +69,7 @@ def native_cpu_ops(ops: NativeOps) -> dict:
                                           scale, heads, kv_heads)
 
     return dict(rotary=rope, write_kv=write_kv, attention=attention, norm=norm, act=act, decode_block=decode_block,
-                dense_linear=cpu_linear.native_dense_linear(ops))
+                dense_linear=cpu_linear.native_dense_linear(ops), decode_layer=native_decode_layer(ops))
 
 
 @functools.lru_cache(maxsize=1)

@@ -18,6 +18,7 @@ import torch
 
 from gh200rt.kv import attention as torch_attention
 from gh200rt.kv import fp8
+from gh200rt.models.cpu_decode_layer import forget_decode_layer
 from gh200rt.models.layers import activation, attention, cpu_linear, linear, rmsnorm, rotary
 
 # The Triton paged attention runs one program per (query token, KV head) over the token's whole
@@ -77,11 +78,16 @@ TORCH_OPS = dict(rotary=rotary.apply_rotary, write_kv=torch_attention.write_kv,
 
 def switch_hooks(model: torch.nn.Module, ops: dict) -> int:
     """Point every hook in ``model`` at ``ops``; returns how many modules were switched. Linears' dense route
-    (``RefLinear.dense_fn``) follows ``ops["dense_linear"]`` (default ``dense_linear``) and is not counted."""
+    (``RefLinear.dense_fn``) follows ``ops["dense_linear"]`` (default ``dense_linear``) and a decoder layer's one-call decode path (``decode_layer_fn``) follows
+    ``ops["decode_layer"]`` (default none); neither is counted."""
     switched = 0
     for module in model.modules():
         if isinstance(module, linear.RefLinear):
             module.dense_fn = ops.get("dense_linear", cpu_linear.dense_linear)
+            continue
+        if hasattr(module, "decode_layer_fn"):  # a decoder layer: its one-call decode path, where the ops have one
+            module.decode_layer_fn = ops.get("decode_layer")
+            forget_decode_layer(module)
             continue
         if isinstance(module, attention.SelfAttention):
             module.rotary_fn, module.write_kv_fn, module.attention_fn = ops["rotary"], ops["write_kv"], ops["attention"]

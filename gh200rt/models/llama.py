@@ -44,8 +44,15 @@ class DecoderLayer(nn.Module):
         self.self_attn = SelfAttention(arch, dtype, device)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
         self.mlp = GatedMLP(arch, dtype, device)
+        # the whole layer in one call for a decode step (native CPU ops, models/cpu_decode_layer.py): returns the
+        # layer's output, or None where it does not apply (the layer then runs op by op)
+        self.decode_layer_fn = None
 
     def forward(self, hidden, cos, sin, meta, kv_cache):
+        if self.decode_layer_fn is not None:
+            out = self.decode_layer_fn(self, hidden, cos, sin, meta, kv_cache)
+            if out is not None:
+                return out
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, meta, kv_cache)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 

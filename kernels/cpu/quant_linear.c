@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "gh_native.h"
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
@@ -207,14 +208,6 @@ static void block(const Weight *w, const Rows *x, int64_t rows, int64_t n0, int 
         }
 }
 #endif
-
-/* The weight as the Python side describes it once (kernels/cpu_native.py QuantWeight): pointers and sizes. */
-typedef struct {
-    const uint8_t *q;
-    const float *scale;
-    const float *minimum;    /* NULL for int8 */
-    int64_t fmt, n, k, group;
-} WeightArgs;
 
 /* out[rows, n] = x[rows, k] W^T (+ the int4 minimum terms). fmt 0: int8 q [n, k]; fmt 1: int4 q [n, k/2] with
  * minimum. group is a multiple of 32, k a multiple of group. Returns 0, or -1 when the buffers could not be

@@ -103,16 +103,23 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 def native_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether ``native_dense_linear`` sends this call to the native kernel: float32 CPU tensors, 1 to
     ``NATIVE_F32_MAX_ROWS`` rows, a 2-D weight with unit column stride."""
-    return (x.dtype == torch.float32 and weight.dtype == torch.float32 and 0 < x.numel() <= NATIVE_F32_MAX_ROWS
-            * x.shape[-1] and x.is_cpu and weight.is_cpu and weight.dim() == 2 and weight.stride(1) == 1
-            and x.shape[-1] == weight.shape[1] and (bias is None or (bias.dtype == torch.float32 and bias.is_cpu
-                                                                     and bias.shape == weight.shape[:1])))
+    return x.dtype == torch.float32 and x.is_cpu and x.numel() > 0 and \
+        native_rows_weight(x.numel() // x.shape[-1], x.shape[-1], weight, bias)
+
+
+def native_rows_weight(rows: int, k: int, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """``native_rows`` for ``rows`` float32 CPU rows of ``k`` columns."""
+    return (weight.dtype == torch.float32 and 0 < rows <= NATIVE_F32_MAX_ROWS and weight.is_cpu
+            and weight.dim() == 2 and weight.stride(1) == 1 and k == weight.shape[1]
+            and (bias is None or (bias.dtype == torch.float32 and bias.is_cpu and bias.shape == weight.shape[:1])))
 
 
 def native_dense_linear(ops):
-    """``dense_linear`` with float32 calls of a few rows on ``ops.f32_linear`` (``ops``: the loaded NativeOps)."""
+    """``dense_linear`` with float32 calls of a few rows on ``ops.f32_linear`` (``ops``: the loaded NativeOps).
+    The function carries ``ops`` as ``native_ops``, which tells the fused decode layer what it stands for."""
     def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if native_rows(x, weight, bias):
             return ops.f32_linear_checked(x, weight, bias)
         return dense_linear(x, weight, bias)
+    linear.native_ops = ops
     return linear

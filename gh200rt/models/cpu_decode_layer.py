@@ -1,0 +1,186 @@
+"""A decoder layer of a decode step in one native call (``kernels/cpu/decode_layer.c``), for the native CPU ops.
+
+At one sequence a SmolLM2 layer's arithmetic takes ~0.25 ms on 2 cores and its ~10 op calls cost more in
+Python than that (module calls, adapters, argument checks, output tensors): the step was ~60% Python. With
+the native CPU kernels on, ``DecoderLayer.decode_layer_fn`` is ``native_decode_layer(ops)``: for a
+decode-only step it works out what each of the layer's ops would call — which native linear each of the four
+linears' current weights takes at this row count, the KV pool, the step's slots and block tables — and
+makes one call that runs exactly those entry points with exactly those arguments, so the output has the
+layer-by-layer path's bits (tests/model/test_cpu_decode_layer.py), and every tier still agrees (DESIGN
+invariant 4). Where any op would go elsewhere (a prefill or mixed step, an fbgemm or oneDNN linear at this
+row count, fp8 weights or KV, bfloat16 activations, per-head q/k norms, a KV-scale calibration) it returns
+None and the layer runs op by op.
+
+What a layer's linears resolve to is cached on the layer, keyed by the row count, the thread count, each
+WeightRef's ``version`` (it changes whenever a placement repoints the ref: a streamed layer's weight is a new
+object each time its layer moves through the staging ring) and the data pointers of the norms and bias. The
+cache holds no weight and no pool alive (a closed engine's host slabs unmap at once): the versions say when
+its pointers are stale, and the pool is held by a weak reference.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from gh200rt.kernels import cpu_native
+from gh200rt.kernels.cpu_native import LINEAR_F32, LINEAR_QUANT, DecodeLayerArgs, LinearArgs, NativeOps
+from gh200rt.kernels.quant import NATIVE_MAX_ROWS, PackedWeight
+from gh200rt.kv.attention import batch_layout
+from gh200rt.models.layers.cpu_linear import native_rows_weight
+from gh200rt.models.layers.cpu_prepack import NativeRowsWeight, OneRowBlocksWeight
+
+_CACHE = "_native_decode_layer"   # the layer's cached _LayerCall, in its __dict__
+_PARTS = "_native_decode_parts"  # the layer's _LayerParts
+_STEP = "_native_decode_step"     # the step's decode arguments, in the AttentionMetadata's __dict__
+
+
+def linear_args(linear, rows: int) -> LinearArgs | None:
+    """The native call ``linear`` makes for ``rows`` float32 rows now, or None where it would call elsewhere."""
+    weight, bias = linear.weight_ref.current, linear.bias
+    if bias is not None and (bias.dtype != torch.float32 or not bias.is_cpu or not bias.is_contiguous()):
+        return None
+    if isinstance(weight, OneRowBlocksWeight):
+        if rows != 1:
+            return None
+        weight = weight.blocks
+    if isinstance(weight, NativeRowsWeight):
+        weight = weight.dense
+    elif isinstance(weight, torch.Tensor):
+        if getattr(linear.dense_fn, "native_ops", None) is None:
+            return None
+    if isinstance(weight, torch.Tensor):
+        if not native_rows_weight(rows, weight.shape[-1], weight, bias):
+            return None
+        n, k = weight.shape
+        return LinearArgs(LINEAR_F32, weight.data_ptr(), weight.stride(0), None,
+                          None if bias is None else bias.data_ptr(), n, k, cpu_native.linear_threads(n, k))
+    if isinstance(weight, PackedWeight) and rows <= NATIVE_MAX_ROWS and weight._native_ops() is not None:
+        n, k = weight.shape
+        return LinearArgs(LINEAR_QUANT, None, 0, cpu_native.quant_weight_args(weight).pointer,
+                          None if bias is None else bias.data_ptr(), n, k, cpu_native.linear_threads(n, k))
+    return None
+
+
+class _LayerParts:
+    """What a layer's one-call path reads, looked up once (nn.Module attribute lookups are slow)."""
+    __slots__ = ("attn", "linears", "refs", "norms", "bias")
+
+    def __init__(self, layer):
+        self.attn = attn = layer.self_attn
+        self.linears = (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+        self.refs = tuple(m.weight_ref for m in self.linears)
+        self.norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        self.bias = tuple(m.bias for m in self.linears if m.bias is not None)
+
+    def key(self, rows: int, threads: int) -> tuple:
+        return (rows, threads, *(ref.version for ref in self.refs), *(n.weight.data_ptr() for n in self.norms),
+                *(b.data_ptr() for b in self.bias))
+
+
+class _LayerCall:
+    """One layer's argument block for a row count and set of weights (``args`` None: not native)."""
+    __slots__ = ("parts", "key", "args", "pool")
+
+    def __init__(self, parts: _LayerParts, key: tuple, rows: int, threads: int):
+        self.parts, self.key, self.pool = parts, key, None
+        attn = parts.attn
+        linears = [linear_args(m, rows) for m in parts.linears]
+        norms = tuple(n.weight for n in parts.norms)
+        hidden = norms[0].shape[0]
+        if any(a is None for a in linears) or any(w.dtype != torch.float32 or not w.is_contiguous() or
+                                                  w.shape != (hidden,) for w in norms) \
+                or parts.norms[0].eps != parts.norms[1].eps:
+            self.args = None
+            return
+        qkv, o, gate_up, down = linears
+        width = (attn.num_heads + 2 * attn.num_kv_heads) * attn.head_dim
+        assert (qkv.k, qkv.n, o.k, o.n, gate_up.k, gate_up.n, down.n) == \
+            (hidden, width, attn.q_size, hidden, hidden, 2 * down.k, hidden), "the layer's linears do not chain"
+        self.args = DecodeLayerArgs(*linears, norms[0].data_ptr(), norms[1].data_ptr(), parts.norms[0].eps,
+                                    attn.scale, heads=attn.num_heads, kv_heads=attn.num_kv_heads,
+                                    head_dim=attn.head_dim, hidden=hidden, inter=linears[3].k, threads=threads)
+
+    def set_pool(self, kv_cache: torch.Tensor) -> bool:
+        """Point the arguments at ``kv_cache`` (float32 ``[2, blocks, block_size, kv_heads, head_dim]``, unit
+        last stride: the layout ``gh_decode_attention_block`` indexes); False for another pool."""
+        args = self.args
+        if kv_cache.dtype != torch.float32 or not kv_cache.is_cpu or kv_cache.dim() != 5 \
+                or kv_cache.shape[0] != 2 or kv_cache.shape[3] != args.kv_heads \
+                or kv_cache.shape[4] != args.head_dim or kv_cache.stride(-1) != 1:
+            return False
+        strides = kv_cache.stride()
+        args.k_cache = kv_cache.data_ptr()
+        args.v_cache = kv_cache.data_ptr() + strides[0] * kv_cache.element_size()
+        args.block_stride, args.slot_stride, args.head_stride = strides[1], strides[2], strides[3]
+        args.block_size = kv_cache.shape[2]
+        self.pool = weakref.ref(kv_cache)
+        return True
+
+
+class _StepArgs:
+    """A decode-only step's slots, block tables and lengths as the native attention reads them."""
+    __slots__ = ("rows", "keep", "slots", "tables", "table_stride", "seq_lens")
+
+    def __init__(self, meta):
+        layout = batch_layout(meta)
+        self.rows = 0
+        if not (layout.single and layout.groups[0].decode):
+            return
+        group = layout.groups[0]
+        slots = meta.slot_mapping.to(torch.int64).contiguous()
+        tables = group.table.to(torch.int32).contiguous()
+        seq_lens = group.seq_lens.to(torch.int64).contiguous()
+        if not (slots.is_cpu and tables.is_cpu and seq_lens.is_cpu) or tables.dim() != 2:
+            return
+        self.rows = group.num_seqs
+        self.keep = (slots, tables, seq_lens)
+        self.slots, self.tables, self.seq_lens = slots.data_ptr(), tables.data_ptr(), seq_lens.data_ptr()
+        self.table_stride = tables.stride(0)
+
+
+def _step_args(meta) -> _StepArgs:
+    step = meta.__dict__.get(_STEP)
+    if step is None:
+        step = meta.__dict__[_STEP] = _StepArgs(meta)
+    return step
+
+
+def native_decode_layer(ops: NativeOps):
+    """The ``DecoderLayer.decode_layer_fn`` of the native CPU ops (see the module docstring)."""
+    def decode_layer(layer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta,
+                     kv_cache: torch.Tensor) -> torch.Tensor | None:
+        rows = hidden.shape[0]
+        parts = layer.__dict__.get(_PARTS)
+        if parts is None:
+            parts = layer.__dict__[_PARTS] = _LayerParts(layer)
+        attn = parts.attn
+        if hidden.dtype != torch.float32 or not hidden.is_cpu or not hidden.is_contiguous() or hidden.dim() != 2 \
+                or attn.q_norm is not None or attn.calculate_kv_scales or attn.decode_block_fn is None:
+            return None
+        step = _step_args(meta)
+        if step.rows != rows or rows == 0 or cos.dtype != torch.float32 or sin.dtype != torch.float32 \
+                or not (cos.is_contiguous() and sin.is_contiguous()) or cos.numel() != rows * (attn.head_dim // 2) \
+                or sin.shape != cos.shape:
+            return None
+        threads = torch.get_num_threads()
+        key = parts.key(rows, threads)
+        call = layer.__dict__.get(_CACHE)
+        if call is None or call.key != key:
+            call = layer.__dict__[_CACHE] = _LayerCall(parts, key, rows, threads)
+        args = call.args
+        if args is None or ((call.pool is None or call.pool() is not kv_cache) and not call.set_pool(kv_cache)):
+            return None
+        args.cos, args.sin = cos.data_ptr(), sin.data_ptr()
+        args.slots, args.block_tables, args.seq_lens = step.slots, step.tables, step.seq_lens
+        args.table_stride = step.table_stride
+        out = torch.empty_like(hidden)
+        ops.decode_layer(hidden, args, out)
+        return out
+    return decode_layer
+
+
+def forget_decode_layer(layer) -> None:
+    """Drop ``layer``'s cached arguments (its hooks changed)."""
+    layer.__dict__.pop(_CACHE, None)
+    layer.__dict__.pop(_PARTS, None)

@@ -1,0 +1,27 @@
+/* What the native CPU sources share: the packed-weight argument block and the entry points one source calls
+ * in another (all are built into one library by kernels/cpu_native.py). */
+#ifndef GH_NATIVE_H
+#define GH_NATIVE_H
+#include <stdint.h>
+
+typedef struct {
+    const void *q;           /* int8 [N, K] (fmt 0) or uint8 [N, K/2] (fmt 1, column k in byte k/2, low nibble even k) */
+    const float *scale;      /* [N, groups] */
+    const float *minimum;    /* [N, groups] for int4, else NULL */
+    int64_t fmt, n, k, group;
+} WeightArgs;
+
+int gh_quant_linear(const float *x, int64_t rows, int64_t x_stride, const WeightArgs *args, float *out,
+                    int64_t out_stride, int64_t threads);
+void gh_f32_linear(const float *x, int64_t rows, int64_t x_stride, const float *w, int64_t n, int64_t k,
+                   int64_t w_stride, const float *bias, float *out, int64_t out_stride, int64_t threads);
+void gh_rms_norm(const void *x, int64_t rows, int64_t dim, int64_t x_stride, const void *w, void *out, float eps,
+                 int dtype, int64_t threads);
+void gh_silu_mul(const void *gate_up, int64_t rows, int64_t inter, void *out, int dtype, int64_t threads);
+int gh_decode_attention_block(const void *qkv, int64_t qkv_stride, const void *cos, const void *sin, void *k_cache,
+                              void *v_cache, int64_t block_stride, int64_t slot_stride, int64_t head_stride,
+                              int64_t block_size, const int64_t *slots, const int32_t *block_tables,
+                              int64_t table_stride, const int64_t *seq_lens, int64_t num_seqs, int64_t heads,
+                              int64_t kv_heads, int64_t head_dim, float scale, void *out, int dtype,
+                              int64_t threads);
+#endif

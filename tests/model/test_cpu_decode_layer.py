@@ -1,0 +1,172 @@
+"""The one-call decode layer (models/cpu_decode_layer.py, kernels/cpu/decode_layer.c) against the same layer run
+op by op on the same native ops: the same output bits and the same KV pool, for every weight form it takes,
+and None (the op-by-op path) wherever any op would go elsewhere."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
+from gh200rt.kernels.quant import HalfWeight, pack_weight
+from gh200rt.models.arch_config import ArchConfig
+from gh200rt.models.base import AttentionMetadata
+from gh200rt.models.cpu_kernels import use_native_cpu_kernels, use_torch_cpu_kernels
+from gh200rt.models.layers.cpu_linear import NATIVE_F32_MAX_ROWS, onednn_available
+from gh200rt.models.layers.cpu_prepack import NativeRowsWeight, OneDNNWeight, OneRowBlocksWeight
+from gh200rt.models.registry import build_model
+
+OPS = load_native_ops()
+pytestmark = pytest.mark.skipif(OPS is None, reason=f"native CPU ops unavailable: {native_ops_error()}")
+BLOCK = 4
+
+
+def arch(name: str = "llama") -> ArchConfig:
+    return ArchConfig(architecture=name, vocab_size=64, hidden_size=64, intermediate_size=96, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5,
+                      rope_theta=10000.0, tie_word_embeddings=True, attention_bias=name == "qwen2")
+
+
+def model_with(form: str, name: str = "llama", dtype=torch.float32):
+    gen = torch.Generator().manual_seed(3)
+    model = build_model(arch(name), dtype)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+        for i in range(len(model.layers)):
+            for ref in model.layer_weight_refs(i).values():
+                ref.current.copy_(torch.randn(ref.shape, generator=gen) * 0.2)
+                weight = ref.current
+                if form == "native-rows":
+                    ref.current = NativeRowsWeight(weight, OneDNNWeight(weight), OPS)
+                elif form in ("int8", "int4"):
+                    ref.current = pack_weight(weight, form)
+                elif form == "one-row-blocks":
+                    ref.current = OneRowBlocksWeight(pack_weight(weight, "int4"), HalfWeight(weight.half()))
+    assert use_native_cpu_kernels(model) is None
+    return model
+
+
+def decode_step(rows: int, gen: torch.Generator):
+    """A decode step of ``rows`` sequences of different lengths over shuffled blocks, with K/V already cached."""
+    lens = [5 + 7 * r for r in range(rows)]
+    order = torch.randperm(200, generator=gen).tolist()
+    tables, used = [], 0
+    for n in lens:
+        blocks = -(-n // BLOCK)
+        tables.append(order[used:used + blocks])
+        used += blocks
+    meta = AttentionMetadata.build([1] * rows, lens, tables, BLOCK)
+    return meta
+
+
+def run_layer(model, layer_index: int, meta, hidden, pool, fused: bool):
+    layer = model.layers[layer_index]
+    saved = layer.decode_layer_fn
+    calls = []
+    if fused:
+        def spy(*args):
+            out = saved(*args)
+            calls.append(out is not None)
+            return out
+        layer.decode_layer_fn = spy
+    else:
+        layer.decode_layer_fn = None
+    try:
+        with torch.inference_mode():
+            cos_sin = model.rotary.tables(meta.positions(), hidden.dtype)
+            out = layer(hidden, *cos_sin, meta, pool)
+    finally:
+        layer.decode_layer_fn = saved
+    return out, calls
+
+
+def compare(model, rows: int, expect_fused: bool, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    meta = decode_step(rows, gen)
+    pool = torch.randn(2, 200, BLOCK, 2, 16, generator=gen, dtype=torch.float32).to(model.dtype)
+    hidden = torch.randn(rows, 64, generator=gen).to(model.dtype)
+    for layer in range(len(model.layers)):
+        pool_a, pool_b = pool.clone(), pool.clone()
+        got, calls = run_layer(model, layer, meta, hidden, pool_a, fused=True)
+        want, _ = run_layer(model, layer, meta, hidden, pool_b, fused=False)
+        assert calls == [expect_fused]
+        assert torch.equal(got, want), (layer, (got - want).abs().max())
+        assert torch.equal(pool_a, pool_b)
+        assert not torch.equal(pool_a, pool)  # the step's K/V were written
+
+
+FORMS = ["dense", "int8", "int4", "one-row-blocks"] + (["native-rows"] if onednn_available() else [])
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("rows", [1, 3, NATIVE_F32_MAX_ROWS])
+def test_fused_layer_has_the_op_by_op_bits(form, rows):
+    model = model_with(form)
+    compare(model, rows, expect_fused=form != "one-row-blocks" or rows == 1)
+    # a second step reuses the cached arguments with new step tensors
+    compare(model, rows, expect_fused=form != "one-row-blocks" or rows == 1, seed=1)
+
+
+@pytest.mark.parametrize("form", ["dense", "int4"])
+def test_fused_layer_adds_the_qkv_bias_as_the_linear_does(form):
+    model = model_with(form, name="qwen2")
+    assert model.layers[0].self_attn.qkv_proj.bias is not None
+    compare(model, 2, expect_fused=True)
+
+
+def test_rows_beyond_the_native_linears_go_op_by_op():
+    compare(model_with("dense"), NATIVE_F32_MAX_ROWS + 1, expect_fused=False)
+    compare(model_with("int8"), 12, expect_fused=True)  # the quantized linear takes up to 16 rows
+
+
+def test_prefill_and_mixed_steps_go_op_by_op():
+    model = model_with("dense")
+    gen = torch.Generator().manual_seed(0)
+    pool = torch.randn(2, 200, BLOCK, 2, 16, generator=gen)
+    for query_lens, lens in (([3], [3]), ([1, 2], [6, 9])):
+        meta = AttentionMetadata.build(query_lens, lens, [[10, 11, 12], [20, 21, 22]][:len(lens)], BLOCK)
+        hidden = torch.randn(sum(query_lens), 64, generator=gen)
+        _, calls = run_layer(model, 0, meta, hidden, pool.clone(), fused=True)
+        assert calls == [False]
+
+
+def test_kv_scale_calibration_and_other_pools_go_op_by_op():
+    model = model_with("dense")
+    gen = torch.Generator().manual_seed(0)
+    meta = decode_step(2, gen)
+    hidden = torch.randn(2, 64, generator=gen)
+    _, calls = run_layer(model, 0, meta, hidden, torch.zeros(2, 200, BLOCK, 2, 16, dtype=torch.bfloat16), fused=True)
+    assert calls == [False]
+    model.layers[0].self_attn.calculate_kv_scales = True
+    _, calls = run_layer(model, 0, meta, hidden, torch.zeros(2, 200, BLOCK, 2, 16), fused=True)
+    assert calls == [False]
+
+
+def test_a_new_weight_object_rebuilds_the_arguments():
+    """A streamed layer's weights are new objects as the layer moves through the staging ring: the cached
+    arguments must follow them (here a dense weight swapped for a packed one and back)."""
+    model = model_with("dense")
+    compare(model, 2, expect_fused=True)
+    ref = model.layer_weight_refs(1)["mlp.down_proj"]
+    dense = ref.current
+    ref.current = pack_weight(dense, "int8")
+    compare(model, 2, expect_fused=True)
+    ref.current = dense.clone()
+    compare(model, 2, expect_fused=True)
+
+
+def test_torch_kernels_drop_the_fused_path():
+    model = model_with("dense")
+    use_torch_cpu_kernels(model)
+    assert all(layer.decode_layer_fn is None for layer in model.layers)
+    use_native_cpu_kernels(model)
+    compare(model, 1, expect_fused=True)
+
+
+def test_bf16_activations_go_op_by_op():
+    model = model_with("dense", dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(0)
+    meta = decode_step(1, gen)
+    pool = torch.zeros(2, 200, BLOCK, 2, 16, dtype=torch.bfloat16)
+    _, calls = run_layer(model, 0, meta, torch.randn(1, 64, dtype=torch.bfloat16), pool, fused=True)
+    assert calls == [False]
