@@ -1,13 +1,15 @@
-"""Decode step time on the CPU with the native small ops (``--cpu-kernels native``) against torch's ops,
-measured in the same run.
+"""Decode step time on the CPU with the native ops (``--cpu-kernels native``) against torch's ops, and against
+the native ops called op by op (no one-call decoder layer, ``models/cpu_decode_layer.py``), measured in the
+same run.
 
     python scripts/bench_cpu_kernels.py [--model smollm2-135m] [--dtypes auto,float32] [--batches 1,8,16]
         [--prompt-tokens 128] [--tokens 32] [--rounds 3]
 
-For each dtype (route) and batch, two engines over the same model, one per kernel choice, decode
-``--batches`` requests of ``--prompt-tokens`` random prompt tokens each; the median step time of the
-decode steps (the time between tokens) is taken per round, the two engines alternate round by round
-so load from other processes falls on both alike, and the best round is printed with the speed-up.
+For each dtype (route) and batch, three engines over the same model (torch ops; native ops op by op; native
+ops with a decode step's layers in one call each) decode ``--batches`` requests of ``--prompt-tokens`` random
+prompt tokens each; the median step time of the decode steps (the time between tokens) is taken per round,
+the engines alternate round by round so load from other processes falls on all alike, and the best round is
+printed with the speed-ups over torch's ops.
 """
 from __future__ import annotations
 
@@ -40,21 +42,25 @@ def main() -> None:
     args = ap.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f}; model {args.model}; prompts of {args.prompt_tokens} tokens, "
           f"{args.tokens} decode steps; best of {args.rounds} rounds")
-    print(f"{'dtype':<8} {'batch':>5} {'torch ms':>9} {'native ms':>9} {'speed-up':>8}")
+    print(f"{'dtype':<8} {'batch':>5} {'torch ms':>9} {'op-by-op ms':>11} {'native ms':>9} {'speed-ups':>15}")
     for dtype in args.dtypes.split(","):
         engines = {}
-        for kernels in ("torch", "native"):
+        for name, kernels in (("torch", "torch"), ("op-by-op", "native"), ("native", "native")):
             config = EngineConfig.from_kwargs(model=args.model, dtype=dtype, cpu_kernels=kernels,
                                               max_model_len=args.prompt_tokens + args.tokens + 8)
-            engines[kernels] = LLMEngine.from_config(config)
-            decode_step_ms(engines[kernels], 1, 8, 4, seed=0)  # warm-up
+            engines[name] = LLMEngine.from_config(config)
+            if name == "op-by-op":
+                for layer in engines[name].runner.model.layers:
+                    layer.decode_layer_fn = None
+            decode_step_ms(engines[name], 1, 8, 4, seed=0)  # warm-up
         for batch in map(int, args.batches.split(",")):
             times = {kernels: [] for kernels in engines}
             for round_ in range(args.rounds):
                 for kernels, engine in engines.items():
                     times[kernels].append(decode_step_ms(engine, batch, args.prompt_tokens, args.tokens, round_))
-            old, new = min(times["torch"]), min(times["native"])
-            print(f"{dtype:<8} {batch:>5} {old:>9.2f} {new:>9.2f} {old / new:>7.2f}x", flush=True)
+            old, ops, new = min(times["torch"]), min(times["op-by-op"]), min(times["native"])
+            print(f"{dtype:<8} {batch:>5} {old:>9.2f} {ops:>11.2f} {new:>9.2f} {old / ops:>6.2f}x {old / new:>6.2f}x",
+                  flush=True)
         for engine in engines.values():
             engine.close()
 
