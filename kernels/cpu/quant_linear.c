@@ -151,6 +151,23 @@ INLINE void row_block(const Weight *w, int fmt, const Rows *x, int64_t r, int64_
             acc[j] = chunk_dot(a, b, xa, xb, w->scale[(n0 + j) * w->groups + g], xscale, acc[j]);
         }
     }
+    if (x->sum && nb == NB) {
+        /* minimum_term of the NB channels at once, one channel per lane: each lane runs minimum_term's
+         * operations in its order (so its bits), and the NB dependent chains of adds overlap */
+        const float *xsum = x->sum + r * x->groups;
+        const float *mn = w->minimum + n0 * w->groups, *sc = w->scale + n0 * w->groups;
+        int64_t gs = w->groups;
+        __m128 t = _mm_setzero_ps(), eight = _mm_set1_ps(8.0f);
+        for (int64_t g = 0; g < gs; g++) {
+            __m128 m = _mm_set_ps(mn[3 * gs + g], mn[2 * gs + g], mn[gs + g], mn[g]);
+            __m128 s = _mm_set_ps(sc[3 * gs + g], sc[2 * gs + g], sc[gs + g], sc[g]);
+            t = _mm_add_ps(t, _mm_mul_ps(_mm_add_ps(m, _mm_mul_ps(eight, s)), _mm_set1_ps(xsum[g])));
+        }
+        float term[NB];
+        _mm_storeu_ps(term, t);
+        for (int j = 0; j < NB; j++) out[n0 + j] = hsum8(acc[j]) + term[j];
+        return;
+    }
     for (int j = 0; j < nb; j++)
         out[n0 + j] = hsum8(acc[j]) + (x->sum ? minimum_term(w, n0 + j, x->sum + r * x->groups) : 0.0f);
 }
