@@ -105,6 +105,39 @@ INLINE void store_row(void *dst, int64_t offset, const float *src, int64_t n, in
 }
 
 /* eight independent partial sums: vectorised without reassociating the float adds */
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+/* decode attention's products as FMAs in two chains (its results need only float32 rounding against torch;
+ * every tier and path runs this same code, so they still agree with each other) */
+INLINE float attn_dot(const float *a, const float *b, int64_t n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    __m256 v = _mm256_add_ps(acc0, acc1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    float s = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+INLINE void attn_axpy(float *acc, float w, const float *v, int64_t n) {
+    __m256 wv = _mm256_set1_ps(w);
+    int64_t d = 0;
+    for (; d + 8 <= n; d += 8) _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + d),
+                                                                         _mm256_loadu_ps(acc + d)));
+    for (; d < n; d++) acc[d] += w * v[d];
+}
+#else
+#define attn_dot dot
+INLINE void attn_axpy(float *acc, float w, const float *v, int64_t n) {
+    for (int64_t d = 0; d < n; d++) acc[d] += w * v[d];
+}
+#endif
+
 INLINE float dot(const float *a, const float *b, int64_t n) {
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t i = 0;
@@ -241,7 +274,8 @@ INLINE void gh_decode_attention_impl(const void *q, int64_t q_seq_stride, int64_
                 const float *key = kv;
                 if (dtype) load_row(kv, k_cache, at, head_dim, dtype);
                 else key = (const float *)k_cache + at;  /* float32 keys are read in place */
-                for (int64_t j = 0; j < group; j++) scores[j * len + p] = dot(qf + j * head_dim, key, head_dim) * scale;
+                for (int64_t j = 0; j < group; j++)
+                    scores[j * len + p] = attn_dot(qf + j * head_dim, key, head_dim) * scale;
             }
             float sums[group];
             for (int64_t j = 0; j < group; j++) {
@@ -265,10 +299,7 @@ INLINE void gh_decode_attention_impl(const void *q, int64_t q_seq_stride, int64_
                 const float *value = kv;
                 if (dtype) load_row(kv, v_cache, at, head_dim, dtype);
                 else value = (const float *)v_cache + at;
-                for (int64_t j = 0; j < group; j++) {
-                    float w = scores[j * len + p], *a = acc + j * head_dim;
-                    for (int64_t d = 0; d < head_dim; d++) a[d] += w * value[d];
-                }
+                for (int64_t j = 0; j < group; j++) attn_axpy(acc + j * head_dim, scores[j * len + p], value, head_dim);
             }
             for (int64_t j = 0; j < group; j++) {
                 int64_t dst = (b * heads + g * group + j) * head_dim;
