@@ -41,6 +41,7 @@ SIGNATURES = {
     "gh_rotary": (_P, _I, _I, _I, _I, _I, _P, _P, _P, _C, _I),
     "gh_write_kv": (_P, _P, _I, _I, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _I, _I, _I),
     "gh_decode_attention": (_P, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _P, _I, _I, _I, _I, _F, _P, _C, _I),
+    "gh_extend_attention": (_P, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _P, _P, _I, _I, _I, _I, _F, _P, _C, _I),
     "gh_decode_attention_block": (_P, _I, _P, _P, _P, _P, _I, _I, _I, _I, _P, _P, _I, _P, _I, _I, _I, _I, _F, _P, _C,
                                   _I),
     "gh_quant_linear": (_P, _I, _I, _P, _P, _I, _I),
@@ -48,7 +49,8 @@ SIGNATURES = {
     "gh_f32_linear": (_P, _I, _I, _P, _I, _I, _I, _P, _P, _I, _I),
     "gh_decode_layer": (_P, _I, _P, _P),
 }
-RESTYPES = {"gh_quant_linear": ctypes.c_int, "gh_decode_attention_block": ctypes.c_int, "gh_decode_layer": ctypes.c_int}
+RESTYPES = {"gh_quant_linear": ctypes.c_int, "gh_decode_attention_block": ctypes.c_int, "gh_decode_layer": ctypes.c_int,
+            "gh_extend_attention": ctypes.c_int}
 
 _error: str | None = None
 
@@ -226,6 +228,36 @@ class NativeOps:
                                       torch.get_num_threads())
         return out
 
+    def extend_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                         seq_lens: torch.Tensor, query_starts: torch.Tensor, scale: float) -> torch.Tensor:
+        """``q [T, heads, D]``: sequence b's new tokens are rows ``query_starts[b] .. query_starts[b + 1]`` (int64
+        ``[B + 1]``, from 0) and the last of its ``seq_lens[b]`` positions, each seeing every key at or before it
+        (K/V already in the pool) -> ``out [T, heads, D]``. ``block_tables`` int32 ``[B, W]`` must cover
+        ``seq_lens`` (int64 ``[B]``); the caller guarantees it."""
+        tokens, heads, dim = q.shape
+        if q.stride(-1) != 1:
+            q = q.contiguous()
+        _check_pool(kv_cache, q)
+        if block_tables.dtype != torch.int32 or block_tables.stride(-1) != 1:
+            block_tables = block_tables.to(torch.int32).contiguous()
+        if seq_lens.dtype != torch.int64 or not seq_lens.is_contiguous():
+            seq_lens = seq_lens.to(torch.int64).contiguous()
+        if query_starts.dtype != torch.int64 or not query_starts.is_contiguous():
+            query_starts = query_starts.to(torch.int64).contiguous()
+        kv_heads, num_seqs = kv_cache.shape[3], seq_lens.shape[0]
+        if heads % kv_heads or block_tables.shape[0] != num_seqs or query_starts.shape[0] != num_seqs + 1:
+            raise ValueError(f"extend_attention: q {tuple(q.shape)}, {kv_heads} KV heads, block tables "
+                             f"{tuple(block_tables.shape)}, seq_lens {tuple(seq_lens.shape)}, query starts "
+                             f"{tuple(query_starts.shape)}")
+        out = q.new_empty((tokens, heads, dim))
+        strides = kv_cache.stride()
+        if self._lib.gh_extend_attention(q.data_ptr(), q.stride(0), q.stride(1), kv_cache[0].data_ptr(),
+                                         kv_cache[1].data_ptr(), strides[1], strides[2], strides[3], kv_cache.shape[2],
+                                         block_tables.data_ptr(), block_tables.stride(0), seq_lens.data_ptr(),
+                                         query_starts.data_ptr(), num_seqs, heads, kv_heads, dim, scale,
+                                         out.data_ptr(), _code(q, kv_cache), torch.get_num_threads()):
+            raise MemoryError("extend_attention: no memory for the tile index")
+        return out
 
     def decode_attention_block(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
                                slot_mapping: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,

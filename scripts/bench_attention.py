@@ -6,6 +6,9 @@
 chunk's length, as before the split per kind) against one batched call per kind (now).
 ``--baseline PATH``: the ``paged_attention`` of another version of ``gh200rt/kv/attention.py``, e.g.
 ``git show REV:gh200rt/kv/attention.py > /tmp/attention_rev.py``, against this tree's.
+``--baseline torch``: this tree's torch attention (gather + SDPA) against the native CPU kernels as the model
+calls them (``models/cpu_kernels.py``: decode and multi-token groups in ``kernels/cpu/ops.c``, multi-token
+groups past ``EXTEND_MAX_KEYS`` keys left to SDPA).
 
 SmolLM2-135M's attention shape (9 query heads, 3 KV heads, head_dim 64, blocks of 16), the pool a
 strided view of a block-major arena as in the engine (kv/arena.py). Prints the median of --reps calls
@@ -33,6 +36,8 @@ CASES.update({f"{b} decodes, context ~{c}": ([1] * b, [c - (i * 5) % 11 for i in
 CASES.update({"8 prompts of 128 tokens": ([128] * 8, [128] * 8),
               "8 prompts of 65-128 tokens": ([128 - 9 * i for i in range(8)], [128 - 9 * i for i in range(8)]),
               "1 prompt of 512 tokens": ([512], [512]),
+              "1 prompt of 1024 tokens": ([1024], [1024]),
+              "1 prompt of 2048 tokens": ([2048], [2048]),
               "8 chunks of 64 after 64 cached": ([64] * 8, [128] * 8)})
 
 
@@ -65,17 +70,34 @@ def alternated(fns, q, kv, query_lens, seq_lens, tables, reps: int) -> list[tupl
     return [(sorted(t)[len(t) // 2], out) for t, out in zip(times, outs)]
 
 
+def native_kernels():
+    from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
+    from gh200rt.models.cpu_kernels import native_cpu_ops
+    ops = load_native_ops()
+    if ops is None:
+        raise SystemExit(f"native CPU ops unavailable: {native_ops_error()}")
+    attend = native_cpu_ops(ops)["attention"]
+    return lambda q, kv, meta: attend(q, kv, meta, HEAD_DIM ** -0.5, KV_HEADS)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--baseline", default="padded",
-                        help="'padded' or the path of another version of gh200rt/kv/attention.py")
+                        help="'padded', 'torch' (against the native kernels) or the path of another version of "
+                             "gh200rt/kv/attention.py")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    baseline = one_padded_call if args.baseline == "padded" else baseline_file(args.baseline)
-    label = "one padded call" if args.baseline == "padded" else "baseline"
-    print(f"{'step':<32} {'dtype':<9} {label:>16} {'this tree':>12} {'speed-up':>9} {'max |diff|':>10}")
+    current = this_tree
+    if args.baseline == "padded":
+        baseline, label = one_padded_call, "one padded call"
+    elif args.baseline == "torch":
+        baseline, label, current = this_tree, "torch (SDPA)", native_kernels()
+    else:
+        baseline, label = baseline_file(args.baseline), "baseline"
+    name = "native" if current is not this_tree else "this tree"
+    print(f"{'step':<32} {'dtype':<9} {label:>16} {name:>12} {'speed-up':>9} {'max |diff|':>10}")
     for dtype in (torch.float32, torch.bfloat16):
         for name, (query_lens, seq_lens) in CASES.items():
             gen = torch.Generator().manual_seed(0)
@@ -85,7 +107,7 @@ def main() -> None:
             arena = torch.randn(sum(needed) + 1, ARENA_LAYERS, 2, BLOCK, KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
             kv = arena[:, 1].transpose(0, 1)  # layer 1's [2, blocks, ...] view, as kv/arena.py lays it out
             q = torch.randn(sum(query_lens), HEADS, HEAD_DIM, generator=gen).to(dtype)
-            (before, want), (after, got) = alternated([baseline, this_tree], q, kv, query_lens, seq_lens, tables,
+            (before, want), (after, got) = alternated([baseline, current], q, kv, query_lens, seq_lens, tables,
                                                       args.reps)
             diff = (got.float() - want.float()).abs().max().item()
             print(f"{name:<32} {str(dtype).removeprefix('torch.'):<9} {before * 1e3:13.3f} ms {after * 1e3:9.3f} ms "

@@ -5,11 +5,13 @@ last ``query_len`` of its ``seq_len`` positions, so query i of sequence b sits a
 ``seq_len - query_len + i`` and sees every cached key at or before it (causal within the new
 tokens, full over the cached prefix). The decodes of a step are one batched SDPA call and its
 multi-token sequences another: contexts are gathered through the block tables, padded to the longest
-and masked only where the lengths call for it (``_Group``). An fp8 pool is quantized on
+and masked only where the lengths call for it (``_Group``). The native CPU kernels replace either group's
+gather and SDPA with one call that reads the pool in place (``decode_kernel``, ``extend_kernel``). An fp8 pool is quantized on
 write and dequantized after the gather with the layer's ``kv_scale`` ``[K scale, V scale]`` (kv/fp8.py).
 """
 from __future__ import annotations
 
+import itertools
 from typing import Callable
 
 import torch
@@ -22,6 +24,10 @@ _LAYOUT_KEY = "_torch_paged_attention_layout"
 
 # (q [B, heads, D], kv_cache, block_tables [B, W], seq_lens [B], scale) -> out [B, heads, D]
 DecodeKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+# (q [T, heads, D], kv_cache, block_tables [B, W], seq_lens [B], query_starts [B + 1], scale) -> out [T, heads, D],
+# or None where the kernel leaves the group to SDPA
+ExtendKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float],
+                        torch.Tensor | None]
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
@@ -81,6 +87,9 @@ class _Group:
                          dtype=torch.long, device=device)
         self.max_query = max(query_lens)
         self.causal = not decode and query_lens == seq_lens
+        # first row of each sequence in the group's own rows, and the end (for an extend kernel)
+        self.query_starts = None if decode else \
+            torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.long, device=device)
         # row of each new token in the padded [num_seqs * max_query] query layout (None: nothing padded)
         self.padded_rows = None
         if len(set(query_lens)) > 1:
@@ -134,18 +143,20 @@ def _layout(meta: AttentionMetadata) -> _BatchLayout:
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
                     num_kv_heads: int, kv_scale: torch.Tensor | None = None,
-                    decode_kernel: DecodeKernel | None = None) -> torch.Tensor:
+                    decode_kernel: DecodeKernel | None = None,
+                    extend_kernel: ExtendKernel | None = None) -> torch.Tensor:
     """``q [T, num_heads, head_dim]`` (K/V already written) -> ``out [T, num_heads, head_dim]``.
 
-    ``decode_kernel(q, kv_cache, block_tables, seq_lens, scale)``, when given, attends the step's decode
-    group in place of the gather and SDPA (a native CPU kernel); multi-token groups keep SDPA."""
+    ``decode_kernel(q, kv_cache, block_tables, seq_lens, scale)`` and ``extend_kernel(q, kv_cache, block_tables,
+    seq_lens, query_starts, scale)``, when given, attend the step's decode group and its multi-token group in
+    place of the gather and SDPA (native CPU kernels that read the pool in place)."""
     layout = _layout(meta)
     if layout.single:
-        return _attend(q, kv_cache, layout.groups[0], scale, num_kv_heads, kv_scale, decode_kernel)
+        return _attend(q, kv_cache, layout.groups[0], scale, num_kv_heads, kv_scale, decode_kernel, extend_kernel)
     out = torch.empty_like(q)
     for group in layout.groups:
         out.index_copy_(0, group.token_rows, _attend(q.index_select(0, group.token_rows), kv_cache, group, scale,
-                                                     num_kv_heads, kv_scale, decode_kernel))
+                                                     num_kv_heads, kv_scale, decode_kernel, extend_kernel))
     return out
 
 
@@ -158,10 +169,15 @@ def _gather(kv_cache: torch.Tensor, which: int, blocks: torch.Tensor, kv_scale: 
 
 
 def _attend(q: torch.Tensor, kv_cache: torch.Tensor, group: _Group, scale: float, num_kv_heads: int,
-            kv_scale: torch.Tensor | None, decode_kernel: DecodeKernel | None) -> torch.Tensor:
+            kv_scale: torch.Tensor | None, decode_kernel: DecodeKernel | None,
+            extend_kernel: ExtendKernel | None = None) -> torch.Tensor:
     """Attention for one group; ``q`` holds exactly the group's token rows, in group order."""
     if group.decode and decode_kernel is not None:
         return decode_kernel(q, kv_cache, group.table, group.seq_lens, scale)
+    if not group.decode and extend_kernel is not None:
+        out = extend_kernel(q, kv_cache, group.table, group.seq_lens, group.query_starts, scale)
+        if out is not None:
+            return out
     num_seqs, head_dim = group.num_seqs, q.shape[-1]
     k = _gather(kv_cache, 0, group.blocks, kv_scale, q.dtype).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
     v = _gather(kv_cache, 1, group.blocks, kv_scale, q.dtype).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)

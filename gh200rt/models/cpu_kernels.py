@@ -1,7 +1,7 @@
 """Native CPU ops inside the model, through the layers' swap hooks (the CPU counterpart of gpu_kernels.py).
 
-``use_native_cpu_kernels(model) -> str | None`` points RMSNorm, RoPE, the KV store, decode attention
-and SiLU-and-mul at the native ops of ``kernels/cpu/ops.c`` (a decode-only step's RoPE, KV store and
+``use_native_cpu_kernels(model) -> str | None`` points RMSNorm, RoPE, the KV store, decode attention,
+the attention of prompt chunks up to ``EXTEND_MAX_KEYS`` keys and SiLU-and-mul at the native ops of ``kernels/cpu/ops.c`` (a decode-only step's RoPE, KV store and
 attention in one call per layer, ``decode_block``) and float32 linears of a few rows at the native
 kernel (``cpu_linear.native_dense_linear``), gives a decode step's decoder layers one call each where every
 op of the layer is native (``cpu_decode_layer.native_decode_layer``), and returns None, or leaves the torch
@@ -10,8 +10,8 @@ more in dispatch than in arithmetic: one layer's ~36 small ops take about a mill
 host, the native ops a fraction of that (docs/benchmarks/models.md).
 
 Each adapter takes what the layer passes and returns what the torch op returns; inputs the native
-code does not cover (an fp8 pool, a dtype other than float32/bfloat16, multi-token attention groups)
-go to the torch op. The same ops serve every tier and the bucketed decode path, so placements stay
+code does not cover (an fp8 pool, a dtype other than float32/bfloat16, multi-token attention groups
+with longer contexts) go to the torch op. The same ops serve every tier and the bucketed decode path, so placements stay
 bit-identical to each other (DESIGN invariant 4); against the torch ops rotary and the KV store are
 bit-identical and the reductions (RMSNorm, SiLU's exp, attention's softmax) agree to float32 rounding
 (tests/kernels/test_cpu_native.py).
@@ -28,6 +28,13 @@ from gh200rt.kv import fp8
 from gh200rt.models.cpu_decode_layer import native_decode_layer
 from gh200rt.models.gpu_kernels import TORCH_OPS, switch_hooks
 from gh200rt.models.layers import activation, cpu_linear, rmsnorm, rotary
+
+
+# Multi-token attention groups whose longest sequence has at most this many keys take the native kernel; longer
+# ones keep SDPA. Each 8-query tile streams its keys' K and V again, which stays in L2 for short contexts (2-3x
+# faster than SDPA at prompts of ~100 tokens, 1.4x at 512) but not for long ones (0.8x at one 1,024-token
+# prompt; docs/benchmarks/kernels.md).
+EXTEND_MAX_KEYS = 768
 
 
 def native_cpu_ops(ops: NativeOps) -> dict:
@@ -54,9 +61,16 @@ def native_cpu_ops(ops: NativeOps) -> dict:
 
     def attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale: float, num_kv_heads: int,
                   kv_scale: torch.Tensor | None = None) -> torch.Tensor:
-        decode = None if fp8.is_fp8(kv_cache.dtype) or kv_cache.dtype != q.dtype or q.dtype not in DTYPES \
-            else ops.decode_attention
-        return torch_attention.paged_attention(q, kv_cache, meta, scale, num_kv_heads, kv_scale, decode)
+        if fp8.is_fp8(kv_cache.dtype) or kv_cache.dtype != q.dtype or q.dtype not in DTYPES:
+            return torch_attention.paged_attention(q, kv_cache, meta, scale, num_kv_heads, kv_scale)
+        return torch_attention.paged_attention(q, kv_cache, meta, scale, num_kv_heads, kv_scale,
+                                               ops.decode_attention, extend)
+
+    def extend(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+               query_starts: torch.Tensor, scale: float) -> torch.Tensor | None:
+        if int(seq_lens.max()) > EXTEND_MAX_KEYS:
+            return None
+        return ops.extend_attention(q, kv_cache, block_tables, seq_lens, query_starts, scale)
 
     def decode_block(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor, meta,
                      scale: float, heads: int, kv_heads: int) -> torch.Tensor | None:

@@ -5,11 +5,11 @@
  * 1 bfloat16 (bits in uint16). Every op rounds where its torch reference rounds: in bf16 each
  * elementwise op's result is rounded to bf16 (R below), and no multiply-add is fused into an FMA
  * (-ffp-contract=off), so rotary and the KV store give the torch ops' bits, RMSNorm and SiLU agree to
- * the last bits of their reductions and exp, and decode attention to float32 rounding.
- * Threads: each op takes a thread count and splits independent rows (RMSNorm, SiLU, RoPE tokens) or
- * (sequence, KV head) pairs (decode attention) over OpenMP threads (torch's libgomp pool, as in
- * quant_linear.c); every row is computed by the same code whichever thread runs it, so the bits do not
- * depend on the count. The Python side passes 1 below a size where waking threads costs more than it saves.
+ * the last bits of their reductions and exp, and attention (decode and multi-token) to float32 rounding.
+ * Threads: each op takes a thread count and splits independent rows (RMSNorm, SiLU, RoPE tokens),
+ * (sequence, KV head) pairs (decode attention) or tiles of query vectors (multi-token attention) over
+ * OpenMP threads (torch's libgomp pool, as in quant_linear.c); every row is computed by the same code
+ * whichever thread runs it, so the bits do not depend on the count. The Python side passes 1 below a size where waking threads costs more than it saves.
  */
 #include <math.h>
 #include <stdint.h>
@@ -313,6 +313,247 @@ INLINE void gh_decode_attention_impl(const void *q, int64_t q_seq_stride, int64_
     }
 }
 
+/* Multi-token attention over the paged pool (prompt chunks, with or without a cached prefix): sequence b's
+ * query_lens[b] = query_starts[b + 1] - query_starts[b] new tokens are the last of its seq_lens[b], so its
+ * query i sits at position seq_lens[b] - query_lens[b] + i and sees keys 0 .. that position. q [T, heads,
+ * head_dim] (strides q_tok_stride, q_head_stride), out [T, heads, head_dim] contiguous.
+ *
+ * The work is cut into tiles of EXT_LANES query vectors of one (sequence, KV head): the heads sharing the KV
+ * head, row after row, so every key row loaded serves all eight. A tile's scores sit key-major, one lane per
+ * query vector ([keys][8]), which makes the causal mask, the softmax and the weighted V sum per-lane vector
+ * arithmetic. Scores and sums in float32; results agree with torch's SDPA to float32 rounding, and a query's
+ * bits depend only on its own row, its keys and its lane, not on the thread or the tile's other lanes. */
+#define EXT_LANES 8
+#define EXT_CHUNK 64   /* keys per pass of the weighted V sum: their V rows stay in L1 between lane tiles */
+
+#if defined(__AVX2__) && defined(__FMA__)
+/* r[t] = sum of the 8 lanes of a[t] */
+INLINE __m256 sum_lanes8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
+    __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+#define EXT_VECTOR(head_dim) ((head_dim) % 16 == 0)
+#else
+#define EXT_VECTOR(head_dim) 0
+#endif
+
+/* dst[t] = q[t] . key for the tile's 8 query vectors (rows of qb, head_dim apart) */
+INLINE void ext_scores(const float *qb, const float *key, int64_t head_dim, float *dst) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (EXT_VECTOR(head_dim)) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        for (int64_t c = 0; c < head_dim; c += 8) {
+            __m256 k = _mm256_loadu_ps(key + c);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qb + c), k, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qb + head_dim + c), k, a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(qb + 2 * head_dim + c), k, a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(qb + 3 * head_dim + c), k, a3);
+            a4 = _mm256_fmadd_ps(_mm256_loadu_ps(qb + 4 * head_dim + c), k, a4);
+            a5 = _mm256_fmadd_ps(_mm256_loadu_ps(qb + 5 * head_dim + c), k, a5);
+            a6 = _mm256_fmadd_ps(_mm256_loadu_ps(qb + 6 * head_dim + c), k, a6);
+            a7 = _mm256_fmadd_ps(_mm256_loadu_ps(qb + 7 * head_dim + c), k, a7);
+        }
+        _mm256_storeu_ps(dst, sum_lanes8(a0, a1, a2, a3, a4, a5, a6, a7));
+        return;
+    }
+#endif
+    for (int t = 0; t < EXT_LANES; t++) dst[t] = dot(qb + t * head_dim, key, head_dim);
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+/* obuf[t0 .. t0 + 4)[d0 .. d0 + 16) += sum over keys p of probs[p][t] * value_p[d0 ..]: 8 accumulators, the two V
+ * vectors and the broadcast weight stay in registers (3 lanes x 32 dims would spill one) */
+INLINE void ext_pv_tile(float *obuf, const float *probs, const float *const *rows, int64_t keys, int t0, int64_t d0,
+                        int64_t head_dim) {
+    float *o0 = obuf + t0 * head_dim + d0, *o1 = o0 + head_dim, *o2 = o1 + head_dim, *o3 = o2 + head_dim;
+    __m256 a00 = _mm256_loadu_ps(o0), a01 = _mm256_loadu_ps(o0 + 8), a10 = _mm256_loadu_ps(o1),
+           a11 = _mm256_loadu_ps(o1 + 8), a20 = _mm256_loadu_ps(o2), a21 = _mm256_loadu_ps(o2 + 8),
+           a30 = _mm256_loadu_ps(o3), a31 = _mm256_loadu_ps(o3 + 8);
+    for (int64_t p = 0; p < keys; p++) {
+        const float *v = rows[p] + d0, *w = probs + p * EXT_LANES + t0;
+        __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8), b;
+        b = _mm256_broadcast_ss(w);
+        a00 = _mm256_fmadd_ps(b, v0, a00), a01 = _mm256_fmadd_ps(b, v1, a01);
+        b = _mm256_broadcast_ss(w + 1);
+        a10 = _mm256_fmadd_ps(b, v0, a10), a11 = _mm256_fmadd_ps(b, v1, a11);
+        b = _mm256_broadcast_ss(w + 2);
+        a20 = _mm256_fmadd_ps(b, v0, a20), a21 = _mm256_fmadd_ps(b, v1, a21);
+        b = _mm256_broadcast_ss(w + 3);
+        a30 = _mm256_fmadd_ps(b, v0, a30), a31 = _mm256_fmadd_ps(b, v1, a31);
+    }
+    _mm256_storeu_ps(o0, a00), _mm256_storeu_ps(o0 + 8, a01), _mm256_storeu_ps(o1, a10), _mm256_storeu_ps(o1 + 8, a11);
+    _mm256_storeu_ps(o2, a20), _mm256_storeu_ps(o2 + 8, a21), _mm256_storeu_ps(o3, a30), _mm256_storeu_ps(o3 + 8, a31);
+}
+
+/* exp_f32 on 8 lanes: the same operations in the same order (so the same bits) */
+INLINE __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
+    __m256 big = _mm256_set1_ps(12582912.0f);
+    __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), big), big);
+    __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693145751953125f))),
+                             _mm256_mul_ps(n, _mm256_set1_ps(1.428606765330187e-06f)));
+    __m256 p = _mm256_set1_ps(1.3888889e-3f);
+    p = _mm256_add_ps(_mm256_set1_ps(8.3333338e-3f), _mm256_mul_ps(r, p));
+    p = _mm256_add_ps(_mm256_set1_ps(4.1666668e-2f), _mm256_mul_ps(r, p));
+    p = _mm256_add_ps(_mm256_set1_ps(1.6666667e-1f), _mm256_mul_ps(r, p));
+    p = _mm256_add_ps(_mm256_set1_ps(0.5f), _mm256_mul_ps(r, p));
+    p = _mm256_add_ps(_mm256_set1_ps(1.0f), _mm256_mul_ps(r, p));
+    p = _mm256_add_ps(_mm256_set1_ps(1.0f), _mm256_mul_ps(r, p));
+    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+#endif
+
+/* probs[p][t] = exp(scale * scores[p][t] - max) for keys p <= limit[t], else 0; sum[t] their sum */
+INLINE void ext_softmax(float *probs, int64_t keys, const int32_t *limit, float scale, float *sum) {
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256i lim = _mm256_loadu_si256((const __m256i *)limit);
+    __m256 vscale = _mm256_set1_ps(scale), top = _mm256_set1_ps(-INFINITY), total = _mm256_setzero_ps();
+    for (int64_t p = 0; p < keys; p++) {
+        __m256 s = _mm256_mul_ps(_mm256_loadu_ps(probs + p * EXT_LANES), vscale);
+        _mm256_storeu_ps(probs + p * EXT_LANES, s);
+        __m256 past = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int32_t)p), lim));
+        top = _mm256_blendv_ps(_mm256_max_ps(top, s), top, past);
+    }
+    for (int64_t p = 0; p < keys; p++) {
+        __m256 past = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int32_t)p), lim));
+        __m256 e = _mm256_andnot_ps(past, exp8(_mm256_sub_ps(_mm256_loadu_ps(probs + p * EXT_LANES), top)));
+        _mm256_storeu_ps(probs + p * EXT_LANES, e);
+        total = _mm256_add_ps(total, e);
+    }
+    _mm256_storeu_ps(sum, total);
+#else
+    float top[EXT_LANES];
+    for (int t = 0; t < EXT_LANES; t++) top[t] = -INFINITY, sum[t] = 0.0f;
+    for (int64_t p = 0; p < keys; p++)
+        for (int t = 0; t < EXT_LANES; t++) {
+            float s = probs[p * EXT_LANES + t] * scale;
+            probs[p * EXT_LANES + t] = s;
+            top[t] = p <= limit[t] && s > top[t] ? s : top[t];
+        }
+    for (int64_t p = 0; p < keys; p++)
+        for (int t = 0; t < EXT_LANES; t++) {
+            float e = p <= limit[t] ? exp_f32(probs[p * EXT_LANES + t] - top[t]) : 0.0f;
+            probs[p * EXT_LANES + t] = e;
+            sum[t] += e;
+        }
+#endif
+}
+
+/* obuf[t] += sum over the chunk's keys of probs[p][t] * value_p, for all 8 lanes */
+INLINE void ext_weighted_sum(float *obuf, const float *probs, const float *const *rows, int64_t keys,
+                             int64_t head_dim) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (EXT_VECTOR(head_dim)) {
+        for (int64_t d0 = 0; d0 < head_dim; d0 += 16) {
+            ext_pv_tile(obuf, probs, rows, keys, 0, d0, head_dim);
+            ext_pv_tile(obuf, probs, rows, keys, 4, d0, head_dim);
+        }
+        return;
+    }
+#endif
+    for (int64_t p = 0; p < keys; p++)
+        for (int t = 0; t < EXT_LANES; t++) attn_axpy(obuf + t * head_dim, probs[p * EXT_LANES + t], rows[p], head_dim);
+}
+
+INLINE int gh_extend_attention_impl(const void *q, int64_t q_tok_stride, int64_t q_head_stride, const void *k_cache,
+                         const void *v_cache, int64_t block_stride, int64_t slot_stride, int64_t head_stride,
+                         int64_t block_size, const int32_t *block_tables, int64_t table_stride,
+                         const int64_t *seq_lens, const int64_t *query_starts, int64_t num_seqs, int64_t heads,
+                         int64_t kv_heads, int64_t head_dim, float scale, void *out, int dtype, int64_t threads) {
+    int64_t group = heads / kv_heads, longest = 0, tiles = 0, work = 0;
+    for (int64_t b = 0; b < num_seqs; b++) {
+        int64_t vectors = (query_starts[b + 1] - query_starts[b]) * group;
+        if (seq_lens[b] > longest) longest = seq_lens[b];
+        tiles += kv_heads * ((vectors + EXT_LANES - 1) / EXT_LANES);
+        work += vectors * kv_heads * seq_lens[b] * head_dim;
+    }
+    /* tile -> (sequence, first tile of it): tiles of one sequence are consecutive, KV head-major */
+    int64_t *tile_seq = malloc((size_t)(tiles + 1) * sizeof(int64_t)), *seq_tile = malloc((size_t)(num_seqs + 1)
+                                                                                          * sizeof(int64_t));
+    if (!tile_seq || !seq_tile) {
+        free(tile_seq);
+        free(seq_tile);
+        return -1;
+    }
+    for (int64_t b = 0, n = 0; b < num_seqs; b++) {
+        int64_t per_head = ((query_starts[b + 1] - query_starts[b]) * group + EXT_LANES - 1) / EXT_LANES;
+        seq_tile[b] = n;
+        for (int64_t i = 0; i < kv_heads * per_head; i++) tile_seq[n++] = b;
+    }
+    int64_t team = team_size(threads, tiles, work);
+    PARALLEL
+    {
+        float *qb = malloc((size_t)(EXT_LANES * head_dim) * sizeof(float));
+        float *obuf = malloc((size_t)(EXT_LANES * head_dim) * sizeof(float));
+        float *probs = malloc((size_t)((longest > 0 ? longest : 1) * EXT_LANES) * sizeof(float));
+        float *rows_f = dtype ? malloc((size_t)(EXT_CHUNK * head_dim) * sizeof(float)) : NULL;
+        float *key_f = dtype ? malloc((size_t)head_dim * sizeof(float)) : NULL;
+        const float *rows[EXT_CHUNK];
+        FOR_PAIRS
+        for (int64_t tile = 0; tile < tiles; tile++) {
+            int64_t b = tile_seq[tile], qlen = query_starts[b + 1] - query_starts[b], len = seq_lens[b];
+            int64_t per_head = (qlen * group + EXT_LANES - 1) / EXT_LANES, k = tile - seq_tile[b];
+            int64_t g = k / per_head, first = (k % per_head) * EXT_LANES, vectors = qlen * group - first;
+            const int32_t *table = block_tables + b * table_stride;
+            int32_t limit[EXT_LANES];
+            if (vectors > EXT_LANES) vectors = EXT_LANES;
+            int64_t keys = 0;
+            for (int t = 0; t < EXT_LANES; t++) {
+                /* unused lanes repeat the last query vector (their results are not stored) */
+                int64_t v = first + (t < vectors ? t : vectors - 1), row = v / group, head = g * group + v % group;
+                load_row(qb + t * head_dim, q, (query_starts[b] + row) * q_tok_stride + head * q_head_stride,
+                         head_dim, dtype);
+                limit[t] = (int32_t)(len - qlen + row);
+                if (limit[t] + 1 > keys) keys = limit[t] + 1;
+            }
+            for (int64_t p = 0; p < keys; p++) {
+                int64_t at = table[p / block_size] * block_stride + (p % block_size) * slot_stride + g * head_stride;
+                if (p + KV_AHEAD < keys)
+                    prefetch_row(k_cache, table, p + KV_AHEAD, block_size, block_stride, slot_stride, g * head_stride,
+                                 head_dim, dtype);
+                const float *key = (const float *)k_cache + at;
+                if (dtype) {
+                    load_row(key_f, k_cache, at, head_dim, dtype);
+                    key = key_f;
+                }
+                ext_scores(qb, key, head_dim, probs + p * EXT_LANES);
+            }
+            float sum[EXT_LANES];
+            ext_softmax(probs, keys, limit, scale, sum);
+            memset(obuf, 0, (size_t)(EXT_LANES * head_dim) * sizeof(float));
+            for (int64_t p0 = 0; p0 < keys; p0 += EXT_CHUNK) {
+                int64_t chunk = keys - p0 < EXT_CHUNK ? keys - p0 : EXT_CHUNK;
+                for (int64_t p = 0; p < chunk; p++) {
+                    int64_t at = table[(p0 + p) / block_size] * block_stride + ((p0 + p) % block_size) * slot_stride
+                                 + g * head_stride;
+                    if (dtype) {
+                        load_row(rows_f + p * head_dim, v_cache, at, head_dim, dtype);
+                        rows[p] = rows_f + p * head_dim;
+                    } else {
+                        rows[p] = (const float *)v_cache + at;
+                    }
+                }
+                ext_weighted_sum(obuf, probs + p0 * EXT_LANES, rows, chunk, head_dim);
+            }
+            for (int64_t t = 0; t < vectors; t++) {
+                int64_t v = first + t, row = v / group, head = g * group + v % group;
+                int64_t dst = ((query_starts[b] + row) * heads + head) * head_dim;
+                for (int64_t d = 0; d < head_dim; d++) store(out, dst + d, obuf[t * head_dim + d] / sum[t], dtype);
+            }
+        }
+        free(qb);
+        free(obuf);
+        free(probs);
+        free(rows_f);
+        free(key_f);
+    }
+    free(tile_seq);
+    free(seq_tile);
+    return 0;
+}
+
 /* Public entry points: each calls its always-inline body with a constant dtype, so the compiler builds
  * (and vectorises) a float32 and a bfloat16 version instead of branching per element. */
 #define BY_DTYPE(call) do { if (dtype) call(1); else call(0); } while (0)
@@ -352,6 +593,22 @@ void gh_decode_attention(const void *q, int64_t q_seq_stride, int64_t q_head_str
     if (head_dim == 64) BY_DTYPE(CALL_64);
     else if (head_dim == 128) BY_DTYPE(CALL_128);
     else BY_DTYPE(CALL_ANY);
+}
+
+int gh_extend_attention(const void *q, int64_t q_tok_stride, int64_t q_head_stride, const void *k_cache,
+                         const void *v_cache, int64_t block_stride, int64_t slot_stride, int64_t head_stride,
+                         int64_t block_size, const int32_t *block_tables, int64_t table_stride,
+                         const int64_t *seq_lens, const int64_t *query_starts, int64_t num_seqs, int64_t heads,
+                         int64_t kv_heads, int64_t head_dim, float scale, void *out, int dtype, int64_t threads) {
+#undef CALL_DIM
+#define CALL_DIM(dim, d) return gh_extend_attention_impl(q, q_tok_stride, q_head_stride, k_cache, v_cache, block_stride, \
+                                                  slot_stride, head_stride, block_size, block_tables, table_stride, \
+                                                  seq_lens, query_starts, num_seqs, heads, kv_heads, dim, scale, out, \
+                                                  d, threads)
+    if (head_dim == 64) BY_DTYPE(CALL_64);
+    if (head_dim == 128) BY_DTYPE(CALL_128);
+    BY_DTYPE(CALL_ANY);
+#undef CALL_DIM
 }
 
 /* A decode step's attention for one layer in one call, from the fused qkv projection: RoPE on the query and

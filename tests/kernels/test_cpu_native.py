@@ -115,6 +115,78 @@ def test_decode_hook_leaves_multi_token_groups_to_sdpa():
     assert_close(got[decode_rows], want[decode_rows], torch.float32)
 
 
+# (query_lens, seq_lens): prompts (one length, mixed, one longer than the kernel's 64-key V chunk), chunks after
+# a cached prefix, a single new token; block size 8, so lengths sit on and off block edges
+EXTEND_FORMS = {
+    "prompts, one length": ([9, 9], [9, 9]),
+    "prompts, mixed lengths": ([3, 16, 17, 2], [3, 16, 17, 2]),
+    "a long prompt": ([150], [150]),
+    "chunks after a cached prefix": ([5, 8, 70], [21, 8, 133]),
+    "one new token after a prefix": ([1, 4], [30, 4]),
+}
+
+
+def _query_starts(query_lens):
+    return torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (4, 4, 128), (8, 2, 24), (6, 3, 20)])
+@pytest.mark.parametrize("form", EXTEND_FORMS)
+def test_extend_attention_matches_torch(dtype, heads, kv_heads, d, form):
+    """Head sizes a multiple of 16 take the vector path on AVX2 hosts, 24 and 20 the portable one."""
+    query_lens, seq_lens = EXTEND_FORMS[form]
+    q, pool, meta, _ = scattered_case(query_lens, seq_lens, heads, kv_heads, d, 8, dtype, seed=13)
+    want = paged_attention(q, pool, meta, d ** -0.5, kv_heads)
+    got = OPS.extend_attention(q, pool, meta.block_tables, meta.seq_lens, _query_starts(query_lens), d ** -0.5)
+    assert_close(got, want, dtype, bf16_atol=4e-3)
+    exact = paged_attention(q.float(), pool.float(), meta, d ** -0.5, kv_heads)
+    assert (got.float() - exact).abs().max() <= (want.float() - exact).abs().max() + 1e-6
+
+
+def test_extend_attention_of_a_query_does_not_depend_on_its_tile():
+    """The last rows of a 20-token prompt, attended in the whole prompt's call and as a 4-token chunk after a
+    16-token prefix (other tile mates, other key counts per tile): the same bits."""
+    whole_q, pool, meta, _ = scattered_case([20], [20], 9, 3, 64, 8, torch.float32, seed=14)
+    whole = OPS.extend_attention(whole_q, pool, meta.block_tables, meta.seq_lens, _query_starts([20]), 0.125)
+    chunk = OPS.extend_attention(whole_q[16:], pool, meta.block_tables, meta.seq_lens, _query_starts([4]), 0.125)
+    assert torch.equal(chunk, whole[16:])
+
+
+def test_extend_hook_takes_the_multi_token_rows():
+    """A mixed step: the prompt and chunk rows go to the extend kernel, the decode rows to the decode kernel."""
+    query_lens, seq_lens = [1, 12, 1, 4], [30, 12, 9, 17]
+    q, pool, meta, _ = scattered_case(query_lens, seq_lens, 9, 3, 64, 8, torch.float32, seed=15)
+    got = paged_attention(q, pool, meta, 0.125, 3, decode_kernel=OPS.decode_attention,
+                          extend_kernel=OPS.extend_attention)
+    multi_rows = [r for r in range(q.shape[0]) if r not in (0, 13)]
+    want = OPS.extend_attention(q[multi_rows], pool, meta.block_tables[[1, 3]], meta.seq_lens[[1, 3]],
+                                _query_starts([12, 4]), 0.125)
+    assert torch.equal(got[multi_rows], want)
+    assert torch.equal(got[[0, 13]], OPS.decode_attention(q[[0, 13]], pool, meta.block_tables[[0, 2]],
+                                                          meta.seq_lens[[0, 2]], 0.125))
+
+
+def test_long_contexts_stay_with_sdpa(monkeypatch):
+    """The attention adapter sends a multi-token group past ``EXTEND_MAX_KEYS`` to SDPA, shorter ones to the kernel."""
+    from gh200rt.models import cpu_kernels
+    attention = cpu_kernels.native_cpu_ops(OPS)["attention"]
+    q, pool, meta, _ = scattered_case([6, 9], [40, 9], 9, 3, 64, 8, torch.float32, seed=16)
+    sdpa = paged_attention(q, pool, meta, 0.125, 3)
+    kernel = OPS.extend_attention(q, pool, meta.block_tables, meta.seq_lens, _query_starts([6, 9]), 0.125)
+    assert not torch.equal(sdpa, kernel)   # the two differ in the last bits, so the route shows
+    monkeypatch.setattr(cpu_kernels, "EXTEND_MAX_KEYS", 40)
+    assert torch.equal(attention(q, pool, meta, 0.125, 3), kernel)
+    monkeypatch.setattr(cpu_kernels, "EXTEND_MAX_KEYS", 39)
+    assert torch.equal(attention(q, pool, meta, 0.125, 3), sdpa)
+
+
+def test_extend_attention_rejects_mismatched_starts():
+    q, pool, meta, _ = scattered_case([3, 4], [3, 4], 9, 3, 64, 8, torch.float32, seed=17)
+    with pytest.raises(ValueError, match="extend_attention"):
+        OPS.extend_attention(q, pool, meta.block_tables, meta.seq_lens, torch.tensor([0, 7]), 0.125)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (4, 4, 32)])
 def test_decode_attention_block_gives_the_three_ops_bits(dtype, heads, kv_heads, d):
@@ -161,9 +233,14 @@ def test_ops_give_the_same_bits_on_any_thread_count(dtype):
     cos, sin = torch.randn(211, 1, 32, generator=gen).to(dtype), torch.randn(211, 1, 32, generator=gen).to(dtype)
     q, pool, meta, _ = scattered_case([1] * 7, [300, 5, 129, 64, 1, 77, 250], 9, 3, 64, 16, dtype, seed=12)
 
+    prompts, prompt_pool, prompt_meta, _ = scattered_case([40, 3, 150, 1], [40, 3, 200, 9], 9, 3, 64, 16, dtype,
+                                                          seed=13)
+
     def run():
         return (OPS.rms_norm(x, weight, 1e-5), OPS.silu_mul(gate_up), OPS.rotary(qk, cos, sin),
-                OPS.decode_attention(q, pool, meta.block_tables, meta.seq_lens, 0.125))
+                OPS.decode_attention(q, pool, meta.block_tables, meta.seq_lens, 0.125),
+                OPS.extend_attention(prompts, prompt_pool, prompt_meta.block_tables, prompt_meta.seq_lens,
+                                     _query_starts([40, 3, 150, 1]), 0.125))
 
     one, three = _with_threads(1, run), _with_threads(3, run)
     for a, b in zip(one, three):
