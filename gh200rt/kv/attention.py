@@ -6,8 +6,9 @@ last ``query_len`` of its ``seq_len`` positions, so query i of sequence b sits a
 tokens, full over the cached prefix). The decodes of a step are one batched SDPA call and its
 multi-token sequences another: contexts are gathered through the block tables, padded to the longest
 and masked only where the lengths call for it (``_Group``). The native CPU kernels replace either group's
-gather and SDPA with one call that reads the pool in place (``decode_kernel``, ``extend_kernel``). An fp8 pool is quantized on
-write and dequantized after the gather with the layer's ``kv_scale`` ``[K scale, V scale]`` (kv/fp8.py).
+gather and SDPA with one call that reads the pool in place (``decode_kernel``, ``extend_kernel``). An fp8
+pool is quantized on write and dequantized after the gather with the layer's ``kv_scale`` ``[K scale, V
+scale]`` (kv/fp8.py).
 """
 from __future__ import annotations
 

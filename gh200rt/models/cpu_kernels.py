@@ -1,8 +1,9 @@
 """Native CPU ops inside the model, through the layers' swap hooks (the CPU counterpart of gpu_kernels.py).
 
 ``use_native_cpu_kernels(model) -> str | None`` points RMSNorm, RoPE, the KV store, decode attention,
-the attention of prompt chunks up to ``EXTEND_MAX_KEYS`` keys and SiLU-and-mul at the native ops of ``kernels/cpu/ops.c`` (a decode-only step's RoPE, KV store and
-attention in one call per layer, ``decode_block``) and float32 linears of a few rows at the native
+the attention of prompt chunks up to ``EXTEND_MAX_KEYS`` keys and SiLU-and-mul at the native ops of
+``kernels/cpu/ops.c`` (a decode-only step's RoPE, KV store and attention in one call per layer,
+``decode_block``) and float32 linears of a few rows at the native
 kernel (``cpu_linear.native_dense_linear``), gives a decode step's decoder layers one call each where every
 op of the layer is native (``cpu_decode_layer.native_decode_layer``), and returns None, or leaves the torch
 ops in place and returns why (no C compiler, not a CPU model). At decode sizes each torch op costs

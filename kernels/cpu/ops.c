@@ -7,9 +7,10 @@
  * (-ffp-contract=off), so rotary and the KV store give the torch ops' bits, RMSNorm and SiLU agree to
  * the last bits of their reductions and exp, and attention (decode and multi-token) to float32 rounding.
  * Threads: each op takes a thread count and splits independent rows (RMSNorm, SiLU, RoPE tokens),
- * (sequence, KV head) pairs (decode attention) or tiles of query vectors (multi-token attention) over
- * OpenMP threads (torch's libgomp pool, as in quant_linear.c); every row is computed by the same code
- * whichever thread runs it, so the bits do not depend on the count. The Python side passes 1 below a size where waking threads costs more than it saves.
+ * sequences or (sequence, KV head) pairs (decode attention) or tiles of query vectors (multi-token
+ * attention) over OpenMP threads (torch's libgomp pool, as in quant_linear.c); every row is computed by
+ * the same code whichever thread runs it, so the bits do not depend on the count. The Python side passes
+ * 1 below a size where waking threads costs more than it saves.
  */
 #include <math.h>
 #include <stdint.h>
@@ -248,37 +249,44 @@ INLINE void gh_decode_attention_impl(const void *q, int64_t q_seq_stride, int64_
                          int64_t block_size, const int32_t *block_tables, int64_t table_stride,
                          const int64_t *seq_lens, int64_t num_seqs, int64_t heads, int64_t kv_heads,
                          int64_t head_dim, float scale, void *out, int dtype, int64_t threads) {
-    int64_t group = heads / kv_heads, longest = 0, keys = 0, pairs = num_seqs * kv_heads;
+    int64_t group = heads / kv_heads, longest = 0, keys = 0;
     for (int64_t b = 0; b < num_seqs; b++) {
         if (seq_lens[b] > longest) longest = seq_lens[b];
         keys += seq_lens[b];
     }
-    int64_t team = team_size(threads, pairs, keys * heads * head_dim);
+    /* With a few sequences per thread, an item is a whole sequence: its KV heads slot by slot, the pool's
+     * contiguous slot rows streamed in order. With fewer, a (sequence, KV head) pair, so that one sequence
+     * still spreads over the threads. Each head's arithmetic is the same in both. */
+    int64_t span = num_seqs >= 4 * threads ? kv_heads : 1, items = num_seqs * (kv_heads / span);
+    int64_t team = team_size(threads, items, keys * heads * head_dim);
     PARALLEL
     {
-        float *qf = malloc((size_t)(group * head_dim) * sizeof(float));
+        float *qf = malloc((size_t)(span * group * head_dim) * sizeof(float));
         float *kv = malloc((size_t)head_dim * sizeof(float));
-        float *acc = malloc((size_t)(group * head_dim) * sizeof(float));
-        float *scores = malloc((size_t)(group * (longest > 0 ? longest : 1)) * sizeof(float));
+        float *acc = malloc((size_t)(span * group * head_dim) * sizeof(float));
+        float *scores = malloc((size_t)(span * group * (longest > 0 ? longest : 1)) * sizeof(float));
         FOR_PAIRS
-        for (int64_t pair = 0; pair < pairs; pair++) {
-            int64_t b = pair / kv_heads, g = pair % kv_heads, len = seq_lens[b];
+        for (int64_t item = 0; item < items; item++) {
+            int64_t b = item / (kv_heads / span), g0 = item % (kv_heads / span) * span, len = seq_lens[b];
+            int64_t rows = span * group;   /* query heads g0 * group .. (g0 + span) * group */
             const int32_t *table = block_tables + b * table_stride;
-            for (int64_t j = 0; j < group; j++)
-                load_row(qf + j * head_dim, q, b * q_seq_stride + (g * group + j) * q_head_stride, head_dim, dtype);
+            for (int64_t j = 0; j < rows; j++)
+                load_row(qf + j * head_dim, q, b * q_seq_stride + (g0 * group + j) * q_head_stride, head_dim, dtype);
             for (int64_t p = 0; p < len; p++) {
-                int64_t at = table[p / block_size] * block_stride + (p % block_size) * slot_stride + g * head_stride;
+                int64_t at = table[p / block_size] * block_stride + (p % block_size) * slot_stride + g0 * head_stride;
                 if (p + KV_AHEAD < len)
-                    prefetch_row(k_cache, table, p + KV_AHEAD, block_size, block_stride, slot_stride, g * head_stride,
-                                 head_dim, dtype);
-                const float *key = kv;
-                if (dtype) load_row(kv, k_cache, at, head_dim, dtype);
-                else key = (const float *)k_cache + at;  /* float32 keys are read in place */
-                for (int64_t j = 0; j < group; j++)
-                    scores[j * len + p] = attn_dot(qf + j * head_dim, key, head_dim) * scale;
+                    prefetch_row(k_cache, table, p + KV_AHEAD, block_size, block_stride, slot_stride, g0 * head_stride,
+                                 span * head_dim, dtype);
+                for (int64_t g = 0; g < span; g++) {
+                    const float *key = kv;
+                    if (dtype) load_row(kv, k_cache, at + g * head_stride, head_dim, dtype);
+                    else key = (const float *)k_cache + at + g * head_stride;  /* float32 keys are read in place */
+                    for (int64_t j = g * group; j < (g + 1) * group; j++)
+                        scores[j * len + p] = attn_dot(qf + j * head_dim, key, head_dim) * scale;
+                }
             }
-            float sums[group];
-            for (int64_t j = 0; j < group; j++) {
+            float sums[rows];
+            for (int64_t j = 0; j < rows; j++) {
                 float *s = scores + j * len, top = -INFINITY, sum = 0.0f;
                 for (int64_t p = 0; p < len; p++) top = s[p] > top ? s[p] : top;
                 for (int64_t p = 0; p < len; p++) s[p] = exp_f32(s[p] - top);
@@ -290,19 +298,22 @@ INLINE void gh_decode_attention_impl(const void *q, int64_t q_seq_stride, int64_
                 for (; p < len; p++) sum += s[p];
                 sums[j] = sum;
             }
-            memset(acc, 0, (size_t)(group * head_dim) * sizeof(float));
+            memset(acc, 0, (size_t)(rows * head_dim) * sizeof(float));
             for (int64_t p = 0; p < len; p++) {
-                int64_t at = table[p / block_size] * block_stride + (p % block_size) * slot_stride + g * head_stride;
+                int64_t at = table[p / block_size] * block_stride + (p % block_size) * slot_stride + g0 * head_stride;
                 if (p + KV_AHEAD < len)
-                    prefetch_row(v_cache, table, p + KV_AHEAD, block_size, block_stride, slot_stride, g * head_stride,
-                                 head_dim, dtype);
-                const float *value = kv;
-                if (dtype) load_row(kv, v_cache, at, head_dim, dtype);
-                else value = (const float *)v_cache + at;
-                for (int64_t j = 0; j < group; j++) attn_axpy(acc + j * head_dim, scores[j * len + p], value, head_dim);
+                    prefetch_row(v_cache, table, p + KV_AHEAD, block_size, block_stride, slot_stride, g0 * head_stride,
+                                 span * head_dim, dtype);
+                for (int64_t g = 0; g < span; g++) {
+                    const float *value = kv;
+                    if (dtype) load_row(kv, v_cache, at + g * head_stride, head_dim, dtype);
+                    else value = (const float *)v_cache + at + g * head_stride;
+                    for (int64_t j = g * group; j < (g + 1) * group; j++)
+                        attn_axpy(acc + j * head_dim, scores[j * len + p], value, head_dim);
+                }
             }
-            for (int64_t j = 0; j < group; j++) {
-                int64_t dst = (b * heads + g * group + j) * head_dim;
+            for (int64_t j = 0; j < rows; j++) {
+                int64_t dst = (b * heads + g0 * group + j) * head_dim;
                 for (int64_t d = 0; d < head_dim; d++) store(out, dst + d, acc[j * head_dim + d] / sums[j], dtype);
             }
         }
@@ -601,10 +612,10 @@ int gh_extend_attention(const void *q, int64_t q_tok_stride, int64_t q_head_stri
                          const int64_t *seq_lens, const int64_t *query_starts, int64_t num_seqs, int64_t heads,
                          int64_t kv_heads, int64_t head_dim, float scale, void *out, int dtype, int64_t threads) {
 #undef CALL_DIM
-#define CALL_DIM(dim, d) return gh_extend_attention_impl(q, q_tok_stride, q_head_stride, k_cache, v_cache, block_stride, \
-                                                  slot_stride, head_stride, block_size, block_tables, table_stride, \
-                                                  seq_lens, query_starts, num_seqs, heads, kv_heads, dim, scale, out, \
-                                                  d, threads)
+#define CALL_DIM(dim, d) return gh_extend_attention_impl(q, q_tok_stride, q_head_stride, k_cache, v_cache, \
+                                                         block_stride, slot_stride, head_stride, block_size, \
+                                                         block_tables, table_stride, seq_lens, query_starts, \
+                                                         num_seqs, heads, kv_heads, dim, scale, out, d, threads)
     if (head_dim == 64) BY_DTYPE(CALL_64);
     if (head_dim == 128) BY_DTYPE(CALL_128);
     BY_DTYPE(CALL_ANY);
