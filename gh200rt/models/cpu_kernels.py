@@ -32,10 +32,9 @@ from gh200rt.models.layers import activation, cpu_linear, rmsnorm, rotary
 
 
 # Multi-token attention groups whose longest sequence has at most this many keys take the native kernel; longer
-# ones keep SDPA. Each 8-query tile streams its keys' K and V again, which stays in L2 for short contexts (2-3x
-# faster than SDPA at prompts of ~100 tokens, 1.4x at 512) but not for long ones (0.8x at one 1,024-token
-# prompt; docs/benchmarks/kernels.md).
-EXTEND_MAX_KEYS = 768
+# ones keep SDPA. Its tiles re-read K and V per work item, which stays in cache for short contexts (2-3x faster
+# than SDPA at prompts of ~100 tokens, 1.6x at 512) and evens out at ~2k keys (docs/benchmarks/kernels.md).
+EXTEND_MAX_KEYS = 2048
 
 
 def native_cpu_ops(ops: NativeOps) -> dict:

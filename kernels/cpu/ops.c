@@ -330,12 +330,14 @@ INLINE void gh_decode_attention_impl(const void *q, int64_t q_seq_stride, int64_
  * head_dim] (strides q_tok_stride, q_head_stride), out [T, heads, head_dim] contiguous.
  *
  * The work is cut into tiles of EXT_LANES query vectors of one (sequence, KV head): the heads sharing the KV
- * head, row after row, so every key row loaded serves all eight. A tile's scores sit key-major, one lane per
- * query vector ([keys][8]), which makes the causal mask, the softmax and the weighted V sum per-lane vector
- * arithmetic. Scores and sums in float32; results agree with torch's SDPA to float32 rounding, and a query's
+ * head, row after row, so every key row loaded serves all eight; a work item takes up to EXT_TILES
+ * consecutive tiles, which share each K row and each chunk of V rows while they are in L1. A tile's scores
+ * sit key-major, one lane per query vector ([keys][8]), which makes the causal mask, the softmax and the
+ * weighted V sum per-lane vector arithmetic. Scores and sums in float32; results agree with torch's SDPA to float32 rounding, and a query's
  * bits depend only on its own row, its keys and its lane, not on the thread or the tile's other lanes. */
 #define EXT_LANES 8
 #define EXT_CHUNK 64   /* keys per pass of the weighted V sum: their V rows stay in L1 between lane tiles */
+#define EXT_TILES 4    /* tiles of one (sequence, KV head) per work item, sharing each K row and V chunk loaded */
 
 #if defined(__AVX2__) && defined(__FMA__)
 /* r[t] = sum of the 8 lanes of a[t] */
@@ -473,55 +475,64 @@ INLINE int gh_extend_attention_impl(const void *q, int64_t q_tok_stride, int64_t
                          int64_t block_size, const int32_t *block_tables, int64_t table_stride,
                          const int64_t *seq_lens, const int64_t *query_starts, int64_t num_seqs, int64_t heads,
                          int64_t kv_heads, int64_t head_dim, float scale, void *out, int dtype, int64_t threads) {
-    int64_t group = heads / kv_heads, longest = 0, tiles = 0, work = 0;
+    int64_t group = heads / kv_heads, longest = 0, units = 0, work = 0;
     for (int64_t b = 0; b < num_seqs; b++) {
         int64_t vectors = (query_starts[b + 1] - query_starts[b]) * group;
+        int64_t tiles = (vectors + EXT_LANES - 1) / EXT_LANES;
         if (seq_lens[b] > longest) longest = seq_lens[b];
-        tiles += kv_heads * ((vectors + EXT_LANES - 1) / EXT_LANES);
+        units += kv_heads * ((tiles + EXT_TILES - 1) / EXT_TILES);
         work += vectors * kv_heads * seq_lens[b] * head_dim;
     }
-    /* tile -> (sequence, first tile of it): tiles of one sequence are consecutive, KV head-major */
-    int64_t *tile_seq = malloc((size_t)(tiles + 1) * sizeof(int64_t)), *seq_tile = malloc((size_t)(num_seqs + 1)
+    /* unit -> its sequence, and each sequence's first unit: a sequence's units are consecutive, KV head-major */
+    int64_t *unit_seq = malloc((size_t)(units + 1) * sizeof(int64_t)), *seq_unit = malloc((size_t)(num_seqs + 1)
                                                                                           * sizeof(int64_t));
-    if (!tile_seq || !seq_tile) {
-        free(tile_seq);
-        free(seq_tile);
+    if (!unit_seq || !seq_unit) {
+        free(unit_seq);
+        free(seq_unit);
         return -1;
     }
     for (int64_t b = 0, n = 0; b < num_seqs; b++) {
-        int64_t per_head = ((query_starts[b + 1] - query_starts[b]) * group + EXT_LANES - 1) / EXT_LANES;
-        seq_tile[b] = n;
-        for (int64_t i = 0; i < kv_heads * per_head; i++) tile_seq[n++] = b;
+        int64_t tiles = ((query_starts[b + 1] - query_starts[b]) * group + EXT_LANES - 1) / EXT_LANES;
+        seq_unit[b] = n;
+        for (int64_t i = 0; i < kv_heads * ((tiles + EXT_TILES - 1) / EXT_TILES); i++) unit_seq[n++] = b;
     }
-    int64_t team = team_size(threads, tiles, work);
+    int64_t team = team_size(threads, units, work);
     PARALLEL
     {
-        float *qb = malloc((size_t)(EXT_LANES * head_dim) * sizeof(float));
-        float *obuf = malloc((size_t)(EXT_LANES * head_dim) * sizeof(float));
-        float *probs = malloc((size_t)((longest > 0 ? longest : 1) * EXT_LANES) * sizeof(float));
+        float *qb = malloc((size_t)(EXT_TILES * EXT_LANES * head_dim) * sizeof(float));
+        float *obuf = malloc((size_t)(EXT_TILES * EXT_LANES * head_dim) * sizeof(float));
+        float *probs = malloc((size_t)(EXT_TILES * (longest > 0 ? longest : 1) * EXT_LANES) * sizeof(float));
         float *rows_f = dtype ? malloc((size_t)(EXT_CHUNK * head_dim) * sizeof(float)) : NULL;
         float *key_f = dtype ? malloc((size_t)head_dim * sizeof(float)) : NULL;
         const float *rows[EXT_CHUNK];
         FOR_PAIRS
-        for (int64_t tile = 0; tile < tiles; tile++) {
-            int64_t b = tile_seq[tile], qlen = query_starts[b + 1] - query_starts[b], len = seq_lens[b];
-            int64_t per_head = (qlen * group + EXT_LANES - 1) / EXT_LANES, k = tile - seq_tile[b];
-            int64_t g = k / per_head, first = (k % per_head) * EXT_LANES, vectors = qlen * group - first;
+        for (int64_t unit = 0; unit < units; unit++) {
+            int64_t b = unit_seq[unit], qlen = query_starts[b + 1] - query_starts[b], len = seq_lens[b];
+            int64_t tiles = (qlen * group + EXT_LANES - 1) / EXT_LANES, per_head = (tiles + EXT_TILES - 1) / EXT_TILES;
+            int64_t g = (unit - seq_unit[b]) / per_head, tile0 = (unit - seq_unit[b]) % per_head * EXT_TILES;
+            int64_t count = tiles - tile0 < EXT_TILES ? tiles - tile0 : EXT_TILES, most = 0;
             const int32_t *table = block_tables + b * table_stride;
-            int32_t limit[EXT_LANES];
-            if (vectors > EXT_LANES) vectors = EXT_LANES;
-            int64_t keys = 0;
-            for (int t = 0; t < EXT_LANES; t++) {
-                /* unused lanes repeat the last query vector (their results are not stored) */
-                int64_t v = first + (t < vectors ? t : vectors - 1), row = v / group, head = g * group + v % group;
-                load_row(qb + t * head_dim, q, (query_starts[b] + row) * q_tok_stride + head * q_head_stride,
-                         head_dim, dtype);
-                limit[t] = (int32_t)(len - qlen + row);
-                if (limit[t] + 1 > keys) keys = limit[t] + 1;
+            int32_t limit[EXT_TILES][EXT_LANES];
+            int64_t vectors[EXT_TILES], keys[EXT_TILES];
+            for (int64_t u = 0; u < count; u++) {
+                int64_t first = (tile0 + u) * EXT_LANES;
+                vectors[u] = qlen * group - first < EXT_LANES ? qlen * group - first : EXT_LANES;
+                keys[u] = 0;
+                for (int t = 0; t < EXT_LANES; t++) {
+                    /* unused lanes repeat the last query vector (their results are not stored) */
+                    int64_t v = first + (t < vectors[u] ? t : vectors[u] - 1), row = v / group;
+                    load_row(qb + (u * EXT_LANES + t) * head_dim, q,
+                             (query_starts[b] + row) * q_tok_stride + (g * group + v % group) * q_head_stride,
+                             head_dim, dtype);
+                    limit[u][t] = (int32_t)(len - qlen + row);
+                    if (limit[u][t] + 1 > keys[u]) keys[u] = limit[u][t] + 1;
+                }
+                if (keys[u] > most) most = keys[u];
             }
-            for (int64_t p = 0; p < keys; p++) {
+            /* each key row, once loaded, serves every tile of the unit that sees it */
+            for (int64_t p = 0; p < most; p++) {
                 int64_t at = table[p / block_size] * block_stride + (p % block_size) * slot_stride + g * head_stride;
-                if (p + KV_AHEAD < keys)
+                if (p + KV_AHEAD < most)
                     prefetch_row(k_cache, table, p + KV_AHEAD, block_size, block_stride, slot_stride, g * head_stride,
                                  head_dim, dtype);
                 const float *key = (const float *)k_cache + at;
@@ -529,13 +540,17 @@ INLINE int gh_extend_attention_impl(const void *q, int64_t q_tok_stride, int64_t
                     load_row(key_f, k_cache, at, head_dim, dtype);
                     key = key_f;
                 }
-                ext_scores(qb, key, head_dim, probs + p * EXT_LANES);
+                for (int64_t u = 0; u < count; u++)
+                    if (p < keys[u])
+                        ext_scores(qb + u * EXT_LANES * head_dim, key, head_dim, probs + (u * longest + p) * EXT_LANES);
             }
-            float sum[EXT_LANES];
-            ext_softmax(probs, keys, limit, scale, sum);
-            memset(obuf, 0, (size_t)(EXT_LANES * head_dim) * sizeof(float));
-            for (int64_t p0 = 0; p0 < keys; p0 += EXT_CHUNK) {
-                int64_t chunk = keys - p0 < EXT_CHUNK ? keys - p0 : EXT_CHUNK;
+            float sum[EXT_TILES][EXT_LANES];
+            for (int64_t u = 0; u < count; u++)
+                ext_softmax(probs + u * longest * EXT_LANES, keys[u], limit[u], scale, sum[u]);
+            memset(obuf, 0, (size_t)(count * EXT_LANES * head_dim) * sizeof(float));
+            /* and each chunk of V rows, while in L1, every tile that sees it */
+            for (int64_t p0 = 0; p0 < most; p0 += EXT_CHUNK) {
+                int64_t chunk = most - p0 < EXT_CHUNK ? most - p0 : EXT_CHUNK;
                 for (int64_t p = 0; p < chunk; p++) {
                     int64_t at = table[(p0 + p) / block_size] * block_stride + ((p0 + p) % block_size) * slot_stride
                                  + g * head_stride;
@@ -546,13 +561,18 @@ INLINE int gh_extend_attention_impl(const void *q, int64_t q_tok_stride, int64_t
                         rows[p] = (const float *)v_cache + at;
                     }
                 }
-                ext_weighted_sum(obuf, probs + p0 * EXT_LANES, rows, chunk, head_dim);
+                for (int64_t u = 0; u < count; u++)
+                    if (keys[u] > p0)
+                        ext_weighted_sum(obuf + u * EXT_LANES * head_dim, probs + (u * longest + p0) * EXT_LANES, rows,
+                                         keys[u] - p0 < chunk ? keys[u] - p0 : chunk, head_dim);
             }
-            for (int64_t t = 0; t < vectors; t++) {
-                int64_t v = first + t, row = v / group, head = g * group + v % group;
-                int64_t dst = ((query_starts[b] + row) * heads + head) * head_dim;
-                for (int64_t d = 0; d < head_dim; d++) store(out, dst + d, obuf[t * head_dim + d] / sum[t], dtype);
-            }
+            for (int64_t u = 0; u < count; u++)
+                for (int64_t t = 0; t < vectors[u]; t++) {
+                    int64_t v = (tile0 + u) * EXT_LANES + t, row = v / group, head = g * group + v % group;
+                    int64_t dst = ((query_starts[b] + row) * heads + head) * head_dim;
+                    const float *o = obuf + (u * EXT_LANES + t) * head_dim;
+                    for (int64_t d = 0; d < head_dim; d++) store(out, dst + d, o[d] / sum[u][t], dtype);
+                }
         }
         free(qb);
         free(obuf);
@@ -560,8 +580,8 @@ INLINE int gh_extend_attention_impl(const void *q, int64_t q_tok_stride, int64_t
         free(rows_f);
         free(key_f);
     }
-    free(tile_seq);
-    free(seq_tile);
+    free(unit_seq);
+    free(seq_unit);
     return 0;
 }
 
