@@ -333,8 +333,9 @@ INLINE void gh_decode_attention_impl(const void *q, int64_t q_seq_stride, int64_
  * head, row after row, so every key row loaded serves all eight; a work item takes up to EXT_TILES
  * consecutive tiles, which share each K row and each chunk of V rows while they are in L1. A tile's scores
  * sit key-major, one lane per query vector ([keys][8]), which makes the causal mask, the softmax and the
- * weighted V sum per-lane vector arithmetic. Scores and sums in float32; results agree with torch's SDPA to float32 rounding, and a query's
- * bits depend only on its own row, its keys and its lane, not on the thread or the tile's other lanes. */
+ * weighted V sum per-lane vector arithmetic. Scores and sums in float32; results agree with torch's SDPA
+ * to float32 rounding, and a query's bits depend only on its own row, its keys and its lane, not on the
+ * thread, the work item or the tile's other lanes. */
 #define EXT_LANES 8
 #define EXT_CHUNK 64   /* keys per pass of the weighted V sum: their V rows stay in L1 between lane tiles */
 #define EXT_TILES 4    /* tiles of one (sequence, KV head) per work item, sharing each K row and V chunk loaded */
