@@ -27,7 +27,7 @@ from gh200rt.loader.load import LoadedModel, load_model
 from gh200rt.memory.ledger import DeviceMemoryLedger, ledger_capacity
 from gh200rt.models.cpu_kernels import use_native_cpu_kernels, use_torch_cpu_kernels
 from gh200rt.models.gpu_kernels import use_triton_kernels
-from gh200rt.models.layers.cpu_prepack import resident_linear_format
+from gh200rt.models.layers.cpu_prepack import model_reordered_copy_bytes, resident_linear_format
 from gh200rt.numa.affinity import bind_engine_threads
 from gh200rt.planner.cost_model import activation_bytes, model_sizes
 from gh200rt.planner.planner import Plan, make_plan
@@ -85,6 +85,13 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     free = torch.cuda.mem_get_info()[0] if device == "cuda" else None
     longest = max_model_len(config, arch)
     useful_kv = config.scheduler.max_num_seqs * longest * sizes.kv_bytes_per_token
+    linear_format = resident_linear_format(loaded.model, route_for(config.model.dtype).linear_format, loaded.quantized,
+                                           native_kernels=config.model.cpu_kernels == "native") \
+        if device == "cpu" else None
+    # the fp32 routes' reordered copies beside resident dense weights (layers are alike: layer 0 stands for all)
+    sizes = dataclasses.replace(sizes, layer_form_bytes=model_reordered_copy_bytes(loaded.model, linear_format, [0],
+                                                                                   lm_head=False),
+                                head_form_bytes=model_reordered_copy_bytes(loaded.model, linear_format, []))
     capacity = ledger_capacity(config.memory, free, sizes.all_resident_bytes + activations, useful_kv)
     plan = make_plan(sizes, platform, config.memory, capacity, config.cache.block_size,
                      activation_bytes=activations, max_model_len=longest)
@@ -93,9 +100,6 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     check_node_has_room(plan.host_weight_bytes, platform.host_numa_node)
     ledger = DeviceMemoryLedger(capacity)
     reserve_graph_pool(ledger, config, arch, dtype, device)
-    linear_format = resident_linear_format(loaded.model, route_for(config.model.dtype).linear_format, loaded.quantized,
-                                           native_kernels=config.model.cpu_kernels == "native") \
-        if device == "cpu" else None
     store = WeightStore(loaded.model, device, platform, fmt, poison, ledger, loaded.quantized,
                         cpu_linear_format=linear_format,
                         keep_host_copies=plan.dynamic, prefetch_across_steps=config.memory.prefetch_across_steps)

@@ -30,10 +30,23 @@ class ModelSizes:
     kv_bytes_per_token: int  # all layers, K and V
     num_layers: int
     host_layer_bytes: int    # one decoder layer's linear weights in the host format (slab / staging slot)
+    # what the CPU fp32 routes' resident forms hold beside those bytes (oneDNN's reordered copies): memory, not
+    # bytes read per step
+    layer_form_bytes: int = 0
+    head_form_bytes: int = 0
+
+    @property
+    def resident_layer_memory(self) -> int:
+        """One resident decoder layer's linear weights in memory, its route form's copies included."""
+        return self.layer_bytes + self.layer_form_bytes
+
+    @property
+    def fixed_memory(self) -> int:
+        return self.fixed_bytes + self.head_form_bytes
 
     @property
     def all_resident_bytes(self) -> int:
-        return self.fixed_bytes + self.num_layers * self.layer_bytes
+        return self.fixed_memory + self.num_layers * self.resident_layer_memory
 
 
 def layer_linear_shapes(arch: ArchConfig) -> list[tuple[int, int]]:

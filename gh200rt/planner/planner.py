@@ -51,7 +51,7 @@ class Plan:
 
     @property
     def resident_weight_bytes(self) -> int:
-        return self.sizes.fixed_bytes + self.tiers.count(Tier.RESIDENT) * self.sizes.layer_bytes
+        return self.sizes.fixed_memory + self.tiers.count(Tier.RESIDENT) * self.sizes.resident_layer_memory
 
     @property
     def staging_bytes(self) -> int:
@@ -122,7 +122,7 @@ def fewest_streamed(sizes: ModelSizes, budget_for_weights: int, slots: int, ring
     n = sizes.num_layers
     for count in range(n + 1):
         staging = (slots if ring_always else min(slots, count)) * sizes.host_layer_bytes
-        if sizes.fixed_bytes + (n - count) * sizes.layer_bytes + staging <= budget_for_weights:
+        if sizes.fixed_memory + (n - count) * sizes.resident_layer_memory + staging <= budget_for_weights:
             tiers = [Tier.RESIDENT] * n
             for i in spread_evenly(n, count) if count else []:
                 tiers[i] = Tier.STREAMED
@@ -193,7 +193,7 @@ def dynamic_splits(plan: Plan, kv_tokens: list[int], batch: int = 1) -> list[dic
     for tokens in kv_tokens:
         kv = -(-tokens // plan.block_size) * plan.block_size * sizes.kv_bytes_per_token
         tiers = fewest_streamed(sizes, budget - kv, plan.staging_slots, True)
-        weights = sizes.fixed_bytes + tiers.count(Tier.RESIDENT) * sizes.layer_bytes + \
+        weights = sizes.fixed_memory + tiers.count(Tier.RESIDENT) * sizes.resident_layer_memory + \
             plan.staging_slots * sizes.host_layer_bytes
         fits = weights + kv <= budget
         rows.append(dict(kv_tokens=tokens, fits=fits, streamed=tiers.count(Tier.STREAMED),

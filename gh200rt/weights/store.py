@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from gh200rt.models.layers.cpu_prepack import cpu_route_form
+from gh200rt.models.layers.cpu_prepack import cpu_route_form, model_reordered_copy_bytes
 from gh200rt.transfer.backend import make_transfer_backend
 from gh200rt.weights import forms as weight_forms
 from gh200rt.weights.device_moves import gguf_parts, lm_head_parts, move_to_device
@@ -132,9 +132,14 @@ class WeightStore(LayerHooks):
             for layer in self.layers(Tier.RESIDENT):
                 self._write(layer, {name: self._resident_form(ref.current, layer, name)
                                     for name, ref in self.model.layer_weight_refs(layer).items()})
+        # the fp32 routes' reordered copies, booked before the arena takes what is left: every layer's when
+        # dynamic tiers may promote any of them later
+        copies = model_reordered_copy_bytes(self.model, self.cpu_linear_format,
+                                            range(len(tiers)) if plan.dynamic else self.layers(Tier.RESIDENT))
         lm_head = self.model.lm_head.weight_ref
         lm_head.current = self._resident_form(lm_head.current, None, "lm_head")
         self._book("resident_weights", placed)
+        self._book("cpu_route_forms", copies)
         ring_layers = self._ring_users() or (list(self.slabs) if plan.dynamic else [])
         if ring_layers:  # dynamic tiers book the ring up front: any layer may start streaming later
             self._make_ring(max(self.slabs[i].nbytes for i in ring_layers))

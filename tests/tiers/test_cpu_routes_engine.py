@@ -79,6 +79,47 @@ def test_float32_reordered_resident_equals_dense_streamed_and_direct(wide, kerne
         eng.close()
 
 
+def reordered_copies(model) -> int:
+    """Bytes of the reordered copies the model's linears hold now (resident fp32 forms)."""
+    refs = [r for i in range(len(model.layers)) for r in model.layer_weight_refs(i).values()]
+    total = 0
+    for ref in refs + [model.lm_head.weight_ref]:
+        form = ref.current
+        if isinstance(form, cpu_prepack.NativeRowsWeight):
+            form = form.batch
+        total += form.packed.nbytes if isinstance(form, OneDNNWeight) else 0
+    return total
+
+
+@pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN inner product")
+@pytest.mark.parametrize("kernels", ["torch", "native"])
+def test_float32_reordered_copies_are_booked_and_planned(wide, kernels):
+    """The fp32 route keeps a reordered copy beside each resident linear's dense bytes: the ledger books exactly
+    what the model holds, the CPU default capacity makes room for it (the KV pool stays what it would be), and
+    under a budget the planner counts it, streaming the layers whose copies would not fit."""
+    if kernels == "native" and load_native_ops() is None:
+        pytest.skip(f"native CPU ops unavailable: {native_ops_error()}")
+    resident = engine(wide, dtype="float32", offload="none", cpu_kernels=kernels)
+    copies = reordered_copies(resident.runner.model)
+    assert copies > 0 and resident.ledger.by_kind["cpu_route_forms"] == copies
+    assert resident.ledger.used <= resident.ledger.capacity
+    default = engine(wide, offload="none", cpu_kernels=kernels)     # the fp16 route: no copies
+    assert default.ledger.by_kind["cpu_route_forms"] == 0
+    assert resident.ledger.by_kind["kv_pool"] == default.ledger.by_kind["kv_pool"]
+    default.close()
+    # a budget with room for every layer's dense weights but not for all their copies
+    kv_room = 64 * resident.store.arena.block_bytes
+    budget = resident.ledger.used - resident.ledger.by_kind["kv_pool"] - copies // 2 + kv_room
+    resident.close()
+    tight = engine(wide, dtype="float32", cpu_kernels=kernels, device_memory_budget=budget)
+    tiers = tight.stats().layers_per_tier
+    assert tiers.get("streamed", 0) + tiers.get("direct", 0) >= 1, tiers
+    assert tight.ledger.by_kind["cpu_route_forms"] == reordered_copies(tight.runner.model) < copies
+    assert tight.ledger.used <= budget
+    assert run(tight, [PROMPTS[0]])   # and it serves
+    tight.close()
+
+
 @pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN inner product")
 def test_float32_native_rows_agree_with_torch_kernels_closely(wide):
     """The native float32 kernel sums in another order than oneDNN: the same greedy tokens, logprobs within

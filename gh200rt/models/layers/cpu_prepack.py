@@ -36,7 +36,8 @@ import logging
 import torch
 
 from gh200rt.kernels.quant import pack_weight
-from gh200rt.models.layers.cpu_linear import native_rows, onednn_linear, onednn_weight
+from gh200rt.models.layers.cpu_linear import (ONEDNN_MIN_ELEMENTS, native_rows, onednn_available, onednn_linear,
+                                               onednn_weight)
 from gh200rt.models.layers.linear import RefLinear
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,26 @@ def gguf_blocks_form(parts: list | None):
     except ValueError:  # a GGUF type that has no packed form (Q4_K, F16...)
         return None
     return packed if quant_linear_fits(packed) else None
+
+
+FP32_FORMATS = ("onednn-fp32", "onednn-fp32+native")
+
+
+def reordered_copy_bytes(weight, fmt: str | None) -> int:
+    """Bytes of the reordered copy that ``fmt``'s resident form of ``weight`` keeps beside the weight's dense bytes
+    (the fp32 formats, for weights large enough for oneDNN; 0 otherwise). The other formats' forms replace the
+    dense weight with at most its bytes."""
+    if fmt not in FP32_FORMATS or not isinstance(weight, torch.Tensor):
+        return 0
+    big = weight.dtype == torch.float32 and weight.dim() == 2 and weight.numel() >= ONEDNN_MIN_ELEMENTS
+    return int(weight.nbytes) if big and onednn_available() else 0
+
+
+def model_reordered_copy_bytes(model, fmt: str | None, layers, lm_head: bool = True) -> int:
+    """``reordered_copy_bytes`` over the linears of ``layers`` (and the lm_head)."""
+    refs = [ref for layer in layers for ref in model.layer_weight_refs(layer).values()]
+    refs += [model.lm_head.weight_ref] if lm_head else []
+    return sum(reordered_copy_bytes(ref.current, fmt) for ref in refs)
 
 
 def cpu_route_form(weight: torch.Tensor, fmt: str, gguf_parts: list | None = None):
