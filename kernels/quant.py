@@ -117,11 +117,12 @@ class PackedWeight:
             w += self.minimum.repeat_interleave(self.group_size, dim=1)[:, :k]
         return w
 
-    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None, native: bool = True) -> torch.Tensor:
+        """``native``: on the CPU, whether the native quantized linear may serve (off: torch's ops alone)."""
         if x.is_cuda:
             from .host_gemm import host_gemm
             return host_gemm(x, self, bias)
-        return self._linear_cpu(x, bias)
+        return self._linear_cpu(x, bias, native)
 
     def dense_for(self, x: torch.Tensor) -> torch.Tensor | None:
         """The dense float32 weight when this form multiplies ``x`` as that dense weight would (fp8 with float32
@@ -131,7 +132,7 @@ class PackedWeight:
             return self.dequantize()
         return None
 
-    def _linear_cpu(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def _linear_cpu(self, x: torch.Tensor, bias: torch.Tensor | None, native: bool = True) -> torch.Tensor:
         n, k = self.shape
         lead = x.shape[:-1]
         if x.dtype == torch.bfloat16 and x.numel() and self._bf16_op_ok():
@@ -139,7 +140,7 @@ class PackedWeight:
             if bias is not None:
                 y = y + bias.to(y.dtype)
             return y.reshape(*lead, n)
-        native = self._native_ops()
+        native = self._native_ops() if native else None
         if native is not None:
             rows = x.numel() // k if k else 0
             y = native.quant_linear(x, self) if rows <= NATIVE_MAX_ROWS \

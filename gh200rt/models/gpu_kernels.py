@@ -73,17 +73,20 @@ def triton_silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 TRITON_OPS = dict(rotary=triton_rotary, write_kv=triton_write_kv, attention=triton_paged_attention,
                   norm=triton_rms_norm, act=triton_silu_and_mul)
 TORCH_OPS = dict(rotary=rotary.apply_rotary, write_kv=torch_attention.write_kv,
-                 attention=torch_attention.paged_attention, norm=rmsnorm.rms_norm, act=activation.silu_and_mul)
+                 attention=torch_attention.paged_attention, norm=rmsnorm.rms_norm, act=activation.silu_and_mul,
+                 packed_native=False)
 
 
 def switch_hooks(model: torch.nn.Module, ops: dict) -> int:
     """Point every hook in ``model`` at ``ops``; returns how many modules were switched. Linears' dense route
-    (``RefLinear.dense_fn``) follows ``ops["dense_linear"]`` (default ``dense_linear``) and a decoder layer's one-call decode path (``decode_layer_fn``) follows
-    ``ops["decode_layer"]`` (default none); neither is counted."""
+    (``RefLinear.dense_fn``) follows ``ops["dense_linear"]`` (default ``dense_linear``), their packed weights'
+    native CPU kernel ``ops["packed_native"]`` (default on) and a decoder layer's one-call decode path
+    (``decode_layer_fn``) ``ops["decode_layer"]`` (default none); none of these is counted."""
     switched = 0
     for module in model.modules():
         if isinstance(module, linear.RefLinear):
             module.dense_fn = ops.get("dense_linear", cpu_linear.dense_linear)
+            module.packed_native = ops.get("packed_native", True)
             continue
         if hasattr(module, "decode_layer_fn"):  # a decoder layer: its one-call decode path, where the ops have one
             module.decode_layer_fn = ops.get("decode_layer")

@@ -46,3 +46,30 @@ def test_cpu_kernels_flag_is_validated():
     with pytest.raises(ValueError, match="--cpu-kernels 'fast'"):
         EngineConfig.from_kwargs(cpu_kernels="fast")
     assert EngineConfig.from_kwargs(cpu_kernels="torch").model.cpu_kernels == "torch"
+
+
+@needs_native
+def test_torch_kernels_keep_packed_weights_off_the_native_linear(tmp_path, monkeypatch):
+    """--cpu-kernels torch reaches int8 / int4 host weights too: their linears run torch's ops, so a broken
+    native quantized linear cannot touch that engine (and does touch the default one)."""
+    from gh200rt.engine.engine import LLMEngine
+    from gh200rt.kernels.cpu_native import NativeOps
+    path = save_tiny_llama(str(tmp_path / "tiny"), num_layers=2, hidden_size=64, intermediate_size=128)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+
+    def broken(self, x, weight):
+        raise RuntimeError("native quantized linear called")
+
+    monkeypatch.setattr(NativeOps, "quant_linear", broken)
+    for kernels in ("torch", "native"):
+        engine = LLMEngine.from_config(EngineConfig.from_kwargs(model=path, dtype="float32", max_model_len=64,
+                                                                offload="direct", host_weight_dtype="int8",
+                                                                num_kv_blocks=16, cpu_kernels=kernels))
+        engine.add_request("r", None, params, prompt_token_ids=[5, 6, 7])
+        if kernels == "torch":
+            while engine.has_unfinished_requests():
+                engine.step()
+        else:
+            with pytest.raises(RuntimeError, match="native quantized linear called"):
+                engine.step()
+        engine.close()

@@ -13,7 +13,8 @@ class RefLinear(nn.Module):
     """``y = x W^T (+ b)``; W is read from ``weight_ref.current`` on every call, never cached.
 
     A dense weight goes through ``dense_fn`` (``dense_linear``: oneDNN for float32 on the CPU, else F.linear;
-    the native CPU kernels swap in ``native_dense_linear``); a packed one computes through its own ``linear``, or
+    the native CPU kernels swap in ``native_dense_linear``); a packed one computes through its own ``linear``
+    (on the CPU through the native quantized linear unless ``packed_native`` is off: ``--cpu-kernels torch``), or
     through ``dense_fn`` over the dense weight it hands back from ``dense_for`` (fp8 on the CPU).
     """
 
@@ -25,12 +26,15 @@ class RefLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device),
                                  requires_grad=False) if bias else None
         self.dense_fn = dense_linear
+        self.packed_native = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight_ref.current
         if isinstance(weight, torch.Tensor):
             return self.dense_fn(x, weight, self.bias)
-        dense = weight.dense_for(x) if isinstance(weight, PackedWeight) else None
+        if not isinstance(weight, PackedWeight):
+            return weight.linear(x, self.bias)
+        dense = weight.dense_for(x)
         if dense is not None:
             return self.dense_fn(x, dense, self.bias)
-        return weight.linear(x, self.bias)
+        return weight.linear(x, self.bias, native=self.packed_native)
