@@ -33,6 +33,8 @@ the same bytes give the same bits in every tier.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 
@@ -217,9 +219,19 @@ class PackedWeight:
         if self._fbgemm is not None:
             return self._fbgemm
         n = self.shape[0]
-        q = torch._make_per_channel_quantized_tensor(self.qweight, self.scale[:, 0].double(),
-                                                     torch.zeros(n, dtype=torch.long), 0)
-        packed = torch.ops.quantized.linear_prepack(q, None)
+        # The route (a comparison point for scripts/bench_quant_cpu.py and eval_quant.py; no engine flag selects
+        # it) needs torch's quantized tensors, which torch has deprecated: quiet the warning per call, and say
+        # what to use once they are gone.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*deprecated")
+            try:
+                q = torch._make_per_channel_quantized_tensor(self.qweight, self.scale[:, 0].double(),
+                                                             torch.zeros(n, dtype=torch.long), 0)
+                packed = torch.ops.quantized.linear_prepack(q, None)
+            except AttributeError as err:
+                raise RuntimeError(f"cpu_route='fbgemm' needs torch's quantized tensors, which this torch "
+                                   f"({torch.__version__}) does not provide; use cpu_route='exact' (the native "
+                                   f"quantized linear)") from err
         if self.stable:
             self._fbgemm = packed
         return packed
