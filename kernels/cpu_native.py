@@ -191,8 +191,7 @@ class NativeOps:
             k = k.contiguous()
         if v.stride(-1) != 1:
             v = v.contiguous()
-        if slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous():
-            slot_mapping = slot_mapping.to(torch.int64).contiguous()
+        slot_mapping = _int64(slot_mapping)
         _check_pool(kv_cache, k)
         _code(k, v, kv_cache)
         if slot_mapping.device.type != "cpu" or slot_mapping.shape[0] != k.shape[0] or v.shape != k.shape:
@@ -211,10 +210,8 @@ class NativeOps:
         if q.stride(-1) != 1:
             q = q.contiguous()
         _check_pool(kv_cache, q)
-        if block_tables.dtype != torch.int32 or block_tables.stride(-1) != 1:
-            block_tables = block_tables.to(torch.int32).contiguous()
-        if seq_lens.dtype != torch.int64 or not seq_lens.is_contiguous():
-            seq_lens = seq_lens.to(torch.int64).contiguous()
+        block_tables = _table_rows(block_tables)
+        seq_lens = _int64(seq_lens)
         kv_heads = kv_cache.shape[3]
         if heads % kv_heads or block_tables.shape[0] != num_seqs or seq_lens.shape[0] != num_seqs:
             raise ValueError(f"decode_attention: q {tuple(q.shape)}, {kv_heads} KV heads, block tables "
@@ -238,12 +235,9 @@ class NativeOps:
         if q.stride(-1) != 1:
             q = q.contiguous()
         _check_pool(kv_cache, q)
-        if block_tables.dtype != torch.int32 or block_tables.stride(-1) != 1:
-            block_tables = block_tables.to(torch.int32).contiguous()
-        if seq_lens.dtype != torch.int64 or not seq_lens.is_contiguous():
-            seq_lens = seq_lens.to(torch.int64).contiguous()
-        if query_starts.dtype != torch.int64 or not query_starts.is_contiguous():
-            query_starts = query_starts.to(torch.int64).contiguous()
+        block_tables = _table_rows(block_tables)
+        seq_lens = _int64(seq_lens)
+        query_starts = _int64(query_starts)
         kv_heads, num_seqs = kv_cache.shape[3], seq_lens.shape[0]
         if heads % kv_heads or block_tables.shape[0] != num_seqs or query_starts.shape[0] != num_seqs + 1:
             raise ValueError(f"extend_attention: q {tuple(q.shape)}, {kv_heads} KV heads, block tables "
@@ -278,12 +272,9 @@ class NativeOps:
                              f"{tuple(kv_cache.shape)}, tables {tuple(cos.shape)}, block tables "
                              f"{tuple(block_tables.shape)}, seq_lens {tuple(seq_lens.shape)}")
         _check_pool(kv_cache, qkv.view(tokens, -1, dim))
-        if block_tables.dtype != torch.int32 or block_tables.stride(-1) != 1:
-            block_tables = block_tables.to(torch.int32).contiguous()
-        if seq_lens.dtype != torch.int64 or not seq_lens.is_contiguous():
-            seq_lens = seq_lens.to(torch.int64).contiguous()
-        if slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous():
-            slot_mapping = slot_mapping.to(torch.int64).contiguous()
+        block_tables = _table_rows(block_tables)
+        seq_lens = _int64(seq_lens)
+        slot_mapping = _int64(slot_mapping)
         out = qkv.new_empty((tokens, heads, dim))
         strides = kv_cache.stride()
         if self._lib.gh_decode_attention_block(qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(),
@@ -419,6 +410,17 @@ def quant_linear_fits(weight) -> bool:
     tensors = weight.tensors().values()
     return (weight.fmt in ("int8", "int4") and weight.group_size % 32 == 0 and k % weight.group_size == 0
             and all(t.is_cpu and t.is_contiguous() for t in tensors))
+
+
+def _table_rows(block_tables: torch.Tensor) -> torch.Tensor:
+    """Block tables as the C code reads them: int32, unit last stride (rows may sit apart)."""
+    if block_tables.dtype != torch.int32 or block_tables.stride(-1) != 1:
+        return block_tables.to(torch.int32).contiguous()
+    return block_tables
+
+
+def _int64(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.int64 and t.is_contiguous() else t.to(torch.int64).contiguous()
 
 
 def _check_pool(kv_cache: torch.Tensor, rows: torch.Tensor) -> None:
