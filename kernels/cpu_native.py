@@ -206,20 +206,14 @@ class NativeOps:
                          seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
         """``q [B, heads, D]`` (one new token per sequence, at position seq_len - 1) -> ``out [B, heads, D]``.
         ``block_tables`` int32 ``[B, W]`` must cover ``seq_lens`` (int64 ``[B]``); the caller guarantees it."""
+        q, block_tables, seq_lens = _paged_inputs(q, kv_cache, block_tables, seq_lens)
         num_seqs, heads, dim = q.shape
-        if q.stride(-1) != 1:
-            q = q.contiguous()
-        _check_pool(kv_cache, q)
-        block_tables = _table_rows(block_tables)
-        seq_lens = _int64(seq_lens)
         kv_heads = kv_cache.shape[3]
         if heads % kv_heads or block_tables.shape[0] != num_seqs or seq_lens.shape[0] != num_seqs:
             raise ValueError(f"decode_attention: q {tuple(q.shape)}, {kv_heads} KV heads, block tables "
                              f"{tuple(block_tables.shape)}, seq_lens {tuple(seq_lens.shape)}")
         out = q.new_empty((num_seqs, heads, dim))
-        strides = kv_cache.stride()
-        self._lib.gh_decode_attention(q.data_ptr(), q.stride(0), q.stride(1), kv_cache[0].data_ptr(),
-                                      kv_cache[1].data_ptr(), strides[1], strides[2], strides[3], kv_cache.shape[2],
+        self._lib.gh_decode_attention(q.data_ptr(), q.stride(0), q.stride(1), *_pool_args(kv_cache),
                                       block_tables.data_ptr(), block_tables.stride(0), seq_lens.data_ptr(), num_seqs,
                                       heads, kv_heads, dim, scale, out.data_ptr(), _code(q, kv_cache),
                                       torch.get_num_threads())
@@ -231,12 +225,8 @@ class NativeOps:
         ``[B + 1]``, from 0) and the last of its ``seq_lens[b]`` positions, each seeing every key at or before it
         (K/V already in the pool) -> ``out [T, heads, D]``. ``block_tables`` int32 ``[B, W]`` must cover
         ``seq_lens`` (int64 ``[B]``); the caller guarantees it."""
+        q, block_tables, seq_lens = _paged_inputs(q, kv_cache, block_tables, seq_lens)
         tokens, heads, dim = q.shape
-        if q.stride(-1) != 1:
-            q = q.contiguous()
-        _check_pool(kv_cache, q)
-        block_tables = _table_rows(block_tables)
-        seq_lens = _int64(seq_lens)
         query_starts = _int64(query_starts)
         kv_heads, num_seqs = kv_cache.shape[3], seq_lens.shape[0]
         if heads % kv_heads or block_tables.shape[0] != num_seqs or query_starts.shape[0] != num_seqs + 1:
@@ -244,9 +234,7 @@ class NativeOps:
                              f"{tuple(block_tables.shape)}, seq_lens {tuple(seq_lens.shape)}, query starts "
                              f"{tuple(query_starts.shape)}")
         out = q.new_empty((tokens, heads, dim))
-        strides = kv_cache.stride()
-        if self._lib.gh_extend_attention(q.data_ptr(), q.stride(0), q.stride(1), kv_cache[0].data_ptr(),
-                                         kv_cache[1].data_ptr(), strides[1], strides[2], strides[3], kv_cache.shape[2],
+        if self._lib.gh_extend_attention(q.data_ptr(), q.stride(0), q.stride(1), *_pool_args(kv_cache),
                                          block_tables.data_ptr(), block_tables.stride(0), seq_lens.data_ptr(),
                                          query_starts.data_ptr(), num_seqs, heads, kv_heads, dim, scale,
                                          out.data_ptr(), _code(q, kv_cache), torch.get_num_threads()):
@@ -421,6 +409,22 @@ def _table_rows(block_tables: torch.Tensor) -> torch.Tensor:
 
 def _int64(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.int64 and t.is_contiguous() else t.to(torch.int64).contiguous()
+
+
+def _paged_inputs(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                  seq_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An attention call's query rows (unit last stride), block tables and sequence lengths as the C code reads
+    them, after checking the pool's layout."""
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    _check_pool(kv_cache, q)
+    return q, _table_rows(block_tables), _int64(seq_lens)
+
+
+def _pool_args(kv_cache: torch.Tensor) -> tuple[int, ...]:
+    """K and V planes, then the block, slot and head strides (elements) and the block size."""
+    strides = kv_cache.stride()
+    return (kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), strides[1], strides[2], strides[3], kv_cache.shape[2])
 
 
 def _check_pool(kv_cache: torch.Tensor, rows: torch.Tensor) -> None:
