@@ -38,6 +38,18 @@ def from_gguf(tensor) -> PackedWeight:
     return from_gguf_blocks(ggml_type, raw, (n, k))
 
 
+def packed_nbytes(tensor) -> int | None:
+    """Bytes of the ``PackedWeight`` that ``from_gguf`` makes of ``tensor`` (None: a type or shape it does not
+    import), without reading the blocks: codes (a byte, or half a byte, a weight) and a float32 scale, plus a
+    float32 minimum for the 4-bit types, per block of 32 columns."""
+    ggml_type = int(_field(tensor, "ggml_type", "tensor_type"))
+    n, k = (int(d) for d in _field(tensor, "shape"))
+    if ggml_type not in _BLOCK_BYTES or k % _BLOCK:
+        return None
+    groups = n * (k // _BLOCK)
+    return n * k + 4 * groups if ggml_type == GGML_Q8_0 else n * (k // 2) + 8 * groups
+
+
 def from_gguf_blocks(ggml_type: int, raw: np.ndarray, shape: tuple[int, int]) -> PackedWeight:
     n, k = shape
     if ggml_type not in _BLOCK_BYTES:

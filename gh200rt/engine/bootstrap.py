@@ -13,6 +13,7 @@ the numbers and the flag to change.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -27,13 +28,14 @@ from gh200rt.loader.load import LoadedModel, load_model
 from gh200rt.memory.ledger import DeviceMemoryLedger, ledger_capacity
 from gh200rt.models.cpu_kernels import use_native_cpu_kernels, use_torch_cpu_kernels
 from gh200rt.models.gpu_kernels import use_triton_kernels
-from gh200rt.models.layers.cpu_prepack import model_reordered_copy_bytes, resident_linear_format
+from gh200rt.models.layers.cpu_prepack import model_route_form_bytes, resident_linear_format
 from gh200rt.numa.affinity import bind_engine_threads
 from gh200rt.planner.cost_model import activation_bytes, model_sizes
 from gh200rt.planner.planner import Plan, make_plan
 from gh200rt.platform.cpu_features import route_for
 from gh200rt.platform.detect import Platform, detect
 from gh200rt.weights import forms as weight_forms
+from gh200rt.weights.device_moves import linear_parts
 from gh200rt.weights.slabs import check_node_has_room
 from gh200rt.weights.store import WeightStore
 
@@ -88,10 +90,12 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     linear_format = resident_linear_format(loaded.model, route_for(config.model.dtype).linear_format, loaded.quantized,
                                            native_kernels=config.model.cpu_kernels == "native") \
         if device == "cpu" else None
-    # the fp32 routes' reordered copies beside resident dense weights (layers are alike: layer 0 stands for all)
-    sizes = dataclasses.replace(sizes, layer_form_bytes=model_reordered_copy_bytes(loaded.model, linear_format, [0],
-                                                                                   lm_head=False),
-                                head_form_bytes=model_reordered_copy_bytes(loaded.model, linear_format, []))
+    # the CPU routes' extra forms beside resident weights: fp32 reordered copies, fp16+gguf blocks (layers are
+    # alike: layer 0 stands for all)
+    parts_of = functools.partial(linear_parts, loaded.quantized, arch.tie_word_embeddings)
+    sizes = dataclasses.replace(
+        sizes, layer_form_bytes=model_route_form_bytes(loaded.model, linear_format, [0], False, parts_of),
+        head_form_bytes=model_route_form_bytes(loaded.model, linear_format, [], parts_of=parts_of))
     capacity = ledger_capacity(config.memory, free, sizes.all_resident_bytes + activations, useful_kv)
     plan = make_plan(sizes, platform, config.memory, capacity, config.cache.block_size,
                      activation_bytes=activations, max_model_len=longest)

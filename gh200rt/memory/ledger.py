@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from gh200rt.config import MemoryConfig
 
 # kv_pool and arena_weights split one device arena: blocks move between them as layers change tier;
-# cpu_route_forms: the CPU fp32 routes' reordered copies of resident linears, beside their dense bytes
+# cpu_route_forms: what the CPU routes' forms of resident linears hold beside their own bytes (the fp32 routes'
+# reordered copies, the fp16+gguf route's GGUF blocks)
 KINDS = ("resident_weights", "arena_weights", "staging_ring", "kv_pool", "activations", "graph_pools",
          "cpu_route_forms")
 CPU_DEFAULT_KV_BYTES = 2 << 30

@@ -30,15 +30,19 @@ class ModelSizes:
     kv_bytes_per_token: int  # all layers, K and V
     num_layers: int
     host_layer_bytes: int    # one decoder layer's linear weights in the host format (slab / staging slot)
-    # what the CPU fp32 routes' resident forms hold beside those bytes (oneDNN's reordered copies): memory, not
-    # bytes read per step
+    # what the CPU routes' resident forms hold beside those bytes (the fp32 routes' reordered copies, the fp16+gguf
+    # route's GGUF blocks): memory, not bytes read per step
     layer_form_bytes: int = 0
     head_form_bytes: int = 0
+    # a resident layer's run of the device arena: layer_bytes rounded up to whole KV blocks (make_plan sets it;
+    # 0: layer_bytes)
+    layer_run_bytes: int = 0
 
     @property
     def resident_layer_memory(self) -> int:
-        """One resident decoder layer's linear weights in memory, its route form's copies included."""
-        return self.layer_bytes + self.layer_form_bytes
+        """One resident decoder layer's linear weights in memory (its arena run), its route form's copies
+        included."""
+        return max(self.layer_bytes, self.layer_run_bytes) + self.layer_form_bytes
 
     @property
     def fixed_memory(self) -> int:
@@ -99,7 +103,7 @@ def model_sizes(arch: ArchConfig, dtype: str = "bf16", kv_dtype: str | None = No
     kv_scales = arch.num_layers * 2 * 4  # float32 K and V scale per layer (kv/fp8.py)
     fixed = (embeds + arch.num_layers * layer_small) * wb + rope_tables + kv_scales
     parts = [part for shape in shapes for part in host_weight_parts(host_format or dtype, shape)]
-    resident = sum(part for shape in shapes for part in host_weight_parts(resident_format or dtype, shape))
+    resident = aligned_total([part for shape in shapes for part in host_weight_parts(resident_format or dtype, shape)])
     return ModelSizes(linear_params + layer_small, resident, fixed, head * wb,
                       2 * arch.kv_size * kvb * arch.num_layers, arch.num_layers, aligned_total(parts))
 

@@ -8,6 +8,7 @@ A staging slot holds one layer in the host format (``sizes.host_layer_bytes``).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from gh200rt.config import MemoryConfig
@@ -151,7 +152,12 @@ def make_plan(sizes: ModelSizes, platform: Platform, memory: MemoryConfig, capac
     ``--kv-cache-min-tokens``)."""
     kv_min_tokens = max(memory.kv_cache_min_tokens or 0, max_model_len)
     kv_min = -(-kv_min_tokens // block_size) * block_size * sizes.kv_bytes_per_token
+    block_bytes = sizes.kv_bytes_per_token * block_size
+    sizes = dataclasses.replace(sizes, layer_run_bytes=max(1, -(-sizes.layer_bytes // block_bytes)) * block_bytes)
     dynamic = is_dynamic(memory, platform)
+    if dynamic:   # any layer may be promoted later: the store books every layer's route forms up front
+        sizes = dataclasses.replace(sizes, layer_form_bytes=0,
+                                    head_form_bytes=sizes.head_form_bytes + sizes.num_layers * sizes.layer_form_bytes)
     tiers = _tiers_for(memory, sizes, capacity - kv_min - activation_bytes, dynamic)
     for layer, tier in memory.tier_overrides.items():
         if layer >= sizes.num_layers:
@@ -167,13 +173,13 @@ def make_plan(sizes: ModelSizes, platform: Platform, memory: MemoryConfig, capac
     distance = memory.prefetch_distance if memory.prefetch_distance is not None else max(0, slots - 1)
     if (ring_users or dynamic) and distance >= slots:
         raise ValueError(f"--prefetch-distance {distance} must be less than the staging slots in use ({slots})")
-    weights = sizes.fixed_bytes + tiers.count(Tier.RESIDENT) * sizes.layer_bytes + slots * sizes.host_layer_bytes
-    block_bytes = sizes.kv_bytes_per_token * block_size
+    weights = sizes.fixed_memory + tiers.count(Tier.RESIDENT) * sizes.resident_layer_memory + \
+        slots * sizes.host_layer_bytes
     free = capacity - weights - activation_bytes
     kv_blocks = free // block_bytes if free > 0 else 0
     needed_blocks = max(-(-kv_min // block_bytes), 1)
     if kv_blocks < needed_blocks:
-        minimum = sizes.fixed_bytes + sizes.host_layer_bytes + activation_bytes + needed_blocks * block_bytes
+        minimum = sizes.fixed_memory + sizes.host_layer_bytes + activation_bytes + needed_blocks * block_bytes
         raise PlanDoesNotFit(
             f"device budget {capacity} bytes ({capacity / (1 << 30):.3f} GiB) is too small for "
             f"--offload {memory.offload}: weights on device need {weights} bytes, activations {activation_bytes} "

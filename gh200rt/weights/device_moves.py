@@ -47,6 +47,11 @@ def gguf_parts(quantized: dict | None, layer: int, name: str) -> list | None:
     return [quantized[p] for p in parts] if all(p in quantized for p in parts) else None
 
 
+def linear_parts(quantized: dict | None, tied: bool, layer: int | None, name: str) -> list | None:
+    """``gguf_parts`` of a decoder layer's linear, or (``layer`` None) ``lm_head_parts``."""
+    return gguf_parts(quantized, layer, name) if layer is not None else lm_head_parts(quantized, tied)
+
+
 def lm_head_parts(quantized: dict | None, tied: bool) -> list | None:
     """The checkpoint's quantized lm_head (its own, or the embedding it is tied to), or None."""
     key = "model.embed_tokens.weight" if tied else "lm_head.weight"

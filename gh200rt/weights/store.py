@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import torch
 
-from gh200rt.models.layers.cpu_prepack import cpu_route_form, model_reordered_copy_bytes
+from gh200rt.models.layers.cpu_prepack import cpu_route_form, model_route_form_bytes
 from gh200rt.transfer.backend import make_transfer_backend
 from gh200rt.weights import forms as weight_forms
-from gh200rt.weights.device_moves import gguf_parts, lm_head_parts, move_to_device
+from gh200rt.weights.device_moves import gguf_parts, linear_parts, move_to_device
 from gh200rt.weights.layer_slab import LayerSlab, WeightLayout
 from gh200rt.weights.schedule import NULL_HOOKS, LayerHooks, StreamingSchedule
 from gh200rt.weights.tiers import Tier, slot_of
@@ -132,10 +132,11 @@ class WeightStore(LayerHooks):
             for layer in self.layers(Tier.RESIDENT):
                 self._write(layer, {name: self._resident_form(ref.current, layer, name)
                                     for name, ref in self.model.layer_weight_refs(layer).items()})
-        # the fp32 routes' reordered copies, booked before the arena takes what is left: every layer's when
-        # dynamic tiers may promote any of them later
-        copies = model_reordered_copy_bytes(self.model, self.cpu_linear_format,
-                                            range(len(tiers)) if plan.dynamic else self.layers(Tier.RESIDENT))
+        # the CPU routes' extra forms (fp32 reordered copies, fp16+gguf blocks), booked before the arena takes
+        # what is left: every layer's when dynamic tiers may promote any of them later
+        copies = model_route_form_bytes(self.model, self.cpu_linear_format,
+                                        range(len(tiers)) if plan.dynamic else self.layers(Tier.RESIDENT),
+                                        parts_of=self._route_parts)
         lm_head = self.model.lm_head.weight_ref
         lm_head.current = self._resident_form(lm_head.current, None, "lm_head")
         self._book("resident_weights", placed)
@@ -336,12 +337,14 @@ class WeightStore(LayerHooks):
         """The CPU route's form of a resident linear (``layer`` None: the lm_head)."""
         if self.cpu_linear_format is None or not isinstance(weight, torch.Tensor) or weight.device.type != "cpu":
             return weight
-        parts = None
-        if self.cpu_linear_format == "fp16+gguf":
-            parts = gguf_parts(self.quantized, layer, name) if layer is not None \
-                else lm_head_parts(self.quantized, self.model.arch.tie_word_embeddings)
         with torch.inference_mode():
-            return cpu_route_form(weight, self.cpu_linear_format, parts)
+            return cpu_route_form(weight, self.cpu_linear_format, self._route_parts(layer, name))
+
+    def _route_parts(self, layer: int | None, name: str) -> list | None:
+        """The GGUF blocks the ``fp16+gguf`` form of a resident linear keeps (``layer`` None: the lm_head)."""
+        if self.cpu_linear_format != "fp16+gguf":
+            return None
+        return linear_parts(self.quantized, self.model.arch.tie_word_embeddings, layer, name)
 
     def _move_to_device(self, resident_layers: bool = True) -> int:
         """Everything but the offloaded layers' linear weights (and, with ``resident_layers=False``, the

@@ -11,6 +11,7 @@ pytest.importorskip("gguf")  # the reference GGUF reader: a bare GPU host need n
 from gguf import GGMLQuantizationType, GGUFReader  # noqa: E402
 from gguf.quants import dequantize, quantize  # noqa: E402
 
+from gh200rt.kernels.gguf_blocks import packed_nbytes
 from gh200rt.kernels.quant import PackedWeight, pack_weight, quantize_int4, quantize_int8, reference_linear
 
 
@@ -32,6 +33,12 @@ def test_gguf_import_is_lossless(ggml_type):
     err = (packed.dequantize() - want).abs().max().item()
     print(f"{ggml_type.name} -> {packed.fmt}/{packed.group_size}: worst error vs gguf dequantize {err:.2e}")
     assert err == 0.0
+    assert packed_nbytes(as_gguf(raw, ggml_type, 24, 96)) == packed.nbytes   # what the ledger books for it
+
+
+def test_packed_nbytes_of_types_and_shapes_it_does_not_import():
+    assert packed_nbytes(as_gguf(None, GGMLQuantizationType.Q4_K, 24, 256)) is None
+    assert packed_nbytes(as_gguf(None, GGMLQuantizationType.Q8_0, 24, 80)) is None   # K not a multiple of 32
 
 
 def test_real_smollm2_tensors_import_losslessly():

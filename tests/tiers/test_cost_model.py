@@ -26,8 +26,9 @@ def test_fp8_kv_and_fp8_resident_by_hand():
     assert model_sizes(TINY, "bf16", kv_dtype="fp8").kv_bytes_per_token == 2 * 4 * 1 * 2
     assert model_sizes(TINY, "fp32", kv_dtype="fp8_e5m2").kv_bytes_per_token == 2 * 4 * 1 * 2
     assert model_sizes(TINY, "bf16", kv_dtype="auto").kv_bytes_per_token == 2 * 4 * 2 * 2
-    # fp8 resident linears: one byte per weight plus a float32 scale per output row (16 + 8 + 32 + 8 rows)
-    assert model_sizes(TINY, "bf16", resident_format="fp8").layer_bytes == 576 + 4 * (16 + 8 + 32 + 8)
+    # fp8 resident linears: one byte per weight plus a float32 scale per output row (16 + 8 + 32 + 8 rows), each
+    # part starting on a 64-byte boundary as in the arena's layout: [128, 64], [64, 32], [256, 128], [128, 32]
+    assert model_sizes(TINY, "bf16", resident_format="fp8").layer_bytes == 128 + 64 + 64 + 64 + 256 + 128 + 128 + 32
 
 
 def test_host_formats_by_hand():

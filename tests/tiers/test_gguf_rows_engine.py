@@ -54,10 +54,37 @@ def test_every_linear_keeps_its_blocks_for_single_rows(monkeypatch, reference):
         eng.close()
 
 
+def blocks_bytes(model) -> int:
+    refs = [ref for i in range(len(model.layers)) for ref in model.layer_weight_refs(i).values()]
+    return sum(ref.current.blocks.nbytes for ref in refs + [model.lm_head.weight_ref]
+               if isinstance(ref.current, OneRowBlocksWeight))
+
+
+def test_the_blocks_are_booked_and_planned(monkeypatch):
+    """The blocks sit beside the fp16 forms (which take the resident layers' booked bytes): the ledger books
+    exactly the blocks the model holds, and under a budget the planner counts them, streaming layers."""
+    resident = smollm2(monkeypatch, offload="none")
+    blocks = blocks_bytes(resident.runner.model)
+    assert blocks > 0 and resident.ledger.by_kind["cpu_route_forms"] == blocks
+    assert resident.ledger.used <= resident.ledger.capacity
+    kv_room = 64 * resident.store.arena.block_bytes
+    budget = resident.ledger.used - resident.ledger.by_kind["kv_pool"] - blocks // 2 + kv_room
+    resident.close()
+    tight = smollm2(monkeypatch, device_memory_budget=budget)
+    try:
+        tiers = tight.stats().layers_per_tier
+        assert tiers.get("streamed", 0) + tiers.get("direct", 0) >= 1, tiers
+        assert tight.ledger.by_kind["cpu_route_forms"] == blocks_bytes(tight.runner.model) < blocks
+        assert tight.ledger.used <= budget
+    finally:
+        tight.close()
+
+
 def test_torch_kernels_keep_the_plain_fp16_form(monkeypatch):
     eng = smollm2(monkeypatch, cpu_kernels="torch")
     try:
         assert linear_formats(eng.runner.model) == {"HalfWeight": 121}
+        assert eng.ledger.by_kind["cpu_route_forms"] == 0
     finally:
         eng.close()
 

@@ -146,21 +146,41 @@ def gguf_blocks_form(parts: list | None):
 FP32_FORMATS = ("onednn-fp32", "onednn-fp32+native")
 
 
-def reordered_copy_bytes(weight, fmt: str | None) -> int:
-    """Bytes of the reordered copy that ``fmt``'s resident form of ``weight`` keeps beside the weight's dense bytes
-    (the fp32 formats, for weights large enough for oneDNN; 0 otherwise). The other formats' forms replace the
-    dense weight with at most its bytes."""
-    if fmt not in FP32_FORMATS or not isinstance(weight, torch.Tensor):
+def gguf_blocks_bytes(parts: list | None) -> int:
+    """Bytes ``gguf_blocks_form(parts)`` holds, from the parts' types and shapes (nothing is packed); 0 where it
+    makes no blocks form."""
+    from gh200rt.kernels.cpu_native import load_native_ops
+    from gh200rt.kernels.gguf_blocks import GGML_Q8_0, packed_nbytes
+    if not parts or any(not hasattr(p, "ggml_type") for p in parts) or load_native_ops() is None:
+        return 0
+    sizes = [packed_nbytes(p) for p in parts]
+    if None in sizes or len({int(p.ggml_type) == GGML_Q8_0 for p in parts}) > 1:   # concat_rows: one format
+        return 0
+    return sum(sizes)
+
+
+def route_form_extra_bytes(weight, fmt: str | None, gguf_parts: list | None = None) -> int:
+    """Bytes that ``fmt``'s resident form of ``weight`` holds beyond the weight's own (compute dtype) bytes: the
+    fp32 formats' reordered copy beside the dense weight (for weights large enough for oneDNN), the ``fp16+gguf``
+    format's GGUF blocks beside the fp16 forms (``gguf_parts``: the checkpoint's quantized tensors of this
+    linear); 0 for the other formats, whose forms replace the dense weight with at most its bytes."""
+    if not isinstance(weight, torch.Tensor):
+        return 0
+    if fmt == "fp16+gguf":
+        return gguf_blocks_bytes(gguf_parts)
+    if fmt not in FP32_FORMATS:
         return 0
     big = weight.dtype == torch.float32 and weight.dim() == 2 and weight.numel() >= ONEDNN_MIN_ELEMENTS
     return int(weight.nbytes) if big and onednn_available() else 0
 
 
-def model_reordered_copy_bytes(model, fmt: str | None, layers, lm_head: bool = True) -> int:
-    """``reordered_copy_bytes`` over the linears of ``layers`` (and the lm_head)."""
-    refs = [ref for layer in layers for ref in model.layer_weight_refs(layer).values()]
-    refs += [model.lm_head.weight_ref] if lm_head else []
-    return sum(reordered_copy_bytes(ref.current, fmt) for ref in refs)
+def model_route_form_bytes(model, fmt: str | None, layers, lm_head: bool = True, parts_of=None) -> int:
+    """``route_form_extra_bytes`` over the linears of ``layers`` (and the lm_head); ``parts_of(layer, name)``
+    (``layer`` None: the lm_head) gives a linear's GGUF parts."""
+    refs = [(layer, name, ref) for layer in layers for name, ref in model.layer_weight_refs(layer).items()]
+    refs += [(None, "lm_head", model.lm_head.weight_ref)] if lm_head else []
+    return sum(route_form_extra_bytes(ref.current, fmt, parts_of(layer, name) if parts_of else None)
+               for layer, name, ref in refs)
 
 
 def cpu_route_form(weight: torch.Tensor, fmt: str, gguf_parts: list | None = None):
