@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 SOURCES = tuple(Path(__file__).with_name("cpu") / name
-                for name in ("ops.c", "quant_linear.c", "f32_linear.c", "decode_layer.c"))
+                for name in ("ops.c", "quant_linear.c", "f32_linear.c", "f16_linear.c", "decode_layer.c"))
 HEADERS = (Path(__file__).with_name("cpu") / "gh_native.h",)
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=c11")
 # the ops' threads: the libgomp torch has loaded (same soname), so they run on torch's own pool
@@ -47,6 +47,7 @@ SIGNATURES = {
     "gh_quant_linear": (_P, _I, _I, _P, _P, _I, _I),
     "gh_dequantize": (_P, _P, _I),
     "gh_f32_linear": (_P, _I, _I, _P, _I, _I, _I, _P, _P, _I, _I),
+    "gh_f16_linear": (_P, _I, _I, _P, _I, _I, _I, _P, _P, _I, _I),
     "gh_decode_layer": (_P, _I, _P, _P),
 }
 RESTYPES = {"gh_quant_linear": ctypes.c_int, "gh_decode_attention_block": ctypes.c_int, "gh_decode_layer": ctypes.c_int,
@@ -305,6 +306,11 @@ class NativeOps:
     def f32_linear_checked(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``f32_linear`` for arguments the caller has checked (``cpu_linear.native_rows``): a decode step makes
         ~120 of these calls, so the Python around the kernel is kept to one output tensor and the call."""
+        return self._dense_linear(self._lib.gh_f32_linear, x, weight, bias)
+
+    @staticmethod
+    def _dense_linear(kernel, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """One call of ``gh_f32_linear`` or ``gh_f16_linear`` (the same arguments) over checked tensors."""
         n, k = weight.shape
         rows = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, k)
         if rows.stride(-1) != 1:
@@ -314,10 +320,26 @@ class NativeOps:
         count = rows.shape[0]
         out = torch.empty((count, n))
         if count:
-            self._lib.gh_f32_linear(rows.data_ptr(), count, rows.stride(0), weight.data_ptr(), n, k, weight.stride(0),
-                                    None if bias is None else bias.data_ptr(), out.data_ptr(), n,
-                                    linear_threads(n, k))
+            kernel(rows.data_ptr(), count, rows.stride(0), weight.data_ptr(), n, k, weight.stride(0),
+                   None if bias is None else bias.data_ptr(), out.data_ptr(), n, linear_threads(n, k))
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], n)
+
+    def f16_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [..., K] W^T (+ bias)`` for float32 CPU x and an fp16 CPU ``weight [N, K]`` read in place (any row
+        stride, unit column stride): ``f32_linear``'s bits over the float32 copy of the weight
+        (kernels/cpu/f16_linear.c)."""
+        n, k = weight.shape
+        if x.dtype != torch.float32 or weight.dtype != torch.float16 or weight.stride(-1) != 1 or x.shape[-1] != k \
+                or not (x.is_cpu and weight.is_cpu) or (bias is not None and (bias.dtype != torch.float32 or
+                                                                               bias.shape != (n,) or not bias.is_cpu)):
+            raise ValueError(f"f16_linear takes float32 CPU x [..., {k}], an fp16 weight [N, K] with unit column "
+                             f"stride and a float32 bias [N], got x {tuple(x.shape)} {x.dtype}, weight "
+                             f"{tuple(weight.shape)} {weight.dtype} strides {weight.stride()}")
+        return self.f16_linear_checked(x, weight, bias)
+
+    def f16_linear_checked(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``f16_linear`` for arguments the caller has checked (``HalfWeight.linear``)."""
+        return self._dense_linear(self._lib.gh_f16_linear, x, weight, bias)
 
     def decode_layer(self, hidden: torch.Tensor, args: "DecodeLayerArgs", out: torch.Tensor) -> None:
         """``out [rows, hidden]`` = one decoder layer over contiguous float32 ``hidden [rows, hidden]`` (a decode
@@ -365,7 +387,7 @@ class LinearArgs(ctypes.Structure):
                 ("threads", _I)]
 
 
-LINEAR_F32, LINEAR_QUANT = 0, 1
+LINEAR_F32, LINEAR_QUANT, LINEAR_F16 = 0, 1, 2
 
 
 class DecodeLayerArgs(ctypes.Structure):

@@ -8,7 +8,9 @@ step bounds decode tokens/s from the decoder linears alone (the fp32 lm_head com
 
 Routes marked "(not wired)" are measured for reference only; the others are what
 ``RefLinear`` / ``OneDNNWeight`` / ``PackedWeight`` / ``HalfWeight`` run ("bf16 acts": the bf16 CPU route;
-"native": the native quantized linear, ``kernels/cpu/quant_linear.c``, up to ``NATIVE_MAX_ROWS`` rows;
+"native": the native quantized linear, ``kernels/cpu/quant_linear.c``, up to ``NATIVE_MAX_ROWS`` rows; "fp16
+HalfWeight (default)": the native fp16 linear, ``kernels/cpu/f16_linear.c``, up to ``NATIVE_F16_MAX_ROWS`` rows,
+fbgemm's fp16 GEMM above;
 "torch fallback": the same weights where the native library cannot be built).
 
 Usage: ``python scripts/bench_quant_cpu.py [--rows 1 8 64] [--reps 5] [--threads 2] [--skip-slow]``
@@ -73,7 +75,9 @@ def routes(dense: list[torch.Tensor], skip_slow: bool) -> dict[str, tuple[list, 
         add("bf16 OneDNNWeight (bf16 route)", [lambda x, o=o: o.linear(x.bfloat16()) for o in reordered],
             sum(w.nbytes for w in bf16))
     half = [pack_weight(w, "fp16") for w in dense]
-    add("fp16 HalfWeight (fbgemm)", [h.linear for h in half], sum(h.weight.nbytes for h in half))
+    add("fp16 HalfWeight (default)", [h.linear for h in half], sum(h.weight.nbytes for h in half))
+    add("fp16 HalfWeight, fbgemm", [lambda x, h=h: h.linear(x, native=False) for h in half],
+        sum(h.weight.nbytes for h in half))
     add("fp16 F.linear, fp16 acts (not wired)", [lambda x, h=h: F.linear(x.half(), h.weight) for h in half],
         sum(h.weight.nbytes for h in half))
     int8 = [quantize_int8(w) for w in dense]

@@ -24,8 +24,8 @@ import weakref
 import torch
 
 from gh200rt.kernels import cpu_native
-from gh200rt.kernels.cpu_native import LINEAR_F32, LINEAR_QUANT, DecodeLayerArgs, LinearArgs, NativeOps
-from gh200rt.kernels.quant import NATIVE_MAX_ROWS, PackedWeight
+from gh200rt.kernels.cpu_native import LINEAR_F16, LINEAR_F32, LINEAR_QUANT, DecodeLayerArgs, LinearArgs, NativeOps
+from gh200rt.kernels.quant import NATIVE_F16_MAX_ROWS, NATIVE_MAX_ROWS, HalfWeight, PackedWeight
 from gh200rt.kv.attention import batch_layout
 from gh200rt.models.layers.cpu_linear import native_rows_weight
 from gh200rt.models.layers.cpu_prepack import NativeRowsWeight, OneRowBlocksWeight
@@ -41,9 +41,13 @@ def linear_args(linear, rows: int) -> LinearArgs | None:
     if bias is not None and (bias.dtype != torch.float32 or not bias.is_cpu or not bias.is_contiguous()):
         return None
     if isinstance(weight, OneRowBlocksWeight):
-        if rows != 1:
+        weight = weight.blocks if rows == 1 else weight.batch
+    if isinstance(weight, HalfWeight):
+        if not (linear.packed_native and rows <= NATIVE_F16_MAX_ROWS and weight.native_ops() is not None):
             return None
-        weight = weight.blocks
+        n, k = weight.shape
+        return LinearArgs(LINEAR_F16, weight.weight.data_ptr(), weight.weight.stride(0), None,
+                          None if bias is None else bias.data_ptr(), n, k, cpu_native.linear_threads(n, k))
     if isinstance(weight, NativeRowsWeight):
         weight = weight.dense
     elif isinstance(weight, torch.Tensor):

@@ -5,8 +5,9 @@ Routes (docs/BENCHMARKS.md measures each against fp32, speed and perplexity):
 * ``bf16``: bf16 weights and activations, linears through oneDNN over weights reordered once at
   start-up (``models/layers/cpu_prepack.py``). Chosen when the CPU has native bf16 dot products
   (AVX-512 BF16 or AMX) and this torch's oneDNN says it can use them.
-* ``fp16``: float32 activations, linear weights stored as fp16 and multiplied by fbgemm's fp16 GEMM
-  (``HalfWeight``). Chosen on CPUs without native bf16 where fbgemm runs (x86 with AVX2). For a GGUF
+* ``fp16``: float32 activations, linear weights stored as fp16 (``HalfWeight``): fbgemm's fp16 GEMM, and
+  the native fp16 linear for a decode step's few rows. Chosen on CPUs without native bf16 where fbgemm runs
+  (x86 with AVX2). For a GGUF
   checkpoint with the native CPU kernels the resident linears also keep the file's Q4_0 / Q4_1 / Q8_0
   blocks, which a single row (one sequence decoding) multiplies instead (``fp16+gguf``,
   ``cpu_prepack.resident_linear_format``): a third of the bytes, the exact GGUF weights.

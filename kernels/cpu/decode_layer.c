@@ -12,11 +12,11 @@
 #include <stdlib.h>
 #include "gh_native.h"
 
-enum { LINEAR_F32 = 0, LINEAR_QUANT = 1 };
+enum { LINEAR_F32 = 0, LINEAR_QUANT = 1, LINEAR_F16 = 2 };
 
 typedef struct {
-    int64_t kind;                /* LINEAR_F32: dense float32 w; LINEAR_QUANT: packed weight */
-    const float *w;              /* LINEAR_F32: [n, k], row stride w_stride, unit column stride */
+    int64_t kind;                /* LINEAR_F32: dense float32 w; LINEAR_QUANT: packed weight; LINEAR_F16: fp16 w */
+    const void *w;               /* LINEAR_F32 / LINEAR_F16: [n, k], row stride w_stride, unit column stride */
     int64_t w_stride;
     const WeightArgs *packed;    /* LINEAR_QUANT */
     const float *bias;           /* [n] or NULL: inside the float32 kernel, added after a quantized product */
@@ -39,7 +39,11 @@ typedef struct {
 
 static int linear(const LinearArgs *l, const float *x, int64_t rows, float *out) {
     if (l->kind == LINEAR_F32) {
-        gh_f32_linear(x, rows, l->k, l->w, l->n, l->k, l->w_stride, l->bias, out, l->n, l->threads);
+        gh_f32_linear(x, rows, l->k, (const float *)l->w, l->n, l->k, l->w_stride, l->bias, out, l->n, l->threads);
+        return 0;
+    }
+    if (l->kind == LINEAR_F16) {
+        gh_f16_linear(x, rows, l->k, (const uint16_t *)l->w, l->n, l->k, l->w_stride, l->bias, out, l->n, l->threads);
         return 0;
     }
     if (gh_quant_linear(x, rows, l->k, l->packed, out, l->n, l->threads)) return -1;

@@ -9,6 +9,7 @@ import torch
 
 from gh200rt.kernels import cpu_native
 from gh200rt.kernels.cpu_native import NativeOpsError, load_native_ops
+from gh200rt.kernels.quant import NATIVE_F16_MAX_ROWS, HalfWeight, fbgemm_fp16_available
 from gh200rt.kv.arena import DeviceArena
 from gh200rt.kv.attention import paged_attention, write_kv
 from gh200rt.models.layers.activation import silu_and_mul
@@ -383,6 +384,63 @@ def test_f32_linear_rows_threads_and_layout_do_not_change_a_rows_bits():
     assert torch.equal(together, OPS.f32_linear(torch.stack([x, x], -1)[..., 0], weight, bias))  # column stride 2
     assert torch.equal(together.view(3, 3, -1), OPS.f32_linear(x.view(3, 3, -1), weight, bias))
     assert OPS.f32_linear(x[:0], weight).shape == (0, 1003)
+
+
+@pytest.mark.parametrize("n,k", [(203, 580), (8, 64), (7, 13), (1000, 576), (576, 1536), (3, 1)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 12])
+def test_f16_linear_has_f32_linears_bits_over_the_widened_weight(n, k, rows):
+    """Every tile (one row x 8 channels, groups of up to 4 rows x 3 channels, the ragged ends, the K % 8 tail)
+    runs f32_linear's operations over the exact float32 copy of the fp16 weight; fp16's extremes included."""
+    gen = torch.Generator().manual_seed(n * k + rows)
+    weight = torch.randn(n, k, generator=gen).half()
+    extremes = torch.tensor([65504.0, -6.1e-5, 6e-8, -0.0]).half()   # largest, subnormals, -0
+    weight.view(-1)[:4] = extremes[:weight.numel()]
+    x, bias = torch.randn(rows, k, generator=gen), torch.randn(n, generator=gen)
+    for b in (None, bias):
+        got = OPS.f16_linear(x, weight, b)
+        assert torch.equal(got, OPS.f32_linear(x, weight.float(), b))
+        torch.testing.assert_close(got, torch.nn.functional.linear(x, weight.float(), b), rtol=1e-5,
+                                   atol=1e-4 * k ** 0.5 * max(1.0, float(weight.float().abs().max())))
+
+
+def test_f16_linear_rows_threads_and_layout_do_not_change_a_rows_bits():
+    gen = torch.Generator().manual_seed(22)
+    weight, bias = torch.randn(1003, 576, generator=gen).half(), torch.randn(1003, generator=gen)
+    x = torch.randn(9, 576, generator=gen)
+    together = OPS.f16_linear(x, weight, bias)
+    assert torch.equal(together, torch.cat([OPS.f16_linear(x[i:i + 1], weight, bias) for i in range(9)]))
+    assert torch.equal(together, _with_threads(1, lambda: OPS.f16_linear(x, weight, bias)))
+    assert torch.equal(together, _with_threads(3, lambda: OPS.f16_linear(x, weight, bias)))
+    slab = torch.randn(1003, 700, generator=gen).half()
+    slab[:, 50:626] = weight
+    assert torch.equal(together, OPS.f16_linear(x, slab[:, 50:626], bias))   # a strided view, read in place
+    assert torch.equal(together.view(3, 3, -1), OPS.f16_linear(x.view(3, 3, -1), weight, bias))
+    assert OPS.f16_linear(x[:0], weight).shape == (0, 1003)
+
+
+def test_f16_linear_refuses_what_it_cannot_read():
+    weight = torch.randn(16, 32).half()
+    for x, w, b in [(torch.randn(2, 32), weight.float(), None), (torch.randn(2, 32).half(), weight, None),
+                    (torch.randn(2, 32), weight.t().contiguous().t(), None), (torch.randn(2, 31), weight, None),
+                    (torch.randn(2, 32), weight, torch.randn(15)),
+                    (torch.randn(2, 32), weight, torch.randn(16).half())]:
+        with pytest.raises(ValueError, match="f16_linear"):
+            OPS.f16_linear(x, w, b)
+
+
+def test_half_weight_takes_the_native_linear_for_a_few_rows():
+    """Up to NATIVE_F16_MAX_ROWS rows the native fp16 linear (unless native is off), more rows fbgemm's GEMM."""
+    gen = torch.Generator().manual_seed(23)
+    half = HalfWeight(torch.randn(96, 64, generator=gen).half())
+    bias = torch.randn(96, generator=gen)
+    x = torch.randn(NATIVE_F16_MAX_ROWS + 1, 64, generator=gen)
+    few = x[:NATIVE_F16_MAX_ROWS]
+    assert torch.equal(half.linear(few, bias), OPS.f16_linear(few, half.weight, bias))
+    assert torch.equal(half.linear(x[0], bias), OPS.f16_linear(x[:1], half.weight, bias)[0])   # a bare vector
+    if fbgemm_fp16_available():
+        fbgemm = torch.ops.quantized.linear_dynamic_fp16(x, half._fbgemm_form()) + bias
+        assert torch.equal(half.linear(x, bias), fbgemm)
+        assert torch.equal(half.linear(few, bias, native=False), fbgemm[:NATIVE_F16_MAX_ROWS])
 
 
 def test_f32_linear_refuses_what_it_cannot_read():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
-from gh200rt.kernels.quant import HalfWeight, pack_weight
+from gh200rt.kernels.quant import NATIVE_F16_MAX_ROWS, HalfWeight, pack_weight
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.models.base import AttentionMetadata
 from gh200rt.models.cpu_kernels import use_native_cpu_kernels, use_torch_cpu_kernels
@@ -42,6 +42,8 @@ def model_with(form: str, name: str = "llama", dtype=torch.float32):
                     ref.current = pack_weight(weight, form)
                 elif form == "one-row-blocks":
                     ref.current = OneRowBlocksWeight(pack_weight(weight, "int4"), HalfWeight(weight.half()))
+                elif form == "fp16":
+                    ref.current = HalfWeight(weight.half())
     assert use_native_cpu_kernels(model) is None
     return model
 
@@ -95,16 +97,16 @@ def compare(model, rows: int, expect_fused: bool, seed: int = 0):
         assert not torch.equal(pool_a, pool)  # the step's K/V were written
 
 
-FORMS = ["dense", "int8", "int4", "one-row-blocks"] + (["native-rows"] if onednn_available() else [])
+FORMS = ["dense", "int8", "int4", "fp16", "one-row-blocks"] + (["native-rows"] if onednn_available() else [])
 
 
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("rows", [1, 3, NATIVE_F32_MAX_ROWS])
 def test_fused_layer_has_the_op_by_op_bits(form, rows):
     model = model_with(form)
-    compare(model, rows, expect_fused=form != "one-row-blocks" or rows == 1)
+    compare(model, rows, expect_fused=True)
     # a second step reuses the cached arguments with new step tensors
-    compare(model, rows, expect_fused=form != "one-row-blocks" or rows == 1, seed=1)
+    compare(model, rows, expect_fused=True, seed=1)
 
 
 @pytest.mark.parametrize("form", ["dense", "int4"])
@@ -116,6 +118,7 @@ def test_fused_layer_adds_the_qkv_bias_as_the_linear_does(form):
 
 def test_rows_beyond_the_native_linears_go_op_by_op():
     compare(model_with("dense"), NATIVE_F32_MAX_ROWS + 1, expect_fused=False)
+    compare(model_with("fp16"), NATIVE_F16_MAX_ROWS + 1, expect_fused=False)   # fbgemm's fp16 GEMM
     compare(model_with("int8"), 12, expect_fused=True)  # the quantized linear takes up to 16 rows
 
 

@@ -20,7 +20,8 @@ chosen in ``platform/cpu_features.py``; the weight store applies it to every res
   ``cpu_linear.NATIVE_F32_MAX_ROWS`` rows through the native float32 kernel over the dense weight,
   more through the reordered copy: the two routes ``native_dense_linear`` takes for a streamed or
   direct layer, so the bits agree. It holds both copies (twice the resident linear bytes).
-* ``fp16`` -> ``HalfWeight`` (fbgemm's fp16 GEMM, float32 activations).
+* ``fp16`` -> ``HalfWeight`` (float32 activations: the native fp16 linear up to ``NATIVE_F16_MAX_ROWS`` rows,
+  fbgemm's fp16 GEMM above).
 * ``fp16+gguf`` (the fp16 route of a GGUF checkpoint, native kernels on) -> ``OneRowBlocksWeight``: a
   single row through the checkpoint's Q4_0 / Q4_1 / Q8_0 blocks and the native quantized linear, more
   rows through the ``HalfWeight``. A linear stored in another GGUF type keeps the plain fp16 form.
@@ -81,8 +82,9 @@ class OneDNNWeight:
 class OneRowBlocksWeight:
     """A resident linear with two forms of one weight: a single row (one sequence decoding) multiplies the
     checkpoint's own GGUF blocks through the native quantized linear (``kernels/cpu/quant_linear.c``: 4.5 or
-    8.5 bits a weight read in place, the exact GGUF weights), more rows the route's batch form (fbgemm's
-    fp16 GEMM), which the per-block integer sums do not beat from two rows on (docs/benchmarks/kernels.md).
+    8.5 bits a weight read in place, the exact GGUF weights), more rows the route's batch form (``HalfWeight``:
+    the native fp16 linear, fbgemm's GEMM above 8 rows), which the per-block integer sums do not beat from two
+    rows on (docs/benchmarks/kernels.md).
     The choice depends on the row count alone, never on where the weight lives."""
     __slots__ = ("blocks", "batch", "shape")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gh200rt.kernels.quant import PackedWeight
+from gh200rt.kernels.quant import HalfWeight, PackedWeight
 from gh200rt.models.base import WeightRef
 from gh200rt.models.layers.cpu_linear import dense_linear
 
@@ -13,9 +13,10 @@ class RefLinear(nn.Module):
     """``y = x W^T (+ b)``; W is read from ``weight_ref.current`` on every call, never cached.
 
     A dense weight goes through ``dense_fn`` (``dense_linear``: oneDNN for float32 on the CPU, else F.linear;
-    the native CPU kernels swap in ``native_dense_linear``); a packed one computes through its own ``linear``
-    (on the CPU through the native quantized linear unless ``packed_native`` is off: ``--cpu-kernels torch``), or
-    through ``dense_fn`` over the dense weight it hands back from ``dense_for`` (fp8 on the CPU).
+    the native CPU kernels swap in ``native_dense_linear``); a packed or fp16 one computes through its own
+    ``linear`` (on the CPU through the native quantized linear, or the native fp16 one for a few rows, unless
+    ``packed_native`` is off: ``--cpu-kernels torch``), or through ``dense_fn`` over the dense weight it hands
+    back from ``dense_for`` (fp8 on the CPU).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
@@ -32,6 +33,8 @@ class RefLinear(nn.Module):
         weight = self.weight_ref.current
         if isinstance(weight, torch.Tensor):
             return self.dense_fn(x, weight, self.bias)
+        if isinstance(weight, HalfWeight):
+            return weight.linear(x, self.bias, native=self.packed_native)
         if not isinstance(weight, PackedWeight):
             return weight.linear(x, self.bias)
         dense = weight.dense_for(x)
