@@ -33,6 +33,8 @@ FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-t
 # the ops' threads: the libgomp torch has loaded (same soname), so they run on torch's own pool
 OPENMP = ("-fopenmp",)
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+# a KV pool's element type when it is not the query's: fp8, read with the layer's [K scale, V scale] (kv/fp8.py)
+FP8_KV_TYPES = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
 
 _P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 SIGNATURES = {
@@ -40,8 +42,10 @@ SIGNATURES = {
     "gh_silu_mul": (_P, _I, _I, _P, _C, _I),
     "gh_rotary": (_P, _I, _I, _I, _I, _I, _P, _P, _P, _C, _I),
     "gh_write_kv": (_P, _P, _I, _I, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _I, _I, _I),
-    "gh_decode_attention": (_P, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _P, _I, _I, _I, _I, _F, _P, _C, _I),
-    "gh_extend_attention": (_P, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _P, _P, _I, _I, _I, _I, _F, _P, _C, _I),
+    "gh_decode_attention": (_P, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _P, _I, _I, _I, _I, _F, _P, _C, _C, _P, _I),
+    "gh_extend_attention": (_P, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _P, _P, _I, _I, _I, _I, _F, _P, _C, _C, _P,
+                            _I),
+    "gh_fp8_values": (_P, _I, _C, _P),
     "gh_decode_attention_block": (_P, _I, _P, _P, _P, _P, _I, _I, _I, _I, _P, _P, _I, _P, _I, _I, _I, _I, _F, _P, _C,
                                   _I),
     "gh_quant_linear": (_P, _I, _I, _P, _P, _I, _I),
@@ -204,9 +208,10 @@ class NativeOps:
                               kv_cache.element_size())
 
     def decode_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                         seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                         seq_lens: torch.Tensor, scale: float, kv_scale: torch.Tensor | None = None) -> torch.Tensor:
         """``q [B, heads, D]`` (one new token per sequence, at position seq_len - 1) -> ``out [B, heads, D]``.
-        ``block_tables`` int32 ``[B, W]`` must cover ``seq_lens`` (int64 ``[B]``); the caller guarantees it."""
+        ``block_tables`` int32 ``[B, W]`` must cover ``seq_lens`` (int64 ``[B]``); the caller guarantees it. The
+        pool holds q's dtype, or fp8 read with ``kv_scale`` (float32 ``[K scale, V scale]``, kv/fp8.py)."""
         q, block_tables, seq_lens = _paged_inputs(q, kv_cache, block_tables, seq_lens)
         num_seqs, heads, dim = q.shape
         kv_heads = kv_cache.shape[3]
@@ -216,16 +221,17 @@ class NativeOps:
         out = q.new_empty((num_seqs, heads, dim))
         self._lib.gh_decode_attention(q.data_ptr(), q.stride(0), q.stride(1), *_pool_args(kv_cache),
                                       block_tables.data_ptr(), block_tables.stride(0), seq_lens.data_ptr(), num_seqs,
-                                      heads, kv_heads, dim, scale, out.data_ptr(), _code(q, kv_cache),
-                                      torch.get_num_threads())
+                                      heads, kv_heads, dim, scale, out.data_ptr(), _code(q),
+                                      *_kv_type(q, kv_cache, kv_scale), torch.get_num_threads())
         return out
 
     def extend_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                         seq_lens: torch.Tensor, query_starts: torch.Tensor, scale: float) -> torch.Tensor:
+                         seq_lens: torch.Tensor, query_starts: torch.Tensor, scale: float,
+                         kv_scale: torch.Tensor | None = None) -> torch.Tensor:
         """``q [T, heads, D]``: sequence b's new tokens are rows ``query_starts[b] .. query_starts[b + 1]`` (int64
         ``[B + 1]``, from 0) and the last of its ``seq_lens[b]`` positions, each seeing every key at or before it
         (K/V already in the pool) -> ``out [T, heads, D]``. ``block_tables`` int32 ``[B, W]`` must cover
-        ``seq_lens`` (int64 ``[B]``); the caller guarantees it."""
+        ``seq_lens`` (int64 ``[B]``); the caller guarantees it. The pool as ``decode_attention`` takes it."""
         q, block_tables, seq_lens = _paged_inputs(q, kv_cache, block_tables, seq_lens)
         tokens, heads, dim = q.shape
         query_starts = _int64(query_starts)
@@ -238,8 +244,15 @@ class NativeOps:
         if self._lib.gh_extend_attention(q.data_ptr(), q.stride(0), q.stride(1), *_pool_args(kv_cache),
                                          block_tables.data_ptr(), block_tables.stride(0), seq_lens.data_ptr(),
                                          query_starts.data_ptr(), num_seqs, heads, kv_heads, dim, scale,
-                                         out.data_ptr(), _code(q, kv_cache), torch.get_num_threads()):
+                                         out.data_ptr(), _code(q), *_kv_type(q, kv_cache, kv_scale),
+                                         torch.get_num_threads()):
             raise MemoryError("extend_attention: no memory for the tile index")
+        return out
+
+    def fp8_values(self, dtype: torch.dtype) -> torch.Tensor:
+        """The float32 value the attention kernels give each of the 256 bytes of an fp8 ``dtype``."""
+        codes, out = torch.arange(256, dtype=torch.uint8), torch.empty(256)
+        self._lib.gh_fp8_values(codes.data_ptr(), 256, FP8_KV_TYPES[dtype], out.data_ptr())
         return out
 
     def decode_attention_block(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
@@ -447,6 +460,20 @@ def _pool_args(kv_cache: torch.Tensor) -> tuple[int, ...]:
     """K and V planes, then the block, slot and head strides (elements) and the block size."""
     strides = kv_cache.stride()
     return (kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), strides[1], strides[2], strides[3], kv_cache.shape[2])
+
+
+def _kv_type(q: torch.Tensor, kv_cache: torch.Tensor, kv_scale: torch.Tensor | None) -> tuple[int, int | None]:
+    """The C code's pool element type and scale pointer: 0 and none for a pool of q's dtype, an fp8 type with the
+    layer's float32 ``[K scale, V scale]`` (read at call time)."""
+    if kv_cache.dtype == q.dtype:
+        return 0, None
+    kind = FP8_KV_TYPES.get(kv_cache.dtype)
+    if kind is None or kv_scale is None or kv_scale.dtype != torch.float32 or kv_scale.shape != (2,) \
+            or not kv_scale.is_cpu or not kv_scale.is_contiguous():
+        raise TypeError(f"native attention reads a pool of the query's dtype ({q.dtype}) or an fp8 pool with a "
+                        f"float32 [K scale, V scale] tensor, got a {kv_cache.dtype} pool and kv_scale "
+                        f"{None if kv_scale is None else (kv_scale.dtype, tuple(kv_scale.shape))}")
+    return kind, kv_scale.data_ptr()
 
 
 def _check_pool(kv_cache: torch.Tensor, rows: torch.Tensor) -> None:

@@ -8,7 +8,7 @@ multi-token sequences another: contexts are gathered through the block tables, p
 and masked only where the lengths call for it (``_Group``). The native CPU kernels replace either group's
 gather and SDPA with one call that reads the pool in place (``decode_kernel``, ``extend_kernel``). An fp8
 pool is quantized on write and dequantized after the gather with the layer's ``kv_scale`` ``[K scale, V
-scale]`` (kv/fp8.py).
+scale]`` (kv/fp8.py); the kernels take ``kv_scale`` and dequantize each element as they read it.
 """
 from __future__ import annotations
 
@@ -23,12 +23,13 @@ from gh200rt.models.base import AttentionMetadata
 
 _LAYOUT_KEY = "_torch_paged_attention_layout"
 
-# (q [B, heads, D], kv_cache, block_tables [B, W], seq_lens [B], scale) -> out [B, heads, D]
-DecodeKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
-# (q [T, heads, D], kv_cache, block_tables [B, W], seq_lens [B], query_starts [B + 1], scale) -> out [T, heads, D],
-# or None where the kernel leaves the group to SDPA
-ExtendKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float],
-                        torch.Tensor | None]
+# (q [B, heads, D], kv_cache, block_tables [B, W], seq_lens [B], scale, kv_scale) -> out [B, heads, D]
+DecodeKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float, torch.Tensor | None],
+                        torch.Tensor]
+# (q [T, heads, D], kv_cache, block_tables [B, W], seq_lens [B], query_starts [B + 1], scale, kv_scale) -> out
+# [T, heads, D], or None where the kernel leaves the group to SDPA
+ExtendKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float,
+                         torch.Tensor | None], torch.Tensor | None]
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
@@ -174,9 +175,9 @@ def _attend(q: torch.Tensor, kv_cache: torch.Tensor, group: _Group, scale: float
             extend_kernel: ExtendKernel | None = None) -> torch.Tensor:
     """Attention for one group; ``q`` holds exactly the group's token rows, in group order."""
     if group.decode and decode_kernel is not None:
-        return decode_kernel(q, kv_cache, group.table, group.seq_lens, scale)
+        return decode_kernel(q, kv_cache, group.table, group.seq_lens, scale, kv_scale)
     if not group.decode and extend_kernel is not None:
-        out = extend_kernel(q, kv_cache, group.table, group.seq_lens, group.query_starts, scale)
+        out = extend_kernel(q, kv_cache, group.table, group.seq_lens, group.query_starts, scale, kv_scale)
         if out is not None:
             return out
     num_seqs, head_dim = group.num_seqs, q.shape[-1]

@@ -11,8 +11,9 @@ more in dispatch than in arithmetic: one layer's ~36 small ops take about a mill
 host, the native ops a fraction of that (docs/benchmarks/models.md).
 
 Each adapter takes what the layer passes and returns what the torch op returns; inputs the native
-code does not cover (an fp8 pool, a dtype other than float32/bfloat16, multi-token attention groups
-with longer contexts) go to the torch op. The same ops serve every tier and the bucketed decode path, so placements stay
+code does not cover (a dtype other than float32/bfloat16, multi-token attention groups with longer
+contexts, the writes into an fp8 pool, whose attention the kernels do read with the layer's scales) go
+to the torch op. The same ops serve every tier and the bucketed decode path, so placements stay
 bit-identical to each other (DESIGN invariant 4); against the torch ops rotary and the KV store are
 bit-identical and the reductions (RMSNorm, SiLU's exp, attention's softmax) agree to float32 rounding
 (tests/kernels/test_cpu_native.py).
@@ -23,7 +24,7 @@ import functools
 
 import torch
 
-from gh200rt.kernels.cpu_native import DTYPES, NativeOps, load_native_ops, native_ops_error
+from gh200rt.kernels.cpu_native import DTYPES, FP8_KV_TYPES, NativeOps, load_native_ops, native_ops_error
 from gh200rt.kv import attention as torch_attention
 from gh200rt.kv import fp8
 from gh200rt.models.cpu_decode_layer import native_decode_layer
@@ -61,16 +62,16 @@ def native_cpu_ops(ops: NativeOps) -> dict:
 
     def attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale: float, num_kv_heads: int,
                   kv_scale: torch.Tensor | None = None) -> torch.Tensor:
-        if fp8.is_fp8(kv_cache.dtype) or kv_cache.dtype != q.dtype or q.dtype not in DTYPES:
+        if q.dtype not in DTYPES or (kv_cache.dtype != q.dtype and kv_cache.dtype not in FP8_KV_TYPES):
             return torch_attention.paged_attention(q, kv_cache, meta, scale, num_kv_heads, kv_scale)
         return torch_attention.paged_attention(q, kv_cache, meta, scale, num_kv_heads, kv_scale,
                                                ops.decode_attention, extend)
 
     def extend(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-               query_starts: torch.Tensor, scale: float) -> torch.Tensor | None:
+               query_starts: torch.Tensor, scale: float, kv_scale: torch.Tensor | None = None) -> torch.Tensor | None:
         if int(seq_lens.max()) > EXTEND_MAX_KEYS:
             return None
-        return ops.extend_attention(q, kv_cache, block_tables, seq_lens, query_starts, scale)
+        return ops.extend_attention(q, kv_cache, block_tables, seq_lens, query_starts, scale, kv_scale)
 
     def decode_block(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor, meta,
                      scale: float, heads: int, kv_heads: int) -> torch.Tensor | None:

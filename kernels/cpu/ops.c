@@ -72,6 +72,50 @@ INLINE void load_row(float *dst, const void *src, int64_t offset, int64_t n, int
     }
 }
 
+/* A KV pool's element type: the compute dtype's (KV_SAME), or fp8 (--kv-cache-dtype fp8*, kv/fp8.py) read with the
+ * layer's K and V scales. */
+enum { KV_SAME = 0, KV_E4M3 = 1, KV_E5M2 = 2 };
+
+/* every fp8 byte's value, exact in float32: e4m3fn (bias 7, no infinities, S.1111.111 is NaN) and e5m2 (bias 15) */
+static float fp8_values[2][256];
+
+static float fp8_value(unsigned byte, int exp_bits) {
+    int man_bits = 7 - exp_bits, bias = (1 << (exp_bits - 1)) - 1;
+    unsigned exp = (byte >> man_bits) & ((1u << exp_bits) - 1), man = byte & ((1u << man_bits) - 1);
+    float sign = byte & 0x80u ? -1.0f : 1.0f;
+    if (exp_bits == 4 && exp == 15 && man == 7) return NAN;
+    if (exp_bits == 5 && exp == 31) return man ? NAN : sign * INFINITY;
+    if (exp == 0) return sign * ldexpf((float)man, 1 - bias - man_bits);
+    return sign * ldexpf((float)((1u << man_bits) | man), (int)exp - bias - man_bits);
+}
+
+__attribute__((constructor)) static void fill_fp8_values(void) {
+    for (unsigned b = 0; b < 256; b++) {
+        fp8_values[0][b] = fp8_value(b, 4);
+        fp8_values[1][b] = fp8_value(b, 5);
+    }
+}
+
+/* bytes per element of a pool */
+INLINE int64_t kv_elem(int kv_type, int dtype) { return kv_type != KV_SAME ? 1 : dtype ? 2 : 4; }
+
+/* one K or V row as float32: an fp8 row widened and multiplied by its scale, rounded to the compute dtype (the
+ * bits of kv/fp8.py's dequantize), else load_row */
+INLINE void load_kv_row(float *dst, const void *src, int64_t offset, int64_t n, int dtype, int kv_type, float scale) {
+    if (kv_type == KV_SAME) {
+        load_row(dst, src, offset, n, dtype);
+        return;
+    }
+    const uint8_t *s = (const uint8_t *)src + offset;
+    const float *values = fp8_values[kv_type - 1];
+    for (int64_t i = 0; i < n; i++) dst[i] = R(values[s[i]] * scale, dtype);
+}
+
+/* the float32 values of n fp8 bytes (tests: the table against torch's conversion) */
+void gh_fp8_values(const uint8_t *bytes, int64_t n, int kv_type, float *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = fp8_values[kv_type - 1][bytes[i]];
+}
+
 /* exp(x) for float32 in branch-free arithmetic the compiler vectorises (glibc's expf is a call per element):
  * x = n ln2 + r with |r| <= ln2 / 2, e^r by its degree-6 Taylor polynomial (error below 2 ulp), times 2^n
  * built in the exponent bits. Inputs are clamped to [-87, 88]: e^-87 stands in for an underflow to zero
@@ -234,10 +278,10 @@ void gh_write_kv(void *k_cache, void *v_cache, int64_t block_stride, int64_t slo
 #define KV_AHEAD 4
 #endif
 INLINE void prefetch_row(const void *cache, const int32_t *table, int64_t p, int64_t block_size, int64_t block_stride,
-                         int64_t slot_stride, int64_t head_offset, int64_t head_dim, int dtype) {
+                         int64_t slot_stride, int64_t head_offset, int64_t head_dim, int64_t elem) {
     const char *row = (const char *)cache + (table[p / block_size] * block_stride + (p % block_size) * slot_stride
-                                              + head_offset) * (dtype ? 2 : 4);
-    for (int64_t b = 0; b < head_dim * (dtype ? 2 : 4); b += 64) __builtin_prefetch(row + b);
+                                              + head_offset) * elem;
+    for (int64_t b = 0; b < head_dim * elem; b += 64) __builtin_prefetch(row + b);
 }
 
 /* Decode attention over the paged pool: one new query token per sequence, at position seq_len - 1,
@@ -248,8 +292,10 @@ INLINE void gh_decode_attention_impl(const void *q, int64_t q_seq_stride, int64_
                          const void *v_cache, int64_t block_stride, int64_t slot_stride, int64_t head_stride,
                          int64_t block_size, const int32_t *block_tables, int64_t table_stride,
                          const int64_t *seq_lens, int64_t num_seqs, int64_t heads, int64_t kv_heads,
-                         int64_t head_dim, float scale, void *out, int dtype, int64_t threads) {
-    int64_t group = heads / kv_heads, longest = 0, keys = 0;
+                         int64_t head_dim, float scale, void *out, int dtype, int kv_type, const float *kv_scale,
+                         int64_t threads) {
+    int64_t group = heads / kv_heads, longest = 0, keys = 0, elem = kv_elem(kv_type, dtype);
+    float k_scale = kv_type != KV_SAME ? kv_scale[0] : 1.0f, v_scale = kv_type != KV_SAME ? kv_scale[1] : 1.0f;
     for (int64_t b = 0; b < num_seqs; b++) {
         if (seq_lens[b] > longest) longest = seq_lens[b];
         keys += seq_lens[b];
@@ -276,10 +322,11 @@ INLINE void gh_decode_attention_impl(const void *q, int64_t q_seq_stride, int64_
                 int64_t at = table[p / block_size] * block_stride + (p % block_size) * slot_stride + g0 * head_stride;
                 if (p + KV_AHEAD < len)
                     prefetch_row(k_cache, table, p + KV_AHEAD, block_size, block_stride, slot_stride, g0 * head_stride,
-                                 span * head_dim, dtype);
+                                 span * head_dim, elem);
                 for (int64_t g = 0; g < span; g++) {
                     const float *key = kv;
-                    if (dtype) load_row(kv, k_cache, at + g * head_stride, head_dim, dtype);
+                    if (dtype || kv_type)
+                        load_kv_row(kv, k_cache, at + g * head_stride, head_dim, dtype, kv_type, k_scale);
                     else key = (const float *)k_cache + at + g * head_stride;  /* float32 keys are read in place */
                     for (int64_t j = g * group; j < (g + 1) * group; j++)
                         scores[j * len + p] = attn_dot(qf + j * head_dim, key, head_dim) * scale;
@@ -303,10 +350,11 @@ INLINE void gh_decode_attention_impl(const void *q, int64_t q_seq_stride, int64_
                 int64_t at = table[p / block_size] * block_stride + (p % block_size) * slot_stride + g0 * head_stride;
                 if (p + KV_AHEAD < len)
                     prefetch_row(v_cache, table, p + KV_AHEAD, block_size, block_stride, slot_stride, g0 * head_stride,
-                                 span * head_dim, dtype);
+                                 span * head_dim, elem);
                 for (int64_t g = 0; g < span; g++) {
                     const float *value = kv;
-                    if (dtype) load_row(kv, v_cache, at + g * head_stride, head_dim, dtype);
+                    if (dtype || kv_type)
+                        load_kv_row(kv, v_cache, at + g * head_stride, head_dim, dtype, kv_type, v_scale);
                     else value = (const float *)v_cache + at + g * head_stride;
                     for (int64_t j = g * group; j < (g + 1) * group; j++)
                         attn_axpy(acc + j * head_dim, scores[j * len + p], value, head_dim);
@@ -475,8 +523,11 @@ INLINE int gh_extend_attention_impl(const void *q, int64_t q_tok_stride, int64_t
                          const void *v_cache, int64_t block_stride, int64_t slot_stride, int64_t head_stride,
                          int64_t block_size, const int32_t *block_tables, int64_t table_stride,
                          const int64_t *seq_lens, const int64_t *query_starts, int64_t num_seqs, int64_t heads,
-                         int64_t kv_heads, int64_t head_dim, float scale, void *out, int dtype, int64_t threads) {
-    int64_t group = heads / kv_heads, longest = 0, units = 0, work = 0;
+                         int64_t kv_heads, int64_t head_dim, float scale, void *out, int dtype, int kv_type,
+                         const float *kv_scale, int64_t threads) {
+    int64_t group = heads / kv_heads, longest = 0, units = 0, work = 0, elem = kv_elem(kv_type, dtype);
+    float k_scale = kv_type != KV_SAME ? kv_scale[0] : 1.0f, v_scale = kv_type != KV_SAME ? kv_scale[1] : 1.0f;
+    int widen = dtype || kv_type;   /* K and V rows go through a float32 row, else they are read in place */
     for (int64_t b = 0; b < num_seqs; b++) {
         int64_t vectors = (query_starts[b + 1] - query_starts[b]) * group;
         int64_t tiles = (vectors + EXT_LANES - 1) / EXT_LANES;
@@ -503,8 +554,8 @@ INLINE int gh_extend_attention_impl(const void *q, int64_t q_tok_stride, int64_t
         float *qb = malloc((size_t)(EXT_TILES * EXT_LANES * head_dim) * sizeof(float));
         float *obuf = malloc((size_t)(EXT_TILES * EXT_LANES * head_dim) * sizeof(float));
         float *probs = malloc((size_t)(EXT_TILES * (longest > 0 ? longest : 1) * EXT_LANES) * sizeof(float));
-        float *rows_f = dtype ? malloc((size_t)(EXT_CHUNK * head_dim) * sizeof(float)) : NULL;
-        float *key_f = dtype ? malloc((size_t)head_dim * sizeof(float)) : NULL;
+        float *rows_f = widen ? malloc((size_t)(EXT_CHUNK * head_dim) * sizeof(float)) : NULL;
+        float *key_f = widen ? malloc((size_t)head_dim * sizeof(float)) : NULL;
         const float *rows[EXT_CHUNK];
         FOR_PAIRS
         for (int64_t unit = 0; unit < units; unit++) {
@@ -535,10 +586,10 @@ INLINE int gh_extend_attention_impl(const void *q, int64_t q_tok_stride, int64_t
                 int64_t at = table[p / block_size] * block_stride + (p % block_size) * slot_stride + g * head_stride;
                 if (p + KV_AHEAD < most)
                     prefetch_row(k_cache, table, p + KV_AHEAD, block_size, block_stride, slot_stride, g * head_stride,
-                                 head_dim, dtype);
+                                 head_dim, elem);
                 const float *key = (const float *)k_cache + at;
-                if (dtype) {
-                    load_row(key_f, k_cache, at, head_dim, dtype);
+                if (widen) {
+                    load_kv_row(key_f, k_cache, at, head_dim, dtype, kv_type, k_scale);
                     key = key_f;
                 }
                 for (int64_t u = 0; u < count; u++)
@@ -555,8 +606,8 @@ INLINE int gh_extend_attention_impl(const void *q, int64_t q_tok_stride, int64_t
                 for (int64_t p = 0; p < chunk; p++) {
                     int64_t at = table[(p0 + p) / block_size] * block_stride + ((p0 + p) % block_size) * slot_stride
                                  + g * head_stride;
-                    if (dtype) {
-                        load_row(rows_f + p * head_dim, v_cache, at, head_dim, dtype);
+                    if (widen) {
+                        load_kv_row(rows_f + p * head_dim, v_cache, at, head_dim, dtype, kv_type, v_scale);
                         rows[p] = rows_f + p * head_dim;
                     } else {
                         rows[p] = (const float *)v_cache + at;
@@ -614,11 +665,13 @@ void gh_decode_attention(const void *q, int64_t q_seq_stride, int64_t q_head_str
                          const void *v_cache, int64_t block_stride, int64_t slot_stride, int64_t head_stride,
                          int64_t block_size, const int32_t *block_tables, int64_t table_stride,
                          const int64_t *seq_lens, int64_t num_seqs, int64_t heads, int64_t kv_heads,
-                         int64_t head_dim, float scale, void *out, int dtype, int64_t threads) {
+                         int64_t head_dim, float scale, void *out, int dtype, int kv_type, const float *kv_scale,
+                         int64_t threads) {
     /* the common head sizes as constants: the per-key dot products and updates unroll completely */
 #define CALL_DIM(dim, d) gh_decode_attention_impl(q, q_seq_stride, q_head_stride, k_cache, v_cache, block_stride, \
                                                   slot_stride, head_stride, block_size, block_tables, table_stride, \
-                                                  seq_lens, num_seqs, heads, kv_heads, dim, scale, out, d, threads)
+                                                  seq_lens, num_seqs, heads, kv_heads, dim, scale, out, d, kv_type, \
+                                                  kv_scale, threads)
 #define CALL_64(d) CALL_DIM(64, d)
 #define CALL_128(d) CALL_DIM(128, d)
 #define CALL_ANY(d) CALL_DIM(head_dim, d)
@@ -631,12 +684,14 @@ int gh_extend_attention(const void *q, int64_t q_tok_stride, int64_t q_head_stri
                          const void *v_cache, int64_t block_stride, int64_t slot_stride, int64_t head_stride,
                          int64_t block_size, const int32_t *block_tables, int64_t table_stride,
                          const int64_t *seq_lens, const int64_t *query_starts, int64_t num_seqs, int64_t heads,
-                         int64_t kv_heads, int64_t head_dim, float scale, void *out, int dtype, int64_t threads) {
+                         int64_t kv_heads, int64_t head_dim, float scale, void *out, int dtype, int kv_type,
+                         const float *kv_scale, int64_t threads) {
 #undef CALL_DIM
 #define CALL_DIM(dim, d) return gh_extend_attention_impl(q, q_tok_stride, q_head_stride, k_cache, v_cache, \
                                                          block_stride, slot_stride, head_stride, block_size, \
                                                          block_tables, table_stride, seq_lens, query_starts, \
-                                                         num_seqs, heads, kv_heads, dim, scale, out, d, threads)
+                                                         num_seqs, heads, kv_heads, dim, scale, out, d, kv_type, \
+                                                         kv_scale, threads)
     if (head_dim == 64) BY_DTYPE(CALL_64);
     if (head_dim == 128) BY_DTYPE(CALL_128);
     BY_DTYPE(CALL_ANY);
@@ -664,7 +719,7 @@ int gh_decode_attention_block(const void *qkv, int64_t qkv_stride, const void *c
                 rotated_heads * head_dim, head_dim, qkv_stride, head_dim, slots, num_seqs, kv_heads, head_dim, elem);
     gh_decode_attention(rotated, rotated_heads * head_dim, head_dim, k_cache, v_cache, block_stride, slot_stride,
                         head_stride, block_size, block_tables, table_stride, seq_lens, num_seqs, heads, kv_heads,
-                        head_dim, scale, out, dtype, threads);
+                        head_dim, scale, out, dtype, KV_SAME, NULL, threads);
     free(rotated);
     return 0;
 }

@@ -10,6 +10,7 @@ import torch
 from gh200rt.kernels import cpu_native
 from gh200rt.kernels.cpu_native import NativeOpsError, load_native_ops
 from gh200rt.kernels.quant import NATIVE_F16_MAX_ROWS, HalfWeight, fbgemm_fp16_available
+from gh200rt.kv import fp8
 from gh200rt.kv.arena import DeviceArena
 from gh200rt.kv.attention import paged_attention, write_kv
 from gh200rt.models.layers.activation import silu_and_mul
@@ -180,6 +181,63 @@ def test_long_contexts_stay_with_sdpa(monkeypatch):
     assert torch.equal(attention(q, pool, meta, 0.125, 3), kernel)
     monkeypatch.setattr(cpu_kernels, "EXTEND_MAX_KEYS", 39)
     assert torch.equal(attention(q, pool, meta, 0.125, 3), sdpa)
+
+
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8)
+def test_fp8_values_are_torchs(fp8_dtype):
+    want = torch.arange(256, dtype=torch.uint8).view(fp8_dtype).float()
+    torch.testing.assert_close(OPS.fp8_values(fp8_dtype), want, rtol=0, atol=0, equal_nan=True)
+
+
+def fp8_case(query_lens, seq_lens, dtype, fp8_dtype, seed):
+    """A scattered case whose pool is quantized to ``fp8_dtype`` with made-up K and V scales, and the pool
+    kv/fp8.py's dequantize gives back (what the torch path attends over)."""
+    q, pool, meta, _ = scattered_case(query_lens, seq_lens, 9, 3, 64, 8, torch.float32, seed=seed)
+    kv_scale = torch.tensor([0.013, 0.021])
+    stored = torch.stack([fp8.quantize(pool[i], kv_scale[i], fp8_dtype) for i in (0, 1)])
+    widened = torch.stack([fp8.dequantize(stored[i], kv_scale[i], dtype) for i in (0, 1)])
+    return q.to(dtype), stored, widened, kv_scale, meta
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fp8_dtype", FP8)
+def test_attention_reads_an_fp8_pool_as_its_dequantized_copy(dtype, fp8_dtype):
+    """Each K / V element read is kv/fp8.py's dequantize of the stored byte, so the kernels give the bits they give
+    over the dequantized pool; against the torch path (gather, dequantize, SDPA) the usual rounding."""
+    q, stored, widened, kv_scale, meta = fp8_case([1, 1, 1], [30, 7, 64], dtype, fp8_dtype, seed=31)
+    got = OPS.decode_attention(q, stored, meta.block_tables, meta.seq_lens, 0.125, kv_scale)
+    assert torch.equal(got, OPS.decode_attention(q, widened, meta.block_tables, meta.seq_lens, 0.125))
+    assert_close(got, paged_attention(q, stored, meta, 0.125, 3, kv_scale), dtype, bf16_atol=4e-3)
+    query_lens, seq_lens = [5, 8, 70], [21, 8, 133]
+    q, stored, widened, kv_scale, meta = fp8_case(query_lens, seq_lens, dtype, fp8_dtype, seed=32)
+    starts = _query_starts(query_lens)
+    got = OPS.extend_attention(q, stored, meta.block_tables, meta.seq_lens, starts, 0.125, kv_scale)
+    assert torch.equal(got, OPS.extend_attention(q, widened, meta.block_tables, meta.seq_lens, starts, 0.125))
+    assert_close(got, paged_attention(q, stored, meta, 0.125, 3, kv_scale), dtype, bf16_atol=4e-3)
+    # the scales are read at call time: a calibration that rescales in place is seen by the next call
+    kv_scale.mul_(2)
+    again = OPS.extend_attention(q, stored, meta.block_tables, meta.seq_lens, starts, 0.125, kv_scale)
+    assert not torch.equal(again, got)
+
+
+def test_the_attention_adapter_takes_fp8_pools_to_the_kernels():
+    from gh200rt.models import cpu_kernels
+    attention = cpu_kernels.native_cpu_ops(OPS)["attention"]
+    query_lens, seq_lens = [1, 12, 1, 4], [30, 12, 9, 17]
+    q, stored, widened, kv_scale, meta = fp8_case(query_lens, seq_lens, torch.float32, torch.float8_e4m3fn, seed=33)
+    assert torch.equal(attention(q, stored, meta, 0.125, 3, kv_scale), attention(q, widened, meta, 0.125, 3))
+
+
+def test_an_fp8_pool_needs_its_scales():
+    q, stored, _, kv_scale, meta = fp8_case([1], [9], torch.float32, torch.float8_e4m3fn, seed=34)
+    for bad in (None, kv_scale.double(), kv_scale[:1]):
+        with pytest.raises(TypeError, match="fp8 pool"):
+            OPS.decode_attention(q, stored, meta.block_tables, meta.seq_lens, 0.125, bad)
+    with pytest.raises(TypeError, match="fp8 pool"):   # a pool of another dtype is no fp8 pool either
+        OPS.decode_attention(q, stored.to(torch.bfloat16), meta.block_tables, meta.seq_lens, 0.125, kv_scale)
 
 
 def test_extend_attention_rejects_mismatched_starts():

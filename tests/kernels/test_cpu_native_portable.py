@@ -15,6 +15,7 @@ import torch
 from gh200rt.kernels import cpu_native
 from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
 from gh200rt.kernels.quant import quantize_int4, quantize_int8
+from gh200rt.kv import fp8
 from tests.kernels.paged_cases import scattered_case
 
 VECTOR = load_native_ops()
@@ -97,3 +98,8 @@ def test_paged_attention(portable, d, dtype):
     close(got, VECTOR.extend_attention(q, pool, meta.block_tables, meta.seq_lens, starts, d ** -0.5), tol)
     assert torch.equal(got, with_threads(1, lambda: portable.extend_attention(q, pool, meta.block_tables,
                                                                               meta.seq_lens, starts, d ** -0.5)))
+    kv_scale = torch.tensor([0.02, 0.03])
+    stored = torch.stack([fp8.quantize(pool[0], kv_scale[0], torch.float8_e4m3fn),
+                          fp8.quantize(pool[1], kv_scale[1], torch.float8_e4m3fn)])
+    close(portable.extend_attention(q, stored, meta.block_tables, meta.seq_lens, starts, d ** -0.5, kv_scale),
+          VECTOR.extend_attention(q, stored, meta.block_tables, meta.seq_lens, starts, d ** -0.5, kv_scale), tol)
