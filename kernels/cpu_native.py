@@ -47,7 +47,8 @@ SIGNATURES = {
                             _I),
     "gh_fp8_values": (_P, _I, _C, _P),
     "gh_decode_attention_block": (_P, _I, _P, _P, _P, _P, _I, _I, _I, _I, _P, _P, _I, _P, _I, _I, _I, _I, _F, _P, _C,
-                                  _I),
+                                  _C, _P, _I),
+    "gh_write_kv_fp8": (_P, _P, _I, _I, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _I, _I, _C, _C, _P),
     "gh_quant_linear": (_P, _I, _I, _P, _P, _I, _I),
     "gh_dequantize": (_P, _P, _I),
     "gh_f32_linear": (_P, _I, _I, _P, _I, _I, _I, _P, _P, _I, _I),
@@ -187,9 +188,13 @@ class NativeOps:
                             sin.data_ptr(), out.data_ptr(), _code(x, cos, sin), torch.get_num_threads())
         return out
 
-    def write_kv(self, kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    def write_kv(self, kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
+                 kv_scale: torch.Tensor | None = None) -> None:
         """K/V ``[T, kv_heads, D]`` (cast to the pool's dtype) into ``kv_cache [2, blocks, block_size, kv_heads, D]``
-        at ``slot_mapping`` (int64); negative slots are skipped."""
+        at ``slot_mapping`` (int64); negative slots are skipped. An fp8 pool is written as kv/fp8.py's quantize with
+        ``kv_scale`` (float32 ``[K scale, V scale]``) from float32 or bfloat16 K/V."""
+        if kv_cache.dtype in FP8_KV_TYPES:
+            return self._write_kv_fp8(kv_cache, k, v, slot_mapping, kv_scale)
         if k.dtype != kv_cache.dtype:
             k, v = k.to(kv_cache.dtype), v.to(kv_cache.dtype)
         if k.stride(-1) != 1:
@@ -206,6 +211,25 @@ class NativeOps:
                               kv_cache.shape[2], k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), v.stride(0),
                               v.stride(1), slot_mapping.data_ptr(), k.shape[0], k.shape[1], k.shape[2],
                               kv_cache.element_size())
+
+    def _write_kv_fp8(self, kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
+                      kv_scale: torch.Tensor | None) -> None:
+        if v.dtype != k.dtype:
+            v = v.to(k.dtype)
+        if k.stride(-1) != 1:
+            k = k.contiguous()
+        if v.stride(-1) != 1:
+            v = v.contiguous()
+        slot_mapping = _int64(slot_mapping)
+        _check_pool(kv_cache, k)
+        kind, scale = _kv_type(k, kv_cache, kv_scale)
+        if slot_mapping.device.type != "cpu" or slot_mapping.shape[0] != k.shape[0] or v.shape != k.shape:
+            raise ValueError(f"write_kv: {slot_mapping.shape[0]} slots for K {tuple(k.shape)} and V {tuple(v.shape)}")
+        strides = kv_cache.stride()
+        self._lib.gh_write_kv_fp8(kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), strides[1], strides[2], strides[3],
+                                  kv_cache.shape[2], k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), v.stride(0),
+                                  v.stride(1), slot_mapping.data_ptr(), k.shape[0], k.shape[1], k.shape[2], _code(k, v),
+                                  kind, scale)
 
     def decode_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                          seq_lens: torch.Tensor, scale: float, kv_scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -257,15 +281,18 @@ class NativeOps:
 
     def decode_attention_block(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
                                slot_mapping: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                               scale: float, heads: int, kv_heads: int) -> torch.Tensor:
+                               scale: float, heads: int, kv_heads: int,
+                               kv_scale: torch.Tensor | None = None) -> torch.Tensor:
         """``rotary`` on the query and key heads of ``qkv [T, (heads + 2 kv_heads) * D]``, ``write_kv`` of the new
         K and V, ``decode_attention`` -> ``out [T, heads, D]``: the three ops' bits in one call. One token per
-        sequence, in sequence order; ``cos``/``sin`` contiguous ``[T, 1, D/2]`` in qkv's dtype."""
+        sequence, in sequence order; ``cos``/``sin`` contiguous ``[T, 1, D/2]`` in qkv's dtype; the pool holds
+        qkv's dtype, or fp8 with ``kv_scale``."""
         tokens, width = qkv.shape
         dim = kv_cache.shape[-1]
         if qkv.stride(-1) != 1:
             qkv = qkv.contiguous()
-        code = _code(qkv, cos, sin, kv_cache)
+        code = _code(qkv, cos, sin)
+        kind, kv_scale_ptr = _kv_type(qkv, kv_cache, kv_scale)
         if width != (heads + 2 * kv_heads) * dim or kv_cache.shape[3] != kv_heads or heads % kv_heads \
                 or not (cos.is_contiguous() and sin.is_contiguous()) or cos.numel() != tokens * (dim // 2) \
                 or sin.shape != cos.shape or block_tables.shape[0] != tokens or seq_lens.shape[0] != tokens \
@@ -283,8 +310,8 @@ class NativeOps:
                                                kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), strides[1], strides[2],
                                                strides[3], kv_cache.shape[2], slot_mapping.data_ptr(),
                                                block_tables.data_ptr(), block_tables.stride(0), seq_lens.data_ptr(),
-                                               tokens, heads, kv_heads, dim, scale, out.data_ptr(), code,
-                                               torch.get_num_threads()):
+                                               tokens, heads, kv_heads, dim, scale, out.data_ptr(), code, kind,
+                                               kv_scale_ptr, torch.get_num_threads()):
             raise MemoryError("decode_attention_block: no memory for the rotated heads")
         return out
 
@@ -409,7 +436,8 @@ class DecodeLayerArgs(ctypes.Structure):
                 ("norm1", _P), ("norm2", _P), ("eps", _F), ("scale", _F), ("cos", _P), ("sin", _P),
                 ("k_cache", _P), ("v_cache", _P), ("block_stride", _I), ("slot_stride", _I), ("head_stride", _I),
                 ("block_size", _I), ("slots", _P), ("block_tables", _P), ("table_stride", _I), ("seq_lens", _P),
-                ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("hidden", _I), ("inter", _I), ("threads", _I)]
+                ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("hidden", _I), ("inter", _I), ("threads", _I),
+                ("kv_type", _I), ("kv_scale", _P)]
 
 
 def linear_threads(n: int, k: int) -> int:

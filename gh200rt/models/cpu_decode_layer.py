@@ -8,7 +8,7 @@ linears' current weights takes at this row count, the KV pool, the step's slots 
 makes one call that runs exactly those entry points with exactly those arguments, so the output has the
 layer-by-layer path's bits (tests/model/test_cpu_decode_layer.py), and every tier still agrees (DESIGN
 invariant 4). Where any op would go elsewhere (a prefill or mixed step, an fbgemm or oneDNN linear at this
-row count, fp8 weights or KV, bfloat16 activations, per-head q/k norms, a KV-scale calibration) it returns
+row count, fp8 weights, bfloat16 activations, per-head q/k norms, a KV-scale calibration) it returns
 None and the layer runs op by op.
 
 What a layer's linears resolve to is cached on the layer, keyed by the row count, the thread count, each
@@ -24,7 +24,8 @@ import weakref
 import torch
 
 from gh200rt.kernels import cpu_native
-from gh200rt.kernels.cpu_native import LINEAR_F16, LINEAR_F32, LINEAR_QUANT, DecodeLayerArgs, LinearArgs, NativeOps
+from gh200rt.kernels.cpu_native import (FP8_KV_TYPES, LINEAR_F16, LINEAR_F32, LINEAR_QUANT, DecodeLayerArgs,
+                                        LinearArgs, NativeOps)
 from gh200rt.kernels.quant import NATIVE_F16_MAX_ROWS, NATIVE_MAX_ROWS, HalfWeight, PackedWeight
 from gh200rt.kv.attention import batch_layout
 from gh200rt.models.layers.cpu_linear import native_rows_weight
@@ -106,10 +107,12 @@ class _LayerCall:
                                     head_dim=attn.head_dim, hidden=hidden, inter=linears[3].k, threads=threads)
 
     def set_pool(self, kv_cache: torch.Tensor) -> bool:
-        """Point the arguments at ``kv_cache`` (float32 ``[2, blocks, block_size, kv_heads, head_dim]``, unit
-        last stride: the layout ``gh_decode_attention_block`` indexes); False for another pool."""
+        """Point the arguments at ``kv_cache`` (float32 or fp8 ``[2, blocks, block_size, kv_heads, head_dim]``, unit
+        last stride: the layout ``gh_decode_attention_block`` indexes; an fp8 pool with the layer's ``kv_scale``,
+        whose address is fixed); False for another pool."""
         args = self.args
-        if kv_cache.dtype != torch.float32 or not kv_cache.is_cpu or kv_cache.dim() != 5 \
+        kv_type = 0 if kv_cache.dtype == torch.float32 else FP8_KV_TYPES.get(kv_cache.dtype)
+        if kv_type is None or not kv_cache.is_cpu or kv_cache.dim() != 5 \
                 or kv_cache.shape[0] != 2 or kv_cache.shape[3] != args.kv_heads \
                 or kv_cache.shape[4] != args.head_dim or kv_cache.stride(-1) != 1:
             return False
@@ -118,6 +121,7 @@ class _LayerCall:
         args.v_cache = kv_cache.data_ptr() + strides[0] * kv_cache.element_size()
         args.block_stride, args.slot_stride, args.head_stride = strides[1], strides[2], strides[3]
         args.block_size = kv_cache.shape[2]
+        args.kv_type, args.kv_scale = kv_type, self.parts.attn.kv_scale.data_ptr() if kv_type else None
         self.pool = weakref.ref(kv_cache)
         return True
 

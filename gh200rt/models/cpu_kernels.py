@@ -12,10 +12,10 @@ host, the native ops a fraction of that (docs/benchmarks/models.md).
 
 Each adapter takes what the layer passes and returns what the torch op returns; inputs the native
 code does not cover (a dtype other than float32/bfloat16, multi-token attention groups with longer
-contexts, the writes into an fp8 pool, whose attention the kernels do read with the layer's scales) go
-to the torch op. The same ops serve every tier and the bucketed decode path, so placements stay
-bit-identical to each other (DESIGN invariant 4); against the torch ops rotary and the KV store are
-bit-identical and the reductions (RMSNorm, SiLU's exp, attention's softmax) agree to float32 rounding
+contexts) go to the torch op; an fp8 pool is written and read with the layer's scales. The same ops
+serve every tier and the bucketed decode path, so placements stay bit-identical to each other (DESIGN
+invariant 4); against the torch ops rotary and the KV store (an fp8 one too) are bit-identical and the
+reductions (RMSNorm, SiLU's exp, attention's softmax) agree to float32 rounding
 (tests/kernels/test_cpu_native.py).
 """
 from __future__ import annotations
@@ -26,7 +26,6 @@ import torch
 
 from gh200rt.kernels.cpu_native import DTYPES, FP8_KV_TYPES, NativeOps, load_native_ops, native_ops_error
 from gh200rt.kv import attention as torch_attention
-from gh200rt.kv import fp8
 from gh200rt.models.cpu_decode_layer import native_decode_layer
 from gh200rt.models.gpu_kernels import TORCH_OPS, switch_hooks
 from gh200rt.models.layers import activation, cpu_linear, rmsnorm, rotary
@@ -56,9 +55,9 @@ def native_cpu_ops(ops: NativeOps) -> dict:
 
     def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
                  kv_scale: torch.Tensor | None = None) -> None:
-        if fp8.is_fp8(kv_cache.dtype) or kv_cache.dtype not in DTYPES:
+        if k.dtype not in DTYPES or (kv_cache.dtype not in DTYPES and kv_cache.dtype not in FP8_KV_TYPES):
             return torch_attention.write_kv(kv_cache, k, v, slot_mapping, kv_scale)
-        ops.write_kv(kv_cache, k, v, slot_mapping)
+        ops.write_kv(kv_cache, k, v, slot_mapping, kv_scale)
 
     def attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale: float, num_kv_heads: int,
                   kv_scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -74,14 +73,15 @@ def native_cpu_ops(ops: NativeOps) -> dict:
         return ops.extend_attention(q, kv_cache, block_tables, seq_lens, query_starts, scale, kv_scale)
 
     def decode_block(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor, meta,
-                     scale: float, heads: int, kv_heads: int) -> torch.Tensor | None:
+                     scale: float, heads: int, kv_heads: int,
+                     kv_scale: torch.Tensor | None = None) -> torch.Tensor | None:
         layout = torch_attention.batch_layout(meta)
-        if not (layout.single and layout.groups[0].decode) or qkv.dtype not in DTYPES or kv_cache.dtype != qkv.dtype \
-                or cos.dtype != qkv.dtype:
+        if not (layout.single and layout.groups[0].decode) or qkv.dtype not in DTYPES or cos.dtype != qkv.dtype \
+                or (kv_cache.dtype != qkv.dtype and kv_cache.dtype not in FP8_KV_TYPES):
             return None
         group = layout.groups[0]
         return ops.decode_attention_block(qkv, cos, sin, kv_cache, meta.slot_mapping, group.table, group.seq_lens,
-                                          scale, heads, kv_heads)
+                                          scale, heads, kv_heads, kv_scale)
 
     return dict(rotary=rope, write_kv=write_kv, attention=attention, norm=norm, act=act, decode_block=decode_block,
                 dense_linear=cpu_linear.native_dense_linear(ops), decode_layer=native_decode_layer(ops))

@@ -28,13 +28,15 @@ typedef struct {
     const float *norm1, *norm2;  /* input / post-attention RMSNorm weights [hidden] */
     float eps, scale;
     const float *cos, *sin;      /* [rows, head_dim / 2] */
-    float *k_cache, *v_cache;
+    void *k_cache, *v_cache;     /* float32, or fp8 (kv_type) */
     int64_t block_stride, slot_stride, head_stride, block_size;
     const int64_t *slots;
     const int32_t *block_tables;
     int64_t table_stride;
     const int64_t *seq_lens;
     int64_t heads, kv_heads, head_dim, hidden, inter, threads;
+    int64_t kv_type;             /* the pool's element type (ops.c: KV_SAME, or an fp8 format read with kv_scale) */
+    const float *kv_scale;       /* the layer's [K scale, V scale] for an fp8 pool */
 } DecodeLayerArgs;
 
 static int linear(const LinearArgs *l, const float *x, int64_t rows, float *out) {
@@ -73,7 +75,7 @@ int gh_decode_layer(const float *hidden, int64_t rows, const DecodeLayerArgs *a,
     if ((rc = gh_decode_attention_block(qkv, width, a->cos, a->sin, a->k_cache, a->v_cache, a->block_stride,
                                         a->slot_stride, a->head_stride, a->block_size, a->slots, a->block_tables,
                                         a->table_stride, a->seq_lens, rows, a->heads, a->kv_heads, a->head_dim,
-                                        a->scale, attn, 0, a->threads)))
+                                        a->scale, attn, 0, (int)a->kv_type, a->kv_scale, a->threads)))
         goto done;
     if ((rc = linear(&a->o, attn, rows, tmp))) goto done;
     add(hidden, tmp, h1, rows * h);

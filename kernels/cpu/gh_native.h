@@ -25,5 +25,5 @@ int gh_decode_attention_block(const void *qkv, int64_t qkv_stride, const void *c
                               int64_t block_size, const int64_t *slots, const int32_t *block_tables,
                               int64_t table_stride, const int64_t *seq_lens, int64_t num_seqs, int64_t heads,
                               int64_t kv_heads, int64_t head_dim, float scale, void *out, int dtype,
-                              int64_t threads);
+                              int kv_type, const float *kv_scale, int64_t threads);
 #endif

@@ -271,6 +271,55 @@ def test_decode_attention_block_gives_the_three_ops_bits(dtype, heads, kv_heads,
                                    heads, kv_heads)
 
 
+def fp8_probe_values(fp8_dtype, scale: float) -> torch.Tensor:
+    """What a quantized write meets: every fp8 value, the midpoints between neighbours and the floats either side
+    of them (round-to-even ties), values spread over 40 binades, zeros, infinities, NaN and overflow; times
+    ``scale`` (the write divides by it)."""
+    grid = torch.arange(256, dtype=torch.uint8).view(fp8_dtype).float()
+    grid = grid[grid.isfinite()].unique()
+    mids = (grid[1:] + grid[:-1]) / 2
+    spread = torch.logspace(-30, 10, 997, base=2.0) * torch.tensor([1.0, -1.0]).repeat(499)[:997]
+    special = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e30, -1e30])
+    values = torch.cat([grid, mids, mids.nextafter(torch.tensor(float("inf"))),
+                        mids.nextafter(torch.tensor(float("-inf"))), spread, special])
+    return values * scale
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_write_kv_into_an_fp8_pool_has_torchs_bytes(fp8_dtype, dtype):
+    kv_scale = torch.tensor([0.75, 3.0])
+    k, v = fp8_probe_values(fp8_dtype, 0.75), fp8_probe_values(fp8_dtype, 3.0)
+    tokens = -(-k.numel() // 64)
+    k = torch.cat([k, k.new_zeros(tokens * 64 - k.numel())]).view(tokens, 1, 64).to(dtype)
+    v = torch.cat([v, v.new_zeros(tokens * 64 - v.numel())]).flip(0).view(tokens, 1, 64).to(dtype)
+    slots = torch.randperm(tokens + 5, generator=torch.Generator().manual_seed(35))[:tokens]
+    slots[3] = -1   # a padding row writes nothing
+    native = torch.zeros(2, tokens + 5, 1, 1, 64, dtype=fp8_dtype)
+    want = native.clone()
+    OPS.write_kv(native, k, v, slots, kv_scale)
+    write_kv(want, k, v, slots, kv_scale)
+    assert torch.equal(native.view(torch.uint8), want.view(torch.uint8))
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8)
+def test_decode_attention_block_with_an_fp8_pool(fp8_dtype):
+    heads, kv_heads, d = 9, 3, 64
+    q, stored, _, kv_scale, meta = fp8_case([1, 1, 1], [5, 17, 9], torch.float32, fp8_dtype, seed=36)
+    gen = torch.Generator().manual_seed(37)
+    qkv = torch.randn(3, (heads + 2 * kv_heads) * d, generator=gen)
+    angles = torch.rand(3, 1, d // 2, generator=gen) * 6
+    cos, sin = angles.cos(), angles.sin()
+    separate, fused = stored.clone(), stored.clone()
+    qk = OPS.rotary(qkv[:, :(heads + kv_heads) * d].view(3, heads + kv_heads, d), cos, sin)
+    write_kv(separate, qk[:, heads:], qkv[:, (heads + kv_heads) * d:].view(3, kv_heads, d), meta.slot_mapping,
+                   kv_scale)
+    want = OPS.decode_attention(qk[:, :heads], separate, meta.block_tables, meta.seq_lens, 0.125, kv_scale)
+    got = OPS.decode_attention_block(qkv, cos, sin, fused, meta.slot_mapping, meta.block_tables, meta.seq_lens,
+                                     0.125, heads, kv_heads, kv_scale)
+    assert torch.equal(got, want) and torch.equal(fused.view(torch.uint8), separate.view(torch.uint8))
+
+
 def _with_threads(count, fn):
     threads = torch.get_num_threads()
     try:

@@ -103,3 +103,8 @@ def test_paged_attention(portable, d, dtype):
                           fp8.quantize(pool[1], kv_scale[1], torch.float8_e4m3fn)])
     close(portable.extend_attention(q, stored, meta.block_tables, meta.seq_lens, starts, d ** -0.5, kv_scale),
           VECTOR.extend_attention(q, stored, meta.block_tables, meta.seq_lens, starts, d ** -0.5, kv_scale), tol)
+    rows, slots = q[:, :2], torch.arange(q.shape[0]) + 3
+    written = [stored.clone(), stored.clone()]
+    for ops, pool_copy in zip((portable, VECTOR), written):
+        ops.write_kv(pool_copy.view(2, -1, 1, 2, d), rows, rows * 0.5, slots, kv_scale)
+    assert torch.equal(written[0].view(torch.uint8), written[1].view(torch.uint8))

@@ -82,10 +82,10 @@ def run_layer(model, layer_index: int, meta, hidden, pool, fused: bool):
     return out, calls
 
 
-def compare(model, rows: int, expect_fused: bool, seed: int = 0):
+def compare(model, rows: int, expect_fused: bool, seed: int = 0, pool_dtype: torch.dtype | None = None):
     gen = torch.Generator().manual_seed(seed)
     meta = decode_step(rows, gen)
-    pool = torch.randn(2, 200, BLOCK, 2, 16, generator=gen, dtype=torch.float32).to(model.dtype)
+    pool = torch.randn(2, 200, BLOCK, 2, 16, generator=gen, dtype=torch.float32).to(pool_dtype or model.dtype)
     hidden = torch.randn(rows, 64, generator=gen).to(model.dtype)
     for layer in range(len(model.layers)):
         pool_a, pool_b = pool.clone(), pool.clone()
@@ -93,8 +93,9 @@ def compare(model, rows: int, expect_fused: bool, seed: int = 0):
         want, _ = run_layer(model, layer, meta, hidden, pool_b, fused=False)
         assert calls == [expect_fused]
         assert torch.equal(got, want), (layer, (got - want).abs().max())
+        pool_a, pool_b, before = (p.view(torch.uint8) if p.element_size() == 1 else p for p in (pool_a, pool_b, pool))
         assert torch.equal(pool_a, pool_b)
-        assert not torch.equal(pool_a, pool)  # the step's K/V were written
+        assert not torch.equal(pool_a, before)  # the step's K/V were written
 
 
 FORMS = ["dense", "int8", "int4", "fp16", "one-row-blocks"] + (["native-rows"] if onednn_available() else [])
@@ -107,6 +108,17 @@ def test_fused_layer_has_the_op_by_op_bits(form, rows):
     compare(model, rows, expect_fused=True)
     # a second step reuses the cached arguments with new step tensors
     compare(model, rows, expect_fused=True, seed=1)
+
+
+@pytest.mark.parametrize("fp8_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("form", ["dense", "fp16"])
+def test_fused_layer_writes_and_reads_an_fp8_pool_with_the_layers_scales(fp8_dtype, form):
+    model = model_with(form)
+    for layer in model.layers:
+        layer.self_attn.kv_scale.copy_(torch.tensor([0.05, 0.02]))
+    compare(model, 3, expect_fused=True, pool_dtype=fp8_dtype)
+    model.layers[0].self_attn.kv_scale.mul_(3)   # rescaled in place (a calibration): the next call reads it
+    compare(model, 3, expect_fused=True, seed=1, pool_dtype=fp8_dtype)
 
 
 @pytest.mark.parametrize("form", ["dense", "int4"])

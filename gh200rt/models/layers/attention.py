@@ -41,7 +41,8 @@ class SelfAttention(nn.Module):
         tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
         if self.decode_block_fn is not None and self.q_norm is None and not self.calculate_kv_scales:
-            out = self.decode_block_fn(qkv, cos, sin, kv_cache, meta, self.scale, self.num_heads, self.num_kv_heads)
+            out = self.decode_block_fn(qkv, cos, sin, kv_cache, meta, self.scale, self.num_heads, self.num_kv_heads,
+                                       self.kv_scale)
             if out is not None:
                 return self.o_proj(out.reshape(tokens, self.q_size))
         heads = self.num_heads + self.num_kv_heads
