@@ -28,7 +28,7 @@ import torch
 
 SOURCES = tuple(Path(__file__).with_name("cpu") / name
                 for name in ("ops.c", "quant_linear.c", "f32_linear.c", "f16_linear.c", "decode_layer.c"))
-HEADERS = (Path(__file__).with_name("cpu") / "gh_native.h",)
+HEADERS = tuple(Path(__file__).with_name("cpu") / name for name in ("gh_native.h", "f32_acc.h"))
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=c11")
 # the ops' threads: the libgomp torch has loaded (same soname), so they run on torch's own pool
 OPENMP = ("-fopenmp",)
@@ -193,9 +193,10 @@ class NativeOps:
         """K/V ``[T, kv_heads, D]`` (cast to the pool's dtype) into ``kv_cache [2, blocks, block_size, kv_heads, D]``
         at ``slot_mapping`` (int64); negative slots are skipped. An fp8 pool is written as kv/fp8.py's quantize with
         ``kv_scale`` (float32 ``[K scale, V scale]``) from float32 or bfloat16 K/V."""
-        if kv_cache.dtype in FP8_KV_TYPES:
-            return self._write_kv_fp8(kv_cache, k, v, slot_mapping, kv_scale)
-        if k.dtype != kv_cache.dtype:
+        fp8_pool = kv_cache.dtype in FP8_KV_TYPES
+        if fp8_pool and v.dtype != k.dtype:
+            v = v.to(k.dtype)
+        elif not fp8_pool and k.dtype != kv_cache.dtype:
             k, v = k.to(kv_cache.dtype), v.to(kv_cache.dtype)
         if k.stride(-1) != 1:
             k = k.contiguous()
@@ -203,33 +204,15 @@ class NativeOps:
             v = v.contiguous()
         slot_mapping = _int64(slot_mapping)
         _check_pool(kv_cache, k)
-        _code(k, v, kv_cache)
         if slot_mapping.device.type != "cpu" or slot_mapping.shape[0] != k.shape[0] or v.shape != k.shape:
             raise ValueError(f"write_kv: {slot_mapping.shape[0]} slots for K {tuple(k.shape)} and V {tuple(v.shape)}")
-        strides = kv_cache.stride()
-        self._lib.gh_write_kv(kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), strides[1], strides[2], strides[3],
-                              kv_cache.shape[2], k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), v.stride(0),
-                              v.stride(1), slot_mapping.data_ptr(), k.shape[0], k.shape[1], k.shape[2],
-                              kv_cache.element_size())
-
-    def _write_kv_fp8(self, kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
-                      kv_scale: torch.Tensor | None) -> None:
-        if v.dtype != k.dtype:
-            v = v.to(k.dtype)
-        if k.stride(-1) != 1:
-            k = k.contiguous()
-        if v.stride(-1) != 1:
-            v = v.contiguous()
-        slot_mapping = _int64(slot_mapping)
-        _check_pool(kv_cache, k)
-        kind, scale = _kv_type(k, kv_cache, kv_scale)
-        if slot_mapping.device.type != "cpu" or slot_mapping.shape[0] != k.shape[0] or v.shape != k.shape:
-            raise ValueError(f"write_kv: {slot_mapping.shape[0]} slots for K {tuple(k.shape)} and V {tuple(v.shape)}")
-        strides = kv_cache.stride()
-        self._lib.gh_write_kv_fp8(kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), strides[1], strides[2], strides[3],
-                                  kv_cache.shape[2], k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), v.stride(0),
-                                  v.stride(1), slot_mapping.data_ptr(), k.shape[0], k.shape[1], k.shape[2], _code(k, v),
-                                  kind, scale)
+        rows = (k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), v.stride(0), v.stride(1), slot_mapping.data_ptr(),
+                *k.shape)
+        if fp8_pool:
+            self._lib.gh_write_kv_fp8(*_pool_args(kv_cache), *rows, _code(k, v), *_kv_type(k, kv_cache, kv_scale))
+        else:
+            _code(k, v, kv_cache)
+            self._lib.gh_write_kv(*_pool_args(kv_cache), *rows, kv_cache.element_size())
 
     def decode_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                          seq_lens: torch.Tensor, scale: float, kv_scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -334,13 +317,7 @@ class NativeOps:
         """``x [..., K] W^T (+ bias)`` for float32 CPU tensors, ``weight [N, K]`` read in place (any row stride,
         unit column stride), on ``torch.get_num_threads()`` threads (one for weights too small to share). A row's
         bits depend on that row and the weight's values alone (kernels/cpu/f32_linear.c)."""
-        n, k = weight.shape
-        if x.dtype != torch.float32 or weight.dtype != torch.float32 or weight.stride(-1) != 1 or x.shape[-1] != k \
-                or not (x.is_cpu and weight.is_cpu) or (bias is not None and (bias.dtype != torch.float32 or
-                                                                               bias.shape != (n,) or not bias.is_cpu)):
-            raise ValueError(f"f32_linear takes float32 CPU x [..., {k}] and weight [N, K] with unit column stride, got "
-                             f"x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} {weight.dtype} strides "
-                             f"{weight.stride()}")
+        _check_dense_linear("f32_linear", x, weight, bias, torch.float32)
         return self.f32_linear_checked(x, weight, bias)
 
     def f32_linear_checked(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -368,13 +345,7 @@ class NativeOps:
         """``x [..., K] W^T (+ bias)`` for float32 CPU x and an fp16 CPU ``weight [N, K]`` read in place (any row
         stride, unit column stride): ``f32_linear``'s bits over the float32 copy of the weight
         (kernels/cpu/f16_linear.c)."""
-        n, k = weight.shape
-        if x.dtype != torch.float32 or weight.dtype != torch.float16 or weight.stride(-1) != 1 or x.shape[-1] != k \
-                or not (x.is_cpu and weight.is_cpu) or (bias is not None and (bias.dtype != torch.float32 or
-                                                                               bias.shape != (n,) or not bias.is_cpu)):
-            raise ValueError(f"f16_linear takes float32 CPU x [..., {k}], an fp16 weight [N, K] with unit column "
-                             f"stride and a float32 bias [N], got x {tuple(x.shape)} {x.dtype}, weight "
-                             f"{tuple(weight.shape)} {weight.dtype} strides {weight.stride()}")
+        _check_dense_linear("f16_linear", x, weight, bias, torch.float16)
         return self.f16_linear_checked(x, weight, bias)
 
     def f16_linear_checked(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -488,6 +459,20 @@ def _pool_args(kv_cache: torch.Tensor) -> tuple[int, ...]:
     """K and V planes, then the block, slot and head strides (elements) and the block size."""
     strides = kv_cache.stride()
     return (kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), strides[1], strides[2], strides[3], kv_cache.shape[2])
+
+
+def _check_dense_linear(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                        weight_dtype: torch.dtype) -> None:
+    """What ``gh_f32_linear`` / ``gh_f16_linear`` read: float32 CPU rows, a CPU ``weight_dtype`` weight [N, K] with unit
+    column stride, a float32 CPU bias [N] or none."""
+    n, k = weight.shape
+    if x.dtype != torch.float32 or weight.dtype != weight_dtype or weight.stride(-1) != 1 or x.shape[-1] != k \
+            or not (x.is_cpu and weight.is_cpu) or (bias is not None and (bias.dtype != torch.float32 or
+                                                                           bias.shape != (n,) or not bias.is_cpu)):
+        raise ValueError(f"{name} takes float32 CPU x [..., {k}], a {weight_dtype} weight [N, K] with unit column "
+                         f"stride and a float32 bias [N], got x {tuple(x.shape)} {x.dtype}, weight "
+                         f"{tuple(weight.shape)} {weight.dtype} strides {weight.stride()}"
+                         + ("" if bias is None else f", bias {tuple(bias.shape)} {bias.dtype}"))
 
 
 def _kv_type(q: torch.Tensor, kv_cache: torch.Tensor, kv_scale: torch.Tensor | None) -> tuple[int, int | None]:

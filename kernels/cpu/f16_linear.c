@@ -18,10 +18,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "f32_acc.h"
 #include "gh_native.h"
-#ifdef __AVX2__
-#include <immintrin.h>
-#endif
 
 #define NB 8        /* output channels per block (a thread's unit of work) */
 #define RT 4        /* rows per group above one row */
@@ -47,35 +45,14 @@ F16_INLINE float half_to_float(uint16_t h) {
     return f;
 }
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-typedef __m256 acc_t;
-F16_INLINE acc_t acc_zero(void) { return _mm256_setzero_ps(); }
-F16_INLINE acc_t acc_load(const float *x) { return _mm256_loadu_ps(x); }
+/* 8 fp16 weights widened into an accumulator operand (exact) */
+#if ACC_VECTOR && defined(__F16C__)
 F16_INLINE acc_t widen(const uint16_t *w) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w)); }
-F16_INLINE acc_t acc_fma(acc_t w, acc_t x, acc_t acc) { return _mm256_fmadd_ps(w, x, acc); }
-F16_INLINE float acc_sum(acc_t v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  /* lanes i + (i + 4) */
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));                                         /* (0 + 2), (1 + 3) */
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
 #else
-/* portable form: f32_linear.c's portable structure over widened weights (its bits, equally independent of rows
- * and threads) */
-typedef struct { float v[8]; } acc_t;
-F16_INLINE acc_t acc_zero(void) { acc_t a = {{0, 0, 0, 0, 0, 0, 0, 0}}; return a; }
-F16_INLINE acc_t acc_load(const float *x) { acc_t a; for (int l = 0; l < 8; l++) a.v[l] = x[l]; return a; }
 F16_INLINE acc_t widen(const uint16_t *w) {
-    acc_t a;
-    for (int l = 0; l < 8; l++) a.v[l] = half_to_float(w[l]);
-    return a;
-}
-F16_INLINE acc_t acc_fma(acc_t w, acc_t x, acc_t acc) {
-    for (int l = 0; l < 8; l++) acc.v[l] += w.v[l] * x.v[l];
-    return acc;
-}
-F16_INLINE float acc_sum(acc_t a) {
-    float s0 = a.v[0] + a.v[4], s1 = a.v[1] + a.v[5], s2 = a.v[2] + a.v[6], s3 = a.v[3] + a.v[7];
-    return (s0 + s2) + (s1 + s3);
+    float f[8];
+    for (int l = 0; l < 8; l++) f[l] = half_to_float(w[l]);
+    return acc_load(f);
 }
 #endif
 

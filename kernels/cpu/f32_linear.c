@@ -15,37 +15,10 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
-#ifdef __AVX2__
-#include <immintrin.h>
-#endif
+#include "f32_acc.h"
 
 #define NB 8        /* output channels per block (a thread's unit of work) */
 #define F32_INLINE static inline __attribute__((always_inline))
-
-#if defined(__AVX2__) && defined(__FMA__)
-typedef __m256 acc_t;
-F32_INLINE acc_t acc_zero(void) { return _mm256_setzero_ps(); }
-F32_INLINE acc_t acc_fma(const float *w, acc_t x, acc_t acc) { return _mm256_fmadd_ps(_mm256_loadu_ps(w), x, acc); }
-F32_INLINE acc_t acc_load(const float *x) { return _mm256_loadu_ps(x); }
-F32_INLINE float acc_sum(acc_t v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  /* lanes i + (i + 4) */
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));                                         /* (0 + 2), (1 + 3) */
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-#else
-/* portable form: the same structure in plain C (its own bits, equally independent of rows and threads) */
-typedef struct { float v[8]; } acc_t;
-F32_INLINE acc_t acc_zero(void) { acc_t a = {{0, 0, 0, 0, 0, 0, 0, 0}}; return a; }
-F32_INLINE acc_t acc_load(const float *x) { acc_t a; for (int l = 0; l < 8; l++) a.v[l] = x[l]; return a; }
-F32_INLINE acc_t acc_fma(const float *w, acc_t x, acc_t acc) {
-    for (int l = 0; l < 8; l++) acc.v[l] += w[l] * x.v[l];
-    return acc;
-}
-F32_INLINE float acc_sum(acc_t a) {
-    float s0 = a.v[0] + a.v[4], s1 = a.v[1] + a.v[5], s2 = a.v[2] + a.v[6], s3 = a.v[3] + a.v[7];
-    return (s0 + s2) + (s1 + s3);
-}
-#endif
 
 /* the end of one output: horizontal sum, the K % 8 tail in column order, the bias */
 F32_INLINE float finish(acc_t acc, const float *x, const float *w, int64_t k8, int64_t k, const float *bias,
@@ -64,7 +37,7 @@ F32_INLINE void tile_1x8(const float *x, const float *w, int64_t w_stride, int64
     for (int64_t i = 0; i < k8; i += 8) {
         acc_t u = acc_load(x + i);
 #pragma GCC unroll 8
-        for (int c = 0; c < 8; c++) a[c] = acc_fma(w + c * w_stride + i, u, a[c]);
+        for (int c = 0; c < 8; c++) a[c] = acc_fma(acc_load(w + c * w_stride + i), u, a[c]);
     }
     for (int c = 0; c < 8; c++) o[c0 + c] = finish(a[c], x, w + c * w_stride, k8, k, bias, c0 + c);
 }
@@ -73,7 +46,7 @@ F32_INLINE void tile_1x8(const float *x, const float *w, int64_t w_stride, int64
 F32_INLINE void tile_1x1(const float *x, const float *w, int64_t k, const float *bias, int64_t c, float *o) {
     int64_t k8 = k & ~(int64_t)7;
     acc_t a = acc_zero();
-    for (int64_t i = 0; i < k8; i += 8) a = acc_fma(w + i, acc_load(x + i), a);
+    for (int64_t i = 0; i < k8; i += 8) a = acc_fma(acc_load(w + i), acc_load(x + i), a);
     o[c] = finish(a, x, w, k8, k, bias, c);
 }
 

@@ -17,6 +17,7 @@ from gh200rt.models.layers.activation import silu_and_mul
 from gh200rt.models.layers.rmsnorm import rms_norm
 from gh200rt.models.layers.rotary import apply_rotary
 from tests.kernels.paged_cases import scattered_case
+from tests.kernels.threads import with_threads
 
 OPS = load_native_ops()
 pytestmark = pytest.mark.skipif(OPS is None, reason=f"native CPU ops unavailable: {cpu_native.native_ops_error()}")
@@ -320,15 +321,6 @@ def test_decode_attention_block_with_an_fp8_pool(fp8_dtype):
     assert torch.equal(got, want) and torch.equal(fused.view(torch.uint8), separate.view(torch.uint8))
 
 
-def _with_threads(count, fn):
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(count)
-        return fn()
-    finally:
-        torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_ops_give_the_same_bits_on_any_thread_count(dtype):
     """Sizes above the C code's sharing threshold (a prefill chunk, a batch of long decodes), so rows and
@@ -350,7 +342,7 @@ def test_ops_give_the_same_bits_on_any_thread_count(dtype):
                 OPS.extend_attention(prompts, prompt_pool, prompt_meta.block_tables, prompt_meta.seq_lens,
                                      _query_starts([40, 3, 150, 1]), 0.125))
 
-    one, three = _with_threads(1, run), _with_threads(3, run)
+    one, three = with_threads(1, run), with_threads(3, run)
     for a, b in zip(one, three):
         assert torch.equal(a, b)
     assert_close(three[0], rms_norm(x, weight, 1e-5), dtype)
@@ -422,7 +414,7 @@ def test_quant_linear_rows_and_threads_do_not_change_a_rows_bits(fmt):
     together = OPS.quant_linear(x, weight)
     alone = torch.cat([OPS.quant_linear(x[i:i + 1], weight) for i in range(11)])
     assert torch.equal(together, alone)
-    assert torch.equal(together, _with_threads(1, lambda: OPS.quant_linear(x, weight)))
+    assert torch.equal(together, with_threads(1, lambda: OPS.quant_linear(x, weight)))
 
 
 def test_quant_linear_takes_strided_rows_and_leading_dims():
@@ -480,8 +472,8 @@ def test_f32_linear_rows_threads_and_layout_do_not_change_a_rows_bits():
     x = torch.randn(9, 576, generator=gen)
     together = OPS.f32_linear(x, weight, bias)
     assert torch.equal(together, torch.cat([OPS.f32_linear(x[i:i + 1], weight, bias) for i in range(9)]))
-    assert torch.equal(together, _with_threads(1, lambda: OPS.f32_linear(x, weight, bias)))
-    assert torch.equal(together, _with_threads(3, lambda: OPS.f32_linear(x, weight, bias)))
+    assert torch.equal(together, with_threads(1, lambda: OPS.f32_linear(x, weight, bias)))
+    assert torch.equal(together, with_threads(3, lambda: OPS.f32_linear(x, weight, bias)))
     slab = torch.randn(1003, 700, generator=gen)
     slab[:, 50:626] = weight
     assert torch.equal(together, OPS.f32_linear(x, slab[:, 50:626], bias))
@@ -516,8 +508,8 @@ def test_f16_linear_rows_threads_and_layout_do_not_change_a_rows_bits():
     x = torch.randn(9, 576, generator=gen)
     together = OPS.f16_linear(x, weight, bias)
     assert torch.equal(together, torch.cat([OPS.f16_linear(x[i:i + 1], weight, bias) for i in range(9)]))
-    assert torch.equal(together, _with_threads(1, lambda: OPS.f16_linear(x, weight, bias)))
-    assert torch.equal(together, _with_threads(3, lambda: OPS.f16_linear(x, weight, bias)))
+    assert torch.equal(together, with_threads(1, lambda: OPS.f16_linear(x, weight, bias)))
+    assert torch.equal(together, with_threads(3, lambda: OPS.f16_linear(x, weight, bias)))
     slab = torch.randn(1003, 700, generator=gen).half()
     slab[:, 50:626] = weight
     assert torch.equal(together, OPS.f16_linear(x, slab[:, 50:626], bias))   # a strided view, read in place

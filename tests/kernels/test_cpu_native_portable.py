@@ -17,6 +17,7 @@ from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
 from gh200rt.kernels.quant import quantize_int4, quantize_int8
 from gh200rt.kv import fp8
 from tests.kernels.paged_cases import scattered_case
+from tests.kernels.threads import with_threads
 
 VECTOR = load_native_ops()
 pytestmark = [
@@ -39,15 +40,6 @@ def portable(tmp_path_factory):
 
 def close(got: torch.Tensor, want: torch.Tensor, tol: float = 1e-5):
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
-
-
-def with_threads(count, fn):
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(count)
-        return fn()
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_the_build_is_another_library(portable):

@@ -1,0 +1,40 @@
+/* The float32 accumulator of the dense linears (f32_linear.c, f16_linear.c): 8 lanes along K, one FMA per 8
+ * columns, one fixed horizontal sum. Both kernels run this sequence per output, so an fp16 weight gives the bits
+ * of its float32 copy on every host: the two files cannot pick different forms of it. */
+#ifndef GH_F32_ACC_H
+#define GH_F32_ACC_H
+#include <stdint.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+#define ACC_INLINE static inline __attribute__((always_inline))
+
+#if defined(__AVX2__) && defined(__FMA__)
+#define ACC_VECTOR 1
+typedef __m256 acc_t;
+ACC_INLINE acc_t acc_zero(void) { return _mm256_setzero_ps(); }
+ACC_INLINE acc_t acc_load(const float *x) { return _mm256_loadu_ps(x); }
+/* acc + w * x, lane by lane */
+ACC_INLINE acc_t acc_fma(acc_t w, acc_t x, acc_t acc) { return _mm256_fmadd_ps(w, x, acc); }
+ACC_INLINE float acc_sum(acc_t v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  /* lanes i + (i + 4) */
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));                                         /* (0 + 2), (1 + 3) */
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#else
+/* portable form: the same structure in plain C (its own bits, equally independent of rows and threads) */
+#define ACC_VECTOR 0
+typedef struct { float v[8]; } acc_t;
+ACC_INLINE acc_t acc_zero(void) { acc_t a = {{0, 0, 0, 0, 0, 0, 0, 0}}; return a; }
+ACC_INLINE acc_t acc_load(const float *x) { acc_t a; for (int l = 0; l < 8; l++) a.v[l] = x[l]; return a; }
+ACC_INLINE acc_t acc_fma(acc_t w, acc_t x, acc_t acc) {
+    for (int l = 0; l < 8; l++) acc.v[l] += w.v[l] * x.v[l];
+    return acc;
+}
+ACC_INLINE float acc_sum(acc_t a) {
+    float s0 = a.v[0] + a.v[4], s1 = a.v[1] + a.v[5], s2 = a.v[2] + a.v[6], s3 = a.v[3] + a.v[7];
+    return (s0 + s2) + (s1 + s3);
+}
+#endif
+#endif
