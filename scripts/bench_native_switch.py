@@ -1,0 +1,108 @@
+"""Decode-step time of the CPU engine with one native path switched off and on in alternate rounds of one process.
+
+Cross-process timings on a shared machine drift by up to 1.4x; switching a path inside one process and
+alternating rounds compares like with like. Each round adds a batch of fresh random prompts of ``--prompt``
+tokens (prefix caching off) and steps the engine: the prefill is the wall time until every sequence has its first
+token, a decode step the mean of the ``--tokens`` steps after it; the best of ``--rounds`` is printed for each
+setting, with how many sequences' greedy tokens agreed between the two in the last round.
+
+Paths (``--path``):
+
+* ``fp16-linear``: the native fp16 linear for 1-8 rows (``kernels/cpu/f16_linear.c``; off: fbgemm's fp16 GEMM
+  and op-by-op decode layers). Meaningful on the fp16 route (``--dtype auto`` on an AVX2 CPU).
+* ``fp8-kv``: the native kernels' fp8 KV pool paths (writes, attention, the one-call decode layer; off: the
+  torch path: quantize, gather, dequantize, SDPA). Runs with ``--kv-cache-dtype fp8``.
+
+    python scripts/bench_native_switch.py --path fp16-linear [--batches 1,2,4,8] [--prompt 4] [--tokens 32]
+    python scripts/bench_native_switch.py --path fp8-kv --dtype float32 --batches 1,8 --prompt 500
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from gh200rt.config import EngineConfig
+from gh200rt.engine.engine import LLMEngine
+from gh200rt.kernels import cpu_native, quant
+from gh200rt.models import cpu_decode_layer, cpu_kernels
+from gh200rt.sampling_params import SamplingParams
+
+NATIVE_F16_ROWS = quant.NATIVE_F16_MAX_ROWS
+FP8_TYPES = dict(cpu_native.FP8_KV_TYPES)
+
+
+def switch(path: str, on: bool, model) -> None:
+    if path == "fp16-linear":
+        quant.NATIVE_F16_MAX_ROWS = cpu_decode_layer.NATIVE_F16_MAX_ROWS = NATIVE_F16_ROWS if on else 0
+    else:
+        cpu_kernels.FP8_KV_TYPES = cpu_decode_layer.FP8_KV_TYPES = FP8_TYPES if on else {}
+    for layer in model.layers:   # the one-call decode layer's cached arguments follow the switch
+        cpu_decode_layer.forget_decode_layer(layer)
+
+
+def one_round(engine: LLMEngine, batch: int, prompt: int, tokens: int, seed: int) -> tuple[float, float, list]:
+    """Prefill seconds (until every sequence has its first token), mean seconds per decode step after it, and
+    each sequence's tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    params = SamplingParams(temperature=0, max_tokens=tokens + 1, ignore_eos=True)
+    ids = [f"r{seed}-{i}" for i in range(batch)]
+    for request_id in ids:
+        engine.add_request(request_id, None, params,
+                           prompt_token_ids=torch.randint(100, 40000, (prompt,), generator=gen).tolist())
+    produced = {i: [] for i in ids}
+    start, prefill, steps = time.perf_counter(), None, 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            produced[out.request_id] = list(out.outputs[0].token_ids)
+        if prefill is None:
+            if all(produced[i] for i in ids):
+                prefill, decode_start = time.perf_counter() - start, time.perf_counter()
+        else:
+            steps += 1
+    step = (time.perf_counter() - decode_start) / max(steps, 1)
+    return prefill, step, [produced[i] for i in ids]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--path", choices=["fp16-linear", "fp8-kv"], required=True)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--batches", default="1,2,4,8")
+    parser.add_argument("--prompt", type=int, default=4, help="prompt tokens per sequence")
+    parser.add_argument("--tokens", type=int, default=32, help="decode tokens timed per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if cpu_native.load_native_ops() is None:
+        raise SystemExit(f"native CPU ops unavailable: {cpu_native.native_ops_error()}")
+    options = dict(kv_cache_dtype="fp8") if args.path == "fp8-kv" else {}
+    engine = LLMEngine.from_config(EngineConfig.from_kwargs(
+        model=args.model, dtype=args.dtype, enable_prefix_caching=False,
+        max_model_len=max(256, args.prompt + args.tokens + 8), **options))
+    print(f"{args.path}: {args.model} --dtype {args.dtype}, {args.threads} threads, prompts of {args.prompt} tokens, "
+          f"{args.tokens} decode tokens, best of {args.rounds} rounds (off / on alternated)")
+    print(f"{'batch':>5} {'prefill off':>12} {'prefill on':>11} {'step off':>10} {'step on':>9} {'speed-up':>9} "
+          f"{'same tokens':>12}")
+    try:
+        for batch in (int(b) for b in args.batches.split(",")):
+            best = {False: (float("inf"), float("inf")), True: (float("inf"), float("inf"))}
+            tokens = {}
+            for r in range(args.rounds):
+                for on in (False, True):
+                    switch(args.path, on, engine.runner.model)
+                    prefill, step, tokens[on] = one_round(engine, batch, args.prompt, args.tokens, seed=1000 * r + batch)
+                    best[on] = (min(best[on][0], prefill), min(best[on][1], step))
+            same = sum(a == b for a, b in zip(tokens[False], tokens[True]))
+            print(f"{batch:>5} {best[False][0]:>10.2f} s {best[True][0]:>9.2f} s {best[False][1] * 1e3:>7.1f} ms "
+                  f"{best[True][1] * 1e3:>6.1f} ms {best[False][1] / best[True][1]:>8.2f}x {same:>7}/{batch}")
+    finally:
+        switch(args.path, True, engine.runner.model)
+        engine.close()
+
+
+if __name__ == "__main__":
+    main()
