@@ -21,7 +21,7 @@
 #include "f32_acc.h"
 #include "gh_native.h"
 
-#define NB 8        /* output channels per block (a thread's unit of work) */
+#define NB ACC_BLOCK /* output channels per block (a thread's unit of work) */
 #define RT 4        /* rows per group above one row */
 #define CT 3        /* channels per tile of a row group (RT x CT accumulators and CT widened weights in registers) */
 #define F16_INLINE static inline __attribute__((always_inline))
@@ -112,9 +112,9 @@ F16_INLINE void row_group(const float *x, int64_t x_stride, const uint16_t *wb, 
     for (; c < nb; c++) tile_rc(x, x_stride, wb + c * w_stride, w_stride, k, bias, c0 + c, o, o_stride, R, 1);
 }
 
-static void channel_block(const float *x, int64_t rows, int64_t x_stride, const uint16_t *w, int64_t w_stride,
+static void channel_block(const float *x, int64_t rows, int64_t x_stride, const void *w, int64_t w_stride,
                           int64_t k, const float *bias, int64_t c0, int64_t nb, float *out, int64_t out_stride) {
-    const uint16_t *wb = w + c0 * w_stride;
+    const uint16_t *wb = (const uint16_t *)w + c0 * w_stride;
     if (rows == 1 && nb == NB) {
         tile_1x8(x, wb, w_stride, k, bias, c0, out);
         return;
@@ -136,12 +136,5 @@ static void channel_block(const float *x, int64_t rows, int64_t x_stride, const 
  * row stride w_stride, unit column stride. threads: the most to use (the caller passes 1 for small weights). */
 void gh_f16_linear(const float *x, int64_t rows, int64_t x_stride, const uint16_t *w, int64_t n, int64_t k,
                    int64_t w_stride, const float *bias, float *out, int64_t out_stride, int64_t threads) {
-    int64_t blocks = (n + NB - 1) / NB;
-    if (threads < 1) threads = 1;
-    (void)threads;
-#pragma omp parallel for schedule(static) num_threads((int)threads) if (threads > 1 && blocks > 1)
-    for (int64_t b = 0; b < blocks; b++) {
-        int64_t c0 = b * NB;
-        channel_block(x, rows, x_stride, w, w_stride, k, bias, c0, n - c0 < NB ? n - c0 : NB, out, out_stride);
-    }
+    acc_over_blocks(channel_block, x, rows, x_stride, w, n, k, w_stride, bias, out, out_stride, threads);
 }

@@ -1,6 +1,7 @@
 /* The float32 accumulator of the dense linears (f32_linear.c, f16_linear.c): 8 lanes along K, one FMA per 8
- * columns, one fixed horizontal sum. Both kernels run this sequence per output, so an fp16 weight gives the bits
- * of its float32 copy on every host: the two files cannot pick different forms of it. */
+ * columns, one fixed horizontal sum; and their split of the output channels over threads. Both kernels run this
+ * sequence per output, so an fp16 weight gives the bits of its float32 copy on every host: the two files cannot
+ * pick different forms of it. */
 #ifndef GH_F32_ACC_H
 #define GH_F32_ACC_H
 #include <stdint.h>
@@ -37,4 +38,25 @@ ACC_INLINE float acc_sum(acc_t a) {
     return (s0 + s2) + (s1 + s3);
 }
 #endif
+
+#define ACC_BLOCK 8   /* output channels per block of the dense linears (a thread's unit of work) */
+
+/* one block's outputs: channels c0 .. c0 + nb of every row, weights w (the kernel's own type) */
+typedef void (*acc_block_fn)(const float *x, int64_t rows, int64_t x_stride, const void *w, int64_t w_stride,
+                             int64_t k, const float *bias, int64_t c0, int64_t nb, float *out, int64_t out_stride);
+
+/* out [rows, n] = x W^T (+ bias): blocks of ACC_BLOCK output channels split statically over up to `threads` OpenMP
+ * threads of torch's pool (the callers pass 1 for small weights), each through `block` */
+ACC_INLINE void acc_over_blocks(acc_block_fn block, const float *x, int64_t rows, int64_t x_stride, const void *w,
+                                int64_t n, int64_t k, int64_t w_stride, const float *bias, float *out,
+                                int64_t out_stride, int64_t threads) {
+    int64_t blocks = (n + ACC_BLOCK - 1) / ACC_BLOCK;
+    if (threads < 1) threads = 1;
+    (void)threads;
+#pragma omp parallel for schedule(static) num_threads((int)threads) if (threads > 1 && blocks > 1)
+    for (int64_t b = 0; b < blocks; b++) {
+        int64_t c0 = b * ACC_BLOCK;
+        block(x, rows, x_stride, w, w_stride, k, bias, c0, n - c0 < ACC_BLOCK ? n - c0 : ACC_BLOCK, out, out_stride);
+    }
+}
 #endif

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include "f32_acc.h"
 
-#define NB 8        /* output channels per block (a thread's unit of work) */
+#define NB ACC_BLOCK /* output channels per block (a thread's unit of work) */
 #define F32_INLINE static inline __attribute__((always_inline))
 
 /* the end of one output: horizontal sum, the K % 8 tail in column order, the bias */
@@ -50,9 +50,9 @@ F32_INLINE void tile_1x1(const float *x, const float *w, int64_t k, const float 
     o[c] = finish(a, x, w, k8, k, bias, c);
 }
 
-static void channel_block(const float *x, int64_t rows, int64_t x_stride, const float *w, int64_t w_stride,
+static void channel_block(const float *x, int64_t rows, int64_t x_stride, const void *w, int64_t w_stride,
                           int64_t k, const float *bias, int64_t c0, int64_t nb, float *out, int64_t out_stride) {
-    const float *wb = w + c0 * w_stride;
+    const float *wb = (const float *)w + c0 * w_stride;
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * x_stride;
         float *o = out + r * out_stride;
@@ -68,12 +68,5 @@ static void channel_block(const float *x, int64_t rows, int64_t x_stride, const 
  * stride w_stride, unit column stride. threads: the most to use (the caller passes 1 for small weights). */
 void gh_f32_linear(const float *x, int64_t rows, int64_t x_stride, const float *w, int64_t n, int64_t k,
                    int64_t w_stride, const float *bias, float *out, int64_t out_stride, int64_t threads) {
-    int64_t blocks = (n + NB - 1) / NB;
-    if (threads < 1) threads = 1;
-    (void)threads;
-#pragma omp parallel for schedule(static) num_threads((int)threads) if (threads > 1 && blocks > 1)
-    for (int64_t b = 0; b < blocks; b++) {
-        int64_t c0 = b * NB;
-        channel_block(x, rows, x_stride, w, w_stride, k, bias, c0, n - c0 < NB ? n - c0 : NB, out, out_stride);
-    }
+    acc_over_blocks(channel_block, x, rows, x_stride, w, n, k, w_stride, bias, out, out_stride, threads);
 }

@@ -165,6 +165,13 @@ void gh_write_kv_fp8(void *k_cache, void *v_cache, int64_t block_stride, int64_t
     }
 }
 
+/* a K or V row's n values as float32: read in place from a float32 pool, else widened into buf (load_kv_row) */
+INLINE const float *kv_row(float *buf, const void *cache, int64_t at, int64_t n, int dtype, int kv_type, float scale) {
+    if (!dtype && kv_type == KV_SAME) return (const float *)cache + at;
+    load_kv_row(buf, cache, at, n, dtype, kv_type, scale);
+    return buf;
+}
+
 /* the float32 values of n fp8 bytes (tests: the table against torch's conversion) */
 void gh_fp8_values(const uint8_t *bytes, int64_t n, int kv_type, float *out) {
     for (int64_t i = 0; i < n; i++) out[i] = fp8_values[kv_type - 1][bytes[i]];
@@ -378,10 +385,7 @@ INLINE void gh_decode_attention_impl(const void *q, int64_t q_seq_stride, int64_
                     prefetch_row(k_cache, table, p + KV_AHEAD, block_size, block_stride, slot_stride, g0 * head_stride,
                                  span * head_dim, elem);
                 for (int64_t g = 0; g < span; g++) {
-                    const float *key = kv;
-                    if (dtype || kv_type)
-                        load_kv_row(kv, k_cache, at + g * head_stride, head_dim, dtype, kv_type, k_scale);
-                    else key = (const float *)k_cache + at + g * head_stride;  /* float32 keys are read in place */
+                    const float *key = kv_row(kv, k_cache, at + g * head_stride, head_dim, dtype, kv_type, k_scale);
                     for (int64_t j = g * group; j < (g + 1) * group; j++)
                         scores[j * len + p] = attn_dot(qf + j * head_dim, key, head_dim) * scale;
                 }
@@ -406,10 +410,7 @@ INLINE void gh_decode_attention_impl(const void *q, int64_t q_seq_stride, int64_
                     prefetch_row(v_cache, table, p + KV_AHEAD, block_size, block_stride, slot_stride, g0 * head_stride,
                                  span * head_dim, elem);
                 for (int64_t g = 0; g < span; g++) {
-                    const float *value = kv;
-                    if (dtype || kv_type)
-                        load_kv_row(kv, v_cache, at + g * head_stride, head_dim, dtype, kv_type, v_scale);
-                    else value = (const float *)v_cache + at + g * head_stride;
+                    const float *value = kv_row(kv, v_cache, at + g * head_stride, head_dim, dtype, kv_type, v_scale);
                     for (int64_t j = g * group; j < (g + 1) * group; j++)
                         attn_axpy(acc + j * head_dim, scores[j * len + p], value, head_dim);
                 }
@@ -641,11 +642,7 @@ INLINE int gh_extend_attention_impl(const void *q, int64_t q_tok_stride, int64_t
                 if (p + KV_AHEAD < most)
                     prefetch_row(k_cache, table, p + KV_AHEAD, block_size, block_stride, slot_stride, g * head_stride,
                                  head_dim, elem);
-                const float *key = (const float *)k_cache + at;
-                if (widen) {
-                    load_kv_row(key_f, k_cache, at, head_dim, dtype, kv_type, k_scale);
-                    key = key_f;
-                }
+                const float *key = kv_row(key_f, k_cache, at, head_dim, dtype, kv_type, k_scale);
                 for (int64_t u = 0; u < count; u++)
                     if (p < keys[u])
                         ext_scores(qb + u * EXT_LANES * head_dim, key, head_dim, probs + (u * longest + p) * EXT_LANES);
@@ -660,12 +657,7 @@ INLINE int gh_extend_attention_impl(const void *q, int64_t q_tok_stride, int64_t
                 for (int64_t p = 0; p < chunk; p++) {
                     int64_t at = table[(p0 + p) / block_size] * block_stride + ((p0 + p) % block_size) * slot_stride
                                  + g * head_stride;
-                    if (widen) {
-                        load_kv_row(rows_f + p * head_dim, v_cache, at, head_dim, dtype, kv_type, v_scale);
-                        rows[p] = rows_f + p * head_dim;
-                    } else {
-                        rows[p] = (const float *)v_cache + at;
-                    }
+                    rows[p] = kv_row(rows_f + p * head_dim, v_cache, at, head_dim, dtype, kv_type, v_scale);
                 }
                 for (int64_t u = 0; u < count; u++)
                     if (keys[u] > p0)
