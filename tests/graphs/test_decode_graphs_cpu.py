@@ -175,3 +175,8 @@ def test_a_capture_does_not_count_as_step_time_for_the_tier_controller(tiny_dir)
     assert engine.graphs.captures == 3 and engine.graphs.capture_seconds >= 1.5
     assert max(s.step_seconds for s in seen) < 0.5
     engine.close()
+
+
+def test_dynamic_tiers_through_20_moves_with_requests_in_flight_match_an_eager_engine_making_them(tiny_dir):
+    from tests.gpu.graph_pool_runs import tier_moves
+    tier_moves(tiny_dir)       # the scenario the gpu test runs in a fresh process, here on the CPU path

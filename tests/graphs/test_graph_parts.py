@@ -122,3 +122,61 @@ def test_what_a_gpu_setup_lacks_for_capture(monkeypatch):
     monkeypatch.setattr(runner, "_has_cuda_bindings", lambda: False)
     assert "cuda-bindings" in graphs_missing(model, "cuda", Store())
     assert graphs_missing(model, "cuda", None) is None
+
+
+class GrowingCapture:
+    """A capture whose pool grows by the given bytes per capture and keeps them after its graphs are dropped."""
+
+    def __init__(self, growth: list[int]):
+        self.growth, self.pool_bytes, self.dropped = list(growth), 0, 0
+
+    def capture(self, step):
+        from gh200rt.engine.cuda_graphs.capture import CapturedStep
+        grown = self.growth.pop(0)
+        self.pool_bytes += grown
+        return CapturedStep(step, None, grown)
+
+    def replay(self, captured, hooks):
+        return captured.graph()
+
+    def graphs_dropped(self):
+        self.dropped += 1
+
+
+def _runner_with(capture, booked: int, budget: int, plan_version):
+    from gh200rt.engine.cuda_graphs.runner import DecodeGraphRunner
+    from gh200rt.memory.ledger import DeviceMemoryLedger
+    ledger = DeviceMemoryLedger(budget)
+    ledger.reserve("graph_pools", booked)
+    hooks = type("Hooks", (), {"plan_version": property(lambda self: plan_version[0]),
+                               "self_contained": lambda self: __import__("contextlib").nullcontext(),
+                               "begin_step": lambda self, bucket: None})()
+    buffers = DecodeBuffers(max_batch=4, max_blocks_per_seq=2, block_size=4, device="cpu")
+    runner = DecodeGraphRunner(torch.nn.Module(), [], buffers, [1, 2, 4], hooks, ledger=ledger)
+    runner.capture = capture
+    runner._step = lambda bucket: (lambda: torch.zeros(bucket, 8))
+    runner.addresses = dict
+    return runner, ledger
+
+
+def test_a_placement_change_tells_the_capture_its_graphs_are_gone_and_the_pool_stays_booked():
+    plan_version = [0]
+    capture = GrowingCapture([10, 5, 0, 0])
+    runner, ledger = _runner_with(capture, booked=12, budget=100, plan_version=plan_version)
+    runner.run(_decode_step([[1]], [1]))
+    runner.run(_decode_step([[1], [2]], [1, 1]))
+    assert runner.pool_bytes == 15 and ledger.by_kind["graph_pools"] == 15 and capture.dropped == 0
+    plan_version[0] = 1                          # a tier move: the graphs go, the pool's blocks stay
+    runner.run(_decode_step([[1]], [1]))
+    assert capture.dropped == 1 and runner.graphs.keys() == {1} and runner.captures == 3
+    assert runner.pool_bytes == 15 and ledger.by_kind["graph_pools"] == 15, "a high-water mark, not reset"
+
+
+def test_a_graph_dropped_for_not_fitting_does_not_turn_later_captures_that_reuse_its_blocks_eager():
+    capture = GrowingCapture([30, 0])
+    runner, ledger = _runner_with(capture, booked=10, budget=20, plan_version=[0])
+    runner.run(_decode_step([[1]], [1]))          # grows the pool by 30: 20 more than booked, 10 free
+    assert runner.eager_buckets == {1} and runner.graphs == {}
+    runner.run(_decode_step([[1], [2]], [1, 1]))  # reuses the pool's cached blocks: no new device memory
+    assert runner.eager_buckets == {1} and runner.graphs.keys() == {2}
+    assert ledger.by_kind["graph_pools"] == 10

@@ -2,13 +2,21 @@
 
 ``CpuCapture`` stands in on the CPU: the "graph" is the step function, and replaying it calls the
 function again on the same persistent buffers (so everything but the capture is exercised there).
-``CudaCapture`` warms the step up on a side stream, then captures it with ``torch.cuda.CUDAGraph``
-into one memory pool (``torch.cuda.graph_pool_handle``) that all buckets share: graphs are replayed
-one at a time on one stream and every captured output stays referenced, so no graph's memory
-aliases another's live output. Streamed layers' staging copies are captured as nodes on the
-transfer backend's copy stream (it forks from and joins the capturing stream); replays go through
-the weight store's ``replay`` so the backend knows a graph read its slots. ``pool_bytes`` is what
-the capture added to the allocator's reserved memory (the ledger books it).
+``CudaCapture`` warms the step up and captures it on one side stream of its own (so whatever the step
+allocates lazily, a cuBLAS workspace for that stream above all, is allocated by the warm-up, outside the
+graph's pool), with ``torch.cuda.CUDAGraph``, into one memory pool that all buckets share: graphs are
+replayed one at a time on one stream and every captured output stays referenced, so no graph's memory
+aliases another's live output. Streamed layers' staging copies are captured as nodes on the transfer
+backend's copy stream (it forks from and joins the capturing stream); replays go through the weight
+store's ``replay`` so the backend knows a graph read its slots.
+
+The pool is owned, not merely named. A ``graph_pool_handle()`` is only an id: once the last graph captured
+into it is dropped (a tier move drops them all) the allocator counts no user of the pool, yet a block
+still allocated in it keeps the pool alive, and the next capture into that id fails the allocator's
+``use_count > 0`` assertion and aborts the process. A ``torch.cuda.MemPool`` counts as a user for as long
+as it lives, so recaptures after a move reuse its cached blocks; on a torch without ``MemPool`` each
+generation of graphs gets a fresh handle instead. ``pool_bytes`` is what the captures added to the
+allocator's reserved memory, a high-water mark over the pool's life (the ledger books it).
 """
 from __future__ import annotations
 
@@ -30,38 +38,70 @@ class CapturedStep:
 
 
 class CpuCapture:
+    pool_bytes = 0
+
     def capture(self, step: Step) -> CapturedStep:
         return CapturedStep(step, None, 0)
 
     def replay(self, captured: CapturedStep, hooks) -> torch.Tensor:
         return captured.graph()
 
+    def graphs_dropped(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
 
 class CudaCapture:
     def __init__(self, device: torch.device):
         self.device = device
-        self.pool = torch.cuda.graph_pool_handle()
+        self.stream = torch.cuda.Stream(device=device)   # warm-up and capture: one stream, one cuBLAS workspace
+        self.pool_bytes = 0
+        self._mem_pool = None
+        self.pool = self._new_pool()
+
+    def _new_pool(self):
+        """The id the captures allocate into; a ``MemPool`` object is kept so the pool lives as long as this."""
+        mem_pool = getattr(torch.cuda, "MemPool", None)
+        if mem_pool is not None:
+            with torch.cuda.device(self.device):
+                self._mem_pool = mem_pool()
+            return self._mem_pool.id
+        return torch.cuda.graph_pool_handle()
 
     def capture(self, step: Step) -> CapturedStep:
         current = torch.cuda.current_stream(self.device)
-        side = torch.cuda.Stream(device=self.device)
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
             for _ in range(WARMUP_RUNS):
                 step()
-        current.wait_stream(side)
+        current.wait_stream(self.stream)
         # torch.cuda.graph empties the cache on entry: do it first, so the growth measured is the pool's
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()
         before = torch.cuda.memory_reserved(self.device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
             output = step()
-        return CapturedStep(graph, output, max(0, torch.cuda.memory_reserved(self.device) - before))
+        grown = max(0, torch.cuda.memory_reserved(self.device) - before)
+        self.pool_bytes += grown
+        return CapturedStep(graph, output, grown)
 
     def replay(self, captured: CapturedStep, hooks) -> torch.Tensor:
         hooks.replay(captured.graph)
         return captured.output
+
+    def graphs_dropped(self) -> None:
+        """Every graph captured so far is gone (a tier move). An owned pool keeps its blocks for the
+        recaptures; a bare handle is never captured into again: the next generation gets a fresh one."""
+        if self._mem_pool is None:
+            self.pool = self._new_pool()
+            self.pool_bytes = 0    # the old pool's blocks go back to the device as their tensors die
+
+    def close(self) -> None:
+        """Drops the pool; its graphs must be gone first (a pool outliving none of its graphs is released)."""
+        self._mem_pool = None
 
 
 def make_capture(device: torch.device | str):

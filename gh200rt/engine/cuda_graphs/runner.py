@@ -1,7 +1,8 @@
 """DecodeGraphRunner: one lazily captured graph per decode batch bucket, recaptured when placement changes.
 
 ``run(out)`` pads the step to its bucket, and captures the bucket's graph on first use (or after
-``WeightStore.plan_version`` moved: a layer changed tier, so refs, slots and copies differ) inside the
+``WeightStore.plan_version`` moved: a layer changed tier, so refs, slots and copies differ; the graphs
+are dropped and the capture's pool outlives them, see capture.py) inside the
 weight store's ``self_contained()`` (no prefetch crosses a graph's boundary), then replays it. Each
 capture is counted (``captures``, in ``/metrics``), timed and logged at INFO. On a GPU the ledger books
 an estimate of the pool under ``graph_pools`` at start-up (``reserve_graph_pool``, before the KV cache
@@ -120,8 +121,8 @@ class DecodeGraphRunner:
             if self.graphs:
                 log.info("weight placement changed: the %d captured decode graphs will be recaptured as used",
                          len(self.graphs))
-            self.graphs.clear()     # their pool memory is free again: the recaptures measure it anew
-            self.pool_bytes = 0
+            self.graphs.clear()
+            self.capture.graphs_dropped()
             self._version = version
         self.buffers.fill(out, bucket)
         with self.hooks.self_contained():
@@ -140,6 +141,7 @@ class DecodeGraphRunner:
 
     def close(self) -> None:
         self.graphs.clear()
+        self.capture.close()
 
     def _plan_version(self) -> int:
         return getattr(self.hooks, "plan_version", 0)
@@ -158,7 +160,10 @@ class DecodeGraphRunner:
         started = time.perf_counter()
         step = self.capture.capture(self._step(bucket))
         seconds = time.perf_counter() - started
-        beyond = self.pool_bytes + step.pool_bytes - self._booked
+        # booked but not yet used before this capture; a graph dropped for not fitting leaves its blocks in
+        # the pool, unbooked, and a later capture that reuses them takes no new device memory
+        room = self._booked - (self.capture.pool_bytes - step.pool_bytes)
+        beyond = step.pool_bytes - max(0, room)
         if beyond > 0 and self.ledger is not None:
             try:
                 self.ledger.reserve("graph_pools", beyond)
@@ -168,7 +173,7 @@ class DecodeGraphRunner:
                             "bucket runs eagerly from now on (%s)", bucket, exc)
                 self.eager_buckets.add(bucket)
                 return None
-        self.pool_bytes += step.pool_bytes
+        self.pool_bytes = max(self.pool_bytes, self.capture.pool_bytes)
         self.captures += 1
         self.capture_seconds += seconds
         log.info("captured the decode graph of batch bucket %d in %.1f ms (graph pool +%.1f MiB, %.1f MiB in all)",
