@@ -17,7 +17,7 @@ OFFLOAD_MODES = ("auto", "none", "stream", "direct", "dynamic")
 TIERS = tuple(tier.value for tier in Tier)
 CPU_KERNELS = ("native", "torch")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's values; fp8 = fp8_e4m3
-HOST_WEIGHT_DTYPES = ("auto", "bf16", "fp16", "int8", "int4", "fp8")
+HOST_WEIGHT_DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "int4", "fp8")
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -159,7 +159,8 @@ class MemoryConfig:
         "KV cache capacity the planner must leave room for, in tokens"))
     host_weight_dtype: str = field(default="auto", metadata=_help(
         "format of offloaded weights in host memory (fp8: e4m3 with a scale per output channel; auto keeps an "
-        "FP8 or GGUF checkpoint's own quantized weights)", choices=HOST_WEIGHT_DTYPES))
+        "FP8 or GGUF checkpoint's own quantized weights and a dense checkpoint's compute dtype, so offloading "
+        "never rounds a weight)", choices=HOST_WEIGHT_DTYPES))
     platform: str | None = field(default=None, metadata=_help(
         "hardware profile for bandwidths (gh200-96g, h100-sxm, ...); default: detected"))
     bind_threads: bool = field(default=True, metadata=_help(

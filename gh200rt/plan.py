@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         fp8_weights = fp8_scheme(config, str(path))
         on_gpu = platform.kind != "cpu"
         host = memory.host_weight_dtype if memory.host_weight_dtype != "auto" else (
-            args.dtype if not on_gpu else "fp8" if fp8_weights else "bf16")
+            "fp8" if fp8_weights and on_gpu else args.dtype)
         resident = "fp8" if fp8_weights and on_gpu else args.dtype
         sizes = model_sizes(arch, args.dtype, kv_dtype=cache.kv_cache_dtype, host_format=host,
                             resident_format=resident)

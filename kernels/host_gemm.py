@@ -146,15 +146,16 @@ def compile_specs():
     aligned = ("x_ptr", "w_ptr", "scale_ptr", "min_ptr", "bias_ptr", "y_ptr",
                "K", "k_packed", "stride_xm", "stride_wn", "stride_ym", "split_len")
     specs = []
-    for fmt_name, fmt, w_type in (("bf16", FMT_DENSE, "*bf16"), ("fp16", FMT_DENSE, "*fp16"),
-                                  ("int8", FMT_SCALED, "*i8"), ("fp8", FMT_SCALED, "*fp8e4nv"),
-                                  ("int4", FMT_INT4, "*u8")):
+    for fmt_name, fmt, w_type in (("fp32", FMT_DENSE, "*fp32"), ("bf16", FMT_DENSE, "*bf16"),
+                                  ("fp16", FMT_DENSE, "*fp16"), ("int8", FMT_SCALED, "*i8"),
+                                  ("fp8", FMT_SCALED, "*fp8e4nv"), ("int4", FMT_INT4, "*u8")):
         for m, atomic in ((1, True), (8, True), (256, False)):
             cfg = tile_config(m, fmt)
             num_warps = cfg.pop("num_warps")
             constexprs = dict(FMT=fmt, HAS_BIAS=m == 8, ATOMIC=atomic, **cfg)
-            types = dict(x_ptr="*bf16", w_ptr=w_type, scale_ptr="*fp32", min_ptr="*fp32",
-                         bias_ptr="*bf16", y_ptr="*fp32" if atomic else "*bf16")
+            act = "*fp32" if fmt_name == "fp32" else "*bf16"    # an fp32 model's weights meet fp32 activations
+            types = dict(x_ptr=act, w_ptr=w_type, scale_ptr="*fp32", min_ptr="*fp32",
+                         bias_ptr=act, y_ptr="*fp32" if atomic else act)
             label = f"W={fmt_name} M={m} tile={cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']} split_k={'on' if atomic else 'off'}"
             specs.append(CompileSpec("host_gemm", label, fn, signature_of(fn, types, constexprs), constexprs,
                                      num_warps, aligned, min_load_bits=128))

@@ -38,7 +38,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-HOST_FORMATS = ("bf16", "fp16", "int8", "int4", "fp8")
+HOST_FORMATS = ("fp32", "bf16", "fp16", "int8", "int4", "fp8")
 FP8_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
 INT4_DEFAULT_GROUP = 32
 CPU_ROUTES = ("exact", "fbgemm")
@@ -408,7 +408,7 @@ def pack_weight(weight, fmt: str) -> torch.Tensor | PackedWeight:
     ``weight`` is a dense ``[N, K]`` tensor (bf16/fp16/fp32) or a GGUF quantized tensor (any
     object with ``ggml_type``, ``data``/``raw`` and ``shape``, see ``gguf_blocks``). ``fmt``:
     ``auto`` keeps GGUF tensors in their own format (lossless) and dense tensors as bf16;
-    ``bf16`` gives a dense bf16 tensor; ``fp16`` a ``HalfWeight``; ``int8`` / ``int4`` / ``fp8`` a
+    ``fp32`` / ``bf16`` give a dense tensor of that dtype; ``fp16`` a ``HalfWeight``; ``int8`` / ``int4`` / ``fp8`` a
     ``PackedWeight``. A ``PackedWeight`` (e.g. an FP8 checkpoint's weight) is kept when ``fmt`` is ``auto``
     or its own format, else dequantized and converted.
     """
@@ -430,6 +430,8 @@ def pack_weight(weight, fmt: str) -> torch.Tensor | PackedWeight:
                          f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else ''}")
     if fmt in ("auto", "bf16"):
         return weight.detach().to(torch.bfloat16).contiguous()
+    if fmt == "fp32":
+        return weight.detach().to(torch.float32).contiguous()
     if fmt == "fp16":
         return _to_half(weight)
     if fmt == "fp8":

@@ -81,6 +81,10 @@ class HostDenseWeight:
     def device(self) -> torch.device:
         return self.view.device
 
+    def storage(self) -> dict[str, torch.Tensor]:
+        """The memory this weight reads (what a captured graph sees)."""
+        return {"view": self.view}
+
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         # the kernel reads each weight byte once per 64 rows of x: ideal for decode; a long prefill
         # re-reads the weight over the link once per 64 tokens (correct, but link-bound)

@@ -1,11 +1,11 @@
 """The form an offloaded linear weight takes in host memory (``--host-weight-dtype``).
 
 ``resolve_host_format`` turns the flag into one concrete format once per engine:
-- ``auto`` on the CPU platform keeps the compute dtype (the same bits as a resident weight, so
-  every placement computes exactly what all-resident computes); on a GPU it keeps a quantized
-  checkpoint's own weights (``GGUF``: GGUF Q8_0 / Q4_0 / Q4_1 blocks or an FP8 checkpoint's fp8
-  weights, lossless) and stores dense checkpoints as bf16.
-- ``bf16`` / ``fp16`` / ``int8`` / ``int4`` / ``fp8`` convert at load (``kernels.quant.pack_weight``);
+- ``auto`` keeps a dense checkpoint's compute dtype (the same bits as a resident weight, so every
+  placement computes what all-resident computes, and a layer promoted back to HBM holds the
+  checkpoint's weights, not a rounding of them); on a GPU it keeps a quantized checkpoint's own
+  weights (``GGUF``: GGUF Q8_0 / Q4_0 / Q4_1 blocks or an FP8 checkpoint's fp8 weights, lossless).
+- ``fp32`` / ``bf16`` / ``fp16`` / ``int8`` / ``int4`` / ``fp8`` convert at load (``kernels.quant.pack_weight``);
   ``fp8`` of an FP8 checkpoint takes its fp8 weights as they are.
 
 ``host_form`` returns a dense tensor or a ``PackedWeight``; ``storage_parts`` lists the tensors a
@@ -26,9 +26,9 @@ def resolve_host_format(flag: str, on_cpu: bool, compute_dtype: torch.dtype, has
     """One of ``fp32`` / ``bf16`` / ``fp16`` (dense), ``int8``, ``int4`` or ``gguf`` (the checkpoint's blocks)."""
     if flag != "auto":
         return flag
-    if on_cpu:
+    if on_cpu or not has_quantized:
         return _DTYPE_FORMATS[compute_dtype]
-    return GGUF if has_quantized else "bf16"
+    return GGUF
 
 
 def planning_format(fmt: str, quantized: dict | None = None) -> str:
@@ -45,8 +45,10 @@ def is_fp8_checkpoint(quantized: dict | None) -> bool:
 
 
 class UpcastWeight:
-    """A dense host weight in a narrower dtype than the compute dtype, read as the GPU kernels read it:
-    upcast to the activation dtype, accumulate there."""
+    """A dense weight in a narrower dtype than the compute dtype (``--host-weight-dtype`` narrower than the
+    model), upcast to the activation dtype and accumulated there. On a GPU ``host_gemm`` upcasts each tile in
+    registers, as it does for the direct tier: upcasting the whole weight first would allocate a copy of it
+    on every call (inside a captured graph: in the graph's pool, outside the ledger)."""
     __slots__ = ("tensor",)
 
     def __init__(self, tensor: torch.Tensor):
@@ -56,8 +58,18 @@ class UpcastWeight:
     def nbytes(self) -> int:
         return self.tensor.nbytes
 
+    def storage(self) -> dict[str, torch.Tensor]:
+        """The memory this weight reads (what a captured graph sees)."""
+        return {"tensor": self.tensor}
+
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if self.tensor.is_cuda:
+            from gh200rt.kernels import host_gemm as host_gemm_module
+            return host_gemm_module.host_gemm(x, self.tensor, bias)
         return F.linear(x, self.tensor.to(x.dtype), bias)
+
+    def __repr__(self) -> str:
+        return f"UpcastWeight({list(self.tensor.shape)}, {self.tensor.dtype}, at 0x{self.tensor.data_ptr():x})"
 
 
 def concat_rows(parts: list[PackedWeight]) -> PackedWeight:
@@ -78,7 +90,7 @@ def host_form(dense: torch.Tensor, fmt: str, gguf_parts: list | None = None):
     if gguf_parts and (fmt == GGUF or (fmt == "fp8" and all(isinstance(p, PackedWeight) for p in gguf_parts))):
         return concat_rows([pack_weight(part, "auto") for part in gguf_parts])
     if fmt == GGUF:
-        fmt = "bf16"  # tensors the checkpoint stored unquantized
+        return dense  # a tensor the checkpoint stored unquantized, as loaded
     if _DTYPE_FORMATS.get(dense.dtype) == fmt:
         return dense
     return pack_weight(dense, fmt)

@@ -66,6 +66,7 @@ class WeightStore(LayerHooks):
         self.prefetch_across_steps = prefetch_across_steps
         self.tiers: list[Tier] = []
         self.slabs: dict[int, LayerSlab] = {}
+        self._slot_weights: dict[tuple[int, int], tuple[LayerSlab, torch.Tensor, dict]] = {}  # (layer, slot)
         self.backend = None
         self.device_weight_bytes = 0
         self._layer_device_bytes: dict[int, int] = {}   # resident layer -> device bytes of its linears
@@ -284,11 +285,20 @@ class WeightStore(LayerHooks):
                 continue
             slab = self.slabs[layer]
             if layer in position:
-                slot = self.backend.slots[slot_of(position[layer], self._num_slots)]
-                self._write(layer, slab.bind(slot, self.compute_dtype, stable=False))
+                self._write(layer, self._slot_binding(layer, slot_of(position[layer], self._num_slots)))
             else:
                 assert tier == Tier.DIRECT, (layer, tier, order)
                 self._write(layer, slab.direct(self.compute_dtype))
+
+    def _slot_binding(self, layer: int, slot: int) -> dict[str, object]:
+        """``layer``'s weights over staging slot ``slot``, built once per (slab, slot tensor): switching between
+        the decode and large-step orders then points the refs at the same objects over the same memory."""
+        slab, tensor = self.slabs[layer], self.backend.slots[slot]
+        cached = self._slot_weights.get((layer, slot))
+        if cached is None or cached[0] is not slab or cached[1] is not tensor:
+            cached = self._slot_weights[(layer, slot)] = (
+                slab, tensor, slab.bind(tensor, self.compute_dtype, stable=False))
+        return cached[2]
 
     # ---- hooks the model runner drives ------------------------------------------------------------
     def begin_step(self, num_tokens: int) -> None:
@@ -383,3 +393,4 @@ class WeightStore(LayerHooks):
         for slab in self.slabs.values():
             slab.free()
         self.slabs.clear()
+        self._slot_weights.clear()

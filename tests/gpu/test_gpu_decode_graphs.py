@@ -81,18 +81,22 @@ def test_eager_prefills_interleave_with_replays_without_synchronising(tiny_dir, 
 
 
 def test_a_tier_move_on_a_gpu_recaptures_and_keeps_addresses_checked(tiny_dir):
+    """The reference makes the same moves eagerly: a promoted layer holds whatever its host copy held."""
     from gh200rt.weights.tiers import Tier
-    eager_engine = make_engine(tiny_dir, graphs=False, offload="none", layer_tiers="0:streamed,1:streamed,5:streamed",
-                               staging_slots=2, prefetch_distance=1)
-    reference = generate_outputs(eager_engine)
+
+    def generate_moving(engine):
+        generate_outputs(engine)
+        engine.store.set_tier(0, Tier.STREAMED)
+        engine.store.set_tier(3, Tier.RESIDENT)
+        return generate_outputs(engine)
+    options = dict(offload="none", layer_tiers=EVERY_2ND, staging_slots=2, prefetch_distance=1)
+    eager_engine = make_engine(tiny_dir, graphs=False, **options)
+    reference = generate_moving(eager_engine)
     eager_engine.close()
-    engine = make_engine(tiny_dir, graphs=True, offload="none", layer_tiers=EVERY_2ND, staging_slots=2,
-                         prefetch_distance=1, check_graph_addresses=True)
-    generate_outputs(engine)
-    engine.store.set_tier(0, Tier.STREAMED)
-    engine.store.set_tier(3, Tier.RESIDENT)
-    outputs = generate_outputs(engine)
+    engine = make_engine(tiny_dir, graphs=True, check_graph_addresses=True, **options)
+    outputs = generate_moving(engine)
     assert engine.graphs.captures == 2 * len(BUCKETS)
     assert_same_or_near_tie(reference, outputs, "after a tier move")
+    assert_close_logprobs(reference, outputs, LOGPROB_TOLERANCE["float32"])
     report(engine, "after a tier move")
     engine.close()

@@ -180,3 +180,22 @@ def test_a_graph_dropped_for_not_fitting_does_not_turn_later_captures_that_reuse
     runner.run(_decode_step([[1], [2]], [1, 1]))  # reuses the pool's cached blocks: no new device memory
     assert runner.eager_buckets == {1} and runner.graphs.keys() == {2}
     assert ledger.by_kind["graph_pools"] == 10
+
+
+def test_addresses_record_the_storage_a_wrapper_reads_not_the_wrapper():
+    from types import SimpleNamespace
+
+    from gh200rt.engine.cuda_graphs.addresses import graph_addresses
+    from gh200rt.weights.forms import UpcastWeight
+    slot = torch.zeros(8, 4, dtype=torch.bfloat16)
+    ref = SimpleNamespace(current=UpcastWeight(slot))
+    model = torch.nn.Module()
+    model.layers = [None]
+    model.layer_weight_refs = lambda layer: {"mlp.down_proj": ref}
+    captured = graph_addresses(model, [], {}, [])
+    assert captured["layer 0 mlp.down_proj.tensor"] == (slot.data_ptr(), slot.nbytes)
+    ref.current = UpcastWeight(slot)             # rebuilt over the same memory: nothing moved
+    check_addresses(1, captured, graph_addresses(model, [], {}, []))
+    ref.current = UpcastWeight(slot.clone())     # over other memory: a replay would read the wrong bytes
+    with pytest.raises(GraphAddressChanged, match="layer 0 mlp.down_proj.tensor"):
+        check_addresses(1, captured, graph_addresses(model, [], {}, []))

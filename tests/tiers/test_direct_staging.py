@@ -68,3 +68,20 @@ def tiny_dir(tmp_path_factory):
 def test_prompts_used_here_cover_both_orders():
     assert min(map(len, PROMPTS)) < 8 <= max(map(len, PROMPTS))
     assert cost_model.HOST_GEMM_ROWS_PER_READ == 64
+
+
+def test_order_switches_keep_the_graphs_addresses_and_the_slot_bindings(tiny_dir, monkeypatch):
+    """A float32 model with bf16 host weights binds a streamed layer as UpcastWeight(slot view); prompt steps
+    switch to the large order and decode steps back, between replays of the decode graphs. The address check
+    must see the same storage (not a new wrapper object) and the store must hand out the same bindings."""
+    monkeypatch.setattr(planner, "direct_staging_min_tokens", lambda platform: 8)
+    eng = engine(tiny_dir, staging_slots=2, prefetch_distance=1, offload="direct", layer_tiers="0-2:streamed",
+                 host_weight_dtype="bf16", enforce_eager=False, check_graph_addresses=True)
+    ref = eng.runner.model.layer_weight_refs(0)["self_attn.qkv_proj"]
+    assert type(ref.current).__name__ == "UpcastWeight", ref.current
+    decode_binding = ref.current
+    first = run(eng)                       # graphs captured; the 30-token prompt switched orders around them
+    assert eng.graphs.captures > 0 and eng.store._schedule.large_order != eng.store._schedule.decode_order
+    assert run(eng) == first               # second pass: replays after more switches, addresses checked
+    assert ref.current is decode_binding, "a switch back to the decode order rebuilt the slot's weights"
+    eng.close()

@@ -2,7 +2,7 @@
 
 ``graph_addresses(...)`` names each tensor a bucketed decode step reads or writes (input buffers,
 KV caches, the model's parameters and buffers, every decoder layer's current weights, staging slots)
-with its (data pointer, bytes). The runner records this at capture and, with
+with its (data pointer, bytes): storage, never the identity of the Python object wrapping it. The runner records this at capture and, with
 ``--check-graph-addresses``, compares before every replay: a graph replayed over a moved tensor
 would read freed memory or write the KV cache somewhere else, silently.
 """
@@ -18,11 +18,14 @@ class GraphAddressChanged(RuntimeError):
 
 
 def _tensors_of(weight) -> dict[str, torch.Tensor]:
+    """The storage a weight form reads: its tensors (packed forms) or its ``storage()`` (wrappers over a view,
+    rebuilt when the ring's order changes: the wrapper is new, the memory is not)."""
     if isinstance(weight, torch.Tensor):
         return {"": weight}
-    parts = getattr(weight, "tensors", None)
-    if callable(parts):
-        return {f".{name}": t for name, t in parts().items()}
+    for method in ("tensors", "storage"):
+        parts = getattr(weight, method, None)
+        if callable(parts):
+            return {f".{name}": t for name, t in parts().items()}
     return {}
 
 

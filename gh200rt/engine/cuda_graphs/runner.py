@@ -126,10 +126,12 @@ class DecodeGraphRunner:
             self._version = version
         self.buffers.fill(out, bucket)
         with self.hooks.self_contained():
+            # the staging ring's order and refs as the graph sees them, before a capture records its addresses
+            # too (a capture that does not run the step, as on the CPU, would record the last step's order)
+            self.hooks.begin_step(bucket)
             graph = self.graphs.get(bucket) or self._capture(bucket)
             if graph is None:       # this step runs its function eagerly on the same buffers
                 return self._step(bucket)()[:batch]
-            self.hooks.begin_step(bucket)   # the staging ring's order and refs as the graph saw them
             if self.check:
                 check_addresses(bucket, graph.addresses, self.addresses())
             hidden = self.capture.replay(graph.step, self.hooks)
