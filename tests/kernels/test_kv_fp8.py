@@ -61,7 +61,9 @@ def test_store_kv_fp8_matches_reference(dtype, src, heads, d):
 
 
 def fp8_case(query_lens, seq_lens, heads, kv_heads, d, block_size, q_dtype, kv_dtype, seed):
-    q, pool, meta = build_case(query_lens, seq_lens, heads, kv_heads, d, block_size, torch.float32, seed)
+    # the torch store: these CPU tensors also feed the compiled kernels of tests/gpu/test_gpu_fp8.py
+    q, pool, meta = build_case(query_lens, seq_lens, heads, kv_heads, d, block_size, torch.float32, seed,
+                               store=reference_write_kv)
     scale = torch.tensor([0.015, 0.008])
     fp8_pool = torch.zeros(pool.shape, dtype=kv_dtype)
     every = torch.arange(pool.shape[1] * block_size)
@@ -122,3 +124,19 @@ def test_kv_cache_dtype_flag():
     assert fp8.kv_cache_dtype("fp8_e5m2", torch.float32) is torch.float8_e5m2
     with pytest.raises(ValueError, match="choose one of auto, fp8"):
         fp8.kv_cache_dtype("int8", torch.float32)
+
+
+def test_the_fp8_case_launches_no_triton_kernel_so_gpu_hosts_can_build_it():
+    """On a GPU host Triton compiles instead of interpreting, and a compiled kernel cannot take CPU tensors: the
+    case tests/gpu/test_gpu_fp8.py feeds to the compiled attention must be built in plain torch. Here that host
+    is stood in for by a process with the interpreter off (launching a kernel there fails)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    probe = ("import torch; from tests.kernels.test_kv_fp8 import fp8_case; "
+             "fp8_case([1, 3], [9, 20], 4, 2, 16, 8, torch.bfloat16, torch.float8_e4m3fn, seed=1); print('built')")
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=root, env={**env, "TRITON_INTERPRET": "0"},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "built" in proc.stdout, proc.stderr[-2000:]

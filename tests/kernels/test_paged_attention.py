@@ -3,18 +3,19 @@ import pytest
 import torch
 
 from gh200rt.kernels.paged_attention import paged_attention, reference_paged_attention
-from gh200rt.kernels.store_kv import write_kv
+from gh200rt.kernels.store_kv import reference_write_kv, write_kv
 from tests.kernels.paged_cases import scattered_case
 
 pytestmark = pytest.mark.interpreter
 
 
-def build_case(query_lens, seq_lens, heads, kv_heads, d, block_size, dtype, seed):
-    """A scattered case whose new tokens' K/V are written by the Triton store, as a model step does."""
+def build_case(query_lens, seq_lens, heads, kv_heads, d, block_size, dtype, seed, store=write_kv):
+    """A scattered case on the CPU whose new tokens' K/V are written by ``store``: the Triton store (interpreted),
+    as a model step does, or its torch reference where the case only feeds a compiled kernel on a GPU host."""
     q, pool, meta, gen = scattered_case(query_lens, seq_lens, heads, kv_heads, d, block_size, dtype, seed)
     k = torch.randn(meta.num_tokens, kv_heads, d, generator=gen).to(dtype)
     v = torch.randn(meta.num_tokens, kv_heads, d, generator=gen).to(dtype)
-    write_kv(pool, k, v, meta.slot_mapping)
+    store(pool, k, v, meta.slot_mapping)
     return q, pool, meta
 
 
