@@ -2,6 +2,8 @@
 a thread pool that computes the masks of a batch in parallel, and one matcher per sequence."""
 from __future__ import annotations
 
+import json
+
 import llguidance
 
 from gh200rt.structured.constraint import Constraint
@@ -41,8 +43,8 @@ class GrammarMatchers:
             if backend is None or not hasattr(backend, "to_str"):
                 raise ValueError("structured outputs need a Hugging Face 'tokenizers' tokenizer; this model's "
                                  f"tokenizer ({type(self.tokenizer).__name__}) is not one")
-            self._ll_tokenizer = llguidance.LLTokenizer(backend.to_str(), n_vocab=self.vocab_size,
-                                                        eos_token=self.eos_token_ids or None)
+            spec = backend.to_str()
+            self._ll_tokenizer = _grammar_tokenizer(spec, self.vocab_size, self.eos_token_ids)
             self._executor = llguidance.LLExecutor()
         return self._ll_tokenizer
 
@@ -52,3 +54,20 @@ class GrammarMatchers:
         if matcher.is_error():
             raise ValueError(f"invalid {constraint.kind} constraint: {matcher.get_error()[:300]}")
         return SequenceGrammar(matcher, self._executor)
+
+
+def _grammar_tokenizer(spec: str, vocab_size: int, eos_token_ids: list[int]) -> llguidance.LLTokenizer:
+    """llguidance's view of a tokenizer.json, or a ValueError saying what about the tokenizer it cannot use."""
+    described = json.loads(spec)
+    if described.get("decoder") is None:
+        kind = (described.get("model") or {}).get("type", "unknown")
+        raise ValueError(
+            "structured outputs (response_format, tools, structured_outputs, guided_*) need to know which bytes "
+            "each token adds to the text, and this model's tokenizer does not say: its tokenizer.json has no "
+            f"decoder (a {kind} tokenizer). Byte-level BPE and SentencePiece tokenizers (every Llama, Mistral, "
+            "Qwen and SmolLM tokenizer) have one; serve such a model, or send the request without the constraint")
+    try:
+        return llguidance.LLTokenizer(spec, n_vocab=vocab_size, eos_token=eos_token_ids or None)
+    except ValueError as err:
+        raise ValueError(f"structured outputs cannot use this model's tokenizer: the grammar engine (llguidance) "
+                         f"refused it ({err}); send the request without the constraint") from err
