@@ -30,6 +30,9 @@ class TransferBackend(Protocol):
     def compute_done(self, slot: int) -> None:
         """Mark the compute issued so far as the slot's last reader: the next ``copy`` may overwrite it."""
 
+    def graph_captured(self, graph) -> None:
+        """``graph`` was just captured: the copies captured into it are counted on each of its replays."""
+
     def replay(self, graph) -> None:
         """Launch a captured step (``graph.replay()``) so that later copies are ordered after its reads."""
 

@@ -55,6 +55,9 @@ class CpuTransferBackend:
     def compute_done(self, slot: int) -> None:
         self._compute_done[slot].set()
 
+    def graph_captured(self, graph) -> None:
+        """Nothing to file: replaying a CPU step runs its copies and waits again, which count themselves."""
+
     def replay(self, graph) -> None:
         """Run a recorded step (``graph.replay()``); the host runs it in order, so nothing more to track."""
         graph.replay()

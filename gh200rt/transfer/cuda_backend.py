@@ -18,16 +18,19 @@ may wait on the slot's "compute done" event and when it must fork from the curre
 must be launched through ``replay(graph)`` so eager copies that follow are ordered after the replay's
 reads. Each copy is joined back by its ``wait_copy``. Nothing here allocates device memory.
 
-Counters: ``bytes_copied`` counts the copies that were waited for, as issued from Python (a graph
-replay runs no Python, so it adds nothing). ``wait_seconds`` is the time the compute stream stood
-still waiting for copies; it is measured with CUDA timing events only when ``time_waits`` is True
-(eager calls only; captured waits are not timed) and stays 0.0 otherwise. Reading it with timing on
-waits for the timed events to complete (a host sync at read time, never in the hot calls).
+Counters: ``bytes_copied`` counts the copies that were waited for: eager ones as they are issued, and
+for a replayed graph the bytes its capture copied, once per replay (graph_copies.py; a capture itself
+copies nothing). ``wait_seconds`` is the time the compute stream stood still waiting for copies; it is
+measured with CUDA timing events only when ``time_waits`` is True, and stays 0.0 otherwise. Inside
+graphs the events are captured as event-record nodes where this torch and driver can (checked once,
+``graph_timing_supported``); elsewhere replayed waits are not timed. Reading it with timing on waits
+for the timed events to complete (a host sync at read time, never in the hot calls).
 """
 from __future__ import annotations
 
 import torch
 
+from gh200rt.transfer.graph_copies import GraphCopies
 from gh200rt.transfer.slot_release import SlotReleases
 
 _TIMED_WAITS_KEPT = 1024  # pending timed waits before finished ones are folded in without blocking
@@ -46,6 +49,28 @@ def _capture_id(stream: torch.cuda.Stream) -> int | None:
     if err != rt.cudaError_t.cudaSuccess:
         raise RuntimeError(f"cudaStreamGetCaptureInfo failed during capture: {err.name}")
     return int(capture_id)
+
+
+def graph_timing_supported(device: torch.device) -> bool:
+    """Whether timing events recorded inside a captured graph time its replays here: tried once on a tiny
+    graph of its own (torch's ``Event(external=True)`` makes a captured record an event-record node)."""
+    try:
+        stream = torch.cuda.Stream(device=device)
+        start, end = (torch.cuda.Event(enable_timing=True, external=True) for _ in range(2))
+        x = torch.zeros(1, device=device)
+        with torch.cuda.stream(stream):
+            x.add_(1)
+        stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            start.record()
+            x.add_(1)
+            end.record()
+        graph.replay()
+        end.synchronize()
+        return start.elapsed_time(end) >= 0.0
+    except (TypeError, RuntimeError):
+        return False
 
 
 class CudaTransferBackend:
@@ -72,6 +97,8 @@ class CudaTransferBackend:
         self._spare_timers: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self.bytes_copied = 0
         self._wait_seconds = 0.0
+        timed_in_graphs = time_waits and graph_timing_supported(device)
+        self._graph_copies = GraphCopies(self._captured_timers if timed_in_graphs else None)
 
     def copy(self, slot: int, src: torch.Tensor) -> None:
         dst = self.slots[slot]
@@ -101,14 +128,19 @@ class CudaTransferBackend:
         nbytes = self._pending_bytes[slot]
         assert nbytes is not None, f"slot {slot} was never filled"
         current = torch.cuda.current_stream(self.device)
-        timers = self._timers() if self.time_waits and not torch.cuda.is_current_stream_capturing() else None
+        capture = _capture_id(current)
+        if capture is not None:     # counted per replay of the graph being captured
+            timers = self._graph_copies.waited(capture, nbytes)
+        else:
+            timers = self._timers() if self.time_waits else None
+            self.bytes_copied += nbytes
         if timers is not None:
             timers[0].record(current)
         current.wait_event(self._copy_done[slot])
         if timers is not None:
             timers[1].record(current)
-            self._timed.append(timers)
-        self.bytes_copied += nbytes
+            if capture is None:
+                self._timed.append(timers)
         self._pending_bytes[slot] = None
 
     def compute_done(self, slot: int) -> None:
@@ -116,15 +148,26 @@ class CudaTransferBackend:
         self._compute_done[slot].record(current)
         self._releases.released(slot, _capture_id(current))
 
+    def graph_captured(self, graph: torch.cuda.CUDAGraph) -> None:
+        """``graph`` holds the copies captured since its capture began: each replay counts them."""
+        self._graph_copies.captured(graph)
+
     def replay(self, graph: torch.cuda.CUDAGraph) -> None:
         """Launch ``graph`` on the current stream; eager copies after it wait for its reads of the slots."""
+        nbytes = self._graph_copies.replay_starts(graph)
         graph.replay()
+        self.bytes_copied += nbytes
         self._releases.graph_replayed()
 
     @property
     def wait_seconds(self) -> float:
         self._fold_timed(block=True)
-        return self._wait_seconds
+        return self._wait_seconds + self._graph_copies.read_all()
+
+    @staticmethod
+    def _captured_timers() -> tuple[torch.cuda.Event, torch.cuda.Event]:
+        return (torch.cuda.Event(enable_timing=True, external=True),
+                torch.cuda.Event(enable_timing=True, external=True))
 
     def _fold_timed(self, block: bool) -> None:
         done = 0

@@ -47,6 +47,9 @@ class LayerHooks:
         """Around a step captured into a graph, or replayed from one: no copy crosses its boundaries."""
         yield
 
+    def graph_captured(self, graph) -> None:
+        """``graph`` was just captured (its staging copies are counted on each replay)."""
+
     def replay(self, graph) -> None:
         """Launch a captured ``torch.cuda.CUDAGraph``."""
         graph.replay()
@@ -101,6 +104,9 @@ class StreamingSchedule(LayerHooks):
             yield
         finally:
             self.wrap_steps = wrap
+
+    def graph_captured(self, graph) -> None:
+        self.backend.graph_captured(graph)
 
     def replay(self, graph) -> None:
         self.backend.replay(graph)

@@ -313,6 +313,9 @@ class WeightStore(LayerHooks):
     def self_contained(self):
         return self._schedule.self_contained()
 
+    def graph_captured(self, graph) -> None:
+        self._schedule.graph_captured(graph)
+
     def replay(self, graph) -> None:
         self._schedule.replay(graph)
 

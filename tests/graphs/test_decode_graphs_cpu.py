@@ -167,9 +167,9 @@ def test_a_capture_does_not_count_as_step_time_for_the_tier_controller(tiny_dir)
     engine.controller = TierController(engine.store, type("Record", (), {"decide": lambda self, s: seen.append(s)})())
     capture = engine.graphs.capture.capture
 
-    def slow_capture(step):
+    def slow_capture(step, hooks):
         time.sleep(0.5)                  # a capture far slower than any step of this model
-        return capture(step)
+        return capture(step, hooks)
     engine.graphs.capture.capture = slow_capture
     generate_outputs(engine, count=4)                 # decode batches 3, 2, 1: buckets 4, 2, 1 captured
     assert engine.graphs.captures == 3 and engine.graphs.capture_seconds >= 1.5

@@ -130,7 +130,7 @@ class GrowingCapture:
     def __init__(self, growth: list[int]):
         self.growth, self.pool_bytes, self.dropped = list(growth), 0, 0
 
-    def capture(self, step):
+    def capture(self, step, hooks):
         from gh200rt.engine.cuda_graphs.capture import CapturedStep
         grown = self.growth.pop(0)
         self.pool_bytes += grown

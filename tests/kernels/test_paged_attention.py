@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from gh200rt.kernels.paged_attention import paged_attention, reference_paged_attention
-from gh200rt.kernels.store_kv import reference_write_kv, write_kv
+from gh200rt.kernels.store_kv import write_kv
 from tests.kernels.paged_cases import scattered_case
 
 pytestmark = pytest.mark.interpreter

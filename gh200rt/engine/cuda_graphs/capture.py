@@ -40,7 +40,7 @@ class CapturedStep:
 class CpuCapture:
     pool_bytes = 0
 
-    def capture(self, step: Step) -> CapturedStep:
+    def capture(self, step: Step, hooks=None) -> CapturedStep:
         return CapturedStep(step, None, 0)
 
     def replay(self, captured: CapturedStep, hooks) -> torch.Tensor:
@@ -70,7 +70,7 @@ class CudaCapture:
             return self._mem_pool.id
         return torch.cuda.graph_pool_handle()
 
-    def capture(self, step: Step) -> CapturedStep:
+    def capture(self, step: Step, hooks) -> CapturedStep:
         current = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(current)
         with torch.cuda.stream(self.stream):
@@ -84,6 +84,7 @@ class CudaCapture:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
             output = step()
+        hooks.graph_captured(graph)
         grown = max(0, torch.cuda.memory_reserved(self.device) - before)
         self.pool_bytes += grown
         return CapturedStep(graph, output, grown)

@@ -160,7 +160,7 @@ class DecodeGraphRunner:
     def _capture(self, bucket: int) -> _Graph | None:
         """Capture ``bucket``'s graph; None when its pool does not fit the ledger (the bucket turns eager)."""
         started = time.perf_counter()
-        step = self.capture.capture(self._step(bucket))
+        step = self.capture.capture(self._step(bucket), self.hooks)
         seconds = time.perf_counter() - started
         # booked but not yet used before this capture; a graph dropped for not fitting leaves its blocks in
         # the pool, unbooked, and a later capture that reuses them takes no new device memory
