@@ -14,6 +14,9 @@ from tests.server.helpers import ServerProcess  # noqa: E402
 
 
 class City(pydantic.BaseModel):
+    # closed (additionalProperties: false): an open schema lets a sampled answer add properties until
+    # max_tokens cuts it, and a cut tool call is content, not a tool call
+    model_config = pydantic.ConfigDict(extra="forbid")
     name: str = pydantic.Field(max_length=20)
     country: Literal["France", "Italy", "Spain"]
     population_millions: int = pydantic.Field(ge=0, le=50)
