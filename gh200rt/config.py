@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from gh200rt.platform.bandwidth import read_profile_file
 from gh200rt.weights.tiers import Tier
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -163,6 +164,10 @@ class MemoryConfig:
         "never rounds a weight)", choices=HOST_WEIGHT_DTYPES))
     platform: str | None = field(default=None, metadata=_help(
         "hardware profile for bandwidths (gh200-96g, h100-sxm, ...); default: detected"))
+    profile_file: str | None = field(default=None, metadata=_help(
+        "measured bandwidth profile (JSON) whose figures replace the built-in table's for the planner: the one "
+        "scripts/validate_gpu.py (or scripts/numa_placement.py --profile-out) wrote on this host; default: the "
+        "built-in figures of the detected profile (or --platform)"))
     bind_threads: bool = field(default=True, metadata=_help(
         "on a GPU host, run the engine's threads on the CPUs of the GPU's NUMA node (within those the process "
         "may use)"))
@@ -170,6 +175,8 @@ class MemoryConfig:
     def __post_init__(self):
         parse_size(self.device_memory_budget, "--device-memory-budget")
         parse_layer_tiers(self.layer_tiers)
+        if self.profile_file is not None:
+            read_profile_file(self.profile_file)   # its base profile is checked once the platform is known
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.offload not in OFFLOAD_MODES:

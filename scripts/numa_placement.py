@@ -11,6 +11,11 @@ machine's published limit (../shared HARDWARE.md figures) where one is known.
     python scripts/numa_placement.py --quick     # under a minute
     python scripts/numa_placement.py --out results/numa --repeats 7
     python scripts/numa_placement.py --readers gpu-copy-h2d,gpu-host-gemm --sizes-mib 64 256 1024
+        --profile-out results/profile.json   # also a measured profile for the planner (--profile-file)
+
+``--profile-out`` writes the GPU readers' figures (largest buffer on the GPU's node) as a measured profile
+(gh200rt/platform/bandwidth.py) that ``python -m gh200rt.serve --profile-file PATH`` (and every command
+taking engine flags) plans with on this host instead of the built-in table.
 """
 from __future__ import annotations
 
@@ -184,6 +189,23 @@ def plot(results: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def write_profile(report: dict, path: Path) -> bool:
+    """The measured profile of this host from ``report``; False (and why) when no GPU reader ran."""
+    from gh200rt.platform.bandwidth import profile_from_bandwidth_report, write_measured_profile
+    platform = _gpu_platform()
+    command = "scripts/numa_placement.py " + " ".join(sys.argv[1:])
+    profile = profile_from_bandwidth_report(report, platform.profile, platform.device_name, command)
+    measured = {k: v for k, v in profile.items() if k.endswith("_gbps")}
+    if not measured:
+        print(f"no profile written to {path}: neither gpu-copy-h2d nor gpu-host-gemm ran on the local node here "
+              f"(readers skipped: {'; '.join(report['skipped']) or 'none'})", file=sys.stderr)
+        return False
+    write_measured_profile(path, profile)
+    print(f"wrote {path}: measured profile over {platform.profile} "
+          f"({', '.join(f'{k} {v}' for k, v in measured.items())}); plan with it: --profile-file {path}")
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--list", action="store_true", help="show what would run here and why the rest is skipped")
@@ -195,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-plot", action="store_true", help="write the JSON only")
     parser.add_argument("--gpu", type=int, default=0, help="which GPU's nearest node counts as local")
     parser.add_argument("--out", type=Path, default=Path("results/numa"), help="where the JSON and PNG go")
+    parser.add_argument("--profile-out", type=Path, help="also write a measured profile (--profile-file) from the "
+                                                         "gpu-copy-h2d and gpu-host-gemm figures here")
     args = parser.parse_args(argv)
 
     topo = read_topology()
@@ -239,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
               "skipped": skipped_places + skipped_readers}
     (args.out / "numa_placement.json").write_text(json.dumps(report, indent=2))  # before plotting: never lost
     print(f"\nwrote {args.out / 'numa_placement.json'}")
+    if args.profile_out and not write_profile(report, args.profile_out):
+        return 1
     if not args.no_plot:
         try:
             plot(results, args.out / "numa_placement.png")

@@ -72,7 +72,7 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     """Load ``config.model`` and place its weights per ``config.memory``; ``poison`` NaN-fills staging
     slots before every copy (tests: a read before the copy lands shows up)."""
     device = device or execution_device()
-    platform = platform or detect(config.memory.platform)
+    platform = platform or detect(config.memory.platform, config.memory.profile_file)
     loaded = load_model(config.model, device="cpu", compute_device=device)  # placed below, layer by layer
     arch, dtype = loaded.arch, DTYPE_NAMES[loaded.dtype]
     fmt = weight_forms.resolve_host_format(config.memory.host_weight_dtype, device == "cpu", loaded.dtype,

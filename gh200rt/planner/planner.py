@@ -86,11 +86,18 @@ class Plan:
         streamed = self.streamed_layers
         return slot_of(streamed.index(layer), self.staging_slots) if layer in streamed else None
 
+    def figures(self) -> str:
+        """The bandwidths and peak the cost model used, and where they came from."""
+        p = self.platform
+        return (f"cost model: host->device {p.link_h2d_gbps:g} GB/s, direct read {p.direct_read_gbps:g} GB/s, "
+                f"HBM {p.hbm_gbps:g} GB/s, {p.peak_tflops:g} TFLOP/s; from {p.figures_from}")
+
     def explain(self) -> str:
         gib = lambda n: f"{n / (1 << 30):9.3f} GiB"  # noqa: E731
         counts = ", ".join(f"{n} {tier}" for tier, n in self.tier_counts.items() if n)
         lines = [f"plan for {self.platform.profile} ({self.platform.kind}), device budget {gib(self.capacity)}: "
                  f"{counts}" + (" at start-up; tiers follow KV demand (--offload dynamic)" if self.dynamic else ""),
+                 self.figures(),
                  f"{'layer':>5} {'tier':<9} {'bytes':>13} {'slot':>4}"]
         for i, tier in enumerate(self.tiers):
             slot = self.slot_of(i)

@@ -1,1 +1,1 @@
-"""Platform detection and named hardware profiles (see detect.py, profiles.py)."""
+"""Platform detection, named hardware profiles and measured ones (see detect.py, profiles.py, bandwidth.py)."""

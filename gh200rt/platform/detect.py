@@ -1,8 +1,10 @@
 """Platform detection: one frozen description of the machine gh200rt runs on.
 
 Contract: ``detect(profile_name=None, measured_profile=None) -> Platform`` never raises or warns on
-a machine without a GPU (it returns kind ``cpu``). CUDA is queried once via torch. Bandwidths come
-from a measured profile JSON when given, else from the named built-in profile matching the device.
+a machine without a GPU (it returns kind ``cpu``); only a bad measured profile raises
+(``ProfileFileError``). CUDA is queried once via torch. Bandwidths come from a measured profile JSON
+when given (``--profile-file``, platform/bandwidth.py), else from the named built-in profile matching
+the device; ``Platform.figures_from`` says which.
 """
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from gh200rt.platform.profiles import HardwareProfile, get_profile, load_measured_profile
+from gh200rt.platform.bandwidth import load_measured_profile
+from gh200rt.platform.profiles import HardwareProfile, get_profile
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,7 @@ class Platform:
     hbm_gbps: float
     peak_tflops: float
     profile: str
+    figures_from: str = "a built-in table (gh200rt/platform/profiles.py)"
 
     @classmethod
     def from_profile(cls, prof: HardwareProfile, device_name: str | None = None,
@@ -35,7 +39,8 @@ class Platform:
                    device_memory_bytes=device_memory_bytes or prof.device_memory_bytes,
                    host_numa_node=host_numa_node, ats=prof.ats if ats is None else ats,
                    link_h2d_gbps=prof.link_h2d_gbps, direct_read_gbps=prof.direct_read_gbps,
-                   hbm_gbps=prof.hbm_gbps, peak_tflops=prof.peak_tflops, profile=prof.name)
+                   hbm_gbps=prof.hbm_gbps, peak_tflops=prof.peak_tflops, profile=prof.name,
+                   figures_from=prof.figures_from)
 
 
 def profile_for_device(name: str, total_bytes: int, aarch64: bool) -> str:
@@ -118,4 +123,4 @@ def detect(profile_name: str | None = None, measured_profile: str | Path | None 
     return Platform(kind=kind, device_name=props.name, device_memory_bytes=props.total_memory,
                     host_numa_node=gpu_numa_node(_cuda_pci_address(0)), ats=ats, link_h2d_gbps=prof.link_h2d_gbps,
                     direct_read_gbps=prof.direct_read_gbps, hbm_gbps=prof.hbm_gbps,
-                    peak_tflops=prof.peak_tflops, profile=prof.name)
+                    peak_tflops=prof.peak_tflops, profile=prof.name, figures_from=prof.figures_from)

@@ -1,15 +1,13 @@
 """Built-in hardware profiles: published bandwidths the cost model uses when nothing was measured.
 
 Contract: ``PROFILES[name]`` is a ``HardwareProfile`` (all bandwidths in GB/s, 1 GB = 1e9 bytes).
-Figures come from the shared HARDWARE.md (hardware facts with sources); each entry names its sources. A measured profile JSON
-(``load_measured_profile``) overrides these field by field.
+Figures come from the shared HARDWARE.md (hardware facts with sources) or from a recorded run on that
+hardware (../shared/gpu-runs/); each entry names its sources. A measured profile (``--profile-file``,
+``gh200rt/platform/bandwidth.py``) overrides these figure by figure on the host that measured it.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 GIB = 1 << 30
 
@@ -24,6 +22,12 @@ class HardwareProfile:
     hbm_gbps: float
     peak_tflops: float          # dense bf16 tensor-core peak
     ats: bool                   # GPU reads pageable host memory through the host page tables
+    source: str | None = None   # a measured profile's account of its figures (None: all built-in)
+
+    @property
+    def figures_from(self) -> str:
+        """Where the figures come from, as Plan.explain() prints it."""
+        return self.source or f"the built-in {self.name} table (gh200rt/platform/profiles.py, sources beside it)"
 
 
 PROFILES: dict[str, HardwareProfile] = {
@@ -33,9 +37,14 @@ PROFILES: dict[str, HardwareProfile] = {
     "gh200-96g": HardwareProfile("gh200-96g", "gh200", 96 * 10**9, 375.0, 330.0, 3500.0, 989.0, True),
     # Same link figures; HBM3e 144 GB at 4.9 TB/s (dnhkng; NVIDIA GH200 material).
     "gh200-144g": HardwareProfile("gh200-144g", "gh200", 144 * 10**9, 375.0, 330.0, 4900.0, 989.0, True),
-    # PCIe Gen5 x16: 64 GB/s spec, ~50-55 GB/s pinned (TransformerEngine offload docs); SM-driven
-    # H2D 35 GB/s (NVIDIA/nvbandwidth issue 24); H100 SXM 80 GB at 3.35 TB/s (NVIDIA datasheet).
-    "h100-sxm": HardwareProfile("h100-sxm", "x86-cuda", 80 * 10**9, 52.0, 35.0, 3350.0, 989.0, False),
+    # Measured on an H100 SXM 80GB on an x86 host, PCIe Gen5 x16 host link (64 GB/s spec), 1 GiB buffers on
+    # the GPU's NUMA node: pinned H2D 55.2 GB/s (54.2 at 64 MiB), host_gemm reading a registered slab in
+    # place 51.0 GB/s (47.8 at 64 MiB) (../shared/gpu-runs/h100-2026-11-25/bandwidth.log); HBM3 80 GB at
+    # 3.35 TB/s (NVIDIA datasheet).
+    "h100-sxm": HardwareProfile("h100-sxm", "x86-cuda", 80 * 10**9, 55.2, 51.0, 3350.0, 989.0, False),
+    # The PCIe cards below are not measured yet: PCIe Gen5 x16 ~50-55 GB/s pinned (TransformerEngine offload
+    # docs); 35 GB/s direct read is nvbandwidth's SM-driven H2D (NVIDIA/nvbandwidth issue 24), below the
+    # 51.0 GB/s host_gemm reached on the H100 SXM host above.
     # H100 PCIe: 80 GB HBM2e at 2.0 TB/s, 756 TFLOPS dense bf16 (NVIDIA datasheet); same PCIe Gen5 link.
     "h100-pcie": HardwareProfile("h100-pcie", "x86-cuda", 80 * 10**9, 52.0, 35.0, 2000.0, 756.0, False),
     # H100 NVL (PCIe card): 94 GB HBM3 at 3.9 TB/s, 835 TFLOPS dense bf16 (1,671 with sparsity; NVIDIA
@@ -55,13 +64,3 @@ def get_profile(name: str) -> HardwareProfile:
     if name not in PROFILES:
         raise ValueError(f"unknown platform profile {name!r}: choose one of {', '.join(PROFILES)}")
     return PROFILES[name]
-
-
-def load_measured_profile(path: str | Path, base: HardwareProfile) -> HardwareProfile:
-    """Override ``base`` with the fields present in a measured-profile JSON file."""
-    data = json.loads(Path(path).read_text())
-    known = {f.name for f in dataclasses.fields(HardwareProfile)}
-    unknown = set(data) - known
-    if unknown:
-        raise ValueError(f"measured profile {path}: unknown fields {sorted(unknown)}; known: {sorted(known)}")
-    return dataclasses.replace(base, **data)

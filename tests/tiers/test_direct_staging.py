@@ -22,7 +22,7 @@ def test_threshold_is_where_rereads_cost_more_than_one_copy():
         assert direct_staging_min_tokens(platform(name)) == HOST_GEMM_ROWS_PER_READ + 1, name
     slow_copy = Platform.from_profile(get_profile("h100-sxm"))
     import dataclasses
-    slow_copy = dataclasses.replace(slow_copy, link_h2d_gbps=10.0)   # 3 reads at 35 GB/s beat a 10 GB/s copy
+    slow_copy = dataclasses.replace(slow_copy, link_h2d_gbps=10.0, direct_read_gbps=35.0)  # 3 reads beat a copy
     assert direct_staging_min_tokens(slow_copy) == 3 * HOST_GEMM_ROWS_PER_READ + 1
 
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from gh200rt.platform.detect import detect
-from gh200rt.platform.profiles import PROFILES, get_profile, load_measured_profile
+from gh200rt.platform.bandwidth import load_measured_profile
+from gh200rt.platform.profiles import PROFILES, get_profile
 
 NAMES = ("gh200-96g", "gh200-144g", "h100-sxm", "h100-pcie", "h200", "cpu")
 
