@@ -2,7 +2,9 @@
 
 Runs the real engine (``LLMEngine.from_config``) on whatever this machine is — CPU here, the GPU on a
 GPU host — for each placement, and prints each next to the all-resident baseline measured in the
-same run. Decode throughput is timed over decode-only steps (prefill excluded); copy GB/s is the
+same run. Decode throughput is timed over decode-only steps (prefill excluded), after one decode step at
+every batch size has run (so each batch's CUDA graph is captured before timing; a capture that still falls
+inside the timed steps is printed and counted in the JSON); copy GB/s is the
 bytes the transfer backend moved into staging slots over that time. The roofline is the decode rate
 the platform profile's bandwidths allow for the plan's bytes per step: resident (and staged) weights
 read from device memory plus direct weights read over the link, or the streamed bytes' copies, whichever
@@ -28,8 +30,8 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
+from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -37,7 +39,7 @@ from gh200rt.config import EngineConfig  # noqa: E402
 from gh200rt.engine.engine import LLMEngine  # noqa: E402
 from gh200rt.loader.load import read_arch  # noqa: E402
 from gh200rt.sampling_params import SamplingParams  # noqa: E402
-from scripts.random_checkpoint import SHAPES, write_random_checkpoint  # noqa: E402
+from scripts.random_checkpoint import add_random_model_arguments, model_of  # noqa: E402
 
 
 def placements(num_layers: int) -> dict[str, dict]:
@@ -49,9 +51,16 @@ def placements(num_layers: int) -> dict[str, dict]:
             "direct": dict(offload="direct")}
 
 
-def decode_rate(engine: LLMEngine, batch: int, tokens: int) -> tuple[float, float, float]:
-    """(tokens/s, copy GB/s, copy wait per step in ms) over the decode steps of ``batch`` requests of
-    ``tokens`` new tokens each."""
+@dataclass(frozen=True)
+class DecodeRate:
+    tokens_per_second: float
+    copy_gbps: float
+    copy_wait_ms_per_step: float
+    captures: int            # decode graphs captured inside the timed steps (0 once warm_up ran)
+
+
+def decode_rate(engine: LLMEngine, batch: int, tokens: int) -> DecodeRate:
+    """Decode rate over the decode steps of ``batch`` requests of ``tokens`` new tokens each."""
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     for i in range(batch):
         engine.add_request(f"b{batch}-{i}", None, params, prompt_token_ids=[1 + i, 17, 42, 99])
@@ -64,9 +73,17 @@ def decode_rate(engine: LLMEngine, batch: int, tokens: int) -> tuple[float, floa
         steps += 1
     seconds = time.perf_counter() - start
     after = engine.stats()
-    wait_ms = (after.copy_wait_seconds - before.copy_wait_seconds) / max(steps, 1) * 1e3
-    return ((engine.generation_tokens - generated) / seconds,
-            (after.weight_bytes_copied - before.weight_bytes_copied) / seconds / 1e9, wait_ms)
+    return DecodeRate((engine.generation_tokens - generated) / seconds,
+                      (after.weight_bytes_copied - before.weight_bytes_copied) / seconds / 1e9,
+                      (after.copy_wait_seconds - before.copy_wait_seconds) / max(steps, 1) * 1e3,
+                      after.graph_captures - before.graph_captures)
+
+
+def warm_up(engine: LLMEngine, batches: list[int]) -> None:
+    """One decode step at every batch size the run will time: first-call costs (compiles, first touch,
+    allocator) and the lazy capture of each batch's decode graph (on a GPU) stay out of the timed steps."""
+    for batch in batches:
+        decode_rate(engine, batch, 2)
 
 
 def step_ms(engine: LLMEngine, batch: int, tokens: int, prompts: list[list[int]] | None = None) -> float:
@@ -147,19 +164,12 @@ def main() -> None:
     parser.add_argument("--prefetch-across-steps", default="on", choices=["on", "off", "both"],
                         help="'both' runs every placement with a streamed layer twice, without and with the "
                              "next step's first copies issued in the tail of this one")
-    parser.add_argument("--random-model", choices=list(SHAPES),
-                        help="benchmark a model of this shape with random weights written here (overrides --model)")
-    parser.add_argument("--random-model-dir", help="where --random-model writes (or finds) its directory "
-                                                   "(default: a temporary directory, removed afterwards)")
+    add_random_model_arguments(parser)
     parser.add_argument("--json", help="also write every row, with its roofline, to this JSON file")
     parser.add_argument("--graphs", action="store_true",
                         help="time decode steps eager vs the bucketed graph path (see above)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="gh200rt-random-") as scratch:
-        if args.random_model:
-            start = time.perf_counter()
-            args.model = write_random_checkpoint(args.random_model, args.random_model_dir or scratch)
-            print(f"random {args.random_model} weights in {args.model} ({time.perf_counter() - start:.1f} s)")
+    with model_of(args) as args.model:
         (run_graphs if args.graphs else run)(args)
 
 
@@ -182,16 +192,21 @@ def run(args) -> None:
                 engine.close()           # nothing streams: one row is enough
                 continue
             label = f"{tiers.get('resident', 0)}/{tiers.get('streamed', 0)}/{tiers.get('direct', 0)}"
-            decode_rate(engine, 1, 2)  # warm-up (compiles, first-touch, allocator): not charged to the first row
-            for batch in map(int, args.batches.split(",")):
-                tps, gbps, wait_ms = decode_rate(engine, batch, args.tokens)
+            batches = [int(b) for b in args.batches.split(",")]
+            warm_up(engine, batches)
+            for batch in batches:
+                rate = decode_rate(engine, batch, args.tokens)
+                tps = rate.tokens_per_second
                 baseline.setdefault(batch, tps)
                 roof = roofline_tokens_per_second(engine, batch)
                 print(f"{name:<10} {label:<20} {'on' if wrap else 'off':>6} {batch:>5} {tps:>9.1f} "
-                      f"{tps / baseline[batch]:>10.2f}x {gbps:>9.2f} {wait_ms:>12.3f} {roof:>14.1f}", flush=True)
+                      f"{tps / baseline[batch]:>10.2f}x {rate.copy_gbps:>9.2f} {rate.copy_wait_ms_per_step:>12.3f} "
+                      f"{roof:>14.1f}" + (f"  ({rate.captures} graph capture(s) inside the timed steps)"
+                                          if rate.captures else ""), flush=True)
                 rows.append(dict(placement=name, tiers=label, prefetch_across_steps=wrap, batch=batch,
-                                 tokens_per_second=tps, vs_resident=tps / baseline[batch], copy_gbps=gbps,
-                                 roofline_tokens_per_second=roof, copy_wait_ms_per_step=wait_ms))
+                                 tokens_per_second=tps, vs_resident=tps / baseline[batch], copy_gbps=rate.copy_gbps,
+                                 roofline_tokens_per_second=roof, copy_wait_ms_per_step=rate.copy_wait_ms_per_step,
+                                 graph_captures_timed=rate.captures))
             engine.close()
     if args.json:
         platform = engine.platform

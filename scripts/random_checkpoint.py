@@ -8,6 +8,9 @@ the generated text is noise. Weights are slices of one seeded normal(0, 0.02) po
     python scripts/random_checkpoint.py llama3-8b /tmp/llama3-8b-random
     python scripts/bench_decode.py --random-model llama3-8b [--random-model-dir DIR] ...
 
+Benchmarks take it as ``--random-model SHAPE [--random-model-dir DIR]`` (``add_random_model_arguments``,
+``model_of``): bench_decode.py, bench_dynamic.py and serve_smoke.py.
+
 The directory holds config.json, one safetensors shard per decoder layer (plus one for embeddings and
 head) with model.safetensors.index.json, and a word-level tokenizer. An existing directory whose
 ``random_checkpoint.json`` stamp names the same shape is reused as is.
@@ -15,9 +18,12 @@ head) with model.safetensors.index.json, and a word-level tokenizer. An existing
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+import tempfile
+import time
 
 import torch
 
@@ -112,6 +118,26 @@ def write_random_checkpoint(shape: str, path: str, seed: int = 0) -> str:
     with open(stamp_path, "w") as f:  # last: a directory without it is incomplete and is rewritten
         json.dump(stamp, f)
     return path
+
+
+def add_random_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--random-model", choices=list(SHAPES),
+                        help="run a model of this shape with random weights written here (overrides --model)")
+    parser.add_argument("--random-model-dir", help="where --random-model writes (or finds) its directory "
+                                                   "(default: a temporary directory, removed afterwards)")
+
+
+@contextlib.contextmanager
+def model_of(args: argparse.Namespace):
+    """``args.model``, or the ``--random-model`` checkpoint written (or reused) for the duration of the block."""
+    with tempfile.TemporaryDirectory(prefix="gh200rt-random-") as scratch:
+        if not args.random_model:
+            yield args.model
+            return
+        start = time.perf_counter()
+        path = write_random_checkpoint(args.random_model, args.random_model_dir or scratch)
+        print(f"random {args.random_model} weights in {path} ({time.perf_counter() - start:.1f} s)", flush=True)
+        yield path
 
 
 def main(argv: list[str] | None = None) -> int:

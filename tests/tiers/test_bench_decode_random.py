@@ -55,3 +55,19 @@ def test_bench_decode_graphs_times_eager_and_the_bucketed_path_side_by_side(tmp_
         [("resident", 1, 1), ("resident", 3, 4), ("stream", 1, 1), ("stream", 3, 4)]
     assert all(r["eager_ms"] > 0 and r["graphs_ms"] > 0 and r["captures"] >= 1 for r in rows)
     assert "speed-up" in proc.stdout and "overhead ms" in proc.stdout
+
+
+def test_warm_up_captures_every_timed_batchs_graph_before_timing(tmp_path):
+    """On the CPU the bucketed graph path (--no-enforce-eager) captures lazily exactly as CUDA graphs do."""
+    from gh200rt.config import EngineConfig
+    from gh200rt.engine.engine import LLMEngine
+    from scripts.bench_decode import decode_rate, warm_up
+    path = write_random_checkpoint("llama3-tiny", str(tmp_path / "m"))
+    engine = LLMEngine.from_config(EngineConfig.from_kwargs(model=path, dtype="float32", max_model_len=64,
+                                                            num_kv_blocks=64, enforce_eager=False))
+    try:
+        assert decode_rate(engine, 3, 2).captures == 1, "without a warm-up bucket 4's capture falls in the timing"
+        warm_up(engine, [1, 8])
+        assert [decode_rate(engine, batch, 3).captures for batch in (1, 8)] == [0, 0]
+    finally:
+        engine.close()
