@@ -12,6 +12,10 @@ moves and the share of time spent at each tier split (resident / streamed layers
     python scripts/bench_dynamic.py [--model smollm2-135m] [--budget-kv-blocks 24] [--seed 0]
         [--quiet-rate 1] [--quiet-seconds 8] [--burst-requests 24] [--burst-seconds 2]
         [--slo-ttft 5] [--slo-tpot 0.5] [--no-step-target] [--engines resident,streamed,dynamic] [--json PATH]
+        [--random-model llama3-8b [--random-model-dir DIR]]
+
+On a GPU decode steps replay CUDA graphs (the engines' default; ``--enforce-eager`` turns them off), so
+tier moves there recapture graphs; each engine's row counts its captures.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from gh200rt.config import EngineConfig  # noqa: E402
 from gh200rt.engine.engine import LLMEngine  # noqa: E402
 from gh200rt.sampling_params import SamplingParams  # noqa: E402
+from scripts.random_checkpoint import add_random_model_arguments, model_of  # noqa: E402
 
 OFFLOAD = {"resident": "none", "streamed": "stream", "dynamic": "dynamic"}
 
@@ -51,6 +56,7 @@ class Result:
     seconds: float
     preemptions: int
     moves: dict[str, int]
+    graph_captures: int
     split_seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -82,7 +88,8 @@ def base_config(args, offload: str) -> EngineConfig:
                                     offload=offload, device_memory_budget=str(args.budget),
                                     max_num_seqs=args.max_num_seqs, retier_interval_steps=args.retier_interval,
                                     retier_min_dwell_seconds=args.retier_dwell,
-                                    retier_max_step_seconds=args.slo_tpot if args.step_target else None)
+                                    retier_max_step_seconds=args.slo_tpot if args.step_target else None,
+                                    enforce_eager=True if args.enforce_eager else None)
 
 
 def budget_bytes(args) -> int:
@@ -133,7 +140,7 @@ def run_engine(name: str, args, trace: list[Request]) -> Result:
     seconds = time.perf_counter() - start
     stats = engine.stats()
     engine.close()
-    return Result(name, reqs, seconds, stats.num_preemptions, stats.retier_counts, split)
+    return Result(name, reqs, seconds, stats.num_preemptions, stats.retier_counts, stats.graph_captures, split)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -155,7 +162,7 @@ def summarize(result: Result, args) -> dict:
                 ttft_p50=statistics.median(ttft), ttft_p99=pct(ttft, 0.99),
                 tpot_p50=statistics.median(tpot), tpot_p99=pct(tpot, 0.99),
                 preemptions=result.preemptions, goodput=len(good) / result.seconds, slo_met=len(good),
-                requests=len(reqs), moves=result.moves,
+                requests=len(reqs), moves=result.moves, graph_captures=result.graph_captures,
                 split_share={k: v / total for k, v in sorted(result.split_seconds.items())})
 
 
@@ -183,8 +190,21 @@ def main() -> None:
     parser.add_argument("--retier-dwell", type=float, default=0.25)
     parser.add_argument("--step-target", action=argparse.BooleanOptionalAction, default=True,
                         help="give the dynamic engine the TPOT SLO as --retier-max-step-seconds (default: on)")
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (default: graphs on a GPU)")
+    parser.add_argument("--require-moves", action="store_true",
+                        help="exit 1 when the dynamic engine made no tier move (the trace did not exercise it)")
     parser.add_argument("--json", help="also write the summary to this JSON file")
+    add_random_model_arguments(parser)
     args = parser.parse_args()
+    with model_of(args) as args.model:
+        rows = run(args)
+    still = [r["engine"] for r in rows if r["engine"] == "dynamic" and not sum(r["moves"].values())]
+    if args.require_moves and still:
+        sys.exit("--require-moves: the dynamic engine made no tier move on this trace; raise --burst-requests "
+                 "or lower --budget-kv-blocks")
+
+
+def run(args) -> list[dict]:
     args.budget = budget_bytes(args)
     from gh200rt.loader.load import read_arch
     trace = make_trace(args, read_arch(args.model).vocab_size)
@@ -201,10 +221,12 @@ def main() -> None:
         print(f"{name:<9} {row['output_tokens_per_second']:7.1f} tok/s  TTFT p50/p99 {row['ttft_p50']:6.2f}/"
               f"{row['ttft_p99']:6.2f} s  TPOT p50/p99 {row['tpot_p50'] * 1e3:6.1f}/{row['tpot_p99'] * 1e3:6.1f} ms  "
               f"preempted {row['preemptions']:3d}  goodput {row['goodput']:5.2f} req/s ({row['slo_met']}/"
-              f"{row['requests']})  moves {row['moves'] or '-'}  time per split (res/str): {split}", flush=True)
+              f"{row['requests']})  moves {row['moves'] or '-'}  graph captures {row['graph_captures']}  "
+              f"time per split (res/str): {split}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(args={k: v for k, v in vars(args).items()}, rows=rows), f, indent=1)
+    return rows
 
 
 if __name__ == "__main__":
