@@ -6,7 +6,7 @@ Modes: a Poisson arrival rate (--request-rate R) or a fixed number of requests i
 E2E latency (mean, p50, p99). --structured json constrains every request to a JSON schema (an array
 of objects with at least --output-len items, so no answer can end early and both runs generate the
 same tokens); --compare-structured runs the same prompts unconstrained and then constrained, in one
-process, and prints the cost of the grammar. Examples:
+process, and prints the cost of the grammar. Exits 1 when any request failed. Examples:
 
   python scripts/bench_serving.py --base-url http://127.0.0.1:8000 --num-prompts 32 --max-concurrency 4
   python scripts/bench_serving.py --num-prompts 32 --max-concurrency 8 --compare-structured
@@ -18,6 +18,7 @@ import asyncio
 import json
 import random
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -122,7 +123,8 @@ def _stats(values: list[float]) -> str:
     return f"mean {1000 * statistics.mean(values):8.1f}  p50 {1000 * p(0.5):8.1f}  p99 {1000 * p(0.99):8.1f} ms"
 
 
-def report(args, results: list[Result], duration: float) -> None:
+def report(args, results: list[Result], duration: float) -> int:
+    """Print the summary; returns the number of failed requests."""
     ok = [r for r in results if r.ok]
     out_tokens = sum(r.output_tokens for r in ok)
     tpots = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
@@ -145,6 +147,7 @@ def report(args, results: list[Result], duration: float) -> None:
     print(f"TPOT:  {_stats(tpots)}")
     print(f"ITL:   {_stats([x for r in ok for x in r.itls])}")
     print(f"E2E:   {_stats([r.e2e for r in ok])}")
+    return len(results) - len(ok)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -171,7 +174,7 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main() -> None:
+def main() -> int:
     ap = parser()
     args = ap.parse_args()
     if args.num_prompts < 1 or args.input_len < 1 or args.output_len < 1:
@@ -185,22 +188,23 @@ def main() -> None:
         args.single_stream_tps = sum(r.output_tokens for r in results if r.ok) / duration
     if not args.compare_structured:
         results, duration = asyncio.run(run(args))
-        report(args, results, duration)
-        return
+        return 1 if report(args, results, duration) else 0
     warm = argparse.Namespace(**{**vars(args), "num_prompts": min(4, args.num_prompts), "structured": "json"})
     asyncio.run(run(warm))                         # first-request costs (allocation, lazy set-up) hit neither side
     rates: dict[str, list[float]] = {"none": [], "json": []}
+    failed = 0
     for _ in range(args.rounds):                   # alternated, so load drifting over time hits both alike
         for structured in ("none", "json"):
             args.structured = structured
             results, duration = asyncio.run(run(args))
-            report(args, results, duration)
+            failed += report(args, results, duration)
             rates[structured].append(sum(r.output_tokens for r in results if r.ok) / duration)
             print()
     none, json_ = statistics.mean(rates["none"]), statistics.mean(rates["json"])
     print(f"constrained vs unconstrained output tokens/s over {args.rounds} alternated round(s): {json_:.1f} vs "
           f"{none:.1f} ({100 * (1 - json_ / none):+.1f}% slower with the JSON grammar)")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
