@@ -2,25 +2,23 @@
 
 Contract: ``make_plan(sizes, platform, memory, capacity, block_size, batch, activation_bytes)`` returns
 a ``Plan`` whose device bytes (embeddings + resident layers + K staging slots + activations + KV) fit
-``capacity``, or raises ``PlanDoesNotFit`` naming the minimum budget that would work. Streamed layers
+``capacity``, or raises ``PlanDoesNotFit`` naming the minimum budget that would work. The placement and its
+acceptance are ``planner/layout.py``'s, the minimum ``planner/budget.py``'s search over them. Streamed layers
 are spread evenly so each copy hides behind resident layers' compute. Embeddings/lm_head stay resident.
 A staging slot holds one layer in the host format (``sizes.host_layer_bytes``).
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from gh200rt.config import MemoryConfig
-from gh200rt.planner.cost_model import (ModelSizes, direct_staging_min_tokens, predict_step_seconds,
-                                        streaming_is_cheap)
+from gh200rt.planner.budget import PlanDoesNotFit, budget_refusal
+from gh200rt.planner.cost_model import ModelSizes, predict_step_seconds
+from gh200rt.planner.layout import fewest_streamed, layout_for, planning_sizes, spread_evenly
 from gh200rt.platform.detect import Platform
 from gh200rt.weights.tiers import Tier, slot_of
 
-
-class PlanDoesNotFit(ValueError):
-    """No placement fits the device budget; the message names the minimum that would."""
-
+__all__ = ["Plan", "PlanDoesNotFit", "dynamic_splits", "make_plan", "spread_evenly"]
 
 @dataclass(frozen=True)
 class Plan:
@@ -121,81 +119,21 @@ class Plan:
         return "\n".join(lines)
 
 
-def spread_evenly(num_layers: int, count: int) -> list[int]:
-    return sorted({min(num_layers - 1, int((j + 0.5) * num_layers / count)) for j in range(count)})
-
-
-def fewest_streamed(sizes: ModelSizes, budget_for_weights: int, slots: int, ring_always: bool) -> list[Tier]:
-    """The fewest streamed layers, spread evenly, whose resident rest (plus the ring) fits the budget."""
-    n = sizes.num_layers
-    for count in range(n + 1):
-        staging = (slots if ring_always else min(slots, count)) * sizes.host_layer_bytes
-        if sizes.fixed_memory + (n - count) * sizes.resident_layer_memory + staging <= budget_for_weights:
-            tiers = [Tier.RESIDENT] * n
-            for i in spread_evenly(n, count) if count else []:
-                tiers[i] = Tier.STREAMED
-            return tiers
-    return [Tier.STREAMED] * n
-
-
-def is_dynamic(memory: MemoryConfig, platform: Platform) -> bool:
-    return memory.offload == "dynamic" or (memory.offload == "auto" and streaming_is_cheap(platform))
-
-
-def _tiers_for(memory: MemoryConfig, sizes: ModelSizes, budget_for_weights: int, dynamic: bool) -> list[Tier]:
-    n = sizes.num_layers
-    if memory.offload == "none":
-        return [Tier.RESIDENT] * n
-    if memory.offload == "stream":
-        return [Tier.STREAMED] * n
-    if memory.offload == "direct":
-        return [Tier.DIRECT] * n
-    return fewest_streamed(sizes, budget_for_weights, memory.staging_slots or 2, dynamic)
-
-
 def make_plan(sizes: ModelSizes, platform: Platform, memory: MemoryConfig, capacity: int,
               block_size: int = 16, batch: int = 1, activation_bytes: int = 0, max_model_len: int = 0) -> Plan:
     """``max_model_len``: the KV cache must hold at least one sequence that long (and
     ``--kv-cache-min-tokens``)."""
     kv_min_tokens = max(memory.kv_cache_min_tokens or 0, max_model_len)
-    kv_min = -(-kv_min_tokens // block_size) * block_size * sizes.kv_bytes_per_token
-    block_bytes = sizes.kv_bytes_per_token * block_size
-    sizes = dataclasses.replace(sizes, layer_run_bytes=max(1, -(-sizes.layer_bytes // block_bytes)) * block_bytes)
-    dynamic = is_dynamic(memory, platform)
-    if dynamic:   # any layer may be promoted later: the store books every layer's route forms up front
-        sizes = dataclasses.replace(sizes, layer_form_bytes=0,
-                                    head_form_bytes=sizes.head_form_bytes + sizes.num_layers * sizes.layer_form_bytes)
-    tiers = _tiers_for(memory, sizes, capacity - kv_min - activation_bytes, dynamic)
-    for layer, tier in memory.tier_overrides.items():
-        if layer >= sizes.num_layers:
-            raise ValueError(f"--layer-tiers names layer {layer} but the model has {sizes.num_layers} layers "
-                             f"(0-{sizes.num_layers - 1})")
-        tiers[layer] = Tier(tier)
-    streamed = tiers.count(Tier.STREAMED)
-    staging_tokens = direct_staging_min_tokens(platform) if Tier.DIRECT in tiers else None
-    ring_users = streamed + (tiers.count(Tier.DIRECT) if staging_tokens else 0)
-    slots = min(memory.staging_slots or 2, ring_users) if ring_users else 0
-    if dynamic:                         # any layer may start streaming: the ring is booked up front
-        slots = memory.staging_slots or 2
-    distance = memory.prefetch_distance if memory.prefetch_distance is not None else max(0, slots - 1)
-    if (ring_users or dynamic) and distance >= slots:
+    planned = planning_sizes(sizes, memory, platform, block_size)
+    layout = layout_for(planned, platform, memory, capacity, block_size, activation_bytes, kv_min_tokens)
+    slots, distance = layout.staging_slots, layout.prefetch_distance
+    if slots and distance >= slots:
         raise ValueError(f"--prefetch-distance {distance} must be less than the staging slots in use ({slots})")
-    weights = sizes.fixed_memory + tiers.count(Tier.RESIDENT) * sizes.resident_layer_memory + \
-        slots * sizes.host_layer_bytes
-    free = capacity - weights - activation_bytes
-    kv_blocks = free // block_bytes if free > 0 else 0
-    needed_blocks = max(-(-kv_min // block_bytes), 1)
-    if kv_blocks < needed_blocks:
-        minimum = sizes.fixed_memory + sizes.host_layer_bytes + activation_bytes + needed_blocks * block_bytes
-        raise PlanDoesNotFit(
-            f"device budget {capacity} bytes ({capacity / (1 << 30):.3f} GiB) is too small for "
-            f"--offload {memory.offload}: weights on device need {weights} bytes, activations {activation_bytes} "
-            f"and the KV cache at least {needed_blocks * block_bytes} ({needed_blocks * block_size} tokens); the smallest plan (all layers streamed, "
-            f"K=1) needs {minimum} bytes ({minimum / (1 << 30):.3f} GiB): raise --device-memory-budget, lower "
-            f"--kv-cache-min-tokens, --max-model-len or --max-num-batched-tokens, or use --offload stream")
-    step = predict_step_seconds(tiers, sizes, platform, batch, max(distance, 1))
-    return Plan(tuple(tiers), slots, distance, int(kv_blocks), block_size, sizes, capacity, platform, step,
-                activation_bytes, staging_tokens, dynamic=dynamic)
+    if not layout.fits(capacity):
+        raise budget_refusal(sizes, platform, memory, capacity, block_size, activation_bytes, kv_min_tokens)
+    step = predict_step_seconds(list(layout.tiers), planned, platform, batch, max(distance, 1))
+    return Plan(layout.tiers, slots, distance, layout.kv_blocks(capacity), block_size, planned, capacity, platform,
+                step, activation_bytes, layout.direct_staging_tokens, dynamic=layout.dynamic)
 
 
 def dynamic_splits(plan: Plan, kv_tokens: list[int], batch: int = 1) -> list[dict]:

@@ -4,7 +4,7 @@ run for real on the CPU with the threshold forced low, generating exactly what a
 import pytest
 
 from gh200rt.config import MemoryConfig
-from gh200rt.planner import cost_model, planner
+from gh200rt.planner import cost_model, layout
 from gh200rt.planner.cost_model import HOST_GEMM_ROWS_PER_READ, direct_staging_min_tokens, model_sizes
 from gh200rt.planner.planner import make_plan
 from gh200rt.platform.detect import Platform
@@ -48,7 +48,7 @@ def test_gpu_plans_book_slots_for_direct_layers():
                          ids=["direct", "direct + streamed"])
 def test_staged_long_steps_generate_what_all_resident_generates(tiny_dir, monkeypatch, options):
     reference = run(engine(tiny_dir, offload="none"))
-    monkeypatch.setattr(planner, "direct_staging_min_tokens", lambda platform: 8)  # prompts of 8+ tokens stage
+    monkeypatch.setattr(layout, "direct_staging_min_tokens", lambda platform: 8)  # prompts of 8+ tokens stage
     eng = engine(tiny_dir, staging_slots=2, prefetch_distance=1, **options)
     schedule = eng.store._schedule
     assert eng.plan.direct_staging_tokens == 8 and schedule.large_step_tokens == 8
