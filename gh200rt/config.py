@@ -17,6 +17,10 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 OFFLOAD_MODES = ("auto", "none", "stream", "direct", "dynamic")
 TIERS = tuple(tier.value for tier in Tier)
 CPU_KERNELS = ("native", "torch")
+CPU_ROUTES = ("auto", "bf16", "fp16", "fp32")  # platform/cpu_features.py: ROUTES, and auto (detect)
+# a forced route computes in one dtype: --dtype may name it or stay auto (fp16 computes in float32 with fp16
+# weights, which no --dtype names)
+_ROUTE_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's values; fp8 = fp8_e4m3
 HOST_WEIGHT_DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "int4", "fp8")
 
@@ -82,12 +86,23 @@ class ModelConfig:
         "to 8 rows: native = C loops built once per machine with the system's C compiler (torch ops where none "
         "is found), torch = torch ops and oneDNN only",
         choices=CPU_KERNELS))
+    cpu_route: str = field(default="auto", metadata=_help(
+        "CPU compute route: auto = detected from the CPU's features (see --dtype auto); bf16 = bf16 weights and "
+        "activations through oneDNN; fp16 = float32 activations, fp16 linear weights through fbgemm (and the "
+        "native fp16 linear for few rows); fp32 = the exact float32 reference. A forced route must run here "
+        "(start-up says why not); ignored on a GPU", choices=CPU_ROUTES))
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype {self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
         if self.cpu_kernels not in CPU_KERNELS:
             raise ValueError(f"--cpu-kernels {self.cpu_kernels!r}: choose one of {', '.join(CPU_KERNELS)}")
+        if self.cpu_route not in CPU_ROUTES:
+            raise ValueError(f"--cpu-route {self.cpu_route!r}: choose one of {', '.join(CPU_ROUTES)}")
+        if self.cpu_route != "auto" and self.dtype not in ("auto", _ROUTE_DTYPES.get(self.cpu_route)):
+            fits = _ROUTE_DTYPES.get(self.cpu_route)
+            raise ValueError(f"--cpu-route {self.cpu_route} computes in {fits or 'float32 with fp16 weights'}, not "
+                             f"--dtype {self.dtype}: leave --dtype auto" + (f" or give {fits}" if fits else ""))
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"--max-model-len must be at least 1, got {self.max_model_len}")
 

@@ -32,7 +32,7 @@ from gh200rt.models.layers.cpu_prepack import model_route_form_bytes, resident_l
 from gh200rt.numa.affinity import bind_engine_threads
 from gh200rt.planner.cost_model import activation_bytes, model_sizes
 from gh200rt.planner.planner import Plan, make_plan
-from gh200rt.platform.cpu_features import route_for
+from gh200rt.platform.cpu_features import describe, route_for
 from gh200rt.platform.detect import Platform, detect
 from gh200rt.weights import forms as weight_forms
 from gh200rt.weights.device_moves import linear_parts
@@ -87,9 +87,12 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     free = torch.cuda.mem_get_info()[0] if device == "cuda" else None
     longest = max_model_len(config, arch)
     useful_kv = config.scheduler.max_num_seqs * longest * sizes.kv_bytes_per_token
-    linear_format = resident_linear_format(loaded.model, route_for(config.model.dtype).linear_format, loaded.quantized,
-                                           native_kernels=config.model.cpu_kernels == "native") \
-        if device == "cpu" else None
+    linear_format = None
+    if device == "cpu":
+        route = route_for(config.model.dtype, config.model.cpu_route)
+        log.info("%s", describe(route))
+        linear_format = resident_linear_format(loaded.model, route.linear_format, loaded.quantized,
+                                               native_kernels=config.model.cpu_kernels == "native")
     # the CPU routes' extra forms beside resident weights: fp32 reordered copies, fp16+gguf blocks (layers are
     # alike: layer 0 stands for all)
     parts_of = functools.partial(linear_parts, loaded.quantized, arch.tie_word_embeddings)

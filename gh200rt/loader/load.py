@@ -33,14 +33,16 @@ class LoadedModel:
     quantized: dict[str, QuantizedTensor | PackedWeight] = field(default_factory=dict)
 
 
-def compute_dtype(name: str, device: str, checkpoint_dtype: str) -> torch.dtype:
-    if name == "auto":
-        if str(device).startswith("cpu"):  # the fastest accurate route for this CPU (bf16 or float32)
-            from gh200rt.platform.cpu_features import route_for
-            return route_for("auto").dtype
-        return _DTYPES.get(checkpoint_dtype, torch.bfloat16)  # GGUF / fp32 checkpoints compute in bf16 on GPU
-    if name not in _DTYPES:
+def compute_dtype(name: str, device: str, checkpoint_dtype: str, cpu_route: str = "auto") -> torch.dtype:
+    """On the CPU, the dtype of the route ``--dtype`` and ``--cpu-route`` give (the weight store converts
+    resident linears for the same route); on a GPU, ``name`` or for auto the checkpoint's."""
+    if name != "auto" and name not in _DTYPES:
         raise ModelLoadError(f"dtype {name!r} is not supported; choose auto, {', '.join(_DTYPES)}")
+    if str(device).startswith("cpu"):
+        from gh200rt.platform.cpu_features import route_for
+        return route_for(name, cpu_route).dtype
+    if name == "auto":
+        return _DTYPES.get(checkpoint_dtype, torch.bfloat16)  # GGUF / fp32 checkpoints compute in bf16 on GPU
     return _DTYPES[name]
 
 
@@ -66,12 +68,12 @@ def _arch_from_dir(directory: str) -> ArchConfig:
         raise ModelLoadError(f"{path}: {e}") from e
 
 
-def _load_hf_dir(directory: str, dtype_name: str, device: str, compute_device: str):
+def _load_hf_dir(directory: str, model_config, device: str, compute_device: str):
     from gh200rt.loader.fp8_checkpoint import Fp8Weights, fp8_scheme
     from gh200rt.loader.safetensors_dir import checkpoint_size, load_safetensors, shard_files, weight_scales
     arch = _arch_from_dir(directory)
     is_fp8 = fp8_scheme(_config_json(directory), os.path.join(directory, "config.json"))
-    dtype = compute_dtype(dtype_name, compute_device, arch.checkpoint_dtype)
+    dtype = compute_dtype(model_config.dtype, compute_device, arch.checkpoint_dtype, model_config.cpu_route)
     files = shard_files(directory)
     model = build_model(arch, dtype, device)
     count, size = checkpoint_size(files)
@@ -96,7 +98,7 @@ def _hf_tokenizer(directory: str):
         raise ModelLoadError(str(e)) from e
 
 
-def _load_gguf(path: str, dtype_name: str, device: str, compute_device: str):
+def _load_gguf(path: str, model_config, device: str, compute_device: str):
     from gh200rt.loader.gguf_file import GGUFFile
     from gh200rt.tokenizer.gguf_vocab import tokenizer_from_gguf_metadata
     gguf = GGUFFile(path)
@@ -105,7 +107,7 @@ def _load_gguf(path: str, dtype_name: str, device: str, compute_device: str):
         tokenizer = tokenizer_from_gguf_metadata(gguf.metadata)
     except (ValueError, KeyError) as e:
         raise ModelLoadError(f"{path}: {e}") from e
-    dtype = compute_dtype(dtype_name, compute_device, arch.checkpoint_dtype)
+    dtype = compute_dtype(model_config.dtype, compute_device, arch.checkpoint_dtype, model_config.cpu_route)
     model = build_model(arch, dtype, device)
     writer = WeightWriter(model, path, len(gguf.tensors), gguf.total_bytes())
     quantized = gguf.read(writer, arch, dtype)
@@ -128,12 +130,13 @@ def read_arch(model: str) -> ArchConfig:
 
 def load_model(model_config, device: str = "cpu", compute_device: str | None = None) -> LoadedModel:
     """Load ``model_config.model`` (directory, .gguf, or alias) in ``model_config.dtype`` onto ``device``;
-    ``dtype="auto"`` picks the dtype for ``compute_device`` (default ``device``), where the model will run."""
+    ``dtype="auto"`` picks the dtype for ``compute_device`` (default ``device``), where the model will run (on the
+    CPU, the dtype of ``model_config.cpu_route``)."""
     start = time.perf_counter()
     path = resolve_model_path(model_config.model)
     with torch.inference_mode():
         loader = _load_gguf if path.endswith(".gguf") else _load_hf_dir
-        model, tokenizer, arch, dtype, weight_bytes, quantized = loader(path, model_config.dtype, device,
+        model, tokenizer, arch, dtype, weight_bytes, quantized = loader(path, model_config, device,
                                                                           compute_device or device)
     return LoadedModel(model=model, tokenizer=tokenizer, arch=arch, dtype=dtype, source=path,
                        load_seconds=time.perf_counter() - start, weight_bytes=weight_bytes, quantized=quantized)

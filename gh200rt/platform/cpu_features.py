@@ -17,6 +17,10 @@ Routes (docs/BENCHMARKS.md measures each against fp32, speed and perplexity):
 
 Flags come from ``/proc/cpuinfo`` (x86 names: ``avx512_bf16``, ``amx_bf16``, ``avx2``); where that
 file is missing, torch's CPU capability and oneDNN's bf16 probe stand in.
+
+``--cpu-route`` forces a route instead of detecting one (``route_for``): any route this process can execute,
+whatever the CPU would pick (tests and CI run every route this way, ``tests/cpu_routes.py``). A route that
+cannot execute here is refused with the reason (``route_unavailable``), never swapped for another.
 """
 from __future__ import annotations
 
@@ -25,7 +29,10 @@ from dataclasses import dataclass
 
 import torch
 
+from gh200rt.config import CPU_ROUTES
+
 ROUTES = ("bf16", "fp16", "fp32")
+assert set(CPU_ROUTES) == {"auto", *ROUTES}, CPU_ROUTES
 
 
 @dataclass(frozen=True)
@@ -92,9 +99,37 @@ def choose_route(flags: frozenset[str], onednn_bf16: bool, fbgemm_fp16: bool) ->
     return _ROUTES["fp32"]
 
 
-def route_for(dtype_flag: str) -> CpuRoute:
-    """The CPU route for ``--dtype``: ``auto`` detects; float32 is the exact reference; bfloat16 uses
-    the oneDNN route whenever oneDNN can (else plain bf16 linears); float16 keeps plain fp16 linears."""
+def route_unavailable(name: str) -> str | None:
+    """Why this process cannot execute route ``name`` (None: it can). A route executes where the library its
+    linears go through runs here, natively or emulated (oneDNN's bf16 on AVX-512 without BF16 is slow but
+    exact to bf16); the CPU's fastest route is ``choose_route``'s business, not this."""
+    if name not in ROUTES:
+        return f"unknown CPU route {name!r}; choose one of {', '.join(ROUTES)}"
+    if name == "bf16" and not _onednn_bf16_ok():
+        return "this torch's oneDNN reports no bf16 support on this CPU (x86 needs AVX-512, Arm bf16 instructions)"
+    if name == "fp16":
+        from gh200rt.kernels.quant import fbgemm_fp16_available
+        if not fbgemm_fp16_available():
+            return "this torch has no working fbgemm fp16 GEMM (fbgemm runs on x86 CPUs with AVX2)"
+    return None
+
+
+def routes_available() -> tuple[str, ...]:
+    """The routes this process can execute (``--cpu-route`` values besides auto)."""
+    return tuple(name for name in ROUTES if route_unavailable(name) is None)
+
+
+def route_for(dtype_flag: str, cpu_route: str = "auto") -> CpuRoute:
+    """The CPU route for ``--dtype`` and ``--cpu-route``: a forced route wins (``ModelConfig`` checks the two
+    agree), else ``auto`` detects; float32 is the exact reference; bfloat16 uses the oneDNN route whenever
+    oneDNN can (else plain bf16 linears); float16 keeps plain fp16 linears."""
+    if cpu_route != "auto":
+        why_not = route_unavailable(cpu_route)
+        if why_not is not None:
+            usable = ", ".join(routes_available())
+            raise ValueError(f"--cpu-route {cpu_route}: {why_not}; this machine runs {usable} (or leave "
+                             f"--cpu-route auto)")
+        return _ROUTES[cpu_route]
     if dtype_flag == "auto":
         from gh200rt.kernels.quant import fbgemm_fp16_available
         return choose_route(cpu_flags(), _onednn_bf16_ok(), fbgemm_fp16_available())

@@ -1,30 +1,30 @@
 """The fp16+gguf resident form (``cpu_prepack.OneRowBlocksWeight``): on the fp16 CPU route, a GGUF checkpoint's
 linears keep their Q4_1 / Q8_0 blocks for single rows (one sequence decoding, through the native quantized
-linear) beside the fp16 weight that serves batches. The route is forced here, so the test runs on any CPU with
-fbgemm and a C compiler; on an AVX2 CPU without native bf16 it is what ``--dtype auto`` picks."""
+linear) beside the fp16 weight that serves batches. The route is forced here (``--cpu-route fp16``), so the test
+runs on any CPU with fbgemm and a C compiler; on an AVX2 CPU without native bf16 it is what ``--dtype auto``
+picks."""
 import pytest
 import torch
 
 from gh200rt.config import EngineConfig
-from gh200rt.engine import bootstrap
 from gh200rt.engine.engine import LLMEngine
 from gh200rt.engine.llm import LLM
 from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
-from gh200rt.kernels.quant import HalfWeight, PackedWeight, fbgemm_fp16_available, quantize_int4
+from gh200rt.kernels.quant import HalfWeight, PackedWeight, quantize_int4
 from gh200rt.models.layers.cpu_prepack import OneRowBlocksWeight, linear_formats
-from gh200rt.platform import cpu_features
+from gh200rt.platform.cpu_features import route_unavailable
 from gh200rt.sampling_params import SamplingParams
 
 pytestmark = [pytest.mark.skipif(load_native_ops() is None, reason=f"no native CPU kernels: {native_ops_error()}"),
-              pytest.mark.skipif(not fbgemm_fp16_available(), reason="fbgemm's fp16 GEMM is not in this torch")]
+              pytest.mark.skipif(route_unavailable("fp16") is not None,
+                                 reason=f"the fp16 route cannot execute here: {route_unavailable('fp16')}")]
 PROMPTS = [[1, 9690, 2114, 30], [1, 504, 3458], list(range(400, 430))]
 PARAMS = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 
 
-def smollm2(monkeypatch, **options) -> LLMEngine:
+def smollm2(**options) -> LLMEngine:
     """SmolLM2 (the shipped Q4_1 GGUF) on the fp16 route whatever this CPU's default."""
-    monkeypatch.setattr(bootstrap, "route_for", lambda flag: cpu_features._ROUTES["fp16"])
-    return LLMEngine.from_config(EngineConfig.from_kwargs(model="smollm2-135m", dtype="float32", max_model_len=256,
+    return LLMEngine.from_config(EngineConfig.from_kwargs(model="smollm2-135m", cpu_route="fp16", max_model_len=256,
                                                           **options))
 
 
@@ -41,8 +41,8 @@ def reference():
         eng.close()
 
 
-def test_every_linear_keeps_its_blocks_for_single_rows(monkeypatch, reference):
-    eng = smollm2(monkeypatch)
+def test_every_linear_keeps_its_blocks_for_single_rows(reference):
+    eng = smollm2()
     try:
         assert linear_formats(eng.runner.model) == {"OneRowBlocksWeight": 121}   # 30 x 4 decoder linears + lm_head
         head = eng.runner.model.lm_head.weight_ref.current
@@ -60,17 +60,17 @@ def blocks_bytes(model) -> int:
                if isinstance(ref.current, OneRowBlocksWeight))
 
 
-def test_the_blocks_are_booked_and_planned(monkeypatch):
+def test_the_blocks_are_booked_and_planned():
     """The blocks sit beside the fp16 forms (which take the resident layers' booked bytes): the ledger books
     exactly the blocks the model holds, and under a budget the planner counts them, streaming layers."""
-    resident = smollm2(monkeypatch, offload="none")
+    resident = smollm2(offload="none")
     blocks = blocks_bytes(resident.runner.model)
     assert blocks > 0 and resident.ledger.by_kind["cpu_route_forms"] == blocks
     assert resident.ledger.used <= resident.ledger.capacity
     kv_room = 64 * resident.store.arena.block_bytes
     budget = resident.ledger.used - resident.ledger.by_kind["kv_pool"] - blocks // 2 + kv_room
     resident.close()
-    tight = smollm2(monkeypatch, device_memory_budget=budget)
+    tight = smollm2(device_memory_budget=budget)
     try:
         tiers = tight.stats().layers_per_tier
         assert tiers.get("streamed", 0) + tiers.get("direct", 0) >= 1, tiers
@@ -80,8 +80,8 @@ def test_the_blocks_are_booked_and_planned(monkeypatch):
         tight.close()
 
 
-def test_torch_kernels_keep_the_plain_fp16_form(monkeypatch):
-    eng = smollm2(monkeypatch, cpu_kernels="torch")
+def test_torch_kernels_keep_the_plain_fp16_form():
+    eng = smollm2(cpu_kernels="torch")
     try:
         assert linear_formats(eng.runner.model) == {"HalfWeight": 121}
         assert eng.ledger.by_kind["cpu_route_forms"] == 0
