@@ -39,3 +39,67 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         if "gh200" in item.keywords and not is_gh200:
             item.add_marker(pytest.mark.skip(reason="needs a GH200"))
+
+
+# ---- CPU routes (tests/cpu_routes.py) ---------------------------------------------------------------------
+from tests.cpu_routes import TEST_ROUTES, portable_native_build  # noqa: E402
+
+_route_outcomes: dict[str, dict[str, int]] = {name: {} for name in TEST_ROUTES}
+_route_of_test: dict[str, str] = {}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--cpu-routes", default=",".join(TEST_ROUTES),
+                     help=f"CPU routes the route-dependent tests run on, of {', '.join(TEST_ROUTES)} (default: all; "
+                          "those this machine cannot execute are skipped with the reason)")
+
+
+def _selected_routes(config) -> list[str]:
+    names = [name.strip() for name in config.getoption("--cpu-routes").split(",") if name.strip()]
+    unknown = [name for name in names if name not in TEST_ROUTES]
+    if unknown:
+        raise pytest.UsageError(f"--cpu-routes: unknown {', '.join(unknown)}; choose from {', '.join(TEST_ROUTES)}")
+    return names
+
+
+@pytest.fixture(params=list(TEST_ROUTES))
+def cpu_route(request):
+    """A route forced for the test (``TestRoute``): pass ``**cpu_route.options`` to the engine."""
+    route = TEST_ROUTES[request.param]
+    if route.name not in _selected_routes(request.config):
+        pytest.skip(f"CPU route {route.name} is not in --cpu-routes")
+    why_not = route.unavailable()
+    if why_not is not None:
+        pytest.skip(f"CPU route {route.name} cannot execute here: {why_not}")
+    if route.portable:
+        with portable_native_build():
+            yield route
+    else:
+        yield route
+
+
+def pytest_runtest_logreport(report):
+    callspec_route = _route_of_test.get(report.nodeid)
+    if callspec_route is None or (report.when != "call" and report.outcome == "passed"):
+        return
+    outcome = "skipped" if report.skipped else report.outcome
+    counts = _route_outcomes[callspec_route]
+    counts[outcome] = counts.get(outcome, 0) + 1
+
+
+def pytest_itemcollected(item):
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "cpu_route" in callspec.params:
+        _route_of_test[item.nodeid] = callspec.params["cpu_route"]
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if not any(_route_outcomes.values()):
+        return
+    terminalreporter.section("CPU routes")
+    selected = _selected_routes(config)
+    for name, route in TEST_ROUTES.items():
+        counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(_route_outcomes[name].items()))
+        why_not = route.unavailable() if name in selected else "not in --cpu-routes"
+        state = "runs here" if why_not is None else f"skipped: {why_not}"
+        terminalreporter.write_line(f"{name:>14}  {state}  ({counts or 'no tests selected'})")

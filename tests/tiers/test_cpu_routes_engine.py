@@ -1,4 +1,5 @@
-"""The CPU routes through the engine: which weight form each placement gets, the fp32 route's reordered resident
+"""The CPU routes through the engine: which weight form each route and placement gets and what the ledger books
+for it (on every route this machine executes: the ``cpu_route`` fixture), the fp32 route's reordered resident
 layers computing the bits of dense streamed and direct ones, and the int8 route with bf16 activations computing
 the same bits streamed (slots poisoned before every copy) as direct."""
 import pytest
@@ -9,6 +10,7 @@ from gh200rt.engine.engine import LLMEngine
 from gh200rt.engine.llm import LLM
 from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
 from gh200rt.kernels.quant import PackedWeight
+from gh200rt.memory.ledger import CPU_DEFAULT_KV_BYTES
 from gh200rt.models.layers import cpu_prepack
 from gh200rt.models.layers.cpu_linear import onednn_available
 from gh200rt.models.layers.cpu_prepack import OneDNNWeight, linear_formats
@@ -91,22 +93,48 @@ def reordered_copies(model) -> int:
     return total
 
 
+def full_kv_pool(eng: LLMEngine) -> int:
+    """The KV cache the CPU default capacity gives: every sequence at full length, at most 2 GiB."""
+    config = eng.config
+    useful = config.scheduler.max_num_seqs * config.model.max_model_len * eng.plan.sizes.kv_bytes_per_token
+    return min(CPU_DEFAULT_KV_BYTES, useful)
+
+
+RESIDENT_FORMS = {"fp32": "NativeRowsWeight", "fp32-portable": "NativeRowsWeight", "fp16": "HalfWeight",
+                  "bf16": "OneDNNWeight"}
+
+
+def test_default_capacity_books_each_routes_forms_beside_the_full_kv_pool(wide, cpu_route):
+    """Each route's resident form (the fp32 routes keep a reordered copy beside the dense bytes, the others
+    replace them), booked exactly as the model holds it, and the CPU default capacity makes room for it: the KV
+    pool is the route's full one (its KV dtype: bf16 on the bf16 route, float32 elsewhere)."""
+    if cpu_route.name.startswith("fp32") and not onednn_available():
+        pytest.skip("this torch has no oneDNN inner product: the fp32 route keeps dense weights")
+    eng = engine(wide, offload="none", **cpu_route.options)
+    model = eng.runner.model
+    assert model.dtype == cpu_route.dtype and eng.runner.kv_caches[0].dtype == cpu_route.dtype
+    assert linear_formats(model) == {RESIDENT_FORMS[cpu_route.name]: 17}
+    # the bf16 route's reordered weights replace the dense ones: only the fp32 routes' sit beside them
+    beside = reordered_copies(model) if cpu_route.name.startswith("fp32") else 0
+    assert eng.ledger.by_kind["cpu_route_forms"] == beside and (beside > 0) == cpu_route.name.startswith("fp32")
+    assert eng.ledger.used <= eng.ledger.capacity
+    arch = eng.arch
+    assert eng.plan.sizes.kv_bytes_per_token == \
+        2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * cpu_route.dtype.itemsize
+    assert eng.ledger.by_kind["kv_pool"] == full_kv_pool(eng)
+    eng.close()
+
+
 @pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN inner product")
 @pytest.mark.parametrize("kernels", ["torch", "native"])
-def test_float32_reordered_copies_are_booked_and_planned(wide, kernels):
-    """The fp32 route keeps a reordered copy beside each resident linear's dense bytes: the ledger books exactly
-    what the model holds, the CPU default capacity makes room for it (the KV pool stays what it would be), and
-    under a budget the planner counts it, streaming the layers whose copies would not fit."""
+def test_float32_reordered_copies_are_planned_under_a_budget(wide, kernels):
+    """Under a budget the planner counts the fp32 route's reordered copies, streaming the layers whose copies
+    would not fit."""
     if kernels == "native" and load_native_ops() is None:
         pytest.skip(f"native CPU ops unavailable: {native_ops_error()}")
     resident = engine(wide, dtype="float32", offload="none", cpu_kernels=kernels)
     copies = reordered_copies(resident.runner.model)
     assert copies > 0 and resident.ledger.by_kind["cpu_route_forms"] == copies
-    assert resident.ledger.used <= resident.ledger.capacity
-    default = engine(wide, offload="none", cpu_kernels=kernels)     # the fp16 route: no copies
-    assert default.ledger.by_kind["cpu_route_forms"] == 0
-    assert resident.ledger.by_kind["kv_pool"] == default.ledger.by_kind["kv_pool"]
-    default.close()
     # a budget with room for every layer's dense weights but not for all their copies
     kv_room = 64 * resident.store.arena.block_bytes
     budget = resident.ledger.used - resident.ledger.by_kind["kv_pool"] - copies // 2 + kv_room

@@ -1,0 +1,92 @@
+"""The CPU routes the tests run on, whatever CPU runs them.
+
+Every ``--cpu-route`` (``platform/cpu_features.py``) is forced in turn, so route-dependent tests check each
+route on every host that can execute it, not only the one its CPU would pick; plus ``fp32-portable``: the fp32
+route with the native CPU ops built for the baseline x86-64 ISA, which compiles the C code's portable paths
+(no AVX2 / FMA / F16C), the paths Grace's Arm cores run. A route that cannot execute here is skipped with the
+reason; ``pytest --cpu-routes fp32,bf16`` narrows the list (a CI lane per route). The ``cpu_route`` fixture
+(tests/conftest.py) hands tests a ``TestRoute``; the terminal summary lists what ran and what was skipped.
+"""
+from __future__ import annotations
+
+import contextlib
+import platform
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from gh200rt.platform.cpu_features import ROUTES, cpu_flags, route_unavailable
+
+X86 = ("x86_64", "AMD64")
+
+
+@dataclass(frozen=True)
+class TestRoute:
+    __test__ = False      # not a test class, for pytest's collector
+
+    name: str             # the test id
+    cpu_route: str        # the --cpu-route it forces
+    portable: bool = False
+
+    @property
+    def options(self) -> dict:
+        """Engine options that force this route (``EngineConfig.from_kwargs(**options)``)."""
+        return {"cpu_route": self.cpu_route}
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Compute dtype, and the KV cache's with ``--kv-cache-dtype auto``."""
+        return torch.bfloat16 if self.cpu_route == "bf16" else torch.float32
+
+    def unavailable(self) -> str | None:
+        """Why this machine cannot execute the route (None: it can)."""
+        why = route_unavailable(self.cpu_route)
+        if why is not None or not self.portable:
+            return why
+        if platform.machine() not in X86:
+            return f"on {platform.machine()} the native build is already the portable one (the fp32 route runs it)"
+        from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
+        return None if load_native_ops() is not None else f"native CPU ops unavailable: {native_ops_error()}"
+
+
+TEST_ROUTES = {route.name: route for route in
+               [TestRoute(name, name) for name in ROUTES] + [TestRoute("fp32-portable", "fp32", portable=True)]}
+
+
+def expected_routes(flags: frozenset[str], machine: str) -> set[str]:
+    """The routes a CPU with ``flags`` must execute: a CI host whose route is skipped has a broken torch or
+    compiler, not a slow CPU."""
+    expected = {"fp32"}
+    if machine in X86:
+        expected.add("fp32-portable")
+        if "avx2" in flags:
+            expected.add("fp16")
+        if {"avx512_bf16", "amx_bf16", "avx512bw"} & flags:
+            expected.add("bf16")
+    return expected
+
+
+def expected_here() -> set[str]:
+    return expected_routes(cpu_flags(), platform.machine())
+
+
+@contextlib.contextmanager
+def portable_native_build():
+    """Within: ``load_native_ops()`` hands out the native ops built for the baseline x86-64 ISA (cached beside the
+    native build under its own name; the flags are part of it)."""
+    from gh200rt.kernels import cpu_native
+    from gh200rt.models import cpu_kernels
+
+    def forget_loaded_ops():
+        cpu_native.load_native_ops.cache_clear()
+        cpu_kernels._native_ops_table.cache_clear()
+    patch = pytest.MonkeyPatch()
+    patch.setattr(cpu_native, "FLAGS", tuple("-march=x86-64" if flag == "-march=native" else flag
+                                             for flag in cpu_native.FLAGS))
+    forget_loaded_ops()
+    try:
+        yield
+    finally:
+        patch.undo()
+        forget_loaded_ops()
