@@ -99,9 +99,12 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     sizes = dataclasses.replace(
         sizes, layer_form_bytes=model_route_form_bytes(loaded.model, linear_format, [0], False, parts_of),
         head_form_bytes=model_route_form_bytes(loaded.model, linear_format, [], parts_of=parts_of))
-    capacity = ledger_capacity(config.memory, free, sizes.all_resident_bytes + activations, useful_kv)
+    # a step's working memory beside weights and KV: activations, and on a GPU the decode graphs' pool, which the
+    # ledger books before the store; the planner counts both, or the minimum it names would be refused
+    working = activations + graph_pool_booking(config, arch, dtype, device)
+    capacity = ledger_capacity(config.memory, free, sizes.all_resident_bytes + working, useful_kv)
     plan = make_plan(sizes, platform, config.memory, capacity, config.cache.block_size,
-                     activation_bytes=activations, max_model_len=longest)
+                     activation_bytes=working, max_model_len=longest)
     if device != "cpu" and config.memory.bind_threads:
         bind_threads_near(platform.host_numa_node)
     check_node_has_room(plan.host_weight_bytes, platform.host_numa_node)
@@ -131,6 +134,14 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     kv_blocks = arena.num_blocks - arena.pool.num_run_blocks
     plan = dataclasses.replace(plan, num_kv_blocks=kv_blocks, arena_weight_blocks=arena.pool.num_run_blocks)
     return PlacedModel(loaded, platform, plan, store, ledger, device)
+
+
+def graph_pool_booking(config: EngineConfig, arch, dtype: str, device: str) -> int:
+    """Bytes ``reserve_graph_pool`` books for the decode graphs (0 on the CPU or with graphs off), asked of that
+    function itself on a ledger without a limit, so the plan counts exactly what the ledger will hold."""
+    unbounded = DeviceMemoryLedger(capacity=1 << 62)
+    reserve_graph_pool(unbounded, config, arch, dtype, device)
+    return unbounded.by_kind["graph_pools"]
 
 
 def install_kernels(model: torch.nn.Module, config: EngineConfig, device: str) -> None:

@@ -107,7 +107,7 @@ class Plan:
                   *([f"direct layers are staged through the ring in steps of >= {self.direct_staging_tokens} "
                      f"tokens (host_gemm would read each weight over the link once per 64 rows)"]
                     if self.direct_staging_tokens and self.direct_layers else []),
-                  f"activations: {gib(self.activation_bytes)}",
+                  f"activations (and decode graph pool): {gib(self.activation_bytes)}",
                   f"KV cache: {self.num_kv_blocks} blocks = {self.kv_tokens} tokens, {gib(self.kv_bytes)} at "
                   f"{self.sizes.kv_bytes_per_token} bytes per token "
                   f"(all layers resident would leave {self.all_resident_kv_tokens} tokens)",
@@ -122,7 +122,8 @@ class Plan:
 def make_plan(sizes: ModelSizes, platform: Platform, memory: MemoryConfig, capacity: int,
               block_size: int = 16, batch: int = 1, activation_bytes: int = 0, max_model_len: int = 0) -> Plan:
     """``max_model_len``: the KV cache must hold at least one sequence that long (and
-    ``--kv-cache-min-tokens``)."""
+    ``--kv-cache-min-tokens``); ``activation_bytes``: a step's working memory beside weights and KV (activations,
+    and on a GPU the decode graphs' pool)."""
     kv_min_tokens = max(memory.kv_cache_min_tokens or 0, max_model_len)
     planned = planning_sizes(sizes, memory, platform, block_size)
     layout = layout_for(planned, platform, memory, capacity, block_size, activation_bytes, kv_min_tokens)
