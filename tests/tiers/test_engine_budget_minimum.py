@@ -1,0 +1,55 @@
+"""A refusal the engine gives names a budget the engine accepts: following the message (issue 27: "a budget of
+730473968 bytes is refused again with the same text") places the model, and a byte less is refused with the same
+minimum, on every CPU route and in every offload mode. What the planner books is what the ledger holds."""
+import pytest
+
+from gh200rt.config import EngineConfig
+from gh200rt.engine.bootstrap import graph_pool_booking, load_and_place
+from gh200rt.models.arch_config import ArchConfig
+from gh200rt.planner.planner import PlanDoesNotFit
+from tests.engine.real_models import save_tiny_llama
+
+MODES = {
+    "stream": dict(offload="stream"),
+    "auto": dict(offload="auto"),
+    "dynamic": dict(offload="dynamic"),
+    "direct": dict(offload="direct"),
+}
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """Linears large enough for oneDNN, so the fp32 route books reordered copies beside resident layers."""
+    return save_tiny_llama(str(tmp_path_factory.mktemp("wide") / "wide"), vocab_size=512, num_layers=4,
+                           hidden_size=512, intermediate_size=1024)
+
+
+def place(model: str, budget: int, **options):
+    config = EngineConfig.from_kwargs(model=model, max_model_len=128, device_memory_budget=budget, **options)
+    return load_and_place(config)
+
+
+@pytest.mark.parametrize("cpu_route", ["fp32", "fp16", "bf16"], indirect=True)
+@pytest.mark.parametrize("mode", MODES)
+def test_the_named_minimum_places_the_model_and_a_byte_less_is_refused(wide, cpu_route, mode):
+    options = {**MODES[mode], **cpu_route.options}
+    with pytest.raises(PlanDoesNotFit, match="smallest plan") as refused:
+        place(wide, 1 << 20, **options)
+    minimum = refused.value.minimum
+    assert f"needs {minimum} bytes" in str(refused.value)
+    placed = place(wide, minimum, **options)
+    assert placed.ledger.peak <= placed.ledger.capacity == minimum
+    assert placed.plan.num_kv_blocks * placed.plan.block_size >= 128     # one --max-model-len sequence
+    placed.store.close()
+    with pytest.raises(PlanDoesNotFit) as below:
+        place(wide, minimum - 1, **options)
+    assert below.value.minimum == minimum
+
+
+def test_the_plan_counts_the_decode_graph_pool_the_ledger_books():
+    arch = ArchConfig("llama", hidden_size=256, intermediate_size=512, num_layers=2, num_heads=4, num_kv_heads=2,
+                      head_dim=64, vocab_size=300)
+    config = EngineConfig.from_kwargs(max_num_seqs=32)
+    assert graph_pool_booking(config, arch, "bf16", "cuda") > 0
+    assert graph_pool_booking(config, arch, "bf16", "cpu") == 0
+    assert graph_pool_booking(EngineConfig.from_kwargs(enforce_eager=True), arch, "bf16", "cuda") == 0
