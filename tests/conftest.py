@@ -62,6 +62,10 @@ def _selected_routes(config) -> list[str]:
     return names
 
 
+def pytest_configure(config):
+    _selected_routes(config)   # a misspelt --cpu-routes stops the run before any test
+
+
 @pytest.fixture(params=list(TEST_ROUTES))
 def cpu_route(request):
     """A route forced for the test (``TestRoute``): pass ``**cpu_route.options`` to the engine."""
@@ -79,11 +83,11 @@ def cpu_route(request):
 
 
 def pytest_runtest_logreport(report):
-    callspec_route = _route_of_test.get(report.nodeid)
-    if callspec_route is None or (report.when != "call" and report.outcome == "passed"):
-        return
+    route_name = _route_of_test.get(report.nodeid)
+    if route_name is None or (report.when != "call" and report.outcome == "passed"):
+        return   # one count per test: its call, or the setup / teardown that skipped or failed it
     outcome = "skipped" if report.skipped else report.outcome
-    counts = _route_outcomes[callspec_route]
+    counts = _route_outcomes[route_name]
     counts[outcome] = counts.get(outcome, 0) + 1
 
 
