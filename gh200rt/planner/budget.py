@@ -1,10 +1,12 @@
 """The smallest device budget a set of options plans in, and the refusal that names it.
 
-Contract: ``smallest_budget(...)`` is the least capacity that ``Layout.fits`` accepts for the layout
-``layout_for`` picks at that capacity: the same code ``make_plan`` accepts with, searched over the budget,
-so the minimum a refusal names is accepted to the byte and a byte less is refused. The search bisects:
-for fixed tiers (``none``, ``stream``, ``direct``) the needed bytes do not depend on the budget; for ``auto``
-and ``dynamic`` a smaller budget streams more layers and so needs no more, which keeps acceptance monotone.
+Contract: ``smallest_layout(...)`` finds the least capacity that ``Layout.fits`` accepts for the layout
+``layout_for`` picks at that capacity: the code ``make_plan`` accepts with, searched over the budget, so the
+minimum a refusal names is accepted to the byte and a byte less is refused. The search bisects, which is exact
+because acceptance is monotone in the budget: fixed tiers (``none``, ``stream``, ``direct``) need the same bytes
+at any budget, and ``auto`` / ``dynamic`` accept a budget exactly when some count of streamed layers fits it.
+(``--layer-tiers`` over ``auto`` could break that; the bisection still returns an accepted budget whose byte
+less is refused.)
 """
 from __future__ import annotations
 
