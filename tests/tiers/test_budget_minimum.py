@@ -31,7 +31,9 @@ MODES = {
     "direct": dict(offload="direct"),
     "direct + streamed": dict(offload="direct", layer_tiers="0-9:streamed"),
     "mixed": dict(offload="none", layer_tiers="1:streamed,2:direct", staging_slots=1),
+    "auto, layers 0 and 15 resident": dict(offload="auto", layer_tiers="0:resident,15:resident"),
     "dynamic": dict(offload="dynamic"),
+    "dynamic K3": dict(offload="dynamic", staging_slots=3),
     "auto, 4096 KV tokens": dict(offload="auto", kv_cache_min_tokens=4096),
 }
 
