@@ -74,7 +74,7 @@ def test_order_switches_keep_the_graphs_addresses_and_the_slot_bindings(tiny_dir
     """A float32 model with bf16 host weights binds a streamed layer as UpcastWeight(slot view); prompt steps
     switch to the large order and decode steps back, between replays of the decode graphs. The address check
     must see the same storage (not a new wrapper object) and the store must hand out the same bindings."""
-    monkeypatch.setattr(planner, "direct_staging_min_tokens", lambda platform: 8)
+    monkeypatch.setattr(layout, "direct_staging_min_tokens", lambda platform: 8)
     eng = engine(tiny_dir, staging_slots=2, prefetch_distance=1, offload="direct", layer_tiers="0-2:streamed",
                  host_weight_dtype="bf16", enforce_eager=False, check_graph_addresses=True)
     ref = eng.runner.model.layer_weight_refs(0)["self_attn.qkv_proj"]
