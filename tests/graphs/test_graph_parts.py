@@ -141,6 +141,7 @@ class GrowingCapture:
 
     def graphs_dropped(self):
         self.dropped += 1
+        self.pool_bytes = 0      # a fresh pool, as CudaCapture's
 
 
 def _runner_with(capture, booked: int, budget: int, plan_version):
@@ -161,7 +162,7 @@ def _runner_with(capture, booked: int, budget: int, plan_version):
 
 def test_a_placement_change_tells_the_capture_its_graphs_are_gone_and_the_pool_stays_booked():
     plan_version = [0]
-    capture = GrowingCapture([10, 5, 0, 0])
+    capture = GrowingCapture([10, 5, 4, 0])
     runner, ledger = _runner_with(capture, booked=12, budget=100, plan_version=plan_version)
     runner.run(_decode_step([[1]], [1]))
     runner.run(_decode_step([[1], [2]], [1, 1]))
@@ -170,16 +171,29 @@ def test_a_placement_change_tells_the_capture_its_graphs_are_gone_and_the_pool_s
     runner.run(_decode_step([[1]], [1]))
     assert capture.dropped == 1 and runner.graphs.keys() == {1} and runner.captures == 3
     assert runner.pool_bytes == 15 and ledger.by_kind["graph_pools"] == 15, "a high-water mark, not reset"
+    assert capture.pool_bytes == 4, "the new generation's pool counts from zero"
 
 
-def test_a_graph_dropped_for_not_fitting_does_not_turn_later_captures_that_reuse_its_blocks_eager():
-    capture = GrowingCapture([30, 0])
+def test_a_graph_dropped_for_not_fitting_alone_leaves_its_pool_and_later_captures_take_a_fresh_one():
+    """The first H100 run: bucket 1 did not fit, was dropped, and the next capture into the same (now unused)
+    pool aborted the process. With no graph left to hold the pool, the next capture must use a fresh one."""
+    capture = GrowingCapture([30, 8])
     runner, ledger = _runner_with(capture, booked=10, budget=20, plan_version=[0])
     runner.run(_decode_step([[1]], [1]))          # grows the pool by 30: 20 more than booked, 10 free
-    assert runner.eager_buckets == {1} and runner.graphs == {}
-    runner.run(_decode_step([[1], [2]], [1, 1]))  # reuses the pool's cached blocks: no new device memory
+    assert runner.eager_buckets == {1} and runner.graphs == {} and capture.dropped == 1
+    runner.run(_decode_step([[1], [2]], [1, 1]))  # 8 bytes into a fresh pool: within the booking
     assert runner.eager_buckets == {1} and runner.graphs.keys() == {2}
     assert ledger.by_kind["graph_pools"] == 10
+
+
+def test_a_graph_dropped_for_not_fitting_beside_others_keeps_their_pool_and_its_blocks_serve_later_captures():
+    capture = GrowingCapture([6, 30, 0])
+    runner, ledger = _runner_with(capture, booked=10, budget=20, plan_version=[0])
+    runner.run(_decode_step([[1]], [1]))
+    runner.run(_decode_step([[1], [2]], [1, 1]))  # 30 more: over the ledger, dropped beside bucket 1's graph
+    assert runner.eager_buckets == {2} and runner.graphs.keys() == {1} and capture.dropped == 0
+    runner.run(_decode_step([[1], [2], [3]], [1, 1, 1]))    # reuses the dropped graph's cached blocks
+    assert runner.graphs.keys() == {1, 4} and ledger.by_kind["graph_pools"] == 10
 
 
 def test_addresses_record_the_storage_a_wrapper_reads_not_the_wrapper():

@@ -10,13 +10,14 @@ aliases another's live output. Streamed layers' staging copies are captured as n
 backend's copy stream (it forks from and joins the capturing stream); replays go through the weight
 store's ``replay`` so the backend knows a graph read its slots.
 
-The pool is owned, not merely named. A ``graph_pool_handle()`` is only an id: once the last graph captured
-into it is dropped (a tier move drops them all) the allocator counts no user of the pool, yet a block
-still allocated in it keeps the pool alive, and the next capture into that id fails the allocator's
-``use_count > 0`` assertion and aborts the process. A ``torch.cuda.MemPool`` counts as a user for as long
-as it lives, so recaptures after a move reuse its cached blocks; on a torch without ``MemPool`` each
-generation of graphs gets a fresh handle instead. ``pool_bytes`` is what the captures added to the
-allocator's reserved memory, a high-water mark over the pool's life (the ledger books it).
+A pool id is never captured into again once its graphs are gone. A ``graph_pool_handle()`` is only an id:
+once the last graph captured into it is dropped (a tier move drops them all) the allocator counts no user
+of the pool, yet a block still allocated in it keeps the pool alive, and the next capture into that id
+fails the allocator's ``use_count > 0`` assertion and aborts the process. So each generation of graphs
+gets a fresh handle (``graphs_dropped``); the old pool's blocks go back to the device as they are freed.
+(A ``torch.cuda.MemPool`` kept alive would also count as a user, but some torch releases assert in its
+destructor that no graph still uses it, which an unlucky teardown order turns into an abort.)
+``pool_bytes`` is what the current generation's captures added to the allocator's reserved memory.
 """
 from __future__ import annotations
 
@@ -58,17 +59,7 @@ class CudaCapture:
         self.device = device
         self.stream = torch.cuda.Stream(device=device)   # warm-up and capture: one stream, one cuBLAS workspace
         self.pool_bytes = 0
-        self._mem_pool = None
-        self.pool = self._new_pool()
-
-    def _new_pool(self):
-        """The id the captures allocate into; a ``MemPool`` object is kept so the pool lives as long as this."""
-        mem_pool = getattr(torch.cuda, "MemPool", None)
-        if mem_pool is not None:
-            with torch.cuda.device(self.device):
-                self._mem_pool = mem_pool()
-            return self._mem_pool.id
-        return torch.cuda.graph_pool_handle()
+        self.pool = torch.cuda.graph_pool_handle()
 
     def capture(self, step: Step, hooks) -> CapturedStep:
         current = torch.cuda.current_stream(self.device)
@@ -94,15 +85,12 @@ class CudaCapture:
         return captured.output
 
     def graphs_dropped(self) -> None:
-        """Every graph captured so far is gone (a tier move). An owned pool keeps its blocks for the
-        recaptures; a bare handle is never captured into again: the next generation gets a fresh one."""
-        if self._mem_pool is None:
-            self.pool = self._new_pool()
-            self.pool_bytes = 0    # the old pool's blocks go back to the device as their tensors die
+        """Every graph captured so far is gone (a tier move): the next generation captures into a fresh pool."""
+        self.pool = torch.cuda.graph_pool_handle()
+        self.pool_bytes = 0    # the old pool's blocks go back to the device as their tensors die
 
     def close(self) -> None:
-        """Drops the pool; its graphs must be gone first (a pool outliving none of its graphs is released)."""
-        self._mem_pool = None
+        pass
 
 
 def make_capture(device: torch.device | str):

@@ -162,8 +162,8 @@ class DecodeGraphRunner:
         started = time.perf_counter()
         step = self.capture.capture(self._step(bucket), self.hooks)
         seconds = time.perf_counter() - started
-        # booked but not yet used before this capture; a graph dropped for not fitting leaves its blocks in
-        # the pool, unbooked, and a later capture that reuses them takes no new device memory
+        # booked but not yet used before this capture; a graph dropped for not fitting beside others leaves its
+        # blocks in their pool, unbooked, and a later capture that reuses them takes no new device memory
         room = self._booked - (self.capture.pool_bytes - step.pool_bytes)
         beyond = step.pool_bytes - max(0, room)
         if beyond > 0 and self.ledger is not None:
@@ -174,6 +174,8 @@ class DecodeGraphRunner:
                 log.warning("the decode graph of batch bucket %d does not fit the device memory ledger; that "
                             "bucket runs eagerly from now on (%s)", bucket, exc)
                 self.eager_buckets.add(bucket)
+                if not self.graphs:     # no graph is left to hold the pool: never capture into its id again
+                    self.capture.graphs_dropped()
                 return None
         self.pool_bytes = max(self.pool_bytes, self.capture.pool_bytes)
         self.captures += 1
