@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral")
+MOE_ARCHITECTURES = ("qwen2_moe", "qwen3_moe", "mixtral")
+# GGUF files name architectures their own way; no MoE one is read yet (docs/MOE.md)
+GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 _ROPE_TYPES = (None, "default", "linear", "llama3")
 
 
@@ -31,6 +34,25 @@ def _rope_from_hf(cfg: dict) -> tuple[float, dict | None]:
     return float(theta if theta is not None else 10000.0), scaling
 
 
+def _moe_from_hf(model_type: str, cfg: dict) -> dict:
+    """The MoE fields of ``cfg`` for an MoE family (KeyError names a required one that is absent)."""
+    if model_type not in MOE_ARCHITECTURES:
+        return {}
+    if model_type == "mixtral":  # every layer sparse, experts as wide as intermediate_size, softmax over the top k
+        return dict(num_experts=int(cfg["num_local_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                    moe_intermediate_size=int(cfg["intermediate_size"]), norm_topk_prob=True,
+                    routing_weights_fp32=True)
+    # transformers 5 writes Qwen3-MoE's expert count as num_local_experts; published configs say num_experts
+    experts = cfg["num_experts"] if "num_experts" in cfg else cfg["num_local_experts"]
+    return dict(num_experts=int(experts), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+                shared_expert_intermediate_size=int(cfg["shared_expert_intermediate_size"])
+                if model_type == "qwen2_moe" else 0,
+                norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+                decoder_sparse_step=int(cfg.get("decoder_sparse_step", 1)),
+                mlp_only_layers=tuple(int(i) for i in cfg.get("mlp_only_layers") or ()))
+
+
 @dataclass(frozen=True)
 class ArchConfig:
     architecture: str
@@ -49,10 +71,31 @@ class ArchConfig:
     attention_bias: bool = False
     qk_norm: bool = False
     checkpoint_dtype: str = "float32"
+    # mixture of experts (0 experts: a dense model); see models/moe.py
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0              # one routed expert's intermediate size
+    shared_expert_intermediate_size: int = 0    # Qwen2-MoE's always-on expert (0: none)
+    norm_topk_prob: bool = False                # renormalise the top-k softmax probabilities to sum to 1
+    decoder_sparse_step: int = 1                # layer i is sparse when (i + 1) % step == 0 ...
+    mlp_only_layers: tuple[int, ...] = ()       # ... and i is not listed here
+    routing_weights_fp32: bool = False          # scale expert outputs in float32 (Mixtral) or the hidden dtype
 
     def __post_init__(self):
         if self.architecture not in SUPPORTED_ARCHITECTURES:
             raise _unsupported(self.architecture)
+        if self.num_experts:
+            if not 0 < self.num_experts_per_tok <= self.num_experts:
+                raise ValueError(f"num_experts_per_tok {self.num_experts_per_tok} must be in 1..num_experts "
+                                 f"({self.num_experts})")
+            if self.moe_intermediate_size <= 0 or self.decoder_sparse_step < 1:
+                raise ValueError(f"moe_intermediate_size {self.moe_intermediate_size} must be positive and "
+                                 f"decoder_sparse_step {self.decoder_sparse_step} at least 1")
+            outside = [i for i in self.mlp_only_layers if not 0 <= i < self.num_layers]
+            if outside:
+                raise ValueError(f"mlp_only_layers {outside} are not layers of a {self.num_layers}-layer model")
+        elif self.architecture in MOE_ARCHITECTURES:
+            raise ValueError(f"{self.architecture} needs num_experts > 0")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_attention_heads {self.num_heads} is not a multiple of "
                              f"num_key_value_heads {self.num_kv_heads}")
@@ -64,6 +107,19 @@ class ArchConfig:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` routes its tokens to experts (transformers' rule)."""
+        return self.num_experts > 0 and layer not in self.mlp_only_layers \
+            and (layer + 1) % self.decoder_sparse_step == 0
+
+    @property
+    def moe_layers(self) -> list[int]:
+        return [i for i in range(self.num_layers) if self.is_moe_layer(i)]
 
     @classmethod
     def from_hf_config(cls, cfg: dict) -> "ArchConfig":
@@ -79,7 +135,7 @@ class ArchConfig:
         dtype = cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
         max_positions = int(cfg.get("max_position_embeddings", 2048))
         window = cfg.get("sliding_window")
-        if window and (model_type == "mistral" or cfg.get("use_sliding_window")):
+        if window and (model_type in ("mistral", "mixtral") or cfg.get("use_sliding_window")):
             # sliding-window attention is not implemented; within the window it equals full attention
             max_positions = min(max_positions, int(window))
         return cls(
@@ -89,16 +145,19 @@ class ArchConfig:
             head_dim=int(cfg.get("head_dim") or hidden // heads), vocab_size=int(cfg["vocab_size"]),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_scaling=scaling,
             max_position_embeddings=max_positions, tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
-            qk_norm=model_type == "qwen3", checkpoint_dtype=str(dtype))
+            attention_bias=bool(cfg.get("qkv_bias", True)) if model_type == "qwen2_moe"
+            else bool(cfg.get("attention_bias", model_type == "qwen2")),
+            qk_norm=model_type in ("qwen3", "qwen3_moe"), checkpoint_dtype=str(dtype),
+            **_moe_from_hf(model_type, cfg))
 
     @classmethod
     def from_gguf_metadata(cls, meta: dict, vocab_size: int | None = None,
                            tie_word_embeddings: bool = False) -> "ArchConfig":
         """``meta`` maps GGUF keys (``llama.block_count`` ...) to Python values."""
         arch = meta.get("general.architecture")
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise _unsupported(arch)
+        if arch not in GGUF_ARCHITECTURES:
+            raise ValueError(f"unsupported GGUF architecture {arch!r}; gh200rt supports: "
+                             f"{', '.join(GGUF_ARCHITECTURES)} (MoE models from safetensors only)")
 
         def get(key, default=None):
             value = meta.get(f"{arch}.{key}", default)

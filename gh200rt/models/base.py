@@ -110,3 +110,9 @@ class WeightRef:
     def nbytes(self) -> int:
         cur = self.current
         return cur.nbytes if isinstance(cur, torch.Tensor) else int(cur.nbytes)
+
+
+def dense_weight(ref: WeightRef, name: str) -> torch.Tensor:
+    """The dense tensor ``ref`` holds now (what the loader writes into)."""
+    assert isinstance(ref.current, torch.Tensor), f"{name}: the loader writes dense weights only"
+    return ref.current

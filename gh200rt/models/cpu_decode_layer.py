@@ -7,9 +7,9 @@ decode-only step it works out what each of the layer's ops would call — which 
 linears' current weights takes at this row count, the KV pool, the step's slots and block tables — and
 makes one call that runs exactly those entry points with exactly those arguments, so the output has the
 layer-by-layer path's bits (tests/model/test_cpu_decode_layer.py), and every tier still agrees (DESIGN
-invariant 4). Where any op would go elsewhere (a prefill or mixed step, an fbgemm or oneDNN linear at this
-row count, fp8 weights, bfloat16 activations, per-head q/k norms, a KV-scale calibration) it returns
-None and the layer runs op by op.
+invariant 4). Where any op would go elsewhere (an MoE layer, a prefill or mixed step, an fbgemm or oneDNN
+linear at this row count, fp8 weights, bfloat16 activations, per-head q/k norms, a KV-scale calibration) it
+returns None and the layer runs op by op.
 
 What a layer's linears resolve to is cached on the layer, keyed by the row count, the thread count, each
 WeightRef's ``version`` (it changes whenever a placement repoints the ref: a streamed layer's weight is a new
@@ -158,6 +158,8 @@ def native_decode_layer(ops: NativeOps):
     """The ``DecoderLayer.decode_layer_fn`` of the native CPU ops (see the module docstring)."""
     def decode_layer(layer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta,
                      kv_cache: torch.Tensor) -> torch.Tensor | None:
+        if layer.sparse:   # an MoE layer's experts run op by op (models/moe.py)
+            return None
         rows = hidden.shape[0]
         parts = layer.__dict__.get(_PARTS)
         if parts is None:

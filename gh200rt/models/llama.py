@@ -1,4 +1,5 @@
-"""Decoder-only transformer of the Llama family (Llama 2/3, Mistral; Qwen2/3 reuse it via flags).
+"""Decoder-only transformer of the Llama family (Llama 2/3, Mistral; Qwen2/3 and the MoE families reuse it
+via ArchConfig: a layer's MLP is a ``GatedMLP`` or, where ``arch.is_moe_layer``, a ``SparseMoeBlock``).
 
 Checkpoint names follow transformers (``model.layers.N.self_attn.q_proj.weight``...). The model
 fuses q/k/v into ``qkv_proj`` and gate/up into ``gate_up_proj``; ``FUSED_SHARDS`` declares which
@@ -12,12 +13,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from gh200rt.models.arch_config import ArchConfig
-from gh200rt.models.base import AttentionMetadata, WeightRef
-from gh200rt.models.layers.activation import SiluAndMul
+from gh200rt.models.base import AttentionMetadata, WeightRef, dense_weight
 from gh200rt.models.layers.attention import SelfAttention
 from gh200rt.models.layers.linear import RefLinear
+from gh200rt.models.layers.mlp import GatedMLP
 from gh200rt.models.layers.rmsnorm import RMSNorm
 from gh200rt.models.layers.rotary import RotaryEmbedding
+from gh200rt.models.moe import SparseMoeBlock
 
 # fused module -> the checkpoint modules whose rows it stacks, in order
 FUSED_SHARDS = {
@@ -26,30 +28,23 @@ FUSED_SHARDS = {
 }
 
 
-class GatedMLP(nn.Module):
-    def __init__(self, arch: ArchConfig, dtype: torch.dtype, device):
-        super().__init__()
-        self.gate_up_proj = RefLinear(arch.hidden_size, 2 * arch.intermediate_size, False, dtype, device)
-        self.down_proj = RefLinear(arch.intermediate_size, arch.hidden_size, False, dtype, device)
-        self.act = SiluAndMul()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
-
-
 class DecoderLayer(nn.Module):
-    def __init__(self, arch: ArchConfig, dtype: torch.dtype, device):
+    def __init__(self, arch: ArchConfig, dtype: torch.dtype, device, index: int = 0):
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
         self.self_attn = SelfAttention(arch, dtype, device)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
-        self.mlp = GatedMLP(arch, dtype, device)
+        self.sparse = arch.is_moe_layer(index)
+        self.mlp = SparseMoeBlock(arch, dtype, device) if self.sparse else \
+            GatedMLP(arch.hidden_size, arch.intermediate_size, dtype, device)
+        # the checkpoint's name for the MLP block (weights named model.layers.N.<this>.*)
+        self.mlp_checkpoint_name = "block_sparse_moe" if self.sparse and arch.architecture == "mixtral" else "mlp"
         # the whole layer in one call for a decode step (native CPU ops, models/cpu_decode_layer.py): returns the
-        # layer's output, or None where it does not apply (the layer then runs op by op)
+        # layer's output, or None where it does not apply (the layer then runs op by op; always for an MoE layer)
         self.decode_layer_fn = None
 
     def forward(self, hidden, cos, sin, meta, kv_cache):
-        if self.decode_layer_fn is not None:
+        if self.decode_layer_fn is not None and not self.sparse:
             out = self.decode_layer_fn(self, hidden, cos, sin, meta, kv_cache)
             if out is not None:
                 return out
@@ -64,7 +59,7 @@ class LlamaForCausalLM(nn.Module):
         self.dtype = dtype
         self.embed_tokens = nn.Parameter(torch.empty(arch.vocab_size, arch.hidden_size, dtype=dtype, device=device),
                                          requires_grad=False)
-        self.layers = nn.ModuleList(DecoderLayer(arch, dtype, device) for _ in range(arch.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(arch, dtype, device, i) for i in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
         self.lm_head = RefLinear(arch.hidden_size, arch.vocab_size, False, dtype, device)
         if arch.tie_word_embeddings:
@@ -89,20 +84,22 @@ class LlamaForCausalLM(nn.Module):
 
     # ---- weights -------------------------------------------------------------------------------
     def layer_weight_refs(self, index: int) -> dict[str, WeightRef]:
+        """Every linear weight of decoder layer ``index`` (an MoE layer's router, experts and shared expert too)."""
         layer = self.layers[index]
-        return {"self_attn.qkv_proj": layer.self_attn.qkv_proj.weight_ref,
-                "self_attn.o_proj": layer.self_attn.o_proj.weight_ref,
-                "mlp.gate_up_proj": layer.mlp.gate_up_proj.weight_ref,
-                "mlp.down_proj": layer.mlp.down_proj.weight_ref}
+        refs = {"self_attn.qkv_proj": layer.self_attn.qkv_proj.weight_ref,
+                "self_attn.o_proj": layer.self_attn.o_proj.weight_ref}
+        refs.update({f"mlp.{name}": ref for name, ref in layer.mlp.weight_refs().items()})
+        return refs
 
     def fused_names(self) -> dict[str, str]:
         """Checkpoint weight name -> the fused weight it is a row block of (for error messages)."""
         out = {}
-        for i in range(len(self.layers)):
-            for fused, parts in FUSED_SHARDS.items():
-                for part in parts:
-                    for kind in ("weight", "bias"):
-                        out[f"model.layers.{i}.{part}.{kind}"] = f"model.layers.{i}.{fused}.{kind}"
+        for i, layer in enumerate(self.layers):
+            prefix = f"model.layers.{i}."
+            for part in FUSED_SHARDS["self_attn.qkv_proj"]:
+                for kind in ("weight", "bias"):
+                    out[f"{prefix}{part}.{kind}"] = f"{prefix}self_attn.qkv_proj.{kind}"
+            out.update(layer.mlp.fused_names(f"{prefix}{layer.mlp_checkpoint_name}."))
         return out
 
     def weight_destinations(self) -> dict[str, torch.Tensor]:
@@ -110,31 +107,22 @@ class LlamaForCausalLM(nn.Module):
         arch = self.arch
         dest = {"model.embed_tokens.weight": self.embed_tokens.data, "model.norm.weight": self.norm.weight.data}
         if not arch.tie_word_embeddings:
-            dest["lm_head.weight"] = _dense(self.lm_head.weight_ref, "lm_head.weight")
-        rows = {"self_attn.qkv_proj": (arch.q_size, arch.kv_size, arch.kv_size),
-                "mlp.gate_up_proj": (arch.intermediate_size, arch.intermediate_size)}
+            dest["lm_head.weight"] = dense_weight(self.lm_head.weight_ref, "lm_head.weight")
         for i, layer in enumerate(self.layers):
             prefix = f"model.layers.{i}."
+            attn = layer.self_attn
             dest[prefix + "input_layernorm.weight"] = layer.input_layernorm.weight.data
             dest[prefix + "post_attention_layernorm.weight"] = layer.post_attention_layernorm.weight.data
-            refs = self.layer_weight_refs(i)
-            dest[prefix + "self_attn.o_proj.weight"] = _dense(refs["self_attn.o_proj"], prefix + "o_proj")
-            dest[prefix + "mlp.down_proj.weight"] = _dense(refs["mlp.down_proj"], prefix + "down_proj")
-            for fused, parts in FUSED_SHARDS.items():
-                weight = _dense(refs[fused], prefix + fused)
-                bias = layer.self_attn.qkv_proj.bias if fused == "self_attn.qkv_proj" else None
-                start = 0
-                for part, size in zip(parts, rows[fused]):
-                    dest[f"{prefix}{part}.weight"] = weight[start:start + size]
-                    if bias is not None:
-                        dest[f"{prefix}{part}.bias"] = bias.data[start:start + size]
-                    start += size
-            if layer.self_attn.q_norm is not None:
-                dest[prefix + "self_attn.q_norm.weight"] = layer.self_attn.q_norm.weight.data
-                dest[prefix + "self_attn.k_norm.weight"] = layer.self_attn.k_norm.weight.data
+            dest[prefix + "self_attn.o_proj.weight"] = dense_weight(attn.o_proj.weight_ref, prefix + "o_proj")
+            qkv = dense_weight(attn.qkv_proj.weight_ref, prefix + "self_attn.qkv_proj")
+            start = 0
+            for part, size in zip(FUSED_SHARDS["self_attn.qkv_proj"], (arch.q_size, arch.kv_size, arch.kv_size)):
+                dest[f"{prefix}{part}.weight"] = qkv[start:start + size]
+                if attn.qkv_proj.bias is not None:
+                    dest[f"{prefix}{part}.bias"] = attn.qkv_proj.bias.data[start:start + size]
+                start += size
+            dest.update(layer.mlp.checkpoint_destinations(f"{prefix}{layer.mlp_checkpoint_name}."))
+            if attn.q_norm is not None:
+                dest[prefix + "self_attn.q_norm.weight"] = attn.q_norm.weight.data
+                dest[prefix + "self_attn.k_norm.weight"] = attn.k_norm.weight.data
         return dest
-
-
-def _dense(ref: WeightRef, name: str) -> torch.Tensor:
-    assert isinstance(ref.current, torch.Tensor), f"{name}: the loader writes dense weights only"
-    return ref.current

@@ -5,13 +5,17 @@ import torch
 
 from gh200rt.models.arch_config import SUPPORTED_ARCHITECTURES, ArchConfig
 from gh200rt.models.llama import LlamaForCausalLM
-from gh200rt.models.qwen import Qwen2ForCausalLM, Qwen3ForCausalLM
+from gh200rt.models.mixtral import MixtralForCausalLM
+from gh200rt.models.qwen import Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM
 
 MODEL_CLASSES = {
     "llama": LlamaForCausalLM,
     "mistral": LlamaForCausalLM,
     "qwen2": Qwen2ForCausalLM,
     "qwen3": Qwen3ForCausalLM,
+    "qwen2_moe": Qwen2MoeForCausalLM,
+    "qwen3_moe": Qwen3MoeForCausalLM,
+    "mixtral": MixtralForCausalLM,
 }
 assert set(MODEL_CLASSES) == set(SUPPORTED_ARCHITECTURES)
 

@@ -22,15 +22,37 @@ FAMILIES = {
     "qwen3-gqa-untied": ("Qwen3Config", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                                              tie_word_embeddings=False)),
 }
+# MoE families (tests/model/test_moe_parity.py): 4 layers, 8 experts of width 32, top 2
+MOE_FAMILIES = {
+    "qwen3-moe-norm": ("Qwen3MoeConfig", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                              norm_topk_prob=True, tie_word_embeddings=False)),
+    "qwen3-moe-sparse-step": ("Qwen3MoeConfig", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                                     norm_topk_prob=False, decoder_sparse_step=2,
+                                                     mlp_only_layers=[3], tie_word_embeddings=True)),
+    "qwen2-moe-shared": ("Qwen2MoeConfig", dict(num_attention_heads=4, num_key_value_heads=2,
+                                                shared_expert_intermediate_size=48, mlp_only_layers=[1],
+                                                tie_word_embeddings=False)),
+    "mixtral": ("MixtralConfig", dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+                                      num_local_experts=8)),
+}
+MOE_SIZES = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, num_hidden_layers=4)
 VOCAB = 256
 
 
 def make_hf_model(family: str, seed: int = 0):
     import transformers
-    class_name, kwargs = FAMILIES[family]
-    config = getattr(transformers, class_name)(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, max_position_embeddings=256,
-        bos_token_id=1, eos_token_id=2, rms_norm_eps=1e-6, **kwargs)
+    if family in MOE_FAMILIES:
+        class_name, kwargs = MOE_FAMILIES[family]
+        sizes = {k: v for k, v in MOE_SIZES.items() if class_name != "MixtralConfig" or k in (
+            "num_experts_per_tok", "num_hidden_layers")}
+        kwargs = {**sizes, **kwargs}
+        if class_name == "MixtralConfig":
+            kwargs["intermediate_size"] = 32   # Mixtral's experts are intermediate_size wide
+    else:
+        class_name, kwargs = FAMILIES[family]
+    config = getattr(transformers, class_name)(**{
+        "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "max_position_embeddings": 256, "bos_token_id": 1, "eos_token_id": 2, "rms_norm_eps": 1e-6, **kwargs})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():

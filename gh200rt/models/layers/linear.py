@@ -20,9 +20,13 @@ class RefLinear(nn.Module):
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", weight: torch.Tensor | None = None):
+        """``weight``: the ``[out, in]`` tensor to start from (e.g. one expert's slice of a stacked tensor);
+        by default a new uninitialised one."""
         super().__init__()
-        weight = torch.empty(out_features, in_features, dtype=dtype, device=device)
+        if weight is None:
+            weight = torch.empty(out_features, in_features, dtype=dtype, device=device)
+        assert tuple(weight.shape) == (out_features, in_features) and weight.dtype == dtype, (weight.shape, dtype)
         self.weight_ref = WeightRef(weight, (out_features, in_features), dtype)
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device),
                                  requires_grad=False) if bias else None

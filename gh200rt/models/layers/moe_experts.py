@@ -1,0 +1,69 @@
+"""Top-k routing and the grouped expert computation of an MoE layer, in plain torch.
+
+This is the reference a fused MoE kernel must reproduce (DESIGN.md, "Mixture of experts"): the step's
+``T x k`` (token, choice) pairs are sorted by expert id, so each expert's tokens form one contiguous run;
+each expert that has tokens runs its MLP once over its run (one GEMM per projection); the outputs are
+scaled by their routing weights and summed per token.
+
+What is bit-stable: a token's output depends on its own row only through the experts' GEMMs. Its k
+contributions are added in ascending expert id, each starting from the first (as transformers' loop over
+experts with ``index_add_`` does), so neither the order of tokens in the batch nor which other tokens share
+an expert changes the order of the additions. What is not: a GEMM library may pick a different kernel for a
+different number of rows, so an expert's run of 3 rows and of 5 rows may round a row differently in the last
+bit (exactly as a dense linear may for a different batch size); on the CPU in float32 the runs tested agree.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights float32 [T, k], expert ids int64 [T, k]) from router ``logits`` [T, E]: softmax in float32 over
+    all experts, the k largest, renormalised to sum to 1 when ``renormalize`` (which equals Mixtral's softmax
+    over the top-k logits). Ties between equal probabilities go to the lower expert id (``torch.topk``)."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+def group_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, list[int]]:
+    """``order`` (int64 [T*k]): the flat (token, choice) pairs sorted by expert id, stably (token order within
+    an expert's run); ``counts[e]``: the length of expert e's run."""
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=num_experts).tolist()
+    return order, counts
+
+
+def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, num_experts: int,
+                    expert: Callable[[int, torch.Tensor], torch.Tensor], scale_fp32: bool = False) -> torch.Tensor:
+    """``sum_j weights[t, j] * expert(ids[t, j], x[t])`` for every token t of ``x`` [T, H].
+
+    ``expert(e, rows)`` runs expert e's MLP over ``rows`` [n, H]; it is called once per expert that has tokens,
+    in expert id order. ``scale_fp32``: multiply in float32, then round to ``x``'s dtype (Mixtral); else round
+    the weights to ``x``'s dtype first (Qwen-MoE)."""
+    tokens, k = ids.shape
+    order, counts = group_by_expert(ids, num_experts)
+    out = x.new_empty(tokens * k, x.shape[-1])
+    start = 0
+    for e, n in enumerate(counts):
+        if n:
+            pairs = order[start:start + n]
+            out[pairs] = expert(e, x[pairs // k])
+            start += n
+    out = out.view(tokens, k, -1)
+    if scale_fp32:
+        scaled = (out.float() * weights.unsqueeze(-1)).to(x.dtype)
+    else:
+        scaled = out * weights.to(x.dtype).unsqueeze(-1)
+    # add each token's contributions in ascending expert id (what transformers' per-expert index_add_ does)
+    slot = torch.argsort(ids, dim=1, stable=True)
+    scaled = torch.gather(scaled, 1, slot.unsqueeze(-1).expand_as(scaled))
+    total = scaled[:, 0]
+    for j in range(1, k):
+        total = total + scaled[:, j]
+    return total.contiguous()

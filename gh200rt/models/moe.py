@@ -1,0 +1,82 @@
+"""The sparse MLP of an MoE decoder layer: router, k of E routed experts, optional shared expert.
+
+Families (``ArchConfig``): Qwen3-MoE (softmax top-k, renormalised when ``norm_topk_prob``), Qwen2-MoE
+(the same, plus a shared expert scaled by ``sigmoid(shared_expert_gate(x))``), Mixtral (softmax over the
+top-k logits: the renormalised form; routing weights applied in float32).
+
+Weights. Every expert is a ``GatedMLP`` with its own two WeightRefs (``experts.E.gate_up_proj`` ``[2I, H]``,
+``experts.E.down_proj`` ``[H, I]``), so the weight store places, streams and converts each one as it does
+any 2-D linear, and a later per-expert placement moves one expert by repointing its two refs. At load the
+refs are slices of one stacked ``[E, 2I, H]`` and one ``[E, H, I]`` tensor, and ``weight_refs`` lists every
+expert's gate_up before every expert's down, so a layer slab, staging slot or arena run holds each stack at
+one stride (what a grouped kernel reads).
+
+Checkpoint names: Qwen ``mlp.gate``, ``mlp.experts.E.{gate,up,down}_proj``, ``mlp.shared_expert.*``,
+``mlp.shared_expert_gate``; Mixtral ``block_sparse_moe.gate``, ``block_sparse_moe.experts.E.{w1,w3,w2}``.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gh200rt.models.arch_config import ArchConfig
+from gh200rt.models.base import WeightRef, dense_weight
+from gh200rt.models.layers.linear import RefLinear
+from gh200rt.models.layers.mlp import HF_NAMES, GatedMLP
+from gh200rt.models.layers.moe_experts import grouped_experts, route
+
+MIXTRAL_EXPERT_NAMES = ("w1", "w3", "w2")   # gate, up, down
+
+
+class SparseMoeBlock(nn.Module):
+    def __init__(self, arch: ArchConfig, dtype: torch.dtype, device):
+        super().__init__()
+        h, i, e = arch.hidden_size, arch.moe_intermediate_size, arch.num_experts
+        self.num_experts, self.top_k = e, arch.num_experts_per_tok
+        self.renormalize, self.scale_fp32 = arch.norm_topk_prob, arch.routing_weights_fp32
+        self.expert_names = MIXTRAL_EXPERT_NAMES if arch.architecture == "mixtral" else HF_NAMES
+        self.gate = RefLinear(h, e, False, dtype, device)
+        gate_up = torch.empty(e, 2 * i, h, dtype=dtype, device=device)
+        down = torch.empty(e, h, i, dtype=dtype, device=device)
+        self.experts = nn.ModuleList(GatedMLP(h, i, dtype, device, gate_up[j], down[j]) for j in range(e))
+        shared = arch.shared_expert_intermediate_size
+        self.shared_expert = GatedMLP(h, shared, dtype, device) if shared else None
+        self.shared_expert_gate = RefLinear(h, 1, False, dtype, device) if shared else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = route(self.gate(x), self.top_k, self.renormalize)
+        experts = self.experts
+        out = grouped_experts(x, weights, ids, self.num_experts, lambda e, rows: experts[e](rows), self.scale_fp32)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+    # ---- weights -------------------------------------------------------------------------------
+    def weight_refs(self) -> dict[str, WeightRef]:
+        refs = {"gate": self.gate.weight_ref}
+        for part in ("gate_up_proj", "down_proj"):   # each stack back to back (see the module docstring)
+            refs.update({f"experts.{e}.{part}": expert.weight_refs()[part] for e, expert in enumerate(self.experts)})
+        if self.shared_expert is not None:
+            refs.update({f"shared_expert.{n}": r for n, r in self.shared_expert.weight_refs().items()})
+            refs["shared_expert_gate"] = self.shared_expert_gate.weight_ref
+        return refs
+
+    def checkpoint_destinations(self, block: str) -> dict[str, torch.Tensor]:
+        """``block``: the checkpoint's prefix of this block (``model.layers.N.mlp.``, Mixtral's
+        ``model.layers.N.block_sparse_moe.``)."""
+        dest = {f"{block}gate.weight": dense_weight(self.gate.weight_ref, block + "gate")}
+        for e, expert in enumerate(self.experts):
+            dest.update(expert.checkpoint_destinations(f"{block}experts.{e}.", self.expert_names))
+        if self.shared_expert is not None:
+            dest.update(self.shared_expert.checkpoint_destinations(f"{block}shared_expert."))
+            dest[f"{block}shared_expert_gate.weight"] = dense_weight(self.shared_expert_gate.weight_ref,
+                                                                     block + "shared_expert_gate")
+        return dest
+
+    def fused_names(self, block: str) -> dict[str, str]:
+        out = {}
+        for e in range(self.num_experts):
+            out.update(GatedMLP.fused_names(f"{block}experts.{e}.", self.expert_names))
+        if self.shared_expert is not None:
+            out.update(GatedMLP.fused_names(f"{block}shared_expert."))
+        return out
