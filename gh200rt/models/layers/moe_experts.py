@@ -8,9 +8,10 @@ scaled by their routing weights and summed per token.
 What is bit-stable: a token's output depends on its own row only through the experts' GEMMs. Its k
 contributions are added in ascending expert id, each starting from the first (as transformers' loop over
 experts with ``index_add_`` does), so neither the order of tokens in the batch nor which other tokens share
-an expert changes the order of the additions. What is not: a GEMM library may pick a different kernel for a
-different number of rows, so an expert's run of 3 rows and of 5 rows may round a row differently in the last
-bit (exactly as a dense linear may for a different batch size); on the CPU in float32 the runs tested agree.
+an expert changes the order of the additions: permuting a batch permutes its outputs bit for bit. What is
+not: a GEMM library may pick a different kernel for a different number of rows (a one-row run takes a
+matrix-vector path), so the same token in a run of 1 and of 5 rows may differ in the last bit, exactly as
+a dense linear may for a different batch size.
 """
 from __future__ import annotations
 
