@@ -22,7 +22,8 @@ SLAB_ALIGN = 64  # every tensor in a host slab starts on a 64-byte boundary (128
 
 @dataclass(frozen=True)
 class ModelSizes:
-    layer_params: int        # one decoder layer: linears and norms (for FLOPs)
+    layer_params: int        # one decoder layer: linears and norms a token multiplies (for FLOPs; an MoE
+                             # layer's k routed experts, not all)
     layer_bytes: int         # one decoder layer's linear weights as resident (compute dtype, or an FP8 checkpoint's fp8)
     fixed_bytes: int         # always on the device: embedding, lm_head (once if tied), norms, biases, RoPE tables,
                              # KV cache scales
@@ -53,10 +54,45 @@ class ModelSizes:
         return self.fixed_memory + self.num_layers * self.resident_layer_memory
 
 
-def layer_linear_shapes(arch: ArchConfig) -> list[tuple[int, int]]:
-    """[out, in] of the fused linears of one decoder layer: qkv, o, gate_up, down."""
-    h, i = arch.hidden_size, arch.intermediate_size
-    return [(arch.q_size + 2 * arch.kv_size, h), (h, arch.q_size), (2 * i, h), (h, i)]
+def layer_linear_shapes(arch: ArchConfig, active: bool = False) -> list[tuple[int, int]]:
+    """[out, in] of the fused linears of the largest decoder layer, in the order of its WeightRefs (a slab's
+    layout): qkv, o, then a dense MLP's gate_up and down, or an MoE layer's router, every expert's gate_up,
+    every expert's down, and the shared expert's gate_up, down and gate. A model that mixes dense and MoE
+    layers is planned as if every layer were its largest kind. ``active``: only the linears one token
+    multiplies (of an MoE layer's routed experts, the k it routes to)."""
+    h = arch.hidden_size
+    attention = [(arch.q_size + 2 * arch.kv_size, h), (h, arch.q_size)]
+    dense = [(2 * arch.intermediate_size, h), (h, arch.intermediate_size)]
+    if not _largest_layer_is_sparse(arch):
+        return attention + dense
+    return attention + _sparse_mlp_shapes(arch, arch.num_experts_per_tok if active else arch.num_experts)
+
+
+def _sparse_mlp_shapes(arch: ArchConfig, experts: int) -> list[tuple[int, int]]:
+    """An MoE layer's MLP linears with ``experts`` routed experts."""
+    h, i, shared = arch.hidden_size, arch.moe_intermediate_size, arch.shared_expert_intermediate_size
+    shapes = [(arch.num_experts, h)] + [(2 * i, h)] * experts + [(h, i)] * experts
+    return shapes + ([(2 * shared, h), (h, shared), (1, h)] if shared else [])
+
+
+def _largest_layer_is_sparse(arch: ArchConfig) -> bool:
+    if not arch.is_moe:
+        return False
+    if len(arch.moe_layers) == arch.num_layers:
+        return True
+    sparse = sum(n * k for n, k in _sparse_mlp_shapes(arch, arch.num_experts))
+    return sparse >= 3 * arch.hidden_size * arch.intermediate_size
+
+
+def mlp_activation_width(arch: ArchConfig) -> int:
+    """Values per token the widest MLP holds at once: gate_up and its activation of a dense layer; of an MoE
+    layer, each of the k routed copies' (plus their outputs), the shared expert's and the router logits."""
+    dense = 3 * arch.intermediate_size
+    if not arch.is_moe:
+        return dense
+    sparse = arch.num_experts_per_tok * (3 * arch.moe_intermediate_size + arch.hidden_size) \
+        + 3 * arch.shared_expert_intermediate_size + arch.num_experts
+    return max(dense, sparse)
 
 
 def host_weight_parts(fmt: str, shape: tuple[int, int]) -> list[int]:
@@ -94,7 +130,7 @@ def model_sizes(arch: ArchConfig, dtype: str = "bf16", kv_dtype: str | None = No
         raise ValueError(f"--kv-cache-dtype {kv_dtype!r}: choose auto or one of {', '.join(FP8_KV_BYTES)}")
     wb, kvb = DTYPE_BYTES[dtype], {**DTYPE_BYTES, **FP8_KV_BYTES}[kv_dtype]
     shapes = layer_linear_shapes(arch)
-    linear_params = sum(n * k for n, k in shapes)
+    linear_params = sum(n * k for n, k in layer_linear_shapes(arch, active=True))
     layer_small = 2 * arch.hidden_size + (arch.q_size + 2 * arch.kv_size if arch.attention_bias else 0) \
         + (2 * arch.head_dim if arch.qk_norm else 0)  # norms, qkv bias, q/k norms: stay on the device
     head = arch.vocab_size * arch.hidden_size
@@ -112,7 +148,7 @@ def activation_bytes(arch: ArchConfig, max_num_batched_tokens: int, max_num_seqs
     """Peak working memory of one step: the widest per-token intermediates (hidden, qkv, gate_up, attention
     output, residual) for every batched token, plus float32 logits for every sampled row."""
     wb = DTYPE_BYTES[dtype]
-    per_token = (3 * arch.hidden_size + arch.q_size + 2 * arch.kv_size + 3 * arch.intermediate_size) * wb
+    per_token = (3 * arch.hidden_size + arch.q_size + 2 * arch.kv_size + mlp_activation_width(arch)) * wb
     return max_num_batched_tokens * per_token + max_num_seqs * arch.vocab_size * 4
 
 
@@ -120,7 +156,7 @@ def graph_pool_bytes(arch: ArchConfig, buckets: list[int], dtype: str) -> int:
     """Device memory the decode graphs' shared pool needs: the largest bucket's step intermediates (the pool
     reuses them across captures) plus every graph's output, which stays allocated (logits are outside)."""
     wb = DTYPE_BYTES[dtype]
-    per_token = (3 * arch.hidden_size + arch.q_size + 2 * arch.kv_size + 3 * arch.intermediate_size) * wb
+    per_token = (3 * arch.hidden_size + arch.q_size + 2 * arch.kv_size + mlp_activation_width(arch)) * wb
     return max(buckets) * per_token + sum(buckets) * arch.hidden_size * wb
 
 
