@@ -58,3 +58,31 @@ def test_sliding_window_caps_context_instead_of_computing_it_wrong():
     qwen = ArchConfig.from_hf_config({**BASE, "model_type": "qwen2", "sliding_window": 4096,
                                       "use_sliding_window": False, "max_position_embeddings": 32768})
     assert qwen.max_position_embeddings == 32768
+
+
+MOE = dict(BASE, model_type="qwen3_moe", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+
+
+def test_moe_fields_per_family():
+    qwen3 = ArchConfig.from_hf_config({**MOE, "norm_topk_prob": True, "decoder_sparse_step": 2})
+    assert qwen3.qk_norm and qwen3.norm_topk_prob and qwen3.moe_layers == [1] and not qwen3.routing_weights_fp32
+    written_by_transformers5 = {k: v for k, v in MOE.items() if k != "num_experts"} | {"num_local_experts": 4}
+    assert ArchConfig.from_hf_config(written_by_transformers5).num_experts == 4
+    qwen2 = ArchConfig.from_hf_config({**MOE, "model_type": "qwen2_moe", "shared_expert_intermediate_size": 48,
+                                       "mlp_only_layers": [0]})
+    assert qwen2.attention_bias and qwen2.shared_expert_intermediate_size == 48 and qwen2.moe_layers == [1]
+    mixtral = ArchConfig.from_hf_config({**BASE, "model_type": "mixtral", "num_local_experts": 8,
+                                         "num_experts_per_tok": 2})
+    assert (mixtral.moe_intermediate_size, mixtral.norm_topk_prob, mixtral.routing_weights_fp32) == (128, True, True)
+    assert not ArchConfig.from_hf_config(BASE).is_moe
+
+
+def test_moe_config_errors():
+    with pytest.raises(KeyError, match="shared_expert_intermediate_size"):
+        ArchConfig.from_hf_config({**MOE, "model_type": "qwen2_moe"})
+    with pytest.raises(ValueError, match="num_experts_per_tok 9 must be in 1..num_experts"):
+        ArchConfig.from_hf_config({**MOE, "num_experts_per_tok": 9})
+    with pytest.raises(ValueError, match=r"mlp_only_layers \[5\]"):
+        ArchConfig.from_hf_config({**MOE, "mlp_only_layers": [5]})
+    with pytest.raises(ValueError, match="unsupported GGUF architecture 'qwen3moe'"):
+        ArchConfig.from_gguf_metadata({"general.architecture": "qwen3moe"})
