@@ -100,11 +100,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv, config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens)
         caches = arena.kv_caches() if arena else \
             allocate_kv_caches(arch.num_layers, num_blocks, bs, arch.num_kv_heads, arch.head_dim, kv_dtype, device)
-        # an MoE layer's plain-torch experts read their token counts on the host, which no CUDA graph can capture
-        # (the fused MoE kernels will): those models decode eagerly on a GPU until then (docs/MOE.md)
-        moe_on_gpu = arch.is_moe and torch.device(device).type == "cuda"
-        self.graphs = None if moe_on_gpu else \
-            decode_graphs(model, caches, config, self.max_model_len, device, self.store, self.ledger)
+        self.graphs = decode_graphs(model, caches, config, self.max_model_len, device, self.store, self.ledger)
         self.runner = ModelRunner(model, caches, bs, device, hooks=self.store or NULL_HOOKS, graphs=self.graphs)
         if torch.device(device).type == "cpu":     # activations live in host memory: keep their pages
             keep_freed_memory()

@@ -213,3 +213,20 @@ def test_addresses_record_the_storage_a_wrapper_reads_not_the_wrapper():
     ref.current = UpcastWeight(slot.clone())     # over other memory: a replay would read the wrong bytes
     with pytest.raises(GraphAddressChanged, match="layer 0 mlp.down_proj.tensor"):
         check_addresses(1, captured, graph_addresses(model, [], {}, []))
+
+
+def test_an_moe_model_decodes_eagerly_on_a_gpu_and_books_no_graph_pool():
+    """The grouped torch experts read each expert's token count on the host: no capture, and no pool booked."""
+    from types import SimpleNamespace
+
+    from gh200rt.engine.cuda_graphs import graphs_missing, reserve_graph_pool
+    from gh200rt.memory.ledger import DeviceMemoryLedger
+    from gh200rt.models.arch_config import ArchConfig
+    arch = ArchConfig("qwen3_moe", hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                      head_dim=16, vocab_size=100, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    assert arch.is_moe
+    model = SimpleNamespace(arch=arch, modules=lambda: [])
+    assert "MoE" in graphs_missing(model, "cuda") and graphs_missing(model, "cpu") is None
+    ledger = DeviceMemoryLedger(1 << 30)
+    reserve_graph_pool(ledger, EngineConfig.from_kwargs(max_num_seqs=32), arch, "bf16", "cuda")
+    assert ledger.by_kind["graph_pools"] == 0

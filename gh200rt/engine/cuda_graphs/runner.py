@@ -54,16 +54,21 @@ def decode_graphs(model, kv_caches, config, max_model_len: int, device: str, sto
 
 
 def reserve_graph_pool(ledger, config, arch, dtype: str, device: str) -> None:
-    """Book the decode graphs' pool before the KV cache takes what the ledger has left (GPU, graphs on)."""
-    if torch.device(device).type == "cuda" and config.use_graphs("cuda"):
+    """Book the decode graphs' pool before the KV cache takes what the ledger has left (GPU, graphs on, and a
+    model whose steps can be captured: see ``graphs_missing``)."""
+    if torch.device(device).type == "cuda" and config.use_graphs("cuda") and not arch.is_moe:
         ledger.reserve("graph_pools", graph_pool_bytes(arch, graph_buckets(config.max_graph_batch), dtype))
 
 
 def graphs_missing(model, device: torch.device | str, store=None) -> str | None:
     """What this GPU setup lacks for capture (None: nothing): the Triton KV store and attention (the torch ones
-    size tensors from data), and cuda-bindings where a staging ring copies inside the graph."""
+    size tensors from data), cuda-bindings where a staging ring copies inside the graph, and for an MoE model
+    experts that route on the device."""
     if torch.device(device).type != "cuda":
         return None
+    if getattr(getattr(model, "arch", None), "is_moe", False):
+        # the grouped torch experts read each expert's token count on the host (the fused MoE kernels will not)
+        return "an MoE model's experts in fused kernels, which are not in gh200rt yet (docs/MOE.md)"
     if any(m.write_kv_fn is torch_attention.write_kv for m in model.modules() if isinstance(m, SelfAttention)):
         return "the Triton KV store and attention kernels (install gh200rt with the triton extra)"
     if getattr(store, "backend", None) is not None and not _has_cuda_bindings():
