@@ -78,11 +78,23 @@ class RandomSource:
 
 
 def write_tokenizer(path: str, vocab_size: int) -> None:
-    """A word-level tokenizer "<unk> <s> </s> w3 ... w{vocab_size-1}": ids are all a decode benchmark uses."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab_size)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    """A byte-level BPE tokenizer "<unk> <s> </s>", the 256 bytes, then fillers "w{i}" up to ``vocab_size``.
+
+    Every text encodes (byte by byte) and every token decodes to bytes, so the server's structured outputs
+    (a grammar needs to know each token's bytes) work on a random model as on a real one; the fillers are
+    ids a decode benchmark reaches, and decode to their own letters."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    specials = ["<unk>", "<s>", "</s>"]
+    vocab = {token: i for i, token in enumerate(specials)}
+    for symbol in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[symbol] = len(vocab)
+    if vocab_size < len(vocab):
+        raise ValueError(f"a vocabulary of {vocab_size} cannot hold the 3 specials and 256 bytes")
+    vocab |= {f"w{i}": i for i in range(len(vocab), vocab_size)}
+    tok = Tokenizer(models.BPE(vocab, [], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
     tok.save(os.path.join(path, "tokenizer.json"))
     with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
         json.dump({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}, f)
@@ -98,7 +110,8 @@ def write_random_checkpoint(shape: str, path: str, seed: int = 0) -> str:
     if os.path.isfile(stamp_path):
         with open(stamp_path) as f:
             if json.load(f) == stamp:
-                return path
+                write_tokenizer(path, config_of(shape)["vocab_size"])
+                return path     # the weights are reused; the tokenizer is rewritten (cheap, and it changed once)
     os.makedirs(path, exist_ok=True)
     cfg = config_of(shape)
     h, vocab = cfg["hidden_size"], cfg["vocab_size"]

@@ -71,3 +71,19 @@ def test_warm_up_captures_every_timed_batchs_graph_before_timing(tmp_path):
         assert [decode_rate(engine, batch, 3).captures for batch in (1, 8)] == [0, 0]
     finally:
         engine.close()
+
+
+def test_a_random_model_serves_structured_outputs(tmp_path):
+    """The GPU kit's serve step sends a json_schema request to the random 8B shape: its tokenizer must say which
+    bytes each token adds (a word-level one could not, and the request got a 400)."""
+    from gh200rt.engine.llm import LLM
+    from gh200rt.sampling_params import SamplingParams
+    from gh200rt.structured import Constraint
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["n"], "additionalProperties": False}
+    path = write_random_checkpoint("llama3-tiny", str(tmp_path / "m"))
+    llm = LLM(path, dtype="float32", max_model_len=128, num_kv_blocks=32)
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=40, structured_output=Constraint.json_schema(schema))
+    out = llm.generate(["hello"], params)[0].outputs[0]
+    assert out.finish_reason == "stop", out
+    assert 0 <= json.loads(out.text)["n"] <= 99
