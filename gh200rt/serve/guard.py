@@ -11,7 +11,7 @@ import asyncio
 import hmac
 import json
 
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from gh200rt.serve.errors import APIError
 
@@ -118,17 +118,35 @@ async def unless_disconnected(receive, work):
 
 class DisconnectAwareResponse(Response):
     """A non-streaming response computed while watching for the client to leave: if it does,
-    the computation is cancelled and ``on_disconnect`` aborts the engine requests at once."""
+    the computation is cancelled and ``on_close`` aborts the engine requests at once. ``on_close``
+    runs however the response ends (it must be idempotent)."""
 
-    def __init__(self, produce, on_disconnect):
+    def __init__(self, produce, on_close):
         super().__init__()
         self.produce = produce
-        self.on_disconnect = on_disconnect
+        self.on_close = on_close
 
     async def __call__(self, scope, receive, send):
         try:
             response = await unless_disconnected(receive, self.produce())
         except ClientGone:
-            self.on_disconnect()
             return
+        finally:
+            self.on_close()
         await response(scope, receive, send)
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A stream whose ``on_close`` (idempotent) runs however the response ends. The body's own
+    ``finally`` is not enough: a client gone before the first chunk cancels the response before the
+    body iterator ever starts, and an iterator never started runs no ``finally``."""
+
+    def __init__(self, content, on_close, **kwargs):
+        super().__init__(content, **kwargs)
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
