@@ -2,11 +2,13 @@
 
 Counters and histograms are updated from the asyncio loop (request side); engine gauges come
 from the latest ``EngineStats`` snapshot the engine thread publishes, so /metrics never touches
-the single-threaded engine itself.
+the single-threaded engine itself. The server's own gauges (admission, event-loop tasks, resident
+memory) are what a soak test watches for leaks (``scripts/soak.py``).
 """
 from __future__ import annotations
 
 import bisect
+import os
 import threading
 
 from gh200rt.serve.vllm_metrics import vllm_lines
@@ -76,7 +78,8 @@ class ServerMetrics:
         with self._lock:
             histogram.observe(value)
 
-    def render(self, num_pending: int, model_name: str = "") -> str:
+    def render(self, num_pending: int, model_name: str = "", admission=None, tasks: int | None = None) -> str:
+        """``admission``: the server's Admission; ``tasks``: asyncio tasks alive in its event loop."""
         with self._lock:
             lines = []
             for name, value in self.counters.items():
@@ -85,6 +88,7 @@ class ServerMetrics:
                 lines += h.render()
             lines += vllm_lines(self, model_name)
         lines += _engine_lines(self.engine_stats, num_pending)
+        lines += server_lines(admission, tasks)
         return "\n".join(lines) + "\n"
 
 
@@ -125,4 +129,38 @@ def _engine_lines(s, num_pending: int) -> list[str]:
                      [(f'{{direction="{d}"}}', retier.get(d, 0)) for d in ("promote", "demote")])
     lines += _series("arena_blocks", "gauge", "Device arena blocks held by resident layer weights and by the KV cache.",
                      [('{holder="weights"}', get("arena_weight_blocks")), ('{holder="kv"}', get("kv_blocks_total"))])
+    return lines
+
+
+def resident_memory_bytes() -> int | None:
+    """This process's RSS from /proc (Linux); None elsewhere."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def server_lines(admission, tasks: int | None) -> list[str]:
+    """Admission (see ``admission``), the event loop's tasks and the process's RSS."""
+    lines = []
+    if admission is not None:
+        lines += _series("admission_rejections_total", "counter",
+                         "Generation requests refused with 503 because the server held its limit of sequences.",
+                         [("", admission.refused)])
+        lines += _series("admitted_sequences", "gauge",
+                         "Sequences admitted (being tokenized, queued or running) and not finished.",
+                         [("", admission.held)])
+        lines += _series("admitted_sequences_limit", "gauge",
+                         "Most sequences admitted at once (--max-num-seqs + --max-queued-requests, or "
+                         "--max-num-queued-reqs); requests beyond it get 503.", [("", admission.limit)])
+        lines += _series("retry_after_seconds", "gauge", "The Retry-After a request refused now would get.",
+                         [("", admission.retry_after())])
+    if tasks is not None:
+        lines += _series("server_tasks", "gauge",
+                         "asyncio tasks alive in the server's event loop (this scrape's own included).", [("", tasks)])
+    rss = resident_memory_bytes()
+    if rss is not None:
+        lines += ["# HELP process_resident_memory_bytes Resident memory size in bytes.",
+                  "# TYPE process_resident_memory_bytes gauge", f"process_resident_memory_bytes {rss}"]
     return lines
