@@ -13,6 +13,7 @@ import time
 
 import uvicorn
 
+from gh200rt.serve.admission import Admission
 from gh200rt.serve.api import ServerState, create_app
 from gh200rt.serve.args import parse_args, parse_cpu_list
 from gh200rt.serve.async_engine import AsyncEngine
@@ -62,12 +63,12 @@ class GracefulServer(uvicorn.Server):
             return
         self.state.shutting_down = True
         log.info("signal %s: refusing new requests, waiting up to %.0fs for %d in flight",
-                 sig, self.timeout, self.state.engine.num_pending)
+                 sig, self.timeout, self.state.admission.held)
         threading.Thread(target=self._drain, name="gh200rt-drain", daemon=True).start()
 
     def _drain(self) -> None:
         deadline = time.monotonic() + self.timeout
-        while self.state.engine.num_pending and time.monotonic() < deadline:
+        while (self.state.admission.held or self.state.engine.num_pending) and time.monotonic() < deadline:
             time.sleep(0.05)
         self.config.timeout_graceful_shutdown = max(0.5, deadline - time.monotonic())
         self.should_exit = True
@@ -95,13 +96,16 @@ def run_server(server_config, engine_config, build_engine) -> int:
                  describe_engine(engine))
         return engine
 
-    max_pending = engine_config.scheduler.max_num_seqs + server_config.max_queued_requests
+    max_num_seqs = engine_config.scheduler.max_num_seqs
+    limit, limit_flags = server_config.admission_limit(max_num_seqs)
+    admission = Admission(limit, max_num_seqs, limit_flags)
+
     def stop_on_load_error(_error):
         server.should_exit = True
 
     cpus = parse_cpu_list(server_config.engine_cpus) if server_config.engine_cpus is not None else None
-    engine = AsyncEngine(load, max_pending, on_load_error=stop_on_load_error, cpus=cpus)
-    state = ServerState(server_config, engine, engine_config.model.model)
+    engine = AsyncEngine(load, on_load_error=stop_on_load_error, cpus=cpus)
+    state = ServerState(server_config, engine, engine_config.model.model, admission)
     app = create_app(state)
     uv_config = uvicorn.Config(app, host=server_config.host, port=server_config.port,
                                log_level=server_config.log_level, access_log=False,

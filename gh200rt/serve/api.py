@@ -1,26 +1,30 @@
 """The FastAPI app: OpenAI routes over an ``AsyncEngine``, plus health, metrics and tokenizer routes.
 
 Cross-cutting rules (CORS, API key, 413, 503 on shutdown) live in ``guard.Guard``; reading and
-checking a body lives in ``body``, its fields in ``protocol``. Every failure leaves as the OpenAI
-error body; only real internal faults are 500.
+checking a body lives in ``body``, its fields in ``protocol``; how many requests are held at once
+(503 with Retry-After beyond that) in ``admission``. Every failure leaves as the OpenAI error body;
+the only 5xx are 503 (loading, overload, shutdown) and 500 for real internal faults.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 import gh200rt
+from gh200rt.serve.admission import Admission
 from gh200rt.serve.args import ServerConfig
 from gh200rt.serve.async_engine import AsyncEngine
 from gh200rt.serve.body import parse_json_object, read_body
 from gh200rt.serve.errors import APIError, bad_request, error_body
 from gh200rt.serve.generation import GenerationRun
-from gh200rt.serve.guard import ClientGone, DisconnectAwareResponse, Guard, unless_disconnected
+from gh200rt.serve.guard import (ClientGone, ClosingStreamingResponse, DisconnectAwareResponse, Guard,
+                                 unless_disconnected)
 from gh200rt.serve.metrics import ServerMetrics
 from gh200rt.serve.chat_request import parse_chat_request, parse_messages, template_flags
 from gh200rt.serve.protocol import check_token_ids, parse_completion_request, show
@@ -29,13 +33,14 @@ from gh200rt.serve.responses import completion_body
 log = logging.getLogger("gh200rt.serve")
 
 
-def _error(e: APIError, headers=None) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+def _error(e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
 class ServerState:
-    def __init__(self, config: ServerConfig, engine: AsyncEngine, model_path: str):
+    def __init__(self, config: ServerConfig, engine: AsyncEngine, model_path: str, admission: Admission):
         self.config = config
+        self.admission = admission
         self.model_path = model_path
         names = config.served_model_name or (model_path,)
         self.served_names = names
@@ -117,8 +122,9 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
-        return PlainTextResponse(state.metrics.render(state.engine.num_pending, state.served_name),
-                                 media_type="text/plain; version=0.0.4")
+        text = state.metrics.render(state.engine.num_pending, state.served_name, state.admission,
+                                    len(asyncio.all_tasks()))
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
@@ -151,10 +157,9 @@ def create_app(state: ServerState) -> FastAPI:
         model = check_model(parsed.model)
         tok = state.ready_engine().tokenizer
         tools = parsed.extra["tools"]
-        ids = await asyncio.to_thread(chat_token_ids, tok, messages, parsed.extra["add_generation_prompt"],
-                                      parsed.extra["continue_final_message"], tools.tools if tools else None)
-        parsed.prompts = [(None, ids)]
-        return await _generate(state, parsed, model, chat=True)
+        render = functools.partial(chat_token_ids, tok, messages, parsed.extra["add_generation_prompt"],
+                                   parsed.extra["continue_final_message"], tools.tools if tools else None)
+        return await _generate(state, parsed, model, chat=True, render=render)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -200,33 +205,41 @@ def _special_tokens(body: dict) -> dict:
     return {"add_special_tokens": _flag(body, "add_special_tokens", True)} if "add_special_tokens" in body else {}
 
 
-def _tokenized(tok, prompts: list[tuple[str | None, list[int] | None]]) -> list[tuple[str | None, list[int]]]:
+def _tokenized(tok, prompts: list[tuple[str | None, list[int] | None]],
+               render=None) -> list[tuple[str | None, list[int]]]:
+    if render is not None:                      # chat: the template, rendered and tokenized
+        return [(None, render())]
     return [(text, ids if ids is not None else list(tok.encode(text))) for text, ids in prompts]
 
 
-async def _generate(state: ServerState, parsed, model: str, chat: bool):
+async def _generate(state: ServerState, parsed, model: str, chat: bool, render=None):
+    """Admit (or 503 at once), tokenize, submit; then answer in one body or as a stream. ``render`` (chat)
+    is a blocking call that returns the prompt's token ids."""
     engine = state.ready_engine()
-    if len(parsed.prompts) > state.engine.max_pending:
-        raise bad_request(f"the request has {len(parsed.prompts)} prompts; this server takes at most "
-                          f"{state.engine.max_pending} at once (--max-num-seqs + --max-queued-requests)", "prompt")
-    # Tokenized here, off the event loop, so a long prompt stalls neither other handlers nor the engine thread.
-    parsed.prompts = await asyncio.to_thread(_tokenized, engine.tokenizer, parsed.prompts)
-    for _text, ids in parsed.prompts:
-        check_token_ids(ids, "prompt", engine.vocab_size)
-    check_token_ids(parsed.params.stop_token_ids, "stop_token_ids", engine.vocab_size, allow_empty=True)
-    max_tokens = parsed.params.max_tokens
-    if max_tokens is not None and max_tokens >= engine.max_model_len:
-        raise bad_request(f"'max_tokens' is {show(max_tokens)} but max_model_len is {engine.max_model_len}, which "
-                          "must also hold the prompt; lower max_tokens", "max_tokens")
-    run = GenerationRun(state.engine, "chatcmpl" if chat else "cmpl", parsed, state.metrics)
-    await run.start()
+    num_prompts = 1 if render is not None else len(parsed.prompts)
+    ticket = state.admission.admit(num_prompts * parsed.params.n, "prompt" if parsed.params.n == 1 else "n")
+    run = GenerationRun(state.engine, "chatcmpl" if chat else "cmpl", parsed, state.metrics, ticket)
+    try:
+        # Tokenized here, off the event loop, so a long prompt stalls neither other handlers nor the engine thread.
+        parsed.prompts = await asyncio.to_thread(_tokenized, engine.tokenizer, parsed.prompts, render)
+        for _text, ids in parsed.prompts:
+            check_token_ids(ids, "prompt", engine.vocab_size)
+        check_token_ids(parsed.params.stop_token_ids, "stop_token_ids", engine.vocab_size, allow_empty=True)
+        max_tokens = parsed.params.max_tokens
+        if max_tokens is not None and max_tokens >= engine.max_model_len:
+            raise bad_request(f"'max_tokens' is {show(max_tokens)} but max_model_len is {engine.max_model_len}, "
+                              "which must also hold the prompt; lower max_tokens", "max_tokens")
+        await run.start()
+    except BaseException:                       # a 400, or the client gone: the slots go back at once
+        run.close(count_abort=False)
+        raise
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     tok = engine.tokenizer
     if parsed.stream:
         from gh200rt.serve.streaming import stream_chat, stream_completion
         body = (stream_chat if chat else stream_completion)(run, request_id, model, tok)
-        return StreamingResponse(body, media_type="text/event-stream",
-                                 headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+        return ClosingStreamingResponse(body, run.close, media_type="text/event-stream",
+                                        headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
 
     async def produce() -> JSONResponse:
         per_choice = await run.collect()

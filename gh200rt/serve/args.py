@@ -26,7 +26,11 @@ class ServerConfig:
         "help": "model name(s) clients send; the first is the one /v1/models and responses show, the others are "
                 "aliases; default: --model", "nargs": "+"})
     max_queued_requests: int = field(default=256, metadata=_help(
-        "requests that may wait beyond --max-num-seqs running ones; more get 503 at once"))
+        "sequences (a request's prompts x n) that may wait beyond --max-num-seqs running ones (SGLang's name); "
+        "a request that would pass the bound gets 503 with Retry-After at once"))
+    max_num_queued_reqs: int | None = field(default=None, metadata=_help(
+        "vLLM's name for the same bound, counted as vLLM counts it: sequences queued and running together; "
+        "when given it replaces --max-num-seqs + --max-queued-requests"))
     shutdown_timeout: float = field(default=30.0, metadata=_help(
         "seconds SIGTERM waits for in-flight requests before exiting"))
     allowed_origins: str = field(default="*", metadata=_help(
@@ -49,6 +53,9 @@ class ServerConfig:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         if self.max_queued_requests < 0:
             raise ValueError(f"--max-queued-requests must be 0 or more, got {self.max_queued_requests}")
+        if self.max_num_queued_reqs is not None and self.max_num_queued_reqs < 1:
+            raise ValueError(f"--max-num-queued-reqs must be at least 1, got {self.max_num_queued_reqs}; leave it "
+                             "out to bound the queue with --max-queued-requests")
         if self.shutdown_timeout < 0:
             raise ValueError(f"--shutdown-timeout must be 0 or more seconds, got {self.shutdown_timeout}")
         if self.max_request_bytes < 1024:
@@ -68,6 +75,13 @@ class ServerConfig:
             parse_cpu_list(self.engine_cpus)
         if self.api_key is not None and not self.api_key:
             raise ValueError("--api-key must not be empty; leave it out to serve without a key")
+
+    def admission_limit(self, max_num_seqs: int) -> tuple[int, str]:
+        """(sequences held at once, how that was set, for messages)."""
+        if self.max_num_queued_reqs is not None:
+            return self.max_num_queued_reqs, f"--max-num-queued-reqs {self.max_num_queued_reqs}"
+        return (max_num_seqs + self.max_queued_requests,
+                f"--max-num-seqs {max_num_seqs} + --max-queued-requests {self.max_queued_requests}")
 
     @property
     def origins(self) -> tuple[str, ...]:

@@ -3,7 +3,8 @@
 ONE thread owns the engine: it loads it (so the HTTP server answers /health 503 meanwhile),
 then loops: apply queued commands (add / abort), ``step()`` while there is work, and hand each
 ``RequestOutput`` to the request's asyncio queue via ``loop.call_soon_threadsafe``. Handlers never
-call the engine directly. A bounded number of pending requests makes overload a fast 503.
+call the engine directly. How many requests may be pending is decided before they get here
+(``admission``).
 
 The thread never dies of one request: a request the engine rejects gets its own error, and a
 fault in the loop itself fails the requests in flight (500) and the loop goes on.
@@ -40,11 +41,10 @@ class _Add:
 
 
 class AsyncEngine:
-    def __init__(self, engine_factory, max_pending: int, on_load_error=None, cpus: frozenset[int] | None = None):
+    def __init__(self, engine_factory, on_load_error=None, cpus: frozenset[int] | None = None):
         self._factory = engine_factory
         self._cpus = cpus
         self._on_load_error = on_load_error
-        self.max_pending = max_pending
         self.engine = None
         self.load_error: BaseException | None = None
         self.ready = threading.Event()
@@ -79,9 +79,6 @@ class AsyncEngine:
         payload) items: ("ok", id, None) or ("error", id, APIError) first, then ("output", id, output)."""
         if not self.ready.is_set():
             raise APIError(503, "the model is still loading; retry when GET /health answers 200")
-        if self.num_pending >= self.max_pending:
-            raise APIError(503, f"the server has {self.num_pending} requests queued or running (limit "
-                                f"{self.max_pending}); retry later or raise --max-queued-requests")
         sink = sink if sink is not None else asyncio.Queue()
         self._sinks[request_id] = (asyncio.get_running_loop(), sink)
         self._commands.put(_Add(request_id, prompt, prompt_token_ids, params, sink))

@@ -1,9 +1,10 @@
 """One HTTP generation request = one engine request per prompt, merged into one event stream.
 
-``GenerationRun`` submits the prompts, waits until the engine accepted all of them (so input
-errors become a 400 before any byte is sent), then yields per-choice deltas. Whatever ends the
-run early (client disconnect, cancellation, error) aborts every unfinished engine request in
-``close()``, which frees their KV blocks at once.
+``GenerationRun`` is made when the request is admitted (it holds the request's admission ticket),
+submits the prompts, waits until the engine accepted all of them (so input errors become a 400
+before any byte is sent), then yields per-choice deltas. Whatever ends the run, normally or early
+(client disconnect, cancellation, error), ends in ``close()``: it aborts every unfinished engine
+request, which frees their KV blocks at once, and gives the admission slots back.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+from gh200rt.serve.admission import Ticket
 from gh200rt.serve.async_engine import AsyncEngine
 from gh200rt.serve.errors import APIError
 from gh200rt.serve.protocol import ParsedRequest
@@ -27,12 +29,14 @@ class ChoiceDelta:
 
 
 class GenerationRun:
-    def __init__(self, engine: AsyncEngine, kind: str, parsed: ParsedRequest, metrics):
+    def __init__(self, engine: AsyncEngine, kind: str, parsed: ParsedRequest, metrics, ticket: Ticket):
         self.engine = engine
+        self.ticket = ticket
+        self.kind = kind
         self.parsed = parsed
         self.metrics = metrics
-        self.ids = [engine.new_request_id(kind) for _ in parsed.prompts]
-        self.prompt_index = {rid: i for i, rid in enumerate(self.ids)}
+        self.ids: list[str] = []                            # one engine request per prompt, from start()
+        self.prompt_index: dict[str, int] = {}
         self.sink: asyncio.Queue = asyncio.Queue()
         self.unfinished: set[str] = set()
         self.prompt_token_ids: dict[int, list[int]] = {}
@@ -44,7 +48,10 @@ class GenerationRun:
         self._last = None
 
     async def start(self) -> None:
+        """Submit the (tokenized) prompts and wait until the engine accepted every one."""
         self.metrics.count("requests_received_total")
+        self.ids = [self.engine.new_request_id(self.kind) for _ in self.parsed.prompts]
+        self.prompt_index = {rid: i for i, rid in enumerate(self.ids)}
         try:
             for rid, (text, ids) in zip(self.ids, self.parsed.prompts):
                 self.engine.add(rid, text, ids, self.parsed.params, sink=self.sink)
@@ -109,6 +116,7 @@ class GenerationRun:
         return sum(self.cached_tokens.values())
 
     def close(self, count_abort: bool = True) -> None:
+        """Idempotent: every path that ends the run calls it, some more than once."""
         if self.unfinished and count_abort:
             self.metrics.count("requests_aborted_total")
         for rid in list(self.unfinished):
@@ -116,6 +124,7 @@ class GenerationRun:
         for rid in self.ids:
             self.engine.finished(rid)
         self.unfinished.clear()
+        self.ticket.release()
 
     async def collect(self) -> dict[int, list[ChoiceDelta]]:
         """Non-streaming: gather all deltas per choice (the caller cancels us if the client leaves)."""

@@ -48,7 +48,7 @@ def test_the_engine_thread_runs_on_the_cpus_and_the_caller_keeps_its_own():
         seen["thread"] = threading.current_thread().name
         return _IdleEngine()
 
-    engine = AsyncEngine(factory, max_pending=1, cpus=frozenset({cpu}))
+    engine = AsyncEngine(factory, cpus=frozenset({cpu}))
     engine.start()
     assert engine.ready.wait(10)
     engine.shutdown()
