@@ -138,8 +138,8 @@ def verdict(args, run: dict) -> list[tuple[str, str, str, bool]]:
     tallies, end, idle, samples = run["tallies"], run["end"], run["idle"], run["samples"]
     total = sum(t.sent for t in tallies.values())
     failed, refused = sum(t.failed for t in tallies.values()), sum(t.refused for t in tallies.values())
-    mismatched = tallies["seeded"].reasons[SeedMismatch.reason]
-    bad_json = tallies["structured"].reasons[OffSchema.reason]
+    mismatched = tallies["seeded"].reasons.get(SeedMismatch.reason, 0)
+    bad_json = tallies["structured"].reasons.get(OffSchema.reason, 0)
     rows = [("requests sent (all kinds)", f"{total} in {run['load_s']:.0f} s", "", True),
             ("failed requests", str(failed), "0", failed == 0),
             ("refused with 503", str(refused), "0 (the load stays under the limit)", refused == 0),

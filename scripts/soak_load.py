@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 
 import httpx
@@ -51,7 +50,7 @@ class Tally:
     unfinished: int = 0        # structured answers cut by max_tokens: not checkable, not wrong
     refused: int = 0
     failed: int = 0
-    reasons: Counter = field(default_factory=Counter)      # failures by reason
+    reasons: dict[str, int] = field(default_factory=dict)  # failures by reason
     errors: list[str] = field(default_factory=list)        # the first few, verbatim
 
 
@@ -180,7 +179,8 @@ async def send_one(client: httpx.AsyncClient, rng: random.Random, name: str, tal
         return
     except (Failed, httpx.HTTPError, json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
         tally.failed += 1
-        tally.reasons[getattr(e, "reason", type(e).__name__)] += 1
+        reason = getattr(e, "reason", type(e).__name__)
+        tally.reasons[reason] = tally.reasons.get(reason, 0) + 1
         if len(tally.errors) < 5:
             tally.errors.append(f"{type(e).__name__}: {e}"[:400])
         return
