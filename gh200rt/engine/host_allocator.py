@@ -9,6 +9,10 @@ the pages stay in the heap and the next step reuses them (what preloading tcmall
 for vLLM's CPU backend). The setting is process-wide: the process keeps up to ``TRIM_THRESHOLD``
 bytes of freed heap for reuse instead of returning them at once; blocks above ``MMAP_THRESHOLD``
 (rare one-offs such as a long prompt's full logits) are still mapped and unmapped per use.
+
+Kept pages are for the next step, not for ever: once the engine has nothing to run, the server
+calls ``release_freed_memory()`` and the heap's free pages go back to the kernel, so a burst's
+activations do not stay resident while the server is idle (the next burst faults them in once).
 """
 from __future__ import annotations
 
@@ -41,3 +45,13 @@ def keep_freed_memory() -> bool:
     if not ok:
         log.warning("glibc refused the malloc thresholds; CPU steps will page-fault their activations anew")
     return ok
+
+
+def release_freed_memory() -> bool:
+    """Give the heap's free pages back to the kernel (glibc's ``malloc_trim``, every arena); False where
+    the C library is not glibc."""
+    libc = _glibc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True

@@ -20,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from gh200rt.engine.host_allocator import release_freed_memory
 from gh200rt.engine.outputs import RequestOutput
 from gh200rt.sampling_params import SamplingParams
 from gh200rt.serve.errors import APIError
@@ -55,6 +56,7 @@ class AsyncEngine:
         self._stop = threading.Event()
         self._stats_dirty = True
         self._stats_time = 0.0
+        self._stepped_since_idle = False
         self._thread = threading.Thread(target=self._run, name="gh200rt-engine", daemon=True)
 
     # ---- asyncio side ---------------------------------------------------------------------------
@@ -135,7 +137,16 @@ class AsyncEngine:
                 command = None
         if self.engine.has_unfinished_requests():
             self._step()
+        elif command is None and not busy:      # half a second without work
+            self._on_idle()
         self._publish_stats()
+
+    def _on_idle(self) -> None:
+        """Once per idle period: the heap pages the steps kept for reuse (``host_allocator``) go back to
+        the kernel, so the memory of a burst does not stay resident while nothing runs."""
+        if self._stepped_since_idle:
+            release_freed_memory()
+            self._stepped_since_idle = False
 
     def _apply(self, command) -> None:
         if isinstance(command, _Add):
@@ -170,6 +181,7 @@ class AsyncEngine:
         for output in outputs:
             self._send(output.request_id, ("output", output))
         self._stats_dirty = True
+        self._stepped_since_idle = True
 
     def _fail_all(self, error: Exception) -> None:
         for request_id in list(self._sinks):

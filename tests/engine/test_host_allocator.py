@@ -59,3 +59,19 @@ def test_a_cpu_engine_applies_it():
              "block_size=4, max_model_len=32))")
     mapped, heap_after_free = _probe(setup)
     assert mapped < BLOCK and heap_after_free >= BLOCK
+
+
+def test_release_freed_memory_gives_the_kept_pages_back():
+    code = textwrap.dedent("""
+        import os, torch
+        from gh200rt.engine.host_allocator import keep_freed_memory, release_freed_memory
+        rss = lambda: int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        assert keep_freed_memory()
+        block = torch.ones(BLOCK // 4, dtype=torch.float32)           # touched: resident
+        del block
+        kept = rss()
+        assert release_freed_memory()
+        print(kept - rss())
+    """).replace("BLOCK", str(BLOCK))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(out.stdout) >= BLOCK * 0.9, f"released {int(out.stdout) / 2**20:.1f} MiB of {BLOCK / 2**20:.0f}"
