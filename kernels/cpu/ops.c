@@ -5,7 +5,8 @@
  * 1 bfloat16 (bits in uint16). Every op rounds where its torch reference rounds: in bf16 each
  * elementwise op's result is rounded to bf16 (R below), and no multiply-add is fused into an FMA
  * (-ffp-contract=off), so rotary and the KV store give the torch ops' bits, RMSNorm and SiLU agree to
- * the last bits of their reductions and exp, and attention (decode and multi-token) to float32 rounding.
+ * the last bits of their reductions and exp, and attention (decode and multi-token) to float32 rounding;
+ * decode and multi-token attention give one query the same bits (score_dot, sums in key order).
  * Threads: each op takes a thread count and splits independent rows (RMSNorm, SiLU, RoPE tokens),
  * sequences or (sequence, KV head) pairs (decode attention) or tiles of query vectors (multi-token
  * attention) over OpenMP threads (torch's libgomp pool, as in quant_linear.c); every row is computed by
@@ -213,23 +214,6 @@ INLINE void store_row(void *dst, int64_t offset, const float *src, int64_t n, in
 /* eight independent partial sums: vectorised without reassociating the float adds */
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
-/* decode attention's products as FMAs in two chains (its results need only float32 rounding against torch;
- * every tier and path runs this same code, so they still agree with each other) */
-INLINE float attn_dot(const float *a, const float *b, int64_t n) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
-    }
-    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    __m256 v = _mm256_add_ps(acc0, acc1);
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    float s = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
 INLINE void attn_axpy(float *acc, float w, const float *v, int64_t n) {
     __m256 wv = _mm256_set1_ps(w);
     int64_t d = 0;
@@ -238,7 +222,6 @@ INLINE void attn_axpy(float *acc, float w, const float *v, int64_t n) {
     for (; d < n; d++) acc[d] += w * v[d];
 }
 #else
-#define attn_dot dot
 INLINE void attn_axpy(float *acc, float w, const float *v, int64_t n) {
     for (int64_t d = 0; d < n; d++) acc[d] += w * v[d];
 }
@@ -252,6 +235,31 @@ INLINE float dot(const float *a, const float *b, int64_t n) {
     float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
     for (; i < n; i++) s += a[i] * b[i];
     return s;
+}
+
+/* Multi-token attention's vector path (ext_scores) needs AVX2 and a head size that is a multiple of 16. */
+#if defined(__AVX2__) && defined(__FMA__)
+#define EXT_VECTOR(head_dim) ((head_dim) % 16 == 0)
+#else
+#define EXT_VECTOR(head_dim) 0
+#endif
+
+/* One query's score q . key, as lane t of ext_scores computes it: with the vector path one 8-lane FMA chain along
+ * the head and the sum ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)), else dot(). Decode attention scores with it, so
+ * a position attends with the same arithmetic whether it is decoded or is the last row of a prompt chunk: a
+ * prompt whose last token is computed alone after a cached prefix gets a full prefill's bits. */
+INLINE float score_dot(const float *q, const float *key, int64_t head_dim) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (EXT_VECTOR(head_dim)) {
+        __m256 a = _mm256_setzero_ps();
+        for (int64_t c = 0; c < head_dim; c += 8)
+            a = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(key + c), a);
+        __m256 h = _mm256_hadd_ps(a, a);            /* (0 + 1), (2 + 3) in lanes 0, 1; (4 + 5), (6 + 7) in 4, 5 */
+        h = _mm256_hadd_ps(h, h);
+        return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+    }
+#endif
+    return dot(q, key, head_dim);
 }
 
 /* out[r] = w * rms_norm(x[r]) over `dim`, statistics in float32 (x rows `x_stride` elements apart). */
@@ -387,20 +395,17 @@ INLINE void gh_decode_attention_impl(const void *q, int64_t q_seq_stride, int64_
                 for (int64_t g = 0; g < span; g++) {
                     const float *key = kv_row(kv, k_cache, at + g * head_stride, head_dim, dtype, kv_type, k_scale);
                     for (int64_t j = g * group; j < (g + 1) * group; j++)
-                        scores[j * len + p] = attn_dot(qf + j * head_dim, key, head_dim) * scale;
+                        scores[j * len + p] = score_dot(qf + j * head_dim, key, head_dim) * scale;
                 }
             }
             float sums[rows];
             for (int64_t j = 0; j < rows; j++) {
                 float *s = scores + j * len, top = -INFINITY, sum = 0.0f;
                 for (int64_t p = 0; p < len; p++) top = s[p] > top ? s[p] : top;
-                for (int64_t p = 0; p < len; p++) s[p] = exp_f32(s[p] - top);
-                float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                int64_t p = 0;
-                for (; p + 8 <= len; p += 8)
-                    for (int l = 0; l < 8; l++) part[l] += s[p + l];
-                sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-                for (; p < len; p++) sum += s[p];
+                for (int64_t p = 0; p < len; p++) {   /* summed in key order, as ext_softmax sums a lane */
+                    s[p] = exp_f32(s[p] - top);
+                    sum += s[p];
+                }
                 sums[j] = sum;
             }
             memset(acc, 0, (size_t)(rows * head_dim) * sizeof(float));
@@ -450,9 +455,6 @@ INLINE __m256 sum_lanes8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, 
     __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
-#define EXT_VECTOR(head_dim) ((head_dim) % 16 == 0)
-#else
-#define EXT_VECTOR(head_dim) 0
 #endif
 
 /* dst[t] = q[t] . key for the tile's 8 query vectors (rows of qb, head_dim apart) */

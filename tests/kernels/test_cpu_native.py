@@ -156,6 +156,21 @@ def test_extend_attention_of_a_query_does_not_depend_on_its_tile():
     assert torch.equal(chunk, whole[16:])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (4, 4, 128), (8, 2, 24), (6, 3, 20)])
+@pytest.mark.parametrize("seq_lens", [[1], [17, 3, 40, 16], [64, 9, 130]])
+def test_decode_attention_gives_the_extend_kernels_bits(dtype, heads, kv_heads, d, seq_lens):
+    """A position's attention is the same arithmetic whether it is a sequence's one new token (decode kernel) or
+    the last row of a prompt chunk (multi-token kernel): a prompt whose tail is one token after a cached prefix,
+    or a decoded token whose block a later prompt reuses, gets a full prefill's bits (prefix-cache invariance)."""
+    q, pool, meta, _ = scattered_case([1] * len(seq_lens), seq_lens, heads, kv_heads, d, 8, dtype, seed=17)
+    decode = OPS.decode_attention(q, pool, meta.block_tables, meta.seq_lens, d ** -0.5)
+    extend = OPS.extend_attention(q, pool, meta.block_tables, meta.seq_lens, _query_starts([1] * len(seq_lens)),
+                                  d ** -0.5)
+    worst = (decode.float() - extend.float()).abs().max().item()
+    assert torch.equal(decode, extend), f"decode and multi-token attention differ by up to {worst:.3g}"
+
+
 def test_extend_hook_takes_the_multi_token_rows():
     """A mixed step: the prompt and chunk rows go to the extend kernel, the decode rows to the decode kernel."""
     query_lens, seq_lens = [1, 12, 1, 4], [30, 12, 9, 17]
