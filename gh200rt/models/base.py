@@ -38,6 +38,9 @@ class AttentionMetadata:
     query_lens_list: list[int]      # host copies, so CPU paths never synchronise to read sizes
     seq_lens_list: list[int]
     block_size: int
+    # the step's linears in calls of exactly this many rows (layers/row_blocks.py), so that no row's bits depend
+    # on the rows beside it (engine/invariance.py says which steps); None: each call as it comes, fastest
+    linear_rows: int | None = None
 
     @property
     def num_seqs(self) -> int:

@@ -40,16 +40,17 @@ class DecoderLayer(nn.Module):
         # the checkpoint's name for the MLP block (weights named model.layers.N.<this>.*)
         self.mlp_checkpoint_name = "block_sparse_moe" if self.sparse and arch.architecture == "mixtral" else "mlp"
         # the whole layer in one call for a decode step (native CPU ops, models/cpu_decode_layer.py): returns the
-        # layer's output, or None where it does not apply (the layer then runs op by op; always for an MoE layer)
+        # layer's output, or None where it does not apply (the layer then runs op by op: always for an MoE layer,
+        # and for a step whose linears run in fixed row blocks, as the native linears take the rows as they come)
         self.decode_layer_fn = None
 
     def forward(self, hidden, cos, sin, meta, kv_cache):
-        if self.decode_layer_fn is not None and not self.sparse:
+        if self.decode_layer_fn is not None and not self.sparse and meta.linear_rows is None:
             out = self.decode_layer_fn(self, hidden, cos, sin, meta, kv_cache)
             if out is not None:
                 return out
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, meta, kv_cache)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        return hidden + self.mlp(self.post_attention_layernorm(hidden), meta.linear_rows)
 
 
 class LlamaForCausalLM(nn.Module):

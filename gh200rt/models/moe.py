@@ -43,12 +43,15 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert = GatedMLP(h, shared, dtype, device) if shared else None
         self.shared_expert_gate = RefLinear(h, 1, False, dtype, device) if shared else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = route(self.gate(x), self.top_k, self.renormalize)
+    def forward(self, x: torch.Tensor, block_rows: int | None = None) -> torch.Tensor:
+        """``block_rows``: every linear, each expert's included, on blocks of exactly that many rows, so a token's
+        bits do not depend on which other tokens share the step or an expert (layers/row_blocks.py)."""
+        weights, ids = route(self.gate(x, block_rows), self.top_k, self.renormalize)
         experts = self.experts
-        out = grouped_experts(x, weights, ids, self.num_experts, lambda e, rows: experts[e](rows), self.scale_fp32)
+        out = grouped_experts(x, weights, ids, self.num_experts, lambda e, rows: experts[e](rows, block_rows),
+                              self.scale_fp32)
         if self.shared_expert is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            out = out + torch.sigmoid(self.shared_expert_gate(x, block_rows)) * self.shared_expert(x, block_rows)
         return out
 
     # ---- weights -------------------------------------------------------------------------------

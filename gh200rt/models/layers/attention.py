@@ -39,12 +39,12 @@ class SelfAttention(nn.Module):
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata,
                 kv_cache: torch.Tensor) -> torch.Tensor:
         tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)
+        qkv = self.qkv_proj(hidden, meta.linear_rows)
         if self.decode_block_fn is not None and self.q_norm is None and not self.calculate_kv_scales:
             out = self.decode_block_fn(qkv, cos, sin, kv_cache, meta, self.scale, self.num_heads, self.num_kv_heads,
                                        self.kv_scale)
             if out is not None:
-                return self.o_proj(out.reshape(tokens, self.q_size))
+                return self.o_proj(out.reshape(tokens, self.q_size), meta.linear_rows)
         heads = self.num_heads + self.num_kv_heads
         v = qkv[:, self.q_size + self.kv_size:].view(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is None:
@@ -60,4 +60,4 @@ class SelfAttention(nn.Module):
             self.calculate_kv_scales = False
         self.write_kv_fn(kv_cache, k, v, meta.slot_mapping, self.kv_scale)
         out = self.attention_fn(q, kv_cache, meta, self.scale, self.num_kv_heads, self.kv_scale)
-        return self.o_proj(out.reshape(tokens, self.q_size))
+        return self.o_proj(out.reshape(tokens, self.q_size), meta.linear_rows)

@@ -7,6 +7,7 @@ from torch import nn
 from gh200rt.kernels.quant import HalfWeight, PackedWeight
 from gh200rt.models.base import WeightRef
 from gh200rt.models.layers.cpu_linear import dense_linear
+from gh200rt.models.layers.row_blocks import in_row_blocks
 
 
 class RefLinear(nn.Module):
@@ -16,7 +17,9 @@ class RefLinear(nn.Module):
     the native CPU kernels swap in ``native_dense_linear``); a packed or fp16 one computes through its own
     ``linear`` (on the CPU through the native quantized linear, or the native fp16 one for a few rows, unless
     ``packed_native`` is off: ``--cpu-kernels torch``), or through ``dense_fn`` over the dense weight it hands
-    back from ``dense_for`` (fp8 on the CPU).
+    back from ``dense_for`` (fp8 on the CPU). ``block_rows`` (the step's ``AttentionMetadata.linear_rows``)
+    computes the rows in calls of exactly that many (``row_blocks.py``), so a row's bits do not depend on the
+    others in the step.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
@@ -33,7 +36,12 @@ class RefLinear(nn.Module):
         self.dense_fn = dense_linear
         self.packed_native = True
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, block_rows: int | None = None) -> torch.Tensor:
+        if block_rows is not None:
+            return in_row_blocks(self._linear, x, block_rows)
+        return self._linear(x)
+
+    def _linear(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight_ref.current
         if isinstance(weight, torch.Tensor):
             return self.dense_fn(x, weight, self.bias)

@@ -25,8 +25,9 @@ class GatedMLP(nn.Module):
         self.down_proj = RefLinear(intermediate_size, hidden_size, False, dtype, device, down)
         self.act = SiluAndMul()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor, block_rows: int | None = None) -> torch.Tensor:
+        """``block_rows``: run the linears on blocks of exactly that many rows (layers/row_blocks.py)."""
+        return self.down_proj(self.act(self.gate_up_proj(x, block_rows)), block_rows)
 
     def weight_refs(self) -> dict[str, WeightRef]:
         return {"gate_up_proj": self.gate_up_proj.weight_ref, "down_proj": self.down_proj.weight_ref}
