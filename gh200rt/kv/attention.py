@@ -122,12 +122,20 @@ class _Group:
 class _BatchLayout:
     """The step's sequences split into a decode group and a multi-token group (built once per
     AttentionMetadata, shared by every layer). A mixed step (decodes next to a prefill chunk) runs
-    each group on its own, so decode rows are never padded to the prefill chunk's length."""
+    each group on its own, so decode rows are never padded to the prefill chunk's length. With
+    ``long_context``, multi-token sequences of more keys than that form a third group: an extend kernel that
+    leaves long contexts to SDPA then does so per sequence, so a short prompt's bits never depend on a long one
+    sharing its step."""
 
-    def __init__(self, meta: AttentionMetadata):
+    def __init__(self, meta: AttentionMetadata, long_context: int | None = None):
+        lens = meta.seq_lens_list
         decode = [b for b, q in enumerate(meta.query_lens_list) if q == 1]
-        multi = [b for b, q in enumerate(meta.query_lens_list) if q > 1]
-        self.groups = [_Group(meta, seqs, kind) for seqs, kind in ((decode, True), (multi, False)) if seqs]
+        multi = [b for b, q in enumerate(meta.query_lens_list) if q > 1 and (long_context is None
+                                                                              or lens[b] <= long_context)]
+        long = [b for b, q in enumerate(meta.query_lens_list) if q > 1 and long_context is not None
+                and lens[b] > long_context]
+        self.groups = [_Group(meta, seqs, kind) for seqs, kind in ((decode, True), (multi, False), (long, False))
+                       if seqs]
         self.single = len(self.groups) == 1
 
 
@@ -136,23 +144,24 @@ def batch_layout(meta: AttentionMetadata) -> _BatchLayout:
     return _layout(meta)
 
 
-def _layout(meta: AttentionMetadata) -> _BatchLayout:
+def _layout(meta: AttentionMetadata, long_context: int | None = None) -> _BatchLayout:
     layout = meta.__dict__.get(_LAYOUT_KEY)
     if layout is None:
-        layout = meta.__dict__[_LAYOUT_KEY] = _BatchLayout(meta)
+        layout = meta.__dict__[_LAYOUT_KEY] = _BatchLayout(meta, long_context)
     return layout
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
                     num_kv_heads: int, kv_scale: torch.Tensor | None = None,
                     decode_kernel: DecodeKernel | None = None,
-                    extend_kernel: ExtendKernel | None = None) -> torch.Tensor:
+                    extend_kernel: ExtendKernel | None = None, long_context: int | None = None) -> torch.Tensor:
     """``q [T, num_heads, head_dim]`` (K/V already written) -> ``out [T, num_heads, head_dim]``.
 
     ``decode_kernel(q, kv_cache, block_tables, seq_lens, scale)`` and ``extend_kernel(q, kv_cache, block_tables,
-    seq_lens, query_starts, scale)``, when given, attend the step's decode group and its multi-token group in
-    place of the gather and SDPA (native CPU kernels that read the pool in place)."""
-    layout = _layout(meta)
+    seq_lens, query_starts, scale)``, when given, attend the step's decode group and its multi-token groups in
+    place of the gather and SDPA (native CPU kernels that read the pool in place); ``long_context``: the keys past
+    which multi-token sequences form a group of their own (the extend kernel's limit)."""
+    layout = _layout(meta, long_context)
     if layout.single:
         return _attend(q, kv_cache, layout.groups[0], scale, num_kv_heads, kv_scale, decode_kernel, extend_kernel)
     out = torch.empty_like(q)

@@ -31,13 +31,20 @@ from gh200rt.models.gpu_kernels import TORCH_OPS, switch_hooks
 from gh200rt.models.layers import activation, cpu_linear, rmsnorm, rotary
 
 
-# Multi-token attention groups whose longest sequence has at most this many keys take the native kernel; longer
-# ones keep SDPA. Its tiles re-read K and V per work item, which stays in cache for short contexts (2-3x faster
-# than SDPA at prompts of ~100 tokens, 1.6x at 512) and evens out at ~2k keys (docs/benchmarks/kernels.md).
+# Multi-token sequences of at most this many keys take the native kernel; longer ones keep SDPA (a group of their
+# own, so a short prompt's bits never depend on a long one beside it). Its tiles re-read K and V per work item,
+# which stays in cache for short contexts (2-3x faster than SDPA at prompts of ~100 tokens, 1.6x at 512) and
+# evens out at ~2k keys (docs/benchmarks/kernels.md). SDPA's sums depend on how a prompt was split, so a prompt
+# longer than this is not prefix-cache invariant unless ``long_prompts_native`` (``--batch-invariant``).
 EXTEND_MAX_KEYS = 2048
 
 
-def native_cpu_ops(ops: NativeOps) -> dict:
+def native_cpu_ops(ops: NativeOps, long_prompts_native: bool = False) -> dict:
+    """The hook table of the native ops; ``long_prompts_native``: multi-token attention past ``EXTEND_MAX_KEYS``
+    keys on the native kernel too (every query by one kernel's arithmetic; slower than SDPA there)."""
+    def max_keys() -> int | None:
+        return None if long_prompts_native else EXTEND_MAX_KEYS
+
     def norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         if x.dtype not in DTYPES or weight.dtype != x.dtype:
             return rmsnorm.rms_norm(x, weight, eps)
@@ -64,11 +71,12 @@ def native_cpu_ops(ops: NativeOps) -> dict:
         if q.dtype not in DTYPES or (kv_cache.dtype != q.dtype and kv_cache.dtype not in FP8_KV_TYPES):
             return torch_attention.paged_attention(q, kv_cache, meta, scale, num_kv_heads, kv_scale)
         return torch_attention.paged_attention(q, kv_cache, meta, scale, num_kv_heads, kv_scale,
-                                               ops.decode_attention, extend)
+                                               ops.decode_attention, extend, max_keys())
 
     def extend(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                query_starts: torch.Tensor, scale: float, kv_scale: torch.Tensor | None = None) -> torch.Tensor | None:
-        if int(seq_lens.max()) > EXTEND_MAX_KEYS:
+        limit = max_keys()
+        if limit is not None and int(seq_lens.max()) > limit:
             return None
         return ops.extend_attention(q, kv_cache, block_tables, seq_lens, query_starts, scale, kv_scale)
 
@@ -87,17 +95,17 @@ def native_cpu_ops(ops: NativeOps) -> dict:
                 dense_linear=cpu_linear.native_dense_linear(ops), decode_layer=native_decode_layer(ops))
 
 
-@functools.lru_cache(maxsize=1)
-def _native_ops_table() -> dict | None:
+@functools.lru_cache(maxsize=2)
+def _native_ops_table(long_prompts_native: bool) -> dict | None:
     ops = load_native_ops()
-    return None if ops is None else native_cpu_ops(ops)
+    return None if ops is None else native_cpu_ops(ops, long_prompts_native)
 
 
-def use_native_cpu_kernels(model: torch.nn.Module) -> str | None:
+def use_native_cpu_kernels(model: torch.nn.Module, long_prompts_native: bool = False) -> str | None:
     """Switch ``model``'s hooks to the native CPU ops; returns None, or why the torch ops stay."""
     if any(p.device.type != "cpu" for p in model.parameters()):
         return "the model is not on the CPU"
-    table = _native_ops_table()
+    table = _native_ops_table(long_prompts_native)
     if table is None:
         return native_ops_error()
     switch_hooks(model, table)
