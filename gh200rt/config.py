@@ -91,6 +91,10 @@ class ModelConfig:
         "activations through oneDNN; fp16 = float32 activations, fp16 linear weights through fbgemm (and the "
         "native fp16 linear for few rows); fp32 = the exact float32 reference. A forced route must run here "
         "(start-up says why not); ignored on a GPU", choices=CPU_ROUTES))
+    batch_invariant: bool = field(default=False, metadata=_help(
+        "CPU: a request's tokens do not depend on which other requests share its steps (every step's linears in "
+        "fixed blocks of rows, decodes too; slower, docs/BENCHMARKS.md); without it only prompt positions are "
+        "computed alike however the prompt was split or batched (the prefix cache's guarantee)"))
 
     def __post_init__(self):
         if self.dtype not in DTYPES:

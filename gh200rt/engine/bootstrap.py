@@ -152,7 +152,7 @@ def install_kernels(model: torch.nn.Module, config: EngineConfig, device: str) -
     elif config.model.cpu_kernels == "torch":
         use_torch_cpu_kernels(model)
     else:
-        why_not = use_native_cpu_kernels(model)
+        why_not = use_native_cpu_kernels(model, long_prompts_native=config.model.batch_invariant)
         if why_not is not None:
             log.warning("the CPU model keeps torch's small ops (slower per step): %s", why_not)
 

@@ -71,6 +71,10 @@ class LLMEngine:
 
     def __init__(self, model: torch.nn.Module, tokenizer, arch, config: EngineConfig, weight_bytes: int = 0,
                  dtype: torch.dtype = torch.float32, device: str = "cpu", placed: PlacedModel | None = None):
+        if config.model.batch_invariant and torch.device(device).type != "cpu":
+            raise ValueError("--batch-invariant covers the CPU routes only: on a GPU, decodes, short chunks and "
+                             "prompts take different attention kernels (docs/BENCHMARKS.md, prefix-cache "
+                             "invariance); drop the flag")
         self.config = config
         self.tokenizer = tokenizer
         self.arch = arch
@@ -95,14 +99,18 @@ class LLMEngine:
         self.plan = placed.plan if placed else None
         self.platform = placed.platform if placed else None
         arena = self.store.arena if self.store else None
+        on_cpu = torch.device(device).type == "cpu"
+        # a CPU decode step computes with other kernels than a prefill unless batch-invariant (engine/invariance.py)
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching,
-                                 pool=arena.pool if arena else None)
+                                 pool=arena.pool if arena else None,
+                                 publish_decoded_blocks=config.model.batch_invariant or not on_cpu)
         self.scheduler = Scheduler(self.kv, config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens)
         caches = arena.kv_caches() if arena else \
             allocate_kv_caches(arch.num_layers, num_blocks, bs, arch.num_kv_heads, arch.head_dim, kv_dtype, device)
         self.graphs = decode_graphs(model, caches, config, self.max_model_len, device, self.store, self.ledger)
-        self.runner = ModelRunner(model, caches, bs, device, hooks=self.store or NULL_HOOKS, graphs=self.graphs)
-        if torch.device(device).type == "cpu":     # activations live in host memory: keep their pages
+        self.runner = ModelRunner(model, caches, bs, device, hooks=self.store or NULL_HOOKS, graphs=self.graphs,
+                                  batch_invariant=config.model.batch_invariant)
+        if on_cpu:     # activations live in host memory: keep their pages
             keep_freed_memory()
         self.sampler = Sampler(config.model.seed)
         self.eos_token_ids = eos_ids_of(tokenizer)

@@ -6,7 +6,9 @@ through ``compute_logits``, plus every prompt position of sequences that asked f
 the device in one copy (through pinned memory on a GPU), so preparing a step never waits on it.
 The runner drives the weight store's hooks around every decoder layer (``forward``): the staging
 ring waits for and prefetches weights there, while the model itself stays pure. Decode-only steps go
-through ``graphs`` (a ``DecodeGraphRunner``: bucketed, padded, replayed from CUDA graphs) when given.
+through ``graphs`` (a ``DecodeGraphRunner``: bucketed, padded, replayed from CUDA graphs) when given. On the
+CPU a step that computes prompt positions (every step with ``batch_invariant``) runs its linears and logits head
+in fixed row blocks instead (``engine/invariance.py``), so a row's bits do not depend on the rows beside it.
 """
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from gh200rt.engine.device_inputs import to_device
+from gh200rt.engine.invariance import LOGIT_BLOCK_ROWS, linear_block_rows
 from gh200rt.models.base import AttentionMetadata
+from gh200rt.models.layers.row_blocks import in_row_blocks
 from gh200rt.scheduler.scheduler import SchedulerOutput
 from gh200rt.weights.schedule import NULL_HOOKS, LayerHooks
 
@@ -45,7 +49,8 @@ class StepInputs:
     prompt_logit_ranges: dict[int, tuple[int, int]]   # scheduled index -> flat [start, end) of prompt logits
 
 
-def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device | str = "cpu") -> StepInputs:
+def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device | str = "cpu",
+                   linear_rows: int | None = None) -> StepInputs:
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -88,7 +93,8 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device |
     parts = on_device.split([t, t, t, b + 1, b, len(sample_rows), b * width])
     meta = AttentionMetadata(
         query_start_loc=parts[3], seq_lens=parts[4], block_tables=parts[6].view(b, width).to(torch.int32),
-        slot_mapping=parts[2], query_lens_list=query_lens, seq_lens_list=seq_lens, block_size=block_size)
+        slot_mapping=parts[2], query_lens_list=query_lens, seq_lens_list=seq_lens, block_size=block_size,
+        linear_rows=linear_rows)
     return StepInputs(parts[0], parts[1], meta, sample_rows, parts[5], prompt_ranges)
 
 
@@ -100,8 +106,11 @@ class StepLogits:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], block_size: int,
-                 device: torch.device | str = "cpu", hooks: LayerHooks = NULL_HOOKS, graphs=None):
+                 device: torch.device | str = "cpu", hooks: LayerHooks = NULL_HOOKS, graphs=None,
+                 batch_invariant: bool = False):
         self.model = model
+        self.row_blocks = torch.device(device).type == "cpu"
+        self.batch_invariant = batch_invariant
         self.graphs = graphs
         self.hooks = hooks
         self.kv_caches = kv_caches
@@ -110,15 +119,22 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, out: SchedulerOutput) -> StepLogits:
-        if self.graphs is not None and self.graphs.handles(out):   # every row samples, in order
+        rows = linear_block_rows(out, self.batch_invariant) if self.row_blocks else None
+        if rows is None and self.graphs is not None and self.graphs.handles(out):   # every row samples, in order
             return StepLogits(self.model.compute_logits(self.graphs.run(out)).float(), {})
-        inputs = prepare_inputs(out, self.block_size, self.device)
+        inputs = prepare_inputs(out, self.block_size, self.device, rows)
         hidden = forward(self.model, inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, self.hooks)
         if not inputs.sample_rows:
             sample_logits = torch.empty(0, 0)
         elif len(inputs.sample_rows) == hidden.shape[0]:   # decode: every row samples, in order
-            sample_logits = self.model.compute_logits(hidden)
+            sample_logits = self.logits(hidden, rows)
         else:
-            sample_logits = self.model.compute_logits(hidden.index_select(0, inputs.sample_index))
-        prompt_logits = {i: self.model.compute_logits(hidden[a:b]) for i, (a, b) in inputs.prompt_logit_ranges.items()}
+            sample_logits = self.logits(hidden.index_select(0, inputs.sample_index), rows)
+        prompt_logits = {i: self.logits(hidden[a:b], rows) for i, (a, b) in inputs.prompt_logit_ranges.items()}
         return StepLogits(sample_logits.float(), {i: t.float() for i, t in prompt_logits.items()})
+
+    def logits(self, hidden: torch.Tensor, linear_rows: int | None) -> torch.Tensor:
+        """The logits of ``hidden``'s rows; in a step whose linears run in row blocks, the head's too."""
+        if linear_rows is None:
+            return self.model.compute_logits(hidden)
+        return in_row_blocks(self.model.compute_logits, hidden, LOGIT_BLOCK_ROWS)

@@ -5,7 +5,9 @@ scheduled this step. Full blocks of computed tokens are published under a chaine
 (``hash(parent_hash, token_ids)``); a lookup walks the chain and confirms every hit against
 the stored tokens and the exact parent block, so a hash collision can only cost a miss.
 A lookup never covers the whole prompt: the last prompt token is always computed, because its
-logits produce the first output token.
+logits produce the first output token. Without ``publish_decoded_blocks`` only blocks of prompt positions are
+published: on the CPU a decode step computes with other kernels than a prefill (engine/invariance.py), and a
+cached block must hold what a prefill of its tokens computes.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ class HasBlocks(Protocol):
     block_ids: list[int]
     block_hashes: list[int]        # chained hashes of the request's published full blocks
     num_computed_tokens: int
+    prompt_token_ids: list[int]    # read only when decoded blocks are not published
 
     @property
     def all_token_ids(self) -> list[int]: ...
@@ -38,11 +41,14 @@ class PrefixCacheStats:
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 hash_fn: Callable[[int | None, tuple[int, ...]], int] = chain_hash, pool: BlockPool | None = None):
-        """``pool``: the device arena's pool (some of its blocks may hold weights); else a pool of ``num_blocks``."""
+                 hash_fn: Callable[[int | None, tuple[int, ...]], int] = chain_hash, pool: BlockPool | None = None,
+                 publish_decoded_blocks: bool = True):
+        """``pool``: the device arena's pool (some of its blocks may hold weights); else a pool of ``num_blocks``.
+        ``publish_decoded_blocks``: publish full blocks that hold generated tokens too (else prompt blocks only)."""
         self.pool = pool if pool is not None else BlockPool(num_blocks)
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.publish_decoded_blocks = publish_decoded_blocks
         self.hash_fn = hash_fn
         self.stats = PrefixCacheStats()
 
@@ -133,6 +139,8 @@ class KVCacheManager:
             return
         bs = self.block_size
         num_full = request.num_computed_tokens // bs
+        if not self.publish_decoded_blocks:
+            num_full = min(num_full, len(request.prompt_token_ids) // bs)
         tokens = request.all_token_ids
         while len(request.block_hashes) < num_full:
             i = len(request.block_hashes)

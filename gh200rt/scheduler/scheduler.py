@@ -23,6 +23,12 @@ class ScheduledSequence:
     num_new_tokens: int
 
     @property
+    def computes_prompt(self) -> bool:
+        """True unless this step decodes one token after the prompt (a recompute of generated tokens counts as
+        prompt: it is prefilled)."""
+        return self.num_new_tokens > 1 or self.seq.num_computed_tokens < len(self.seq.prompt_token_ids)
+
+    @property
     def samples(self) -> bool:
         """True when this step computes the sequence's last uncomputed token (its logits sample)."""
         return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
