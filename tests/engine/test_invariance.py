@@ -10,6 +10,7 @@ import torch
 
 from gh200rt.sampling_params import SamplingParams
 from tests.engine.real_models import BACKENDS, SharedModel, assert_same_or_near_tie, save_tiny_llama, smollm2_gguf
+from tests.engine.route_engines import ROUTES, describe_difference, first_step_logits, route_llm
 
 
 def make_prompts(vocab: int, count: int = 32, seed: int = 0) -> list[list[int]]:
@@ -74,3 +75,74 @@ def test_invariance_tiny_random_llama_fp8_kv(tmp_path):
 def test_invariance_smollm2():
     # Short generations keep this within the test budget on a 2-core machine.
     check_invariance(SharedModel(smollm2_gguf(), "gh200rt"), vocab=49152, max_tokens=16, small_pool=9)
+
+
+# --- prefix-cache invariance on every CPU route: bits, not near ties -----------------------------------------------
+# (prompt length, cached blocks of 16): 65 tokens leave 1..49 to compute, the last alone once all four blocks are
+# cached; 70 tokens leave a tail of 6 or 38.
+PREFIX_SPLITS = [(65, 1), (65, 2), (65, 3), (65, 4), (70, 2), (70, 4)]
+
+
+def random_prompt(length: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 49152) for _ in range(length)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_prefix_cached_prompt_gets_a_cold_prefills_bits(route):
+    """The last prompt position's logits, bit for bit, and the greedy tokens after them: a cold prefill against
+    the same prompt with 1-4 of its blocks from the prefix cache, and against prefills in chunks of 7 and 33
+    tokens (max_num_batched_tokens)."""
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    prompts = [random_prompt(length, seed=i) for i, (length, _) in enumerate(PREFIX_SPLITS)]
+    with route_llm(route, enable_prefix_caching=False) as cold:
+        want = [first_step_logits(cold, prompt, params) for prompt in prompts]
+    with route_llm(route) as warm:
+        for prompt, (length, blocks), (want_tokens, want_logits) in zip(prompts, PREFIX_SPLITS, want):
+            warm.generate([prompt[:16 * blocks + 1]], SamplingParams(temperature=0, max_tokens=1))  # publishes them
+            hit_tokens = warm.engine.stats().prefix_cache_hit_tokens
+            got_tokens, got = first_step_logits(warm, prompt, params)
+            assert warm.engine.stats().prefix_cache_hit_tokens - hit_tokens == 16 * blocks
+            label = f"{route}: {length}-token prompt, {blocks} blocks cached"
+            assert torch.equal(got, want_logits), f"{label}: {describe_difference(got, want_logits)}"
+            assert got_tokens == want_tokens, label
+    for budget in (7, 33):
+        with route_llm(route, enable_prefix_caching=False, max_num_batched_tokens=budget) as chunked:
+            for prompt, (want_tokens, want_logits) in zip(prompts, want):
+                got_tokens, got = first_step_logits(chunked, prompt, params)
+                label = f"{route}: {len(prompt)}-token prompt in chunks of {budget}"
+                assert torch.equal(got, want_logits), f"{label}: {describe_difference(got, want_logits)}"
+                assert got_tokens == want_tokens, label
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_prompt_beside_other_requests_gets_its_bits_alone(route):
+    """A prompt prefilled in a step with three other sequences decoding, and with another prompt: the same
+    first-token logits as alone (a prompt row's linears do not depend on the rows beside it)."""
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    prompt = random_prompt(37, seed=100)
+    with route_llm(route, enable_prefix_caching=False) as llm:
+        want_tokens, want = first_step_logits(llm, prompt, params)
+        engine, runner = llm.engine, llm.engine.runner
+        for i, length in enumerate((12, 50, 3)):
+            engine.add_request(f"other-{i}", None, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
+                               prompt_token_ids=random_prompt(length, seed=200 + i))
+        engine.step()                                # the three others prefill; the next steps decode them
+        engine.add_request("late", None, params, prompt_token_ids=prompt)
+        engine.add_request("beside", None, params, prompt_token_ids=random_prompt(20, seed=300))
+        run, seen = runner.run, []
+
+        def recording(out):
+            seen.append([item.seq.seq_id for item in out.scheduled if item.samples])   # the rows that sample
+            return seen.append(run(out)) or seen[-1]
+        runner.run = recording
+        try:
+            engine.step()
+        finally:
+            del runner.run
+    rows, logits = seen
+    assert len(rows) == 5, rows              # three decodes and two prompts in one step
+    got = logits.sample_logits[rows.index("late#0")]
+    assert torch.equal(got, want), f"{route}: {describe_difference(got, want)}"
