@@ -139,6 +139,19 @@ class PackedWeight:
             return self.dequantize()
         return None
 
+    def block_form(self, x: torch.Tensor, rows: int, native: bool = True):
+        """What each block of ``rows`` rows of ``x`` multiplies when a call runs in row blocks
+        (gh200rt/models/layers/row_blocks.py): the dense float32 weight, dequantized once for the whole call,
+        where a block of that many rows would dequantize anyway; else this weight."""
+        dense = self.dense_for(x)
+        if dense is not None or x.is_cuda or x.dtype != torch.float32:
+            return self if dense is None else dense
+        ops = self._native_ops() if native else None
+        if ops is not None:
+            return ops.dequantize(self) if rows > NATIVE_MAX_ROWS else self
+        fbgemm_rows = self.fmt == "int8" and self.group_size >= self.shape[1] and self.cpu_route == "fbgemm"
+        return self.dequantize() if rows > 1 and not fbgemm_rows else self
+
     def _linear_cpu(self, x: torch.Tensor, bias: torch.Tensor | None, native: bool = True) -> torch.Tensor:
         n, k = self.shape
         lead = x.shape[:-1]

@@ -57,10 +57,11 @@ def test_torch_kernels_keep_packed_weights_off_the_native_linear(tmp_path, monke
     path = save_tiny_llama(str(tmp_path / "tiny"), num_layers=2, hidden_size=64, intermediate_size=128)
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 
-    def broken(self, x, weight):
+    def broken(self, *args):
         raise RuntimeError("native quantized linear called")
 
     monkeypatch.setattr(NativeOps, "quant_linear", broken)
+    monkeypatch.setattr(NativeOps, "dequantize", broken)   # a prompt step's row blocks dequantize natively
     for kernels in ("torch", "native"):
         engine = LLMEngine.from_config(EngineConfig.from_kwargs(model=path, dtype="float32", max_model_len=64,
                                                                 offload="direct", host_weight_dtype="int8",

@@ -37,12 +37,14 @@ class RefLinear(nn.Module):
         self.packed_native = True
 
     def forward(self, x: torch.Tensor, block_rows: int | None = None) -> torch.Tensor:
-        if block_rows is not None:
-            return in_row_blocks(self._linear, x, block_rows)
-        return self._linear(x)
-
-    def _linear(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight_ref.current
+        if block_rows is None:
+            return self._linear(weight, x)
+        if isinstance(weight, PackedWeight):   # dequantized once per call, not once per block
+            weight = weight.block_form(x, block_rows, native=self.packed_native)
+        return in_row_blocks(lambda rows: self._linear(weight, rows), x, block_rows)
+
+    def _linear(self, weight, x: torch.Tensor) -> torch.Tensor:
         if isinstance(weight, torch.Tensor):
             return self.dense_fn(x, weight, self.bias)
         if isinstance(weight, HalfWeight):
