@@ -10,7 +10,7 @@ import torch
 
 from gh200rt.sampling_params import SamplingParams
 from tests.engine.real_models import BACKENDS, SharedModel, assert_same_or_near_tie, save_tiny_llama, smollm2_gguf
-from tests.engine.route_engines import ROUTES, describe_difference, first_step_logits, route_llm
+from tests.engine.route_engines import describe_difference, first_step_logits, route_llm
 
 
 def make_prompts(vocab: int, count: int = 32, seed: int = 0) -> list[list[int]]:
@@ -89,41 +89,39 @@ def random_prompt(length: int, seed: int) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("route", ROUTES)
-def test_a_prefix_cached_prompt_gets_a_cold_prefills_bits(route):
+def test_a_prefix_cached_prompt_gets_a_cold_prefills_bits(cpu_route):
     """The last prompt position's logits, bit for bit, and the greedy tokens after them: a cold prefill against
     the same prompt with 1-4 of its blocks from the prefix cache, and against prefills in chunks of 7 and 33
     tokens (max_num_batched_tokens)."""
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     prompts = [random_prompt(length, seed=i) for i, (length, _) in enumerate(PREFIX_SPLITS)]
-    with route_llm(route, enable_prefix_caching=False) as cold:
+    with route_llm(cpu_route, enable_prefix_caching=False) as cold:
         want = [first_step_logits(cold, prompt, params) for prompt in prompts]
-    with route_llm(route) as warm:
+    with route_llm(cpu_route) as warm:
         for prompt, (length, blocks), (want_tokens, want_logits) in zip(prompts, PREFIX_SPLITS, want):
             warm.generate([prompt[:16 * blocks + 1]], SamplingParams(temperature=0, max_tokens=1))  # publishes them
             hit_tokens = warm.engine.stats().prefix_cache_hit_tokens
             got_tokens, got = first_step_logits(warm, prompt, params)
             assert warm.engine.stats().prefix_cache_hit_tokens - hit_tokens == 16 * blocks
-            label = f"{route}: {length}-token prompt, {blocks} blocks cached"
+            label = f"{cpu_route.name}: {length}-token prompt, {blocks} blocks cached"
             assert torch.equal(got, want_logits), f"{label}: {describe_difference(got, want_logits)}"
             assert got_tokens == want_tokens, label
     for budget in (7, 33):
-        with route_llm(route, enable_prefix_caching=False, max_num_batched_tokens=budget) as chunked:
-            for prompt, (want_tokens, want_logits) in zip(prompts, want):
+        with route_llm(cpu_route, enable_prefix_caching=False, max_num_batched_tokens=budget) as chunked:
+            for prompt, (want_tokens, want_logits) in list(zip(prompts, want))[3:5]:   # 65 and 70 tokens
                 got_tokens, got = first_step_logits(chunked, prompt, params)
-                label = f"{route}: {len(prompt)}-token prompt in chunks of {budget}"
+                label = f"{cpu_route.name}: {len(prompt)}-token prompt in chunks of {budget}"
                 assert torch.equal(got, want_logits), f"{label}: {describe_difference(got, want_logits)}"
                 assert got_tokens == want_tokens, label
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("route", ROUTES)
-def test_a_prompt_beside_other_requests_gets_its_bits_alone(route):
+def test_a_prompt_beside_other_requests_gets_its_bits_alone(cpu_route):
     """A prompt prefilled in a step with three other sequences decoding, and with another prompt: the same
     first-token logits as alone (a prompt row's linears do not depend on the rows beside it)."""
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     prompt = random_prompt(37, seed=100)
-    with route_llm(route, enable_prefix_caching=False) as llm:
+    with route_llm(cpu_route, enable_prefix_caching=False) as llm:
         want_tokens, want = first_step_logits(llm, prompt, params)
         engine, runner = llm.engine, llm.engine.runner
         for i, length in enumerate((12, 50, 3)):
@@ -145,4 +143,4 @@ def test_a_prompt_beside_other_requests_gets_its_bits_alone(route):
     rows, logits = seen
     assert len(rows) == 5, rows              # three decodes and two prompts in one step
     got = logits.sample_logits[rows.index("late#0")]
-    assert torch.equal(got, want), f"{route}: {describe_difference(got, want)}"
+    assert torch.equal(got, want), f"{cpu_route.name}: {describe_difference(got, want)}"

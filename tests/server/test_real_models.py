@@ -97,6 +97,42 @@ def test_smollm2_openai_client_parity():
         server.stop()
 
 
+# Issue 27's acceptance: each asked plain, streamed, plain, streamed at temperature 0; the later three find the
+# chat template's system prompt and their own earlier prompt in the prefix cache. Before prefix-cache invariance,
+# "Say hi." answered "Hello there! ..." cold and "I'm here to help ..." from the cache on the bf16 route (the
+# first token differs, so 16 tokens show it).
+CHAT_QUESTIONS = ("Say hi.", "What is the capital of France?", "Write a haiku about the sea.", "How do I boil an egg?",
+                  "Name three primary colors.", "What is 17 times 23?", "Explain gravity in one sentence.",
+                  "Give me a synonym for happy.")
+
+
+@pytest.mark.slow
+def test_smollm2_chat_answers_do_not_depend_on_the_prefix_cache(cpu_route):
+    if cpu_route.portable:
+        pytest.skip("the portable native build is forced inside the test process only, not in a server")
+    server = ServerProcess("gh200rt.serve", ["--model", smollm2_gguf(), "--served-model-name", "smollm2",
+                                             "--max-model-len", "512", "--cpu-route", cpu_route.cpu_route],
+                           ready_timeout=240)
+    try:
+        c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=240)
+        for question in CHAT_QUESTIONS:
+            body = dict(model="smollm2", messages=[{"role": "user", "content": question}], max_tokens=16,
+                        temperature=0)
+            answers, cached = [], []
+            for stream in (False, True, False, True):
+                if stream:
+                    chunks = list(c.chat.completions.create(**body, stream=True))
+                    answers.append("".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices))
+                else:
+                    reply = c.chat.completions.create(**body)
+                    answers.append(reply.choices[0].message.content)
+                    cached.append(reply.usage.prompt_tokens_details.cached_tokens)
+            assert cached[-1] > 0, "the repeated question did not hit the prefix cache"
+            assert len(set(answers)) == 1, f"{cpu_route.name}: {question!r} got {len(set(answers))} answers: {answers}"
+    finally:
+        server.stop()
+
+
 def test_unloadable_model_exits_1_with_clear_message(tmp_path):
     import subprocess
     import sys
