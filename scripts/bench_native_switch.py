@@ -1,4 +1,4 @@
-"""Decode-step time of the CPU engine with one native path switched off and on in alternate rounds of one process.
+"""Prefill and decode-step time of the CPU engine with one path switched off and on in alternate rounds of one process.
 
 Cross-process timings on a shared machine drift by up to 1.4x; switching a path inside one process and
 alternating rounds compares like with like. Each round adds a batch of fresh random prompts of ``--prompt``
@@ -12,9 +12,14 @@ Paths (``--path``):
   and op-by-op decode layers). Meaningful on the fp16 route (``--dtype auto`` on an AVX2 CPU).
 * ``fp8-kv``: the native kernels' fp8 KV pool paths (writes, attention, the one-call decode layer; off: the
   torch path: quantize, gather, dequantize, SDPA). Runs with ``--kv-cache-dtype fp8``.
+* ``row-blocks``: prefix-cache invariance, a step that computes prompt positions running its linears and logits
+  head in fixed row blocks (``engine/invariance.py``; off: every call with the rows it has, as before). Decode
+  steps do not change; the prefill column is its cost.
+* ``batch-invariant``: every step in row blocks (``--batch-invariant``; off: the default, prompt steps only).
 
     python scripts/bench_native_switch.py --path fp16-linear [--batches 1,2,4,8] [--prompt 4] [--tokens 32]
     python scripts/bench_native_switch.py --path fp8-kv --dtype float32 --batches 1,8 --prompt 500
+    python scripts/bench_native_switch.py --path row-blocks --batches 1,8 --prompt 40,300 --tokens 8
 """
 from __future__ import annotations
 
@@ -33,11 +38,16 @@ NATIVE_F16_ROWS = quant.NATIVE_F16_MAX_ROWS
 FP8_TYPES = dict(cpu_native.FP8_KV_TYPES)
 
 
-def switch(path: str, on: bool, model) -> None:
+def switch(path: str, on: bool, engine: LLMEngine) -> None:
+    runner, model = engine.runner, engine.runner.model
     if path == "fp16-linear":
         quant.NATIVE_F16_MAX_ROWS = cpu_decode_layer.NATIVE_F16_MAX_ROWS = NATIVE_F16_ROWS if on else 0
-    else:
+    elif path == "fp8-kv":
         cpu_kernels.FP8_KV_TYPES = cpu_decode_layer.FP8_KV_TYPES = FP8_TYPES if on else {}
+    elif path == "row-blocks":
+        runner.row_blocks = on
+    else:
+        runner.batch_invariant = on
     for layer in model.layers:   # the one-call decode layer's cached arguments follow the switch
         cpu_decode_layer.forget_decode_layer(layer)
 
@@ -67,11 +77,12 @@ def one_round(engine: LLMEngine, batch: int, prompt: int, tokens: int, seed: int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--path", choices=["fp16-linear", "fp8-kv"], required=True)
+    parser.add_argument("--path", choices=["fp16-linear", "fp8-kv", "row-blocks", "batch-invariant"], required=True)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--cpu-route", default="auto")
     parser.add_argument("--batches", default="1,2,4,8")
-    parser.add_argument("--prompt", type=int, default=4, help="prompt tokens per sequence")
+    parser.add_argument("--prompt", default="4", help="prompt tokens per sequence (a list: a table per length)")
     parser.add_argument("--tokens", type=int, default=32, help="decode tokens timed per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
@@ -80,29 +91,33 @@ def main() -> None:
     if cpu_native.load_native_ops() is None:
         raise SystemExit(f"native CPU ops unavailable: {cpu_native.native_ops_error()}")
     options = dict(kv_cache_dtype="fp8") if args.path == "fp8-kv" else {}
+    prompts = [int(p) for p in args.prompt.split(",")]
     engine = LLMEngine.from_config(EngineConfig.from_kwargs(
-        model=args.model, dtype=args.dtype, enable_prefix_caching=False,
-        max_model_len=max(256, args.prompt + args.tokens + 8), **options))
-    print(f"{args.path}: {args.model} --dtype {args.dtype}, {args.threads} threads, prompts of {args.prompt} tokens, "
-          f"{args.tokens} decode tokens, best of {args.rounds} rounds (off / on alternated)")
-    print(f"{'batch':>5} {'prefill off':>12} {'prefill on':>11} {'step off':>10} {'step on':>9} {'speed-up':>9} "
-          f"{'same tokens':>12}")
+        model=args.model, dtype=args.dtype, cpu_route=args.cpu_route, enable_prefix_caching=False,
+        max_model_len=max(256, max(prompts) + args.tokens + 8), **options))
+    print(f"{args.path}: {args.model} --dtype {args.dtype} --cpu-route {args.cpu_route}, {args.threads} threads, "
+          f"prompts of {args.prompt} tokens, {args.tokens} decode tokens, best of {args.rounds} rounds (off / on "
+          f"alternated)")
+    print(f"{'batch':>5} {'prompt':>6} {'prefill off':>12} {'prefill on':>11} {'on/off':>7} {'step off':>10} "
+          f"{'step on':>9} {'speed-up':>9} {'same tokens':>12}")
     try:
-        for batch in (int(b) for b in args.batches.split(",")):
-            best = {False: (float("inf"), float("inf")), True: (float("inf"), float("inf"))}
-            tokens = {}
-            for r in range(args.rounds):
-                for on in (False, True):
-                    switch(args.path, on, engine.runner.model)
-                    prefill, step, tokens[on] = one_round(engine, batch, args.prompt, args.tokens, seed=1000 * r + batch)
-                    best[on] = (min(best[on][0], prefill), min(best[on][1], step))
-            same = sum(a == b for a, b in zip(tokens[False], tokens[True]))
-            print(f"{batch:>5} {best[False][0]:>10.2f} s {best[True][0]:>9.2f} s {best[False][1] * 1e3:>7.1f} ms "
-                  f"{best[True][1] * 1e3:>6.1f} ms {best[False][1] / best[True][1]:>8.2f}x {same:>7}/{batch}")
+        for prompt in prompts:
+            for batch in (int(b) for b in args.batches.split(",")):
+                best = {False: (float("inf"), float("inf")), True: (float("inf"), float("inf"))}
+                tokens = {}
+                for r in range(args.rounds):
+                    for on in (False, True):
+                        switch(args.path, on, engine)
+                        prefill, step, tokens[on] = one_round(engine, batch, prompt, args.tokens,
+                                                              seed=1000 * r + batch)
+                        best[on] = (min(best[on][0], prefill), min(best[on][1], step))
+                same = sum(a == b for a, b in zip(tokens[False], tokens[True]))
+                print(f"{batch:>5} {prompt:>6} {best[False][0]:>10.3f} s {best[True][0]:>9.3f} s "
+                      f"{best[True][0] / best[False][0]:>6.2f}x {best[False][1] * 1e3:>7.1f} ms "
+                      f"{best[True][1] * 1e3:>6.1f} ms {best[False][1] / best[True][1]:>8.2f}x {same:>7}/{batch}")
     finally:
-        switch(args.path, True, engine.runner.model)
+        switch(args.path, args.path != "batch-invariant", engine)
         engine.close()
-
 
 if __name__ == "__main__":
     main()

@@ -3,7 +3,7 @@ the Python of the environment they are installed in).
 
     python scripts/bench_peer_worker.py ENGINE SPEC.json OUT.json
 
-ENGINE is ``gh200rt:<route>`` (``auto``, ``fp32``, ``int8``), ``vllm:<dtype>`` (``float32``, ``bfloat16``),
+ENGINE is ``gh200rt:<route>[+batch-invariant]`` (``auto``, ``fp32``, ``int8``), ``vllm:<dtype>`` (``float32``, ``bfloat16``),
 ``llamacpp`` or ``transformers``. SPEC.json holds the model paths, the token-id prompts, the thread count and
 which rows to run; OUT.json receives ``{"single": tok/s, "offline": tok/s, "load_s": s, "sample": [ids]}``.
 Every engine decodes greedily with EOS ignored, so each produces exactly the tokens asked for.
@@ -29,8 +29,9 @@ class Gh200rt:
     def __init__(self, spec, route):
         sys.path.insert(0, ROOT)
         from gh200rt import LLM
+        route, _, mode = route.partition("+")
         self.llm = LLM(model=spec["gguf"], max_model_len=spec["max_model_len"], num_kv_blocks=spec["kv_blocks"],
-                       **self.ROUTES[route])
+                       batch_invariant=mode == "batch-invariant", **self.ROUTES[route])
 
     def generate(self, prompts, max_tokens):
         from gh200rt import SamplingParams

@@ -4,6 +4,8 @@
                                    transformers] [--rows single offline served] [--threads 2] [--rounds 2]
                                   [--peer-python .venv-peers/bin/python]
 
+(``gh200rt:<route>+batch-invariant`` runs that route with ``--batch-invariant``.)
+
 Rows (the table of issue 14):
   single   single-stream greedy decode of --single-tokens tokens, tok/s (prefill excluded)
   offline  --requests prompts of random token ids (80-150 tokens, ~7.3k in all) x --offline-tokens new
@@ -112,8 +114,10 @@ def run_worker(engine: str, spec: dict, python: str, timeout: float) -> dict:
 def server_command(engine: str, args, gguf: str, hf: str | None, port: int) -> list[str] | None:
     kind, _, variant = engine.partition(":")
     if kind == "gh200rt":
+        variant, _, mode = variant.partition("+")
         route = ["--dtype", "float32"] if variant == "fp32" else \
             ["--offload", "direct", "--host-weight-dtype", "int8"] if variant == "int8" else []
+        route += ["--batch-invariant"] if mode == "batch-invariant" else []
         return [sys.executable, "-m", "gh200rt.serve", "--model", gguf, "--port", str(port), "--max-model-len",
                 "1024", "--log-level", "warning", "--engine-cpus", engine_cores(args.threads), *route]
     if kind == "vllm":

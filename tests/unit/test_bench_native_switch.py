@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(load_native_ops() is None, reason=f"native CPU ops unavailable: {native_ops_error()}")
-@pytest.mark.parametrize("path", ["fp16-linear", "fp8-kv"])
+@pytest.mark.parametrize("path", ["fp16-linear", "fp8-kv", "row-blocks", "batch-invariant"])
 def test_it_times_both_settings(path):
     done = subprocess.run([sys.executable, "scripts/bench_native_switch.py", "--path", path, "--batches", "1,2",
                            "--tokens", "2", "--rounds", "1", "--prompt", "8"], cwd=ROOT, capture_output=True,
