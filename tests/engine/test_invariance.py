@@ -78,9 +78,9 @@ def test_invariance_smollm2():
 
 
 # --- prefix-cache invariance on every CPU route: bits, not near ties -----------------------------------------------
-# (prompt length, cached blocks of 16): 65 tokens leave 1..49 to compute, the last alone once all four blocks are
-# cached; 70 tokens leave a tail of 6 or 38.
-PREFIX_SPLITS = [(65, 1), (65, 2), (65, 3), (65, 4), (70, 2), (70, 4)]
+# (prompt length, cached blocks of 16): 65 tokens leave 49 to compute after one block and the last alone once all
+# four are cached; 70 tokens leave a tail of 38 (kept to three splits: every route runs them, within CI's time)
+PREFIX_SPLITS = [(65, 1), (65, 4), (70, 2)]
 
 
 def random_prompt(length: int, seed: int) -> list[int]:
@@ -91,7 +91,7 @@ def random_prompt(length: int, seed: int) -> list[int]:
 @pytest.mark.slow
 def test_a_prefix_cached_prompt_gets_a_cold_prefills_bits(cpu_route):
     """The last prompt position's logits, bit for bit, and the greedy tokens after them: a cold prefill against
-    the same prompt with 1-4 of its blocks from the prefix cache, and against prefills in chunks of 7 and 33
+    the same prompt with 1, 2 or 4 of its blocks from the prefix cache, and against a prefill in chunks of 7
     tokens (max_num_batched_tokens)."""
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     prompts = [random_prompt(length, seed=i) for i, (length, _) in enumerate(PREFIX_SPLITS)]
@@ -106,9 +106,9 @@ def test_a_prefix_cached_prompt_gets_a_cold_prefills_bits(cpu_route):
             label = f"{cpu_route.name}: {length}-token prompt, {blocks} blocks cached"
             assert torch.equal(got, want_logits), f"{label}: {describe_difference(got, want_logits)}"
             assert got_tokens == want_tokens, label
-    for budget in (7, 33):
+    for budget in (7,):      # one chunked engine: each engine build loads SmolLM2 for the route
         with route_llm(cpu_route, enable_prefix_caching=False, max_num_batched_tokens=budget) as chunked:
-            for prompt, (want_tokens, want_logits) in list(zip(prompts, want))[3:5]:   # 65 and 70 tokens
+            for prompt, (want_tokens, want_logits) in list(zip(prompts, want))[2:]:   # 70 tokens
                 got_tokens, got = first_step_logits(chunked, prompt, params)
                 label = f"{cpu_route.name}: {len(prompt)}-token prompt in chunks of {budget}"
                 assert torch.equal(got, want_logits), f"{label}: {describe_difference(got, want_logits)}"
