@@ -97,8 +97,8 @@ def run_server(server_config, engine_config, build_engine) -> int:
         return engine
 
     max_num_seqs = engine_config.scheduler.max_num_seqs
-    limit, limit_flags = server_config.admission_limit(max_num_seqs)
-    admission = Admission(limit, max_num_seqs, limit_flags)
+    limit, limit_flags, raise_flag = server_config.admission_limit(max_num_seqs)
+    admission = Admission(limit, max_num_seqs, limit_flags, raise_flag)
 
     def stop_on_load_error(_error):
         server.should_exit = True

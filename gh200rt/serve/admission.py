@@ -46,13 +46,15 @@ class Ticket:
 
 
 class Admission:
-    def __init__(self, limit: int, running: int, flags: str, clock=time.monotonic):
+    def __init__(self, limit: int, running: int, flags: str, raise_flag: str, clock=time.monotonic):
         """``limit``: sequences held at once; ``running``: --max-num-seqs, the ones that run while the rest
-        wait; ``flags``: how the limit was set, for messages (e.g. "--max-num-seqs 4 + --max-queued-requests 16")."""
+        wait; ``flags``: how the limit was set (e.g. "--max-num-seqs 4 + --max-queued-requests 16") and
+        ``raise_flag`` the flag that raises it, for messages."""
         assert limit >= 1 and running >= 1, (limit, running)
         self.limit = limit
         self.running = running
         self.flags = flags
+        self.raise_flag = raise_flag
         self.held = 0
         self.refused = 0                         # requests refused for overload since start
         self._clock = clock
@@ -70,7 +72,7 @@ class Admission:
             wait = self.retry_after(slots)
             raise APIError(503, f"the server is full: {self.held} sequences are queued or running and the limit is "
                                 f"{self.limit} ({self.flags}); retry after {wait} s ({self._rate_text()}), or "
-                                "raise --max-queued-requests (or --max-num-queued-reqs)",
+                                f"raise {self.raise_flag}",
                            code="server_overloaded", headers={"Retry-After": str(wait)})
         if self.held == 0:                       # busy again: the rate is measured within this busy period
             self._busy_since = self._clock()

@@ -76,12 +76,14 @@ class ServerConfig:
         if self.api_key is not None and not self.api_key:
             raise ValueError("--api-key must not be empty; leave it out to serve without a key")
 
-    def admission_limit(self, max_num_seqs: int) -> tuple[int, str]:
-        """(sequences held at once, how that was set, for messages)."""
+    def admission_limit(self, max_num_seqs: int) -> tuple[int, str, str]:
+        """(sequences held at once, how that was set, the flag that raises it), for admission's messages."""
         if self.max_num_queued_reqs is not None:
-            return self.max_num_queued_reqs, f"--max-num-queued-reqs {self.max_num_queued_reqs}"
+            return (self.max_num_queued_reqs, f"--max-num-queued-reqs {self.max_num_queued_reqs}",
+                    "--max-num-queued-reqs")
         return (max_num_seqs + self.max_queued_requests,
-                f"--max-num-seqs {max_num_seqs} + --max-queued-requests {self.max_queued_requests}")
+                f"--max-num-seqs {max_num_seqs} + --max-queued-requests {self.max_queued_requests}",
+                "--max-queued-requests")
 
     @property
     def origins(self) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ class Clock:
 
 def full_admission(clock, limit=20, running=4):
     admission = Admission(limit, running, f"--max-num-seqs {running} + --max-queued-requests {limit - running}",
-                          clock=clock)
+                          "--max-queued-requests", clock=clock)
     return admission, [admission.admit(1) for _ in range(limit)]
 
 
@@ -44,11 +44,13 @@ def test_the_bound_refuses_with_503_naming_the_limit_and_the_flags():
     assert admission.held == 20
 
 
-def test_a_request_that_can_never_fit_is_a_400_not_a_503():
-    admission = Admission(8, 4, "--max-num-queued-reqs 8")
+def test_a_request_that_can_never_fit_is_a_400_and_refusals_name_the_flag_that_set_the_limit():
+    admission = Admission(8, 4, "--max-num-queued-reqs 8", "--max-num-queued-reqs")
     error = refusal(admission, slots=9)
     assert error.status == 400 and error.param == "n" and "at most 8" in error.message
     assert admission.refused == 0 and admission.held == 0
+    admission.admit(8)
+    assert refusal(admission).message.endswith("or raise --max-num-queued-reqs")   # the flag that set it
 
 
 def test_retry_after_is_the_backlog_over_the_measured_drain_rate():
@@ -84,10 +86,11 @@ def test_retry_after_is_capped_and_a_new_busy_period_measures_afresh():
 def test_the_bound_comes_from_sglangs_or_vllms_flag():
     server, engine = parse_args(["--max-num-seqs", "4", "--max-queued-requests", "16"])
     assert server.admission_limit(engine.scheduler.max_num_seqs) == (
-        20, "--max-num-seqs 4 + --max-queued-requests 16")
+        20, "--max-num-seqs 4 + --max-queued-requests 16", "--max-queued-requests")
     server, engine = parse_args(["--max-num-seqs", "4", "--max-num-queued-reqs", "10"])
-    assert server.admission_limit(engine.scheduler.max_num_seqs) == (10, "--max-num-queued-reqs 10")
-    assert ServerConfig().admission_limit(256) == (512, "--max-num-seqs 256 + --max-queued-requests 256")
+    assert server.admission_limit(engine.scheduler.max_num_seqs) == (10, "--max-num-queued-reqs 10",
+                                                                     "--max-num-queued-reqs")
+    assert ServerConfig().admission_limit(256)[:2] == (512, "--max-num-seqs 256 + --max-queued-requests 256")
     with pytest.raises(SystemExit) as e:
         parse_args(["--max-num-queued-reqs", "0"])
     assert e.value.code == 2
