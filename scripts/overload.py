@@ -189,8 +189,7 @@ def measure(url: str, args) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from scripts.serve_smoke import stop, wait_healthy
-    from scripts.soak import start_server
+    from scripts.soak import ServerStartFailed, served
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", help="a running server (default: start one from this checkout)")
     p.add_argument("--server-module", default="gh200rt.serve", help="the module the started server runs")
@@ -200,21 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-words", type=int, default=2, help="words after each prompt's number")
     p.add_argument("--load-timeout", type=float, default=600.0, help="seconds for a started server to be healthy")
     args = p.parse_args(argv)
-    proc = None
     try:
-        if args.url:
-            url = args.url.rstrip("/")
-        else:
-            proc, url, log_path = start_server(args)
-            with httpx.Client(base_url=url, timeout=10) as client:
-                unhealthy = wait_healthy(client, proc, args.load_timeout)
-            if unhealthy:
-                print(f"FAIL start: {unhealthy}\n{log_path.read_text()[-3000:]}")
-                return 1
-        ok = measure(url, args)
-    finally:
-        if proc is not None:
-            print(f"server: {stop(proc, 30.0)}")
+        with served(args) as url:
+            ok = measure(url, args)
+    except ServerStartFailed as err:
+        print(f"FAIL start: {err}")
+        return 1
     print("overload: " + ("passed" if ok else "FAILED"))
     return 0 if ok else 1
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -190,6 +191,27 @@ def start_server(args) -> tuple[subprocess.Popen, str, Path]:
     return proc, f"http://127.0.0.1:{port}", log_path
 
 
+class ServerStartFailed(RuntimeError):
+    """The started server never became healthy; the message holds the reason and its log's tail."""
+
+
+@contextlib.contextmanager
+def served(args):
+    """The URL a run loads: ``--url``, or a server started from this checkout, healthy, stopped on leaving."""
+    if args.url:
+        yield args.url.rstrip("/")
+        return
+    proc, url, log_path = start_server(args)
+    try:
+        with httpx.Client(base_url=url, timeout=10) as client:
+            unhealthy = wait_healthy(client, proc, args.load_timeout)
+        if unhealthy:
+            raise ServerStartFailed(f"{unhealthy}\n{log_path.read_text()[-3000:]}")
+        yield url
+    finally:
+        print(f"server: {stop(proc, 30.0)}", flush=True)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", help="a running server (default: start one from this checkout)")
@@ -211,22 +233,13 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     args.warmup = min(args.duration / 5, 60.0) if args.warmup is None else args.warmup
-    proc = None
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # a SIGTERM still stops the server (finally, below)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # a SIGTERM still stops the server (served's finally)
     try:
-        if args.url:
-            url = args.url.rstrip("/")
-        else:
-            proc, url, log_path = start_server(args)
-            with httpx.Client(base_url=url, timeout=10) as client:
-                unhealthy = wait_healthy(client, proc, args.load_timeout)
-            if unhealthy:
-                print(f"FAIL start: {unhealthy}\n{log_path.read_text()[-3000:]}")
-                return 1
-        run = asyncio.run(soak(args, url))
-    finally:
-        if proc is not None:
-            print(f"server: {stop(proc, 30.0)}", flush=True)
+        with served(args) as url:
+            run = asyncio.run(soak(args, url))
+    except ServerStartFailed as err:
+        print(f"FAIL start: {err}")
+        return 1
     rows = verdict(args, run)
     report(run, rows)
     if args.json:

@@ -14,7 +14,7 @@ from gh200rt.config import ModelConfig
 from gh200rt.loader import ModelLoadError, load_model
 from gh200rt.models.layers.moe_experts import grouped_experts, route
 from tests.model.paged_runner import PagedRunner
-from tests.model.test_parity_tiny import (GREEDY_STEPS, assert_greedy_matches_or_near_tie, prompt, reference_greedy,
+from tests.model.test_parity_tiny import (assert_chunked_prefill_matches_one_shot, assert_greedy_decode_matches, prompt,
                                           relative_error)
 from tests.model.tiny_checkpoints import MOE_FAMILIES, save_tiny
 
@@ -41,22 +41,12 @@ def test_fp32_logits_and_greedy_match_transformers(moe_checkpoint):
     err = relative_error(ours, ref_logits)
     print(f"{family}: prefill logits worst relative error {err:.3g}")
     assert err <= 1e-4, f"{family}: prefill logits relative error {err:.3g} > 1e-4"
-    ref_tokens, ref_step_logits = reference_greedy(hf, ids, GREEDY_STEPS)
-    our_tokens, our_step_logits = PagedRunner(loaded.model, block_size=4, num_blocks=40).greedy(ids, GREEDY_STEPS)
-    decode_err = relative_error(our_step_logits, torch.stack(ref_step_logits))
-    print(f"{family}: decode logits worst relative error {decode_err:.3g}")
-    assert decode_err <= 1e-4, f"{family}: decode-step logits relative error {decode_err:.3g}"
-    assert_greedy_matches_or_near_tie(our_tokens, ref_tokens, ref_step_logits, family)
+    assert_greedy_decode_matches(hf, loaded.model, ids, family)
 
 
 def test_chunked_prefill_matches_one_shot(moe_checkpoint):
     family, path, _ = moe_checkpoint
-    model = load_model(ModelConfig(model=path, dtype="float32")).model
-    ids = prompt(2)
-    one_shot = PagedRunner(model, block_size=4, num_blocks=40).prefill(ids)
-    chunked = PagedRunner(model, block_size=4, num_blocks=40).prefill(ids, chunks=[23, 41])
-    err = relative_error(chunked, one_shot)
-    assert err <= 1e-5, f"{family}: chunked prefill differs from one-shot by {err:.3g}"
+    assert_chunked_prefill_matches_one_shot(path, family)
 
 
 @pytest.mark.parametrize("dtype,tolerance,share", [("bfloat16", 4e-2, 0.8), ("float16", 1e-2, 1.0)])
