@@ -47,3 +47,31 @@ def first_step_logits(llm: LLM, prompt: list[int], params: SamplingParams) -> tu
 def describe_difference(got: torch.Tensor, want: torch.Tensor) -> str:
     diff = (got - want).abs()
     return f"{int((diff > 0).sum())} of {diff.numel()} logits differ, by up to {diff.max().item():.3g}"
+
+
+def sampled_logits(llm: LLM, requests: list[tuple[str, list[int], SamplingParams, int]], target: str
+                   ) -> tuple[list[int], list[torch.Tensor]]:
+    """Run ``requests`` ((id, prompt, params, the step before which it arrives)) to the end; the tokens of request
+    ``target`` and the logits of each of its sampling steps."""
+    engine, runner = llm.engine, llm.engine.runner
+    run, rows = runner.run, []
+
+    def recording(out):
+        ids = [item.seq.seq_id for item in out.scheduled if item.samples]   # the rows that sample, in order
+        logits = run(out)
+        if f"{target}#0" in ids:
+            rows.append(logits.sample_logits[ids.index(f"{target}#0")].clone())
+        return logits
+    runner.run = recording
+    tokens, step = {}, 0
+    try:
+        while any(arrival >= step for *_, arrival in requests) or engine.has_unfinished_requests():
+            for request_id, prompt, params, arrival in requests:
+                if arrival == step:
+                    engine.add_request(request_id, None, params, prompt_token_ids=prompt)
+            for out in engine.step():
+                tokens[out.request_id] = list(out.outputs[0].token_ids)
+            step += 1
+    finally:
+        del runner.run
+    return tokens[target], rows

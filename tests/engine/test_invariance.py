@@ -10,7 +10,7 @@ import torch
 
 from gh200rt.sampling_params import SamplingParams
 from tests.engine.real_models import BACKENDS, SharedModel, assert_same_or_near_tie, save_tiny_llama, smollm2_gguf
-from tests.engine.route_engines import describe_difference, first_step_logits, route_llm
+from tests.engine.route_engines import describe_difference, first_step_logits, route_llm, sampled_logits
 
 
 def make_prompts(vocab: int, count: int = 32, seed: int = 0) -> list[list[int]]:
@@ -95,9 +95,21 @@ def test_a_prefix_cached_prompt_gets_a_cold_prefills_bits(cpu_route):
     tokens (max_num_batched_tokens)."""
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     prompts = [random_prompt(length, seed=i) for i, (length, _) in enumerate(PREFIX_SPLITS)]
+    first_turn = random_prompt(29, seed=50)
     with route_llm(cpu_route, enable_prefix_caching=False) as cold:
         want = [first_step_logits(cold, prompt, params) for prompt in prompts]
+        # a second turn repeats the first turn's answer: 29 + 4 + 13 tokens, blocks 0-1, the second with decoded tokens
+        answer = list(cold.generate([first_turn], params)[0].outputs[0].token_ids)
+        second_turn = first_turn + answer + prompts[0][:13]
+        want_second = first_step_logits(cold, second_turn, params)
     with route_llm(cpu_route) as warm:
+        warm.generate([first_turn], params)
+        hit_tokens = warm.engine.stats().prefix_cache_hit_tokens
+        got_tokens, got = first_step_logits(warm, second_turn, params)
+        # a block holding decoded tokens is not published: its K/V came from a decode step's kernels
+        assert warm.engine.stats().prefix_cache_hit_tokens - hit_tokens == 16
+        assert torch.equal(got, want_second[1]), f"second turn: {describe_difference(got, want_second[1])}"
+        assert got_tokens == want_second[0]
         for prompt, (length, blocks), (want_tokens, want_logits) in zip(prompts, PREFIX_SPLITS, want):
             warm.generate([prompt[:16 * blocks + 1]], SamplingParams(temperature=0, max_tokens=1))  # publishes them
             hit_tokens = warm.engine.stats().prefix_cache_hit_tokens
@@ -144,3 +156,29 @@ def test_a_prompt_beside_other_requests_gets_its_bits_alone(cpu_route):
     assert len(rows) == 5, rows              # three decodes and two prompts in one step
     got = logits.sample_logits[rows.index("late#0")]
     assert torch.equal(got, want), f"{cpu_route.name}: {describe_difference(got, want)}"
+
+
+@pytest.mark.slow
+def test_batch_invariant_tokens_do_not_depend_on_the_batch(cpu_route):
+    """--batch-invariant: a request's logits at every step, bit for bit, alone and with five others that arrive
+    before, with and after it (decode batches of 1-6, steps mixing prompts and decodes); and a prompt that repeats
+    an earlier answer gets a cold prefill's bits from the answer's decoded blocks in the prefix cache."""
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompt = random_prompt(29, seed=400)
+    others = [(f"other-{i}", random_prompt(length, seed=401 + i), params, arrival)
+              for i, (length, arrival) in enumerate([(5, 0), (40, 0), (17, 1), (60, 3), (2, 6)])]
+    with route_llm(cpu_route, batch_invariant=True, enable_prefix_caching=False) as llm:
+        want_tokens, want = sampled_logits(llm, [("me", prompt, params, 0)], "me")
+        got_tokens, got = sampled_logits(llm, [*others[:2], ("me", prompt, params, 1), *others[2:]], "me")
+    assert got_tokens == want_tokens, cpu_route.name
+    for step, (g, w) in enumerate(zip(got, want)):
+        assert torch.equal(g, w), f"{cpu_route.name}, step {step}: {describe_difference(g, w)}"
+    follow_up = prompt + want_tokens + random_prompt(5, seed=500)   # 46 tokens: blocks 0-1 hold decoded tokens
+    with route_llm(cpu_route, batch_invariant=True, enable_prefix_caching=False) as cold:
+        want_tokens, want = first_step_logits(cold, follow_up, params)
+    with route_llm(cpu_route, batch_invariant=True) as warm:
+        warm.generate([prompt], params)
+        got_tokens, got = first_step_logits(warm, follow_up, params)
+        assert warm.engine.stats().prefix_cache_hit_tokens == 32    # both blocks, the second decoded
+    assert torch.equal(got, want), f"{cpu_route.name}: {describe_difference(got, want)}"
+    assert got_tokens == want_tokens
