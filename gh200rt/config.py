@@ -15,6 +15,7 @@ from gh200rt.weights.tiers import Tier
 DEFAULT_MODEL = "smollm2-135m"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 OFFLOAD_MODES = ("auto", "none", "stream", "direct", "dynamic")
+MOE_EXPERT_TIERS = ("auto", "resident", "direct", "stream")
 TIERS = tuple(tier.value for tier in Tier)
 CPU_KERNELS = ("native", "torch")
 CPU_ROUTES = ("auto", "bf16", "fp16", "fp32")  # platform/cpu_features.py: ROUTES, and auto (detect)
@@ -48,16 +49,22 @@ def parse_size(text: str | int | None, flag: str = "size") -> int | None:
     return value
 
 
-def parse_layer_tiers(text: str | None) -> dict[int, str]:
-    """'0-3:streamed,7:direct' -> {0: 'streamed', 1: ..., 7: 'direct'}."""
+def parse_layer_tiers(text: str | None, experts: bool = False) -> dict[int, str]:
+    """'0-3:streamed,7:direct' -> {0: 'streamed', 1: ..., 7: 'direct'}; with ``experts``, the parts that place an
+    MoE layer's routed experts instead: '0-3:experts=direct' -> {0: 'direct', ...} (the layers' own parts are
+    skipped, and the other way round)."""
     if not text:
         return {}
     tiers: dict[int, str] = {}
     for part in text.split(","):
         layers, sep, tier = part.strip().partition(":")
+        expert_part = tier.startswith("experts=")
+        tier = tier.removeprefix("experts=")
         if not sep or tier not in TIERS:
-            raise ValueError(f"--layer-tiers: {part!r} is not LAYERS:TIER with TIER one of {', '.join(TIERS)} "
-                             "(example: --layer-tiers 0-3:streamed,7:direct)")
+            raise ValueError(f"--layer-tiers: {part!r} is not LAYERS:TIER or LAYERS:experts=TIER with TIER one of "
+                             f"{', '.join(TIERS)} (example: --layer-tiers 0-3:streamed,7:direct,0-47:experts=direct)")
+        if expert_part != experts:
+            continue
         lo, _, hi = layers.partition("-")
         if not lo.isdigit() or (hi and not hi.isdigit()):
             raise ValueError(f"--layer-tiers: {layers!r} is not a layer index or range like 4-9")
@@ -161,7 +168,12 @@ class MemoryConfig:
         "(all resident), stream, direct, dynamic (layers move between resident and streamed as KV demand changes)",
         choices=OFFLOAD_MODES))
     layer_tiers: str | None = field(default=None, metadata=_help(
-        "per-layer override, e.g. 0-3:streamed,7:direct"))
+        "per-layer override, e.g. 0-3:streamed,7:direct; an MoE layer's routed experts: 0-23:experts=direct"))
+    moe_expert_tier: str = field(default="auto", metadata=_help(
+        "where an MoE model's routed experts live, each on its own: resident, direct (read in place, only the "
+        "experts a step routes to), stream (copied in only when routed to) or auto (the planner decides from the "
+        "budget: resident while they fit, then as many resident per layer as fit and the rest direct, or streamed "
+        "where the link is slow; with --offload none/stream/direct, experts follow it)", choices=MOE_EXPERT_TIERS))
     staging_slots: int | None = field(default=None, metadata=_help("staging ring depth K; default: planner"))
     prefetch_distance: int | None = field(default=None, metadata=_help(
         "prefetch d streamed layers ahead; default: planner"))
@@ -200,6 +212,8 @@ class MemoryConfig:
             raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.offload not in OFFLOAD_MODES:
             raise ValueError(f"--offload {self.offload!r}: choose one of {', '.join(OFFLOAD_MODES)}")
+        if self.moe_expert_tier not in MOE_EXPERT_TIERS:
+            raise ValueError(f"--moe-expert-tier {self.moe_expert_tier!r}: choose one of {', '.join(MOE_EXPERT_TIERS)}")
         if self.host_weight_dtype not in HOST_WEIGHT_DTYPES:
             raise ValueError(f"--host-weight-dtype {self.host_weight_dtype!r}: choose one of "
                              f"{', '.join(HOST_WEIGHT_DTYPES)}")
@@ -227,6 +241,11 @@ class MemoryConfig:
     @property
     def tier_overrides(self) -> dict[int, str]:
         return parse_layer_tiers(self.layer_tiers)
+
+    @property
+    def expert_tier_overrides(self) -> dict[int, str]:
+        """MoE layer -> the tier of all its routed experts (``--layer-tiers L:experts=TIER``)."""
+        return parse_layer_tiers(self.layer_tiers, experts=True)
 
 
 MAX_GRAPH_BATCH = 256

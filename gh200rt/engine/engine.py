@@ -55,6 +55,8 @@ class EngineStats:
     retier_counts: dict[str, int] = field(default_factory=dict)   # "promote" / "demote" -> layers moved
     graph_captures: int = 0          # decode graphs captured (recaptures after a tier move included)
     graph_pool_bytes: int = 0        # device bytes the decode graphs' shared memory pool took
+    experts_per_tier: dict[str, int] = field(default_factory=dict)   # an MoE model's routed experts per tier
+    expert_bytes_copied: int = 0     # bytes of streamed experts copied into the expert ring (only when routed to)
 
 
 def eos_ids_of(tokenizer) -> frozenset[int]:
@@ -315,4 +317,6 @@ class LLMEngine:
                            self.scheduler.num_preemptions, self.prompt_tokens, self.generation_tokens,
                            tiers, backend.bytes_copied if backend else 0, backend.wait_seconds if backend else 0.0,
                            pool.num_run_blocks, dict(self.controller.counts) if self.controller else {},
-                           self.graphs.captures if self.graphs else 0, self.graphs.pool_bytes if self.graphs else 0)
+                           self.graphs.captures if self.graphs else 0, self.graphs.pool_bytes if self.graphs else 0,
+                           self.store.expert_counts() if self.store and self.store.expert_tiers else {},
+                           self.store.expert_ring.backend.bytes_copied if self.store and self.store.expert_ring else 0)

@@ -92,6 +92,19 @@ class LlamaForCausalLM(nn.Module):
         refs.update({f"mlp.{name}": ref for name, ref in layer.mlp.weight_refs().items()})
         return refs
 
+    def expert_weight_refs(self, index: int) -> list[dict[str, WeightRef]]:
+        """Routed expert e's linear weights of decoder layer ``index`` (``[]`` for a dense layer), keyed as in
+        ``layer_weight_refs``: the units the weight store places one by one."""
+        mlp = self.layers[index].mlp
+        if not hasattr(mlp, "expert_refs"):
+            return []
+        return [{f"mlp.experts.{e}.{name}": ref for name, ref in refs.items()}
+                for e, refs in enumerate(mlp.expert_refs())]
+
+    def set_expert_access(self, index: int, access) -> None:
+        """What decoder layer ``index``'s MoE block calls around the experts a step routes to (``ExpertAccess``)."""
+        self.layers[index].mlp.expert_access = access
+
     def fused_names(self) -> dict[str, str]:
         """Checkpoint weight name -> the fused weight it is a row block of (for error messages)."""
         out = {}

@@ -23,7 +23,7 @@ from gh200rt.models.arch_config import ArchConfig
 from gh200rt.models.base import WeightRef, dense_weight
 from gh200rt.models.layers.linear import RefLinear
 from gh200rt.models.layers.mlp import HF_NAMES, GatedMLP
-from gh200rt.models.layers.moe_experts import grouped_experts, route
+from gh200rt.models.layers.moe_experts import NO_EXPERT_ACCESS, grouped_experts, route
 
 MIXTRAL_EXPERT_NAMES = ("w1", "w3", "w2")   # gate, up, down
 
@@ -42,6 +42,7 @@ class SparseMoeBlock(nn.Module):
         shared = arch.shared_expert_intermediate_size
         self.shared_expert = GatedMLP(h, shared, dtype, device) if shared else None
         self.shared_expert_gate = RefLinear(h, 1, False, dtype, device) if shared else None
+        self.expert_access = NO_EXPERT_ACCESS   # the weight store stages streamed experts through it
 
     def forward(self, x: torch.Tensor, block_rows: int | None = None) -> torch.Tensor:
         """``block_rows``: every linear, each expert's included, on blocks of exactly that many rows, so a token's
@@ -49,7 +50,7 @@ class SparseMoeBlock(nn.Module):
         weights, ids = route(self.gate(x, block_rows), self.top_k, self.renormalize)
         experts = self.experts
         out = grouped_experts(x, weights, ids, self.num_experts, lambda e, rows: experts[e](rows, block_rows),
-                              self.scale_fp32)
+                              self.scale_fp32, self.expert_access)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x, block_rows)) * self.shared_expert(x, block_rows)
         return out
@@ -63,6 +64,10 @@ class SparseMoeBlock(nn.Module):
             refs.update({f"shared_expert.{n}": r for n, r in self.shared_expert.weight_refs().items()})
             refs["shared_expert_gate"] = self.shared_expert_gate.weight_ref
         return refs
+
+    def expert_refs(self) -> list[dict[str, WeightRef]]:
+        """Each routed expert's two WeightRefs (``gate_up_proj``, ``down_proj``)."""
+        return [expert.weight_refs() for expert in self.experts]
 
     def checkpoint_destinations(self, block: str) -> dict[str, torch.Tensor]:
         """``block``: the checkpoint's prefix of this block (``model.layers.N.mlp.``, Mixtral's

@@ -14,7 +14,7 @@ import dataclasses
 
 from gh200rt.config import MemoryConfig
 from gh200rt.planner.cost_model import ModelSizes
-from gh200rt.planner.layout import DEFAULT_STAGING_SLOTS, Layout, layout_for, planning_sizes
+from gh200rt.planner.layout import DEFAULT_STAGING_SLOTS, EXPERT_STAGING_SLOTS, Layout, layout_for, planning_sizes
 from gh200rt.platform.detect import Platform
 
 
@@ -40,7 +40,7 @@ def smallest_layout(sizes: ModelSizes, platform: Platform, memory: MemoryConfig,
 
     # no layout needs more: every layer resident (route forms included) beside the largest ring the options allow
     hi = planned.all_resident_bytes + (memory.staging_slots or DEFAULT_STAGING_SLOTS) * planned.host_layer_bytes + \
-        activation_bytes + at(0).kv_min_bytes
+        EXPERT_STAGING_SLOTS * planned.host_expert_bytes + activation_bytes + at(0).kv_min_bytes
     assert at(hi).fits(hi), (hi, at(hi))
     lo = 0                              # refused: the KV cache needs at least one block
     while hi - lo > 1:

@@ -38,6 +38,21 @@ class ModelSizes:
     # a resident layer's run of the device arena: layer_bytes rounded up to whole KV blocks (make_plan sets it;
     # 0: layer_bytes)
     layer_run_bytes: int = 0
+    # an MoE model's routed experts, placed one by one apart from their layers (the layer_* sizes leave them out)
+    moe_layer_ids: tuple[int, ...] = ()   # decoder layers with routed experts
+    num_experts: int = 0         # routed experts per MoE layer
+    experts_per_tok: int = 0     # k: experts each token routes to
+    expert_bytes: int = 0        # one expert's linears as resident
+    host_expert_bytes: int = 0   # one expert's span in the host format (expert slab stride, staging slot)
+    expert_form_bytes: int = 0   # a resident expert's CPU route form copies
+
+    @property
+    def resident_expert_memory(self) -> int:
+        return self.expert_bytes + self.expert_form_bytes
+
+    @property
+    def all_experts(self) -> int:
+        return len(self.moe_layer_ids) * self.num_experts
 
     @property
     def resident_layer_memory(self) -> int:
@@ -51,37 +66,45 @@ class ModelSizes:
 
     @property
     def all_resident_bytes(self) -> int:
-        return self.fixed_memory + self.num_layers * self.resident_layer_memory
+        return self.fixed_memory + self.num_layers * self.resident_layer_memory + \
+            self.all_experts * self.resident_expert_memory
+
+
+def expected_distinct_experts(num_experts: int, top_k: int, tokens: int) -> float:
+    """Experts a step of ``tokens`` tokens touches in one MoE layer when each token picks ``top_k`` of
+    ``num_experts`` uniformly: ``E * (1 - (1 - k/E)^T)`` (k at one token, every expert in a large batch)."""
+    if not num_experts:
+        return 0.0
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
 
 
 def layer_linear_shapes(arch: ArchConfig, active: bool = False) -> list[tuple[int, int]]:
-    """[out, in] of the fused linears of the largest decoder layer, in the order of its WeightRefs (a slab's
-    layout): qkv, o, then a dense MLP's gate_up and down, or an MoE layer's router, every expert's gate_up,
-    every expert's down, and the shared expert's gate_up, down and gate. A model that mixes dense and MoE
-    layers is planned as if every layer were its largest kind. ``active``: only the linears one token
-    multiplies (of an MoE layer's routed experts, the k it routes to)."""
+    """[out, in] of the fused linears a decoder layer's tier governs, of its largest kind, in the order of its
+    WeightRefs (a slab's layout): qkv, o, then a dense MLP's gate_up and down, or an MoE layer's router and the
+    shared expert's gate_up, down and gate. Routed experts are placed on their own (``expert_linear_shapes``).
+    A model that mixes dense and MoE layers is planned as if every layer were its largest kind. ``active``:
+    the linears one token multiplies, the k routed experts it picks included (for FLOPs)."""
     h = arch.hidden_size
     attention = [(arch.q_size + 2 * arch.kv_size, h), (h, arch.q_size)]
     dense = [(2 * arch.intermediate_size, h), (h, arch.intermediate_size)]
-    if not _largest_layer_is_sparse(arch):
-        return attention + dense
-    return attention + _sparse_mlp_shapes(arch, arch.num_experts_per_tok if active else arch.num_experts)
-
-
-def _sparse_mlp_shapes(arch: ArchConfig, experts: int) -> list[tuple[int, int]]:
-    """An MoE layer's MLP linears with ``experts`` routed experts."""
-    h, i, shared = arch.hidden_size, arch.moe_intermediate_size, arch.shared_expert_intermediate_size
-    shapes = [(arch.num_experts, h)] + [(2 * i, h)] * experts + [(h, i)] * experts
-    return shapes + ([(2 * shared, h), (h, shared), (1, h)] if shared else [])
-
-
-def _largest_layer_is_sparse(arch: ArchConfig) -> bool:
     if not arch.is_moe:
-        return False
-    if len(arch.moe_layers) == arch.num_layers:
-        return True
-    sparse = sum(n * k for n, k in _sparse_mlp_shapes(arch, arch.num_experts))
-    return sparse >= 3 * arch.hidden_size * arch.intermediate_size
+        return attention + dense
+    sparse = _sparse_mlp_shapes(arch)
+    if len(arch.moe_layers) < arch.num_layers and sum(n * k for n, k in dense) > sum(n * k for n, k in sparse):
+        sparse = dense
+    return attention + sparse + (expert_linear_shapes(arch) * arch.num_experts_per_tok if active else [])
+
+
+def _sparse_mlp_shapes(arch: ArchConfig) -> list[tuple[int, int]]:
+    """An MoE layer's MLP linears besides its routed experts: the router and the shared expert."""
+    h, shared = arch.hidden_size, arch.shared_expert_intermediate_size
+    return [(arch.num_experts, h)] + ([(2 * shared, h), (h, shared), (1, h)] if shared else [])
+
+
+def expert_linear_shapes(arch: ArchConfig) -> list[tuple[int, int]]:
+    """One routed expert's fused gate_up and down (an expert slab's period)."""
+    h, i = arch.hidden_size, arch.moe_intermediate_size
+    return [(2 * i, h), (h, i)]
 
 
 def mlp_activation_width(arch: ArchConfig) -> int:
@@ -140,8 +163,20 @@ def model_sizes(arch: ArchConfig, dtype: str = "bf16", kv_dtype: str | None = No
     fixed = (embeds + arch.num_layers * layer_small) * wb + rope_tables + kv_scales
     parts = [part for shape in shapes for part in host_weight_parts(host_format or dtype, shape)]
     resident = aligned_total([part for shape in shapes for part in host_weight_parts(resident_format or dtype, shape)])
+    experts = {}
+    if arch.is_moe:
+        expert = expert_linear_shapes(arch)
+        experts = dict(moe_layer_ids=tuple(arch.moe_layers), num_experts=arch.num_experts,
+                       experts_per_tok=arch.num_experts_per_tok,
+                       expert_bytes=_expert_span([p for s in expert for p in host_weight_parts(resident_format or dtype, s)]),
+                       host_expert_bytes=_expert_span([p for s in expert for p in host_weight_parts(host_format or dtype, s)]))
     return ModelSizes(linear_params + layer_small, resident, fixed, head * wb,
-                      2 * arch.kv_size * kvb * arch.num_layers, arch.num_layers, aligned_total(parts))
+                      2 * arch.kv_size * kvb * arch.num_layers, arch.num_layers, aligned_total(parts), **experts)
+
+
+def _expert_span(part_bytes: list[int]) -> int:
+    """One expert's period in an expert slab: its parts, then up to the next 64-byte boundary."""
+    return -(-aligned_total(part_bytes) // SLAB_ALIGN) * SLAB_ALIGN
 
 
 def activation_bytes(arch: ArchConfig, max_num_batched_tokens: int, max_num_seqs: int, dtype: str) -> int:
@@ -204,11 +239,29 @@ def direct_staging_min_tokens(platform: Platform) -> int | None:
     return (reads - 1) * HOST_GEMM_ROWS_PER_READ + 1
 
 
+def expert_seconds(expert_tiers, sizes: ModelSizes, platform: Platform, batch: int) -> float:
+    """The routed experts' part of a decode step of ``batch`` tokens: in each MoE layer the expected distinct
+    experts it touches, each read from HBM (resident), in place over the link (direct), or copied in first and
+    then read (streamed; its copy waits for the router, so nothing hides it)."""
+    seconds = 0.0
+    for layer in expert_tiers or ():
+        if not layer:
+            continue
+        touched = expected_distinct_experts(len(layer), sizes.experts_per_tok, batch) / len(layer)
+        resident, streamed = layer.count(Tier.RESIDENT), layer.count(Tier.STREAMED)
+        direct = len(layer) - resident - streamed
+        seconds += touched * (resident * sizes.expert_bytes / (platform.hbm_gbps * 1e9)
+                              + direct * direct_read_seconds(sizes.host_expert_bytes, platform)
+                              + streamed * (copy_seconds(sizes.host_expert_bytes, platform)
+                                            + sizes.host_expert_bytes / (platform.hbm_gbps * 1e9)))
+    return seconds
+
+
 def predict_step_seconds(tiers: list[str], sizes: ModelSizes, platform: Platform, batch: int,
-                         prefetch_distance: int = 1) -> float:
+                         prefetch_distance: int = 1, expert_tiers=None) -> float:
     """Decode step time: each streamed copy overlaps the compute of the ``prefetch_distance``
     layers before its use; the copy engine serialises copies, so the step is bounded below by
-    the total copy time too."""
+    the total copy time too. ``expert_tiers`` (per layer, a tier per routed expert): ``expert_seconds``."""
     host = sizes.host_layer_bytes
     # a streamed layer computes from its staging slot, which holds the host form (fp8 / int8 / int4: fewer bytes)
     seconds = {Tier.RESIDENT: layer_compute_seconds(sizes, platform, batch),
@@ -223,4 +276,4 @@ def predict_step_seconds(tiers: list[str], sizes: ModelSizes, platform: Platform
             stall += max(0.0, copy_seconds(host, platform) - hidden)
     copies = tiers.count(Tier.STREAMED) * copy_seconds(host, platform)
     head = sizes.head_bytes / (platform.hbm_gbps * 1e9)
-    return max(total + stall, copies) + head
+    return max(total + stall, copies) + head + expert_seconds(expert_tiers, sizes, platform, batch)

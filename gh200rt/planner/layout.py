@@ -17,6 +17,8 @@ from gh200rt.platform.detect import Platform
 from gh200rt.weights.tiers import Tier
 
 DEFAULT_STAGING_SLOTS = 2
+EXPERT_STAGING_SLOTS = 2   # weights/expert_staging.py's ring
+EXPERT_TIER_NAMES = {"resident": Tier.RESIDENT, "direct": Tier.DIRECT, "stream": Tier.STREAMED}
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,7 @@ class Layout:
     activation_bytes: int
     kv_min_blocks: int                  # the least KV cache: one max_model_len sequence, --kv-cache-min-tokens
     block_bytes: int                    # one KV block, all layers
+    expert_tiers: tuple[tuple[Tier, ...], ...] = ()   # per layer: a tier per routed expert (() for a dense layer)
 
     @property
     def kv_min_bytes(self) -> int:
@@ -50,7 +53,54 @@ class Layout:
     def describe(self) -> str:
         counts = ", ".join(f"{self.tiers.count(tier)} {tier}" for tier in Tier if tier in self.tiers)
         ring = f"K={self.staging_slots} staging slots" if self.staging_slots else "no staging ring"
+        experts = [t for layer in self.expert_tiers for t in layer]
+        if experts:
+            ring += "; routed experts " + ", ".join(f"{experts.count(tier)} {tier}" for tier in Tier if tier in experts)
         return f"{counts}, {ring}"
+
+
+def expert_device_bytes(sizes: ModelSizes, expert_tiers) -> int:
+    """Device bytes of a placement's routed experts: the resident ones, and the expert ring when any streams."""
+    flat = [t for layer in expert_tiers for t in layer]
+    ring = EXPERT_STAGING_SLOTS * sizes.host_expert_bytes if Tier.STREAMED in flat else 0
+    return flat.count(Tier.RESIDENT) * sizes.resident_expert_memory + ring
+
+
+def expert_tiers_for(sizes: ModelSizes, memory: MemoryConfig, platform: Platform,
+                     budget_for_weights: int, layer_ring_bytes: int = 0) -> tuple[tuple[Tier, ...], ...]:
+    """A tier per routed expert of every MoE layer (``--moe-expert-tier``; auto follows an explicit --offload
+    none/stream/direct, else decides from the budget beside every layer resident: all experts resident while
+    they fit, else as many of each layer's experts resident as fit (the lowest ids) and the rest read in place,
+    or streamed where the host link is slow next to HBM (a PCIe GPU)). --layer-tiers L:experts=TIER overrides
+    a layer. ``layer_ring_bytes``: the layers' staging ring when it is booked up front."""
+    e, mode, moe_layers = sizes.num_experts, memory.moe_expert_tier, list(sizes.moe_layer_ids)
+    budget_for_weights -= layer_ring_bytes     # a ring booked whatever the tiers (dynamic tiers)
+    if mode == "auto" and memory.offload in ("none", "stream", "direct"):
+        mode = {"none": "resident", "stream": "stream", "direct": "direct"}[memory.offload]
+    if mode != "auto":
+        per_layer = [EXPERT_TIER_NAMES[mode]] * e
+    else:
+        offloaded = Tier.DIRECT if platform.kind == "cpu" or streaming_is_cheap(platform) else Tier.STREAMED
+        ring = EXPERT_STAGING_SLOTS * sizes.host_expert_bytes if offloaded == Tier.STREAMED else 0
+        left = budget_for_weights - sizes.fixed_memory - sizes.num_layers * sizes.resident_layer_memory
+        if left >= sizes.all_experts * sizes.resident_expert_memory:
+            resident = e
+        else:
+            resident = max(0, min(e - 1, (left - ring) // max(1, len(moe_layers) * sizes.resident_expert_memory)))
+        per_layer = [Tier.RESIDENT] * resident + [offloaded] * (e - resident)
+    overrides = memory.expert_tier_overrides
+    for layer in overrides:
+        if layer not in moe_layers:
+            raise ValueError(f"--layer-tiers {layer}:experts=...: layer {layer} has no routed experts (the MoE "
+                             f"layers are {_ranges(moe_layers)})")
+    out: list[tuple[Tier, ...]] = [()] * sizes.num_layers
+    for layer in moe_layers:
+        out[layer] = (Tier(overrides[layer]),) * e if layer in overrides else tuple(per_layer)
+    return tuple(out)
+
+
+def _ranges(layers: list[int]) -> str:
+    return ", ".join(str(i) for i in layers[:8]) + (", ..." if len(layers) > 8 else "") if layers else "none"
 
 
 def spread_evenly(num_layers: int, count: int) -> list[int]:
@@ -98,11 +148,16 @@ def _tiers_for(memory: MemoryConfig, sizes: ModelSizes, budget_for_weights: int,
 
 def layout_for(sizes: ModelSizes, platform: Platform, memory: MemoryConfig, capacity: int, block_size: int,
                activation_bytes: int, kv_min_tokens: int) -> Layout:
-    """The placement for ``capacity`` (``sizes`` from ``planning_sizes``), whether or not it fits."""
+    """The placement for ``capacity`` (``sizes`` from ``planning_sizes``), whether or not it fits. An MoE
+    model's routed experts are placed first: a step reads only the ones it routes to."""
     block_bytes = sizes.kv_bytes_per_token * block_size
     kv_min_blocks = max(-(-kv_min_tokens // block_size), 1)
     dynamic = is_dynamic(memory, platform)
-    tiers = _tiers_for(memory, sizes, capacity - kv_min_blocks * block_bytes - activation_bytes, dynamic)
+    budget = capacity - kv_min_blocks * block_bytes - activation_bytes
+    layer_ring = (memory.staging_slots or DEFAULT_STAGING_SLOTS) * sizes.host_layer_bytes if dynamic else 0
+    expert_tiers = expert_tiers_for(sizes, memory, platform, budget, layer_ring) if sizes.moe_layer_ids else ()
+    experts = expert_device_bytes(sizes, expert_tiers)
+    tiers = _tiers_for(memory, sizes, budget - experts, dynamic)
     for layer, tier in memory.tier_overrides.items():
         if layer >= sizes.num_layers:
             raise ValueError(f"--layer-tiers names layer {layer} but the model has {sizes.num_layers} layers "
@@ -115,6 +170,6 @@ def layout_for(sizes: ModelSizes, platform: Platform, memory: MemoryConfig, capa
         slots = memory.staging_slots or DEFAULT_STAGING_SLOTS
     distance = memory.prefetch_distance if memory.prefetch_distance is not None else max(0, slots - 1)
     weights = sizes.fixed_memory + tiers.count(Tier.RESIDENT) * sizes.resident_layer_memory + \
-        slots * sizes.host_layer_bytes
+        slots * sizes.host_layer_bytes + experts
     return Layout(tuple(tiers), slots, distance, staging_tokens, dynamic, weights, activation_bytes, kv_min_blocks,
-                  block_bytes)
+                  block_bytes, expert_tiers)

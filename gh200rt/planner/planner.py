@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from gh200rt.config import MemoryConfig
 from gh200rt.planner.budget import PlanDoesNotFit, budget_refusal
 from gh200rt.planner.cost_model import ModelSizes, predict_step_seconds
-from gh200rt.planner.layout import fewest_streamed, layout_for, planning_sizes, spread_evenly
+from gh200rt.planner.layout import (EXPERT_STAGING_SLOTS, expert_device_bytes, fewest_streamed, layout_for,
+                                    planning_sizes, spread_evenly)
 from gh200rt.platform.detect import Platform
 from gh200rt.weights.tiers import Tier, slot_of
 
@@ -35,6 +36,15 @@ class Plan:
     direct_staging_tokens: int | None = None   # steps this long stage DIRECT layers through the ring
     arena_weight_blocks: int = 0               # blocks of the device arena the resident layers hold at start-up
     dynamic: bool = False                      # tiers follow KV demand at run time (--offload dynamic)
+    expert_tiers: tuple[tuple[Tier, ...], ...] = ()   # per layer, a tier per routed expert (() for a dense layer)
+
+    def expert_counts(self, layer: int) -> dict[str, int]:
+        tiers = self.expert_tiers[layer] if self.expert_tiers else ()
+        return {tier.value: tiers.count(tier) for tier in Tier}
+
+    @property
+    def _flat_experts(self) -> list[Tier]:
+        return [t for layer in self.expert_tiers for t in layer]
 
     @property
     def offloaded_layers(self) -> list[int]:
@@ -50,17 +60,26 @@ class Plan:
 
     @property
     def resident_weight_bytes(self) -> int:
-        return self.sizes.fixed_memory + self.tiers.count(Tier.RESIDENT) * self.sizes.resident_layer_memory
+        return self.sizes.fixed_memory + self.tiers.count(Tier.RESIDENT) * self.sizes.resident_layer_memory + \
+            self._flat_experts.count(Tier.RESIDENT) * self.sizes.resident_expert_memory
+
+    @property
+    def expert_staging_bytes(self) -> int:
+        return EXPERT_STAGING_SLOTS * self.sizes.host_expert_bytes if Tier.STREAMED in self._flat_experts else 0
 
     @property
     def staging_bytes(self) -> int:
-        return self.staging_slots * self.sizes.host_layer_bytes
+        return self.staging_slots * self.sizes.host_layer_bytes + self.expert_staging_bytes
 
     @property
     def host_weight_bytes(self) -> int:
-        """Host slabs: the offloaded layers', or every layer's when tiers move at run time."""
+        """Host slabs: the offloaded layers', or every layer's when tiers move at run time; an MoE layer's expert
+        slab (all its experts) when any of them is not resident, or always when tiers move."""
         on_host = len(self.tiers) if self.dynamic else len(self.tiers) - self.tiers.count(Tier.RESIDENT)
-        return on_host * self.sizes.host_layer_bytes
+        expert_slabs = sum(1 for layer in self.expert_tiers
+                           if layer and (self.dynamic or any(t != Tier.RESIDENT for t in layer)))
+        return on_host * self.sizes.host_layer_bytes + \
+            expert_slabs * self.sizes.num_experts * self.sizes.host_expert_bytes
 
     @property
     def tier_counts(self) -> dict[str, int]:
@@ -96,14 +115,31 @@ class Plan:
         lines = [f"plan for {self.platform.profile} ({self.platform.kind}), device budget {gib(self.capacity)}: "
                  f"{counts}" + (" at start-up; tiers follow KV demand (--offload dynamic)" if self.dynamic else ""),
                  self.figures(),
-                 f"{'layer':>5} {'tier':<9} {'bytes':>13} {'slot':>4}"]
+                 f"{'layer':>5} {'tier':<9} {'bytes':>13} {'slot':>4}"
+                 + (f"  routed experts (resident/direct/streamed of {self.sizes.num_experts})"
+                    if self.expert_tiers else "")]
         for i, tier in enumerate(self.tiers):
             slot = self.slot_of(i)
             nbytes = self.sizes.layer_bytes if tier == Tier.RESIDENT else self.sizes.host_layer_bytes
-            lines.append(f"{i:>5} {tier:<9} {gib(nbytes)} {'-' if slot is None else slot:>4}")
-        lines += [f"device memory for weights (resident layers, embeddings, norms): {gib(self.resident_weight_bytes)}",
+            experts = ""
+            if self.expert_tiers and self.expert_tiers[i]:
+                n = self.expert_counts(i)
+                experts = f"  {n['resident']}/{n['direct']}/{n['streamed']}"
+            lines.append(f"{i:>5} {tier:<9} {gib(nbytes)} {'-' if slot is None else slot:>4}{experts}")
+        if self.expert_tiers:
+            flat = self._flat_experts
+            lines.append(
+                f"routed experts: {flat.count(Tier.RESIDENT)} resident ({gib(self.sizes.resident_expert_memory)} "
+                f"each), {flat.count(Tier.DIRECT)} direct, {flat.count(Tier.STREAMED)} streamed; host form "
+                f"{gib(self.sizes.host_expert_bytes)} each; a decode step of batch 1 touches {self.sizes.experts_per_tok} "
+                f"of {self.sizes.num_experts} per layer, and a direct or streamed expert crosses the link only "
+                f"when a token routes to it"
+                + (f"; expert staging ring {gib(self.expert_staging_bytes)}" if self.expert_staging_bytes else ""))
+        lines += [f"device memory for weights (resident layers and experts, embeddings, norms): "
+                  f"{gib(self.resident_weight_bytes)}",
                   f"host memory for offloaded weights: {gib(self.host_weight_bytes)}",
-                  f"staging ring: K={self.staging_slots} d={self.prefetch_distance} {gib(self.staging_bytes)}",
+                  f"staging ring: K={self.staging_slots} d={self.prefetch_distance} "
+                  f"{gib(self.staging_slots * self.sizes.host_layer_bytes)}",
                   *([f"direct layers are staged through the ring in steps of >= {self.direct_staging_tokens} "
                      f"tokens (host_gemm would read each weight over the link once per 64 rows)"]
                     if self.direct_staging_tokens and self.direct_layers else []),
@@ -132,16 +168,19 @@ def make_plan(sizes: ModelSizes, platform: Platform, memory: MemoryConfig, capac
         raise ValueError(f"--prefetch-distance {distance} must be less than the staging slots in use ({slots})")
     if not layout.fits(capacity):
         raise budget_refusal(sizes, platform, memory, capacity, block_size, activation_bytes, kv_min_tokens)
-    step = predict_step_seconds(list(layout.tiers), planned, platform, batch, max(distance, 1))
+    step = predict_step_seconds(list(layout.tiers), planned, platform, batch, max(distance, 1),
+                                layout.expert_tiers)
     return Plan(layout.tiers, slots, distance, layout.kv_blocks(capacity), block_size, planned, capacity, platform,
-                step, activation_bytes, layout.direct_staging_tokens, dynamic=layout.dynamic)
+                step, activation_bytes, layout.direct_staging_tokens, dynamic=layout.dynamic,
+                expert_tiers=layout.expert_tiers)
 
 
 def dynamic_splits(plan: Plan, kv_tokens: list[int], batch: int = 1) -> list[dict]:
     """Where ``--offload dynamic`` settles for each KV demand: the fewest streamed layers (spread evenly)
     that leave ``kv_tokens`` of KV cache, with the decode step the cost model predicts for that split."""
     sizes, rows = plan.sizes, []
-    budget = plan.capacity - plan.activation_bytes
+    experts = expert_device_bytes(sizes, plan.expert_tiers)   # experts keep their start-up tiers
+    budget = plan.capacity - plan.activation_bytes - experts
     for tokens in kv_tokens:
         kv = -(-tokens // plan.block_size) * plan.block_size * sizes.kv_bytes_per_token
         tiers = fewest_streamed(sizes, budget - kv, plan.staging_slots, True)
@@ -151,5 +190,5 @@ def dynamic_splits(plan: Plan, kv_tokens: list[int], batch: int = 1) -> list[dic
         rows.append(dict(kv_tokens=tokens, fits=fits, streamed=tiers.count(Tier.STREAMED),
                          resident=tiers.count(Tier.RESIDENT),
                          step_seconds=predict_step_seconds(tiers, sizes, plan.platform, batch,
-                                                           max(plan.prefetch_distance, 1))))
+                                                           max(plan.prefetch_distance, 1), plan.expert_tiers)))
     return rows

@@ -113,6 +113,9 @@ def _engine_lines(s, num_pending: int) -> list[str]:
                                       "Bytes of streamed-tier weights copied into staging slots."),
         "copy_wait_seconds_total": (float(get("copy_wait_seconds", 0.0)),
                                     "Seconds the compute side waited for a staging copy to land."),
+        "expert_bytes_copied_total": (get("expert_bytes_copied"),
+                                      "Bytes of streamed routed experts copied in (only for the experts a step "
+                                      "routes to)."),
         "graph_captures_total": (get("graph_captures"),
                                  "Decode graphs captured (one per batch bucket, again after each tier move)."),
     }
@@ -124,6 +127,10 @@ def _engine_lines(s, num_pending: int) -> list[str]:
     tiers = get("layers_per_tier", None) or {}
     lines += _series("weight_layers", "gauge", "Decoder layers per weight tier (resident, streamed, direct).",
                      [(f'{{tier="{t}"}}', tiers.get(t, 0)) for t in (*TIERS, *sorted(set(tiers) - set(TIERS)))])
+    experts = get("experts_per_tier", None) or {}
+    if experts:
+        lines += _series("moe_experts", "gauge", "An MoE model's routed experts per weight tier.",
+                         [(f'{{tier="{t}"}}', experts.get(t, 0)) for t in TIERS])
     retier = get("retier_counts", None) or {}
     lines += _series("retier_total", "counter", "Decoder layers moved between tiers at run time (--offload dynamic).",
                      [(f'{{direction="{d}"}}', retier.get(d, 0)) for d in ("promote", "demote")])

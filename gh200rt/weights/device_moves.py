@@ -13,13 +13,17 @@ def weight_nbytes(weight) -> int:
     return weight.nbytes if isinstance(weight, torch.Tensor) else int(weight.nbytes)
 
 
-def move_to_device(model, device: torch.device, host_layers: set[int]) -> tuple[int, dict[int, int]]:
-    """Parameters, buffers and every linear weight outside the decoder layers ``host_layers`` to ``device``.
-    Returns the device bytes placed (each storage once) and the linear bytes of every other layer."""
+def move_to_device(model, device: torch.device, host_layers: set[int], layer_refs=None,
+                   host_refs: frozenset[int] = frozenset()) -> tuple[int, dict[int, int]]:
+    """Parameters, buffers and every linear weight outside the decoder layers ``host_layers`` and the refs
+    ``host_refs`` (ids: experts placed on their own) to ``device``. ``layer_refs(i)``: the refs a layer's tier
+    governs (default ``model.layer_weight_refs``). Returns the device bytes placed (each storage once) and
+    the bytes of every other layer's ``layer_refs``."""
+    layer_refs = layer_refs or model.layer_weight_refs
     if device.type != "cpu":
         model.to(device)
-    kept = {id(ref) for i in host_layers for ref in model.layer_weight_refs(i).values()}
-    per_layer = {i: sum(weight_nbytes(ref.current) for ref in model.layer_weight_refs(i).values())
+    kept = {id(ref) for i in host_layers for ref in layer_refs(i).values()} | set(host_refs)
+    per_layer = {i: sum(weight_nbytes(ref.current) for ref in layer_refs(i).values())
                  for i in range(len(model.layers)) if i not in host_layers}
     seen: dict[int, int] = {}
     for module in model.modules():

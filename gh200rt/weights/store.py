@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import torch
 
-from gh200rt.models.layers.cpu_prepack import cpu_route_form, model_route_form_bytes
+from gh200rt.models.layers.cpu_prepack import cpu_route_form, model_route_form_bytes, route_form_extra_bytes
 from gh200rt.transfer.backend import make_transfer_backend
 from gh200rt.weights import forms as weight_forms
+from gh200rt.models.layers.moe_experts import NO_EXPERT_ACCESS
 from gh200rt.weights.device_moves import gguf_parts, linear_parts, move_to_device
+from gh200rt.weights.expert_slab import ExpertSlab
+from gh200rt.weights.expert_staging import ExpertRing, ExpertStaging
 from gh200rt.weights.layer_slab import LayerSlab, WeightLayout
 from gh200rt.weights.schedule import NULL_HOOKS, LayerHooks, StreamingSchedule
 from gh200rt.weights.tiers import Tier, slot_of
@@ -50,6 +53,11 @@ class _ClosedWeight:
 
 
 CLOSED_WEIGHT = _ClosedWeight()
+
+
+def _prefix(refs: dict) -> str:
+    """``mlp.experts.E.`` of an expert's refs (keyed ``mlp.experts.E.gate_up_proj``)."""
+    return next(iter(refs)).rpartition(".")[0] + "."
 
 
 class WeightStore(LayerHooks):
@@ -78,14 +86,25 @@ class WeightStore(LayerHooks):
         self.arena = None
         self._runs: dict[int, int] = {}                  # resident layer -> first block of its arena run
         self.plan_version = 0                            # +1 per placement change: captured graphs are stale
+        # an MoE model's routed experts, each placed on its own (weights/expert_slab.py, expert_staging.py)
+        self.expert_tiers: dict[int, list[Tier]] = {}    # MoE layer -> a tier per expert
+        self.expert_slabs: dict[int, ExpertSlab] = {}
+        # (layer, expert) -> (device bytes of its home, its route form's extra bytes) booked for it
+        self._expert_booked: dict[tuple[int, int], tuple[int, int]] = {}
+        self.expert_ring: ExpertRing | None = None
 
     # ---- what the ledger and the engine read ------------------------------------------------------
     @property
     def staging_bytes(self) -> int:
-        return sum(slot.nbytes for slot in self.backend.slots) if self.backend else 0
+        ring = sum(slot.nbytes for slot in self.backend.slots) if self.backend else 0
+        return ring + (self.expert_ring.nbytes if self.expert_ring else 0)
 
     def host_slab_bytes(self) -> int:
-        return sum(s.nbytes for s in self.slabs.values())
+        return sum(s.nbytes for s in self.slabs.values()) + sum(s.nbytes for s in self.expert_slabs.values())
+
+    def expert_counts(self) -> dict[str, int]:
+        flat = [t for tiers in self.expert_tiers.values() for t in tiers]
+        return {tier.value: flat.count(tier) for tier in Tier}
 
     @property
     def tier_counts(self) -> dict[str, int]:
@@ -122,9 +141,10 @@ class WeightStore(LayerHooks):
         self.tiers = tiers
         for layer, tier in enumerate(tiers):   # one layer at a time: its dense weights go once the slab holds them
             if tier != Tier.RESIDENT or self.keep_host_copies:
-                self._build_slab(layer, self.model.layer_weight_refs(layer))
+                self._build_slab(layer, self._layer_refs(layer))
             if tier != Tier.RESIDENT:
                 self._write(layer, self.slabs[layer].bind(self.slabs[layer].tensor, self.compute_dtype, stable=True))
+        self._place_experts([list(t) for t in getattr(plan, "expert_tiers", ())])
         if self.device.type != "cpu" and weight_forms.is_fp8_checkpoint(self.quantized):
             self._keep_fp8_resident()
         in_arena = arena_factory is not None
@@ -137,7 +157,8 @@ class WeightStore(LayerHooks):
         # what is left: every layer's when dynamic tiers may promote any of them later
         copies = model_route_form_bytes(self.model, self.cpu_linear_format,
                                         range(len(tiers)) if plan.dynamic else self.layers(Tier.RESIDENT),
-                                        parts_of=self._route_parts)
+                                        parts_of=self._route_parts, refs_of=self._layer_refs)
+        copies += self._home_resident_experts()
         lm_head = self.model.lm_head.weight_ref
         lm_head.current = self._resident_form(lm_head.current, None, "lm_head")
         self._book("resident_weights", placed)
@@ -147,7 +168,7 @@ class WeightStore(LayerHooks):
             self._make_ring(max(self.slabs[i].nbytes for i in ring_layers))
         if in_arena:
             layouts = {layer: WeightLayout({name: ref.current for name, ref in
-                                            self.model.layer_weight_refs(layer).items()})
+                                            self._layer_refs(layer).items()})
                        for layer in self.layers(Tier.RESIDENT)}
             self.arena = arena_factory([layout.nbytes for layout in layouts.values()])
             for layer, layout in layouts.items():
@@ -180,7 +201,7 @@ class WeightStore(LayerHooks):
                              f"(--layer-tiers / --offload stream) so the ring is booked")
         if old == Tier.RESIDENT:
             if layer not in self.slabs:
-                self._build_slab(layer, self.model.layer_weight_refs(layer))
+                self._build_slab(layer, self._layer_refs(layer))
             if self.backend is None and tier == Tier.STREAMED:
                 self._make_ring(self.slabs[layer].nbytes)
             assert self.backend is None or self.slabs[layer].nbytes <= self.backend.slots[0].nbytes, \
@@ -321,8 +342,139 @@ class WeightStore(LayerHooks):
 
     # ---- helpers -----------------------------------------------------------------------------------
     def _write(self, layer: int, weights: dict[str, object]) -> None:
-        for name, ref in self.model.layer_weight_refs(layer).items():
+        for name, ref in self._layer_refs(layer).items():
             ref.current = weights[name]
+
+    def _layer_refs(self, layer: int) -> dict:
+        """The WeightRefs a layer's tier governs: all of its linears but its routed experts."""
+        refs = self.model.layer_weight_refs(layer)
+        experts = self._expert_refs(layer)
+        if not experts:
+            return refs
+        owned = {id(ref) for expert in experts for ref in expert.values()}
+        return {name: ref for name, ref in refs.items() if id(ref) not in owned}
+
+    def _expert_refs(self, layer: int) -> list[dict]:
+        refs_of = getattr(self.model, "expert_weight_refs", None)
+        return refs_of(layer) if refs_of is not None else []
+
+    # ---- routed experts ----------------------------------------------------------------------------
+    def _place_experts(self, expert_tiers: list[list[Tier]]) -> None:
+        """Every MoE layer's experts per ``expert_tiers`` (per layer, a tier per expert). A layer with an expert
+        off the device (or any, with dynamic tiers) gets an expert slab of all its experts, from which its resident
+        ones get their device copies later (``_home_resident_experts``); the others are bound now."""
+        for layer, tiers in enumerate(expert_tiers):
+            if not tiers:
+                continue
+            assert len(tiers) == len(self._expert_refs(layer)), (layer, len(tiers))
+            self.expert_tiers[layer] = [Tier(t) for t in tiers]
+            if self.keep_host_copies or any(t != Tier.RESIDENT for t in self.expert_tiers[layer]):
+                self._build_expert_slab(layer)
+        for layer, tiers in self.expert_tiers.items():
+            for expert, tier in enumerate(tiers):
+                if tier != Tier.RESIDENT:
+                    self._bind_offloaded_expert(layer, expert)
+
+    def _build_expert_slab(self, layer: int) -> None:
+        forms = []
+        for expert, refs in enumerate(self._expert_refs(layer)):
+            forms.append({name.rpartition(".")[2]: self._host_form(layer, name, ref.current)
+                          for name, ref in refs.items()})
+        self.expert_slabs[layer] = ExpertSlab(forms, self.platform.host_numa_node, self.platform, self.device)
+
+    def _host_form(self, layer: int, name: str, weight):
+        if not isinstance(weight, torch.Tensor) and not hasattr(weight, "tensors"):
+            raise ValueError(f"layer {layer}'s {name} is held as {type(weight).__name__}, which has no host "
+                             f"form; start the engine with every layer's host copy kept (dynamic tiers)")
+        if not isinstance(weight, torch.Tensor):
+            return weight
+        return weight_forms.host_form(weight.cpu(), self.host_format, gguf_parts(self.quantized, layer, name))
+
+    def _write_expert(self, layer: int, expert: int, weights: dict[str, object]) -> None:
+        for name, ref in self._expert_refs(layer)[expert].items():
+            ref.current = weights[name.rpartition(".")[2]]
+
+    def _bind_offloaded_expert(self, layer: int, expert: int) -> None:
+        slab = self.expert_slabs[layer]
+        if self.expert_tiers[layer][expert] == Tier.DIRECT:
+            self._write_expert(layer, expert, slab.direct(expert, self.compute_dtype))
+            return
+        if self.expert_ring is None:
+            slot_bytes = max(s.expert_nbytes for s in self.expert_slabs.values())
+            self._book("staging_ring", slot_bytes * 2)
+            self.expert_ring = ExpertRing(self.device, slot_bytes, self.poison)
+            assert self.expert_ring.nbytes == slot_bytes * 2
+        staging = self._staging(layer)
+        staging.bind_slot(expert, 0)   # until a step routes to it: a slot, never the home it left
+
+    def _staging(self, layer: int) -> ExpertStaging:
+        access = self.model.layers[layer].mlp.expert_access
+        if not isinstance(access, ExpertStaging):
+            access = ExpertStaging(self.expert_ring, self.expert_slabs[layer], self.expert_tiers[layer],
+                                   lambda expert, weights: self._write_expert(layer, expert, weights),
+                                   self.compute_dtype)
+            self.model.set_expert_access(layer, access)
+        return access
+
+    def _home_resident_experts(self) -> int:
+        """Device homes for the resident experts (after ``_move_to_device``), each in the CPU route's form.
+        Returns their route forms' extra bytes (booked with the layers')."""
+        return sum(self._home_expert(layer, expert, book_forms=False)
+                   for layer, tiers in self.expert_tiers.items() for expert, tier in enumerate(tiers)
+                   if tier == Tier.RESIDENT)
+
+    def _home_expert(self, layer: int, expert: int, book_forms: bool = True) -> int:
+        """Make expert ``expert`` of ``layer`` resident: a device copy of its span where the layer has an expert
+        slab (exactly the bits it streams), booked here, else its own weights, placed with the model. Returns its
+        route form's extra bytes (booked here when ``book_forms``)."""
+        refs = self._expert_refs(layer)[expert]
+        slab = self.expert_slabs.get(layer)
+        device_bytes = slab.expert_nbytes if slab is not None else 0
+        self._book("resident_weights", device_bytes)
+        try:
+            if slab is not None:
+                weights = slab.bind(slab.device_copy(expert, self.device), self.compute_dtype, stable=True)
+            else:
+                weights = {name.rpartition(".")[2]: ref.current for name, ref in refs.items()}
+            forms = sum(route_form_extra_bytes(w, self.cpu_linear_format) for w in weights.values())
+            if book_forms:
+                self._book("cpu_route_forms", forms)
+        except BaseException:
+            self._book("resident_weights", -device_bytes)
+            raise
+        self._expert_booked[(layer, expert)] = (device_bytes, forms if book_forms else 0)
+        prefix = _prefix(refs)
+        self._write_expert(layer, expert, {short: self._resident_form(w, layer, prefix + short)
+                                           for short, w in weights.items()})
+        return forms
+
+    def set_expert_tier(self, layer: int, expert: int, tier: Tier | str) -> None:
+        """Move one routed expert between steps. A promotion that does not fit the ledger raises
+        ``LedgerOverCommit`` and changes nothing."""
+        if self._closed:
+            raise RuntimeError("this weight store was closed with its engine; build a new engine")
+        if layer not in self.expert_tiers:
+            raise ValueError(f"layer {layer} has no routed experts")
+        tier, old = Tier(tier), self.expert_tiers[layer][expert]
+        if tier == old:
+            return
+        if layer not in self.expert_slabs:
+            self._build_expert_slab(layer)
+        self.plan_version += 1
+        if tier == Tier.RESIDENT:
+            self.expert_tiers[layer][expert] = tier
+            try:
+                self._home_expert(layer, expert)
+            except BaseException:
+                self.expert_tiers[layer][expert] = old
+                raise
+            return
+        self.expert_tiers[layer][expert] = tier
+        self._bind_offloaded_expert(layer, expert)
+        if old == Tier.RESIDENT:
+            device_bytes, forms = self._expert_booked.pop((layer, expert), (0, 0))
+            self._book("resident_weights", -device_bytes)
+            self._book("cpu_route_forms", -forms)
 
     def _build_slab(self, layer: int, refs) -> None:
         forms = {}
@@ -364,7 +516,9 @@ class WeightStore(LayerHooks):
         resident layers' too: they go to the arena) goes to the device; returns its bytes."""
         resident = self.layers(Tier.RESIDENT) if resident_layers else []
         on_host = {i for i in range(len(self.tiers)) if i not in resident}
-        placed, per_layer = move_to_device(self.model, self.device, on_host)
+        in_slabs = frozenset(id(ref) for layer in self.expert_slabs for expert in self._expert_refs(layer)
+                             for ref in expert.values())
+        placed, per_layer = move_to_device(self.model, self.device, on_host, self._layer_refs, in_slabs)
         self._layer_device_bytes.update({layer: per_layer[layer] for layer in resident})
         return placed
 
@@ -389,11 +543,20 @@ class WeightStore(LayerHooks):
         if self.backend is not None:
             self.backend.close()
             self.backend = None
+        if self.expert_ring is not None:
+            self.expert_ring.close()
+            self.expert_ring = None
         for layer, tier in enumerate(self.tiers):
             if tier != Tier.RESIDENT:
-                for ref in self.model.layer_weight_refs(layer).values():
+                for ref in self._layer_refs(layer).values():
                     ref.current = CLOSED_WEIGHT
-        for slab in self.slabs.values():
+        for layer, tiers in self.expert_tiers.items():
+            self.model.set_expert_access(layer, NO_EXPERT_ACCESS)
+            for expert, tier in enumerate(tiers):
+                if tier != Tier.RESIDENT:
+                    self._write_expert(layer, expert, {"gate_up_proj": CLOSED_WEIGHT, "down_proj": CLOSED_WEIGHT})
+        for slab in [*self.slabs.values(), *self.expert_slabs.values()]:
             slab.free()
         self.slabs.clear()
+        self.expert_slabs.clear()
         self._slot_weights.clear()

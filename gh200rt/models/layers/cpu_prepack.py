@@ -176,10 +176,13 @@ def route_form_extra_bytes(weight, fmt: str | None, gguf_parts: list | None = No
     return int(weight.nbytes) if big and onednn_available() else 0
 
 
-def model_route_form_bytes(model, fmt: str | None, layers, lm_head: bool = True, parts_of=None) -> int:
+def model_route_form_bytes(model, fmt: str | None, layers, lm_head: bool = True, parts_of=None,
+                           refs_of=None) -> int:
     """``route_form_extra_bytes`` over the linears of ``layers`` (and the lm_head); ``parts_of(layer, name)``
-    (``layer`` None: the lm_head) gives a linear's GGUF parts."""
-    refs = [(layer, name, ref) for layer in layers for name, ref in model.layer_weight_refs(layer).items()]
+    (``layer`` None: the lm_head) gives a linear's GGUF parts; ``refs_of(layer)`` the linears of a layer that
+    count (default ``model.layer_weight_refs``: all of them)."""
+    refs_of = refs_of or model.layer_weight_refs
+    refs = [(layer, name, ref) for layer in layers for name, ref in refs_of(layer).items()]
     refs += [(None, "lm_head", model.lm_head.weight_ref)] if lm_head else []
     return sum(route_form_extra_bytes(ref.current, fmt, parts_of(layer, name) if parts_of else None)
                for layer, name, ref in refs)

@@ -20,6 +20,24 @@ from collections.abc import Callable
 import torch
 
 
+class ExpertAccess:
+    """What ``grouped_experts`` calls around the experts a step routes to: ``begin(active)`` with the ids of the
+    experts that have tokens, in the order they run (ascending), then ``before(e)`` / ``after(e)`` around each.
+    The weight store's streamed experts are copied into staging slots here (weights/expert_staging.py)."""
+
+    def begin(self, active: list[int]) -> None:
+        pass
+
+    def before(self, expert: int) -> None:
+        pass
+
+    def after(self, expert: int) -> None:
+        pass
+
+
+NO_EXPERT_ACCESS = ExpertAccess()
+
+
 def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights float32 [T, k], expert ids int64 [T, k]) from router ``logits`` [T, E]: softmax in float32 over
     all experts, the k largest, renormalised to sum to 1 when ``renormalize`` (which equals Mixtral's softmax
@@ -41,20 +59,25 @@ def group_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, 
 
 
 def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, num_experts: int,
-                    expert: Callable[[int, torch.Tensor], torch.Tensor], scale_fp32: bool = False) -> torch.Tensor:
+                    expert: Callable[[int, torch.Tensor], torch.Tensor], scale_fp32: bool = False,
+                    access: ExpertAccess = NO_EXPERT_ACCESS) -> torch.Tensor:
     """``sum_j weights[t, j] * expert(ids[t, j], x[t])`` for every token t of ``x`` [T, H].
 
     ``expert(e, rows)`` runs expert e's MLP over ``rows`` [n, H]; it is called once per expert that has tokens,
-    in expert id order. ``scale_fp32``: multiply in float32, then round to ``x``'s dtype (Mixtral); else round
+    in expert id order, between ``access.before(e)`` and ``access.after(e)``. ``scale_fp32``: multiply in
+    float32, then round to ``x``'s dtype (Mixtral); else round
     the weights to ``x``'s dtype first (Qwen-MoE)."""
     tokens, k = ids.shape
     order, counts = group_by_expert(ids, num_experts)
     out = x.new_empty(tokens * k, x.shape[-1])
+    access.begin([e for e, n in enumerate(counts) if n])
     start = 0
     for e, n in enumerate(counts):
         if n:
             pairs = order[start:start + n]
+            access.before(e)
             out[pairs] = expert(e, x[pairs // k])
+            access.after(e)
             start += n
     out = out.view(tokens, k, -1)
     if scale_fp32:

@@ -1,0 +1,75 @@
+"""Streamed experts: copied into a small staging ring only in the steps whose tokens route to them.
+
+A layer's router decides which experts run, so which streamed experts a step needs is known only inside the
+layer. ``ExpertStaging`` is the ``ExpertAccess`` of one MoE layer: ``begin(active)`` takes the streamed experts
+among the active ones as the ring's order (``StreamingSchedule``: a copy never overwrites a slot whose reader
+has not run, each copy issued ``distance`` experts ahead) and points their WeightRefs at their slots;
+``before(e)`` waits for e's copy, ``after(e)`` releases its slot and issues the next. Resident and direct
+experts pass through untouched. All MoE layers share the one ring (``ExpertRing``): a layer drains it before
+the next begins, since layers run one after another.
+"""
+from __future__ import annotations
+
+import torch
+
+from gh200rt.models.layers.moe_experts import ExpertAccess
+from gh200rt.transfer.backend import make_transfer_backend
+from gh200rt.weights.schedule import StreamingSchedule
+from gh200rt.weights.tiers import Tier, slot_of
+
+EXPERT_STAGING_SLOTS = 2
+
+
+class ExpertRing:
+    """The staging slots streamed experts are copied into (``slot_bytes``: the largest expert span)."""
+
+    def __init__(self, device: torch.device, slot_bytes: int, poison: bool, num_slots: int = EXPERT_STAGING_SLOTS):
+        self.backend = make_transfer_backend(device, slot_bytes, num_slots, poison)
+        self.num_slots = num_slots
+        self._layer: ExpertStaging | None = None
+        self.schedule = StreamingSchedule(self.backend, num_slots - 1, self._source, self._rebind, wrap_steps=False)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(slot.nbytes for slot in self.backend.slots)
+
+    def _source(self, expert: int) -> torch.Tensor:
+        return self._layer.slab.source(expert)
+
+    def _rebind(self, order: list[int]) -> None:
+        if self._layer is not None:
+            for position, expert in enumerate(order):
+                self._layer.bind_slot(expert, slot_of(position, self.num_slots))
+
+    def start(self, layer: "ExpertStaging", order: list[int]) -> None:
+        self._layer = layer            # set_orders drains the previous layer's copies (all read by now) first
+        self.schedule.set_orders(order)
+
+    def close(self) -> None:
+        self.schedule.drain()
+        self.backend.close()
+
+
+class ExpertStaging(ExpertAccess):
+    """One MoE layer's access hooks; ``tiers`` is the store's list for the layer (read at every step)."""
+
+    def __init__(self, ring: ExpertRing, slab, tiers: list[Tier], write, compute_dtype: torch.dtype):
+        self.ring, self.slab, self.tiers, self._write = ring, slab, tiers, write
+        self.compute_dtype = compute_dtype
+        self._bound: dict[tuple[int, int], dict[str, object]] = {}   # (expert, slot) -> weights over the slot
+
+    def bind_slot(self, expert: int, slot: int) -> None:
+        weights = self._bound.get((expert, slot))
+        if weights is None:
+            weights = self._bound[(expert, slot)] = self.slab.bind(self.ring.backend.slots[slot],
+                                                                   self.compute_dtype, stable=False)
+        self._write(expert, weights)
+
+    def begin(self, active: list[int]) -> None:
+        self.ring.start(self, [e for e in active if self.tiers[e] == Tier.STREAMED])
+
+    def before(self, expert: int) -> None:
+        self.ring.schedule.before_layer(expert)
+
+    def after(self, expert: int) -> None:
+        self.ring.schedule.after_layer(expert)
