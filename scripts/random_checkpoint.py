@@ -188,6 +188,8 @@ def add_random_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run a model of this shape with random weights written here (overrides --model)")
     parser.add_argument("--random-model-dir", help="where --random-model writes (or finds) its directory "
                                                    "(default: a temporary directory, removed afterwards)")
+    parser.add_argument("--random-model-layers", type=int, default=None,
+                        help="cut --random-model to this many decoder layers (e.g. mixtral-8x7b to fit the disk)")
 
 
 @contextlib.contextmanager
@@ -198,7 +200,8 @@ def model_of(args: argparse.Namespace):
             yield args.model
             return
         start = time.perf_counter()
-        path = write_random_checkpoint(args.random_model, args.random_model_dir or scratch)
+        path = write_random_checkpoint(args.random_model, args.random_model_dir or scratch,
+                                       num_layers=args.random_model_layers)
         print(f"random {args.random_model} weights in {path} ({time.perf_counter() - start:.1f} s)", flush=True)
         yield path
 
