@@ -1,6 +1,7 @@
 """``load_model``: a ModelConfig in, a filled model with its tokenizer and metadata out."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -99,7 +100,7 @@ def _hf_tokenizer(directory: str):
 
 
 def _load_gguf(path: str, model_config, device: str, compute_device: str):
-    from gh200rt.loader.gguf_file import GGUFFile
+    from gh200rt.loader.gguf_file import GGUFFile, stack_name
     from gh200rt.tokenizer.gguf_vocab import tokenizer_from_gguf_metadata
     gguf = GGUFFile(path)
     try:
@@ -111,7 +112,7 @@ def _load_gguf(path: str, model_config, device: str, compute_device: str):
     model = build_model(arch, dtype, device)
     writer = WeightWriter(model, path, len(gguf.tensors), gguf.total_bytes())
     quantized = gguf.read(writer, arch, dtype)
-    writer.finish()
+    writer.finish(functools.partial(stack_name, architecture=arch.architecture))
     return model, tokenizer, arch, dtype, writer.bytes_written, quantized
 
 

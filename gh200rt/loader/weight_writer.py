@@ -28,6 +28,9 @@ class WeightWriter:
     def expects(self, name: str) -> bool:
         return name in self.destinations
 
+    def expected_shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.destinations[name].shape)
+
     def write(self, name: str, tensor: torch.Tensor) -> None:
         dest = self.destinations.get(name)
         if dest is None:
@@ -43,7 +46,9 @@ class WeightWriter:
         self.bytes_written += tensor.numel() * tensor.element_size()
         self.progress.update(tensor.numel() * tensor.element_size())
 
-    def finish(self) -> None:
+    def finish(self, source_name=None) -> None:
+        """Raise ``ModelLoadError`` naming every missing, partly merged or unexpected weight; ``source_name`` maps a
+        missing weight's name to the file's name for it (a GGUF expert stack holds many), each named once."""
         self.progress.close()
         missing = [n for n in self.destinations if n not in self.written]
         problems = []
@@ -51,6 +56,8 @@ class WeightWriter:
             partial = sorted({self.fused_names[n] for n in missing if n in self.fused_names
                               and any(o in self.written for o, f in self.fused_names.items()
                                       if f == self.fused_names[n])})
+            if source_name is not None:
+                missing = list(dict.fromkeys(source_name(n) for n in missing))
             problems.append(f"missing weights: {_short(missing)}")
             if partial:
                 problems.append(f"partly merged (some parts present, some missing): {_short(partial)}")

@@ -5,8 +5,14 @@ from dataclasses import dataclass, field
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral")
 MOE_ARCHITECTURES = ("qwen2_moe", "qwen3_moe", "mixtral")
-# GGUF files name architectures their own way; no MoE one is read yet (docs/MOE.md)
-GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+# GGUF files name architectures their own way: general.architecture -> ours (a ``llama`` file with experts is
+# Mixtral, see ``_moe_from_gguf``)
+GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
+                      "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
+# llama.cpp's routing per GGUF architecture: whether the top-k weights are renormalised (its graphs fix this per
+# architecture, whatever the original norm_topk_prob was) and whether they are applied in float32
+_GGUF_ROUTING = {"qwen2moe": (False, False), "qwen3moe": (True, False), "llama": (True, True)}
+_GGUF_SOFTMAX_GATING = 1
 _ROPE_TYPES = (None, "default", "linear", "llama3")
 
 
@@ -51,6 +57,34 @@ def _moe_from_hf(model_type: str, cfg: dict) -> dict:
                 norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
                 decoder_sparse_step=int(cfg.get("decoder_sparse_step", 1)),
                 mlp_only_layers=tuple(int(i) for i in cfg.get("mlp_only_layers") or ()))
+
+
+def _moe_from_gguf(arch: str, meta: dict, get) -> dict:
+    """The MoE fields of a GGUF file's metadata (``{arch}.expert_count`` ...; empty for a dense file). Every block
+    of a GGUF MoE file is sparse (llama.cpp has no dense-layer list for these architectures)."""
+    experts = int(meta.get(f"{arch}.expert_count") or 0)
+    if not experts:
+        if arch in ("qwen2moe", "qwen3moe"):
+            raise ValueError(f"GGUF metadata lacks {arch}.expert_count")
+        return {}
+    if arch not in _GGUF_ROUTING:
+        raise ValueError(f"GGUF architecture {arch!r} with experts is not supported; gh200rt reads MoE files of "
+                         f"architectures {', '.join(_GGUF_ROUTING)}")
+    gating = meta.get(f"{arch}.expert_gating_func")
+    if gating not in (None, _GGUF_SOFTMAX_GATING):
+        raise ValueError(f"{arch}.expert_gating_func {gating} is not supported; gh200rt routes with a softmax (1)")
+    scale = float(meta.get(f"{arch}.expert_weights_scale") or 1.0)
+    if scale != 1.0:
+        raise ValueError(f"{arch}.expert_weights_scale {scale} is not supported; gh200rt scales routing weights by 1")
+    used = int(get("expert_used_count"))
+    width = meta.get(f"{arch}.expert_feed_forward_length")
+    if width is None:   # llama.cpp's fallback for a file without it; Mixtral's experts are feed_forward_length wide
+        width = int(get("feed_forward_length")) if arch == "llama" else int(get("feed_forward_length")) // used
+    renormalize, fp32 = _GGUF_ROUTING[arch]
+    shared = int(meta.get(f"{arch}.expert_shared_feed_forward_length") or get("feed_forward_length")) \
+        if arch == "qwen2moe" else 0
+    return dict(num_experts=experts, num_experts_per_tok=used, moe_intermediate_size=int(width),
+                shared_expert_intermediate_size=shared, norm_topk_prob=renormalize, routing_weights_fp32=fp32)
 
 
 @dataclass(frozen=True)
@@ -157,7 +191,7 @@ class ArchConfig:
         arch = meta.get("general.architecture")
         if arch not in GGUF_ARCHITECTURES:
             raise ValueError(f"unsupported GGUF architecture {arch!r}; gh200rt supports: "
-                             f"{', '.join(GGUF_ARCHITECTURES)} (MoE models from safetensors only)")
+                             f"{', '.join(GGUF_ARCHITECTURES)}")
 
         def get(key, default=None):
             value = meta.get(f"{arch}.{key}", default)
@@ -177,10 +211,16 @@ class ArchConfig:
             scaling = {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
         elif kind not in (None, "none"):
             raise ValueError(f"GGUF rope scaling type {kind!r} is not supported; supported: linear")
+        moe = _moe_from_gguf(arch, meta, get)
+        architecture = "mixtral" if moe and arch == "llama" else GGUF_ARCHITECTURES[arch]
+        # a Qwen MoE file may leave out feed_forward_length: every layer is sparse, so the dense width is unused
+        dense_width = meta.get(f"{arch}.feed_forward_length") or moe.get("moe_intermediate_size") \
+            or get("feed_forward_length")
         return cls(
-            architecture=arch, hidden_size=hidden, intermediate_size=int(get("feed_forward_length")),
+            architecture=architecture, hidden_size=hidden, intermediate_size=int(dense_width),
             num_layers=int(get("block_count")), num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
             vocab_size=int(vocab_size), rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
             rope_theta=float(get("rope.freq_base", 10000.0)), rope_scaling=scaling,
             max_position_embeddings=int(get("context_length", 2048)), tie_word_embeddings=tie_word_embeddings,
-            attention_bias=arch == "qwen2", qk_norm=arch == "qwen3", checkpoint_dtype="gguf")
+            attention_bias=arch in ("qwen2", "qwen2moe"), qk_norm=arch in ("qwen3", "qwen3moe"),
+            checkpoint_dtype="gguf", **moe)

@@ -39,7 +39,8 @@ MOE_SIZES = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
 VOCAB = 256
 
 
-def make_hf_model(family: str, seed: int = 0):
+def make_hf_model(family: str, seed: int = 0, **overrides):
+    """``overrides``: config fields replacing the family's (e.g. ``mlp_only_layers=[]``)."""
     import transformers
     if family in MOE_FAMILIES:
         class_name, kwargs = MOE_FAMILIES[family]
@@ -50,6 +51,7 @@ def make_hf_model(family: str, seed: int = 0):
             kwargs["intermediate_size"] = 32   # Mixtral's experts are intermediate_size wide
     else:
         class_name, kwargs = FAMILIES[family]
+    kwargs = {**kwargs, **overrides}
     config = getattr(transformers, class_name)(**{
         "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "max_position_embeddings": 256, "bos_token_id": 1, "eos_token_id": 2, "rms_norm_eps": 1e-6, **kwargs})
@@ -82,8 +84,8 @@ def write_tokenizer(path: str, vocab_size: int = VOCAB, chat_template: str | Non
         json.dump(config, f)
 
 
-def save_tiny(family: str, path: str, seed: int = 0):
-    model = make_hf_model(family, seed)
+def save_tiny(family: str, path: str, seed: int = 0, **overrides):
+    model = make_hf_model(family, seed, **overrides)
     model.save_pretrained(path, safe_serialization=True)
     write_tokenizer(path)
     return model

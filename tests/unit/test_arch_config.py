@@ -84,5 +84,42 @@ def test_moe_config_errors():
         ArchConfig.from_hf_config({**MOE, "num_experts_per_tok": 9})
     with pytest.raises(ValueError, match=r"mlp_only_layers \[5\]"):
         ArchConfig.from_hf_config({**MOE, "mlp_only_layers": [5]})
-    with pytest.raises(ValueError, match="unsupported GGUF architecture 'qwen3moe'"):
-        ArchConfig.from_gguf_metadata({"general.architecture": "qwen3moe"})
+    with pytest.raises(ValueError, match="unsupported GGUF architecture 'deepseek2'"):
+        ArchConfig.from_gguf_metadata({"general.architecture": "deepseek2"})
+
+
+GGUF_MOE = {"embedding_length": 64, "attention.head_count": 4, "attention.head_count_kv": 2, "block_count": 2,
+            "feed_forward_length": 128, "expert_count": 8, "expert_used_count": 2, "expert_feed_forward_length": 32}
+
+
+def _gguf(arch: str, **fields) -> dict:
+    return {"general.architecture": arch, "tokenizer.ggml.tokens": ["a"] * 16,
+            **{f"{arch}.{k}": v for k, v in {**GGUF_MOE, **fields}.items()}}
+
+
+def test_moe_from_gguf_metadata_follows_llama_cpp_routing():
+    qwen3 = ArchConfig.from_gguf_metadata(_gguf("qwen3moe"))
+    assert (qwen3.architecture, qwen3.num_experts, qwen3.num_experts_per_tok, qwen3.moe_intermediate_size) == \
+        ("qwen3_moe", 8, 2, 32)
+    assert qwen3.norm_topk_prob and qwen3.qk_norm and qwen3.moe_layers == [0, 1]
+    qwen2 = ArchConfig.from_gguf_metadata(_gguf("qwen2moe", expert_shared_feed_forward_length=48))
+    assert (qwen2.architecture, qwen2.shared_expert_intermediate_size, qwen2.norm_topk_prob) == ("qwen2_moe", 48, False)
+    assert qwen2.attention_bias
+    mixtral = ArchConfig.from_gguf_metadata({k: v for k, v in _gguf("llama").items()
+                                             if not k.endswith("expert_feed_forward_length")})
+    assert (mixtral.architecture, mixtral.moe_intermediate_size, mixtral.norm_topk_prob,
+            mixtral.routing_weights_fp32) == ("mixtral", 128, True, True)
+    assert ArchConfig.from_gguf_metadata(_gguf("llama", expert_count=0)).architecture == "llama"
+
+
+def test_moe_gguf_metadata_errors():
+    with pytest.raises(ValueError, match="GGUF metadata lacks qwen3moe.expert_count"):
+        ArchConfig.from_gguf_metadata(_gguf("qwen3moe", expert_count=None))
+    with pytest.raises(ValueError, match="GGUF metadata lacks qwen3moe.expert_used_count"):
+        ArchConfig.from_gguf_metadata(_gguf("qwen3moe", expert_used_count=None))
+    with pytest.raises(ValueError, match="expert_gating_func 2 is not supported"):
+        ArchConfig.from_gguf_metadata(_gguf("qwen3moe", expert_gating_func=2))
+    with pytest.raises(ValueError, match="expert_weights_scale 2.5 is not supported"):
+        ArchConfig.from_gguf_metadata(_gguf("qwen2moe", expert_weights_scale=2.5))
+    with pytest.raises(ValueError, match="num_experts_per_tok 9 must be in 1..num_experts"):
+        ArchConfig.from_gguf_metadata(_gguf("qwen3moe", expert_used_count=9))

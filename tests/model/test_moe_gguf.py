@@ -1,0 +1,137 @@
+"""GGUF MoE files as llama.cpp writes them (``qwen3moe``, ``qwen2moe`` with a shared expert, ``llama`` with experts
+for Mixtral), written with the ``gguf`` package from a tiny safetensors checkpoint (tests/model/tiny_gguf.py):
+float32 tokens and logits equal the safetensors directory's, a Q8_0 file equals its dequantized twin bit for bit
+with each expert's blocks kept as stored, and a missing, unexpected or mis-shaped tensor is named."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from gh200rt.config import ModelConfig
+from gh200rt.loader import ModelLoadError, load_model
+from gh200rt.loader.dequant import dequantize
+from tests.model.paged_runner import PagedRunner
+from tests.model.test_parity_tiny import prompt, relative_error
+from tests.model.tiny_checkpoints import save_tiny
+from tests.model.tiny_gguf import dequantized_twin, gguf_tensors, write_gguf
+
+STEPS = 8
+# tiny families whose every layer is sparse (a GGUF MoE file has no dense-layer list); Qwen3-MoE renormalises and
+# Qwen2-MoE does not, as llama.cpp's graphs for qwen3moe / qwen2moe do
+GGUF_FAMILIES = {"qwen3-moe-norm": {}, "qwen2-moe-shared": {"mlp_only_layers": []}, "mixtral": {}}
+ARCHITECTURES = {"qwen3-moe-norm": "qwen3_moe", "qwen2-moe-shared": "qwen2_moe", "mixtral": "mixtral"}
+
+
+@pytest.fixture(scope="module", params=sorted(GGUF_FAMILIES))
+def checkpoint(request, tmp_path_factory):
+    """(family, safetensors directory, its GGUF files by type)."""
+    family = request.param
+    root = tmp_path_factory.mktemp(family)
+    directory = str(root / "hf")
+    save_tiny(family, directory, **GGUF_FAMILIES[family])
+    files = {}
+    for qtype in ("F32", "Q8_0"):
+        files[qtype] = str(root / f"model.{qtype}.gguf")
+        write_gguf(directory, files[qtype], qtype)
+    return family, directory, files
+
+
+def _load(path: str):
+    return load_model(ModelConfig(model=path, dtype="float32"))
+
+
+def _greedy(loaded) -> tuple[list[int], torch.Tensor]:
+    return PagedRunner(loaded.model, block_size=4, num_blocks=40).greedy(prompt(), STEPS)
+
+
+def test_f32_gguf_decodes_as_the_safetensors_directory(checkpoint):
+    family, directory, files = checkpoint
+    ours, reference = _load(files["F32"]), _load(directory)
+    # GGUF stores rms_norm_eps as a float32
+    assert ours.arch == dataclasses.replace(reference.arch, rms_norm_eps=ours.arch.rms_norm_eps,
+                                            checkpoint_dtype="gguf")
+    assert ours.arch.architecture == ARCHITECTURES[family]
+    assert not ours.quantized
+    tokens, logits = _greedy(ours)
+    want_tokens, want_logits = _greedy(reference)
+    print(f"{family}: F32 GGUF greedy {tokens}")
+    assert tokens == want_tokens
+    assert torch.equal(logits, want_logits), f"{family}: worst relative error {relative_error(logits, want_logits)}"
+
+
+def test_q8_0_gguf_equals_its_dequantized_twin_and_keeps_expert_blocks(checkpoint, tmp_path):
+    family, directory, files = checkpoint
+    twin = str(tmp_path / "twin")
+    dequantized_twin(directory, twin, "Q8_0")
+    ours = _load(files["Q8_0"])
+    tokens, logits = _greedy(ours)
+    want_tokens, want_logits = _greedy(_load(twin))
+    assert tokens == want_tokens and torch.equal(logits, want_logits), \
+        f"{family}: worst relative error {relative_error(logits, want_logits)}"
+    # against the unquantized weights: Q8_0 rounding moves a tiny random model's logits by a few percent, and flips
+    # the router's choice for some tokens (its probabilities sit close together), which moves those further
+    prefill = PagedRunner(ours.model, block_size=4, num_blocks=40).prefill(prompt())
+    reference = PagedRunner(_load(directory).model, block_size=4, num_blocks=40).prefill(prompt())
+    per_position = (prefill - reference).abs().amax(dim=-1) / reference.abs().max()
+    print(f"{family}: Q8_0 vs float32 weights: per-position relative error median {per_position.median():.3g}, "
+          f"worst {per_position.max():.3g}")
+    assert float(per_position.median()) <= 0.1
+
+    layer = ours.model.layers[1].mlp
+    block = "block_sparse_moe" if family == "mixtral" else "mlp"
+    names = ("w1", "w3", "w2") if family == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+    for e in (0, layer.num_experts - 1):
+        parts = [ours.quantized[f"model.layers.1.{block}.experts.{e}.{n}.weight"] for n in names]
+        assert all(p.type_name == "Q8_0" and p.data.dtype == np.uint8 for p in parts)
+        gate_up = np.concatenate([dequantize(p.data, p.ggml_type, p.shape) for p in parts[:2]])
+        down = dequantize(parts[2].data, parts[2].ggml_type, parts[2].shape)
+        expert = layer.experts[e]
+        assert torch.equal(expert.gate_up_proj.weight_ref.current, torch.from_numpy(gate_up))
+        assert torch.equal(expert.down_proj.weight_ref.current, torch.from_numpy(down))
+    assert f"model.layers.1.{block}.gate.weight" not in ours.quantized   # the router stays F32, as llama.cpp keeps it
+
+
+# ---- strict loading ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def qwen2_moe(tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("qwen2moe") / "hf")
+    save_tiny("qwen2-moe-shared", directory, mlp_only_layers=[])
+    return directory
+
+
+def _edited(directory: str, tmp_path, edit) -> str:
+    tensors = gguf_tensors(directory)
+    edit(tensors)
+    path = str(tmp_path / "edited.gguf")
+    write_gguf(directory, path, "F32", tensors)
+    return path
+
+
+def test_missing_expert_stack_and_shared_expert_are_named(qwen2_moe, tmp_path):
+    def drop(t):
+        del t["blk.2.ffn_up_exps.weight"]
+        del t["blk.0.ffn_gate_inp_shexp.weight"]
+    with pytest.raises(ModelLoadError, match=r"missing weights: model\.layers\.0\.mlp\.shared_expert_gate\.weight, "
+                                             r"blk\.2\.ffn_up_exps\.weight; partly merged.*"
+                                             r"model\.layers\.2\.mlp\.experts\.0\.gate_up_proj"):
+        _load(_edited(qwen2_moe, tmp_path, drop))
+
+
+def test_unexpected_expert_stack_is_named(qwen2_moe, tmp_path):
+    def add(t):
+        t["blk.4.ffn_down_exps.weight"] = t["blk.0.ffn_down_exps.weight"]
+        t["blk.1.ffn_gate_exps_extra.weight"] = t["blk.0.ffn_gate_exps.weight"]
+    with pytest.raises(ModelLoadError, match=r"unexpected weights the model does not use: blk\.4\.ffn_down_exps\.weight, "
+                                             r"blk\.1\.ffn_gate_exps_extra\.weight"):
+        _load(_edited(qwen2_moe, tmp_path, add))
+
+
+def test_mis_shaped_expert_stack_is_named(qwen2_moe, tmp_path):
+    def fewer_experts(t):
+        t["blk.3.ffn_gate_exps.weight"] = t["blk.3.ffn_gate_exps.weight"][:6]
+    with pytest.raises(ModelLoadError, match=r"blk\.3\.ffn_gate_exps\.weight has shape \(6, 32, 64\) \(experts, rows, "
+                                             r"columns\) but the model config needs \(8, 32, 64\)"):
+        _load(_edited(qwen2_moe, tmp_path, fewer_experts))
