@@ -88,6 +88,9 @@ class ModelConfig:
     max_model_len: int | None = field(default=None, metadata=_help(
         "longest prompt + completion in tokens; default: the model's context length"))
     seed: int = field(default=0, metadata=_help("seed for requests that give none"))
+    max_logprobs: int = field(default=20, metadata=_help(
+        "most logprobs a request may ask for per token (logprobs, top_logprobs, prompt_logprobs; -1 in a request "
+        "means the whole vocabulary and must fit this bound too); -1 = no bound (vLLM's name and default)"))
     cpu_kernels: str = field(default="native", metadata=_help(
         "small ops of a CPU model (RMSNorm, RoPE, KV store, decode attention, SiLU) and its float32 linears of up "
         "to 8 rows: native = C loops built once per machine with the system's C compiler (torch ops where none "
@@ -116,6 +119,8 @@ class ModelConfig:
                              f"--dtype {self.dtype}: leave --dtype auto" + (f" or give {fits}" if fits else ""))
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"--max-model-len must be at least 1, got {self.max_model_len}")
+        if self.max_logprobs < -1:
+            raise ValueError(f"--max-logprobs must be -1 (no bound) or 0 or more, got {self.max_logprobs}")
 
 
 @dataclass(frozen=True)

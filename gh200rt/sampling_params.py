@@ -1,11 +1,12 @@
 """Per-request sampling parameters, validated once with clear ``ValueError``s (vLLM's names)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gh200rt.structured.constraint import Constraint
 
-MAX_LOGPROBS = 20
+MAX_LOGPROB_TOKEN_IDS = 128  # vLLM's bound on logprob_token_ids
+WHOLE_VOCAB = -1             # logprobs / prompt_logprobs: every token of the vocabulary (bounded by --max-logprobs)
 GREEDY_BELOW = 1e-5  # a smaller temperature samples greedily (dividing logits by it would overflow), as in vLLM
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1     # signed 64-bit, as vLLM and torch generators take
 
@@ -27,8 +28,10 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     min_tokens: int = 0
-    logprobs: int | None = None          # top-k logprobs per generated token (0 = only the sampled one)
+    logprobs: int | None = None          # top-k logprobs per generated token (0 = only the sampled one, -1 = all)
     prompt_logprobs: int | None = None
+    logprob_token_ids: list[int] | None = None          # logprobs of exactly these ids (and the sampled one) per token
+    allowed_token_ids: list[int] | None = None          # sample only among these ids
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] | None = None          # token id -> added to its logit, in [-100, 100]
     structured_output: Constraint | None = None         # JSON schema, regex, choice or grammar to follow
@@ -72,8 +75,19 @@ class SamplingParams:
             bad("min_tokens", self.min_tokens, f"at most max_tokens ({self.max_tokens})")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or not 0 <= value <= MAX_LOGPROBS):
-                bad(name, value, f"between 0 and {MAX_LOGPROBS}")
+            if value is not None and (not isinstance(value, int) or value < WHOLE_VOCAB):
+                bad(name, value, "0 or more, or -1 for the whole vocabulary")
+        if self.logprob_token_ids is not None:
+            if self.logprobs is None:
+                bad("logprob_token_ids", self.logprob_token_ids, "given with logprobs (the sampled token's is returned too)")
+            if not 1 <= len(self.logprob_token_ids) <= MAX_LOGPROB_TOKEN_IDS:
+                bad("logprob_token_ids", self.logprob_token_ids, f"a list of 1 to {MAX_LOGPROB_TOKEN_IDS} token ids")
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            bad("allowed_token_ids", self.allowed_token_ids, "a non-empty list of token ids")
+        for name in ("logprob_token_ids", "allowed_token_ids"):
+            ids = getattr(self, name)
+            if ids is not None and any(not isinstance(t, int) or t < 0 for t in ids):
+                bad(name, ids, "a list of non-negative token ids")
         if any(not isinstance(s, str) or not s for s in self.stop):
             bad("stop", self.stop, "a list of non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
@@ -86,3 +100,8 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
+
+    def with_vocab(self, vocab_size: int) -> "SamplingParams":
+        """These parameters with -1 (the whole vocabulary) in logprobs / prompt_logprobs made ``vocab_size``."""
+        whole = {name: vocab_size for name in ("logprobs", "prompt_logprobs") if getattr(self, name) == WHOLE_VOCAB}
+        return replace(self, **whole) if whole else self

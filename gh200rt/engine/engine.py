@@ -163,6 +163,7 @@ class LLMEngine:
             except (TypeError, ValueError, UnicodeError) as e:  # e.g. unpaired surrogates in the text
                 raise ValueError(f"the prompt cannot be tokenized: {e}") from e
         prompt_token_ids = [int(t) for t in prompt_token_ids]
+        params = params.with_vocab(self.vocab_size)
         self._validate(prompt_token_ids, params)
         state = RequestState(request_id, prompt, prompt_token_ids, params)
         grammars = [self.grammars.new(params.structured_output) for _ in range(params.n)] \
@@ -191,9 +192,17 @@ class LLMEngine:
         bad = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
-        bad = [t for t in (params.logit_bias or {}) if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        for name, listed in (("logit_bias", params.logit_bias), ("logprob_token_ids", params.logprob_token_ids),
+                             ("allowed_token_ids", params.allowed_token_ids)):
+            bad = [t for t in (listed or ()) if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"{name} token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        bound = self.config.model.max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            asked = getattr(params, name)
+            if asked is not None and bound != -1 and asked > bound:
+                raise ValueError(f"{name} asks for {asked} logprobs per token but at most {bound} are returned "
+                                 f"(--max-logprobs); ask for fewer or raise --max-logprobs")
         want = len(ids) + (params.max_tokens or 1)
         if want > self.max_model_len:
             raise ValueError(f"the prompt has {len(ids)} tokens and max_tokens is {params.max_tokens}: "

@@ -1,6 +1,7 @@
-"""Per-request logits processing that runs before any sampling decision: ``logit_bias`` and the
-structured-output token masks. Both are applied to the whole batch at once, in place:
+"""Per-request logits processing that runs before any sampling decision: ``allowed_token_ids``,
+``logit_bias`` and the structured-output token masks. Each is applied to the whole batch at once, in place:
 
+* allowed_token_ids: one boolean mask over the restricted rows, -inf wherever a token is not listed;
 * logit_bias: one ``index_put_`` with accumulate over every (row, token, bias) of the batch;
 * grammars: llguidance fills a packed bitmask (32 tokens per int32) for all constrained rows in
   parallel in its own threads; one tensor expression unpacks it and fills -inf where a bit is 0.
@@ -20,6 +21,9 @@ from gh200rt.scheduler.request import Sequence
 def apply_logits_processors(logits: torch.Tensor, seqs: list[Sequence]) -> None:
     """In place on ``logits`` [B, V]; row b belongs to ``seqs[b]``."""
     assert logits.dim() == 2 and logits.shape[0] == len(seqs)
+    restricted = [(row, seq.params.allowed_token_ids) for row, seq in enumerate(seqs) if seq.params.allowed_token_ids]
+    if restricted:
+        apply_allowed_token_ids(logits, restricted)
     biased = [(row, seq.params.logit_bias) for row, seq in enumerate(seqs) if seq.params.logit_bias]
     if biased:
         apply_logit_bias(logits, biased)
@@ -27,6 +31,14 @@ def apply_logits_processors(logits: torch.Tensor, seqs: list[Sequence]) -> None:
                    if getattr(seq, "grammar", None) is not None and not seq.grammar.failed]
     if constrained:
         apply_grammar_masks(logits, constrained)
+
+
+def apply_allowed_token_ids(logits: torch.Tensor, restricted: list[tuple[int, list[int]]]) -> None:
+    banned = torch.ones((len(restricted), logits.shape[1]), dtype=torch.bool)
+    for i, (_, ids) in enumerate(restricted):
+        banned[i, ids] = False
+    rows = to_device([row for row, _ in restricted], torch.int64, logits.device)
+    logits[rows] = logits[rows].masked_fill(banned.to(logits.device, non_blocking=True), float("-inf"))
 
 
 def apply_logit_bias(logits: torch.Tensor, biased: list[tuple[int, dict[int, float]]]) -> None:

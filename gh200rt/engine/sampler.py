@@ -186,7 +186,7 @@ def _gather_results(tokens: torch.Tensor, raw_logprobs: torch.Tensor | None, seq
     if raw_logprobs is None:
         return SampleResult(tokens.tolist(), [None] * len(seqs), [0.0] * len(seqs))
     rows = to_device(want, torch.int64, tokens.device)
-    k = max(seqs[i].params.logprobs for i in want)
+    k = max(_top_wanted(seqs[i]) for i in want)
     packed = pack_logprobs(raw_logprobs.index_select(0, rows), tokens.index_select(0, rows), k)
     host = torch.cat([tokens.double(), packed.flatten()]).tolist()
     token_ids = [int(x) for x in host[:len(seqs)]]
@@ -195,9 +195,26 @@ def _gather_results(tokens: torch.Tensor, raw_logprobs: torch.Tensor | None, seq
     chosen_logprobs = [0.0] * len(seqs)
     for j, i in enumerate(want):
         row = host[len(seqs) + j * width:len(seqs) + (j + 1) * width]
-        row_logprobs[i] = unpack_logprobs(row, token_ids[i], k, seqs[i].params.logprobs)
+        row_logprobs[i] = unpack_logprobs(row, token_ids[i], k, _top_wanted(seqs[i]))
         chosen_logprobs[i] = row[0]
+    for i in want:
+        if seqs[i].params.logprob_token_ids:
+            row_logprobs[i].update(pinned_logprobs(raw_logprobs[i], seqs[i].params.logprob_token_ids))
     return SampleResult(token_ids, row_logprobs, chosen_logprobs)
+
+
+def _top_wanted(seq: Sequence) -> int:
+    """How many of the most likely tokens a row reports: none where it pinned its own ids (vLLM's rule)."""
+    return 0 if seq.params.logprob_token_ids else seq.params.logprobs
+
+
+def pinned_logprobs(logprobs: torch.Tensor, token_ids: list[int]) -> TokenLogprobs:
+    """``{token id: Logprob}`` of exactly ``token_ids`` in one row [V] of logprobs, ranks included."""
+    ids = to_device(token_ids, torch.int64, logprobs.device)
+    values = logprobs.index_select(0, ids)
+    ranks = (logprobs.unsqueeze(0) > values.unsqueeze(1)).sum(dim=1) + 1
+    host = torch.stack([values.double(), ranks.double()]).tolist()
+    return {t: Logprob(v, int(r)) for t, v, r in zip(token_ids, host[0], host[1])}
 
 
 def _is_plain_greedy(seq: Sequence) -> bool:

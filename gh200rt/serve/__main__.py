@@ -105,7 +105,8 @@ def run_server(server_config, engine_config, build_engine) -> int:
 
     cpus = parse_cpu_list(server_config.engine_cpus) if server_config.engine_cpus is not None else None
     engine = AsyncEngine(load, on_load_error=stop_on_load_error, cpus=cpus)
-    state = ServerState(server_config, engine, engine_config.model.model, admission)
+    state = ServerState(server_config, engine, engine_config.model.model, admission,
+                        engine_config.model.max_logprobs)
     app = create_app(state)
     uv_config = uvicorn.Config(app, host=server_config.host, port=server_config.port,
                                log_level=server_config.log_level, access_log=False,

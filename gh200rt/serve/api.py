@@ -1,5 +1,8 @@
 """The FastAPI app: OpenAI routes over an ``AsyncEngine``, plus health, metrics and tokenizer routes.
 
+Every OpenAI route answers with and without its ``/v1`` prefix (llama.cpp's clients leave it out), and
+``/invocations`` (SageMaker) takes either body: ``messages`` is a chat completion, ``prompt`` a completion.
+
 Cross-cutting rules (CORS, API key, 413, 503 on shutdown) live in ``guard.Guard``; reading and
 checking a body lives in ``body``, its fields in ``protocol``; how many requests are held at once
 (503 with Retry-After beyond that) in ``admission``. Every failure leaves as the OpenAI error body;
@@ -27,8 +30,10 @@ from gh200rt.serve.guard import (ClientGone, ClosingStreamingResponse, Disconnec
                                  unless_disconnected)
 from gh200rt.serve.metrics import ServerMetrics
 from gh200rt.serve.chat_request import parse_chat_request, parse_messages, template_flags
-from gh200rt.serve.protocol import check_token_ids, parse_completion_request, show
+from gh200rt.serve.protocol import (DEFAULT_MAX_LOGPROBS, check_token_ids, parse_completion_request,
+                                    resolve_whole_vocab, show)
 from gh200rt.serve.responses import completion_body
+from gh200rt.serve.tokenizer_info import token_strings, tokenizer_info
 
 log = logging.getLogger("gh200rt.serve")
 
@@ -38,8 +43,10 @@ def _error(e: APIError) -> JSONResponse:
 
 
 class ServerState:
-    def __init__(self, config: ServerConfig, engine: AsyncEngine, model_path: str, admission: Admission):
+    def __init__(self, config: ServerConfig, engine: AsyncEngine, model_path: str, admission: Admission,
+                 max_logprobs: int = DEFAULT_MAX_LOGPROBS):
         self.config = config
+        self.max_logprobs = max_logprobs         # the engine's --max-logprobs, checked as requests are parsed
         self.admission = admission
         self.model_path = model_path
         names = config.served_model_name or (model_path,)
@@ -112,10 +119,12 @@ def create_app(state: ServerState) -> FastAPI:
         return {"version": gh200rt.__version__}
 
     @app.get("/v1/models")
+    @app.get("/models")
     async def models():
         return {"object": "list", "data": [state.model_card(name) for name in state.served_names]}
 
     @app.get("/v1/models/{name:path}")
+    @app.get("/models/{name:path}")
     async def model(name: str):
         check_model(name)
         return state.model_card(name)
@@ -139,7 +148,12 @@ def create_app(state: ServerState) -> FastAPI:
             ids = list(await asyncio.to_thread(tok.encode, body["prompt"], **_special_tokens(body)))
         else:
             raise bad_request("give 'prompt' (a string) or 'messages'", "prompt")
-        return {"tokens": ids, "count": len(ids), "max_model_len": state.ready_engine().max_model_len}
+        strs = token_strings(tok, ids) if _flag(body, "return_token_strs", False) else None
+        return {"tokens": ids, "token_strs": strs, "count": len(ids), "max_model_len": state.ready_engine().max_model_len}
+
+    @app.get("/tokenizer_info")
+    async def get_tokenizer_info():
+        return tokenizer_info(state.ready_engine().tokenizer)
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
@@ -149,11 +163,12 @@ def create_app(state: ServerState) -> FastAPI:
         return {"prompt": engine.tokenizer.decode(ids, skip_special_tokens=False)}
 
     async def completion(body: dict):
-        parsed = parse_completion_request(body)
+        parsed = parse_completion_request(body, state.max_logprobs)
         return await _generate(state, parsed, check_model(parsed.model), chat=False)
 
     async def chat_completion(body: dict):
-        parsed, messages = parse_chat_request(body, state.config.tool_call_parser, state.config.enable_auto_tool_choice)
+        parsed, messages = parse_chat_request(body, state.config.tool_call_parser, state.config.enable_auto_tool_choice,
+                                              state.max_logprobs)
         model = check_model(parsed.model)
         tok = state.ready_engine().tokenizer
         tools = parsed.extra["tools"]
@@ -162,12 +177,24 @@ def create_app(state: ServerState) -> FastAPI:
         return await _generate(state, parsed, model, chat=True, render=render)
 
     @app.post("/v1/completions")
+    @app.post("/completions")
     async def completions(request: Request):
         return await _while_connected(request, completion(await read_json(request)))
 
     @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")
     async def chat_completions(request: Request):
         return await _while_connected(request, chat_completion(await read_json(request)))
+
+    @app.post("/invocations")
+    async def invocations(request: Request):
+        body = await read_json(request)
+        if "messages" in body:
+            return await _while_connected(request, chat_completion(body))
+        if "prompt" in body:
+            return await _while_connected(request, completion(body))
+        raise bad_request("/invocations takes a chat completion body (with 'messages') or a completion body (with "
+                          "'prompt')", "messages")
 
     return app
 
@@ -212,6 +239,16 @@ def _tokenized(tok, prompts: list[tuple[str | None, list[int] | None]],
     return [(text, ids if ids is not None else list(tok.encode(text))) for text, ids in prompts]
 
 
+def _truncated(truncation, prompts: list[tuple[str | None, list[int]]], max_model_len: int,
+               max_tokens: int | None) -> list[tuple[str | None, list[int]]]:
+    """The prompts cut to what ``truncation`` keeps; a cut prompt loses its text, so echo shows the kept tokens."""
+    result = []
+    for text, ids in prompts:
+        kept = truncation.apply(ids, max_model_len, max_tokens)
+        result.append((text if len(kept) == len(ids) else None, kept))
+    return result
+
+
 async def _generate(state: ServerState, parsed, model: str, chat: bool, render=None):
     """Admit (or 503 at once), tokenize, submit; then answer in one body or as a stream. ``render`` (chat)
     is a blocking call that returns the prompt's token ids."""
@@ -224,11 +261,15 @@ async def _generate(state: ServerState, parsed, model: str, chat: bool, render=N
         parsed.prompts = await asyncio.to_thread(_tokenized, engine.tokenizer, parsed.prompts, render)
         for _text, ids in parsed.prompts:
             check_token_ids(ids, "prompt", engine.vocab_size)
-        check_token_ids(parsed.params.stop_token_ids, "stop_token_ids", engine.vocab_size, allow_empty=True)
+        for name in ("stop_token_ids", "logprob_token_ids", "allowed_token_ids"):
+            check_token_ids(getattr(parsed.params, name) or [], name, engine.vocab_size, allow_empty=True)
+        resolve_whole_vocab(parsed, engine.vocab_size, state.max_logprobs)
         max_tokens = parsed.params.max_tokens
         if max_tokens is not None and max_tokens >= engine.max_model_len:
             raise bad_request(f"'max_tokens' is {show(max_tokens)} but max_model_len is {engine.max_model_len}, "
                               "which must also hold the prompt; lower max_tokens", "max_tokens")
+        if parsed.truncation is not None:
+            parsed.prompts = _truncated(parsed.truncation, parsed.prompts, engine.max_model_len, max_tokens)
         await run.start()
     except BaseException:                       # a 400, or the client gone: the slots go back at once
         run.close(count_abort=False)

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 
-from gh200rt.sampling_params import MAX_LOGPROBS
 from gh200rt.serve.errors import bad_request
-from gh200rt.serve.protocol import (ParsedRequest, check_temperature, flag, integer, model_name, response_options,
-                                    sampling_params, stream_options, unsupported)
+from gh200rt.serve.protocol import (DEFAULT_MAX_LOGPROBS, ParsedRequest, check_temperature, flag, logprob_count,
+                                    model_name, response_options, sampling_params, stream_options, unsupported)
 from gh200rt.serve.tools import parse_tools, tool_constraint
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -85,21 +84,21 @@ def template_flags(body: dict, messages: list[dict]) -> tuple[bool, bool]:
     return add_generation_prompt, continue_final
 
 
-def parse_chat_request(body: dict, tool_call_parser: str | None = None,
-                       auto_tool_choice: bool = False) -> tuple[ParsedRequest, list[dict]]:
+def parse_chat_request(body: dict, tool_call_parser: str | None = None, auto_tool_choice: bool = False,
+                       max_logprobs: int = DEFAULT_MAX_LOGPROBS) -> tuple[ParsedRequest, list[dict]]:
     messages = parse_messages(body.get("messages"))
     check_temperature(body)
     unsupported(body, chat=True)
     want_logprobs = flag(body, "logprobs")
-    top = integer(body, "top_logprobs", None, 0, MAX_LOGPROBS,
-                  f"an integer between 0 and {MAX_LOGPROBS} (the server's max_logprobs)")
+    top = logprob_count(body, "top_logprobs", max_logprobs)
     if top is not None and not want_logprobs:
         raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     logprobs = (top or 0) if want_logprobs else None
     stream, include_usage, continuous = stream_options(body)
     parsed = ParsedRequest([], sampling_params(body, None, logprobs), stream, include_usage,
-                           logprobs=logprobs, model=model_name(body), continuous_usage=continuous)
-    response_options(parsed, body)
+                           logprobs=logprobs, model=model_name(body), continuous_usage=continuous,
+                           logprobs_param="top_logprobs")
+    response_options(parsed, body, max_logprobs)
     tools = parse_tools(body, tool_call_parser, auto_tool_choice)
     constraint = tool_constraint(tools) if tools is not None else None
     if constraint is not None:

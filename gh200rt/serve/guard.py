@@ -39,6 +39,11 @@ def is_json_media_type(content_type: str | None) -> bool:
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
+def _generates(path: str) -> bool:
+    """The routes that start generation: the OpenAI ones with or without /v1, and SageMaker's."""
+    return path.startswith("/v1/") or path in ("/completions", "/chat/completions", "/invocations")
+
+
 class Guard:
     def __init__(self, app, state):
         self.app = app
@@ -65,7 +70,7 @@ class Guard:
         elif method == "POST" and not is_json_media_type(headers.get("content-type")):
             error = APIError(415, f"Content-Type {headers['content-type'][:80]!r} is not supported; send the body "
                                   "as JSON with 'Content-Type: application/json'")
-        elif self.state.shutting_down and method == "POST" and path.startswith("/v1/"):
+        elif self.state.shutting_down and method == "POST" and _generates(path):
             error = APIError(503, "the server is shutting down; send the request to another instance")
         if error is not None:
             return await _respond(send, error.status, json.dumps(error.body()).encode(),

@@ -3,19 +3,26 @@
 Every rule an OpenAI or vLLM client relies on is checked here, before the engine sees the
 request, and a violation raises ``APIError(400)`` naming the field and the allowed values.
 Unknown fields are ignored on purpose: benchmark clients send extras. Known OpenAI and vLLM fields
-this server cannot honour (``suffix``, ``use_beam_search``, LoRA adapters, images and audio) are a
-400 naming the field rather than silently ignored.
+this server cannot honour (``suffix``, ``use_beam_search``, LoRA adapters, images and audio,
+``kv_transfer_params``) are a 400 naming the field rather than silently ignored.
+
+Logprob counts are bounded by ``--max-logprobs``; -1 (the whole vocabulary) is resolved against the
+model's vocabulary once it is loaded (``resolve_whole_vocab``).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from gh200rt.sampling_params import GREEDY_BELOW, MAX_LOGPROBS, SEED_MAX, SEED_MIN, SamplingParams
+from gh200rt.config import ModelConfig
+from gh200rt.sampling_params import (GREEDY_BELOW, MAX_LOGPROB_TOKEN_IDS, SEED_MAX, SEED_MIN, WHOLE_VOCAB,
+                                     SamplingParams)
 from gh200rt.serve.errors import bad_request
 from gh200rt.serve.structured_fields import parse_constraint
+from gh200rt.serve.truncation import PromptTruncation, parse_truncation
 
 MAX_N = 16
+DEFAULT_MAX_LOGPROBS = ModelConfig.max_logprobs
 
 
 @dataclass
@@ -30,6 +37,9 @@ class ParsedRequest:
     return_token_ids: bool = False           # vLLM: token ids of the prompt and of each choice in the response
     continuous_usage: bool = False           # stream_options.continuous_usage_stats: usage on every chunk
     prompt_logprobs: int | None = None       # vLLM: top-k logprobs of every prompt token in the response
+    logprobs_param: str = "logprobs"         # the field that asked for logprobs: "top_logprobs" on chat
+    return_tokens_as_token_ids: bool = False  # vLLM: logprob tokens written "token_id:N"
+    truncation: PromptTruncation | None = None   # vLLM: truncate_prompt_tokens / truncation_side
     extra: dict = field(default_factory=dict)
 
 
@@ -87,6 +97,29 @@ def _stop_token_ids(body) -> list[int]:
         raise bad_request(f"'stop_token_ids' must be a list of non-negative token ids, got {show(ids)}",
                           "stop_token_ids")
     return ids
+
+
+def logprob_count(body: dict, name: str, max_logprobs: int) -> int | None:
+    """A logprobs count: 0..--max-logprobs, or -1 for the whole vocabulary (checked once it is known)."""
+    if max_logprobs == WHOLE_VOCAB:
+        return integer(body, name, None, WHOLE_VOCAB, None, "-1 (the whole vocabulary) or 0 or more")
+    return integer(body, name, None, WHOLE_VOCAB, max_logprobs,
+                   f"-1 (the whole vocabulary) or between 0 and {max_logprobs} (the server's --max-logprobs)")
+
+
+def resolve_whole_vocab(parsed: "ParsedRequest", vocab_size: int, max_logprobs: int) -> None:
+    """Make -1 (the whole vocabulary) in the request's logprob counts the vocabulary size, or 400 if the
+    server's --max-logprobs is smaller."""
+    params = parsed.params
+    for name, param in (("logprobs", parsed.logprobs_param), ("prompt_logprobs", "prompt_logprobs")):
+        if getattr(params, name) != WHOLE_VOCAB:
+            continue
+        if max_logprobs != WHOLE_VOCAB and vocab_size > max_logprobs:
+            raise bad_request(f"'{param}': -1 asks for the logprobs of the whole vocabulary ({vocab_size} tokens) but "
+                              f"this server returns at most {max_logprobs} per token (--max-logprobs); ask for fewer, "
+                              f"or start the server with --max-logprobs {vocab_size} (or -1)", param)
+        setattr(params, name, vocab_size)
+        setattr(parsed, name, vocab_size)
 
 
 def _token_ids(value, param: str) -> list[int]:
@@ -147,6 +180,19 @@ def _logit_bias(body: dict) -> dict[int, float] | None:
     return result or None
 
 
+def _token_id_list(body: dict, name: str, most: int | None = None) -> list[int] | None:
+    """vLLM's lists of token ids (logprob_token_ids, allowed_token_ids); the vocabulary is checked in the engine."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise bad_request(f"'{name}' must be a list of token ids, got {show(value)}", name)
+    ids = _token_ids(value, name)
+    if most is not None and len(ids) > most:
+        raise bad_request(f"'{name}' holds {len(ids)} token ids; at most {most} are allowed", name)
+    return ids
+
+
 def sampling_params(body: dict, default_max_tokens: int | None, logprobs: int | None,
                      prompt_logprobs: int | None = None) -> SamplingParams:
     max_tokens = integer(body, "max_completion_tokens", None, 1, None, "an integer of at least 1")
@@ -168,7 +214,9 @@ def sampling_params(body: dict, default_max_tokens: int | None, logprobs: int | 
             include_stop_str_in_output=flag(body, "include_stop_str_in_output"),
             ignore_eos=flag(body, "ignore_eos"), min_tokens=integer(body, "min_tokens", 0, 0),
             logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-            skip_special_tokens=flag(body, "skip_special_tokens", True), logit_bias=_logit_bias(body))
+            skip_special_tokens=flag(body, "skip_special_tokens", True), logit_bias=_logit_bias(body),
+            logprob_token_ids=_token_id_list(body, "logprob_token_ids", MAX_LOGPROB_TOKEN_IDS),
+            allowed_token_ids=_token_id_list(body, "allowed_token_ids"))
     except ValueError as e:
         raise bad_request(str(e), str(e).split(" ")[0]) from e
 
@@ -187,10 +235,13 @@ def stream_options(body: dict) -> tuple[bool, bool, bool]:
             _get(options, "continuous_usage_stats", (bool,), False, "true or false"))
 
 
-def response_options(parsed: "ParsedRequest", body: dict) -> "ParsedRequest":
-    """The fields that shape the response (not the sampling): vLLM's return_token_ids, prompt_logprobs."""
+def response_options(parsed: "ParsedRequest", body: dict, max_logprobs: int) -> "ParsedRequest":
+    """The fields that shape the response or the prompt (not the sampling): vLLM's return_token_ids,
+    prompt_logprobs, return_tokens_as_token_ids, truncate_prompt_tokens; the output constraint."""
     parsed.return_token_ids = flag(body, "return_token_ids")
-    parsed.prompt_logprobs = integer(body, "prompt_logprobs", None, 0, MAX_LOGPROBS)
+    parsed.return_tokens_as_token_ids = flag(body, "return_tokens_as_token_ids")
+    parsed.truncation = parse_truncation(body)
+    parsed.prompt_logprobs = logprob_count(body, "prompt_logprobs", max_logprobs)
     if parsed.prompt_logprobs is not None:
         parsed.params.prompt_logprobs = parsed.prompt_logprobs
     found = parse_constraint(body)
@@ -211,12 +262,20 @@ UNSUPPORTED = {
     "mm_processor_kwargs": "images, audio and video are not supported by this server (text-only models)",
     "audio": "audio output is not supported by this server; leave 'audio' out",
 }
+# Refused whenever present, even empty: these ask for a mechanism this server does not have.
+UNSUPPORTED_EVEN_EMPTY = {
+    "kv_transfer_params": "disaggregated prefill (KV transfer between instances) is not supported by this server; "
+                          "leave 'kv_transfer_params' out or send the request to a vLLM prefill/decode pair",
+}
 
 
 def unsupported(body: dict, chat: bool) -> None:
     """Known OpenAI / vLLM features this server does not implement: refuse rather than ignore them."""
     for name, message in UNSUPPORTED.items():
         if body.get(name):
+            raise bad_request(message, name)
+    for name, message in UNSUPPORTED_EVEN_EMPTY.items():
+        if body.get(name) is not None:
             raise bad_request(message, name)
     if not chat and body.get("suffix"):
         raise bad_request("'suffix' (insertion) is not supported by this server; leave it out", "suffix")
@@ -231,15 +290,15 @@ def check_temperature(body: dict) -> None:
         raise bad_request(f"'temperature' must be between 0 and 2, got {show(t)}", "temperature")
 
 
-def parse_completion_request(body: dict) -> ParsedRequest:
+def parse_completion_request(body: dict, max_logprobs: int = DEFAULT_MAX_LOGPROBS) -> ParsedRequest:
     if "prompt" not in body:
         raise bad_request("'prompt' is required", "prompt")
     check_temperature(body)
     unsupported(body, chat=False)
-    logprobs = integer(body, "logprobs", None, 0, MAX_LOGPROBS)
+    logprobs = logprob_count(body, "logprobs", max_logprobs)
     echo = flag(body, "echo")
     stream, include_usage, continuous = stream_options(body)
     params = sampling_params(body, 16, logprobs, logprobs if echo else None)   # echo scores the prompt too
     return response_options(ParsedRequest(parse_prompts(body["prompt"]), params, stream, include_usage, echo=echo,
                                           logprobs=logprobs, model=model_name(body), continuous_usage=continuous),
-                            body)
+                            body, max_logprobs)

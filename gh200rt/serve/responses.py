@@ -16,10 +16,20 @@ from gh200rt.serve.tools import split_tool_calls, tool_call_dicts
 SYSTEM_FINGERPRINT = f"gh200rt-{gh200rt.__version__}"
 
 
-def _token_text(tokenizer, token_id: int, lp) -> str:
-    if lp is not None and lp.decoded_token is not None:
-        return lp.decoded_token
-    return tokenizer.decode([token_id], skip_special_tokens=False)
+class TokenNames:
+    """How logprobs name a token: its decoded text, or ``token_id:N`` with vLLM's return_tokens_as_token_ids
+    (for tokens whose text is not valid JSON on its own, such as a part of a multi-byte character)."""
+
+    def __init__(self, tokenizer, as_ids: bool = False):
+        self.tokenizer = tokenizer
+        self.as_ids = as_ids
+
+    def __call__(self, token_id: int, lp) -> str:
+        if self.as_ids:
+            return f"token_id:{token_id}"
+        if lp is not None and lp.decoded_token is not None:
+            return lp.decoded_token
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
 
 def _finite(x: float) -> float:
@@ -37,14 +47,14 @@ def prompt_pairs(run, prompt_index: int) -> list[tuple[int, dict | None]]:
     return list(zip(ids, list(lps) + [None] * (len(ids) - len(lps))))
 
 
-def completion_logprobs(tokenizer, pairs: list[tuple[int, dict | None]], offset: int) -> dict:
+def completion_logprobs(names: TokenNames, pairs: list[tuple[int, dict | None]], offset: int) -> dict:
     out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for token_id, entry in pairs:
         chosen = entry.get(token_id) if entry else None
-        text = _token_text(tokenizer, token_id, chosen)
+        text = names(token_id, chosen)
         out["tokens"].append(text)
         out["token_logprobs"].append(_finite(chosen.logprob) if chosen else None)
-        out["top_logprobs"].append({_token_text(tokenizer, t, lp): _finite(lp.logprob)
+        out["top_logprobs"].append({names(t, lp): _finite(lp.logprob)
                                     for t, lp in sorted(entry.items(), key=lambda kv: kv[1].rank)}
                                    if entry else None)
         out["text_offset"].append(offset)
@@ -52,16 +62,18 @@ def completion_logprobs(tokenizer, pairs: list[tuple[int, dict | None]], offset:
     return out
 
 
-def chat_logprobs(tokenizer, deltas: list[ChoiceDelta], top: int) -> dict:
+def chat_logprobs(names: TokenNames, deltas: list[ChoiceDelta], top: int, pinned: list[int] | None = None) -> dict:
+    """``top_logprobs`` holds the ``top`` most likely tokens, or exactly the ``pinned`` ones (logprob_token_ids)."""
     content = []
     for token_id, entry in generated_pairs(deltas):
         chosen = entry.get(token_id)
-        text = _token_text(tokenizer, token_id, chosen)
-        ranked = sorted(entry.items(), key=lambda kv: kv[1].rank)[:top]
+        text = names(token_id, chosen)
+        listed = [(t, lp) for t, lp in entry.items() if t in pinned] if pinned else list(entry.items())
+        ranked = sorted(listed, key=lambda kv: kv[1].rank)[:len(listed) if pinned else top]
         content.append({"token": text, "logprob": _finite(chosen.logprob) if chosen else -9999.0,
                         "bytes": list(text.encode()),
-                        "top_logprobs": [{"token": _token_text(tokenizer, t, lp), "logprob": _finite(lp.logprob),
-                                          "bytes": list(_token_text(tokenizer, t, lp).encode())}
+                        "top_logprobs": [{"token": names(t, lp), "logprob": _finite(lp.logprob),
+                                          "bytes": list(names(t, lp).encode())}
                                          for t, lp in ranked]})
     return {"content": content}
 
@@ -87,9 +99,20 @@ def prompt_logprobs_body(tokenizer, entries) -> list | None:
     """vLLM's ``prompt_logprobs``: per prompt token None (the first) or {token id: {logprob, rank, decoded_token}}."""
     if entries is None:
         return None
+    names = TokenNames(tokenizer)
     return [None if e is None else {str(t): {"logprob": _finite(lp.logprob), "rank": lp.rank,
-                                             "decoded_token": _token_text(tokenizer, t, lp)} for t, lp in e.items()}
+                                             "decoded_token": names(t, lp)} for t, lp in e.items()}
             for e in entries]
+
+
+def logprob_names(tokenizer, parsed) -> TokenNames:
+    return TokenNames(tokenizer, parsed.return_tokens_as_token_ids)
+
+
+def chat_choice_logprobs(tokenizer, parsed, deltas: list[ChoiceDelta]) -> dict | None:
+    if parsed.logprobs is None:
+        return None
+    return chat_logprobs(logprob_names(tokenizer, parsed), deltas, parsed.logprobs, parsed.params.logprob_token_ids)
 
 
 def chat_message(run, text: str, finish: str | None) -> tuple[dict, str | None]:
@@ -117,24 +140,24 @@ def completion_body(tok, run, model: str, chat: bool, request_id: str, per_choic
         text = "".join(d.text for d in deltas)
         last = next((d for d in reversed(deltas) if d.finish_reason), None)
         finish, stop_reason = (last.finish_reason, last.stop_reason) if last else (None, None)
-        token_ids = {"token_ids": [t for d in deltas for t in d.token_ids]} if parsed.return_token_ids else {}
+        token_ids = [t for d in deltas for t in d.token_ids] if parsed.return_token_ids else None
         if chat:
-            lp = chat_logprobs(tok, deltas, parsed.logprobs) if parsed.logprobs is not None else None
             message, finish = chat_message(run, text, finish)
-            choices.append({"index": index, "message": message, "logprobs": lp, "finish_reason": finish,
-                            "stop_reason": stop_reason, **token_ids})
+            choices.append({"index": index, "message": message, "logprobs": chat_choice_logprobs(tok, parsed, deltas),
+                            "finish_reason": finish, "stop_reason": stop_reason,
+                            **({"token_ids": token_ids} if parsed.return_token_ids else {})})
             continue
         prefix = echo_text(tok, run, index // n) if parsed.echo else ""
         lp = None
         if parsed.logprobs is not None:
             pairs = (prompt_pairs(run, index // n) if parsed.echo else []) + generated_pairs(deltas)
-            lp = completion_logprobs(tok, pairs, 0)
-        if parsed.return_token_ids:
-            token_ids["prompt_token_ids"] = run.prompt_token_ids.get(index // n)
-        if parsed.prompt_logprobs is not None:
-            token_ids["prompt_logprobs"] = prompt_logprobs_body(tok, run.prompt_logprobs.get(index // n))
+            lp = completion_logprobs(logprob_names(tok, parsed), pairs, 0)
+        # vLLM's choice always carries these three keys, null unless asked for; clients read them unguarded
         choices.append({"index": index, "text": prefix + text, "logprobs": lp, "finish_reason": finish,
-                        "stop_reason": stop_reason, **token_ids})
+                        "stop_reason": stop_reason, "token_ids": token_ids,
+                        "prompt_token_ids": run.prompt_token_ids.get(index // n) if parsed.return_token_ids else None,
+                        "prompt_logprobs": prompt_logprobs_body(tok, run.prompt_logprobs.get(index // n))
+                        if parsed.prompt_logprobs is not None else None})
     body = envelope(request_id, "chat.completion" if chat else "text_completion", model, choices)
     if chat and parsed.return_token_ids:
         body["prompt_token_ids"] = run.prompt_token_ids.get(0)

@@ -14,8 +14,8 @@ import time
 
 from gh200rt.serve.errors import APIError, error_body
 from gh200rt.serve.generation import GenerationRun
-from gh200rt.serve.responses import (chat_logprobs, completion_logprobs, echo_text, envelope, generated_pairs,
-                                     prompt_logprobs_body, prompt_pairs, usage)
+from gh200rt.serve.responses import (chat_choice_logprobs, completion_logprobs, echo_text, envelope, generated_pairs,
+                                     logprob_names, prompt_logprobs_body, prompt_pairs, usage)
 from gh200rt.serve.sse import DONE, sse_event
 from gh200rt.serve.tool_stream import ToolStream
 
@@ -66,14 +66,12 @@ def stream_completion(run: GenerationRun, request_id: str, model: str, tok):
                 lp = None
                 if parsed.logprobs is not None:
                     pairs = (prompt_pairs(run, d.index // n) if first and parsed.echo else []) + generated_pairs([d])
-                    lp = completion_logprobs(tok, pairs, offsets.get(d.index, 0))
+                    lp = completion_logprobs(logprob_names(tok, parsed), pairs, offsets.get(d.index, 0))
                 offsets[d.index] = offsets.get(d.index, 0) + len(text)
+                ids = parsed.return_token_ids
                 choice = {"index": d.index, "text": text, "logprobs": lp, "finish_reason": d.finish_reason,
-                          "stop_reason": d.stop_reason}
-                if parsed.return_token_ids:
-                    choice["token_ids"] = d.token_ids
-                    if first:
-                        choice["prompt_token_ids"] = run.prompt_token_ids.get(d.index // n)
+                          "stop_reason": d.stop_reason, "token_ids": d.token_ids if ids else None,
+                          "prompt_token_ids": run.prompt_token_ids.get(d.index // n) if ids and first else None}
                 if first and parsed.prompt_logprobs is not None:
                     choice["prompt_logprobs"] = prompt_logprobs_body(tok, run.prompt_logprobs.get(d.index // n))
                 yield sse_event(run.chunk_envelope([choice]))
@@ -106,7 +104,7 @@ def stream_chat(run: GenerationRun, request_id: str, model: str, tok):
                 yield chunk(i, {"content": parsed.extra["echo_text"]})
         async for batch in run.deltas():
             for d in batch:
-                lp = chat_logprobs(tok, [d], parsed.logprobs) if parsed.logprobs is not None else None
+                lp = chat_choice_logprobs(tok, parsed, [d])
                 ids = d.token_ids if parsed.return_token_ids else None
                 text, finish = d.text, d.finish_reason
                 if d.index in streams:

@@ -1,7 +1,8 @@
 """The request fields that constrain the output, as OpenAI and vLLM clients send them, parsed into one
-``Constraint``: ``response_format`` (json_object / json_schema), vLLM's ``structured_outputs``
-({json | regex | choice | grammar | json_object}) and the older ``guided_json`` / ``guided_regex`` /
-``guided_choice`` / ``guided_grammar``. At most one may be given; a schema, regex or grammar that
+``Constraint``: ``response_format`` (json_object, with llama.cpp's optional ``schema``, / json_schema),
+vLLM's ``structured_outputs`` ({json | regex | choice | grammar | json_object}), the older
+``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar``, and llama.cpp's top-level
+``grammar`` (GBNF) and ``json_schema``. At most one may be given; a schema, regex or grammar that
 does not compile is a 400 naming the field it came from.
 """
 from __future__ import annotations
@@ -11,7 +12,8 @@ import json
 from gh200rt.serve.errors import bad_request
 from gh200rt.structured import Constraint
 
-GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar",
+          "grammar": "grammar", "json_schema": "json"}       # the last two: llama.cpp's names
 STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object")
 
 
@@ -49,8 +51,9 @@ def _response_format(fmt) -> Constraint | None:
                           "response_format")
     if fmt["type"] == "text":
         return None
-    if fmt["type"] == "json_object":
-        return Constraint.json_schema({"type": "object"})
+    if fmt["type"] == "json_object":        # llama.cpp lets json_object carry the schema
+        schema = fmt.get("schema")
+        return Constraint.json_schema({"type": "object"} if schema is None else _schema(schema, "response_format"))
     spec = fmt.get("json_schema")
     if not isinstance(spec, dict) or "schema" not in spec:
         raise bad_request("'response_format.json_schema' must be an object with a 'schema'", "response_format")

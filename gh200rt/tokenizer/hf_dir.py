@@ -59,4 +59,5 @@ def tokenizer_from_hf_dir(directory: str) -> Tokenizer:
     eos_ids = (_ids(_read_json(os.path.join(directory, "generation_config.json")).get("eos_token_id"))
                + _ids(_read_json(os.path.join(directory, "config.json")).get("eos_token_id")))
     return Tokenizer(backend, bos_token=specials["bos_token"], eos_token=specials["eos_token"],
-                     extra_eos_ids=eos_ids, chat_template=_chat_template(directory, config), special_tokens=specials)
+                     extra_eos_ids=eos_ids, chat_template=_chat_template(directory, config), special_tokens=specials,
+                     config=config)

@@ -11,8 +11,10 @@ from gh200rt.tokenizer.chat_template import render_chat
 class Tokenizer:
     def __init__(self, backend: tokenizers.Tokenizer, *, bos_token: str | None = None, eos_token: str | None = None,
                  extra_eos_tokens: Sequence[str] = (), extra_eos_ids: Sequence[int] = (),
-                 chat_template: str | None = None, special_tokens: dict[str, str] | None = None):
+                 chat_template: str | None = None, special_tokens: dict[str, str] | None = None,
+                 config: dict | None = None):
         self.backend = backend
+        self.config = dict(config or {})        # tokenizer_config.json as read: what /tokenizer_info reports
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.bos_token_id = self._id(bos_token)

@@ -103,3 +103,23 @@ def test_untokenizable_prompt_is_a_value_error():
     llm = SharedModel(smollm2_gguf()).llm(max_model_len=64, num_kv_blocks=8)
     with pytest.raises(ValueError, match="cannot be tokenized"):
         llm.engine.add_request("surrogate", "\ud800", SamplingParams())
+
+
+def test_max_logprobs_bounds_requests_and_minus_one_is_the_whole_vocabulary():
+    with pytest.raises(ValueError, match="--max-logprobs"):
+        make_llm().engine.add_request("big", None, SamplingParams(logprobs=21), prompt_token_ids=[5])
+    with pytest.raises(ValueError, match="--max-logprobs"):
+        make_llm().engine.add_request("all", None, SamplingParams(prompt_logprobs=-1), prompt_token_ids=[5])
+    out = make_llm(max_logprobs=64).generate([[5, 6]], SamplingParams(temperature=0, max_tokens=2, logprobs=-1,
+                                                                      prompt_logprobs=-1))[0]
+    assert all(len(entry) == 64 for entry in out.outputs[0].logprobs)
+    assert len(out.prompt_logprobs[1]) == 64
+    assert len(make_llm(max_logprobs=-1).generate([[5]], SamplingParams(max_tokens=1, logprobs=-1))[0]
+               .outputs[0].logprobs[0]) == 64
+
+
+def test_allowed_and_pinned_token_ids_outside_the_vocabulary_are_refused():
+    eng = make_llm().engine
+    for name in ("allowed_token_ids", "logprob_token_ids"):
+        with pytest.raises(ValueError, match=name):
+            eng.add_request(name, None, SamplingParams(logprobs=0, **{name: [64]}), prompt_token_ids=[5])

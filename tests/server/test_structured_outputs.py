@@ -157,3 +157,32 @@ def test_grammar_and_two_constraints_at_once(byte_server):
     r = httpx.post(byte_server.url + "/v1/completions", json={
         "prompt": "g", "max_tokens": 3, "guided_regex": "a", "guided_choice": ["b"]})
     assert r.status_code == 400
+
+
+def test_llama_cpp_grammar_json_schema_and_json_object_schema(byte_server):
+    """llama.cpp's names for a constraint: top-level GBNF 'grammar' and 'json_schema', and a json_object
+    response_format that carries its schema."""
+    common = {"max_tokens": 300, "temperature": 1.0}
+    for i in range(4):
+        r = httpx.post(byte_server.url + "/completions", json={**common, "prompt": "g", "seed": 30 + i,
+                                                               "grammar": 'root ::= "x" [0-9] [0-9]'}, timeout=60)
+        assert r.status_code == 200 and re.fullmatch(r"x[0-9]{2}", r.json()["choices"][0]["text"]), r.text
+        schema = SCHEMAS[i]
+        for path, body in (("/completions", {"prompt": "answer:", "json_schema": schema}),
+                           ("/chat/completions", {"messages": MESSAGES, "response_format": {
+                               "type": "json_object", "schema": schema}})):
+            text, finish = text_of(path, body, httpx.post(byte_server.url + path, json={
+                **common, "seed": 40 + i, **body}, timeout=120))
+            assert finish == "stop", text
+            jsonschema.validate(json.loads(text), schema)
+    for conflict in ({"grammar": 'root ::= "a"', "json_schema": PERSON},
+                     {"grammar": 'root ::= "a"', "response_format": {"type": "json_object"}},
+                     {"json_schema": PERSON, "guided_regex": "a"}):
+        r = httpx.post(byte_server.url + "/completions", json={"prompt": "x", "max_tokens": 2, **conflict}, timeout=30)
+        assert r.status_code == 400 and "one output constraint" in r.json()["error"]["message"], r.text
+    for field, value in (("grammar", "root ::= @@"), ("json_schema", {"type": "nope"}), ("grammar", 7)):
+        r = httpx.post(byte_server.url + "/completions", json={"prompt": "x", "max_tokens": 2, field: value}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+    r = httpx.post(byte_server.url + "/completions", json={"prompt": "x", "max_tokens": 2, "response_format": {
+        "type": "json_object", "schema": {"type": "nope"}}}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text

@@ -73,3 +73,23 @@ def test_logprobs_hold_topk_and_chosen_with_rank():
     assert lp[1].rank == 1 and lp[2].rank == 2
     assert math.isclose(lp[2].logprob, expected[2].item(), rel_tol=1e-6)
     assert math.isclose(r.chosen_logprobs[0], expected[1].item(), rel_tol=1e-6)
+
+
+def test_allowed_token_ids_restrict_sampling_row_by_row():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0], [1.0, 3.0, 2.0, 0.0]])
+    r = Sampler()(logits.clone(), [seq(temperature=0, allowed_token_ids=[3]), seq(temperature=0)])
+    assert r.token_ids == [3, 1]                  # the least likely token, because it is the only one allowed
+    drawn = {Sampler(seed=s)(logits[:1].clone(), [seq(temperature=1.0, allowed_token_ids=[0, 2])]).token_ids[0]
+             for s in range(20)}
+    assert drawn <= {0, 2} and len(drawn) == 2
+
+
+def test_logprob_token_ids_report_exactly_those_ids_and_the_chosen_one():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0], [1.0, 3.0, 2.0, 0.0]])
+    r = Sampler()(logits, [seq(temperature=0, logprobs=3, logprob_token_ids=[3, 0]), seq(temperature=0, logprobs=3)])
+    expected = torch.log_softmax(logits[0], -1)
+    pinned = r.logprobs[0]
+    assert set(pinned) == {3, 0, 1}               # the pinned ids, and the sampled token 1; no top-k
+    assert pinned[3].rank == 4 and pinned[0].rank == 3 and pinned[1].rank == 1
+    assert math.isclose(pinned[3].logprob, expected[3].item(), rel_tol=1e-6)
+    assert set(r.logprobs[1]) == {1, 2, 0}        # the other row still gets its top 3

@@ -8,8 +8,9 @@ from gh200rt.sampling_params import SamplingParams
     ({"top_p": 0.0}, "top_p"), ({"top_k": -2}, "top_k"), ({"min_p": 1.5}, "min_p"),
     ({"repetition_penalty": 0.0}, "repetition_penalty"), ({"presence_penalty": 3}, "presence_penalty"),
     ({"frequency_penalty": -3}, "frequency_penalty"), ({"seed": 2**64}, "seed"), ({"seed": 2**63}, "seed"),
-    ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"), ({"logprobs": 21}, "logprobs"),
-    ({"prompt_logprobs": -1}, "prompt_logprobs"), ({"stop": [""]}, "stop"),
+    ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"), ({"logprobs": -2}, "logprobs"),
+    ({"prompt_logprobs": -2}, "prompt_logprobs"), ({"stop": [""]}, "stop"),
+    ({"logprob_token_ids": [3]}, "logprob_token_ids"), ({"allowed_token_ids": []}, "allowed_token_ids"),
     ({"stop_token_ids": [-1]}, "stop_token_ids"),
 ])
 def test_bad_values_name_the_parameter(kwargs, name):
