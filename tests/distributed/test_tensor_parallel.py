@@ -138,3 +138,21 @@ def test_gguf_is_refused_before_any_worker_starts():
         tp_llm("smollm2-135m", 2)
     assert not multiprocessing.active_children() or all(
         not p.name.startswith("gh200rt-tp") for p in multiprocessing.active_children())
+
+
+def test_worker_that_fails_to_load_names_its_rank_and_reason(checkpoints, tmp_path):
+    from datetime import timedelta
+
+    from gh200rt.config import EngineConfig
+    from gh200rt.distributed.workers import TensorParallelWorkers
+    arch = read_arch(checkpoints["llama-gqa"])
+    missing = EngineConfig.from_kwargs(model=str(tmp_path / "gone"), dtype="float32", tensor_parallel_size=2)
+    workers = TensorParallelWorkers(missing, arch, 1, timedelta(seconds=30))
+    started = time.perf_counter()
+    try:
+        with pytest.raises(TensorParallelError, match="rank 1 failed: .*gone"):
+            workers.wait_ready({"num_kv_blocks": 1})
+        assert time.perf_counter() - started < 10
+    finally:
+        workers.close()
+    assert not workers.processes[1].is_alive()
