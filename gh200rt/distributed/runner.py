@@ -2,6 +2,7 @@
 fails because a worker failed raises ``TensorParallelError`` with that worker's rank and reason."""
 from __future__ import annotations
 
+from gh200rt.distributed.errors import TensorParallelError
 from gh200rt.distributed.workers import TensorParallelWorkers
 from gh200rt.engine.model_runner import ModelRunner, StepLogits
 from gh200rt.scheduler.scheduler import SchedulerOutput
@@ -19,6 +20,7 @@ class TensorParallelRunner(ModelRunner):
             return super().run(out)
         except RuntimeError as e:      # a collective failed: a worker is the likely cause
             failure = self.workers.explain(e)
-            if failure is None:
+            if failure is None:        # rank 0's own error: the workers are left inside the step, so no step follows
+                self.workers.failed = TensorParallelError(0, f"{type(e).__name__}: {e}")
                 raise
             raise failure from e
