@@ -56,3 +56,13 @@ def test_config_flag_and_llm_option():
     assert EngineConfig.from_kwargs(tensor_parallel_size=2).parallel.tensor_parallel_size == 2
     with pytest.raises(ValueError, match="--tensor-parallel-size must be at least 1"):
         EngineConfig.from_kwargs(tensor_parallel_size=0)
+
+
+def test_cli_flag_is_generated_from_the_config():
+    import argparse
+
+    from gh200rt.cli_args import add_engine_arguments, engine_config_from_args
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    config = engine_config_from_args(parser, parser.parse_args(["--tensor-parallel-size", "2"]))
+    assert config.parallel.tensor_parallel_size == 2
