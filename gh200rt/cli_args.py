@@ -50,9 +50,10 @@ def dataclass_from_args(cls, args: argparse.Namespace):
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    from gh200rt.config import CacheConfig, GraphConfig, MemoryConfig, ModelConfig, SchedulerConfig
+    from gh200rt.config import CacheConfig, GraphConfig, MemoryConfig, ModelConfig, ParallelConfig, SchedulerConfig
     for cls, title in ((ModelConfig, "model"), (CacheConfig, "KV cache"), (SchedulerConfig, "scheduler"),
-                       (MemoryConfig, "memory placement"), (GraphConfig, "CUDA graphs")):
+                       (MemoryConfig, "memory placement"), (GraphConfig, "CUDA graphs"),
+                       (ParallelConfig, "parallelism")):
         add_dataclass_arguments(parser, cls, title)
 
 

@@ -274,12 +274,25 @@ class GraphConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    tensor_parallel_size: int = field(default=1, metadata=_help(
+        "ranks the model is sharded over (docs/TENSOR_PARALLEL.md): this process and N-1 worker processes on this "
+        "host, each holding 1/N of the attention heads, MLP and vocabulary (on the CPU each takes 1/N of the "
+        "cores); dense Llama / Mistral / Qwen2 / Qwen3 safetensors checkpoints"))
+
+    def __post_init__(self):
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"--tensor-parallel-size must be at least 1, got {self.tensor_parallel_size}")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     graphs: GraphConfig = field(default_factory=GraphConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     @property
     def max_graph_batch(self) -> int:
@@ -297,7 +310,7 @@ class EngineConfig:
     def from_kwargs(cls, **kwargs) -> "EngineConfig":
         """Flat keyword arguments (as ``LLM(...)`` takes them) -> nested config; unknown names raise."""
         parts = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "memory": MemoryConfig,
-                 "graphs": GraphConfig}
+                 "graphs": GraphConfig, "parallel": ParallelConfig}
         values: dict[str, dict] = {name: {} for name in parts}
         owners = {f: name for name, klass in parts.items() for f in klass.__dataclass_fields__}
         for key, value in kwargs.items():

@@ -68,12 +68,14 @@ def execution_device() -> str:
 
 
 def load_and_place(config: EngineConfig, platform: Platform | None = None, device: str | None = None,
-                   poison: bool = False) -> PlacedModel:
+                   poison: bool = False, shard=None) -> PlacedModel:
     """Load ``config.model`` and place its weights per ``config.memory``; ``poison`` NaN-fills staging
-    slots before every copy (tests: a read before the copy lands shows up)."""
+    slots before every copy (tests: a read before the copy lands shows up). ``shard``: a tensor-parallel rank's
+    (``distributed.sharding.TensorShard``), whose slice alone is loaded, planned and placed."""
     device = device or execution_device()
     platform = platform or detect(config.memory.platform, config.memory.profile_file)
-    loaded = load_model(config.model, device="cpu", compute_device=device)  # placed below, layer by layer
+    # placed below, layer by layer
+    loaded = load_model(config.model, device="cpu", compute_device=device, shard=shard)
     arch, dtype = loaded.arch, DTYPE_NAMES[loaded.dtype]
     fmt = weight_forms.resolve_host_format(config.memory.host_weight_dtype, device == "cpu", loaded.dtype,
                                            bool(loaded.quantized))

@@ -6,6 +6,7 @@ stop conditions -> free finished sequences at once -> report what each request a
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 
@@ -72,7 +73,10 @@ class LLMEngine:
     it (models built by hand, e.g. in tests) every weight counts as resident: ``weight_bytes`` of them."""
 
     def __init__(self, model: torch.nn.Module, tokenizer, arch, config: EngineConfig, weight_bytes: int = 0,
-                 dtype: torch.dtype = torch.float32, device: str = "cpu", placed: PlacedModel | None = None):
+                 dtype: torch.dtype = torch.float32, device: str = "cpu", placed: PlacedModel | None = None,
+                 parallel=None):
+        """``parallel``: rank 0's ``distributed.workers.TensorParallelWorkers`` where the model is sharded over
+        several ranks (``from_config`` starts them; the engine stops them at ``close``)."""
         if config.model.batch_invariant and torch.device(device).type != "cpu":
             raise ValueError("--batch-invariant covers the CPU routes only: on a GPU, decodes, short chunks and "
                              "prompts take different attention kernels (docs/BENCHMARKS.md, prefix-cache "
@@ -110,7 +114,13 @@ class LLMEngine:
         caches = arena.kv_caches() if arena else \
             allocate_kv_caches(arch.num_layers, num_blocks, bs, arch.num_kv_heads, arch.head_dim, kv_dtype, device)
         self.graphs = decode_graphs(model, caches, config, self.max_model_len, device, self.store, self.ledger)
-        self.runner = ModelRunner(model, caches, bs, device, hooks=self.store or NULL_HOOKS, graphs=self.graphs,
+        self.parallel = parallel
+        if parallel is None:
+            make_runner = ModelRunner
+        else:
+            from gh200rt.distributed.launch import make_runner
+            make_runner = functools.partial(make_runner, parallel)
+        self.runner = make_runner(model, caches, bs, device, hooks=self.store or NULL_HOOKS, graphs=self.graphs,
                                   batch_invariant=config.model.batch_invariant)
         if on_cpu:     # activations live in host memory: keep their pages
             keep_freed_memory()
@@ -137,13 +147,25 @@ class LLMEngine:
     def from_config(cls, config: EngineConfig, poison: bool = False, platform=None) -> "LLMEngine":
         """Load, plan and place the model of ``config`` on ``platform`` (default: detected); ``poison``
         NaN-fills staging slots before each copy."""
-        placed = load_and_place(config, platform, poison=poison)
+        if config.parallel.tensor_parallel_size > 1:
+            from gh200rt.distributed.launch import start_ranks
+            placed, parallel = start_ranks(config, platform, poison)
+        else:
+            placed, parallel = load_and_place(config, platform, poison=poison), None
         loaded = placed.loaded
-        return cls(loaded.model, loaded.tokenizer, loaded.arch, config, dtype=loaded.dtype, device=placed.device,
-                   placed=placed)
+        try:
+            return cls(loaded.model, loaded.tokenizer, loaded.arch, config, dtype=loaded.dtype, device=placed.device,
+                       placed=placed, parallel=parallel)
+        except BaseException:
+            if parallel is not None:
+                parallel.close()
+            raise
 
     def close(self) -> None:
-        """Stop the transfer backend's worker and free the host slabs; the engine cannot step afterwards."""
+        """Stop the transfer backend's worker, free the host slabs and stop the tensor-parallel workers; the engine
+        cannot step afterwards."""
+        if self.parallel is not None:
+            self.parallel.close()
         if self.graphs is not None:
             self.graphs.close()
         if self.store is not None:

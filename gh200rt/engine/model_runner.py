@@ -13,6 +13,7 @@ in fixed row blocks instead (``engine/invariance.py``), so a row's bits do not d
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -49,8 +50,25 @@ class StepInputs:
     prompt_logit_ranges: dict[int, tuple[int, int]]   # scheduled index -> flat [start, end) of prompt logits
 
 
-def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device | str = "cpu",
-                   linear_rows: int | None = None) -> StepInputs:
+@dataclass
+class HostStep:
+    """One step's inputs as host data, before they reach the device: what ``step_inputs`` unpacks, and what rank 0
+    of a tensor-parallel engine sends its workers (``distributed/step_channel.py``)."""
+    packed: list[int]          # ids, positions, slots [T each], query starts [B+1], seq lens [B], sample rows, tables
+    num_tokens: int
+    width: int                 # block table width (padded with 0)
+    query_lens: list[int]
+    seq_lens: list[int]
+    sample_rows: list[int]
+    prompt_logit_ranges: dict[int, tuple[int, int]]
+    linear_rows: int | None
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+
+def pack_step(out: SchedulerOutput, block_size: int, linear_rows: int | None = None) -> HostStep:
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -88,14 +106,23 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device |
     for table in tables:
         packed.extend(table)
         packed.extend([0] * (width - len(table)))
-    on_device = to_device(packed, torch.int64, torch.device(device))
-    t, b = len(ids), len(tables)
-    parts = on_device.split([t, t, t, b + 1, b, len(sample_rows), b * width])
+    return HostStep(packed, len(ids), width, query_lens, seq_lens, sample_rows, prompt_ranges, linear_rows)
+
+
+def step_inputs(step: HostStep, block_size: int, device: torch.device | str = "cpu") -> StepInputs:
+    on_device = to_device(step.packed, torch.int64, torch.device(device))
+    t, b, width = step.num_tokens, step.num_seqs, step.width
+    parts = on_device.split([t, t, t, b + 1, b, len(step.sample_rows), b * width])
     meta = AttentionMetadata(
         query_start_loc=parts[3], seq_lens=parts[4], block_tables=parts[6].view(b, width).to(torch.int32),
-        slot_mapping=parts[2], query_lens_list=query_lens, seq_lens_list=seq_lens, block_size=block_size,
-        linear_rows=linear_rows)
-    return StepInputs(parts[0], parts[1], meta, sample_rows, parts[5], prompt_ranges)
+        slot_mapping=parts[2], query_lens_list=step.query_lens, seq_lens_list=step.seq_lens, block_size=block_size,
+        linear_rows=step.linear_rows)
+    return StepInputs(parts[0], parts[1], meta, step.sample_rows, parts[5], step.prompt_logit_ranges)
+
+
+def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device | str = "cpu",
+                   linear_rows: int | None = None) -> StepInputs:
+    return step_inputs(pack_step(out, block_size, linear_rows), block_size, device)
 
 
 @dataclass
@@ -107,8 +134,11 @@ class StepLogits:
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], block_size: int,
                  device: torch.device | str = "cpu", hooks: LayerHooks = NULL_HOOKS, graphs=None,
-                 batch_invariant: bool = False):
+                 batch_invariant: bool = False, step_sender: Callable[[HostStep], None] | None = None):
+        """``step_sender``: called with every eager step's inputs before the model runs (rank 0 of a
+        tensor-parallel engine sends them to its workers, which ``execute`` them too)."""
         self.model = model
+        self.step_sender = step_sender
         self.row_blocks = torch.device(device).type == "cpu"
         self.batch_invariant = batch_invariant
         self.graphs = graphs
@@ -122,7 +152,16 @@ class ModelRunner:
         rows = linear_block_rows(out, self.batch_invariant) if self.row_blocks else None
         if rows is None and self.graphs is not None and self.graphs.handles(out):   # every row samples, in order
             return StepLogits(self.model.compute_logits(self.graphs.run(out)).float(), {})
-        inputs = prepare_inputs(out, self.block_size, self.device, rows)
+        step = pack_step(out, self.block_size, rows)
+        if self.step_sender is not None:
+            self.step_sender(step)
+        return self.execute(step)
+
+    @torch.inference_mode()
+    def execute(self, step: HostStep) -> StepLogits:
+        """Run the model on ``step`` and compute the logits it needs."""
+        rows = step.linear_rows
+        inputs = step_inputs(step, self.block_size, self.device)
         hidden = forward(self.model, inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, self.hooks)
         if not inputs.sample_rows:
             sample_logits = torch.empty(0, 0)

@@ -48,9 +48,14 @@ def checkpoint_size(files: list[str]) -> tuple[int, int]:
     return count, size
 
 
-def _get(f, path: str, name: str) -> torch.Tensor:
+def _get(f, path: str, name: str, part: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """Tensor ``name``, or only its ``part`` (dim, start, stop): the rest is never read."""
     try:
-        return f.get_tensor(name)
+        if part is None:
+            return f.get_tensor(name)
+        dim, start, stop = part
+        view = f.get_slice(name)
+        return view[start:stop] if dim == 0 else view[:, start:stop]
     except Exception as e:
         raise ModelLoadError(f"{path} is truncated or corrupt: reading {name} failed ({e})") from e
 
@@ -65,9 +70,11 @@ def weight_scales(files: list[str]) -> dict[str, torch.Tensor]:
     return scales
 
 
-def load_safetensors(files: list[str], writer: WeightWriter, dtype: torch.dtype, fp8=None) -> None:
+def load_safetensors(files: list[str], writer: WeightWriter, dtype: torch.dtype, fp8=None,
+                     slices: dict[str, tuple[int, int, int]] | None = None) -> None:
     """Write every tensor of ``files`` through ``writer`` in ``dtype``; ``fp8`` (loader.fp8_checkpoint.Fp8Weights)
-    when the checkpoint is FP8: its weights are dequantized with their scales and kept in fp8 too."""
+    when the checkpoint is FP8: its weights are dequantized with their scales and kept in fp8 too. ``slices``:
+    name -> (dim, start, stop) of the tensors of which only that part is read (a tensor-parallel rank's)."""
     for path in files:
         with _open(path) as f:
             for name in f.keys():
@@ -79,7 +86,7 @@ def load_safetensors(files: list[str], writer: WeightWriter, dtype: torch.dtype,
                 if not writer.expects(name):
                     writer.write(name, torch.empty(0))  # records it as unexpected (or ignored)
                     continue
-                tensor = _get(f, path, name)
+                tensor = _get(f, path, name, (slices or {}).get(name))
                 if fp8 is not None:
                     writer.write(name, fp8.dense(name, tensor, dtype))
                 elif tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):

@@ -1,0 +1,84 @@
+"""Start a tensor-parallel engine's ranks from rank 0 (the engine's process): check that the model and this
+machine allow N ranks, spawn the workers, load rank 0's shard beside them, and connect the process groups.
+
+On the CPU the ranks split the cores this process may use: each sets torch's threads to its share (rank 0's
+previous count comes back when the engine closes).
+"""
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+
+from gh200rt.config import EngineConfig
+from gh200rt.distributed.runner import TensorParallelRunner
+from gh200rt.distributed.sharding import TensorShard
+from gh200rt.distributed.worker import rank_report
+from gh200rt.distributed.workers import TensorParallelWorkers
+from gh200rt.engine.bootstrap import PlacedModel, execution_device, load_and_place
+from gh200rt.loader.load import read_arch
+from gh200rt.loader.resolve import resolve_model_path
+
+# how long any rank waits in a collective for the others (an idle worker waits for the next step without limit)
+COLLECTIVE_TIMEOUT = timedelta(seconds=300)
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def check_machine(config: EngineConfig, device: str) -> None:
+    """Raise ValueError where this machine or the other flags cannot run ``--tensor-parallel-size``."""
+    n = config.parallel.tensor_parallel_size
+    flag = f"--tensor-parallel-size {n}"
+    if device == "cuda":
+        gpus = torch.cuda.device_count()
+        if n > gpus:
+            raise ValueError(f"{flag}: this machine has {gpus} GPU(s), one per rank is needed; give at most {gpus}")
+        if config.use_graphs("cuda"):
+            raise ValueError(f"{flag}: tensor-parallel steps run eagerly for now; add --enforce-eager")
+    else:
+        cores = usable_cores()
+        if n > cores:
+            raise ValueError(f"{flag}: this process may use {cores} CPU core(s) and each rank needs at least one; "
+                             f"give at most {cores}")
+        if config.use_graphs("cpu"):
+            raise ValueError(f"{flag}: tensor-parallel steps run eagerly; drop --no-enforce-eager")
+    if config.memory.offload not in ("auto", "none") or config.memory.layer_tiers:
+        raise ValueError(f"{flag}: every rank keeps its shard resident for now; drop --offload "
+                         f"{config.memory.offload} / --layer-tiers (streamed and direct layers per rank come next)")
+    if resolve_model_path(config.model.model).endswith(".gguf"):
+        raise ValueError(f"{flag}: tensor parallelism reads safetensors checkpoints (a Hugging Face directory); "
+                         "GGUF files are not sharded yet: run with --tensor-parallel-size 1")
+
+
+def start_ranks(config: EngineConfig, platform=None, poison: bool = False) -> tuple[PlacedModel, TensorParallelWorkers]:
+    """Rank 0's placed shard and its running, connected workers."""
+    n = config.parallel.tensor_parallel_size
+    assert n > 1, n
+    device = execution_device()
+    check_machine(config, device)
+    arch = read_arch(config.model.model)
+    shard = TensorShard(0, n, arch)      # raises ValueError where the model cannot be split n ways
+    threads = max(1, usable_cores() // n) if device == "cpu" else torch.get_num_threads()
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    workers = TensorParallelWorkers(config, arch, threads, COLLECTIVE_TIMEOUT, restore_threads=previous_threads)
+    try:
+        placed = load_and_place(config, platform, poison=poison, shard=shard)
+        moved = {tier: count for tier, count in placed.store.tier_counts.items() if tier != "resident" and count}
+        if moved or placed.plan.dynamic:
+            raise ValueError(f"--tensor-parallel-size {n}: the plan offloads layers ({moved or 'dynamic tiers'}), "
+                             "but every rank keeps its shard resident for now; give --offload none and enough "
+                             "--device-memory-budget for 1/N of the model per rank")
+        workers.wait_ready(rank_report(placed))
+        placed.loaded.model.connect(workers.connect(torch.device(device)))
+    except BaseException:
+        workers.close()
+        raise
+    return placed, workers
+
+
+def make_runner(workers: TensorParallelWorkers, *args, **kwargs) -> TensorParallelRunner:
+    return TensorParallelRunner(workers, *args, **kwargs)

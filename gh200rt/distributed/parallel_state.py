@@ -1,0 +1,74 @@
+"""The process groups of one tensor-parallel rank, as explicit data (no default process group, no globals).
+
+Two groups over the same rendezvous store: ``control`` (gloo, CPU tensors) carries each step's inputs from rank 0
+to the workers; ``data`` (gloo on the CPU, NCCL on GPUs) carries the model's collectives. The groups are built
+directly from the store (``ProcessGroupGloo`` / ``ProcessGroupNCCL``), so nothing registers in
+``torch.distributed``'s global state and an engine can be started and closed many times in one process.
+A worker waits on the control group between steps for as long as rank 0 is idle, so its control timeout is long;
+every other wait is bounded by ``timeout``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+# a worker idles in the control group's broadcast until rank 0 sends the next step (rank 0 dying ends it sooner)
+IDLE_TIMEOUT = timedelta(days=7)
+
+
+def _gloo(store, prefix: str, rank: int, world_size: int, timeout: timedelta):
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = timeout
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]   # one host (docs: multi-host next)
+    return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, world_size, opts)
+
+
+def _nccl(store, prefix: str, rank: int, world_size: int, timeout: timedelta):
+    opts = dist.ProcessGroupNCCL.Options()
+    opts._timeout = timeout
+    return dist.ProcessGroupNCCL(dist.PrefixStore(prefix, store), rank, world_size, opts)
+
+
+@dataclass
+class ParallelState:
+    rank: int
+    world_size: int
+    control: object          # ProcessGroupGloo
+    data: object             # ProcessGroupGloo (CPU) or ProcessGroupNCCL (GPU)
+
+    @classmethod
+    def connect(cls, store, rank: int, world_size: int, device: torch.device, timeout: timedelta) -> "ParallelState":
+        """Build both groups (every rank calls this; it returns once all have)."""
+        control_timeout = timeout if rank == 0 else IDLE_TIMEOUT
+        control = _gloo(store, "control/", rank, world_size, control_timeout)
+        make_data = _nccl if device.type == "cuda" else _gloo
+        return cls(rank, world_size, control, make_data(store, "data/", rank, world_size, timeout))
+
+    @property
+    def is_first(self) -> bool:
+        return self.rank == 0
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` over the ranks, in place; returns it."""
+        self.data.allreduce([tensor]).wait()
+        return tensor
+
+    def gather_last_dim(self, tensor: torch.Tensor) -> torch.Tensor:
+        """On rank 0, every rank's ``tensor`` concatenated along the last dimension in rank order; on the others,
+        their own ``tensor`` (unused)."""
+        tensor = tensor.contiguous()
+        opts = dist.GatherOptions()
+        opts.rootRank = 0
+        parts = [[torch.empty_like(tensor) for _ in range(self.world_size)]] if self.is_first else []
+        self.data.gather(parts, [tensor], opts).wait()
+        return torch.cat(parts[0], dim=-1) if self.is_first else tensor
+
+    def broadcast_control(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Rank 0's ``tensor`` (a CPU tensor) into every rank's ``tensor``, in place."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        self.control.broadcast([tensor], opts).wait()
+        return tensor

@@ -1,0 +1,26 @@
+"""Rank 0's model runner: each step's inputs go to the workers before rank 0 runs its own shard, and a step that
+fails because a worker failed raises ``TensorParallelError`` with that worker's rank and reason."""
+from __future__ import annotations
+
+from gh200rt.distributed.errors import TensorParallelError
+from gh200rt.distributed.workers import TensorParallelWorkers
+from gh200rt.engine.model_runner import ModelRunner, StepLogits
+from gh200rt.scheduler.scheduler import SchedulerOutput
+
+
+class TensorParallelRunner(ModelRunner):
+    def __init__(self, workers: TensorParallelWorkers, *args, **kwargs):
+        super().__init__(*args, step_sender=workers.send_step, **kwargs)
+        self.workers = workers
+
+    def run(self, out: SchedulerOutput) -> StepLogits:
+        if self.workers.failed is not None:
+            raise self.workers.failed
+        try:
+            return super().run(out)
+        except RuntimeError as e:      # a collective failed: a worker is the likely cause
+            failure = self.workers.explain(e)
+            if failure is None:        # rank 0's own error: the workers are left inside the step, so no step follows
+                self.workers.failed = TensorParallelError(0, f"{type(e).__name__}: {e}")
+                raise
+            raise failure from e

@@ -1,0 +1,64 @@
+"""A dense Llama-family model (Llama, Mistral, Qwen2, Qwen3) holding one rank's shard (``sharding.py``).
+
+It is the single-rank model built from the rank's local architecture (its heads, KV heads and MLP width), with
+three changes: o_proj and down_proj are ``RowParallelLinear`` (partial sums, one all-reduce each); the embedding
+holds the rank's vocabulary rows (a token outside them embeds as zeros, and the all-reduce sums the one rank that
+has it); the LM head computes the rank's logits, gathered on rank 0. The collectives need the rank's
+``ParallelState``, which exists once every rank has loaded: ``connect`` hands it to the model before its first step.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gh200rt.distributed.parallel_state import ParallelState
+from gh200rt.distributed.sharding import TensorShard
+from gh200rt.models.layers.linear import RefLinear
+from gh200rt.models.llama import LlamaForCausalLM
+
+
+class RowParallelLinear(RefLinear):
+    """A linear over this rank's input columns: its output, summed over the ranks, is the whole layer's."""
+    state: ParallelState | None = None
+
+    def forward(self, x: torch.Tensor, block_rows: int | None = None) -> torch.Tensor:
+        return self.state.all_reduce(super().forward(x, block_rows))
+
+
+class ShardedLlamaForCausalLM(LlamaForCausalLM):
+    def __init__(self, shard: TensorShard, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        arch = shard.local_arch()
+        super().__init__(arch, dtype, device)
+        self.shard = shard
+        self.state: ParallelState | None = None
+        hidden = arch.hidden_size
+        self.embed_tokens = nn.Parameter(torch.empty(shard.vocab_size, hidden, dtype=dtype, device=device),
+                                         requires_grad=False)
+        self.lm_head = RefLinear(hidden, shard.vocab_size, False, dtype, device)
+        if arch.tie_word_embeddings:
+            self.lm_head.weight_ref.current = self.embed_tokens
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            attn.o_proj = RowParallelLinear(arch.q_size, hidden, False, dtype, device)
+            mlp.down_proj = RowParallelLinear(shard.intermediate_size, hidden, False, dtype, device)
+
+    def connect(self, state: ParallelState) -> None:
+        """Give the model its rank's process groups, and keep every decoder layer op by op: the native one-call
+        decode layer has no place for the all-reduces."""
+        assert state.rank == self.shard.rank and state.world_size == self.shard.world_size, (state, self.shard)
+        self.state = state
+        for layer in self.layers:
+            layer.self_attn.o_proj.state = layer.mlp.down_proj.state = state
+            layer.decode_layer_fn = None
+
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+        local = input_ids - self.shard.vocab_start
+        outside = (local < 0) | (local >= self.shard.vocab_size)
+        hidden = F.embedding(local.masked_fill(outside, 0), self.embed_tokens)
+        hidden = self.state.all_reduce(hidden.masked_fill(outside.unsqueeze(-1), 0))
+        return hidden, self.rotary.tables(positions, hidden.dtype)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The whole vocabulary's logits on rank 0 (this rank's on the others)."""
+        return self.state.gather_last_dim(self.lm_head(hidden).float())

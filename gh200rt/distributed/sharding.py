@@ -1,0 +1,111 @@
+"""Which slice of a dense model each tensor-parallel rank holds, and which models and sizes can be sharded.
+
+Rank r of N holds query heads ``[r*H/N, (r+1)*H/N)``, MLP columns ``[r*I/N, (r+1)*I/N)`` and vocabulary rows
+``[r*V/N, (r+1)*V/N)``. KV heads are split the same way where the model has at least N of them; with fewer, each
+KV head is replicated on the N/KV ranks whose query heads use it (rank r holds KV head ``r*KV//N``). Checkpoint
+tensors are sliced along their output rows (q/k/v, gate/up, embedding, LM head, q/k/v bias: column-parallel) or
+their input columns (o, down: row-parallel, whose partial outputs are all-reduced); norms are replicated.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from gh200rt.models.arch_config import ArchConfig
+
+DENSE_FAMILIES = "Llama, Mistral, Qwen2 and Qwen3"
+
+# (dim, start, stop): a checkpoint tensor's slice along dim 0 (rows) or 1 (columns)
+Slice = tuple[int, int, int]
+
+
+def check_shardable(arch: ArchConfig, world_size: int) -> None:
+    """Raise ValueError, naming the sizes and the values that work, where ``arch`` cannot be split N ways."""
+    flag = f"--tensor-parallel-size {world_size}"
+    if arch.is_moe:
+        raise ValueError(f"{flag}: tensor parallelism shards dense {DENSE_FAMILIES} models; {arch.architecture} is "
+                         "a mixture of experts, whose sharding is not supported yet: run it with "
+                         "--tensor-parallel-size 1")
+    sizes = {"attention heads": arch.num_heads, "intermediate size": arch.intermediate_size,
+             "vocabulary size": arch.vocab_size}
+    for what, size in sizes.items():
+        if size % world_size:
+            raise ValueError(f"{flag} does not divide the model's {what} {size}; choose a size that divides "
+                             f"{size} (and {', '.join(f'{w} {s}' for w, s in sizes.items() if w != what)})")
+    kv = arch.num_kv_heads
+    if kv % world_size and world_size % kv:
+        raise ValueError(f"{flag}: the model's {kv} KV heads can neither be split over {world_size} ranks nor "
+                         f"replicated evenly on them; choose a size that divides {kv} or is a multiple of it")
+
+
+@dataclass(frozen=True)
+class TensorShard:
+    """Rank ``rank`` of ``world_size``'s part of the model ``arch`` (the whole model's architecture)."""
+    rank: int
+    world_size: int
+    arch: ArchConfig
+
+    def __post_init__(self):
+        assert 0 <= self.rank < self.world_size, (self.rank, self.world_size)
+        check_shardable(self.arch, self.world_size)
+
+    @property
+    def num_heads(self) -> int:
+        return self.arch.num_heads // self.world_size
+
+    @property
+    def num_kv_heads(self) -> int:
+        return max(1, self.arch.num_kv_heads // self.world_size)
+
+    @property
+    def kv_head_start(self) -> int:
+        return self.rank * self.arch.num_kv_heads // self.world_size
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.arch.intermediate_size // self.world_size
+
+    @property
+    def vocab_start(self) -> int:
+        return self.rank * self.vocab_size
+
+    @property
+    def vocab_size(self) -> int:
+        """This rank's rows of the embedding and LM head."""
+        return self.arch.vocab_size // self.world_size
+
+    def local_arch(self) -> ArchConfig:
+        """The architecture of this rank's layers: its heads, KV heads and MLP width (the vocabulary stays whole:
+        the engine samples over all of it; the vocab-parallel embedding and head hold ``vocab_size`` rows)."""
+        return dataclasses.replace(self.arch, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                                   intermediate_size=self.intermediate_size)
+
+    def checkpoint_slices(self) -> dict[str, Slice]:
+        """Checkpoint tensor name -> the slice this rank reads (names absent: read whole)."""
+        d, r = self.arch.head_dim, self.rank
+        q = (r * self.num_heads * d, (r + 1) * self.num_heads * d)
+        kv = (self.kv_head_start * d, (self.kv_head_start + self.num_kv_heads) * d)
+        mlp = (r * self.intermediate_size, (r + 1) * self.intermediate_size)
+        vocab = (self.vocab_start, self.vocab_start + self.vocab_size)
+        out = {"model.embed_tokens.weight": (0, *vocab), "lm_head.weight": (0, *vocab)}
+        for i in range(self.arch.num_layers):
+            p = f"model.layers.{i}."
+            for kind in ("weight", "bias"):
+                out[f"{p}self_attn.q_proj.{kind}"] = (0, *q)
+                out[f"{p}self_attn.k_proj.{kind}"] = (0, *kv)
+                out[f"{p}self_attn.v_proj.{kind}"] = (0, *kv)
+            out[f"{p}self_attn.o_proj.weight"] = (1, *q)
+            out[f"{p}mlp.gate_proj.weight"] = (0, *mlp)
+            out[f"{p}mlp.up_proj.weight"] = (0, *mlp)
+            out[f"{p}mlp.down_proj.weight"] = (1, *mlp)
+        return out
+
+    def build_model(self, arch: ArchConfig, dtype, device):
+        """The uninitialised sharded model of ``arch`` (which must be the one this shard was made for)."""
+        from gh200rt.distributed.sharded_model import ShardedLlamaForCausalLM   # it imports this module
+        if arch != self.arch:
+            raise ValueError(f"the checkpoint's architecture changed since the ranks started: {arch} vs {self.arch}")
+        with torch.inference_mode(False):
+            return ShardedLlamaForCausalLM(self, dtype, device).eval()

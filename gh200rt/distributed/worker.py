@@ -1,0 +1,70 @@
+"""A tensor-parallel worker process (rank 1..N-1): load the rank's shard, report ready, then run every step rank 0
+sends until it says stop. A worker decides nothing: no scheduler, sampler or tier controller runs here.
+
+Whatever ends the worker other than a stop (an error loading its shard, a failed collective) is written to the
+rendezvous store under ``error/<rank>`` for rank 0 to report, and the process exits non-zero. A thread watches the
+parent: a worker whose engine process is gone exits at once rather than linger.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from gh200rt.distributed.parallel_state import ParallelState
+from gh200rt.distributed.sharding import TensorShard
+from gh200rt.distributed.step_channel import receive_step
+
+PARENT_POLL_SECONDS = 0.5
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    def watch():
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_SECONDS)
+        os._exit(3)
+    threading.Thread(target=watch, name="gh200rt-tp-parent-watch", daemon=True).start()
+
+
+def rank_report(placed) -> dict:
+    """What a rank holds once loaded (rank 0 keeps every rank's: ``TensorParallelWorkers.reports``)."""
+    return {"weight_bytes": placed.loaded.weight_bytes, "num_kv_blocks": placed.plan.num_kv_blocks,
+            "kv_heads": placed.loaded.arch.num_kv_heads, "tiers": placed.store.tier_counts}
+
+
+def run_worker(shard: TensorShard, config, port: int, threads: int, parent_pid: int, timeout: timedelta) -> None:
+    """The spawn target of rank ``shard.rank`` (``workers.py`` starts it)."""
+    from gh200rt.engine.bootstrap import execution_device, load_and_place
+    from gh200rt.engine.model_runner import ModelRunner
+    _exit_with_parent(parent_pid)
+    torch.set_num_threads(threads)
+    rank = shard.rank
+    store = dist.TCPStore("127.0.0.1", port, shard.world_size, is_master=False, timeout=timeout)
+    try:
+        device = execution_device()
+        if device == "cuda":
+            torch.cuda.set_device(rank)
+        placed = load_and_place(config, shard=shard)
+        model = placed.loaded.model
+        arena = placed.store.arena
+        store.set(f"ready/{rank}", json.dumps(rank_report(placed)))
+        state = ParallelState.connect(store, rank, shard.world_size, torch.device(device), timeout)
+        model.connect(state)
+        runner = ModelRunner(model, arena.kv_caches(), config.cache.block_size, device, hooks=placed.store,
+                             batch_invariant=config.model.batch_invariant)
+        while (step := receive_step(state)) is not None:
+            runner.execute(step)
+        placed.store.close()
+    except BaseException as e:  # noqa: BLE001 - any failure is reported to rank 0, then the worker exits
+        try:
+            store.set(f"error/{rank}", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-6)}")
+        except Exception:  # noqa: BLE001 - rank 0 (the store's host) is gone: nothing to tell
+            pass
+        sys.exit(1)

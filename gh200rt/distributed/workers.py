@@ -1,0 +1,147 @@
+"""Rank 0's handle on its N-1 worker processes: spawn them, wait until each has loaded its shard, connect the
+process groups, send steps, say which rank failed and why, and stop them all.
+
+The rendezvous is a ``TCPStore`` that rank 0 hosts on a free port (bound to port 0) on 127.0.0.1: one host. A
+worker that fails writes its error to the store (``worker.py``); one that dies is seen by its exit code. Rank 0
+polls both while waiting for the workers to load, and after any failed step, so a failure is reported within
+seconds, never a hang.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from gh200rt.distributed.errors import TensorParallelError
+from gh200rt.distributed.parallel_state import ParallelState
+from gh200rt.distributed.sharding import TensorShard
+from gh200rt.distributed.step_channel import send_step, send_stop
+from gh200rt.distributed.worker import run_worker
+from gh200rt.engine.model_runner import HostStep
+
+POLL_SECONDS = 0.05
+START_SECONDS = 900          # loading a large shard from a slow disk
+FAILURE_GRACE_SECONDS = 5    # after a failed collective, how long a failing worker has to exit or report
+STOP_SECONDS = 10
+
+
+class TensorParallelWorkers:
+    def __init__(self, config, arch, threads: int, timeout: timedelta, restore_threads: int | None = None):
+        """``threads``: torch threads per worker; ``restore_threads``: rank 0's own count to restore at close."""
+        self.restore_threads = restore_threads
+        self.world_size = config.parallel.tensor_parallel_size
+        self.timeout = timeout
+        self.store = dist.TCPStore("127.0.0.1", 0, self.world_size, is_master=True, wait_for_workers=False,
+                                   timeout=timeout)
+        context = mp.get_context("spawn")
+        self.processes = {}
+        for rank in range(1, self.world_size):
+            process = context.Process(
+                target=run_worker, name=f"gh200rt-tp-rank{rank}", daemon=True,
+                args=(TensorShard(rank, self.world_size, arch), config, self.store.port, threads, os.getpid(), timeout))
+            process.start()
+            self.processes[rank] = process
+        self.reports: dict[int, dict] = {}       # rank -> what it holds (worker.rank_report)
+        self.state: ParallelState | None = None
+        self.failed: TensorParallelError | None = None
+        self.closed = False
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.processes.values()]
+
+    # ---- start-up --------------------------------------------------------------------------------
+    def wait_ready(self, rank0_report: dict) -> None:
+        """Until every worker has loaded its shard; raise TensorParallelError for one that failed or died, or whose
+        KV cache has other than rank 0's blocks (rank 0's scheduler hands out their ids)."""
+        self.reports[0] = rank0_report
+        num_kv_blocks = rank0_report["num_kv_blocks"]
+        deadline = time.monotonic() + START_SECONDS
+        while len(self.reports) < self.world_size:
+            for rank in self.processes:
+                if rank not in self.reports and self.store.check([f"ready/{rank}"]):
+                    self.reports[rank] = json.loads(self.store.get(f"ready/{rank}"))
+            failure = self._failure()
+            if failure is not None:
+                raise failure
+            if time.monotonic() > deadline:
+                late = [r for r in self.processes if r not in self.reports]
+                raise self._fail(TensorParallelError(late[0], f"did not load its shard within {START_SECONDS} s"))
+            time.sleep(POLL_SECONDS)
+        for rank, report in self.reports.items():
+            if report["num_kv_blocks"] != num_kv_blocks:
+                raise self._fail(TensorParallelError(rank, f"its KV cache has {report['num_kv_blocks']} blocks, rank "
+                                                           f"0's {num_kv_blocks}; give --num-kv-blocks"))
+
+    def connect(self, device: torch.device) -> ParallelState:
+        self.state = ParallelState.connect(self.store, 0, self.world_size, device, self.timeout)
+        return self.state
+
+    # ---- steps -----------------------------------------------------------------------------------
+    def send_step(self, step: HostStep) -> None:
+        send_step(self.state, step)
+
+    def explain(self, error: BaseException) -> TensorParallelError | None:
+        """After ``error`` in a step: the worker failure behind it (waiting a few seconds for the failing worker
+        to exit or report), or None where every worker is fine."""
+        deadline = time.monotonic() + FAILURE_GRACE_SECONDS
+        while time.monotonic() < deadline:
+            failure = self._failure()
+            if failure is not None:
+                return failure
+            time.sleep(POLL_SECONDS)
+        return None
+
+    # ---- failure ---------------------------------------------------------------------------------
+    def _failure(self) -> TensorParallelError | None:
+        if self.failed is not None:
+            return self.failed
+        for rank, process in self.processes.items():
+            if self.store.check([f"error/{rank}"]):
+                return self._fail(TensorParallelError(rank, self.store.get(f"error/{rank}").decode().strip()))
+            if process.exitcode is not None:
+                return self._fail(TensorParallelError(rank, _exit_reason(process.exitcode)))
+        return None
+
+    def _fail(self, error: TensorParallelError) -> TensorParallelError:
+        self.failed = error
+        return error
+
+    # ---- shutdown --------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop every worker (a stop message, then terminate and kill whatever is left) and reap it."""
+        if self.closed:
+            return
+        self.closed = True
+        stopping = self.state is not None and self._failure() is None
+        if stopping:
+            try:
+                send_stop(self.state)
+            except RuntimeError:   # a worker died since: it is reaped below
+                pass
+        # workers that never connected wait for rank 0 in the rendezvous: nothing to wait for
+        deadline = time.monotonic() + (STOP_SECONDS if stopping else 0)
+        for process in self.processes.values():
+            process.join(max(0.0, deadline - time.monotonic()))
+        for process in self.processes.values():
+            if process.is_alive():
+                process.kill()
+                process.join()
+        self.state = None
+        if self.restore_threads is not None:
+            torch.set_num_threads(self.restore_threads)
+
+
+def _exit_reason(code: int) -> str:
+    if code < 0:
+        try:
+            return f"its process was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"its process was killed by signal {-code}"
+    return f"its process exited with code {code}"

@@ -1,0 +1,68 @@
+"""Which slice each rank holds, and the sizes tensor parallelism refuses (no process is started)."""
+from __future__ import annotations
+
+import pytest
+
+from gh200rt.config import EngineConfig
+from gh200rt.distributed.sharding import TensorShard, check_shardable
+from gh200rt.models.arch_config import ArchConfig
+
+LLAMA = ArchConfig("llama", hidden_size=64, intermediate_size=128, num_layers=1, num_heads=8, num_kv_heads=2,
+                   head_dim=8, vocab_size=256)
+
+
+def test_kv_heads_are_split_or_replicated():
+    assert [TensorShard(r, 2, LLAMA).kv_head_start for r in range(2)] == [0, 1]
+    four = [TensorShard(r, 4, LLAMA) for r in range(4)]
+    assert [s.kv_head_start for s in four] == [0, 0, 1, 1]         # 2 KV heads on 4 ranks: each on two
+    assert {s.num_kv_heads for s in four} == {1}
+    # a rank's query heads all read the KV head it holds
+    group = LLAMA.num_heads // LLAMA.num_kv_heads
+    for s in four:
+        heads = range(s.rank * s.num_heads, (s.rank + 1) * s.num_heads)
+        assert {h // group for h in heads} == {s.kv_head_start}
+
+
+def test_slices_cover_each_tensor_once():
+    shards = [TensorShard(r, 4, LLAMA) for r in range(4)]
+    for name, size in (("model.layers.0.self_attn.q_proj.weight", 64), ("model.layers.0.mlp.down_proj.weight", 128),
+                       ("lm_head.weight", 256)):
+        parts = sorted(s.checkpoint_slices()[name][1:] for s in shards)
+        assert parts[0][0] == 0 and parts[-1][1] == size and all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
+    local = shards[1].local_arch()
+    assert (local.num_heads, local.num_kv_heads, local.intermediate_size, local.vocab_size) == (2, 1, 32, 256)
+
+
+@pytest.mark.parametrize("arch,n,words", [
+    (LLAMA, 3, "attention heads 8"),
+    (ArchConfig("llama", 64, 120, 1, 8, 8, 8, 256), 16, "attention heads 8"),
+    (ArchConfig("llama", 64, 100, 1, 8, 8, 8, 256), 8, "intermediate size 100"),
+    (ArchConfig("llama", 64, 128, 1, 8, 8, 8, 250), 4, "vocabulary size 250"),
+    (ArchConfig("llama", 64, 128, 1, 12, 6, 8, 256), 4, "6 KV heads"),
+])
+def test_sizes_that_do_not_divide_are_refused(arch, n, words):
+    with pytest.raises(ValueError, match=f"--tensor-parallel-size {n}.*{words}"):
+        check_shardable(arch, n)
+
+
+def test_moe_is_refused_naming_what_is_supported():
+    moe = ArchConfig("qwen3_moe", 64, 128, 2, 4, 2, 16, 256, num_experts=4, num_experts_per_tok=2,
+                     moe_intermediate_size=32)
+    with pytest.raises(ValueError, match="dense Llama, Mistral, Qwen2 and Qwen3 .* mixture of experts"):
+        check_shardable(moe, 2)
+
+
+def test_config_flag_and_llm_option():
+    assert EngineConfig.from_kwargs(tensor_parallel_size=2).parallel.tensor_parallel_size == 2
+    with pytest.raises(ValueError, match="--tensor-parallel-size must be at least 1"):
+        EngineConfig.from_kwargs(tensor_parallel_size=0)
+
+
+def test_cli_flag_is_generated_from_the_config():
+    import argparse
+
+    from gh200rt.cli_args import add_engine_arguments, engine_config_from_args
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    config = engine_config_from_args(parser, parser.parse_args(["--tensor-parallel-size", "2"]))
+    assert config.parallel.tensor_parallel_size == 2
