@@ -41,14 +41,35 @@ def move_to_device(model, device: torch.device, host_layers: set[int], layer_ref
     return sum(seen.values()), per_layer
 
 
+# an MoE layer's linears under their checkpoint names: Qwen's (as the model names them) or Mixtral's
+# (``block_sparse_moe.``, experts' w1 / w3 / w2)
+_MIXTRAL_SHARDS = {"gate_up_proj": ("w1", "w3"), "down_proj": ("w2",)}
+
+
+def _checkpoint_shards(name: str) -> list[tuple[str, ...]]:
+    """The checkpoint names whose rows make up fused linear ``name``, in each naming a checkpoint may use."""
+    candidates = [FUSED_SHARDS.get(name, (name,))]
+    head, _, last = name.rpartition(".")
+    if head.startswith("mlp.experts."):
+        candidates.append((f"{head}.gate_proj", f"{head}.up_proj") if last == "gate_up_proj" else (name,))
+        mixtral = "block_sparse_moe." + head.removeprefix("mlp.")
+        candidates.append(tuple(f"{mixtral}.{part}" for part in _MIXTRAL_SHARDS.get(last, (last,))))
+    elif name == "mlp.gate":
+        candidates.append(("block_sparse_moe.gate",))
+    return candidates
+
+
 def gguf_parts(quantized: dict | None, layer: int, name: str) -> list | None:
     """The checkpoint's quantized tensors (GGUF blocks, or an FP8 checkpoint's fp8 weights) whose rows make up
-    linear ``name`` of ``layer``, or None when any is not quantized."""
+    linear ``name`` of ``layer`` (an MoE expert's too), or None when any is not quantized."""
     if not quantized:
         return None
     prefix = f"model.layers.{layer}."
-    parts = [f"{prefix}{part}.weight" for part in FUSED_SHARDS.get(name, (name,))]
-    return [quantized[p] for p in parts] if all(p in quantized for p in parts) else None
+    for shards in _checkpoint_shards(name):
+        parts = [f"{prefix}{part}.weight" for part in shards]
+        if all(p in quantized for p in parts):
+            return [quantized[p] for p in parts]
+    return None
 
 
 def linear_parts(quantized: dict | None, tied: bool, layer: int | None, name: str) -> list | None:

@@ -13,6 +13,7 @@ import torch
 from gh200rt.config import ModelConfig
 from gh200rt.loader import ModelLoadError, load_model
 from gh200rt.loader.dequant import dequantize
+from gh200rt.weights.device_moves import gguf_parts
 from tests.model.paged_runner import PagedRunner
 from tests.model.test_parity_tiny import prompt, relative_error
 from tests.model.tiny_checkpoints import save_tiny
@@ -92,6 +93,13 @@ def test_q8_0_gguf_equals_its_dequantized_twin_and_keeps_expert_blocks(checkpoin
         assert torch.equal(expert.gate_up_proj.weight_ref.current, torch.from_numpy(gate_up))
         assert torch.equal(expert.down_proj.weight_ref.current, torch.from_numpy(down))
     assert f"model.layers.1.{block}.gate.weight" not in ours.quantized   # the router stays F32, as llama.cpp keeps it
+    # the weight store finds every expert's blocks under the model's names (host forms, CPU route forms)
+    for e in range(layer.num_experts):
+        gate_up = gguf_parts(ours.quantized, 1, f"mlp.experts.{e}.gate_up_proj")
+        down = gguf_parts(ours.quantized, 1, f"mlp.experts.{e}.down_proj")
+        assert gate_up is not None and down is not None, (family, e)
+        assert [p.shape for p in gate_up] == [ours.quantized[f"model.layers.1.{block}.experts.{e}.{n}.weight"].shape
+                                            for n in names[:2]]
 
 
 # ---- strict loading ---------------------------------------------------------------------------------
@@ -135,3 +143,18 @@ def test_mis_shaped_expert_stack_is_named(qwen2_moe, tmp_path):
     with pytest.raises(ModelLoadError, match=r"blk\.3\.ffn_gate_exps\.weight has shape \(6, 32, 64\) \(experts, rows, "
                                              r"columns\) but the model config needs \(8, 32, 64\)"):
         _load(_edited(qwen2_moe, tmp_path, fewer_experts))
+
+
+def test_a_quantized_gguf_moe_engine_gives_the_same_tokens_in_every_expert_tier(checkpoint):
+    """The engine over a Q8_0 file (float32): every expert tier generates the same tokens (on the CPU an expert
+    slab holds the dequantized weights, as a dense layer's slab does; a GPU's keeps the blocks)."""
+    from tests.tiers.test_engine_placement import engine, run
+    family, _, files = checkpoint
+    outputs = {}
+    for tier in ("resident", "direct", "stream"):
+        eng = engine(files["Q8_0"], offload="none", moe_expert_tier=tier, max_model_len=64)
+        outputs[tier] = run(eng, prompts=[prompt()[:12]])
+        if tier != "resident":
+            assert len(eng.store.expert_slabs) == eng.runner.model.arch.num_layers
+        eng.close()
+    assert outputs["direct"] == outputs["resident"] == outputs["stream"], family
