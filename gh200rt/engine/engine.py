@@ -21,6 +21,7 @@ from gh200rt.engine.outputs import RequestOutput
 from gh200rt.engine.request_state import RequestState, prompt_logprobs_for_chunk
 from gh200rt.engine.sampler import Sampler
 from gh200rt.engine.step_cost import StepCostModel
+from gh200rt.engine.expert_balancer import ExpertBalancer
 from gh200rt.engine.tier_controller import PressurePolicy, TierController, TierSignals
 from gh200rt.kv.fp8 import check_device_supports, configure_kv_scales, kv_cache_dtype
 from gh200rt.kv.kv_manager import KVCacheManager
@@ -58,6 +59,8 @@ class EngineStats:
     graph_pool_bytes: int = 0        # device bytes the decode graphs' shared memory pool took
     experts_per_tier: dict[str, int] = field(default_factory=dict)   # an MoE model's routed experts per tier
     expert_bytes_copied: int = 0     # bytes of streamed experts copied into the expert ring (only when routed to)
+    expert_swaps: int = 0            # dynamic tiers: resident experts swapped for more-used offloaded ones
+    routed_tokens: dict[int, list[int]] = field(default_factory=dict)   # MoE layer -> pairs routed to each expert
 
 
 def eos_ids_of(tokenizer) -> frozenset[int]:
@@ -137,6 +140,9 @@ class LLMEngine:
             self.controller = TierController(self.store, PressurePolicy(
                 memory.retier_interval_steps, memory.retier_min_dwell_seconds,
                 max_step_seconds=memory.retier_max_step_seconds, costs=StepCostModel(prior)))
+        self.balancer = None
+        if placed is not None and placed.plan.dynamic and self.store.expert_tiers:
+            self.balancer = ExpertBalancer(self.store, model, config.memory.retier_interval_steps)
         self._steps, self._seen_preemptions, self._step_seconds, self._seen_wait = 0, 0, 0.0, 0.0
         self._step_tokens, self._step_rows = 0, 0
         self._waiting_hashes: dict[str, tuple[int, list[int]]] = {}   # seq id -> (tokens, prompt prefix hashes)
@@ -278,6 +284,8 @@ class LLMEngine:
         return total
 
     def step(self) -> list[RequestOutput]:
+        if self.balancer is not None:
+            self.balancer.between_steps()
         if self.controller is not None:
             self.controller.between_steps(self.tier_signals())
         started = time.perf_counter()
@@ -350,4 +358,7 @@ class LLMEngine:
                            pool.num_run_blocks, dict(self.controller.counts) if self.controller else {},
                            self.graphs.captures if self.graphs else 0, self.graphs.pool_bytes if self.graphs else 0,
                            self.store.expert_counts() if self.store and self.store.expert_tiers else {},
-                           self.store.expert_ring.backend.bytes_copied if self.store and self.store.expert_ring else 0)
+                           self.store.expert_ring.backend.bytes_copied if self.store and self.store.expert_ring else 0,
+                           self.balancer.swaps if self.balancer else 0,
+                           {layer: counts.tolist() for layer, counts in self.store.model.routing_counts().items()}
+                           if self.store and self.store.expert_tiers else {})

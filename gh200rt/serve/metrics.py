@@ -131,6 +131,14 @@ def _engine_lines(s, num_pending: int) -> list[str]:
     if experts:
         lines += _series("moe_experts", "gauge", "An MoE model's routed experts per weight tier.",
                          [(f'{{tier="{t}"}}', experts.get(t, 0)) for t in TIERS])
+        lines += _series("moe_expert_swaps_total", "counter",
+                         "Resident experts swapped for more-used offloaded ones (--offload dynamic).",
+                         [("", get("expert_swaps"))])
+        routed = get("routed_tokens", None) or {}
+        lines += _series("moe_routed_tokens_total", "counter",
+                         "(token, choice) pairs the router sent to each expert of each MoE layer.",
+                         [(f'{{layer="{layer}",expert="{e}"}}', n) for layer, counts in sorted(routed.items())
+                          for e, n in enumerate(counts)])
     retier = get("retier_counts", None) or {}
     lines += _series("retier_total", "counter", "Decoder layers moved between tiers at run time (--offload dynamic).",
                      [(f'{{direction="{d}"}}', retier.get(d, 0)) for d in ("promote", "demote")])
