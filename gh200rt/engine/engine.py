@@ -59,6 +59,7 @@ class EngineStats:
     graph_pool_bytes: int = 0        # device bytes the decode graphs' shared memory pool took
     experts_per_tier: dict[str, int] = field(default_factory=dict)   # an MoE model's routed experts per tier
     expert_bytes_copied: int = 0     # bytes of streamed experts copied into the expert ring (only when routed to)
+    expert_bytes_read_direct: int = 0   # bytes of direct experts read in place (only when routed to)
     expert_swaps: int = 0            # dynamic tiers: resident experts swapped for more-used offloaded ones
     routed_tokens: dict[int, list[int]] = field(default_factory=dict)   # MoE layer -> pairs routed to each expert
 
@@ -359,6 +360,7 @@ class LLMEngine:
                            self.graphs.captures if self.graphs else 0, self.graphs.pool_bytes if self.graphs else 0,
                            self.store.expert_counts() if self.store and self.store.expert_tiers else {},
                            self.store.expert_ring.backend.bytes_copied if self.store and self.store.expert_ring else 0,
+                           self.store.expert_direct_read_bytes() if self.store else 0,
                            self.balancer.swaps if self.balancer else 0,
                            {layer: counts.tolist() for layer, counts in self.store.model.routing_counts().items()}
                            if self.store and self.store.expert_tiers else {})
