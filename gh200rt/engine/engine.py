@@ -6,6 +6,8 @@ stop conditions -> free finished sequences at once -> report what each request a
 """
 from __future__ import annotations
 
+import bisect
+
 import functools
 import time
 from dataclasses import dataclass, field
@@ -15,13 +17,13 @@ import torch
 from gh200rt.config import EngineConfig
 from gh200rt.engine.cuda_graphs import decode_graphs, reserve_graph_pool
 from gh200rt.engine.detokenizer import IncrementalDetokenizer
+from gh200rt.engine.expert_balancer import ExpertBalancer
 from gh200rt.engine.host_allocator import keep_freed_memory
 from gh200rt.engine.model_runner import ModelRunner
 from gh200rt.engine.outputs import RequestOutput
 from gh200rt.engine.request_state import RequestState, prompt_logprobs_for_chunk
 from gh200rt.engine.sampler import Sampler
 from gh200rt.engine.step_cost import StepCostModel
-from gh200rt.engine.expert_balancer import ExpertBalancer
 from gh200rt.engine.tier_controller import PressurePolicy, TierController, TierSignals
 from gh200rt.kv.fp8 import check_device_supports, configure_kv_scales, kv_cache_dtype
 from gh200rt.kv.kv_manager import KVCacheManager
@@ -62,6 +64,29 @@ class EngineStats:
     expert_bytes_read_direct: int = 0   # bytes of direct experts read in place (only when routed to)
     expert_swaps: int = 0            # dynamic tiers: resident experts swapped for more-used offloaded ones
     routed_tokens: dict[int, list[int]] = field(default_factory=dict)   # MoE layer -> pairs routed to each expert
+    iteration_tokens: tuple = ()     # (bucket bounds, count per bucket with one past the last, sum, count)
+
+
+# vLLM's buckets for vllm:iteration_tokens_total (tokens per engine step)
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+class IterationTokens:
+    """Tokens each step batched, bucketed as a histogram (cumulative counts, read by the server's /metrics)."""
+
+    def __init__(self, buckets: tuple[int, ...] = ITERATION_TOKEN_BUCKETS):
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.total = 0
+        self.n = 0
+
+    def observe(self, tokens: int) -> None:
+        self.counts[bisect.bisect_left(self.buckets, tokens)] += 1
+        self.total += tokens
+        self.n += 1
+
+    def snapshot(self) -> tuple:
+        return self.buckets, tuple(self.counts), self.total, self.n
 
 
 def eos_ids_of(tokenizer) -> frozenset[int]:
@@ -149,6 +174,7 @@ class LLMEngine:
         self._waiting_hashes: dict[str, tuple[int, list[int]]] = {}   # seq id -> (tokens, prompt prefix hashes)
         self.prompt_tokens = 0
         self.generation_tokens = 0
+        self.iteration_tokens = IterationTokens()
 
     @classmethod
     def from_config(cls, config: EngineConfig, poison: bool = False, platform=None) -> "LLMEngine":
@@ -297,6 +323,10 @@ class LLMEngine:
             return []
         sampling = [item.seq for item in out.scheduled if item.samples]
         prompt_chunks = {i: (item.seq, item.seq.num_computed_tokens) for i, item in enumerate(out.scheduled)}
+        for item in out.scheduled:
+            metrics = self.requests[item.seq.group_id].metrics
+            metrics.first_scheduled_time = metrics.first_scheduled_time or started
+        self.iteration_tokens.observe(out.num_batched_tokens)
         logits = self.runner.run(out)
         self._step_tokens += out.num_batched_tokens
         self._step_rows += len(out.scheduled)
@@ -363,4 +393,5 @@ class LLMEngine:
                            self.store.expert_direct_read_bytes() if self.store else 0,
                            self.balancer.swaps if self.balancer else 0,
                            {layer: counts.tolist() for layer, counts in self.store.model.routing_counts().items()}
-                           if self.store and self.store.expert_tiers else {})
+                           if self.store and self.store.expert_tiers else {},
+                           self.iteration_tokens.snapshot())
