@@ -25,6 +25,7 @@ from gh200rt.engine.request_state import RequestState, prompt_logprobs_for_chunk
 from gh200rt.engine.sampler import Sampler
 from gh200rt.engine.step_cost import StepCostModel
 from gh200rt.engine.tier_controller import PressurePolicy, TierController, TierSignals
+from gh200rt.planner.layout import offloaded_expert_tier
 from gh200rt.kv.fp8 import check_device_supports, configure_kv_scales, kv_cache_dtype
 from gh200rt.kv.kv_manager import KVCacheManager
 from gh200rt.engine.bootstrap import (DTYPE_NAMES, PlacedModel, install_kernels, load_and_place, max_model_len,
@@ -159,16 +160,18 @@ class LLMEngine:
         self.requests: dict[str, RequestState] = {}
         self._arrivals = 0
         self.controller = None
-        if placed is not None and placed.plan.dynamic:
-            memory = config.memory
-            # until steps at several splits are timed, a streamed layer is taken to cost its copy
-            prior = copy_seconds(placed.plan.sizes.host_layer_bytes, placed.platform)
-            self.controller = TierController(self.store, PressurePolicy(
-                memory.retier_interval_steps, memory.retier_min_dwell_seconds,
-                max_step_seconds=memory.retier_max_step_seconds, costs=StepCostModel(prior)))
+        memory = config.memory
+        # until steps at several splits are timed, a streamed layer is taken to cost its copy
+        prior = copy_seconds(placed.plan.sizes.host_layer_bytes, placed.platform) if placed is not None else 0.0
         self.balancer = None
         if placed is not None and placed.plan.dynamic and self.store.expert_tiers:
             self.balancer = ExpertBalancer(self.store, model, config.memory.retier_interval_steps)
+        if placed is not None and placed.plan.dynamic:
+            self.controller = TierController(self.store, PressurePolicy(
+                memory.retier_interval_steps, memory.retier_min_dwell_seconds,
+                max_step_seconds=memory.retier_max_step_seconds, costs=StepCostModel(prior)),
+                usage=self.balancer.usage if self.balancer else None,
+                expert_tier=offloaded_expert_tier(placed.platform))
         self._steps, self._seen_preemptions, self._step_seconds, self._seen_wait = 0, 0, 0.0, 0.0
         self._step_tokens, self._step_rows = 0, 0
         self._waiting_hashes: dict[str, tuple[int, list[int]]] = {}   # seq id -> (tokens, prompt prefix hashes)
@@ -289,7 +292,9 @@ class LLMEngine:
                               len(sched.waiting), sched.num_preemptions - self._seen_preemptions,
                               self._step_seconds, wait - self._seen_wait, self._step_tokens, self._step_rows,
                               sum(tpots) / len(tpots) if tpots else None, self.store.layer_run_blocks if self.store and self.store.arena else 0,
-                              tuple(self.store.tiers) if self.store else ())
+                              tuple(self.store.tiers) if self.store else (),
+                              self.controller.experts_out if self.controller else 0,
+                              len(self.store._expert_runs) if self.store else 0)
         self._seen_preemptions, self._seen_wait, self._step_seconds = sched.num_preemptions, wait, 0.0
         self._step_tokens, self._step_rows = 0, 0
         return signals

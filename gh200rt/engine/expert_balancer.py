@@ -82,6 +82,10 @@ class ExpertBalancer:
             made.append((hot, cold))
         return made
 
+    def usage(self) -> dict[int, torch.Tensor]:
+        """MoE layer -> each expert's decayed usage (what the tier controller orders experts by)."""
+        return dict(self._usage)
+
     def resident_share(self) -> float | None:
         """Of the routed (token, choice) pairs in the decayed window, the share that went to resident experts."""
         total = resident = 0.0

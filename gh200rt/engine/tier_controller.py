@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gh200rt.engine.step_cost import StepCostModel
+from gh200rt.memory.ledger import LedgerOverCommit
 from gh200rt.weights.store import NoFreeRun
 from gh200rt.weights.tiers import Tier
 
@@ -54,11 +55,13 @@ class TierSignals:
     tpot_seconds: float | None    # mean time per output token so far of the running requests (None: none has 2)
     run_blocks: int               # arena blocks one layer's weights take
     tiers: tuple[Tier, ...]
+    experts_out: int = 0          # routed experts the controller moved out of the arena for KV (may come back)
+    experts_in: int = 0           # routed experts resident in arena runs (KV pressure may move them out)
 
 
 @dataclass(frozen=True)
 class Move:
-    layer: int
+    layer: int | None             # None: routed experts worth one layer's run come back (TierController)
     tier: Tier
     reason: str
 
@@ -135,15 +138,17 @@ class PressurePolicy:
             return None
         move = None
         if pressure and not too_slow and not over:
-            layer = spread_pick(signals.tiers, Tier.RESIDENT, None, farthest=True)
-            if layer is not None:
+            # routed experts go first (TierController), then layers
+            layer = None if signals.experts_in else spread_pick(signals.tiers, Tier.RESIDENT, None, farthest=True)
+            if layer is not None or signals.experts_in:
                 move = Move(layer, Tier.STREAMED,
                             f"KV pressure: {signals.num_waiting} waiting need {signals.waiting_blocks} blocks, "
                             f"{signals.kv_free_blocks} of {signals.kv_total_blocks} free, "
                             f"{signals.preemptions} preempted since the last look; "
                             f"{self._step_note(recent, next_step, admitted)}")
-        elif streamed and (slack or (over and signals.kv_free_blocks >= signals.run_blocks)):
-            layer = spread_pick(signals.tiers, Tier.STREAMED, Tier.STREAMED, farthest=False)
+        elif (streamed or signals.experts_out) and (slack or (over and signals.kv_free_blocks >= signals.run_blocks)):
+            # layers first: every step reads all of a layer, but only the routed few of its experts
+            layer = spread_pick(signals.tiers, Tier.STREAMED, Tier.STREAMED, farthest=False) if streamed else None
             why = (f"KV slack: requests hold {signals.kv_held_blocks} of {signals.kv_total_blocks} blocks, "
                    f"{free_after} stay free after giving {signals.run_blocks} to the layer") if slack else \
                 (f"steps over the target: {steps * 1e3:.1f} ms > {self.max_step_seconds * 1e3:.1f} ms, "
@@ -163,16 +168,27 @@ class PressurePolicy:
 
 
 class TierController:
-    """Applies a policy's moves through the weight store, between steps."""
+    """Applies a policy's moves through the weight store, between steps. With an MoE model whose resident
+    experts hold arena runs, KV pressure first moves routed experts out (the least used, per ``usage``: a
+    step reads only the experts it routes to, but all of every layer), as many as free one layer's run, to
+    ``expert_tier`` (read in place, or streamed where the link is slow); slack brings the most used back
+    once no layer streams. ``experts_out`` counts those the controller moved out."""
 
-    def __init__(self, store, policy: TierPolicy):
+    def __init__(self, store, policy: TierPolicy, usage=None, expert_tier: Tier = Tier.DIRECT):
         self.store, self.policy = store, policy
+        self.usage, self.expert_tier = usage, expert_tier
         self.counts = {"promote": 0, "demote": 0}
+        self.expert_counts = {"promote": 0, "demote": 0}
+        self.experts_out = 0
         self.refused = 0
 
     def between_steps(self, signals: TierSignals) -> Move | None:
         move = self.policy.decide(signals)
-        if move is None or self.store.tiers[move.layer] == move.tier:
+        if move is None:
+            return None
+        if move.layer is None:
+            return self._move_experts(move, signals.run_blocks)
+        if self.store.tiers[move.layer] == move.tier:
             return None
         start = time.perf_counter()
         try:
@@ -188,3 +204,44 @@ class TierController:
                  direction, move.layer, move.tier, (time.perf_counter() - start) * 1e3, move.reason,
                  counts["resident"], counts["streamed"], counts["direct"])
         return move
+
+    # ---- routed experts ----------------------------------------------------------------------------
+    def _arena_experts(self) -> list[tuple[int, int]]:
+        return list(getattr(self.store, "_expert_runs", {}))
+
+    def _usage_of(self, layer: int, expert: int) -> float:
+        usage = self.usage() if self.usage is not None else {}
+        counts = usage.get(layer)
+        return float(counts[expert]) if counts is not None else 0.0
+
+    def _move_experts(self, move: Move, run_blocks: int) -> Move | None:
+        """As many experts as free (or take) one layer's run of blocks: out the least used, back the most used."""
+        count = max(1, run_blocks // max(1, self.store.expert_run_blocks))
+        start = time.perf_counter()
+        if move.tier == Tier.STREAMED:
+            picks = sorted(self._arena_experts(), key=lambda le: (self._usage_of(*le), le))[:count]
+            for layer, expert in picks:
+                self.store.set_expert_tier(layer, expert, self.expert_tier)
+            self.experts_out += len(picks)
+            direction = "demote"
+        else:
+            out = [(layer, e) for layer, tiers in self.store.expert_tiers.items() for e, t in enumerate(tiers)
+                   if t != Tier.RESIDENT]
+            picks = []
+            for layer, expert in sorted(out, key=lambda le: (-self._usage_of(*le), le))[:min(count, self.experts_out)]:
+                try:
+                    self.store.set_expert_tier(layer, expert, Tier.RESIDENT)
+                except (NoFreeRun, LedgerOverCommit) as err:
+                    self.refused += 1
+                    log.info("promotion of layer %d's expert %d refused: %s", layer, expert, err)
+                    break
+                picks.append((layer, expert))
+            self.experts_out -= len(picks)
+            direction = "promote"
+        if not picks:
+            return None
+        self.expert_counts[direction] += len(picks)
+        log.info("%s %d routed experts (%s) in %.1f ms (%s); %d now out of the arena for KV", direction, len(picks),
+                 ", ".join(f"{layer}/{e}" for layer, e in picks), (time.perf_counter() - start) * 1e3, move.reason,
+                 self.experts_out)
+        return Move(None, move.tier, move.reason)

@@ -61,7 +61,8 @@ class SparseMoeBlock(nn.Module):
         """Routing statistics on the device the step runs on (no host sync): what placement learns from."""
         if self.routed_tokens is None or self.routed_tokens.device != ids.device:
             self.routed_tokens = torch.zeros(self.num_experts, dtype=torch.int64, device=ids.device)
-        self.routed_tokens += torch.bincount(ids.reshape(-1), minlength=self.num_experts)
+        flat = ids.reshape(-1)          # scatter_add_, not bincount: bincount reads its size back on a GPU
+        self.routed_tokens.scatter_add_(0, flat, torch.ones_like(flat))
 
     def routing_counts(self) -> torch.Tensor:
         """(token, choice) pairs routed to each expert since start, on the host."""

@@ -80,7 +80,7 @@ def expert_tiers_for(sizes: ModelSizes, memory: MemoryConfig, platform: Platform
     if mode != "auto":
         per_layer = [EXPERT_TIER_NAMES[mode]] * e
     else:
-        offloaded = Tier.DIRECT if platform.kind == "cpu" or streaming_is_cheap(platform) else Tier.STREAMED
+        offloaded = offloaded_expert_tier(platform)
         ring = EXPERT_STAGING_SLOTS * sizes.host_expert_bytes if offloaded == Tier.STREAMED else 0
         left = budget_for_weights - sizes.fixed_memory - sizes.num_layers * sizes.resident_layer_memory
         if left >= sizes.all_experts * sizes.resident_expert_memory:
@@ -97,6 +97,12 @@ def expert_tiers_for(sizes: ModelSizes, memory: MemoryConfig, platform: Platform
     for layer in moe_layers:
         out[layer] = (Tier(overrides[layer]),) * e if layer in overrides else tuple(per_layer)
     return tuple(out)
+
+
+def offloaded_expert_tier(platform: Platform) -> Tier:
+    """Where an expert off the device goes: read in place where the link is fast next to HBM (GH200; the CPU,
+    where nothing crosses a link), else copied in when routed to (a PCIe GPU: read once, then from HBM)."""
+    return Tier.DIRECT if platform.kind == "cpu" or streaming_is_cheap(platform) else Tier.STREAMED
 
 
 def _ranges(layers: list[int]) -> str:

@@ -91,6 +91,7 @@ class WeightStore(LayerHooks):
         self.expert_slabs: dict[int, ExpertSlab] = {}
         # (layer, expert) -> (device bytes of its home, its route form's extra bytes) booked for it
         self._expert_booked: dict[tuple[int, int], tuple[int, int]] = {}
+        self._expert_runs: dict[tuple[int, int], int] = {}   # resident expert -> first block of its arena run
         self.expert_ring: ExpertRing | None = None
 
     # ---- what the ledger and the engine read ------------------------------------------------------
@@ -152,13 +153,15 @@ class WeightStore(LayerHooks):
         if not in_arena:
             for layer in self.layers(Tier.RESIDENT):
                 self._write(layer, {name: self._resident_form(ref.current, layer, name)
-                                    for name, ref in self.model.layer_weight_refs(layer).items()})
+                                    for name, ref in self._layer_refs(layer).items()})
         # the CPU routes' extra forms (fp32 reordered copies, fp16+gguf blocks), booked before the arena takes
         # what is left: every layer's when dynamic tiers may promote any of them later
         copies = model_route_form_bytes(self.model, self.cpu_linear_format,
                                         range(len(tiers)) if plan.dynamic else self.layers(Tier.RESIDENT),
                                         parts_of=self._route_parts, refs_of=self._layer_refs)
-        copies += self._home_resident_experts()
+        homes = [(layer, expert) for layer, tiers in self.expert_tiers.items() for expert, tier in enumerate(tiers)
+                 if tier == Tier.RESIDENT]
+        copies += sum(self._expert_form_bytes(layer, expert) for layer, expert in homes)
         lm_head = self.model.lm_head.weight_ref
         lm_head.current = self._resident_form(lm_head.current, None, "lm_head")
         self._book("resident_weights", placed)
@@ -170,9 +173,12 @@ class WeightStore(LayerHooks):
             layouts = {layer: WeightLayout({name: ref.current for name, ref in
                                             self._layer_refs(layer).items()})
                        for layer in self.layers(Tier.RESIDENT)}
-            self.arena = arena_factory([layout.nbytes for layout in layouts.values()])
+            expert_runs = [self.expert_slabs[layer].expert_nbytes for layer, _ in homes if layer in self.expert_slabs]
+            self.arena = arena_factory([layout.nbytes for layout in layouts.values()] + expert_runs)
             for layer, layout in layouts.items():
                 self._place_in_arena(layer, layout)
+        for layer, expert in homes:                  # forms booked above, with the layers'
+            self._home_expert(layer, expert, book_forms=False)
         self._reorder()
         self._keep_promotion_room()
 
@@ -425,37 +431,81 @@ class WeightStore(LayerHooks):
             self.model.set_expert_access(layer, access)
         return access
 
-    def _home_resident_experts(self) -> int:
-        """Device homes for the resident experts (after ``_move_to_device``), each in the CPU route's form.
-        Returns their route forms' extra bytes (booked with the layers')."""
-        return sum(self._home_expert(layer, expert, book_forms=False)
-                   for layer, tiers in self.expert_tiers.items() for expert, tier in enumerate(tiers)
-                   if tier == Tier.RESIDENT)
+    def _expert_form_bytes(self, layer: int, expert: int) -> int:
+        """What the CPU route's resident form of an expert holds beside its own bytes."""
+        slab = self.expert_slabs.get(layer)
+        weights = slab.bind(slab.source(expert), self.compute_dtype, stable=True) if slab is not None else \
+            {name: ref.current for name, ref in self._expert_refs(layer)[expert].items()}
+        return sum(route_form_extra_bytes(w, self.cpu_linear_format) for w in weights.values())
 
-    def _home_expert(self, layer: int, expert: int, book_forms: bool = True) -> int:
-        """Make expert ``expert`` of ``layer`` resident: a device copy of its span where the layer has an expert
-        slab (exactly the bits it streams), booked here, else its own weights, placed with the model. Returns its
-        route form's extra bytes (booked here when ``book_forms``)."""
+    def _home_expert(self, layer: int, expert: int, book_forms: bool = True) -> None:
+        """Make expert ``expert`` of ``layer`` resident. Where its layer has an expert slab it gets exactly the
+        bits it streams: a run of the device arena when there is one (its blocks come from the KV cache, so
+        demoting it gives them back), else a device buffer of its own; without a slab it keeps its own weights,
+        placed with the model. Its route form's extra bytes are booked here when ``book_forms``. Raises
+        ``NoFreeRun`` / ``LedgerOverCommit`` having changed nothing."""
         refs = self._expert_refs(layer)[expert]
         slab = self.expert_slabs.get(layer)
-        device_bytes = slab.expert_nbytes if slab is not None else 0
-        self._book("resident_weights", device_bytes)
+        forms = self._expert_form_bytes(layer, expert)
+        if book_forms:
+            self._book("cpu_route_forms", forms)
+        device_bytes = 0
         try:
-            if slab is not None:
-                weights = slab.bind(slab.device_copy(expert, self.device), self.compute_dtype, stable=True)
-            else:
+            if slab is None:
                 weights = {name.rpartition(".")[2]: ref.current for name, ref in refs.items()}
-            forms = sum(route_form_extra_bytes(w, self.cpu_linear_format) for w in weights.values())
-            if book_forms:
-                self._book("cpu_route_forms", forms)
+            elif self.arena is not None:
+                weights = self._expert_into_arena(layer, expert, slab)
+            else:
+                device_bytes = slab.expert_nbytes
+                self._book("resident_weights", device_bytes)
+                weights = slab.bind(slab.device_copy(expert, self.device), self.compute_dtype, stable=True)
         except BaseException:
+            if (layer, expert) in self._expert_runs:
+                self._return_expert_run(layer, expert)
             self._book("resident_weights", -device_bytes)
+            if book_forms:
+                self._book("cpu_route_forms", -forms)
             raise
-        self._expert_booked[(layer, expert)] = (device_bytes, forms if book_forms else 0)
+        self._expert_booked[(layer, expert)] = (device_bytes, forms)
         prefix = _prefix(refs)
         self._write_expert(layer, expert, {short: self._resident_form(w, layer, prefix + short)
                                            for short, w in weights.items()})
-        return forms
+
+    def _expert_into_arena(self, layer: int, expert: int, slab: ExpertSlab) -> dict[str, object]:
+        """A run of arena blocks for the expert, taken from the KV cache; its weights over it (on the bf16 and
+        fp16 CPU routes the resident form is a converted copy of its own: the run is booked, left unwritten)."""
+        start = self.arena.take_run(slab.expert_nbytes)
+        if start is None:
+            raise NoFreeRun(f"layer {layer}'s expert {expert} needs {self.arena.blocks_for(slab.expert_nbytes)} "
+                            f"contiguous free blocks of the device arena and requests hold a block in every such "
+                            f"window ({self.arena.pool.num_free} of {self.arena.num_blocks} blocks free)")
+        run_bytes = self.arena.pool.runs[start] * self.arena.block_bytes
+        try:
+            self._book("kv_pool", -run_bytes)
+            self._book("arena_weights", run_bytes)
+        except BaseException:
+            self.arena.pool.return_run(start)
+            raise
+        self._expert_runs[(layer, expert)] = start
+        if self.cpu_linear_format not in (None, "onednn-fp32", "onednn-fp32+native"):
+            return slab.bind(slab.source(expert), self.compute_dtype, stable=True)
+        home = self.arena.run(start)[:slab.expert_nbytes]
+        home.copy_(slab.source(expert))
+        return slab.bind(home, self.compute_dtype, stable=True)
+
+    def _return_expert_run(self, layer: int, expert: int) -> None:
+        start = self._expert_runs.pop((layer, expert))
+        run_bytes = self.arena.pool.runs[start] * self.arena.block_bytes
+        self.arena.return_run(start)
+        self._book("arena_weights", -run_bytes)
+        self._book("kv_pool", run_bytes)
+
+    @property
+    def expert_run_blocks(self) -> int:
+        """Arena blocks one routed expert takes (0: no expert slab or no arena)."""
+        if self.arena is None or not self.expert_slabs:
+            return 0
+        return self.arena.blocks_for(max(s.expert_nbytes for s in self.expert_slabs.values()))
 
     def set_expert_tier(self, layer: int, expert: int, tier: Tier | str) -> None:
         """Move one routed expert between steps. A promotion that does not fit the ledger raises
@@ -484,6 +534,8 @@ class WeightStore(LayerHooks):
             device_bytes, forms = self._expert_booked.pop((layer, expert), (0, 0))
             self._book("resident_weights", -device_bytes)
             self._book("cpu_route_forms", -forms)
+            if (layer, expert) in self._expert_runs:
+                self._return_expert_run(layer, expert)
 
     def _build_slab(self, layer: int, refs) -> None:
         forms = {}

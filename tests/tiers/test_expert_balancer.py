@@ -1,15 +1,20 @@
-"""Expert placement that learns the routing (``--offload dynamic``, engine/expert_balancer.py): the most-used
-experts become resident, swaps respect the margin and the per-look bound, and an engine that swaps experts
+"""Routed experts under ``--offload dynamic``: the balancer (engine/expert_balancer.py) makes the most-used
+experts resident, within a margin and a per-look bound; KV pressure moves the least-used experts out of the
+device arena before any layer, and slack brings them back after the layers; every engine that moves experts
 between steps still generates exactly what all-resident generates (float32, poisoned slots)."""
+import dataclasses
+
 import pytest
 import torch
 
 from gh200rt.engine.expert_balancer import ExpertBalancer
+from gh200rt.engine.tier_controller import PressurePolicy
+from gh200rt.sampling_params import SamplingParams
 from gh200rt.weights.tiers import Tier
 from tests.tiers.test_engine_placement import engine, run
 from tests.tiers.test_moe_placement import moe_dir, reference  # noqa: F401  (fixtures)
 
-R, D = Tier.RESIDENT, Tier.DIRECT
+R, D, S = Tier.RESIDENT, Tier.DIRECT, Tier.STREAMED
 
 
 class FakeStore:
@@ -87,4 +92,48 @@ def test_an_engine_swapping_experts_gives_the_all_resident_tokens(moe_dir, refer
         resident = [e for e, t in enumerate(store.expert_tiers[layer]) if t == Tier.RESIDENT]
         hottest = max(range(8), key=lambda e: float(usage[e]))
         assert hottest in resident or usage[hottest] < 1.5 * min(usage[e] for e in resident) + 4
+    eng.close()
+
+
+# ---- KV demand moves routed experts before layers ---------------------------------------------------------
+def test_pressure_moves_experts_first_and_slack_brings_them_back_after_the_layers():
+    from tests.tiers.test_tier_controller import signals
+    policy = PressurePolicy(min_steps_between=1, min_dwell_seconds=0.0)
+    pressure = dict(free=2, waiting=3, waiting_blocks=9)
+    move = policy.decide(dataclasses.replace(signals(0, [R] * 4, **pressure), experts_in=5))
+    assert move.layer is None and move.tier == S                   # experts go first
+    move = policy.decide(signals(1, [R] * 4, **pressure))
+    assert move.layer is not None and move.tier == S               # none left in the arena: a layer
+    quiet = [dataclasses.replace(signals(step, [R, S, R, R], free=90), experts_out=3) for step in range(2, 12)]
+    moves = [m for m in map(policy.decide, quiet) if m is not None]
+    assert moves[0].layer == 1 and moves[0].tier == R              # the streamed layer comes back first
+    only_experts = dataclasses.replace(signals(20, [R] * 4, free=90), experts_out=3)
+    assert policy.decide(only_experts).layer is None               # then the experts
+
+
+def test_kv_pressure_moves_the_least_used_experts_out_and_slack_brings_them_back(moe_dir):  # noqa: F811
+    """An engine under --offload dynamic whose resident experts hold arena runs: a burst that needs more KV
+    than the cache has moves experts (not layers) out, the tokens stay those of all-resident (float32), and
+    once the burst is over the experts come back into the arena."""
+    from tests.tiers.test_tier_controller import run_all
+    prompts = [[5 + i, 9, 13, 17, 21 + i] * 6 for i in range(12)]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    want = run_all(engine(moe_dir, offload="none", num_kv_blocks=64), prompts, params)
+    eng = engine(moe_dir, offload="dynamic", moe_expert_tier="resident", num_kv_blocks=12, max_num_seqs=12,
+                 retier_interval_steps=1, retier_min_dwell_seconds=0.0)
+    store, controller = eng.store, eng.controller
+    in_arena = len(store._expert_runs)
+    assert in_arena == 3 * 8 and store.expert_run_blocks > 0
+    arena_weights = eng.ledger.by_kind["arena_weights"]
+    assert run_all(eng, prompts, params) == want
+    assert controller.expert_counts["demote"] > 0 and controller.counts["demote"] == 0, (
+        controller.expert_counts, controller.counts)
+    assert controller.experts_out == controller.expert_counts["demote"] - controller.expert_counts["promote"]
+    for _ in range(60):                                            # idle steps: slack
+        eng.step()
+    assert controller.experts_out == 0 and len(store._expert_runs) == in_arena, controller.expert_counts
+    assert eng.ledger.by_kind["arena_weights"] == arena_weights
+    pool = eng.kv.pool
+    assert pool.num_free == pool.num_blocks - pool.num_run_blocks
+    assert sorted([*store._runs.values(), *store._expert_runs.values()]) == sorted(pool.runs)
     eng.close()
