@@ -46,10 +46,10 @@ class Histogram:
 
 
 COUNTER_HELP = {
-    "requests_received_total": "Generation requests received.",
-    "requests_success_total": "Generation requests that finished normally.",
-    "requests_aborted_total": "Generation requests aborted (client disconnect or error after acceptance).",
-    "requests_rejected_total": "Generation requests refused before generating (bad input or overload).",
+    "requests_received_total": "Requests received (completions, chat completions and embeddings).",
+    "requests_success_total": "Requests that finished normally (completions, chat completions and embeddings).",
+    "requests_aborted_total": "Requests aborted (client disconnect or error after acceptance).",
+    "requests_rejected_total": "Requests refused before running (bad input or overload).",
     "prompt_tokens_total": "Prompt tokens of finished requests.",
     "generation_tokens_total": "Tokens generated.",
 }
