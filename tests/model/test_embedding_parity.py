@@ -99,3 +99,18 @@ def test_refusals(checkpoint):
     with pytest.raises(ValueError, match="cannot"):
         llm.embed([[3, 4]], PoolingParams(dimensions=8))
     assert len(llm.embed([[3, 4]], PoolingParams(dimensions=shared.arch.hidden_size))[0].outputs.embedding) == 64
+
+
+def test_gguf_file_embeds_as_its_checkpoint(checkpoint, tmp_path):
+    """The same MoE weights read from an F32 GGUF file (tokenizer and all) pool to the reference's vectors."""
+    family, path, _shared = checkpoint
+    if family != "qwen3-moe-norm":
+        pytest.skip("the tiny GGUF writer covers the MoE families")
+    pytest.importorskip("gguf")
+    from tests.model.tiny_gguf import write_gguf
+    gguf_path = str(tmp_path / "model.gguf")
+    write_gguf(path, gguf_path, "F32")
+    ids = prompts()[1]
+    got = torch.tensor(SharedModel(gguf_path).llm(max_model_len=64).embed([ids])[0].outputs.embedding)
+    want = reference(path, ids, "LAST")
+    assert float((got - want).abs().max()) <= 1e-4
