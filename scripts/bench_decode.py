@@ -20,6 +20,12 @@ graph path, side by side per placement and batch (each batch's bucket is capture
 GPU the CUDA-graph speed-up, on the CPU the bucketed, padded path's overhead per step (nothing is
 captured there; replay calls the same function on the persistent buffers).
 
+An MoE model adds the ``experts-*`` placements (layers resident; every routed expert direct, every one
+streamed, or every other layer's direct) and three columns: the experts per tier, the routed experts' bytes
+per decode step that were copied in or read in place (only the experts a step routes to), and what
+streaming whole layers would move per step for the same offloaded layers (all their experts). Its roofline
+counts the expected distinct experts a step touches at each tier's bandwidth.
+
 ``--random-model`` benchmarks a model of that exact shape with random weights written on this host
 (scripts/random_checkpoint.py), so a real model size needs no download.
 """
@@ -38,17 +44,27 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from gh200rt.config import EngineConfig  # noqa: E402
 from gh200rt.engine.engine import LLMEngine  # noqa: E402
 from gh200rt.loader.load import read_arch  # noqa: E402
+from gh200rt.planner.cost_model import expert_seconds  # noqa: E402
 from gh200rt.sampling_params import SamplingParams  # noqa: E402
 from scripts.random_checkpoint import add_random_model_arguments, model_of  # noqa: E402
 
 
 def placements(num_layers: int) -> dict[str, dict]:
+    """Layer placements, and for an MoE model the routed experts' (``experts-*``: layers resident)."""
     every = lambda g: ",".join(f"{i}:streamed" for i in range(g - 1, num_layers, g))  # noqa: E731
+    half = ",".join(f"{i}:experts=direct" for i in range(1, num_layers, 2))
     return {"resident": dict(offload="none"),
             "stream": dict(offload="stream", staging_slots=2, prefetch_distance=1),
             "every-2nd": dict(offload="none", layer_tiers=every(2), staging_slots=2, prefetch_distance=1),
             "every-4th": dict(offload="none", layer_tiers=every(4), staging_slots=2, prefetch_distance=1),
-            "direct": dict(offload="direct")}
+            "direct": dict(offload="direct"),
+            "experts-direct": dict(offload="none", moe_expert_tier="direct"),
+            "experts-stream": dict(offload="none", moe_expert_tier="stream"),
+            "experts-half-direct": dict(offload="none", moe_expert_tier="resident", layer_tiers=half)}
+
+
+MOE_PLACEMENTS = ("experts-direct", "experts-stream", "experts-half-direct")
+DEFAULT_PLACEMENTS = "resident,stream,every-2nd,every-4th,direct"
 
 
 @dataclass(frozen=True)
@@ -57,6 +73,7 @@ class DecodeRate:
     copy_gbps: float
     copy_wait_ms_per_step: float
     captures: int            # decode graphs captured inside the timed steps (0 once warm_up ran)
+    expert_link_bytes_per_step: float = 0.0    # routed experts copied in or read in place, per decode step
 
 
 def decode_rate(engine: LLMEngine, batch: int, tokens: int) -> DecodeRate:
@@ -73,10 +90,20 @@ def decode_rate(engine: LLMEngine, batch: int, tokens: int) -> DecodeRate:
         steps += 1
     seconds = time.perf_counter() - start
     after = engine.stats()
+    expert_bytes = (after.expert_bytes_copied - before.expert_bytes_copied
+                    + after.expert_bytes_read_direct - before.expert_bytes_read_direct)
     return DecodeRate((engine.generation_tokens - generated) / seconds,
                       (after.weight_bytes_copied - before.weight_bytes_copied) / seconds / 1e9,
                       (after.copy_wait_seconds - before.copy_wait_seconds) / max(steps, 1) * 1e3,
-                      after.graph_captures - before.graph_captures)
+                      after.graph_captures - before.graph_captures, expert_bytes / max(steps, 1))
+
+
+def whole_layer_expert_bytes(engine: LLMEngine) -> int:
+    """What one decode step would copy if every MoE layer with an offloaded expert streamed all its experts:
+    the bytes a routed-experts-only placement is compared with."""
+    sizes = engine.plan.sizes
+    offloaded = sum(1 for tiers in engine.store.expert_tiers.values() if any(t != "resident" for t in tiers))
+    return offloaded * sizes.num_experts * sizes.host_expert_bytes
 
 
 def warm_up(engine: LLMEngine, batches: list[int]) -> None:
@@ -143,13 +170,18 @@ def run_graphs(args) -> None:
 
 
 def roofline_tokens_per_second(engine: LLMEngine, batch: int) -> float:
-    """Decode tokens/s allowed by the platform profile's bandwidths for the plan's weight bytes per step."""
+    """Decode tokens/s allowed by the platform profile's bandwidths for the plan's weight bytes per step; an MoE
+    model's routed experts count as the expected distinct experts a step of ``batch`` tokens touches, each at
+    its tier's cost (cost_model.expert_seconds)."""
     plan, platform = engine.plan, engine.platform
-    layer = plan.sizes.host_layer_bytes
+    sizes = plan.sizes
+    layer = sizes.host_layer_bytes
     streamed, direct = plan.tiers.count("streamed") * layer, plan.tiers.count("direct") * layer
-    compute = ((plan.resident_weight_bytes + streamed) / (platform.hbm_gbps * 1e9)
+    dense_resident = sizes.fixed_memory + plan.tiers.count("resident") * sizes.resident_layer_memory
+    compute = ((dense_resident + streamed) / (platform.hbm_gbps * 1e9)
                + direct / (platform.direct_read_gbps * 1e9))
-    step = max(compute, streamed / (platform.link_h2d_gbps * 1e9))
+    step = max(compute, streamed / (platform.link_h2d_gbps * 1e9)) + \
+        expert_seconds(plan.expert_tiers, sizes, platform, batch)
     return batch / step
 
 
@@ -159,7 +191,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--tokens", type=int, default=32, help="decode tokens per request")
-    parser.add_argument("--placements", default="resident,stream,every-2nd,every-4th,direct")
+    parser.add_argument("--placements", default=DEFAULT_PLACEMENTS,
+                        help=f"comma-separated, of {', '.join(placements(2))} (the default adds the experts-* "
+                             f"ones for an MoE model)")
     parser.add_argument("--host-weight-dtype", default="auto")
     parser.add_argument("--prefetch-across-steps", default="on", choices=["on", "off", "both"],
                         help="'both' runs every placement with a streamed layer twice, without and with the "
@@ -175,13 +209,20 @@ def main() -> None:
 
 def run(args) -> None:
     print(f"load average {os.getloadavg()[0]:.2f}; model {args.model}; host weight dtype {args.host_weight_dtype}")
-    print(f"{'placement':<10} {'tiers (res/str/dir)':<20} {'across':>6} {'batch':>5} {'tok/s':>9} "
-          f"{'vs resident':>11} {'copy GB/s':>9} {'wait ms/step':>12} {'roofline tok/s':>14}")
-    layers = read_arch(args.model).num_layers
+    arch = read_arch(args.model)
+    moe = arch.is_moe
+    print(f"{'placement':<19} {'tiers (res/str/dir)':<20} {'across':>6} {'batch':>5} {'tok/s':>9} "
+          f"{'vs resident':>11} {'copy GB/s':>9} {'wait ms/step':>12} {'roofline tok/s':>14}"
+          + (f" {'experts (r/s/d)':>16} {'expert MB/step':>14} {'whole layers MB':>15}" if moe else ""))
+    layers = arch.num_layers
     baseline: dict[int, float] = {}
     rows = []
     across = {"on": [True], "off": [False], "both": [False, True]}[args.prefetch_across_steps]
-    for name in args.placements.split(","):
+    names = args.placements.split(",") + (list(MOE_PLACEMENTS) if moe and args.placements == DEFAULT_PLACEMENTS
+                                          else [])
+    for name in names:
+        if name in MOE_PLACEMENTS and not moe:
+            raise SystemExit(f"--placements {name}: {args.model} has no routed experts")
         for wrap in across:
             config = EngineConfig.from_kwargs(model=args.model, dtype=args.dtype, max_model_len=256,
                                               num_kv_blocks=256, host_weight_dtype=args.host_weight_dtype,
@@ -199,14 +240,22 @@ def run(args) -> None:
                 tps = rate.tokens_per_second
                 baseline.setdefault(batch, tps)
                 roof = roofline_tokens_per_second(engine, batch)
-                print(f"{name:<10} {label:<20} {'on' if wrap else 'off':>6} {batch:>5} {tps:>9.1f} "
+                experts = engine.stats().experts_per_tier
+                expert_label = f"{experts.get('resident', 0)}/{experts.get('streamed', 0)}/{experts.get('direct', 0)}"
+                whole = whole_layer_expert_bytes(engine) if moe else 0
+                print(f"{name:<19} {label:<20} {'on' if wrap else 'off':>6} {batch:>5} {tps:>9.1f} "
                       f"{tps / baseline[batch]:>10.2f}x {rate.copy_gbps:>9.2f} {rate.copy_wait_ms_per_step:>12.3f} "
-                      f"{roof:>14.1f}" + (f"  ({rate.captures} graph capture(s) inside the timed steps)"
-                                          if rate.captures else ""), flush=True)
+                      f"{roof:>14.1f}"
+                      + (f" {expert_label:>16} {rate.expert_link_bytes_per_step / 1e6:>14.2f} {whole / 1e6:>15.2f}"
+                         if moe else "")
+                      + (f"  ({rate.captures} graph capture(s) inside the timed steps)" if rate.captures else ""),
+                      flush=True)
                 rows.append(dict(placement=name, tiers=label, prefetch_across_steps=wrap, batch=batch,
                                  tokens_per_second=tps, vs_resident=tps / baseline[batch], copy_gbps=rate.copy_gbps,
                                  roofline_tokens_per_second=roof, copy_wait_ms_per_step=rate.copy_wait_ms_per_step,
-                                 graph_captures_timed=rate.captures))
+                                 graph_captures_timed=rate.captures,
+                                 **(dict(experts=expert_label, expert_link_bytes_per_step=rate.expert_link_bytes_per_step,
+                                         whole_layer_expert_bytes=whole) if moe else {})))
             engine.close()
     if args.json:
         platform = engine.platform

@@ -7,6 +7,8 @@ request (``PoolingParams``) is prefilled in the same steps and answered once, po
 """
 from __future__ import annotations
 
+import bisect
+
 import functools
 import time
 from dataclasses import dataclass, field
@@ -16,6 +18,7 @@ import torch
 from gh200rt.config import EngineConfig
 from gh200rt.engine.cuda_graphs import decode_graphs, reserve_graph_pool
 from gh200rt.engine.detokenizer import IncrementalDetokenizer
+from gh200rt.engine.expert_balancer import ExpertBalancer
 from gh200rt.engine.host_allocator import keep_freed_memory
 from gh200rt.engine.model_runner import ModelRunner
 from gh200rt.engine.outputs import EmbeddingRequestOutput, RequestOutput
@@ -61,6 +64,32 @@ class EngineStats:
     graph_pool_bytes: int = 0        # device bytes the decode graphs' shared memory pool took
     experts_per_tier: dict[str, int] = field(default_factory=dict)   # an MoE model's routed experts per tier
     expert_bytes_copied: int = 0     # bytes of streamed experts copied into the expert ring (only when routed to)
+    expert_bytes_read_direct: int = 0   # bytes of direct experts read in place (only when routed to)
+    expert_swaps: int = 0            # dynamic tiers: resident experts swapped for more-used offloaded ones
+    routed_tokens: dict[int, list[int]] = field(default_factory=dict)   # MoE layer -> pairs routed to each expert
+    iteration_tokens: tuple = ()     # (bucket bounds, count per bucket with one past the last, sum, count)
+
+
+# vLLM's buckets for vllm:iteration_tokens_total (tokens per engine step)
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+class IterationTokens:
+    """Tokens each step batched, bucketed as a histogram (cumulative counts, read by the server's /metrics)."""
+
+    def __init__(self, buckets: tuple[int, ...] = ITERATION_TOKEN_BUCKETS):
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.total = 0
+        self.n = 0
+
+    def observe(self, tokens: int) -> None:
+        self.counts[bisect.bisect_left(self.buckets, tokens)] += 1
+        self.total += tokens
+        self.n += 1
+
+    def snapshot(self) -> tuple:
+        return self.buckets, tuple(self.counts), self.total, self.n
 
 
 def eos_ids_of(tokenizer) -> frozenset[int]:
@@ -140,11 +169,15 @@ class LLMEngine:
             self.controller = TierController(self.store, PressurePolicy(
                 memory.retier_interval_steps, memory.retier_min_dwell_seconds,
                 max_step_seconds=memory.retier_max_step_seconds, costs=StepCostModel(prior)))
+        self.balancer = None
+        if placed is not None and placed.plan.dynamic and self.store.expert_tiers:
+            self.balancer = ExpertBalancer(self.store, model, config.memory.retier_interval_steps)
         self._steps, self._seen_preemptions, self._step_seconds, self._seen_wait = 0, 0, 0.0, 0.0
         self._step_tokens, self._step_rows = 0, 0
         self._waiting_hashes: dict[str, tuple[int, list[int]]] = {}   # seq id -> (tokens, prompt prefix hashes)
         self.prompt_tokens = 0
         self.generation_tokens = 0
+        self.iteration_tokens = IterationTokens()
 
     @classmethod
     def from_config(cls, config: EngineConfig, poison: bool = False, platform=None) -> "LLMEngine":
@@ -300,6 +333,8 @@ class LLMEngine:
         return total
 
     def step(self) -> list[RequestOutput | EmbeddingRequestOutput]:
+        if self.balancer is not None:
+            self.balancer.between_steps()
         if self.controller is not None:
             self.controller.between_steps(self.tier_signals())
         started = time.perf_counter()
@@ -310,6 +345,10 @@ class LLMEngine:
             return []
         sampling = [item.seq for item in out.scheduled if item.samples]
         prompt_chunks = {i: (item.seq, item.seq.num_computed_tokens) for i, item in enumerate(out.scheduled)}
+        for item in out.scheduled:
+            metrics = self.requests[item.seq.group_id].metrics
+            metrics.first_scheduled_time = metrics.first_scheduled_time or started
+        self.iteration_tokens.observe(out.num_batched_tokens)
         logits = self.runner.run(out)
         self._step_tokens += out.num_batched_tokens
         self._step_rows += len(out.scheduled)
@@ -386,4 +425,9 @@ class LLMEngine:
                            pool.num_run_blocks, dict(self.controller.counts) if self.controller else {},
                            self.graphs.captures if self.graphs else 0, self.graphs.pool_bytes if self.graphs else 0,
                            self.store.expert_counts() if self.store and self.store.expert_tiers else {},
-                           self.store.expert_ring.backend.bytes_copied if self.store and self.store.expert_ring else 0)
+                           self.store.expert_ring.backend.bytes_copied if self.store and self.store.expert_ring else 0,
+                           self.store.expert_direct_read_bytes() if self.store else 0,
+                           self.balancer.swaps if self.balancer else 0,
+                           {layer: counts.tolist() for layer, counts in self.store.model.routing_counts().items()}
+                           if self.store and self.store.expert_tiers else {},
+                           self.iteration_tokens.snapshot())

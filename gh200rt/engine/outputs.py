@@ -38,6 +38,18 @@ class CompletionOutput:
 
 
 @dataclass
+class RequestMetrics:
+    """A request's life in ``time.perf_counter`` seconds (vLLM's ``RequestOutput.metrics``): queued from
+    ``arrival_time`` to ``first_scheduled_time`` (its first step, prefill chunk or cache hit), prefill until
+    ``first_token_time``, decode until ``last_token_time``; ``finished_time`` once every choice ended."""
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+
+
+@dataclass
 class RequestOutput:
     request_id: str
     prompt: str | None
@@ -46,6 +58,7 @@ class RequestOutput:
     finished: bool = False
     prompt_logprobs: list[TokenLogprobs | None] | None = None   # first entry None (no context)
     num_cached_tokens: int = 0
+    metrics: RequestMetrics | None = None
 
     # The first choice, for the common n == 1 case: ``llm.generate(...)[i].text``.
     @property
@@ -74,3 +87,4 @@ class EmbeddingRequestOutput:
     prompt_token_ids: list[int]
     outputs: EmbeddingOutput
     finished: bool = True
+    metrics: RequestMetrics | None = None

@@ -14,11 +14,13 @@ hit skips its first positions); its full blocks are still published, as a genera
 """
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 
 from gh200rt.config import POOLING_TYPES
-from gh200rt.engine.outputs import EmbeddingOutput, EmbeddingRequestOutput
+from gh200rt.engine.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestMetrics
 from gh200rt.pooling_params import PoolingParams
 from gh200rt.scheduler.request import Sequence
 
@@ -42,6 +44,7 @@ class EmbeddingState:
         self.params = params
         self._sum: torch.Tensor | None = None
         self._rows = 0
+        self.metrics = RequestMetrics(arrival_time=time.perf_counter())   # the engine stamps first_scheduled_time
 
     @property
     def seq(self) -> Sequence:
@@ -66,4 +69,6 @@ class EmbeddingState:
         vector = (self._sum / self._rows).float()
         if self.params.normalize:
             vector = F.normalize(vector, p=2, dim=-1)
-        return EmbeddingRequestOutput(self.request_id, seq.prompt_token_ids, EmbeddingOutput(vector.tolist()))
+        self.metrics.finished_time = time.perf_counter()
+        return EmbeddingRequestOutput(self.request_id, seq.prompt_token_ids, EmbeddingOutput(vector.tolist()),
+                                      metrics=RequestMetrics(**vars(self.metrics)))

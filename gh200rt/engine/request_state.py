@@ -2,10 +2,12 @@
 much of each has been reported, so every step's ``RequestOutput`` carries exact deltas."""
 from __future__ import annotations
 
+import time
+
 import torch
 
 from gh200rt.engine.detokenizer import IncrementalDetokenizer
-from gh200rt.engine.outputs import CompletionOutput, RequestOutput, TokenLogprobs
+from gh200rt.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprobs
 from gh200rt.engine.sampler import token_logprobs
 from gh200rt.sampling_params import SamplingParams
 from gh200rt.scheduler.request import Sequence
@@ -31,6 +33,7 @@ class RequestState:
         self._reported_tokens: list[int] = []
         self.prompt_logprobs: list[TokenLogprobs | None] | None = [None] if params.prompt_logprobs is not None \
             else None
+        self.metrics = RequestMetrics(arrival_time=time.perf_counter())
 
     @property
     def finished(self) -> bool:
@@ -55,5 +58,13 @@ class RequestState:
                 stop_reason=seq.stop_reason, delta_text=delta_text, delta_token_ids=list(new_ids),
                 delta_logprobs=seq.output_logprobs[before:] if want_lp and seq.index in advanced else None))
         prompt_lp = self.prompt_logprobs if self.prompt_logprobs is not None else None
+        metrics = self.metrics
+        firsts = [s.first_token_time for s in self.seqs if s.first_token_time is not None]
+        lasts = [s.last_token_time for s in self.seqs if s.last_token_time is not None]
+        metrics.first_token_time = min(firsts, default=None)
+        metrics.last_token_time = max(lasts, default=None)
+        if self.finished and metrics.finished_time is None:
+            metrics.finished_time = time.perf_counter()
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outputs, finished=self.finished,
-                             prompt_logprobs=prompt_lp, num_cached_tokens=self.seqs[0].num_cached_tokens)
+                             prompt_logprobs=prompt_lp, num_cached_tokens=self.seqs[0].num_cached_tokens,
+                             metrics=RequestMetrics(**vars(metrics)))

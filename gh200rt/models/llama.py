@@ -101,6 +101,11 @@ class LlamaForCausalLM(nn.Module):
         return [{f"mlp.experts.{e}.{name}": ref for name, ref in refs.items()}
                 for e, refs in enumerate(mlp.expert_refs())]
 
+    def routing_counts(self) -> dict[int, torch.Tensor]:
+        """MoE layer -> (token, choice) pairs routed to each of its experts since start (host int64 [E])."""
+        return {i: layer.mlp.routing_counts() for i, layer in enumerate(self.layers)
+                if hasattr(layer.mlp, "routing_counts")}
+
     def set_expert_access(self, index: int, access) -> None:
         """What decoder layer ``index``'s MoE block calls around the experts a step routes to (``ExpertAccess``)."""
         self.layers[index].mlp.expert_access = access

@@ -43,17 +43,31 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert = GatedMLP(h, shared, dtype, device) if shared else None
         self.shared_expert_gate = RefLinear(h, 1, False, dtype, device) if shared else None
         self.expert_access = NO_EXPERT_ACCESS   # the weight store stages streamed experts through it
+        self.routed_tokens: torch.Tensor | None = None   # int64 [E]: (token, choice) pairs routed to each expert
 
     def forward(self, x: torch.Tensor, block_rows: int | None = None) -> torch.Tensor:
         """``block_rows``: every linear, each expert's included, on blocks of exactly that many rows, so a token's
         bits do not depend on which other tokens share the step or an expert (layers/row_blocks.py)."""
         weights, ids = route(self.gate(x, block_rows), self.top_k, self.renormalize)
+        self._count(ids)
         experts = self.experts
         out = grouped_experts(x, weights, ids, self.num_experts, lambda e, rows: experts[e](rows, block_rows),
                               self.scale_fp32, self.expert_access)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x, block_rows)) * self.shared_expert(x, block_rows)
         return out
+
+    def _count(self, ids: torch.Tensor) -> None:
+        """Routing statistics on the device the step runs on (no host sync): what placement learns from."""
+        if self.routed_tokens is None or self.routed_tokens.device != ids.device:
+            self.routed_tokens = torch.zeros(self.num_experts, dtype=torch.int64, device=ids.device)
+        self.routed_tokens += torch.bincount(ids.reshape(-1), minlength=self.num_experts)
+
+    def routing_counts(self) -> torch.Tensor:
+        """(token, choice) pairs routed to each expert since start, on the host."""
+        if self.routed_tokens is None:
+            return torch.zeros(self.num_experts, dtype=torch.int64)
+        return self.routed_tokens.cpu()
 
     # ---- weights -------------------------------------------------------------------------------
     def weight_refs(self) -> dict[str, WeightRef]:

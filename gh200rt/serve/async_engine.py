@@ -111,6 +111,8 @@ class AsyncEngine:
             if self._on_load_error is not None:
                 self._on_load_error(e)
             return
+        if self.metrics is not None:
+            self.metrics.cache_info = cache_config_info(self.engine)
         self._publish_stats()
         self.ready.set()
         while not self._stop.is_set():
@@ -211,3 +213,15 @@ class AsyncEngine:
         self._stats_dirty = False
         self._stats_time = now
         self.metrics.engine_stats = self.engine.stats()
+
+
+def cache_config_info(engine) -> dict | None:
+    """vllm:cache_config_info's labels (vLLM's CacheConfig field names) for a real engine (None for stand-ins)."""
+    config = getattr(engine, "config", None)
+    if config is None or not hasattr(engine, "stats"):
+        return None
+    cache, memory = config.cache, config.memory
+    return {"block_size": cache.block_size, "cache_dtype": cache.kv_cache_dtype,
+            "enable_prefix_caching": cache.enable_prefix_caching,
+            "gpu_memory_utilization": memory.gpu_memory_utilization,
+            "num_gpu_blocks": engine.stats().kv_blocks_total, "num_cpu_blocks": 0}

@@ -101,6 +101,7 @@ class GenerationRun:
             if payload.finished:
                 self.unfinished.discard(rid)
                 self.engine.finished(rid)
+                self.metrics.request_finished(payload, self.parsed.params)
             if batch:
                 yield batch
         self.metrics.observe(self.metrics.e2e, time.monotonic() - self.arrival)
@@ -119,6 +120,8 @@ class GenerationRun:
         """Idempotent: every path that ends the run calls it, some more than once."""
         if self.unfinished and count_abort:
             self.metrics.count("requests_aborted_total")
+            for _ in self.unfinished:
+                self.metrics.request_aborted()
         for rid in list(self.unfinished):
             self.engine.abort(rid)
         for rid in self.ids:

@@ -7,42 +7,14 @@ memory) are what a soak test watches for leaks (``scripts/soak.py``).
 """
 from __future__ import annotations
 
-import bisect
 import os
 import threading
 
-from gh200rt.serve.vllm_metrics import vllm_lines
+from gh200rt.serve.histogram import LATENCY_BUCKETS, Histogram  # noqa: F401  (Histogram: users import it here)
+from gh200rt.serve.vllm_metrics import VllmRequestHistograms, vllm_lines
 from gh200rt.weights.tiers import Tier
 
-LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 PREFIX = "gh200rt"
-
-
-class Histogram:
-    def __init__(self, name: str, help_text: str, buckets=LATENCY_BUCKETS):
-        self.name, self.help, self.buckets = name, help_text, tuple(buckets)
-        self.counts = [0] * (len(self.buckets) + 1)
-        self.total = 0.0
-        self.n = 0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.total += value
-        self.n += 1
-
-    def render(self, full: str | None = None, labels: str = "") -> list[str]:
-        """Prometheus lines under ``full`` (default gh200rt_<name>); ``labels``: 'k="v",...' for every series."""
-        full = full or f"{PREFIX}_{self.name}"
-        sep = f"{labels}," if labels else ""
-        lines = [f"# HELP {full} {self.help}", f"# TYPE {full} histogram"]
-        running = 0
-        for bound, count in zip(self.buckets, self.counts):
-            running += count
-            lines.append(f'{full}_bucket{{{sep}le="{bound}"}} {running}')
-        lines.append(f'{full}_bucket{{{sep}le="+Inf"}} {self.n}')
-        braces = f"{{{labels}}}" if labels else ""
-        lines += [f"{full}_sum{braces} {self.total}", f"{full}_count{braces} {self.n}"]
-        return lines
 
 
 COUNTER_HELP = {
@@ -68,6 +40,8 @@ class ServerMetrics:
         self.ttft = Histogram("time_to_first_token_seconds", "Time from request arrival to its first token.")
         self.itl = Histogram("inter_token_latency_seconds", "Time between consecutive output chunks of a request.")
         self.e2e = Histogram("e2e_request_latency_seconds", "Time from request arrival to its last token.")
+        self.vllm_requests = VllmRequestHistograms()
+        self.cache_info: dict | None = None      # vllm:cache_config_info's labels, once the engine is up
         self.engine_stats = None
 
     def count(self, name: str, amount: int = 1) -> None:
@@ -78,6 +52,15 @@ class ServerMetrics:
         with self._lock:
             histogram.observe(value)
 
+    def request_finished(self, output, params) -> None:
+        """A finished engine request (its last ``RequestOutput``): vLLM's per-request histograms."""
+        with self._lock:
+            self.vllm_requests.record(output, params)
+
+    def request_aborted(self) -> None:
+        with self._lock:
+            self.vllm_requests.aborted()
+
     def render(self, num_pending: int, model_name: str = "", admission=None, tasks: int | None = None) -> str:
         """``admission``: the server's Admission; ``tasks``: asyncio tasks alive in its event loop."""
         with self._lock:
@@ -86,7 +69,7 @@ class ServerMetrics:
                 lines += _series(name, "counter", COUNTER_HELP[name], [("", value)])
             for h in (self.ttft, self.itl, self.e2e):
                 lines += h.render()
-            lines += vllm_lines(self, model_name)
+            lines += vllm_lines(self, model_name, self.cache_info)
         lines += _engine_lines(self.engine_stats, num_pending)
         lines += server_lines(admission, tasks)
         return "\n".join(lines) + "\n"
@@ -131,6 +114,14 @@ def _engine_lines(s, num_pending: int) -> list[str]:
     if experts:
         lines += _series("moe_experts", "gauge", "An MoE model's routed experts per weight tier.",
                          [(f'{{tier="{t}"}}', experts.get(t, 0)) for t in TIERS])
+        lines += _series("moe_expert_swaps_total", "counter",
+                         "Resident experts swapped for more-used offloaded ones (--offload dynamic).",
+                         [("", get("expert_swaps"))])
+        routed = get("routed_tokens", None) or {}
+        lines += _series("moe_routed_tokens_total", "counter",
+                         "(token, choice) pairs the router sent to each expert of each MoE layer.",
+                         [(f'{{layer="{layer}",expert="{e}"}}', n) for layer, counts in sorted(routed.items())
+                          for e, n in enumerate(counts)])
     retier = get("retier_counts", None) or {}
     lines += _series("retier_total", "counter", "Decoder layers moved between tiers at run time (--offload dynamic).",
                      [(f'{{direction="{d}"}}', retier.get(d, 0)) for d in ("promote", "demote")])

@@ -51,11 +51,14 @@ class ExpertRing:
 
 
 class ExpertStaging(ExpertAccess):
-    """One MoE layer's access hooks; ``tiers`` is the store's list for the layer (read at every step)."""
+    """One MoE layer's access hooks; ``tiers`` is the store's list for the layer (read at every step); ``ring``
+    is set once any expert streams. Counts the direct experts' reads (``direct_reads``: one per step that
+    routes to one), which cross the link where host memory is not the device's."""
 
-    def __init__(self, ring: ExpertRing, slab, tiers: list[Tier], write, compute_dtype: torch.dtype):
+    def __init__(self, ring: ExpertRing | None, slab, tiers: list[Tier], write, compute_dtype: torch.dtype):
         self.ring, self.slab, self.tiers, self._write = ring, slab, tiers, write
         self.compute_dtype = compute_dtype
+        self.direct_reads = 0
         self._bound: dict[tuple[int, int], dict[str, object]] = {}   # (expert, slot) -> weights over the slot
 
     def bind_slot(self, expert: int, slot: int) -> None:
@@ -66,10 +69,14 @@ class ExpertStaging(ExpertAccess):
         self._write(expert, weights)
 
     def begin(self, active: list[int]) -> None:
-        self.ring.start(self, [e for e in active if self.tiers[e] == Tier.STREAMED])
+        self.direct_reads += sum(1 for e in active if self.tiers[e] == Tier.DIRECT)
+        if self.ring is not None:
+            self.ring.start(self, [e for e in active if self.tiers[e] == Tier.STREAMED])
 
     def before(self, expert: int) -> None:
-        self.ring.schedule.before_layer(expert)
+        if self.ring is not None:
+            self.ring.schedule.before_layer(expert)
 
     def after(self, expert: int) -> None:
-        self.ring.schedule.after_layer(expert)
+        if self.ring is not None:
+            self.ring.schedule.after_layer(expert)

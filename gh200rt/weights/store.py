@@ -31,7 +31,7 @@ from gh200rt.weights import forms as weight_forms
 from gh200rt.models.layers.moe_experts import NO_EXPERT_ACCESS
 from gh200rt.weights.device_moves import gguf_parts, linear_parts, move_to_device
 from gh200rt.weights.expert_slab import ExpertSlab
-from gh200rt.weights.expert_staging import ExpertRing, ExpertStaging
+from gh200rt.weights.expert_staging import EXPERT_STAGING_SLOTS, ExpertRing, ExpertStaging
 from gh200rt.weights.layer_slab import LayerSlab, WeightLayout
 from gh200rt.weights.schedule import NULL_HOOKS, LayerHooks, StreamingSchedule
 from gh200rt.weights.tiers import Tier, slot_of
@@ -375,6 +375,13 @@ class WeightStore(LayerHooks):
                 if tier != Tier.RESIDENT:
                     self._bind_offloaded_expert(layer, expert)
 
+    def expert_direct_read_bytes(self) -> int:
+        """Bytes of direct experts read in place since start: one expert span per step that routes to it."""
+        return sum(access.direct_reads * access.slab.expert_nbytes for access in self._stagings())
+
+    def _stagings(self) -> list[ExpertStaging]:
+        accesses = [self.model.layers[layer].mlp.expert_access for layer in self.expert_tiers]
+        return [a for a in accesses if isinstance(a, ExpertStaging)]
     def _build_expert_slab(self, layer: int) -> None:
         forms = []
         for expert, refs in enumerate(self._expert_refs(layer)):
@@ -397,14 +404,16 @@ class WeightStore(LayerHooks):
     def _bind_offloaded_expert(self, layer: int, expert: int) -> None:
         slab = self.expert_slabs[layer]
         if self.expert_tiers[layer][expert] == Tier.DIRECT:
+            self._staging(layer)       # counts its reads
             self._write_expert(layer, expert, slab.direct(expert, self.compute_dtype))
             return
+        staging = self._staging(layer)
         if self.expert_ring is None:
             slot_bytes = max(s.expert_nbytes for s in self.expert_slabs.values())
-            self._book("staging_ring", slot_bytes * 2)
+            self._book("staging_ring", slot_bytes * EXPERT_STAGING_SLOTS)
             self.expert_ring = ExpertRing(self.device, slot_bytes, self.poison)
-            assert self.expert_ring.nbytes == slot_bytes * 2
-        staging = self._staging(layer)
+            for access in self._stagings():
+                access.ring = self.expert_ring
         staging.bind_slot(expert, 0)   # until a step routes to it: a slot, never the home it left
 
     def _staging(self, layer: int) -> ExpertStaging:

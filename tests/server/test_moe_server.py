@@ -1,5 +1,6 @@
-"""``python -m gh200rt.serve`` serves a tiny random MoE model (Mixtral layout, streamed layers): one completion
-over loopback equals the engine's greedy tokens for the same prompt."""
+"""``python -m gh200rt.serve`` serves a tiny random MoE model (Mixtral layout, streamed layers and experts): one
+completion over loopback equals the engine's greedy tokens for the same prompt, and /metrics shows the experts
+per tier, the bytes of the routed experts copied in and the routing counts."""
 import pytest
 
 httpx = pytest.importorskip("httpx")  # the test extra: a bare GPU host need not have it
@@ -20,7 +21,7 @@ def test_serves_a_tiny_mixtral(tmp_path):
                                                                         ignore_eos=True))[0].outputs[0].text
     server = ServerProcess("gh200rt.serve", ["--model", path, "--served-model-name", "tiny-moe",
                                              "--max-model-len", "128", "--dtype", "float32",
-                                             "--offload", "stream"])
+                                             "--offload", "stream", "--layer-tiers", "0:experts=direct"])
     try:
         reply = httpx.post(server.url + "/v1/completions", timeout=60, json={
             "model": "tiny-moe", "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
@@ -28,5 +29,15 @@ def test_serves_a_tiny_mixtral(tmp_path):
         body = reply.json()
         assert body["usage"]["completion_tokens"] == 8
         assert body["choices"][0]["text"] == want
+        metrics = httpx.get(server.url + "/metrics", timeout=30).text
+        series = dict(line.rsplit(" ", 1) for line in metrics.splitlines() if line.startswith("gh200rt_"))
+        experts = 4 * 8                                        # tiny mixtral: 4 layers of 8 experts
+        assert float(series['gh200rt_moe_experts{tier="direct"}']) == 8
+        assert float(series['gh200rt_moe_experts{tier="streamed"}']) == experts - 8
+        routed = [float(v) for k, v in series.items() if k.startswith("gh200rt_moe_routed_tokens_total{")]
+        prompt_tokens = body["usage"]["prompt_tokens"]
+        # each layer routes every prompt token and the 7 decode steps' tokens to k=2 experts
+        assert len(routed) == experts and sum(routed) == 4 * 2 * (prompt_tokens + 7)
+        assert float(series["gh200rt_expert_bytes_copied_total"]) > 0
     finally:
         server.stop()

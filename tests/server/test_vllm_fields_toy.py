@@ -106,11 +106,25 @@ def test_vllm_metric_names_beside_gh200rt_names(toy_server):
         assert 0 <= value(name)
     assert value("vllm:generation_tokens_total") == float(
         re.search(r"^gh200rt_generation_tokens_total (\S+)$", text, re.M).group(1)) > 0
-    assert value("vllm:prompt_tokens_total") > 0 and value("vllm:request_success_total") > 0
-    for name in ("time_to_first_token_seconds", "time_per_output_token_seconds", "e2e_request_latency_seconds"):
+    assert value("vllm:prompt_tokens_total") > 0
+    assert re.search(r'^vllm:request_success_total{model_name="toy",finished_reason="length"} [1-9]', text, re.M)
+    for name in ("time_to_first_token_seconds", "time_per_output_token_seconds", "e2e_request_latency_seconds",
+                 "request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds",
+                 "request_inference_time_seconds", "request_prompt_tokens", "request_generation_tokens",
+                 "request_max_num_generation_tokens", "request_params_n", "request_params_max_tokens",
+                 "iteration_tokens_total"):
         assert re.search(rf'^vllm:{name}_bucket{{model_name="toy",le="\+Inf"}} [1-9]', text, re.M), name
         assert re.search(rf'^vllm:{name}_count{{model_name="toy"}} [1-9]', text, re.M), name
     assert "gh200rt_time_to_first_token_seconds_bucket" in text
+    # max_tokens=4: a request's 4 generated tokens fall in the le="5" bucket and not in le="2"
+    count = lambda name, le: float(re.search(  # noqa: E731
+        rf'^vllm:{name}_bucket{{model_name="toy",le="{le}"}} (\S+)$', text, re.M).group(1))
+    assert count("request_generation_tokens", "5") > count("request_generation_tokens", "2")
+    assert count("request_params_max_tokens", "5") >= 1
+    assert re.search(r'^vllm:num_requests_waiting_by_reason{model_name="toy",reason="capacity"} \d', text, re.M)
+    assert re.search(r'^vllm:num_requests_waiting_by_reason{model_name="toy",reason="deferred"} 0', text, re.M)
+    info = re.search(r'^vllm:cache_config_info{model_name="toy",(.*)} 1.0$', text, re.M)
+    assert info and 'block_size="' in info.group(1) and 'num_gpu_blocks="' in info.group(1), text[-3000:]
 
 
 def test_model_aliases_and_x_api_key(start_toy_server):

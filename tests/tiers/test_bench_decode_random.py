@@ -44,6 +44,24 @@ def test_bench_decode_random_model_writes_rows_with_rooflines(tmp_path):
     assert all(r["tokens_per_second"] > 0 and r["roofline_tokens_per_second"] > 0 for r in report["rows"])
 
 
+def test_bench_decode_moe_counts_the_routed_experts_bytes(tmp_path):
+    """An MoE model's experts-* placements: at batch 1 a step touches k=4 of the 16 experts of each layer, so
+    the routed experts' bytes per step are a quarter of what streaming whole layers would move."""
+    out = tmp_path / "decode.json"
+    proc = subprocess.run([sys.executable, "scripts/bench_decode.py", "--random-model", "qwen3-moe-tiny",
+                           "--random-model-dir", str(tmp_path / "m"), "--placements",
+                           "resident,experts-direct,experts-stream", "--batches", "1", "--tokens", "3",
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = {r["placement"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["resident"]["experts"] == "64/0/0" and rows["resident"]["expert_link_bytes_per_step"] == 0
+    assert rows["experts-direct"]["experts"] == "0/0/64" and rows["experts-stream"]["experts"] == "0/64/0"
+    for name in ("experts-direct", "experts-stream"):
+        row = rows[name]
+        assert row["expert_link_bytes_per_step"] == row["whole_layer_expert_bytes"] / 4, row
+        assert row["roofline_tokens_per_second"] > 0
+
+
 def test_bench_decode_graphs_times_eager_and_the_bucketed_path_side_by_side(tmp_path):
     out = tmp_path / "graphs.json"
     proc = subprocess.run([sys.executable, "scripts/bench_decode.py", "--random-model", "llama3-tiny",
