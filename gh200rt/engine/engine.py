@@ -258,6 +258,7 @@ class LLMEngine:
         if len(ids) > self.max_model_len:
             raise ValueError(f"the input has {len(ids)} tokens but max_model_len is {self.max_model_len}; shorten it, "
                              f"pass truncate_prompt_tokens, or raise --max-model-len")
+        # default SamplingParams: what the scheduler reads of any sequence (no prompt logprobs); nothing samples
         seq = Sequence(f"{request_id}#0", request_id, 0, ids, SamplingParams(max_tokens=None), self._arrivals,
                        max_model_len=self.max_model_len, pooling=self.config.model.pooling_type)
         self._arrivals += 1
@@ -386,7 +387,7 @@ class LLMEngine:
         for i, rows_sum in pooled.items():
             seq, start = prompt_chunks[i]
             state = self.requests[seq.group_id]
-            state.add_chunk(start, rows_sum, seq.num_computed_tokens - start if seq.pooling == "MEAN" else 1)
+            state.add_chunk(start, seq.num_computed_tokens, rows_sum)
             if state.finished:
                 seq.finish("stop")
                 self.scheduler.finish(seq)   # its full blocks stay in the prefix cache

@@ -54,9 +54,10 @@ class EmbeddingState:
     def finished(self) -> bool:
         return self.seq.num_computed_tokens == self.seq.num_tokens
 
-    def add_chunk(self, start: int, rows_sum: torch.Tensor, rows: int) -> None:
-        """The runner's sum of a chunk's pooled rows; a chunk that starts at 0 starts over (a preempted prompt is
-        prefilled again from its first token)."""
+    def add_chunk(self, start: int, end: int, rows_sum: torch.Tensor) -> None:
+        """The runner's sum of the pooled rows of the chunk that computed positions [start, end); a chunk that starts
+        at 0 starts over (a preempted prompt is prefilled again from its first token)."""
+        rows = end - start if self.seq.pooling == "MEAN" else 1
         if start == 0 or self.seq.pooling == "LAST":
             self._sum, self._rows = rows_sum, rows
         else:

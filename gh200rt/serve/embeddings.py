@@ -141,10 +141,13 @@ async def create_embeddings(state, body: dict, model: str) -> dict:
         raise
     except asyncio.CancelledError:
         metrics.count("requests_aborted_total")
+        metrics.request_aborted()
         raise
     finally:
         ticket.release()
     metrics.observe(metrics.e2e, time.monotonic() - arrival)
     metrics.count("requests_success_total")
     metrics.count("prompt_tokens_total", sum(len(ids) for ids in inputs))
+    for out in outputs:
+        metrics.request_pooled(out)
     return embedding_body(outputs, model, request.encoding_format)

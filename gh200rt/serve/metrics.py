@@ -57,6 +57,11 @@ class ServerMetrics:
         with self._lock:
             self.vllm_requests.record(output, params)
 
+    def request_pooled(self, output) -> None:
+        """A finished embedding request (its ``EmbeddingRequestOutput``): vLLM's per-request histograms."""
+        with self._lock:
+            self.vllm_requests.pooled(output)
+
     def request_aborted(self) -> None:
         with self._lock:
             self.vllm_requests.aborted()

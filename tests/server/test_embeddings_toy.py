@@ -110,15 +110,16 @@ def test_refusals(toy_server):
 
 
 def test_routes_without_prefix_and_metrics(toy_server):
-    def successes() -> float:
+    def successes() -> tuple[float, float]:
         text = httpx.get(toy_server.url + "/metrics", timeout=60).text
-        return float(next(line.split()[-1] for line in text.splitlines()
-                          if line.startswith("gh200rt_requests_success_total ")))
+        return tuple(float(next(line.split()[-1] for line in text.splitlines() if line.startswith(prefix)))
+                     for prefix in ("gh200rt_requests_success_total ", 'vllm:request_success_total{model_name="toy",'
+                                                                        'finished_reason="stop"}'))
     before = successes()
     want = torch.tensor(vectors(toy_server, {"input": "route"})[0])
     for path in ("/embeddings", "/invocations"):      # the toy model is not prefix-cache invariant: within 1e-6
         assert_close(embed(toy_server, {"input": "route"}, path)["data"][0]["embedding"], want)
-    assert successes() == before + 3
+    assert successes() == (before[0] + 3, before[1] + 3)
 
 
 def test_same_vector_beside_concurrent_generation(toy_server):
