@@ -7,10 +7,11 @@ import pkgutil
 # search every gh200rt folder on sys.path, the installed one included.
 __path__ = pkgutil.extend_path(__path__, __name__)
 
+from gh200rt.pooling_params import PoolingParams
 from gh200rt.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "PoolingParams", "SamplingParams", "__version__"]
 
 
 def __getattr__(name):

@@ -23,6 +23,7 @@ CPU_ROUTES = ("auto", "bf16", "fp16", "fp32")  # platform/cpu_features.py: ROUTE
 # weights, which no --dtype names)
 _ROUTE_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's values; fp8 = fp8_e4m3
+POOLING_TYPES = ("LAST", "MEAN")  # engine/pooling.py; vLLM's PoolerConfig.pooling_type names
 HOST_WEIGHT_DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "int4", "fp8")
 
 _SIZE_UNITS = {
@@ -105,6 +106,10 @@ class ModelConfig:
         "CPU: a request's tokens do not depend on which other requests share its steps (every step's linears in "
         "fixed blocks of rows, decodes too; slower, docs/BENCHMARKS.md); without it only prompt positions are "
         "computed alike however the prompt was split or batched (the prefix cache's guarantee)"))
+    pooling_type: str = field(default="LAST", metadata=_help(
+        "how /v1/embeddings and LLM.embed pool the final norm's hidden states into one vector: LAST = the last "
+        "input token's (vLLM's default for decoder models), MEAN = the mean over every input token; vLLM's "
+        "--override-pooler-config '{\"pooling_type\": ...}'", choices=POOLING_TYPES))
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -117,6 +122,8 @@ class ModelConfig:
             fits = _ROUTE_DTYPES.get(self.cpu_route)
             raise ValueError(f"--cpu-route {self.cpu_route} computes in {fits or 'float32 with fp16 weights'}, not "
                              f"--dtype {self.dtype}: leave --dtype auto" + (f" or give {fits}" if fits else ""))
+        if self.pooling_type not in POOLING_TYPES:
+            raise ValueError(f"--pooling-type {self.pooling_type!r}: choose one of {', '.join(POOLING_TYPES)}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"--max-model-len must be at least 1, got {self.max_model_len}")
         if self.max_logprobs < -1:

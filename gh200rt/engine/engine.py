@@ -2,7 +2,8 @@
 
 Single-threaded by contract (the server drives it from one thread). Each step: schedule ->
 run the model on the flattened batch -> advance KV progress -> sample -> detokenize and check
-stop conditions -> free finished sequences at once -> report what each request added.
+stop conditions -> free finished sequences at once -> report what each request added. An embedding
+request (``PoolingParams``) is prefilled in the same steps and answered once, pooled (engine/pooling.py).
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from gh200rt.engine.detokenizer import IncrementalDetokenizer
 from gh200rt.engine.expert_balancer import ExpertBalancer
 from gh200rt.engine.host_allocator import keep_freed_memory
 from gh200rt.engine.model_runner import ModelRunner
-from gh200rt.engine.outputs import RequestOutput
+from gh200rt.engine.outputs import EmbeddingRequestOutput, RequestOutput
+from gh200rt.engine.pooling import EmbeddingState
 from gh200rt.engine.request_state import RequestState, prompt_logprobs_for_chunk
 from gh200rt.engine.sampler import Sampler
 from gh200rt.engine.step_cost import StepCostModel
@@ -33,6 +35,7 @@ from gh200rt.engine.bootstrap import (DTYPE_NAMES, PlacedModel, install_kernels,
 from gh200rt.kv.pool import allocate_kv_caches, kv_bytes_per_block
 from gh200rt.planner.cost_model import copy_seconds
 from gh200rt.memory.ledger import DeviceMemoryLedger, ledger_capacity
+from gh200rt.pooling_params import PoolingParams
 from gh200rt.sampling_params import SamplingParams
 from gh200rt.scheduler.request import Sequence
 from gh200rt.scheduler.scheduler import Scheduler
@@ -208,19 +211,15 @@ class LLMEngine:
             self.store.close()
 
     # ---- requests -------------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: str | None, params: SamplingParams | None = None,
+    def add_request(self, request_id: str, prompt: str | None, params: SamplingParams | PoolingParams | None = None,
                     prompt_token_ids: list[int] | None = None) -> None:
+        """A generation request, or with ``PoolingParams`` an embedding request (vLLM's convention)."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already running; use a unique id")
-        if prompt_token_ids is None:
-            if prompt is None:
-                raise ValueError("give a prompt string or prompt_token_ids")
-            try:
-                prompt_token_ids = list(self.tokenizer.encode(prompt))
-            except (TypeError, ValueError, UnicodeError) as e:  # e.g. unpaired surrogates in the text
-                raise ValueError(f"the prompt cannot be tokenized: {e}") from e
-        prompt_token_ids = [int(t) for t in prompt_token_ids]
+        prompt_token_ids = self._prompt_ids(prompt, prompt_token_ids)
+        if isinstance(params, PoolingParams):
+            return self._add_embedding(request_id, prompt_token_ids, params)
         params = params.with_vocab(self.vocab_size)
         self._validate(prompt_token_ids, params)
         state = RequestState(request_id, prompt, prompt_token_ids, params)
@@ -241,12 +240,36 @@ class LLMEngine:
         self.requests[request_id] = state
         self.prompt_tokens += len(prompt_token_ids)
 
-    def _validate(self, ids: list[int], params: SamplingParams) -> None:
+    def _prompt_ids(self, prompt: str | None, prompt_token_ids: list[int] | None) -> list[int]:
+        if prompt_token_ids is None:
+            if prompt is None:
+                raise ValueError("give a prompt string or prompt_token_ids")
+            try:
+                prompt_token_ids = list(self.tokenizer.encode(prompt))
+            except (TypeError, ValueError, UnicodeError) as e:  # e.g. unpaired surrogates in the text
+                raise ValueError(f"the prompt cannot be tokenized: {e}") from e
+        ids = [int(t) for t in prompt_token_ids]
         if not ids:
             raise ValueError("the prompt is empty; give at least one token")
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        return ids
+
+    def _add_embedding(self, request_id: str, ids: list[int], params: PoolingParams) -> None:
+        params.check_dimensions(self.arch.hidden_size)
+        if len(ids) > self.max_model_len:
+            raise ValueError(f"the input has {len(ids)} tokens but max_model_len is {self.max_model_len}; shorten it, "
+                             f"pass truncate_prompt_tokens, or raise --max-model-len")
+        # default SamplingParams: what the scheduler reads of any sequence (no prompt logprobs); nothing samples
+        seq = Sequence(f"{request_id}#0", request_id, 0, ids, SamplingParams(max_tokens=None), self._arrivals,
+                       max_model_len=self.max_model_len, pooling=self.config.model.pooling_type)
+        self._arrivals += 1
+        self.scheduler.add(seq)
+        self.requests[request_id] = EmbeddingState(request_id, seq, params)
+        self.prompt_tokens += len(ids)
+
+    def _validate(self, ids: list[int], params: SamplingParams) -> None:
         bad = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
@@ -315,7 +338,7 @@ class LLMEngine:
         self._waiting_hashes = memo
         return total
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[RequestOutput | EmbeddingRequestOutput]:
         if self.balancer is not None:
             self.balancer.between_steps()
         if self.controller is not None:
@@ -336,6 +359,7 @@ class LLMEngine:
         self._step_tokens += out.num_batched_tokens
         self._step_rows += len(out.scheduled)
         self.scheduler.step_done(out)
+        outputs: list = self._pool(logits.pooled, prompt_chunks)
         touched: dict[str, set[int]] = {}
         for i, chunk_logits in logits.prompt_logits.items():
             seq, start = prompt_chunks[i]
@@ -351,7 +375,6 @@ class LLMEngine:
                 seq.last_token_time = stamp
                 self._advance(seq, token, lp, chosen)
                 touched.setdefault(seq.group_id, set()).add(seq.index)
-        outputs = []
         for group_id, advanced in touched.items():
             state = self.requests[group_id]
             outputs.append(state.make_output(advanced))
@@ -362,6 +385,20 @@ class LLMEngine:
         captured = self.graphs.capture_seconds - capturing if self.graphs is not None else 0.0
         self._step_seconds += time.perf_counter() - started - captured
         return outputs
+
+    def _pool(self, pooled: dict, prompt_chunks: dict) -> list[EmbeddingRequestOutput]:
+        """Add this step's pooled rows to their embedding requests; answer and free those whose input is all in."""
+        done = []
+        for i, rows_sum in pooled.items():
+            seq, start = prompt_chunks[i]
+            state = self.requests[seq.group_id]
+            state.add_chunk(start, seq.num_computed_tokens, rows_sum)
+            if state.finished:
+                seq.finish("stop")
+                self.scheduler.finish(seq)   # its full blocks stay in the prefix cache
+                del self.requests[seq.group_id]
+                done.append(state.output())
+        return done
 
     def _advance(self, seq: Sequence, token: int, lp, chosen: float) -> None:
         state = self.requests[seq.group_id]

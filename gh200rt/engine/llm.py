@@ -1,4 +1,4 @@
-"""The offline API: ``LLM(...).generate(prompts, params)`` and ``.chat(messages, params)``.
+"""The offline API: ``LLM(...).generate(prompts, params)``, ``.chat(messages, params)`` and ``.embed(prompts)``.
 
 Built on ``LLMEngine``: every prompt becomes a request, the engine is stepped until all finish,
 and results come back in prompt order.
@@ -9,7 +9,8 @@ from typing import Sequence as Seq
 
 from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
-from gh200rt.engine.outputs import RequestOutput
+from gh200rt.engine.outputs import EmbeddingRequestOutput, RequestOutput
+from gh200rt.pooling_params import PoolingParams
 from gh200rt.sampling_params import SamplingParams
 
 
@@ -50,6 +51,26 @@ class LLM:
             ids.append(request_id)
         return self._run(ids)
 
+    def embed(self, prompts, pooling_params: PoolingParams | None = None) -> list[EmbeddingRequestOutput]:
+        """One pooled, by default L2-normalised, vector per prompt (``outputs[i].outputs.embedding``), pooled as
+        ``--pooling-type`` says; prompts are strings or token id lists, as for ``generate``."""
+        params = pooling_params or PoolingParams()
+        ids = []
+        for item in _as_prompt_list(prompts):
+            request_id = f"llm-{self._counter}"
+            self._counter += 1
+            if isinstance(item, str):
+                self.engine.add_request(request_id, item, params)
+            else:
+                self.engine.add_request(request_id, None, params, prompt_token_ids=list(item))
+            ids.append(request_id)
+        final: dict[str, EmbeddingRequestOutput] = {}
+        while len(final) < len(ids):
+            for out in self.engine.step():
+                if isinstance(out, EmbeddingRequestOutput):
+                    final[out.request_id] = out
+        return [final[i] for i in ids]
+
     def chat(self, messages, sampling_params=None, add_generation_prompt: bool = True) -> list[RequestOutput]:
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt)
@@ -62,7 +83,7 @@ class LLM:
         pending = set(ids)
         while pending:
             for out in self.engine.step():
-                if out.request_id not in pending:
+                if out.request_id not in pending or isinstance(out, EmbeddingRequestOutput):
                     continue
                 reasons = finished_choices.setdefault(out.request_id, {})
                 for c in out.outputs:

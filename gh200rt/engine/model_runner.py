@@ -2,7 +2,7 @@
 
 Only rows that sample (the last token of a sequence that completes its prompt or decodes) go
 through ``compute_logits``, plus every prompt position of sequences that asked for
-``prompt_logprobs``. Inputs are built from host lists in one pass (no per-token tensors) and reach
+``prompt_logprobs``; an embedding sequence's pooled rows (``engine/pooling.py``) come back summed instead. Inputs are built from host lists in one pass (no per-token tensors) and reach
 the device in one copy (through pinned memory on a GPU), so preparing a step never waits on it.
 The runner drives the weight store's hooks around every decoder layer (``forward``): the staging
 ring waits for and prefetches weights there, while the model itself stays pure. Decode-only steps go
@@ -12,13 +12,14 @@ in fixed row blocks instead (``engine/invariance.py``), so a row's bits do not d
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from gh200rt.engine.device_inputs import to_device
 from gh200rt.engine.invariance import LOGIT_BLOCK_ROWS, linear_block_rows
+from gh200rt.engine.pooling import pool_rows
 from gh200rt.models.base import AttentionMetadata
 from gh200rt.models.layers.row_blocks import in_row_blocks
 from gh200rt.scheduler.scheduler import SchedulerOutput
@@ -62,6 +63,8 @@ class HostStep:
     sample_rows: list[int]
     prompt_logit_ranges: dict[int, tuple[int, int]]
     linear_rows: int | None
+    # scheduled index -> flat [start, end) of an embedding sequence's rows to pool (rank 0 only: workers pool nothing)
+    pool_ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def num_seqs(self) -> int:
@@ -78,6 +81,7 @@ def pack_step(out: SchedulerOutput, block_size: int, linear_rows: int | None = N
     starts = [0]
     sample_rows: list[int] = []
     prompt_ranges: dict[int, tuple[int, int]] = {}
+    pool_ranges: dict[int, tuple[int, int]] = {}
     width = 0
     for i, item in enumerate(out.scheduled):
         seq, q = item.seq, item.num_new_tokens
@@ -99,14 +103,19 @@ def pack_step(out: SchedulerOutput, block_size: int, linear_rows: int | None = N
         tables.append(table)
         width = max(width, len(table))
         starts.append(flat + q)
-        if end == seq.num_tokens:
+        if item.samples:
             sample_rows.append(flat + q - 1)
+        elif seq.pooling is not None:
+            rows = pool_rows(seq.pooling, start, end, seq.num_tokens, flat)
+            if rows is not None:
+                pool_ranges[i] = rows
     # Everything the device needs, packed into one int64 host tensor: one (non-blocking, pinned) copy.
     packed = [*ids, *positions, *slots, *starts, *seq_lens, *sample_rows]
     for table in tables:
         packed.extend(table)
         packed.extend([0] * (width - len(table)))
-    return HostStep(packed, len(ids), width, query_lens, seq_lens, sample_rows, prompt_ranges, linear_rows)
+    return HostStep(packed, len(ids), width, query_lens, seq_lens, sample_rows, prompt_ranges, linear_rows,
+                    pool_ranges)
 
 
 def step_inputs(step: HostStep, block_size: int, device: torch.device | str = "cpu") -> StepInputs:
@@ -129,6 +138,7 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device |
 class StepLogits:
     sample_logits: torch.Tensor                        # [num sampling seqs, V] float32
     prompt_logits: dict[int, torch.Tensor]             # scheduled index -> [chunk prompt tokens, V]
+    pooled: dict[int, torch.Tensor] = field(default_factory=dict)  # scheduled index -> [H] float64 sum of pooled rows
 
 
 class ModelRunner:
@@ -170,7 +180,9 @@ class ModelRunner:
         else:
             sample_logits = self.logits(hidden.index_select(0, inputs.sample_index), rows)
         prompt_logits = {i: self.logits(hidden[a:b], rows) for i, (a, b) in inputs.prompt_logit_ranges.items()}
-        return StepLogits(sample_logits.float(), {i: t.float() for i, t in prompt_logits.items()})
+        # float64: a mean's sum hardly depends on where the prompt's chunks were cut; a single row stays exact
+        pooled = {i: hidden[a:b].double().sum(0).cpu() for i, (a, b) in step.pool_ranges.items()}
+        return StepLogits(sample_logits.float(), {i: t.float() for i, t in prompt_logits.items()}, pooled)
 
     def logits(self, hidden: torch.Tensor, linear_rows: int | None) -> torch.Tensor:
         """The logits of ``hidden``'s rows; in a step whose linears run in row blocks, the head's too."""

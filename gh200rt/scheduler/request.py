@@ -1,7 +1,8 @@
 """One sequence the engine generates: its tokens, KV progress, block table and stopping state.
 
 A user request with ``n`` choices becomes ``n`` sequences sharing a ``group_id``; choice 0 computes
-the prompt and the others fork its full prompt blocks (``share_prompt_from``).
+the prompt and the others fork its full prompt blocks (``share_prompt_from``). An embedding request is one
+sequence with ``pooling`` set ("LAST" or "MEAN", engine/pooling.py): it prefills its prompt and samples nothing.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ class Status(enum.Enum):
 class Sequence:
     def __init__(self, seq_id: str, group_id: str, index: int, prompt_token_ids: list[int],
                  params: SamplingParams, arrival: int, eos_token_ids: frozenset[int] = frozenset(),
-                 max_model_len: int = 1 << 30):
+                 max_model_len: int = 1 << 30, pooling: str | None = None):
         self.seq_id = seq_id
         self.group_id = group_id
         self.index = index
@@ -29,6 +30,7 @@ class Sequence:
         self.output_token_ids: list[int] = []
         self._all = list(prompt_token_ids)
         self.params = params
+        self.pooling = pooling
         self.arrival = arrival
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
@@ -69,6 +71,12 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is Status.FINISHED
+
+    @property
+    def computes_whole_prompt(self) -> bool:
+        """Every prompt position must be computed (none taken from the prefix cache): to score each position, or to
+        pool them all."""
+        return self.params.prompt_logprobs is not None or self.pooling == "MEAN"
 
     @property
     def in_prefill(self) -> bool:

@@ -30,8 +30,9 @@ class ScheduledSequence:
 
     @property
     def samples(self) -> bool:
-        """True when this step computes the sequence's last uncomputed token (its logits sample)."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+        """True when this step computes the sequence's last uncomputed token (its logits sample); never for an
+        embedding sequence (it pools instead)."""
+        return self.seq.pooling is None and self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
 
 
 @dataclass
@@ -121,8 +122,8 @@ class Scheduler:
                 and owner.num_computed_tokens >= k * self.kv.block_size):
             self.kv.adopt_prefix(seq, owner.block_ids[:k], owner.block_hashes[:k])
             return
-        if seq.params.prompt_logprobs is not None:
-            return                       # every prompt position must be computed to score it
+        if seq.computes_whole_prompt:
+            return
         block_ids, hashes = self.kv.find_cached_prefix(seq.all_token_ids)
         if block_ids:
             self.kv.adopt_prefix(seq, block_ids, hashes)

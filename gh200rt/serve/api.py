@@ -1,7 +1,8 @@
 """The FastAPI app: OpenAI routes over an ``AsyncEngine``, plus health, metrics and tokenizer routes.
 
 Every OpenAI route answers with and without its ``/v1`` prefix (llama.cpp's clients leave it out), and
-``/invocations`` (SageMaker) takes either body: ``messages`` is a chat completion, ``prompt`` a completion.
+``/invocations`` (SageMaker) takes any of their bodies: ``messages`` is a chat completion, ``prompt`` a completion,
+``input`` an embeddings request (``embeddings``).
 
 Cross-cutting rules (CORS, API key, 413, 503 on shutdown) live in ``guard.Guard``; reading and
 checking a body lives in ``body``, its fields in ``protocol``; how many requests are held at once
@@ -24,13 +25,14 @@ from gh200rt.serve.admission import Admission
 from gh200rt.serve.args import ServerConfig
 from gh200rt.serve.async_engine import AsyncEngine
 from gh200rt.serve.body import parse_json_object, read_body
+from gh200rt.serve.embeddings import create_embeddings
 from gh200rt.serve.errors import APIError, bad_request, error_body
 from gh200rt.serve.generation import GenerationRun
 from gh200rt.serve.guard import (ClientGone, ClosingStreamingResponse, DisconnectAwareResponse, Guard,
                                  unless_disconnected)
 from gh200rt.serve.metrics import ServerMetrics
 from gh200rt.serve.chat_request import parse_chat_request, parse_messages, template_flags
-from gh200rt.serve.protocol import (DEFAULT_MAX_LOGPROBS, check_token_ids, parse_completion_request,
+from gh200rt.serve.protocol import (DEFAULT_MAX_LOGPROBS, check_token_ids, model_name, parse_completion_request,
                                     resolve_whole_vocab, show)
 from gh200rt.serve.responses import completion_body
 from gh200rt.serve.tokenizer_info import token_strings, tokenizer_info
@@ -186,6 +188,14 @@ def create_app(state: ServerState) -> FastAPI:
     async def chat_completions(request: Request):
         return await _while_connected(request, chat_completion(await read_json(request)))
 
+    async def embedding(body: dict):
+        return JSONResponse(await create_embeddings(state, body, check_model(model_name(body))))
+
+    @app.post("/v1/embeddings")
+    @app.post("/embeddings")
+    async def embeddings(request: Request):
+        return await _while_connected(request, embedding(await read_json(request)))
+
     @app.post("/invocations")
     async def invocations(request: Request):
         body = await read_json(request)
@@ -193,8 +203,10 @@ def create_app(state: ServerState) -> FastAPI:
             return await _while_connected(request, chat_completion(body))
         if "prompt" in body:
             return await _while_connected(request, completion(body))
-        raise bad_request("/invocations takes a chat completion body (with 'messages') or a completion body (with "
-                          "'prompt')", "messages")
+        if "input" in body:
+            return await _while_connected(request, embedding(body))
+        raise bad_request("/invocations takes a chat completion body (with 'messages'), a completion body (with "
+                          "'prompt') or an embeddings body (with 'input')", "messages")
 
     return app
 

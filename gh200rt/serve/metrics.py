@@ -18,10 +18,10 @@ PREFIX = "gh200rt"
 
 
 COUNTER_HELP = {
-    "requests_received_total": "Generation requests received.",
-    "requests_success_total": "Generation requests that finished normally.",
-    "requests_aborted_total": "Generation requests aborted (client disconnect or error after acceptance).",
-    "requests_rejected_total": "Generation requests refused before generating (bad input or overload).",
+    "requests_received_total": "Requests received (completions, chat completions and embeddings).",
+    "requests_success_total": "Requests that finished normally (completions, chat completions and embeddings).",
+    "requests_aborted_total": "Requests aborted (client disconnect or error after acceptance).",
+    "requests_rejected_total": "Requests refused before running (bad input or overload).",
     "prompt_tokens_total": "Prompt tokens of finished requests.",
     "generation_tokens_total": "Tokens generated.",
 }
@@ -56,6 +56,11 @@ class ServerMetrics:
         """A finished engine request (its last ``RequestOutput``): vLLM's per-request histograms."""
         with self._lock:
             self.vllm_requests.record(output, params)
+
+    def request_pooled(self, output) -> None:
+        """A finished embedding request (its ``EmbeddingRequestOutput``): vLLM's per-request histograms."""
+        with self._lock:
+            self.vllm_requests.pooled(output)
 
     def request_aborted(self) -> None:
         with self._lock:

@@ -145,23 +145,23 @@ def check_token_ids(value, param: str, vocab_size: int, allow_empty: bool = Fals
     return value
 
 
-def parse_prompts(prompt) -> list[tuple[str | None, list[int] | None]]:
-    """A string, a list of strings, a list of token ids or a list of lists of token ids."""
+def parse_prompts(prompt, param: str = "prompt") -> list[tuple[str | None, list[int] | None]]:
+    """A string, a list of strings, a list of token ids or a list of lists of token ids (``param``: the field)."""
     if isinstance(prompt, str):
         if not prompt:
-            raise bad_request("'prompt' is empty; give some text or token ids", "prompt")
+            raise bad_request(f"'{param}' is empty; give some text or token ids", param)
         return [(prompt, None)]
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
             if not all(prompt):
-                raise bad_request("'prompt' holds an empty string", "prompt")
+                raise bad_request(f"'{param}' holds an empty string", param)
             return [(p, None) for p in prompt]
         if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
-            return [(None, _token_ids(prompt, "prompt"))]
+            return [(None, _token_ids(prompt, param))]
         if all(isinstance(p, list) for p in prompt):
-            return [(None, _token_ids(p, "prompt")) for p in prompt]
-    raise bad_request("'prompt' must be a non-empty string, list of strings, list of token ids or list of "
-                      "lists of token ids", "prompt")
+            return [(None, _token_ids(p, param)) for p in prompt]
+    raise bad_request(f"'{param}' must be a non-empty string, list of strings, list of token ids or list of "
+                      "lists of token ids", param)
 
 
 def _logit_bias(body: dict) -> dict[int, float] | None:

@@ -59,6 +59,17 @@ class VllmRequestHistograms:
         reason = output.outputs[0].finish_reason if output.outputs else None
         self.finished[reason if reason in self.finished else "abort"] += 1
 
+    def pooled(self, output) -> None:
+        """One finished embedding request (an ``EmbeddingRequestOutput``): queued, then running until its input is
+        prefilled; it generates nothing and ends with "stop", as vLLM counts a pooling request."""
+        t = output.metrics
+        if t is not None and t.first_scheduled_time is not None:
+            self.times["queue"].observe(t.first_scheduled_time - t.arrival_time)
+            self.times["prefill"].observe(t.finished_time - t.first_scheduled_time)
+            self.times["inference"].observe(t.finished_time - t.first_scheduled_time)
+        self.prompt_tokens.observe(len(output.prompt_token_ids))
+        self.finished["stop"] += 1
+
     def aborted(self) -> None:
         self.finished["abort"] += 1
 

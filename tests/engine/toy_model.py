@@ -18,6 +18,10 @@ class ToyArch:
     head_dim: int = 16
     max_position_embeddings: int = 256
 
+    @property
+    def hidden_size(self) -> int:
+        return self.hidden
+
 
 class ToyTokenizer:
     eos_token_ids = [0]
