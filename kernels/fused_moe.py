@@ -107,7 +107,7 @@ def expert_stack(weights: list, device: torch.device) -> ExpertStack | str:
             return f"expert {e}'s weight is laid out unlike expert 0's ({f}, {w.dtype}, {tuple(w.shape)}, group {g})"
         if w.stride(-1) != 1 or scale.stride(-1) != 1:
             return f"expert {e}'s weight rows are not contiguous"
-        if w.device.type != device.type:
+        if w.device.type != device.type and not (device.type == "cuda" and w.is_pinned()):
             return f"expert {e}'s weight is on {w.device}, not readable by the kernels on {device}"
     block_k = FP32_BLOCK_K if w0.dtype == torch.float32 else BLOCK_K
     tile = group_tile(group, shape[1], block_k)

@@ -85,13 +85,16 @@ def host_gemm_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, y_ptr,
 
 
 def weight_operands(weight, placeholder: torch.Tensor | None = None):
-    """(FMT, codes or dense weight, scale, minimum, group size) of a dense tensor, ``HalfWeight`` or
-    ``PackedWeight``; arguments a format does not read are ``placeholder`` (default: the weight itself)."""
+    """(FMT, codes or dense weight, scale, minimum, group size) of a dense tensor, ``HalfWeight``,
+    ``HostDenseWeight`` or ``PackedWeight``; arguments a format does not read are ``placeholder`` (default: the weight itself)."""
     if isinstance(weight, PackedWeight):
         fmt = FMT_INT4 if weight.fmt == "int4" else FMT_SCALED
         minimum = weight.minimum if weight.minimum is not None else weight.scale
         return fmt, weight.qweight, weight.scale, minimum, weight.group_size
-    dense = getattr(weight, "weight", weight)   # HalfWeight: its float16 tensor
+    if isinstance(weight, torch.Tensor):
+        dense = weight
+    else:   # HalfWeight (``tensors``) or a dense view of host memory (``storage``): one tensor
+        (dense,) = (weight.tensors() if hasattr(weight, "tensors") else weight.storage()).values()
     unused = dense if placeholder is None else placeholder
     return FMT_DENSE, dense, unused, unused, dense.shape[1]
 

@@ -115,3 +115,54 @@ def test_unreadable_layouts_are_named():
     assert "unlike expert 0" in expert_stack(mixed, torch.device("cpu"))
     odd_groups = [quantize_int4(torch.randn(8, 96), group_size=48)]
     assert "group size 48" in expert_stack(odd_groups, torch.device("cpu"))
+
+
+def _tiny_block(scale_fp32: bool = False):
+    from gh200rt.models.arch_config import ArchConfig
+    from gh200rt.models.moe import SparseMoeBlock
+    arch = ArchConfig("mixtral" if scale_fp32 else "qwen3_moe", hidden_size=H, intermediate_size=64, num_layers=1,
+                      num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=100, num_experts=6, num_experts_per_tok=2,
+                      moe_intermediate_size=I, norm_topk_prob=True)
+    block = SparseMoeBlock(arch, torch.float32, "cpu")
+    gen = torch.Generator().manual_seed(11)
+    for p in block.parameters():
+        p.data.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    for refs in [block.gate.weight_ref] + [r for e in block.expert_refs() for r in e.values()]:
+        refs.current.copy_(torch.randn(refs.shape, generator=gen) * 0.2)
+    return block
+
+
+def test_installed_block_matches_the_grouped_path_and_falls_back_for_streamed_experts():
+    from gh200rt.models.gpu_kernels import TRITON_OPS, switch_hooks
+    from gh200rt.models.layers.moe_experts import ExpertAccess
+    block = _tiny_block()
+    x = torch.randn(7, H, generator=torch.Generator().manual_seed(2))
+    want = block(x)
+    switch_hooks(block, TRITON_OPS)
+    calls = []
+    fused, block.fused_experts_fn = block.fused_experts_fn, None
+    grouped = block(x)      # the grouped path with the other Triton hooks (SiLU-and-mul)
+    block.fused_experts_fn = lambda *a: calls.append(1) or fused(*a)
+    got = block(x)
+    assert calls and worst(got, want) < TOLERANCE
+
+    class Streamed(ExpertAccess):
+        def stages_experts(self) -> bool:
+            return True
+    block.expert_access = Streamed()
+    assert torch.equal(block(x), grouped)       # the grouped path, bit for bit
+
+
+def test_a_repointed_expert_rebuilds_the_tables():
+    from gh200rt.models.gpu_kernels import TRITON_OPS, switch_hooks
+    block = _tiny_block()
+    switch_hooks(block, TRITON_OPS)
+    x = torch.randn(5, H, generator=torch.Generator().manual_seed(4))
+    before = block(x)
+    for ref in block.expert_refs()[0].values():   # an expert moved: same values, new storage
+        ref.current = ref.current.clone()
+    after_move = block(x)
+    for ref in block.expert_refs()[0].values():   # new values: the table must follow the ref
+        ref.current = ref.current * 2
+    changed = block(x)
+    assert torch.equal(before, after_move) and not torch.equal(before, changed)

@@ -34,6 +34,11 @@ class ExpertAccess:
     def after(self, expert: int) -> None:
         pass
 
+    def stages_experts(self) -> bool:
+        """Whether some expert's weights are copied in only once the step's routing is known (the fused
+        kernels, which never read the routing back on the host, cannot serve such a layer)."""
+        return False
+
 
 NO_EXPERT_ACCESS = ExpertAccess()
 
