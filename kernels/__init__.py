@@ -1,6 +1,7 @@
 """Triton kernels, one op per file, each beside its torch reference (installed as gh200rt.kernels).
 
 host_gemm.py        y = x @ W.T for decode-sized M, W dense (bf16/fp16/fp32) or packed, read in place
+fused_moe.py        an MoE layer's routed experts: sort-and-align, gate_up + SiLU-and-mul, down + routing weights
 quant.py            PackedWeight (int8 per channel/group, int4 per group) and ``pack_weight``
 gguf_blocks.py      lossless import of GGUF Q8_0 / Q4_0 / Q4_1 blocks
 paged_attention.py  causal attention over the paged KV pool (decode and prefix-cached prefill)

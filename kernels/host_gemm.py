@@ -84,6 +84,21 @@ def host_gemm_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, y_ptr,
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
 
 
+def weight_operands(weight, placeholder: torch.Tensor | None = None):
+    """(FMT, codes or dense weight, scale, minimum, group size) of a dense tensor, ``HalfWeight``,
+    ``HostDenseWeight`` or ``PackedWeight``; arguments a format does not read are ``placeholder`` (default: the weight itself)."""
+    if isinstance(weight, PackedWeight):
+        fmt = FMT_INT4 if weight.fmt == "int4" else FMT_SCALED
+        minimum = weight.minimum if weight.minimum is not None else weight.scale
+        return fmt, weight.qweight, weight.scale, minimum, weight.group_size
+    if isinstance(weight, torch.Tensor):
+        dense = weight
+    else:   # HalfWeight (``tensors``) or a dense view of host memory (``storage``): one tensor
+        (dense,) = (weight.tensors() if hasattr(weight, "tensors") else weight.storage()).values()
+    unused = dense if placeholder is None else placeholder
+    return FMT_DENSE, dense, unused, unused, dense.shape[1]
+
+
 def tile_config(m: int, fmt: int = FMT_DENSE) -> dict:
     """M = 1: a multiply-reduce tile (no wasted MMA rows). M > 1: tensor-core tiles of 16-64 rows.
 
@@ -115,12 +130,7 @@ def host_gemm(x: torch.Tensor, weight: torch.Tensor | PackedWeight, bias: torch.
     split = triton.cdiv(k, k_per_split)
     atomic = split > 1
     y = (torch.zeros if atomic else torch.empty)((m, n), dtype=torch.float32 if atomic else x.dtype, device=x.device)
-    if isinstance(weight, PackedWeight):
-        fmt = FMT_INT4 if weight.fmt == "int4" else FMT_SCALED
-        w, scale, group = weight.qweight, weight.scale, weight.group_size
-        minimum = weight.minimum if weight.minimum is not None else scale
-    else:
-        fmt, w, scale, minimum, group = FMT_DENSE, weight, x2, x2, k
+    fmt, w, scale, minimum, group = weight_operands(weight, x2)
     assert w.stride(-1) == 1, "weight rows must be contiguous"
     grid = (triton.cdiv(n, cfg["BLOCK_N"]), split, triton.cdiv(m, cfg["BLOCK_M"]))
     host_gemm_kernel[grid](

@@ -7,7 +7,8 @@ leaves the model on its torch ops and returns False. ``use_torch_kernels(model)`
 ``TRITON_INTERPRET=1`` the kernels run on CPU tensors, which is how the adapters are tested here.
 
 Hooks: ``SelfAttention.rotary_fn`` / ``write_kv_fn`` / ``attention_fn``, ``RMSNorm.norm_fn`` and
-``SiluAndMul.act_fn`` (an MLP that calls ``silu_and_mul`` directly keeps the torch activation).
+``SiluAndMul.act_fn`` (an MLP that calls ``silu_and_mul`` directly keeps the torch activation), and
+``SparseMoeBlock.fused_experts_fn`` (one ``FusedExperts`` per block: it keeps the block's address tables).
 Each adapter takes exactly what the layer passes and returns what the torch op returns.
 """
 from __future__ import annotations
@@ -20,6 +21,8 @@ from gh200rt.kv import attention as torch_attention
 from gh200rt.kv import fp8
 from gh200rt.models.cpu_decode_layer import forget_decode_layer
 from gh200rt.models.layers import activation, attention, cpu_linear, linear, rmsnorm, rotary
+from gh200rt.models.layers.moe_fused import FusedExperts
+from gh200rt.models.moe import SparseMoeBlock
 
 # The Triton paged attention runs one program per (query token, KV head) over the token's whole
 # context, so a long uncached prompt re-reads its K/V once per token: a step in which any sequence
@@ -71,7 +74,7 @@ def triton_silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 TRITON_OPS = dict(rotary=triton_rotary, write_kv=triton_write_kv, attention=triton_paged_attention,
-                  norm=triton_rms_norm, act=triton_silu_and_mul)
+                  norm=triton_rms_norm, act=triton_silu_and_mul, moe=FusedExperts)
 TORCH_OPS = dict(rotary=rotary.apply_rotary, write_kv=torch_attention.write_kv,
                  attention=torch_attention.paged_attention, norm=rmsnorm.rms_norm, act=activation.silu_and_mul,
                  packed_native=False)
@@ -81,13 +84,17 @@ def switch_hooks(model: torch.nn.Module, ops: dict) -> int:
     """Point every hook in ``model`` at ``ops``; returns how many modules were switched. Linears' dense route
     (``RefLinear.dense_fn``) follows ``ops["dense_linear"]`` (default ``dense_linear``), their packed weights'
     native CPU kernel ``ops["packed_native"]`` (default on) and a decoder layer's one-call decode path
-    (``decode_layer_fn``) ``ops["decode_layer"]`` (default none); none of these is counted."""
+    (``decode_layer_fn``) ``ops["decode_layer"]`` (default none), an MoE block's experts a new
+    ``ops["moe"]()`` (default none: the grouped torch path); none of these is counted."""
     switched = 0
     for module in model.modules():
         if isinstance(module, linear.RefLinear):
             module.dense_fn = ops.get("dense_linear", cpu_linear.dense_linear)
             module.packed_native = ops.get("packed_native", True)
             continue
+        if isinstance(module, SparseMoeBlock):
+            fused = ops.get("moe")
+            module.fused_experts_fn = fused() if fused is not None else None
         if hasattr(module, "decode_layer_fn"):  # a decoder layer: its one-call decode path, where the ops have one
             module.decode_layer_fn = ops.get("decode_layer")
             forget_decode_layer(module)

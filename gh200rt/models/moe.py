@@ -44,15 +44,21 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert_gate = RefLinear(h, 1, False, dtype, device) if shared else None
         self.expert_access = NO_EXPERT_ACCESS   # the weight store stages streamed experts through it
         self.routed_tokens: torch.Tensor | None = None   # int64 [E]: (token, choice) pairs routed to each expert
+        # the fused Triton kernels where installed (models/layers/moe_fused.py); None: the grouped torch path
+        self.fused_experts_fn = None
 
     def forward(self, x: torch.Tensor, block_rows: int | None = None) -> torch.Tensor:
         """``block_rows``: every linear, each expert's included, on blocks of exactly that many rows, so a token's
         bits do not depend on which other tokens share the step or an expert (layers/row_blocks.py)."""
         weights, ids = route(self.gate(x, block_rows), self.top_k, self.renormalize)
         self._count(ids)
-        experts = self.experts
-        out = grouped_experts(x, weights, ids, self.num_experts, lambda e, rows: experts[e](rows, block_rows),
-                              self.scale_fp32, self.expert_access)
+        out = None
+        if self.fused_experts_fn is not None:
+            out = self.fused_experts_fn(self, x, weights, ids, block_rows)
+        if out is None:
+            experts = self.experts
+            out = grouped_experts(x, weights, ids, self.num_experts, lambda e, rows: experts[e](rows, block_rows),
+                                  self.scale_fp32, self.expert_access)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x, block_rows)) * self.shared_expert(x, block_rows)
         return out

@@ -68,6 +68,9 @@ class ExpertStaging(ExpertAccess):
                                                                    self.compute_dtype, stable=False)
         self._write(expert, weights)
 
+    def stages_experts(self) -> bool:
+        return Tier.STREAMED in self.tiers
+
     def begin(self, active: list[int]) -> None:
         self.direct_reads += sum(1 for e in active if self.tiers[e] == Tier.DIRECT)
         if self.ring is not None:

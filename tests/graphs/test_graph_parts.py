@@ -215,18 +215,33 @@ def test_addresses_record_the_storage_a_wrapper_reads_not_the_wrapper():
         check_addresses(1, captured, graph_addresses(model, [], {}, []))
 
 
-def test_an_moe_model_decodes_eagerly_on_a_gpu_and_books_no_graph_pool():
-    """The grouped torch experts read each expert's token count on the host: no capture, and no pool booked."""
+def test_an_moe_model_captures_only_with_every_layer_in_the_fused_kernels():
+    """The grouped torch experts read each expert's token count on the host; the fused kernels do not, so
+    capture needs them in every MoE layer, over weights they can read and no streamed experts."""
     from types import SimpleNamespace
 
     from gh200rt.engine.cuda_graphs import graphs_missing, reserve_graph_pool
     from gh200rt.memory.ledger import DeviceMemoryLedger
     from gh200rt.models.arch_config import ArchConfig
+    from gh200rt.models.gpu_kernels import TRITON_OPS, switch_hooks
+    from gh200rt.models.layers.moe_experts import ExpertAccess
+    from gh200rt.models.moe import SparseMoeBlock
+    from gh200rt.planner.cost_model import graph_pool_bytes
     arch = ArchConfig("qwen3_moe", hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                       head_dim=16, vocab_size=100, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
     assert arch.is_moe
-    model = SimpleNamespace(arch=arch, modules=lambda: [])
-    assert "MoE" in graphs_missing(model, "cuda") and graphs_missing(model, "cpu") is None
+    block = SparseMoeBlock(arch, torch.float32, "cpu")
+    model = SimpleNamespace(arch=arch, modules=lambda: [block])
+    assert "fused MoE kernels" in graphs_missing(model, "cuda") and graphs_missing(model, "cpu") is None
+    switch_hooks(block, TRITON_OPS)
+    assert "weight is on cpu" in graphs_missing(model, "cuda")      # CPU weights: not what a GPU kernel reads
+    assert block.fused_experts_fn.why_not(block, torch.device("cpu")) is None
+
+    class Streamed(ExpertAccess):
+        def stages_experts(self) -> bool:
+            return True
+    block.expert_access = Streamed()
+    assert "streamed experts" in graphs_missing(model, "cuda")
     ledger = DeviceMemoryLedger(1 << 30)
     reserve_graph_pool(ledger, EngineConfig.from_kwargs(max_num_seqs=32), arch, "bf16", "cuda")
-    assert ledger.by_kind["graph_pools"] == 0
+    assert ledger.by_kind["graph_pools"] == graph_pool_bytes(arch, graph_buckets(32), "bf16")

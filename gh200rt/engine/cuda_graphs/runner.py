@@ -56,23 +56,37 @@ def decode_graphs(model, kv_caches, config, max_model_len: int, device: str, sto
 def reserve_graph_pool(ledger, config, arch, dtype: str, device: str) -> None:
     """Book the decode graphs' pool before the KV cache takes what the ledger has left (GPU, graphs on, and a
     model whose steps can be captured: see ``graphs_missing``)."""
-    if torch.device(device).type == "cuda" and config.use_graphs("cuda") and not arch.is_moe:
+    if torch.device(device).type == "cuda" and config.use_graphs("cuda"):
         ledger.reserve("graph_pools", graph_pool_bytes(arch, graph_buckets(config.max_graph_batch), dtype))
 
 
 def graphs_missing(model, device: torch.device | str, store=None) -> str | None:
     """What this GPU setup lacks for capture (None: nothing): the Triton KV store and attention (the torch ones
     size tensors from data), cuda-bindings where a staging ring copies inside the graph, and for an MoE model
-    experts that route on the device."""
+    every layer's experts in the fused kernels (the grouped torch path reads each expert's token count on the
+    host; the fused path sorts, aligns and reads the address tables on the device, docs/MOE.md)."""
     if torch.device(device).type != "cuda":
         return None
     if getattr(getattr(model, "arch", None), "is_moe", False):
-        # the grouped torch experts read each expert's token count on the host (the fused MoE kernels will not)
-        return "an MoE model's experts in fused kernels, which are not in gh200rt yet (docs/MOE.md)"
+        missing = _fused_experts_missing(model, torch.device(device))
+        if missing:
+            return missing
     if any(m.write_kv_fn is torch_attention.write_kv for m in model.modules() if isinstance(m, SelfAttention)):
         return "the Triton KV store and attention kernels (install gh200rt with the triton extra)"
     if getattr(store, "backend", None) is not None and not _has_cuda_bindings():
         return "cuda-bindings to capture the staging copies (install gh200rt with the cuda extra)"
+    return None
+
+
+def _fused_experts_missing(model, device: torch.device) -> str | None:
+    from gh200rt.models.moe import SparseMoeBlock
+    for module in model.modules():
+        if isinstance(module, SparseMoeBlock):
+            if module.fused_experts_fn is None:
+                return "the fused MoE kernels (install gh200rt with the triton extra)"
+            why = module.fused_experts_fn.why_not(module, device)
+            if why:
+                return f"every MoE layer's experts in the fused kernels, but {why} (docs/MOE.md)"
     return None
 
 

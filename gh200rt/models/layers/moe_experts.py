@@ -34,6 +34,11 @@ class ExpertAccess:
     def after(self, expert: int) -> None:
         pass
 
+    def stages_experts(self) -> bool:
+        """Whether some expert's weights are copied in only once the step's routing is known (the fused
+        kernels, which never read the routing back on the host, cannot serve such a layer)."""
+        return False
+
 
 NO_EXPERT_ACCESS = ExpertAccess()
 
@@ -84,7 +89,13 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, n
         scaled = (out.float() * weights.unsqueeze(-1)).to(x.dtype)
     else:
         scaled = out * weights.to(x.dtype).unsqueeze(-1)
-    # add each token's contributions in ascending expert id (what transformers' per-expert index_add_ does)
+    return sum_in_expert_order(scaled, ids)
+
+
+def sum_in_expert_order(scaled: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``scaled`` [T, k, H] summed over k, each token's contributions added in ascending expert id (what
+    transformers' per-expert ``index_add_`` does), the first as the start: the fused kernels end with it too."""
+    k = ids.shape[1]
     slot = torch.argsort(ids, dim=1, stable=True)
     scaled = torch.gather(scaled, 1, slot.unsqueeze(-1).expand_as(scaled))
     total = scaled[:, 0]
