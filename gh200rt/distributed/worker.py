@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -44,6 +45,7 @@ def run_worker(shard: TensorShard, config, port: int, threads: int, parent_pid: 
     from gh200rt.engine.bootstrap import execution_device, load_and_place
     from gh200rt.engine.model_runner import ModelRunner
     _exit_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C reaches the whole group: rank 0 stops the workers
     torch.set_num_threads(threads)
     rank = shard.rank
     store = dist.TCPStore("127.0.0.1", port, shard.world_size, is_master=False, timeout=timeout)

@@ -99,6 +99,12 @@ class TensorParallelWorkers:
         return None
 
     # ---- failure ---------------------------------------------------------------------------------
+    def check_health(self) -> None:
+        """Raise the TensorParallelError of a worker that died or reported an error (no collective is involved)."""
+        failure = self._failure() if not self.closed else None
+        if failure is not None:
+            raise failure
+
     def _failure(self) -> TensorParallelError | None:
         if self.failed is not None:
             return self.failed
