@@ -66,7 +66,7 @@ def start_ranks(config: EngineConfig, platform=None, poison: bool = False) -> tu
     torch.set_num_threads(threads)
     workers = TensorParallelWorkers(config, arch, threads, COLLECTIVE_TIMEOUT, restore_threads=previous_threads)
     try:
-        placed = load_and_place(config, platform, poison=poison, shard=shard)
+        placed = load_and_place(config, platform, poison=poison, shard=shard, agree_free=workers.smallest_free)
         moved = {tier: count for tier, count in placed.store.tier_counts.items() if tier != "resident" and count}
         if moved or placed.plan.dynamic:
             raise ValueError(f"--tensor-parallel-size {n}: the plan offloads layers ({moved or 'dynamic tiers'}), "

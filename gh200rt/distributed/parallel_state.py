@@ -9,6 +9,7 @@ every other wait is bounded by ``timeout``.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -30,6 +31,18 @@ def _nccl(store, prefix: str, rank: int, world_size: int, timeout: timedelta):
     opts = dist.ProcessGroupNCCL.Options()
     opts._timeout = timeout
     return dist.ProcessGroupNCCL(dist.PrefixStore(prefix, store), rank, world_size, opts)
+
+
+def smallest_across_ranks(store, key: str, rank: int, world_size: int, value: int, on_wait=None) -> int:
+    """Every rank's ``value`` through the store, the smallest returned (e.g. free device memory, so that every rank
+    plans for the smallest); ``on_wait()`` runs while some rank has not written yet (it may raise)."""
+    store.set(f"{key}/{rank}", str(value))
+    keys = [f"{key}/{r}" for r in range(world_size)]
+    while not store.check(keys):
+        if on_wait is not None:
+            on_wait()
+        time.sleep(0.05)
+    return min(int(store.get(k)) for k in keys)
 
 
 @dataclass

@@ -7,6 +7,7 @@ parent: a worker whose engine process is gone exits at once rather than linger.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from gh200rt.distributed.parallel_state import ParallelState
+from gh200rt.distributed.parallel_state import ParallelState, smallest_across_ranks
 from gh200rt.distributed.sharding import TensorShard
 from gh200rt.distributed.step_channel import receive_step
 
@@ -37,7 +38,8 @@ def _exit_with_parent(parent_pid: int) -> None:
 def rank_report(placed) -> dict:
     """What a rank holds once loaded (rank 0 keeps every rank's: ``TensorParallelWorkers.reports``)."""
     return {"weight_bytes": placed.loaded.weight_bytes, "num_kv_blocks": placed.plan.num_kv_blocks,
-            "kv_heads": placed.loaded.arch.num_kv_heads, "tiers": placed.store.tier_counts}
+            "kv_heads": placed.loaded.arch.num_kv_heads, "tiers": placed.store.tier_counts,
+            "layer_tiers": [tier.value for tier in placed.store.tiers], "host_slab_bytes": placed.store.host_slab_bytes()}
 
 
 def run_worker(shard: TensorShard, config, port: int, threads: int, parent_pid: int, timeout: timedelta) -> None:
@@ -53,7 +55,8 @@ def run_worker(shard: TensorShard, config, port: int, threads: int, parent_pid: 
         device = execution_device()
         if device == "cuda":
             torch.cuda.set_device(rank)
-        placed = load_and_place(config, shard=shard)
+        placed = load_and_place(config, shard=shard, agree_free=functools.partial(
+            smallest_across_ranks, store, "free", rank, shard.world_size))
         model = placed.loaded.model
         arena = placed.store.arena
         store.set(f"ready/{rank}", json.dumps(rank_report(placed)))

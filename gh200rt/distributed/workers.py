@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from gh200rt.distributed.errors import TensorParallelError
-from gh200rt.distributed.parallel_state import ParallelState
+from gh200rt.distributed.parallel_state import ParallelState, smallest_across_ranks
 from gh200rt.distributed.sharding import TensorShard
 from gh200rt.distributed.step_channel import send_step, send_stop
 from gh200rt.distributed.worker import run_worker
@@ -78,6 +78,14 @@ class TensorParallelWorkers:
             if report["num_kv_blocks"] != num_kv_blocks:
                 raise self._fail(TensorParallelError(rank, f"its KV cache has {report['num_kv_blocks']} blocks, rank "
                                                            f"0's {num_kv_blocks}; give --num-kv-blocks"))
+            if report["layer_tiers"] != rank0_report["layer_tiers"]:
+                raise self._fail(TensorParallelError(rank, f"its plan placed layers {report['tiers']}, rank 0's "
+                                                           f"{rank0_report['tiers']}; every rank must follow one plan: "
+                                                           "give --device-memory-budget"))
+
+    def smallest_free(self, free: int) -> int:
+        """The least free device memory of any rank (rank 0's part of ``smallest_across_ranks``)."""
+        return smallest_across_ranks(self.store, "free", 0, self.world_size, free, on_wait=self.check_health)
 
     def connect(self, device: torch.device) -> ParallelState:
         self.state = ParallelState.connect(self.store, 0, self.world_size, device, self.timeout)
