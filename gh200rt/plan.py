@@ -80,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     print(plan.explain())
     if plan.dynamic:
         print(dynamic_table(plan, args.batch))
+        if n > 1:
+            from gh200rt.distributed.launch import DYNAMIC_REFUSAL
+            print("note: the engine refuses this plan: " + DYNAMIC_REFUSAL.format(
+                flag=f"--tensor-parallel-size {n}", why=f"--offload {memory.offload}"))
     return 0
 
 

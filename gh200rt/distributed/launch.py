@@ -24,6 +24,12 @@ from gh200rt.loader.resolve import resolve_model_path
 COLLECTIVE_TIMEOUT = timedelta(seconds=300)
 
 
+# a tier move takes device arena blocks rank 0's KV cache hands out: every rank would have to take the same blocks
+DYNAMIC_REFUSAL = ("{flag}: tiers that follow KV demand ({why}) are not supported with tensor parallelism yet (every "
+                   "rank would have to move the same layer into the same arena blocks in the same step); give "
+                   "--offload none, stream or direct, or --layer-tiers, for one fixed placement per rank")
+
+
 def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
@@ -45,9 +51,8 @@ def check_machine(config: EngineConfig, device: str) -> None:
                              f"give at most {cores}")
         if config.use_graphs("cpu"):
             raise ValueError(f"{flag}: tensor-parallel steps run eagerly; drop --no-enforce-eager")
-    if config.memory.offload not in ("auto", "none") or config.memory.layer_tiers:
-        raise ValueError(f"{flag}: every rank keeps its shard resident for now; drop --offload "
-                         f"{config.memory.offload} / --layer-tiers (streamed and direct layers per rank come next)")
+    if config.memory.offload == "dynamic":
+        raise ValueError(DYNAMIC_REFUSAL.format(flag=flag, why="--offload dynamic"))
     if resolve_model_path(config.model.model).endswith(".gguf"):
         raise ValueError(f"{flag}: tensor parallelism reads safetensors checkpoints (a Hugging Face directory); "
                          "GGUF files are not sharded yet: run with --tensor-parallel-size 1")
@@ -67,11 +72,9 @@ def start_ranks(config: EngineConfig, platform=None, poison: bool = False) -> tu
     workers = TensorParallelWorkers(config, arch, threads, COLLECTIVE_TIMEOUT, restore_threads=previous_threads)
     try:
         placed = load_and_place(config, platform, poison=poison, shard=shard, agree_free=workers.smallest_free)
-        moved = {tier: count for tier, count in placed.store.tier_counts.items() if tier != "resident" and count}
-        if moved or placed.plan.dynamic:
-            raise ValueError(f"--tensor-parallel-size {n}: the plan offloads layers ({moved or 'dynamic tiers'}), "
-                             "but every rank keeps its shard resident for now; give --offload none and enough "
-                             "--device-memory-budget for 1/N of the model per rank")
+        if placed.plan.dynamic:
+            raise ValueError(DYNAMIC_REFUSAL.format(flag=f"--tensor-parallel-size {n}",
+                                                    why=f"--offload auto on {placed.platform.profile}"))
         workers.wait_ready(rank_report(placed))
         placed.loaded.model.connect(workers.connect(torch.device(device)))
     except BaseException:
