@@ -12,6 +12,7 @@ from datetime import timedelta
 import torch
 
 from gh200rt.config import EngineConfig
+from gh200rt.distributed.rank_numa import rank_platform
 from gh200rt.distributed.runner import TensorParallelRunner
 from gh200rt.distributed.sharding import TensorShard
 from gh200rt.distributed.worker import rank_report
@@ -67,10 +68,12 @@ def start_ranks(config: EngineConfig, platform=None, poison: bool = False) -> tu
     arch = read_arch(config.model.model)
     shard = TensorShard(0, n, arch)      # raises ValueError where the model cannot be split n ways
     threads = max(1, usable_cores() // n) if device == "cpu" else torch.get_num_threads()
-    previous_threads = torch.get_num_threads()
+    previous_threads, previous_cpus = torch.get_num_threads(), os.sched_getaffinity(0)
     torch.set_num_threads(threads)
-    workers = TensorParallelWorkers(config, arch, threads, COLLECTIVE_TIMEOUT, restore_threads=previous_threads)
+    workers = TensorParallelWorkers(config, arch, threads, COLLECTIVE_TIMEOUT, restore_threads=previous_threads,
+                                    restore_cpus=previous_cpus)
     try:
+        platform = rank_platform(platform, config, 0, n, device)
         placed = load_and_place(config, platform, poison=poison, shard=shard, agree_free=workers.smallest_free)
         if placed.plan.dynamic:
             raise ValueError(DYNAMIC_REFUSAL.format(flag=f"--tensor-parallel-size {n}",

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from gh200rt.distributed.parallel_state import ParallelState, smallest_across_ranks
+from gh200rt.distributed.rank_numa import rank_platform
 from gh200rt.distributed.sharding import TensorShard
 from gh200rt.distributed.step_channel import receive_step
 
@@ -55,7 +56,8 @@ def run_worker(shard: TensorShard, config, port: int, threads: int, parent_pid: 
         device = execution_device()
         if device == "cuda":
             torch.cuda.set_device(rank)
-        placed = load_and_place(config, shard=shard, agree_free=functools.partial(
+        platform = rank_platform(None, config, rank, shard.world_size, device)
+        placed = load_and_place(config, platform, shard=shard, agree_free=functools.partial(
             smallest_across_ranks, store, "free", rank, shard.world_size))
         model = placed.loaded.model
         arena = placed.store.arena

@@ -32,9 +32,11 @@ STOP_SECONDS = 10
 
 
 class TensorParallelWorkers:
-    def __init__(self, config, arch, threads: int, timeout: timedelta, restore_threads: int | None = None):
-        """``threads``: torch threads per worker; ``restore_threads``: rank 0's own count to restore at close."""
-        self.restore_threads = restore_threads
+    def __init__(self, config, arch, threads: int, timeout: timedelta, restore_threads: int | None = None,
+                 restore_cpus: set[int] | None = None):
+        """``threads``: torch threads per worker; ``restore_threads``, ``restore_cpus``: rank 0's own thread count
+        and CPU affinity to restore at close (``rank_numa`` may bind it to its share of the cores)."""
+        self.restore_threads, self.restore_cpus = restore_threads, restore_cpus
         self.world_size = config.parallel.tensor_parallel_size
         self.timeout = timeout
         self.store = dist.TCPStore("127.0.0.1", 0, self.world_size, is_master=True, wait_for_workers=False,
@@ -150,6 +152,8 @@ class TensorParallelWorkers:
         self.state = None
         if self.restore_threads is not None:
             torch.set_num_threads(self.restore_threads)
+        if self.restore_cpus is not None and os.sched_getaffinity(0) != self.restore_cpus:
+            os.sched_setaffinity(0, self.restore_cpus)
 
 
 def _exit_reason(code: int) -> str:
