@@ -39,15 +39,17 @@ def check_machine(config: EngineConfig, device: str) -> None:
     """Raise ValueError where this machine or the other flags cannot run ``--tensor-parallel-size``."""
     n = config.parallel.tensor_parallel_size
     flag = f"--tensor-parallel-size {n}"
+    per_host = config.parallel.ranks_per_node
     if device == "cuda":
         gpus = torch.cuda.device_count()
-        if n > gpus:
-            raise ValueError(f"{flag}: this machine has {gpus} GPU(s), one per rank is needed; give at most {gpus}")
+        if per_host > gpus:
+            raise ValueError(f"{flag}: this machine has {gpus} GPU(s), one per rank on it ({per_host}) is needed; "
+                             f"give at most {gpus * config.parallel.nnodes}")
         if config.use_graphs("cuda"):
             raise ValueError(f"{flag}: tensor-parallel steps run eagerly for now; add --enforce-eager")
     else:
         cores = usable_cores()
-        if n > cores:
+        if per_host > cores:
             raise ValueError(f"{flag}: this process may use {cores} CPU core(s) and each rank needs at least one; "
                              f"give at most {cores}")
         if config.use_graphs("cpu"):
@@ -67,13 +69,14 @@ def start_ranks(config: EngineConfig, platform=None, poison: bool = False) -> tu
     check_machine(config, device)
     arch = read_arch(config.model.model)
     shard = TensorShard(0, n, arch)      # raises ValueError where the model cannot be split n ways
-    threads = max(1, usable_cores() // n) if device == "cpu" else torch.get_num_threads()
+    per_host = config.parallel.ranks_per_node
+    threads = max(1, usable_cores() // per_host) if device == "cpu" else torch.get_num_threads()
     previous_threads, previous_cpus = torch.get_num_threads(), os.sched_getaffinity(0)
     torch.set_num_threads(threads)
     workers = TensorParallelWorkers(config, arch, threads, COLLECTIVE_TIMEOUT, restore_threads=previous_threads,
                                     restore_cpus=previous_cpus)
     try:
-        platform = rank_platform(platform, config, 0, n, device)
+        platform = rank_platform(platform, config, 0, per_host, device)
         placed = load_and_place(config, platform, poison=poison, shard=shard, agree_free=workers.smallest_free)
         if placed.plan.dynamic:
             raise ValueError(DYNAMIC_REFUSAL.format(flag=f"--tensor-parallel-size {n}",

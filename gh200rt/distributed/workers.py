@@ -8,6 +8,7 @@ seconds, never a hang.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from gh200rt.distributed.errors import TensorParallelError
+from gh200rt.distributed.hosts import Rendezvous, rendezvous
 from gh200rt.distributed.parallel_state import ParallelState, smallest_across_ranks
 from gh200rt.distributed.sharding import TensorShard
 from gh200rt.distributed.step_channel import send_step, send_stop
@@ -33,20 +35,23 @@ STOP_SECONDS = 10
 
 class TensorParallelWorkers:
     def __init__(self, config, arch, threads: int, timeout: timedelta, restore_threads: int | None = None,
-                 restore_cpus: set[int] | None = None):
+                 restore_cpus: set[int] | None = None, meet: Rendezvous | None = None):
         """``threads``: torch threads per worker; ``restore_threads``, ``restore_cpus``: rank 0's own thread count
-        and CPU affinity to restore at close (``rank_numa`` may bind it to its share of the cores)."""
+        and CPU affinity to restore at close (``rank_numa`` may bind it to its share of the cores); ``meet``: where
+        the ranks meet and which this host starts (``hosts.rendezvous``; default: from ``config``)."""
         self.restore_threads, self.restore_cpus = restore_threads, restore_cpus
         self.world_size = config.parallel.tensor_parallel_size
         self.timeout = timeout
-        self.store = dist.TCPStore("127.0.0.1", 0, self.world_size, is_master=True, wait_for_workers=False,
-                                   timeout=timeout)
+        meet = meet or rendezvous(config)
+        self.store = dist.TCPStore(meet.master_addr, meet.master_port, self.world_size,
+                                   is_master=not meet.agent_store, wait_for_workers=False, timeout=timeout)
+        self.meet = dataclasses.replace(meet, master_port=self.store.port)
         context = mp.get_context("spawn")
         self.processes = {}
-        for rank in range(1, self.world_size):
+        for rank in self.meet.spawn:
             process = context.Process(
                 target=run_worker, name=f"gh200rt-tp-rank{rank}", daemon=True,
-                args=(TensorShard(rank, self.world_size, arch), config, self.store.port, threads, os.getpid(), timeout))
+                args=(TensorShard(rank, self.world_size, arch), config, self.meet, threads, os.getpid(), timeout))
             process.start()
             self.processes[rank] = process
         self.reports: dict[int, dict] = {}       # rank -> what it holds (worker.rank_report)
@@ -66,14 +71,14 @@ class TensorParallelWorkers:
         num_kv_blocks = rank0_report["num_kv_blocks"]
         deadline = time.monotonic() + START_SECONDS
         while len(self.reports) < self.world_size:
-            for rank in self.processes:
+            for rank in range(1, self.world_size):
                 if rank not in self.reports and self.store.check([f"ready/{rank}"]):
                     self.reports[rank] = json.loads(self.store.get(f"ready/{rank}"))
             failure = self._failure()
             if failure is not None:
                 raise failure
             if time.monotonic() > deadline:
-                late = [r for r in self.processes if r not in self.reports]
+                late = [r for r in range(1, self.world_size) if r not in self.reports]
                 raise self._fail(TensorParallelError(late[0], f"did not load its shard within {START_SECONDS} s"))
             time.sleep(POLL_SECONDS)
         for rank, report in self.reports.items():
@@ -90,7 +95,8 @@ class TensorParallelWorkers:
         return smallest_across_ranks(self.store, "free", 0, self.world_size, free, on_wait=self.check_health)
 
     def connect(self, device: torch.device) -> ParallelState:
-        self.state = ParallelState.connect(self.store, 0, self.world_size, device, self.timeout)
+        self.state = ParallelState.connect(self.store, 0, self.world_size, device, self.timeout,
+                                           self.meet.gloo_hostname())
         return self.state
 
     # ---- steps -----------------------------------------------------------------------------------
@@ -118,10 +124,11 @@ class TensorParallelWorkers:
     def _failure(self) -> TensorParallelError | None:
         if self.failed is not None:
             return self.failed
-        for rank, process in self.processes.items():
+        for rank in range(1, self.world_size):        # a worker on another host: its node agent reports for it
             if self.store.check([f"error/{rank}"]):
                 return self._fail(TensorParallelError(rank, self.store.get(f"error/{rank}").decode().strip()))
-            if process.exitcode is not None:
+            process = self.processes.get(rank)
+            if process is not None and process.exitcode is not None:
                 return self._fail(TensorParallelError(rank, _exit_reason(process.exitcode)))
         return None
 

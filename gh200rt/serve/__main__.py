@@ -77,6 +77,15 @@ class GracefulServer(uvicorn.Server):
 
 def main(argv=None) -> int:
     server_config, engine_config = parse_args(argv)
+    from gh200rt.distributed.hosts import rendezvous, torchrun_config
+    engine_config = torchrun_config(engine_config)
+    if engine_config.parallel.tensor_parallel_size > 1:
+        meet = rendezvous(engine_config)
+        if meet.own_rank != 0:           # another host's ranks (or a torchrun rank > 0): no server here
+            from gh200rt.distributed.node import run_ranks
+            logging.basicConfig(level=server_config.log_level.upper(),
+                                format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+            return run_ranks(engine_config, meet)
 
     def build_engine():
         from gh200rt.engine.engine import LLMEngine
