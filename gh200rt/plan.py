@@ -6,6 +6,8 @@ that follow KV demand (``--offload dynamic``, or ``auto`` on a platform where st
 it also prints where the split settles, and the step time predicted, at several KV demands. An FP8
 checkpoint (``quantization_config``, see loader/fp8_checkpoint.py) is planned as the engine places
 it: resident layers keep fp8 on a GPU, and ``--host-weight-dtype auto`` keeps fp8 in host memory.
+With ``--tensor-parallel-size N`` it plans one rank's shard (each rank holds as much and follows the same plan;
+the device budget is per rank).
 """
 from __future__ import annotations
 
@@ -15,12 +17,12 @@ import sys
 from pathlib import Path
 
 from gh200rt.cli_args import add_dataclass_arguments, dataclass_from_args
-from gh200rt.config import CacheConfig, MemoryConfig, SchedulerConfig
+from gh200rt.config import CacheConfig, MemoryConfig, ParallelConfig, SchedulerConfig
 from gh200rt.loader.fp8_checkpoint import fp8_scheme
 from gh200rt.memory.ledger import ledger_capacity
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.planner.cost_model import DTYPE_BYTES, activation_bytes, model_sizes
-from gh200rt.planner.planner import Plan, dynamic_splits, make_plan
+from gh200rt.planner.planner import Plan, RankShare, dynamic_splits, make_plan
 from gh200rt.platform.detect import detect
 
 
@@ -33,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     add_dataclass_arguments(parser, CacheConfig, "KV cache")
     add_dataclass_arguments(parser, SchedulerConfig, "scheduler")
     add_dataclass_arguments(parser, MemoryConfig, "memory placement")
+    add_dataclass_arguments(parser, ParallelConfig, "parallelism")
     args = parser.parse_args(argv)
     path = Path(args.model)
     path = path / "config.json" if path.is_dir() else path
@@ -45,17 +48,24 @@ def main(argv: list[str] | None = None) -> int:
         platform = detect(memory.platform, memory.profile_file)
         config = json.loads(path.read_text())
         arch = ArchConfig.from_hf_config(config)
+        n = dataclass_from_args(ParallelConfig, args).tensor_parallel_size
+        rank_share, vocab_rows = None, None
+        if n > 1:        # one rank's part: every rank holds as much and follows the same plan
+            from gh200rt.distributed.sharding import TensorShard
+            shard = TensorShard(0, n, arch)
+            rank_share, vocab_rows, arch = RankShare.of(arch, n), shard.vocab_size, shard.local_arch()
         fp8_weights = fp8_scheme(config, str(path))
         on_gpu = platform.kind != "cpu"
         host = memory.host_weight_dtype if memory.host_weight_dtype != "auto" else (
             "fp8" if fp8_weights and on_gpu else args.dtype)
         resident = "fp8" if fp8_weights and on_gpu else args.dtype
         sizes = model_sizes(arch, args.dtype, kv_dtype=cache.kv_cache_dtype, host_format=host,
-                            resident_format=resident)
+                            resident_format=resident, vocab_rows=vocab_rows)
         activations = activation_bytes(arch, scheduler.max_num_batched_tokens, scheduler.max_num_seqs, args.dtype)
         free = None if platform.kind == "cpu" else platform.device_memory_bytes
         capacity = ledger_capacity(memory, free, sizes.all_resident_bytes + activations)
-        plan = make_plan(sizes, platform, memory, capacity, cache.block_size, args.batch, activations)
+        plan = make_plan(sizes, platform, memory, capacity, cache.block_size, args.batch, activations,
+                         rank_share=rank_share)
     except json.JSONDecodeError as err:
         print(f"error: {path} is not valid JSON: {err}", file=sys.stderr)
         return 2
@@ -70,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     print(plan.explain())
     if plan.dynamic:
         print(dynamic_table(plan, args.batch))
+        if n > 1:
+            from gh200rt.distributed.launch import DYNAMIC_REFUSAL
+            print("note: the engine refuses this plan: " + DYNAMIC_REFUSAL.format(
+                flag=f"--tensor-parallel-size {n}", why=f"--offload {memory.offload}"))
     return 0
 
 

@@ -1,8 +1,10 @@
 """The error a tensor-parallel engine raises when a rank fails."""
 from __future__ import annotations
 
+from gh200rt.engine.errors import EngineDeadError
 
-class TensorParallelError(RuntimeError):
+
+class TensorParallelError(EngineDeadError):
     """A rank died, failed to start or failed in a step: ``rank`` and ``reason`` say which and why."""
 
     def __init__(self, rank: int | None, reason: str):

@@ -12,6 +12,7 @@ from datetime import timedelta
 import torch
 
 from gh200rt.config import EngineConfig
+from gh200rt.distributed.rank_numa import rank_platform
 from gh200rt.distributed.runner import TensorParallelRunner
 from gh200rt.distributed.sharding import TensorShard
 from gh200rt.distributed.worker import rank_report
@@ -24,6 +25,12 @@ from gh200rt.loader.resolve import resolve_model_path
 COLLECTIVE_TIMEOUT = timedelta(seconds=300)
 
 
+# a tier move takes device arena blocks rank 0's KV cache hands out: every rank would have to take the same blocks
+DYNAMIC_REFUSAL = ("{flag}: tiers that follow KV demand ({why}) are not supported with tensor parallelism yet (every "
+                   "rank would have to move the same layer into the same arena blocks in the same step); give "
+                   "--offload none, stream or direct, or --layer-tiers, for one fixed placement per rank")
+
+
 def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
@@ -32,22 +39,23 @@ def check_machine(config: EngineConfig, device: str) -> None:
     """Raise ValueError where this machine or the other flags cannot run ``--tensor-parallel-size``."""
     n = config.parallel.tensor_parallel_size
     flag = f"--tensor-parallel-size {n}"
+    per_host = config.parallel.ranks_per_node
     if device == "cuda":
         gpus = torch.cuda.device_count()
-        if n > gpus:
-            raise ValueError(f"{flag}: this machine has {gpus} GPU(s), one per rank is needed; give at most {gpus}")
+        if per_host > gpus:
+            raise ValueError(f"{flag}: this machine has {gpus} GPU(s), one per rank on it ({per_host}) is needed; "
+                             f"give at most {gpus * config.parallel.nnodes}")
         if config.use_graphs("cuda"):
             raise ValueError(f"{flag}: tensor-parallel steps run eagerly for now; add --enforce-eager")
     else:
         cores = usable_cores()
-        if n > cores:
+        if per_host > cores:
             raise ValueError(f"{flag}: this process may use {cores} CPU core(s) and each rank needs at least one; "
                              f"give at most {cores}")
         if config.use_graphs("cpu"):
             raise ValueError(f"{flag}: tensor-parallel steps run eagerly; drop --no-enforce-eager")
-    if config.memory.offload not in ("auto", "none") or config.memory.layer_tiers:
-        raise ValueError(f"{flag}: every rank keeps its shard resident for now; drop --offload "
-                         f"{config.memory.offload} / --layer-tiers (streamed and direct layers per rank come next)")
+    if config.memory.offload == "dynamic":
+        raise ValueError(DYNAMIC_REFUSAL.format(flag=flag, why="--offload dynamic"))
     if resolve_model_path(config.model.model).endswith(".gguf"):
         raise ValueError(f"{flag}: tensor parallelism reads safetensors checkpoints (a Hugging Face directory); "
                          "GGUF files are not sharded yet: run with --tensor-parallel-size 1")
@@ -61,17 +69,18 @@ def start_ranks(config: EngineConfig, platform=None, poison: bool = False) -> tu
     check_machine(config, device)
     arch = read_arch(config.model.model)
     shard = TensorShard(0, n, arch)      # raises ValueError where the model cannot be split n ways
-    threads = max(1, usable_cores() // n) if device == "cpu" else torch.get_num_threads()
-    previous_threads = torch.get_num_threads()
+    per_host = config.parallel.ranks_per_node
+    threads = max(1, usable_cores() // per_host) if device == "cpu" else torch.get_num_threads()
+    previous_threads, previous_cpus = torch.get_num_threads(), os.sched_getaffinity(0)
     torch.set_num_threads(threads)
-    workers = TensorParallelWorkers(config, arch, threads, COLLECTIVE_TIMEOUT, restore_threads=previous_threads)
+    workers = TensorParallelWorkers(config, arch, threads, COLLECTIVE_TIMEOUT, restore_threads=previous_threads,
+                                    restore_cpus=previous_cpus)
     try:
-        placed = load_and_place(config, platform, poison=poison, shard=shard)
-        moved = {tier: count for tier, count in placed.store.tier_counts.items() if tier != "resident" and count}
-        if moved or placed.plan.dynamic:
-            raise ValueError(f"--tensor-parallel-size {n}: the plan offloads layers ({moved or 'dynamic tiers'}), "
-                             "but every rank keeps its shard resident for now; give --offload none and enough "
-                             "--device-memory-budget for 1/N of the model per rank")
+        platform = rank_platform(platform, config, 0, per_host, device)
+        placed = load_and_place(config, platform, poison=poison, shard=shard, agree_free=workers.smallest_free)
+        if placed.plan.dynamic:
+            raise ValueError(DYNAMIC_REFUSAL.format(flag=f"--tensor-parallel-size {n}",
+                                                    why=f"--offload auto on {placed.platform.profile}"))
         workers.wait_ready(rank_report(placed))
         placed.loaded.model.connect(workers.connect(torch.device(device)))
     except BaseException:

@@ -9,6 +9,7 @@ every other wait is bounded by ``timeout``.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -19,17 +20,29 @@ import torch.distributed as dist
 IDLE_TIMEOUT = timedelta(days=7)
 
 
-def _gloo(store, prefix: str, rank: int, world_size: int, timeout: timedelta):
+def _gloo(store, prefix: str, rank: int, world_size: int, timeout: timedelta, hostname: str):
     opts = dist.ProcessGroupGloo._Options()
     opts._timeout = timeout
-    opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]   # one host (docs: multi-host next)
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=hostname)]
     return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, world_size, opts)
 
 
-def _nccl(store, prefix: str, rank: int, world_size: int, timeout: timedelta):
+def _nccl(store, prefix: str, rank: int, world_size: int, timeout: timedelta, hostname: str):
     opts = dist.ProcessGroupNCCL.Options()
     opts._timeout = timeout
     return dist.ProcessGroupNCCL(dist.PrefixStore(prefix, store), rank, world_size, opts)
+
+
+def smallest_across_ranks(store, key: str, rank: int, world_size: int, value: int, on_wait=None) -> int:
+    """Every rank's ``value`` through the store, the smallest returned (e.g. free device memory, so that every rank
+    plans for the smallest); ``on_wait()`` runs while some rank has not written yet (it may raise)."""
+    store.set(f"{key}/{rank}", str(value))
+    keys = [f"{key}/{r}" for r in range(world_size)]
+    while not store.check(keys):
+        if on_wait is not None:
+            on_wait()
+        time.sleep(0.05)
+    return min(int(store.get(k)) for k in keys)
 
 
 @dataclass
@@ -40,12 +53,14 @@ class ParallelState:
     data: object             # ProcessGroupGloo (CPU) or ProcessGroupNCCL (GPU)
 
     @classmethod
-    def connect(cls, store, rank: int, world_size: int, device: torch.device, timeout: timedelta) -> "ParallelState":
-        """Build both groups (every rank calls this; it returns once all have)."""
+    def connect(cls, store, rank: int, world_size: int, device: torch.device, timeout: timedelta,
+                hostname: str = "127.0.0.1") -> "ParallelState":
+        """Build both groups (every rank calls this; it returns once all have). ``hostname``: this host's address
+        as the others reach it (gloo's sockets)."""
         control_timeout = timeout if rank == 0 else IDLE_TIMEOUT
-        control = _gloo(store, "control/", rank, world_size, control_timeout)
+        control = _gloo(store, "control/", rank, world_size, control_timeout, hostname)
         make_data = _nccl if device.type == "cuda" else _gloo
-        return cls(rank, world_size, control, make_data(store, "data/", rank, world_size, timeout))
+        return cls(rank, world_size, control, make_data(store, "data/", rank, world_size, timeout, hostname))
 
     @property
     def is_first(self) -> bool:

@@ -7,8 +7,10 @@ parent: a worker whose engine process is gone exits at once rather than linger.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -18,7 +20,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from gh200rt.distributed.parallel_state import ParallelState
+from gh200rt.distributed.parallel_state import ParallelState, smallest_across_ranks
+from gh200rt.distributed.hosts import Rendezvous
+from gh200rt.distributed.rank_numa import rank_platform
 from gh200rt.distributed.sharding import TensorShard
 from gh200rt.distributed.step_channel import receive_step
 
@@ -36,26 +40,35 @@ def _exit_with_parent(parent_pid: int) -> None:
 def rank_report(placed) -> dict:
     """What a rank holds once loaded (rank 0 keeps every rank's: ``TensorParallelWorkers.reports``)."""
     return {"weight_bytes": placed.loaded.weight_bytes, "num_kv_blocks": placed.plan.num_kv_blocks,
-            "kv_heads": placed.loaded.arch.num_kv_heads, "tiers": placed.store.tier_counts}
+            "kv_heads": placed.loaded.arch.num_kv_heads, "tiers": placed.store.tier_counts,
+            "layer_tiers": [tier.value for tier in placed.store.tiers], "host_slab_bytes": placed.store.host_slab_bytes()}
 
 
-def run_worker(shard: TensorShard, config, port: int, threads: int, parent_pid: int, timeout: timedelta) -> None:
-    """The spawn target of rank ``shard.rank`` (``workers.py`` starts it)."""
+def run_worker(shard: TensorShard, config, meet: Rendezvous, threads: int, parent_pid: int | None,
+               timeout: timedelta) -> None:
+    """The spawn target of rank ``shard.rank`` (``workers.py`` and ``node.py`` start it; a process torchrun
+    started calls it itself, ``parent_pid`` None)."""
     from gh200rt.engine.bootstrap import execution_device, load_and_place
     from gh200rt.engine.model_runner import ModelRunner
-    _exit_with_parent(parent_pid)
+    if parent_pid is not None:
+        _exit_with_parent(parent_pid)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C reaches the whole group: rank 0 stops the workers
     torch.set_num_threads(threads)
     rank = shard.rank
-    store = dist.TCPStore("127.0.0.1", port, shard.world_size, is_master=False, timeout=timeout)
+    local_rank, per_host = meet.local_ranks[rank]
+    store = dist.TCPStore(meet.master_addr, meet.master_port, shard.world_size, is_master=False, timeout=timeout)
     try:
         device = execution_device()
         if device == "cuda":
-            torch.cuda.set_device(rank)
-        placed = load_and_place(config, shard=shard)
+            torch.cuda.set_device(local_rank)
+        platform = rank_platform(None, config, local_rank, per_host, device)
+        placed = load_and_place(config, platform, shard=shard, agree_free=functools.partial(
+            smallest_across_ranks, store, "free", rank, shard.world_size))
         model = placed.loaded.model
         arena = placed.store.arena
         store.set(f"ready/{rank}", json.dumps(rank_report(placed)))
-        state = ParallelState.connect(store, rank, shard.world_size, torch.device(device), timeout)
+        state = ParallelState.connect(store, rank, shard.world_size, torch.device(device), timeout,
+                                      meet.gloo_hostname())
         model.connect(state)
         runner = ModelRunner(model, arena.kv_caches(), config.cache.block_size, device, hooks=placed.store,
                              batch_invariant=config.model.batch_invariant)

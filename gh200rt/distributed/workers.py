@@ -8,6 +8,7 @@ seconds, never a hang.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -19,7 +20,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from gh200rt.distributed.errors import TensorParallelError
-from gh200rt.distributed.parallel_state import ParallelState
+from gh200rt.distributed.hosts import Rendezvous, rendezvous
+from gh200rt.distributed.parallel_state import ParallelState, smallest_across_ranks
 from gh200rt.distributed.sharding import TensorShard
 from gh200rt.distributed.step_channel import send_step, send_stop
 from gh200rt.distributed.worker import run_worker
@@ -32,19 +34,24 @@ STOP_SECONDS = 10
 
 
 class TensorParallelWorkers:
-    def __init__(self, config, arch, threads: int, timeout: timedelta, restore_threads: int | None = None):
-        """``threads``: torch threads per worker; ``restore_threads``: rank 0's own count to restore at close."""
-        self.restore_threads = restore_threads
+    def __init__(self, config, arch, threads: int, timeout: timedelta, restore_threads: int | None = None,
+                 restore_cpus: set[int] | None = None, meet: Rendezvous | None = None):
+        """``threads``: torch threads per worker; ``restore_threads``, ``restore_cpus``: rank 0's own thread count
+        and CPU affinity to restore at close (``rank_numa`` may bind it to its share of the cores); ``meet``: where
+        the ranks meet and which this host starts (``hosts.rendezvous``; default: from ``config``)."""
+        self.restore_threads, self.restore_cpus = restore_threads, restore_cpus
         self.world_size = config.parallel.tensor_parallel_size
         self.timeout = timeout
-        self.store = dist.TCPStore("127.0.0.1", 0, self.world_size, is_master=True, wait_for_workers=False,
-                                   timeout=timeout)
+        meet = meet or rendezvous(config)
+        self.store = dist.TCPStore(meet.master_addr, meet.master_port, self.world_size,
+                                   is_master=not meet.agent_store, wait_for_workers=False, timeout=timeout)
+        self.meet = dataclasses.replace(meet, master_port=self.store.port)
         context = mp.get_context("spawn")
         self.processes = {}
-        for rank in range(1, self.world_size):
+        for rank in self.meet.spawn:
             process = context.Process(
                 target=run_worker, name=f"gh200rt-tp-rank{rank}", daemon=True,
-                args=(TensorShard(rank, self.world_size, arch), config, self.store.port, threads, os.getpid(), timeout))
+                args=(TensorShard(rank, self.world_size, arch), config, self.meet, threads, os.getpid(), timeout))
             process.start()
             self.processes[rank] = process
         self.reports: dict[int, dict] = {}       # rank -> what it holds (worker.rank_report)
@@ -64,23 +71,32 @@ class TensorParallelWorkers:
         num_kv_blocks = rank0_report["num_kv_blocks"]
         deadline = time.monotonic() + START_SECONDS
         while len(self.reports) < self.world_size:
-            for rank in self.processes:
+            for rank in range(1, self.world_size):
                 if rank not in self.reports and self.store.check([f"ready/{rank}"]):
                     self.reports[rank] = json.loads(self.store.get(f"ready/{rank}"))
             failure = self._failure()
             if failure is not None:
                 raise failure
             if time.monotonic() > deadline:
-                late = [r for r in self.processes if r not in self.reports]
+                late = [r for r in range(1, self.world_size) if r not in self.reports]
                 raise self._fail(TensorParallelError(late[0], f"did not load its shard within {START_SECONDS} s"))
             time.sleep(POLL_SECONDS)
         for rank, report in self.reports.items():
             if report["num_kv_blocks"] != num_kv_blocks:
                 raise self._fail(TensorParallelError(rank, f"its KV cache has {report['num_kv_blocks']} blocks, rank "
                                                            f"0's {num_kv_blocks}; give --num-kv-blocks"))
+            if report["layer_tiers"] != rank0_report["layer_tiers"]:
+                raise self._fail(TensorParallelError(rank, f"its plan placed layers {report['tiers']}, rank 0's "
+                                                           f"{rank0_report['tiers']}; every rank must follow one plan: "
+                                                           "give --device-memory-budget"))
+
+    def smallest_free(self, free: int) -> int:
+        """The least free device memory of any rank (rank 0's part of ``smallest_across_ranks``)."""
+        return smallest_across_ranks(self.store, "free", 0, self.world_size, free, on_wait=self.check_health)
 
     def connect(self, device: torch.device) -> ParallelState:
-        self.state = ParallelState.connect(self.store, 0, self.world_size, device, self.timeout)
+        self.state = ParallelState.connect(self.store, 0, self.world_size, device, self.timeout,
+                                           self.meet.gloo_hostname())
         return self.state
 
     # ---- steps -----------------------------------------------------------------------------------
@@ -99,13 +115,20 @@ class TensorParallelWorkers:
         return None
 
     # ---- failure ---------------------------------------------------------------------------------
+    def check_health(self) -> None:
+        """Raise the TensorParallelError of a worker that died or reported an error (no collective is involved)."""
+        failure = self._failure() if not self.closed else None
+        if failure is not None:
+            raise failure
+
     def _failure(self) -> TensorParallelError | None:
         if self.failed is not None:
             return self.failed
-        for rank, process in self.processes.items():
+        for rank in range(1, self.world_size):        # a worker on another host: its node agent reports for it
             if self.store.check([f"error/{rank}"]):
                 return self._fail(TensorParallelError(rank, self.store.get(f"error/{rank}").decode().strip()))
-            if process.exitcode is not None:
+            process = self.processes.get(rank)
+            if process is not None and process.exitcode is not None:
                 return self._fail(TensorParallelError(rank, _exit_reason(process.exitcode)))
         return None
 
@@ -136,6 +159,8 @@ class TensorParallelWorkers:
         self.state = None
         if self.restore_threads is not None:
             torch.set_num_threads(self.restore_threads)
+        if self.restore_cpus is not None and os.sched_getaffinity(0) != self.restore_cpus:
+            os.sched_setaffinity(0, self.restore_cpus)
 
 
 def _exit_reason(code: int) -> str:

@@ -31,7 +31,7 @@ from gh200rt.models.gpu_kernels import use_triton_kernels
 from gh200rt.models.layers.cpu_prepack import model_route_form_bytes, resident_linear_format
 from gh200rt.numa.affinity import bind_engine_threads
 from gh200rt.planner.cost_model import activation_bytes, model_sizes
-from gh200rt.planner.planner import Plan, make_plan
+from gh200rt.planner.planner import Plan, RankShare, make_plan
 from gh200rt.platform.cpu_features import describe, route_for
 from gh200rt.platform.detect import Platform, detect
 from gh200rt.weights import forms as weight_forms
@@ -68,10 +68,11 @@ def execution_device() -> str:
 
 
 def load_and_place(config: EngineConfig, platform: Platform | None = None, device: str | None = None,
-                   poison: bool = False, shard=None) -> PlacedModel:
+                   poison: bool = False, shard=None, agree_free=None) -> PlacedModel:
     """Load ``config.model`` and place its weights per ``config.memory``; ``poison`` NaN-fills staging
     slots before every copy (tests: a read before the copy lands shows up). ``shard``: a tensor-parallel rank's
-    (``distributed.sharding.TensorShard``), whose slice alone is loaded, planned and placed."""
+    (``distributed.sharding.TensorShard``), whose slice alone is loaded, planned and placed; ``agree_free``: maps
+    this rank's free device memory to the smallest any rank has, so that every rank makes the same plan."""
     device = device or execution_device()
     platform = platform or detect(config.memory.platform, config.memory.profile_file)
     # placed below, layer by layer
@@ -83,10 +84,13 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     fp8_resident = device != "cpu" and weight_forms.is_fp8_checkpoint(loaded.quantized)
     sizes = model_sizes(arch, dtype, kv_dtype=config.cache.kv_cache_dtype,
                         host_format=weight_forms.planning_format(fmt, loaded.quantized),
-                        resident_format="fp8" if fp8_resident else None)
+                        resident_format="fp8" if fp8_resident else None,
+                        vocab_rows=shard.vocab_size if shard is not None else None)
     activations = activation_bytes(arch, config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs,
                                    dtype)
     free = torch.cuda.mem_get_info()[0] if device == "cuda" else None
+    if free is not None and agree_free is not None:
+        free = agree_free(free)
     longest = max_model_len(config, arch)
     useful_kv = config.scheduler.max_num_seqs * longest * sizes.kv_bytes_per_token
     linear_format = None
@@ -106,7 +110,8 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     working = activations + graph_pool_booking(config, arch, dtype, device)
     capacity = ledger_capacity(config.memory, free, sizes.all_resident_bytes + working, useful_kv)
     plan = make_plan(sizes, platform, config.memory, capacity, config.cache.block_size,
-                     activation_bytes=working, max_model_len=longest)
+                     activation_bytes=working, max_model_len=longest,
+                     rank_share=RankShare.of(shard.arch, shard.world_size) if shard is not None else None)
     if device != "cpu" and config.memory.bind_threads:
         bind_threads_near(platform.host_numa_node)
     check_node_has_room(plan.host_weight_bytes, platform.host_numa_node)

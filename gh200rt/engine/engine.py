@@ -210,6 +210,12 @@ class LLMEngine:
         if self.store is not None:
             self.store.close()
 
+    def check_health(self) -> None:
+        """Raise ``EngineDeadError`` where the engine cannot step any more (a tensor-parallel worker died or failed,
+        seen without waiting for a step); cheap enough to call while idle."""
+        if self.parallel is not None:
+            self.parallel.check_health()
+
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | None, params: SamplingParams | PoolingParams | None = None,
                     prompt_token_ids: list[int] | None = None) -> None:

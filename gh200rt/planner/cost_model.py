@@ -142,10 +142,13 @@ def aligned_total(part_bytes: list[int]) -> int:
 
 
 def model_sizes(arch: ArchConfig, dtype: str = "bf16", kv_dtype: str | None = None,
-                host_format: str | None = None, resident_format: str | None = None) -> ModelSizes:
+                host_format: str | None = None, resident_format: str | None = None,
+                vocab_rows: int | None = None) -> ModelSizes:
     """``kv_dtype``: a ``--kv-cache-dtype`` value (``auto``/None: ``dtype``); ``host_format``: how offloaded
     layers are stored (a dtype name, ``int8``, ``int4`` or ``fp8``); ``resident_format``: how resident layers'
-    linears are held (``fp8`` for an FP8 checkpoint on a GPU); both default to ``dtype``."""
+    linears are held (``fp8`` for an FP8 checkpoint on a GPU); both default to ``dtype``. ``vocab_rows``: the
+    rows of the embedding and LM head held (a tensor-parallel rank's ``arch`` is its local one and it holds
+    1/N of the vocabulary; default: all of it)."""
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPE_BYTES)}")
     kv_dtype = dtype if kv_dtype in (None, "auto") else kv_dtype
@@ -156,7 +159,7 @@ def model_sizes(arch: ArchConfig, dtype: str = "bf16", kv_dtype: str | None = No
     linear_params = sum(n * k for n, k in layer_linear_shapes(arch, active=True))
     layer_small = 2 * arch.hidden_size + (arch.q_size + 2 * arch.kv_size if arch.attention_bias else 0) \
         + (2 * arch.head_dim if arch.qk_norm else 0)  # norms, qkv bias, q/k norms: stay on the device
-    head = arch.vocab_size * arch.hidden_size
+    head = (arch.vocab_size if vocab_rows is None else vocab_rows) * arch.hidden_size
     embeds = head * (1 if arch.tie_word_embeddings else 2) + arch.hidden_size
     rope_tables = 2 * arch.max_position_embeddings * (arch.head_dim // 2) * 4  # float32 cos and sin
     kv_scales = arch.num_layers * 2 * 4  # float32 K and V scale per layer (kv/fp8.py)

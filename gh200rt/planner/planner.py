@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gh200rt.models.arch_config import ArchConfig
+
 from gh200rt.config import MemoryConfig
 from gh200rt.planner.budget import PlanDoesNotFit, budget_refusal
 from gh200rt.planner.cost_model import ModelSizes, predict_step_seconds
@@ -20,6 +22,29 @@ from gh200rt.platform.detect import Platform
 from gh200rt.weights.tiers import Tier, slot_of
 
 __all__ = ["Plan", "PlanDoesNotFit", "dynamic_splits", "make_plan", "spread_evenly"]
+
+@dataclass(frozen=True)
+class RankShare:
+    """What one of ``world_size`` tensor-parallel ranks holds: the plan's sizes are that rank's (its heads, KV heads,
+    MLP columns and 1/N of the vocabulary), and every rank follows the same plan."""
+    world_size: int
+    kv_heads: int            # KV heads each rank holds
+    model_kv_heads: int
+
+    @classmethod
+    def of(cls, arch: ArchConfig, world_size: int) -> "RankShare":
+        """``arch``: the whole model's."""
+        return cls(world_size, max(1, arch.num_kv_heads // world_size), arch.num_kv_heads)
+
+    def describe(self) -> str:
+        kv = (f"{self.kv_heads} of the model's {self.model_kv_heads} KV heads (split)"
+              if self.model_kv_heads >= self.world_size else
+              f"{self.kv_heads} of the model's {self.model_kv_heads} KV heads (replicated on "
+              f"{self.world_size // self.model_kv_heads} ranks)")
+        return (f"tensor parallel: {self.world_size} ranks, one plan for all; each rank holds 1/{self.world_size} of "
+                f"every layer's linears and of the embedding and LM head (vocab-parallel), norms whole, {kv}; "
+                f"every figure below is one rank's")
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -37,6 +62,7 @@ class Plan:
     arena_weight_blocks: int = 0               # blocks of the device arena the resident layers hold at start-up
     dynamic: bool = False                      # tiers follow KV demand at run time (--offload dynamic)
     expert_tiers: tuple[tuple[Tier, ...], ...] = ()   # per layer, a tier per routed expert (() for a dense layer)
+    rank_share: RankShare | None = None        # a tensor-parallel rank's plan (sizes are per rank)
 
     def expert_counts(self, layer: int) -> dict[str, int]:
         tiers = self.expert_tiers[layer] if self.expert_tiers else ()
@@ -103,6 +129,17 @@ class Plan:
         streamed = self.streamed_layers
         return slot_of(streamed.index(layer), self.staging_slots) if layer in streamed else None
 
+    def rank_bytes(self) -> str:
+        """One rank's bytes, and all ranks' together (a tensor-parallel plan)."""
+        n, sizes = self.rank_share.world_size, self.sizes
+        gib = lambda b: f"{b / (1 << 30):.3f} GiB"  # noqa: E731
+        layers = self.tiers.count(Tier.RESIDENT) * sizes.layer_bytes
+        host = self.host_weight_bytes
+        return (f"per rank: layers {gib(layers)} on the device + {gib(host)} in host slabs, embeddings, LM head "
+                f"and norms {gib(sizes.fixed_bytes)} (LM head {gib(sizes.head_bytes)}), KV cache {gib(self.kv_bytes)}; "
+                f"all {n} ranks: device weights {gib(n * (layers + sizes.fixed_bytes))}, host slabs {gib(n * host)}, "
+                f"KV cache {gib(n * self.kv_bytes)}")
+
     def figures(self) -> str:
         """The bandwidths and peak the cost model used, and where they came from."""
         p = self.platform
@@ -114,6 +151,7 @@ class Plan:
         counts = ", ".join(f"{n} {tier}" for tier, n in self.tier_counts.items() if n)
         lines = [f"plan for {self.platform.profile} ({self.platform.kind}), device budget {gib(self.capacity)}: "
                  f"{counts}" + (" at start-up; tiers follow KV demand (--offload dynamic)" if self.dynamic else ""),
+                 *([self.rank_share.describe(), self.rank_bytes()] if self.rank_share else []),
                  self.figures(),
                  f"{'layer':>5} {'tier':<9} {'bytes':>13} {'slot':>4}"
                  + (f"  routed experts (resident/direct/streamed of {self.sizes.num_experts})"
@@ -156,10 +194,12 @@ class Plan:
 
 
 def make_plan(sizes: ModelSizes, platform: Platform, memory: MemoryConfig, capacity: int,
-              block_size: int = 16, batch: int = 1, activation_bytes: int = 0, max_model_len: int = 0) -> Plan:
+              block_size: int = 16, batch: int = 1, activation_bytes: int = 0, max_model_len: int = 0,
+              rank_share: RankShare | None = None) -> Plan:
     """``max_model_len``: the KV cache must hold at least one sequence that long (and
     ``--kv-cache-min-tokens``); ``activation_bytes``: a step's working memory beside weights and KV (activations,
-    and on a GPU the decode graphs' pool)."""
+    and on a GPU the decode graphs' pool); ``rank_share``: a tensor-parallel rank's (``sizes`` and ``capacity``
+    are that rank's)."""
     kv_min_tokens = max(memory.kv_cache_min_tokens or 0, max_model_len)
     planned = planning_sizes(sizes, memory, platform, block_size)
     layout = layout_for(planned, platform, memory, capacity, block_size, activation_bytes, kv_min_tokens)
@@ -172,7 +212,7 @@ def make_plan(sizes: ModelSizes, platform: Platform, memory: MemoryConfig, capac
                                 layout.expert_tiers)
     return Plan(layout.tiers, slots, distance, layout.kv_blocks(capacity), block_size, planned, capacity, platform,
                 step, activation_bytes, layout.direct_staging_tokens, dynamic=layout.dynamic,
-                expert_tiers=layout.expert_tiers)
+                expert_tiers=layout.expert_tiers, rank_share=rank_share)
 
 
 def dynamic_splits(plan: Plan, kv_tokens: list[int], batch: int = 1) -> list[dict]:

@@ -99,7 +99,9 @@ def _ats_supported(device_index: int) -> bool:
         return False
 
 
-def detect(profile_name: str | None = None, measured_profile: str | Path | None = None) -> Platform:
+def detect(profile_name: str | None = None, measured_profile: str | Path | None = None,
+           device_index: int = 0) -> Platform:
+    """``device_index``: the GPU whose properties and nearest NUMA node are read (a tensor-parallel rank's)."""
     if profile_name is not None:
         prof = get_profile(profile_name)
         if measured_profile:
@@ -111,9 +113,9 @@ def detect(profile_name: str | None = None, measured_profile: str | Path | None 
         if measured_profile:
             prof = load_measured_profile(measured_profile, prof)
         return Platform.from_profile(prof, device_name=_pyplatform.processor() or "cpu")
-    props = torch.cuda.get_device_properties(0)
+    props = torch.cuda.get_device_properties(device_index)
     aarch64 = _pyplatform.machine() in ("aarch64", "arm64")
-    ats = _ats_supported(0)
+    ats = _ats_supported(device_index)
     prof = get_profile(profile_for_device(props.name, props.total_memory, aarch64 and ats))
     if measured_profile:
         prof = load_measured_profile(measured_profile, prof)
@@ -121,6 +123,6 @@ def detect(profile_name: str | None = None, measured_profile: str | Path | None 
                                                  ("H100" in props.name or "H200" in props.name)
                                                  else "cuda-other")
     return Platform(kind=kind, device_name=props.name, device_memory_bytes=props.total_memory,
-                    host_numa_node=gpu_numa_node(_cuda_pci_address(0)), ats=ats, link_h2d_gbps=prof.link_h2d_gbps,
+                    host_numa_node=gpu_numa_node(_cuda_pci_address(device_index)), ats=ats, link_h2d_gbps=prof.link_h2d_gbps,
                     direct_read_gbps=prof.direct_read_gbps, hbm_gbps=prof.hbm_gbps,
                     peak_tflops=prof.peak_tflops, profile=prof.name, figures_from=prof.figures_from)

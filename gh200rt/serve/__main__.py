@@ -2,7 +2,8 @@
 
 /health answers 503 until the model is loaded. SIGTERM (or Ctrl-C): new generation requests get
 503, in-flight ones may finish for up to --shutdown-timeout seconds, then the process exits 0.
-A second signal exits at once.
+A second signal exits at once. An engine that cannot go on (a tensor-parallel rank died) fails
+what is in flight and the process exits 1, naming the rank and the reason.
 """
 from __future__ import annotations
 
@@ -76,6 +77,15 @@ class GracefulServer(uvicorn.Server):
 
 def main(argv=None) -> int:
     server_config, engine_config = parse_args(argv)
+    from gh200rt.distributed.hosts import rendezvous, torchrun_config
+    engine_config = torchrun_config(engine_config)
+    if engine_config.parallel.tensor_parallel_size > 1:
+        meet = rendezvous(engine_config)
+        if meet.own_rank != 0:           # another host's ranks (or a torchrun rank > 0): no server here
+            from gh200rt.distributed.node import run_ranks
+            logging.basicConfig(level=server_config.log_level.upper(),
+                                format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+            return run_ranks(engine_config, meet)
 
     def build_engine():
         from gh200rt.engine.engine import LLMEngine
@@ -100,11 +110,11 @@ def run_server(server_config, engine_config, build_engine) -> int:
     limit, limit_flags, raise_flag = server_config.admission_limit(max_num_seqs)
     admission = Admission(limit, max_num_seqs, limit_flags, raise_flag)
 
-    def stop_on_load_error(_error):
+    def stop_on_engine_error(_error):
         server.should_exit = True
 
     cpus = parse_cpu_list(server_config.engine_cpus) if server_config.engine_cpus is not None else None
-    engine = AsyncEngine(load, on_load_error=stop_on_load_error, cpus=cpus)
+    engine = AsyncEngine(load, on_load_error=stop_on_engine_error, cpus=cpus, on_dead=stop_on_engine_error)
     state = ServerState(server_config, engine, engine_config.model.model, admission,
                         engine_config.model.max_logprobs)
     app = create_app(state)
@@ -119,6 +129,9 @@ def run_server(server_config, engine_config, build_engine) -> int:
     engine.shutdown()
     if engine.load_error is not None:
         log.error("exiting: the model %r could not be loaded (see the error above)", engine_config.model.model)
+        return 1
+    if engine.dead_error is not None:
+        log.error("exiting: %s", engine.dead_error)
         return 1
     log.info("stopped")
     return 0

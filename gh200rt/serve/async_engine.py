@@ -7,7 +7,10 @@ call the engine directly. How many requests may be pending is decided before the
 (``admission``).
 
 The thread never dies of one request: a request the engine rejects gets its own error, and a
-fault in the loop itself fails the requests in flight (500) and the loop goes on.
+fault in the loop itself fails the requests in flight (500) and the loop goes on. An engine that
+cannot go on (``EngineDeadError``: a tensor-parallel rank died), seen by a step or by the health
+check the loop makes while idle, fails every request, ends the thread and calls ``on_dead``: the
+server exits non-zero.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from gh200rt.engine.errors import EngineDeadError
 from gh200rt.engine.host_allocator import release_freed_memory
 from gh200rt.engine.outputs import RequestOutput
 from gh200rt.sampling_params import SamplingParams
@@ -42,12 +46,14 @@ class _Add:
 
 
 class AsyncEngine:
-    def __init__(self, engine_factory, on_load_error=None, cpus: frozenset[int] | None = None):
+    def __init__(self, engine_factory, on_load_error=None, cpus: frozenset[int] | None = None, on_dead=None):
         self._factory = engine_factory
         self._cpus = cpus
         self._on_load_error = on_load_error
+        self._on_dead = on_dead
         self.engine = None
         self.load_error: BaseException | None = None
+        self.dead_error: EngineDeadError | None = None
         self.ready = threading.Event()
         self.metrics = None                      # ServerMetrics; set by the app
         self._commands: queue.Queue = queue.Queue()
@@ -118,6 +124,9 @@ class AsyncEngine:
         while not self._stop.is_set():
             try:
                 self._iterate()
+            except EngineDeadError as e:        # nothing can step any more: fail everything and stop
+                self._die(e)
+                break
             except Exception as e:              # a fault of ours: fail what is in flight, keep serving
                 log.exception("engine loop failed; failing the requests in flight")
                 self._fail_all(e)
@@ -140,6 +149,9 @@ class AsyncEngine:
         if self.engine.has_unfinished_requests():
             self._step()
         elif command is None and not busy:      # half a second without work
+            check_health = getattr(self.engine, "check_health", None)   # engines built by hand may lack it
+            if check_health is not None:
+                check_health()
             self._on_idle()
         self._publish_stats()
 
@@ -173,6 +185,8 @@ class AsyncEngine:
     def _step(self) -> None:
         try:
             outputs: list[RequestOutput] = self.engine.step()
+        except EngineDeadError:
+            raise
         except Exception as e:                   # a real internal fault: fail the running requests, go on
             log.exception("engine step failed; aborting the running requests")
             for request_id in list(self.engine.requests):
@@ -185,14 +199,21 @@ class AsyncEngine:
         self._stats_dirty = True
         self._stepped_since_idle = True
 
-    def _fail_all(self, error: Exception) -> None:
+    def _fail_all(self, error: Exception, message: str | None = None) -> None:
         for request_id in list(self._sinks):
             try:
                 self.engine.abort(request_id)
             except Exception:                   # already failing; the error below still reaches the client
                 log.exception("aborting %s failed", request_id)
-            self._send(request_id, ("error", APIError(500, f"internal engine error: {type(error).__name__}")))
+            self._send(request_id, ("error", APIError(500, message or f"internal engine error: {type(error).__name__}")))
         self._stats_dirty = True
+
+    def _die(self, error: EngineDeadError) -> None:
+        self.dead_error = error
+        log.error("the engine cannot continue: %s", error)
+        self._fail_all(error, f"the engine failed and the server is stopping: {error}")
+        if self._on_dead is not None:
+            self._on_dead(error)
 
     def _send(self, request_id: str, item) -> None:
         loop_sink = self._sinks.get(request_id)
