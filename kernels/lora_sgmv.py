@@ -111,3 +111,21 @@ def reference_lora_add(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: tor
         if slot >= 0:
             out[t] += (x[t].float() @ a[slot].float().T) @ b[slot].float().T * float(scales[slot])
     return out.to(y.dtype)
+
+
+def compile_specs():
+    from .compile_specs import CompileSpec, signature_of
+    specs = []
+    for dtype in ("bf16", "fp16", "fp32"):
+        ieee, block_r = dtype == "fp32", 32
+        shrink = dict(IEEE=ieee, BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K, BLOCK_R=block_r)
+        types = dict(x_ptr=f"*{dtype}", a_ptr=f"*{dtype}", v_ptr="*fp32", scale_ptr="*fp32", seg_ptr="*i32")
+        specs.append(CompileSpec("lora_shrink", f"{dtype} R<={block_r}", lora_shrink_kernel,
+                                 signature_of(lora_shrink_kernel, types, shrink), shrink, 4,
+                                 ("x_ptr", "a_ptr", "v_ptr", "scale_ptr", "seg_ptr")))
+        expand = dict(IEEE=ieee, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_R=block_r)
+        types = dict(v_ptr="*fp32", b_ptr=f"*{dtype}", y_ptr=f"*{dtype}", seg_ptr="*i32")
+        specs.append(CompileSpec("lora_expand", f"{dtype} R<={block_r}", lora_expand_kernel,
+                                 signature_of(lora_expand_kernel, types, expand), expand, 4,
+                                 ("v_ptr", "b_ptr", "y_ptr", "seg_ptr")))
+    return specs

@@ -73,3 +73,30 @@ def test_segments_merge_runs_of_one_slot_and_skip_the_base():
     groups = dict((slot, rows) for slot, rows in step.groups)
     assert groups[1] == slice(6, 7)
     assert groups[0].tolist() == [0, 1, 2, 3, 4, 7]
+
+
+COMPILE = """
+import os
+os.environ.pop("TRITON_INTERPRET", None)
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from gh200rt.kernels.compile_specs import all_specs
+for spec in all_specs():
+    if spec.name.startswith("lora_"):
+        out = triton.compile(ASTSource(spec.fn, spec.signature, spec.constexprs), target=GPUTarget("cuda", 90, 32),
+                             options=dict(num_warps=spec.num_warps))
+        print(spec.name, spec.label, "mma" in out.asm["ptx"])
+"""
+
+
+def test_kernels_compile_for_hopper():
+    """Both kernels, every dtype, compiled to PTX for sm_90 (no GPU needed): bf16 / fp16 dots on the tensor cores
+    (tf32), a float32 model's in full float32 (no mma)."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line.split() for line in out.stdout.splitlines() if line.strip()]
+    print("\n".join(" ".join(line) for line in lines))
+    assert len(lines) == 6 and all((line[-1] == "True") == (line[1] != "fp32") for line in lines), out.stdout
