@@ -98,8 +98,9 @@ class AsyncEngine:
 
     def add(self, request_id: str, prompt: str | None, prompt_token_ids: list[int] | None,
             params: SamplingParams, sink: asyncio.Queue | None = None, lora_name: str | None = None) -> asyncio.Queue:
-        """Queue a request (``lora_name``: the LoRA adapter it runs under); ``sink`` (shared by the prompts of one HTTP request) gets (kind, request_id,
-        payload) items: ("ok", id, None) or ("error", id, APIError) first, then ("output", id, output)."""
+        """Queue a request; ``sink`` (shared by the prompts of one HTTP request) gets (kind, request_id,
+        payload) items: ("ok", id, None) or ("error", id, APIError) first, then ("output", id, output).
+        ``lora_name``: the LoRA adapter it runs under (None: the base model)."""
         if not self.ready.is_set():
             raise APIError(503, "the model is still loading; retry when GET /health answers 200")
         sink = sink if sink is not None else asyncio.Queue()
