@@ -64,8 +64,7 @@ class AdapterRegistry:
         entry = self.by_name.pop(name, None)
         if entry is None:
             raise UnknownAdapter(name)
-        self._host.pop(entry.id, None)
-        return entry
+        return entry                # its host copy ages out of the LRU: running requests may still need it
 
     def resolve(self, name: str) -> AdapterEntry:
         entry = self.by_name.get(name)

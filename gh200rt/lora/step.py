@@ -17,7 +17,7 @@ NO_SLOT = -1
 @dataclass
 class LoraStep:
     segments: list[tuple[int, int, int]]          # (slot, start, end): runs of consecutive tokens of one slot
-    groups: list[tuple[int, slice | torch.Tensor]]  # slot -> its rows (the torch path)
+    groups: list[tuple[int, slice | torch.Tensor]]  # slot -> its rows (the torch path; empty for Triton)
     segs: torch.Tensor | None                     # int32 [S, 3] on the device (the Triton path)
     max_len: int
 
@@ -41,7 +41,7 @@ def lora_step(slot_runs: list[tuple[int, int]], device: torch.device | str, for_
     for slot, a, b in segments:
         by_slot.setdefault(slot, []).append((a, b))
     groups: list[tuple[int, slice | torch.Tensor]] = []
-    for slot, runs in by_slot.items():
+    for slot, runs in ({} if for_triton else by_slot).items():
         if len(runs) == 1:
             groups.append((slot, slice(*runs[0])))
         else:

@@ -132,3 +132,21 @@ def test_ledger_books_the_slots_and_host_cache_is_lru(tiny):
     again = llm.generate([PROMPTS["sql"]], GREEDY, lora_request="sql")[0]
     want = hf_greedy(merged_model(tiny["hf"], tiny["sql"]), PROMPTS["sql"])[0]
     assert again.outputs[0].token_ids == want and len(out.outputs[0].token_ids) == STEPS
+
+
+def test_unloading_lets_running_requests_finish_and_refuses_new_ones(tiny):
+    llm = make_llm(tiny)
+    engine = llm.engine
+    want = llm.generate([PROMPTS["sql"]], GREEDY, lora_request="sql")[0].outputs[0].token_ids
+    engine.add_request("r1", None, GREEDY, prompt_token_ids=PROMPTS["sql"], lora_request="sql")
+    engine.step()
+    engine.remove_lora("sql")
+    tokens = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens = out.outputs[0].token_ids
+    assert tokens == want
+    with pytest.raises(ValueError, match="no LoRA adapter named 'sql'"):
+        engine.add_request("r2", None, GREEDY, prompt_token_ids=PROMPTS["sql"], lora_request="sql")
+    engine.add_lora("sql", tiny["sql"])          # loaded again: a new id, its own prefix blocks
+    assert engine.lora.by_name["sql"].id == 3
