@@ -82,8 +82,9 @@ def lora_expand_kernel(v_ptr, b_ptr, y_ptr, seg_ptr, N, R, stride_v, stride_bs, 
 
 def lora_add_triton(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor,
                     segs: torch.Tensor, max_len: int) -> torch.Tensor:
-    """``y += per-token LoRA delta`` in place, over ``segs`` (int32 ``[S, 3]`` of (slot, start, length); tokens outside any segment are
-    left alone); ``max_len``: the longest segment. ``x [T, K]``, ``y [T, N]`` with unit column stride."""
+    """``y += per-token LoRA delta`` in place, over ``segs`` (int32 ``[S, 3]`` of (slot, start, length); tokens
+    outside any segment are left alone); ``max_len``: the longest segment. ``x [T, K]``, ``y [T, N]`` with unit
+    column stride."""
     num_segs = segs.shape[0]
     if num_segs == 0:
         return y
