@@ -50,10 +50,11 @@ def dataclass_from_args(cls, args: argparse.Namespace):
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    from gh200rt.config import CacheConfig, GraphConfig, MemoryConfig, ModelConfig, ParallelConfig, SchedulerConfig
+    from gh200rt.config import (CacheConfig, GraphConfig, LoRAConfig, MemoryConfig, ModelConfig, ParallelConfig,
+                                SchedulerConfig)
     for cls, title in ((ModelConfig, "model"), (CacheConfig, "KV cache"), (SchedulerConfig, "scheduler"),
                        (MemoryConfig, "memory placement"), (GraphConfig, "CUDA graphs"),
-                       (ParallelConfig, "parallelism")):
+                       (ParallelConfig, "parallelism"), (LoRAConfig, "LoRA adapters")):
         add_dataclass_arguments(parser, cls, title)
 
 

@@ -25,6 +25,7 @@ from gh200rt.kv.arena import DeviceArena
 from gh200rt.kv.fp8 import kv_cache_dtype
 from gh200rt.kv.pool import kv_bytes_per_block
 from gh200rt.loader.load import LoadedModel, load_model
+from gh200rt.lora.install import lora_slot_bytes
 from gh200rt.memory.ledger import DeviceMemoryLedger, ledger_capacity
 from gh200rt.models.cpu_kernels import use_native_cpu_kernels, use_torch_cpu_kernels
 from gh200rt.models.gpu_kernels import use_triton_kernels
@@ -107,7 +108,8 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
         head_form_bytes=model_route_form_bytes(loaded.model, linear_format, [], parts_of=parts_of))
     # a step's working memory beside weights and KV: activations, and on a GPU the decode graphs' pool, which the
     # ledger books before the store; the planner counts both, or the minimum it names would be refused
-    working = activations + graph_pool_booking(config, arch, dtype, device)
+    lora_bytes = lora_slot_bytes(config.lora, arch, loaded.dtype)
+    working = activations + graph_pool_booking(config, arch, dtype, device) + lora_bytes
     capacity = ledger_capacity(config.memory, free, sizes.all_resident_bytes + working, useful_kv)
     plan = make_plan(sizes, platform, config.memory, capacity, config.cache.block_size,
                      activation_bytes=working, max_model_len=longest,
@@ -117,6 +119,7 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     check_node_has_room(plan.host_weight_bytes, platform.host_numa_node)
     ledger = DeviceMemoryLedger(capacity)
     reserve_graph_pool(ledger, config, arch, dtype, device)
+    ledger.reserve("lora_slots", lora_bytes)
     store = WeightStore(loaded.model, device, platform, fmt, poison, ledger, loaded.quantized,
                         cpu_linear_format=linear_format,
                         keep_host_copies=plan.dynamic, prefetch_across_steps=config.memory.prefetch_across_steps)

@@ -33,6 +33,8 @@ from gh200rt.kv.kv_manager import KVCacheManager
 from gh200rt.engine.bootstrap import (DTYPE_NAMES, PlacedModel, install_kernels, load_and_place, max_model_len,
                                      size_kv_pool)
 from gh200rt.kv.pool import allocate_kv_caches, kv_bytes_per_block
+from gh200rt.lora.install import install_lora, lora_slot_bytes
+from gh200rt.lora.request import LoRARequest
 from gh200rt.planner.cost_model import copy_seconds
 from gh200rt.memory.ledger import DeviceMemoryLedger, ledger_capacity
 from gh200rt.pooling_params import PoolingParams
@@ -129,6 +131,7 @@ class LLMEngine:
             self.ledger = DeviceMemoryLedger(ledger_capacity(config.memory, None, weight_bytes))
             self.ledger.reserve("resident_weights", weight_bytes)
             reserve_graph_pool(self.ledger, config, arch, DTYPE_NAMES[dtype], device)
+            self.ledger.reserve("lora_slots", lora_slot_bytes(config.lora, arch, dtype))
             per_block = kv_bytes_per_block(arch.num_layers, bs, arch.num_kv_heads, arch.head_dim, kv_dtype)
             num_blocks = size_kv_pool(self.ledger, config.cache.num_kv_blocks, per_block, bs, self.max_model_len)
         else:
@@ -143,7 +146,10 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching,
                                  pool=arena.pool if arena else None,
                                  publish_decoded_blocks=config.model.batch_invariant or not on_cpu)
-        self.scheduler = Scheduler(self.kv, config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens)
+        self.lora = install_lora(model, arch, config.lora, dtype, device, self.ledger) \
+            if config.lora.enable_lora else None
+        self.scheduler = Scheduler(self.kv, config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens,
+                                   config.lora.max_loras if self.lora is not None else None)
         caches = arena.kv_caches() if arena else \
             allocate_kv_caches(arch.num_layers, num_blocks, bs, arch.num_kv_heads, arch.head_dim, kv_dtype, device)
         self.graphs = decode_graphs(model, caches, config, self.max_model_len, device, self.store, self.ledger)
@@ -154,7 +160,8 @@ class LLMEngine:
             from gh200rt.distributed.launch import make_runner
             make_runner = functools.partial(make_runner, parallel)
         self.runner = make_runner(model, caches, bs, device, hooks=self.store or NULL_HOOKS, graphs=self.graphs,
-                                  batch_invariant=config.model.batch_invariant)
+                                  batch_invariant=config.model.batch_invariant,
+                                  **({"lora": self.lora} if self.lora is not None else {}))
         if on_cpu:     # activations live in host memory: keep their pages
             keep_freed_memory()
         self.sampler = Sampler(config.model.seed)
@@ -218,13 +225,18 @@ class LLMEngine:
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | None, params: SamplingParams | PoolingParams | None = None,
-                    prompt_token_ids: list[int] | None = None) -> None:
-        """A generation request, or with ``PoolingParams`` an embedding request (vLLM's convention)."""
+                    prompt_token_ids: list[int] | None = None, lora_request: LoRARequest | str | None = None) -> None:
+        """A generation request, or with ``PoolingParams`` an embedding request (vLLM's convention).
+        ``lora_request``: the adapter to run under (a loaded adapter's name, or vLLM's ``LoRARequest``, whose
+        path is loaded under its name first if the name is new); None: the base model."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already running; use a unique id")
+        adapter = self._adapter_for(lora_request) if lora_request is not None else None
         prompt_token_ids = self._prompt_ids(prompt, prompt_token_ids)
         if isinstance(params, PoolingParams):
+            if adapter is not None:
+                raise ValueError("embeddings under a LoRA adapter are not supported; ask the base model for them")
             return self._add_embedding(request_id, prompt_token_ids, params)
         params = params.with_vocab(self.vocab_size)
         self._validate(prompt_token_ids, params)
@@ -236,6 +248,8 @@ class LLMEngine:
             seq = Sequence(f"{request_id}#{index}", request_id, index, prompt_token_ids, params, self._arrivals,
                            self.eos_token_ids, self.max_model_len)
             seq.grammar = grammars[index]
+            if adapter is not None:
+                seq.lora, seq.lora_id, seq.cache_salt = adapter, adapter.id, adapter.id
             self._arrivals += 1
             seq.share_prompt_from = owner
             owner = owner or seq
@@ -246,6 +260,25 @@ class LLMEngine:
         self.requests[request_id] = state
         self.prompt_tokens += len(prompt_token_ids)
 
+    # ---- LoRA adapters --------------------------------------------------------------------------
+    def _adapter_for(self, lora_request: LoRARequest | str):
+        if self.lora is None:
+            raise ValueError("this engine serves no LoRA adapters; start it with --enable-lora (enable_lora=True)")
+        return self.lora.entry_for(lora_request)
+
+    def add_lora(self, name: str, path: str, base_model_name: str | None = None, adapter=None):
+        """Register an adapter (``adapter``: what ``self.lora.read(path)`` returned, read off this thread)."""
+        if self.lora is None:
+            raise ValueError("this engine serves no LoRA adapters; start it with --enable-lora")
+        return self.lora.add(name, path, base_model_name, adapter)
+
+    def remove_lora(self, name: str):
+        """Unregister ``name`` (``UnknownAdapter`` if none); its running requests finish with it."""
+        if self.lora is None:
+            raise ValueError("this engine serves no LoRA adapters; start it with --enable-lora")
+        return self.lora.remove(name)
+
+    # ---- prompts --------------------------------------------------------------------------------
     def _prompt_ids(self, prompt: str | None, prompt_token_ids: list[int] | None) -> list[int]:
         if prompt_token_ids is None:
             if prompt is None:
@@ -338,7 +371,7 @@ class LLMEngine:
         for seq in self.scheduler.waiting:
             known = self._waiting_hashes.get(seq.seq_id)
             if known is None or known[0] != seq.num_tokens:      # new, or preempted with more tokens since
-                known = (seq.num_tokens, kv.prefix_hashes(seq.all_token_ids))
+                known = (seq.num_tokens, kv.prefix_hashes(seq.all_token_ids, seq.cache_salt))
             memo[seq.seq_id] = known
             total += kv.blocks_to_admit(seq.num_tokens, known[1])
         self._waiting_hashes = memo

@@ -36,18 +36,23 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
-    def generate(self, prompts, sampling_params: SamplingParams | Seq[SamplingParams] | None = None
-                 ) -> list[RequestOutput]:
+    def generate(self, prompts, sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+                 lora_request=None) -> list[RequestOutput]:
+        """``lora_request``: vLLM's ``LoRARequest`` (or a loaded adapter's name), one for all prompts or a list with
+        one per prompt (None: the base model)."""
         items = _as_prompt_list(prompts)
         params = _params_per_prompt(sampling_params, len(items))
+        adapters = list(lora_request) if isinstance(lora_request, (list, tuple)) else [lora_request] * len(items)
+        if len(adapters) != len(items):
+            raise ValueError(f"got {len(adapters)} lora requests for {len(items)} prompts; give one, or one per prompt")
         ids = []
-        for item, p in zip(items, params):
+        for item, p, adapter in zip(items, params, adapters):
             request_id = f"llm-{self._counter}"
             self._counter += 1
             if isinstance(item, str):
-                self.engine.add_request(request_id, item, p)
+                self.engine.add_request(request_id, item, p, lora_request=adapter)
             else:
-                self.engine.add_request(request_id, None, p, prompt_token_ids=list(item))
+                self.engine.add_request(request_id, None, p, prompt_token_ids=list(item), lora_request=adapter)
             ids.append(request_id)
         return self._run(ids)
 
@@ -71,11 +76,12 @@ class LLM:
                     final[out.request_id] = out
         return [final[i] for i in ids]
 
-    def chat(self, messages, sampling_params=None, add_generation_prompt: bool = True) -> list[RequestOutput]:
+    def chat(self, messages, sampling_params=None, add_generation_prompt: bool = True,
+             lora_request=None) -> list[RequestOutput]:
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt)
                    for c in conversations]
-        return self.generate(prompts, sampling_params)
+        return self.generate(prompts, sampling_params, lora_request)
 
     def _run(self, ids: list[str]) -> list[RequestOutput]:
         final: dict[str, RequestOutput] = {}

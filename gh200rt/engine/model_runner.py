@@ -9,6 +9,8 @@ ring waits for and prefetches weights there, while the model itself stays pure. 
 through ``graphs`` (a ``DecodeGraphRunner``: bucketed, padded, replayed from CUDA graphs) when given. On the
 CPU a step that computes prompt positions (every step with ``batch_invariant``) runs its linears and logits head
 in fixed row blocks instead (``engine/invariance.py``), so a row's bits do not depend on the rows beside it.
+With LoRA, ``lora`` (the engine's ``AdapterRegistry``) puts the step's adapters in their device slots and sets the
+step's per-token slots before the model runs, and clears them after.
 """
 from __future__ import annotations
 
@@ -144,10 +146,11 @@ class StepLogits:
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], block_size: int,
                  device: torch.device | str = "cpu", hooks: LayerHooks = NULL_HOOKS, graphs=None,
-                 batch_invariant: bool = False, step_sender: Callable[[HostStep], None] | None = None):
+                 batch_invariant: bool = False, step_sender: Callable[[HostStep], None] | None = None, lora=None):
         """``step_sender``: called with every eager step's inputs before the model runs (rank 0 of a
         tensor-parallel engine sends them to its workers, which ``execute`` them too)."""
         self.model = model
+        self.lora = lora
         self.step_sender = step_sender
         self.row_blocks = torch.device(device).type == "cpu"
         self.batch_invariant = batch_invariant
@@ -159,6 +162,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, out: SchedulerOutput) -> StepLogits:
+        if self.lora is None:
+            return self._run(out)
+        self.lora.begin_step(out.scheduled)
+        try:
+            return self._run(out)
+        finally:
+            self.lora.end_step()
+
+    def _run(self, out: SchedulerOutput) -> StepLogits:
         rows = linear_block_rows(out, self.batch_invariant) if self.row_blocks else None
         if rows is None and self.graphs is not None and self.graphs.handles(out):   # every row samples, in order
             return StepLogits(self.model.compute_logits(self.graphs.run(out)).float(), {})

@@ -5,7 +5,8 @@ scheduled this step. Full blocks of computed tokens are published under a chaine
 (``hash(parent_hash, token_ids)``); a lookup walks the chain and confirms every hit against
 the stored tokens and the exact parent block, so a hash collision can only cost a miss.
 A lookup never covers the whole prompt: the last prompt token is always computed, because its
-logits produce the first output token. Without ``publish_decoded_blocks`` only blocks of prompt positions are
+logits produce the first output token. A request's ``cache_salt`` (its LoRA adapter's id; 0 for the base model)
+roots its chain: blocks computed under one adapter are never found by another. Without ``publish_decoded_blocks`` only blocks of prompt positions are
 published: on the CPU a decode step computes with other kernels than a prefill (engine/invariance.py), and a
 cached block must hold what a prefill of its tokens computes.
 """
@@ -21,11 +22,18 @@ def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
     return hash((parent_hash, token_ids))
 
 
+def chain_root(salt: int) -> tuple[int | None, tuple[int, int] | None]:
+    """(parent hash, parent identity) of a chain's first block: none for salt 0, else a root no block id has, so
+    a lookup confirms the salt exactly, as it confirms tokens and parents."""
+    return (None, None) if not salt else (hash(("salt", salt)), (-1, salt))
+
+
 class HasBlocks(Protocol):
     block_ids: list[int]
     block_hashes: list[int]        # chained hashes of the request's published full blocks
     num_computed_tokens: int
     prompt_token_ids: list[int]    # read only when decoded blocks are not published
+    cache_salt: int                # 0, or what else the KV depends on besides the tokens (a LoRA adapter's id)
 
     @property
     def all_token_ids(self) -> list[int]: ...
@@ -59,8 +67,9 @@ class KVCacheManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def find_cached_prefix(self, token_ids: list[int]) -> tuple[list[int], list[int]]:
-        """(block ids, their hashes) of the longest cached prefix, leaving >= 1 token to compute."""
+    def find_cached_prefix(self, token_ids: list[int], salt: int = 0) -> tuple[list[int], list[int]]:
+        """(block ids, their hashes) of the longest cached prefix computed under ``salt``, leaving >= 1 token to
+        compute."""
         if not self.enable_prefix_caching:
             return [], []
         self.stats.lookups += 1
@@ -68,7 +77,7 @@ class KVCacheManager:
         bs = self.block_size
         hits: list[int] = []
         hashes: list[int] = []
-        parent_hash, parent = None, None
+        parent_hash, parent = chain_root(salt)
         for start in self._reusable_block_starts(len(token_ids)):
             chunk = tuple(token_ids[start:start + bs])
             h = self.hash_fn(parent_hash, chunk)
@@ -88,9 +97,9 @@ class KVCacheManager:
         bs = self.block_size
         return range(0, num_tokens - 1 - (num_tokens - 1) % bs, bs)
 
-    def prefix_hashes(self, token_ids: list[int]) -> list[int]:
+    def prefix_hashes(self, token_ids: list[int], salt: int = 0) -> list[int]:
         """The chained hashes of the blocks a prefix hit may cover (``find_cached_prefix``'s keys)."""
-        hashes, parent_hash = [], None
+        hashes, parent_hash = [], chain_root(salt)[0]
         for start in self._reusable_block_starts(len(token_ids)):
             parent_hash = self.hash_fn(parent_hash, tuple(token_ids[start:start + self.block_size]))
             hashes.append(parent_hash)
@@ -144,8 +153,10 @@ class KVCacheManager:
         tokens = request.all_token_ids
         while len(request.block_hashes) < num_full:
             i = len(request.block_hashes)
-            parent_hash = request.block_hashes[-1] if i else None
-            parent = self.pool.identity(request.block_ids[i - 1]) if i else None
+            if i:
+                parent_hash, parent = request.block_hashes[-1], self.pool.identity(request.block_ids[i - 1])
+            else:
+                parent_hash, parent = chain_root(getattr(request, "cache_salt", 0))
             chunk = tuple(tokens[i * bs:(i + 1) * bs])
             h = self.hash_fn(parent_hash, chunk)
             self.pool.register(request.block_ids[i], h, chunk, parent)

@@ -8,8 +8,8 @@ linears' current weights takes at this row count, the KV pool, the step's slots 
 makes one call that runs exactly those entry points with exactly those arguments, so the output has the
 layer-by-layer path's bits (tests/model/test_cpu_decode_layer.py), and every tier still agrees (DESIGN
 invariant 4). Where any op would go elsewhere (an MoE layer, a prefill or mixed step, an fbgemm or oneDNN
-linear at this row count, fp8 weights, bfloat16 activations, per-head q/k norms, a KV-scale calibration) it
-returns None and the layer runs op by op.
+linear at this row count, fp8 weights, bfloat16 activations, per-head q/k norms, a KV-scale calibration, a LoRA
+linear) it returns None and the layer runs op by op.
 
 What a layer's linears resolve to is cached on the layer, keyed by the row count, the thread count, each
 WeightRef's ``version`` (it changes whenever a placement repoints the ref: a streamed layer's weight is a new
@@ -39,6 +39,8 @@ _STEP = "_native_decode_step"     # the step's decode arguments, in the Attentio
 def linear_args(linear, rows: int) -> LinearArgs | None:
     """The native call ``linear`` makes for ``rows`` float32 rows now, or None where it would call elsewhere."""
     weight, bias = linear.weight_ref.current, linear.bias
+    if linear.lora is not None:           # a LoRA linear adds its adapters' deltas in RefLinear.forward
+        return None
     if bias is not None and (bias.dtype != torch.float32 or not bias.is_cpu or not bias.is_contiguous()):
         return None
     if isinstance(weight, OneRowBlocksWeight):

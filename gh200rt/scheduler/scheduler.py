@@ -6,7 +6,9 @@ then waiting ones in arrival order; a prompt longer than the remaining budget is
 chunks over several steps. When the pool has no block for a running sequence, the newest
 running sequence is preempted by recompute: its blocks are freed and it waits at the head of
 the queue to recompute prompt + generated tokens later. No preemption happens in a step that
-admits new sequences. Hardware-agnostic: only token counts and block ids.
+admits new sequences. Running sequences use at most ``max_loras`` distinct LoRA adapters (``seq.lora_id``,
+0 = none): a waiting sequence of another adapter is passed over, keeping its place, until one frees up.
+Hardware-agnostic: only token counts and block ids.
 """
 from __future__ import annotations
 
@@ -50,8 +52,11 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_loras: int | None = None):
+        """``max_loras``: distinct adapters among running sequences (None: no LoRA, no bound)."""
         self.kv = kv
+        self.max_loras = max_loras
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -88,8 +93,12 @@ class Scheduler:
         return out
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> int:
+        passed: list[Sequence] = []               # other adapters' sequences, back at the head afterwards
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if not self._adapter_fits(seq):
+                passed.append(self.waiting.popleft())
+                continue
             if self._must_wait_for_prompt_owner(seq):
                 break
             if not seq.block_ids:
@@ -104,7 +113,14 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append(ScheduledSequence(seq, num_new))
             budget -= num_new
+        self.waiting.extendleft(reversed(passed))
         return budget
+
+    def _adapter_fits(self, seq: Sequence) -> bool:
+        if self.max_loras is None or not seq.lora_id:
+            return True
+        adapters = {s.lora_id for s in self.running if s.lora_id}
+        return seq.lora_id in adapters or len(adapters) < self.max_loras
 
     def _shareable_prompt_blocks(self, seq: Sequence) -> int:
         return (len(seq.prompt_token_ids) - 1) // self.kv.block_size
@@ -123,8 +139,8 @@ class Scheduler:
             self.kv.adopt_prefix(seq, owner.block_ids[:k], owner.block_hashes[:k])
             return
         if seq.computes_whole_prompt:
-            return
-        block_ids, hashes = self.kv.find_cached_prefix(seq.all_token_ids)
+            return                       # every prompt position must be computed (to score it, or to pool it)
+        block_ids, hashes = self.kv.find_cached_prefix(seq.all_token_ids, seq.cache_salt)
         if block_ids:
             self.kv.adopt_prefix(seq, block_ids, hashes)
             if not seq.output_token_ids and seq.num_preemptions == 0:

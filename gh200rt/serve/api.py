@@ -30,6 +30,7 @@ from gh200rt.serve.errors import APIError, bad_request, error_body
 from gh200rt.serve.generation import GenerationRun
 from gh200rt.serve.guard import (ClientGone, ClosingStreamingResponse, DisconnectAwareResponse, Guard,
                                  unless_disconnected)
+from gh200rt.serve.lora_routes import adapter_card, adapters, add_lora_routes
 from gh200rt.serve.metrics import ServerMetrics
 from gh200rt.serve.chat_request import parse_chat_request, parse_messages, template_flags
 from gh200rt.serve.protocol import (DEFAULT_MAX_LOGPROBS, check_token_ids, model_name, parse_completion_request,
@@ -99,9 +100,13 @@ def create_app(state: ServerState) -> FastAPI:
         return parse_json_object(await read_body(request, state.config.max_request_bytes))
 
     def check_model(name: str | None) -> str:
+        """The name responses show: the served name, or the LoRA adapter ``name`` picks."""
         if name is not None and name not in state.model_names:
-            raise APIError(404, f"model {show(name)} is not served here; use one of {sorted(state.model_names)}",
-                           "model", "model_not_found")
+            if name in adapters(state):
+                return name
+            known = sorted(state.model_names | set(adapters(state)))
+            raise APIError(404, f"model {show(name)} is not served here; use one of {known}", "model",
+                           "model_not_found")
         return state.served_name
 
     @app.get("/health")
@@ -123,13 +128,15 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/v1/models")
     @app.get("/models")
     async def models():
-        return {"object": "list", "data": [state.model_card(name) for name in state.served_names]}
+        return {"object": "list", "data": [state.model_card(name) for name in state.served_names] +
+                [adapter_card(state, entry) for entry in adapters(state).values()]}
 
     @app.get("/v1/models/{name:path}")
     @app.get("/models/{name:path}")
     async def model(name: str):
         check_model(name)
-        return state.model_card(name)
+        entry = adapters(state).get(name)
+        return state.model_card(name) if entry is None else adapter_card(state, entry)
 
     @app.get("/metrics")
     async def metrics():
@@ -208,6 +215,7 @@ def create_app(state: ServerState) -> FastAPI:
         raise bad_request("/invocations takes a chat completion body (with 'messages'), a completion body (with "
                           "'prompt') or an embeddings body (with 'input')", "messages")
 
+    add_lora_routes(app, state, read_json)
     return app
 
 
@@ -267,7 +275,8 @@ async def _generate(state: ServerState, parsed, model: str, chat: bool, render=N
     engine = state.ready_engine()
     num_prompts = 1 if render is not None else len(parsed.prompts)
     ticket = state.admission.admit(num_prompts * parsed.params.n, "prompt" if parsed.params.n == 1 else "n")
-    run = GenerationRun(state.engine, "chatcmpl" if chat else "cmpl", parsed, state.metrics, ticket)
+    run = GenerationRun(state.engine, "chatcmpl" if chat else "cmpl", parsed, state.metrics, ticket,
+                        lora_name=model if model in adapters(state) else None)
     try:
         # Tokenized here, off the event loop, so a long prompt stalls neither other handlers nor the engine thread.
         parsed.prompts = await asyncio.to_thread(_tokenized, engine.tokenizer, parsed.prompts, render)

@@ -43,6 +43,27 @@ class _Add:
     prompt_token_ids: list[int] | None
     params: SamplingParams
     sink: asyncio.Queue
+    lora_name: str | None = None
+
+
+@dataclass
+class _Call:
+    fn: object                  # fn(engine) -> result, run on the engine thread between steps
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+
+
+def _adapter(lora_name: str | None) -> dict:
+    return {"lora_request": lora_name} if lora_name is not None else {}
+
+
+def _settle(future: asyncio.Future, result, error: Exception | None) -> None:
+    if future.done():                           # the caller was cancelled
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 class AsyncEngine:
@@ -82,15 +103,25 @@ class AsyncEngine:
         return f"{kind}-{next(self._ids)}"
 
     def add(self, request_id: str, prompt: str | None, prompt_token_ids: list[int] | None,
-            params: SamplingParams, sink: asyncio.Queue | None = None) -> asyncio.Queue:
+            params: SamplingParams, sink: asyncio.Queue | None = None, lora_name: str | None = None) -> asyncio.Queue:
         """Queue a request; ``sink`` (shared by the prompts of one HTTP request) gets (kind, request_id,
-        payload) items: ("ok", id, None) or ("error", id, APIError) first, then ("output", id, output)."""
+        payload) items: ("ok", id, None) or ("error", id, APIError) first, then ("output", id, output).
+        ``lora_name``: the LoRA adapter it runs under (None: the base model)."""
         if not self.ready.is_set():
             raise APIError(503, "the model is still loading; retry when GET /health answers 200")
         sink = sink if sink is not None else asyncio.Queue()
         self._sinks[request_id] = (asyncio.get_running_loop(), sink)
-        self._commands.put(_Add(request_id, prompt, prompt_token_ids, params, sink))
+        self._commands.put(_Add(request_id, prompt, prompt_token_ids, params, sink, lora_name))
         return sink
+
+    async def call(self, fn):
+        """``fn(engine)`` on the engine thread between steps (it owns the engine); its result, or its exception."""
+        if not self.ready.is_set():
+            raise APIError(503, "the model is still loading; retry when GET /health answers 200")
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._commands.put(_Call(fn, loop, future))
+        return await future
 
     def abort(self, request_id: str) -> None:
         if self._sinks.pop(request_id, None) is not None:
@@ -169,7 +200,7 @@ class AsyncEngine:
                 return
             try:
                 self.engine.add_request(command.request_id, command.prompt, command.params,
-                                        prompt_token_ids=command.prompt_token_ids)
+                                        prompt_token_ids=command.prompt_token_ids, **_adapter(command.lora_name))
                 self._send(command.request_id, ("ok", None))
             except ValueError as e:             # the engine's verdict on user input
                 self._send(command.request_id, ("error", APIError(400, str(e))))
@@ -178,6 +209,15 @@ class AsyncEngine:
                 self.engine.abort(command.request_id)
                 self._send(command.request_id, ("error", APIError(500, f"internal error: {type(e).__name__}")))
             self._stats_dirty = True
+        elif isinstance(command, _Call):
+            try:
+                result, error = command.fn(self.engine), None
+            except Exception as e:              # the caller's to judge (a user error, mostly)
+                result, error = None, e
+            try:
+                command.loop.call_soon_threadsafe(_settle, command.future, result, error)
+            except RuntimeError:                # the loop is closed: the server is exiting
+                pass
         elif command[0] == "abort":
             self.engine.abort(command[1])
             self._stats_dirty = True

@@ -29,8 +29,11 @@ class ChoiceDelta:
 
 
 class GenerationRun:
-    def __init__(self, engine: AsyncEngine, kind: str, parsed: ParsedRequest, metrics, ticket: Ticket):
+    def __init__(self, engine: AsyncEngine, kind: str, parsed: ParsedRequest, metrics, ticket: Ticket,
+                 lora_name: str | None = None):
+        """``lora_name``: the LoRA adapter the request's ``model`` names (None: the base model)."""
         self.engine = engine
+        self.lora_name = lora_name
         self.ticket = ticket
         self.kind = kind
         self.parsed = parsed
@@ -54,7 +57,7 @@ class GenerationRun:
         self.prompt_index = {rid: i for i, rid in enumerate(self.ids)}
         try:
             for rid, (text, ids) in zip(self.ids, self.parsed.prompts):
-                self.engine.add(rid, text, ids, self.parsed.params, sink=self.sink)
+                self.engine.add(rid, text, ids, self.parsed.params, sink=self.sink, lora_name=self.lora_name)
                 self.unfinished.add(rid)
             waiting = set(self.unfinished)
             while waiting:

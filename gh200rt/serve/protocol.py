@@ -3,8 +3,8 @@
 Every rule an OpenAI or vLLM client relies on is checked here, before the engine sees the
 request, and a violation raises ``APIError(400)`` naming the field and the allowed values.
 Unknown fields are ignored on purpose: benchmark clients send extras. Known OpenAI and vLLM fields
-this server cannot honour (``suffix``, ``use_beam_search``, LoRA adapters, images and audio,
-``kv_transfer_params``) are a 400 naming the field rather than silently ignored.
+this server cannot honour (``suffix``, ``use_beam_search``, ``lora_request`` / ``lora_name`` (``model`` names
+an adapter), images and audio, ``kv_transfer_params``) are a 400 naming the field rather than silently ignored.
 
 Logprob counts are bounded by ``--max-logprobs``; -1 (the whole vocabulary) is resolved against the
 model's vocabulary once it is loaded (``resolve_whole_vocab``).
@@ -256,8 +256,10 @@ def model_name(body: dict) -> str | None:
 
 UNSUPPORTED = {
     "use_beam_search": "beam search is not supported by this server; leave 'use_beam_search' out",
-    "lora_request": "LoRA adapters are not supported by this server; leave 'lora_request' out",
-    "lora_name": "LoRA adapters are not supported by this server; leave 'lora_name' out",
+    "lora_request": "a LoRA adapter is chosen by 'model' (a name from GET /v1/models), as in vLLM; leave "
+                    "'lora_request' out",
+    "lora_name": "a LoRA adapter is chosen by 'model' (a name from GET /v1/models), as in vLLM; leave 'lora_name' "
+                 "out",
     "multi_modal_data": "images, audio and video are not supported by this server (text-only models)",
     "mm_processor_kwargs": "images, audio and video are not supported by this server (text-only models)",
     "audio": "audio output is not supported by this server; leave 'audio' out",

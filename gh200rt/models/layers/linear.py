@@ -19,7 +19,8 @@ class RefLinear(nn.Module):
     ``packed_native`` is off: ``--cpu-kernels torch``), or through ``dense_fn`` over the dense weight it hands
     back from ``dense_for`` (fp8 on the CPU). ``block_rows`` (the step's ``AttentionMetadata.linear_rows``)
     computes the rows in calls of exactly that many (``row_blocks.py``), so a row's bits do not depend on the
-    others in the step.
+    others in the step. ``lora`` (a ``gh200rt.lora.slots.LoraLinear``, set by ``install_lora``) adds the step's
+    per-token adapter deltas to the output.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
@@ -35,8 +36,13 @@ class RefLinear(nn.Module):
                                  requires_grad=False) if bias else None
         self.dense_fn = dense_linear
         self.packed_native = True
+        self.lora = None
 
     def forward(self, x: torch.Tensor, block_rows: int | None = None) -> torch.Tensor:
+        y = self._base(x, block_rows)
+        return y if self.lora is None else self.lora.add_to(y, x)
+
+    def _base(self, x: torch.Tensor, block_rows: int | None) -> torch.Tensor:
         weight = self.weight_ref.current
         if block_rows is None:
             return self._linear(weight, x)
