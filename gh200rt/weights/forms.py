@@ -84,16 +84,17 @@ def concat_rows(parts: list[PackedWeight]) -> PackedWeight:
                         first.group_size, (rows, first.shape[1]))
 
 
-def host_form(dense: torch.Tensor, fmt: str, gguf_parts: list | None = None):
+def host_form(dense: torch.Tensor, fmt: str, gguf_parts: list | None = None, workers: int = 1):
     """What a slab stores for one linear: ``dense`` is the loaded weight, ``gguf_parts`` the checkpoint's
-    quantized tensors that make it up (in row order), when the checkpoint was a GGUF file or FP8."""
+    quantized tensors that make it up (in row order), when the checkpoint was a GGUF file or FP8; ``workers``:
+    threads that quantize (``kernels.quant.quantize_rows``)."""
     if gguf_parts and (fmt == GGUF or (fmt == "fp8" and all(isinstance(p, PackedWeight) for p in gguf_parts))):
         return concat_rows([pack_weight(part, "auto") for part in gguf_parts])
     if fmt == GGUF:
         return dense  # a tensor the checkpoint stored unquantized, as loaded
     if _DTYPE_FORMATS.get(dense.dtype) == fmt:
         return dense
-    return pack_weight(dense, fmt)
+    return pack_weight(dense, fmt, workers)
 
 
 def storage_parts(form) -> dict[str, torch.Tensor]:

@@ -23,6 +23,8 @@ releases every slab.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from gh200rt.models.layers.cpu_prepack import cpu_route_form, model_route_form_bytes, route_form_extra_bytes
@@ -37,6 +39,7 @@ from gh200rt.weights.schedule import NULL_HOOKS, LayerHooks, StreamingSchedule
 from gh200rt.weights.tiers import Tier, slot_of
 
 DEFAULT_STAGING_SLOTS = 2
+QUANT_MAX_WORKERS = 16
 
 
 class NoFreeRun(RuntimeError):
@@ -71,6 +74,9 @@ class WeightStore(LayerHooks):
         self.poison, self.ledger, self.quantized = poison, ledger, quantized
         self.cpu_linear_format = cpu_linear_format if self.device.type == "cpu" else None
         self.keep_host_copies = keep_host_copies
+        # threads that quantize host forms at load: the CPUs this process may use (the GPU's node once bound)
+        self.quant_workers = min(QUANT_MAX_WORKERS, len(os.sched_getaffinity(0))) \
+            if hasattr(os, "sched_getaffinity") else 1
         self.prefetch_across_steps = prefetch_across_steps
         self.tiers: list[Tier] = []
         self.slabs: dict[int, LayerSlab] = {}
@@ -401,7 +407,8 @@ class WeightStore(LayerHooks):
                              f"form; start the engine with every layer's host copy kept (dynamic tiers)")
         if not isinstance(weight, torch.Tensor):
             return weight
-        return weight_forms.host_form(weight.cpu(), self.host_format, gguf_parts(self.quantized, layer, name))
+        return weight_forms.host_form(weight.cpu(), self.host_format, gguf_parts(self.quantized, layer, name),
+                                      self.quant_workers)
 
     def _write_expert(self, layer: int, expert: int, weights: dict[str, object]) -> None:
         for name, ref in self._expert_refs(layer)[expert].items():
@@ -546,8 +553,8 @@ class WeightStore(LayerHooks):
                                  f"form; start the engine with every layer's host copy kept (dynamic tiers)")
             if isinstance(weight, torch.Tensor):
                 weight = weight.cpu()
-            forms[name] = weight_forms.host_form(weight, self.host_format, gguf_parts(self.quantized, layer, name)) \
-                if isinstance(weight, torch.Tensor) else weight
+            forms[name] = weight_forms.host_form(weight, self.host_format, gguf_parts(self.quantized, layer, name),
+                                                 self.quant_workers) if isinstance(weight, torch.Tensor) else weight
         self.slabs[layer] = LayerSlab(forms, self.platform.host_numa_node, self.platform, self.device)
 
     def _keep_fp8_resident(self) -> None:

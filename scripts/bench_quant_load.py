@@ -1,0 +1,80 @@
+"""Host quantization at load: one decoder layer's linears per host format, as one call over each weight (the
+former way) and in blocks of rows on 1..N threads (``kernels.quant.quantize_rows``, what the weight store
+does), with the bf16 GB/s taken in and the time a whole model of that shape would take.
+
+    python scripts/bench_quant_load.py [--shape llama3-8b] [--formats int8,int4,fp8] [--workers 1,2] [--reps 3]
+
+The shapes are scripts/random_checkpoint.py's; weights are random bf16 (quantization time does not depend on
+the values). Prints the CPU model and the load average, since both move the figures.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from gh200rt.kernels.quant import quantize_fp8, quantize_int4, quantize_int8, quantize_rows  # noqa: E402
+from scripts.random_checkpoint import SHAPES  # noqa: E402
+
+WHOLE = {"int8": quantize_int8, "int4": quantize_int4, "fp8": quantize_fp8}
+
+
+def layer_weights(shape: dict) -> list[torch.Tensor]:
+    h, i = shape["hidden_size"], shape["intermediate_size"]
+    heads, kv = shape["num_attention_heads"], shape["num_key_value_heads"]
+    d = shape.get("head_dim", h // heads)
+    shapes = [((heads + 2 * kv) * d, h), (h, heads * d), (2 * i, h), (h, i)]
+    return [(torch.randn(*s) * 0.02).to(torch.bfloat16) for s in shapes]
+
+
+def seconds(fn, weights: list[torch.Tensor], reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        for w in weights:
+            fn(w)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown CPU"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="llama3-8b", choices=[s for s in SHAPES if "moe" not in s])
+    parser.add_argument("--formats", default="int8,int4,fp8")
+    parser.add_argument("--workers", default=f"1,{len(os.sched_getaffinity(0))}")
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args()
+    shape = SHAPES[args.shape]
+    weights = layer_weights(shape)
+    layers = shape["num_hidden_layers"]
+    nbytes = sum(w.nbytes for w in weights)
+    print(f"{cpu_model()}, {len(os.sched_getaffinity(0))} CPUs usable, load average {os.getloadavg()[0]:.2f}; "
+          f"{args.shape}: one layer {nbytes / 1e6:.0f} MB of bf16, {layers} layers")
+    print(f"{'format':<7} {'way':<22} {'ms/layer':>9} {'GB/s in':>8} {'model s':>8} {'vs one call':>11}")
+    for fmt in args.formats.split(","):
+        base = seconds(WHOLE[fmt], weights, args.reps)
+        rows = [("one call per weight", base)]
+        for workers in map(int, args.workers.split(",")):
+            rows.append((f"blocks, {workers} thread(s)",
+                         seconds(lambda w: quantize_rows(w, fmt, workers), weights, args.reps)))
+        for way, t in rows:
+            print(f"{fmt:<7} {way:<22} {t * 1e3:>9.1f} {nbytes / t / 1e9:>8.2f} {t * layers:>8.1f} "
+                  f"{base / t:>10.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+"""Quantizing in blocks of rows on several threads (``quantize_rows``) gives bit for bit what one call over the
+whole weight gives, for every format, odd row counts and groups that do not divide K."""
+import pytest
+import torch
+
+from gh200rt.kernels.quant import pack_weight, quantize_fp8, quantize_int4, quantize_int8, quantize_rows
+
+WHOLE = {"int8": quantize_int8, "int4": quantize_int4, "fp8": quantize_fp8}
+
+
+@pytest.mark.parametrize("fmt", sorted(WHOLE))
+@pytest.mark.parametrize("shape, rows, workers", [((515, 96), 64, 3), ((1000, 40), 256, 2), ((7, 64), 4, 2)])
+def test_blocks_of_rows_equal_one_call(fmt, shape, rows, workers):
+    torch.manual_seed(0)
+    w = (torch.randn(*shape) * 0.05).to(torch.bfloat16)
+    w[3] = 0                                     # an all-zero row: the scale's floor
+    want, got = WHOLE[fmt](w), quantize_rows(w, fmt, workers, rows)
+    assert got.shape == want.shape and got.group_size == want.group_size
+    for name, tensor in want.tensors().items():
+        assert torch.equal(got.tensors()[name].view(torch.uint8), tensor.view(torch.uint8)), (fmt, name)
+
+
+def test_pack_weight_passes_its_workers_on():
+    w = (torch.randn(600, 64) * 0.05).to(torch.float32)
+    assert torch.equal(pack_weight(w, "int8", workers=4).qweight, quantize_int8(w).qweight)
