@@ -205,6 +205,10 @@ class MemoryConfig:
         "format of offloaded weights in host memory (fp8: e4m3 with a scale per output channel; auto keeps an "
         "FP8 or GGUF checkpoint's own quantized weights and a dense checkpoint's compute dtype, so offloading "
         "never rounds a weight)", choices=HOST_WEIGHT_DTYPES))
+    host_weight_cache_dir: str | None = field(default=None, metadata=_help(
+        "keep quantized host slabs (--host-weight-dtype int8, int4 or fp8 of a dense checkpoint) in this directory "
+        "between runs, keyed by the checkpoint's files and the options: a restart reads them instead of quantizing "
+        "again; default: quantize at every start"))
     platform: str | None = field(default=None, metadata=_help(
         "hardware profile for bandwidths (gh200-96g, h100-sxm, ...); default: detected"))
     profile_file: str | None = field(default=None, metadata=_help(

@@ -3,6 +3,12 @@ former way) and in blocks of rows on 1..N threads (``kernels.quant.quantize_rows
 does), with the bf16 GB/s taken in and the time a whole model of that shape would take.
 
     python scripts/bench_quant_load.py [--shape llama3-8b] [--formats int8,int4,fp8] [--workers 1,2] [--reps 3]
+    python scripts/bench_quant_load.py --engine-start [--shape llama3-8b --layers 4] [--formats int8]
+
+``--engine-start`` times whole engine starts instead (``LLMEngine.from_config`` with every layer streamed in
+that host format, on a random checkpoint of the shape cut to ``--layers``): without the slab cache, with it
+empty (quantize and write), and with it full (read back) — the time to the engine being ready, each in the
+same run.
 
 The shapes are scripts/random_checkpoint.py's; weights are random bf16 (quantization time does not depend on
 the values). Prints the CPU model and the load average, since both move the figures.
@@ -51,13 +57,42 @@ def cpu_model() -> str:
         return "unknown CPU"
 
 
+def engine_starts(args) -> None:
+    import tempfile
+
+    from gh200rt.config import EngineConfig
+    from gh200rt.engine.engine import LLMEngine
+    from scripts.random_checkpoint import write_random_checkpoint
+    model = write_random_checkpoint(args.shape, os.path.join(args.model_dir, f"{args.shape}-{args.layers}l"),
+                                    num_layers=args.layers)
+    print(f"{cpu_model()}, {len(os.sched_getaffinity(0))} CPUs usable, load average {os.getloadavg()[0]:.2f}; "
+          f"{args.shape} cut to {args.layers} layers, every layer streamed")
+    print(f"{'format':<7} {'start':<34} {'seconds':>8} {'slab GB':>8}")
+    for fmt in args.formats.split(","):
+        with tempfile.TemporaryDirectory(dir=args.model_dir) as cache_dir:
+            for label, cache in (("no cache (quantize)", None), ("cache empty (quantize, write)", cache_dir),
+                                 ("cache full (read back)", cache_dir)):
+                config = EngineConfig.from_kwargs(model=model, offload="stream", host_weight_dtype=fmt,
+                                                  host_weight_cache_dir=cache, max_model_len=256, num_kv_blocks=64)
+                start = time.perf_counter()
+                engine = LLMEngine.from_config(config)
+                took = time.perf_counter() - start
+                print(f"{fmt:<7} {label:<34} {took:>8.2f} {engine.store.host_slab_bytes() / 1e9:>8.2f}", flush=True)
+                engine.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="llama3-8b", choices=[s for s in SHAPES if "moe" not in s])
     parser.add_argument("--formats", default="int8,int4,fp8")
     parser.add_argument("--workers", default=f"1,{len(os.sched_getaffinity(0))}")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--engine-start", action="store_true", help="time engine starts (see above)")
+    parser.add_argument("--layers", type=int, default=4, help="--engine-start: layers of the random checkpoint")
+    parser.add_argument("--model-dir", default="/tmp", help="--engine-start: where the random checkpoint goes")
     args = parser.parse_args()
+    if args.engine_start:
+        return engine_starts(args)
     shape = SHAPES[args.shape]
     weights = layer_weights(shape)
     layers = shape["num_hidden_layers"]

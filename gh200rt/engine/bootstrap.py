@@ -24,6 +24,7 @@ from gh200rt.engine.cuda_graphs import reserve_graph_pool
 from gh200rt.kv.arena import DeviceArena
 from gh200rt.kv.fp8 import kv_cache_dtype
 from gh200rt.kv.pool import kv_bytes_per_block
+from gh200rt.loader.resolve import resolve_model_path
 from gh200rt.loader.load import LoadedModel, load_model
 from gh200rt.lora.install import lora_slot_bytes
 from gh200rt.memory.ledger import DeviceMemoryLedger, ledger_capacity
@@ -37,6 +38,7 @@ from gh200rt.platform.cpu_features import describe, route_for
 from gh200rt.platform.detect import Platform, detect
 from gh200rt.weights import forms as weight_forms
 from gh200rt.weights.device_moves import linear_parts
+from gh200rt.weights.slab_cache import SlabCache
 from gh200rt.weights.slabs import check_node_has_room
 from gh200rt.weights.store import WeightStore
 
@@ -120,9 +122,14 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     ledger = DeviceMemoryLedger(capacity)
     reserve_graph_pool(ledger, config, arch, dtype, device)
     ledger.reserve("lora_slots", lora_bytes)
+    cache = None
+    if config.memory.host_weight_cache_dir and fmt in weight_forms.QUANTIZED_HOST_FORMATS:
+        cache = SlabCache(config.memory.host_weight_cache_dir, resolve_model_path(config.model.model), fmt,
+                          loaded.dtype, shard=f"{shard.rank}/{shard.world_size}" if shard is not None else "")
     store = WeightStore(loaded.model, device, platform, fmt, poison, ledger, loaded.quantized,
                         cpu_linear_format=linear_format,
-                        keep_host_copies=plan.dynamic, prefetch_across_steps=config.memory.prefetch_across_steps)
+                        keep_host_copies=plan.dynamic, prefetch_across_steps=config.memory.prefetch_across_steps,
+                        slab_cache=cache)
     block_size = config.cache.block_size
     kv_dtype = kv_cache_dtype(config.cache.kv_cache_dtype, loaded.dtype)
     per_block = kv_bytes_per_block(arch.num_layers, block_size, arch.num_kv_heads, arch.head_dim, kv_dtype)

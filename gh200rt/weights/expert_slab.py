@@ -15,13 +15,14 @@ from gh200rt.weights.layer_slab import LayerSlab, WeightLayout, _metadata
 
 
 class ExpertSlab:
-    def __init__(self, expert_forms: list[dict[str, object]], node: int, platform, device: torch.device):
-        """``expert_forms[e]``: expert e's linears (name -> host form), the same names and shapes for every e."""
+    def __init__(self, expert_forms: list[dict[str, object]], node: int, platform, device: torch.device,
+                 slab: LayerSlab | None = None):
+        """``expert_forms[e]``: expert e's linears (name -> host form), the same names and shapes for every e;
+        ``slab``: their bytes already laid out by ``flat(expert_forms)`` (read back from the slab cache)."""
         names = list(expert_forms[0])
         self.expert_layout = WeightLayout({name: _metadata(form) for name, form in expert_forms[0].items()})
         self._names = names
-        self.slab = LayerSlab({f"{e}/{name}": form for e, forms in enumerate(expert_forms)
-                               for name, form in forms.items()}, node, platform, device)
+        self.slab = slab if slab is not None else LayerSlab(self.flat(expert_forms), node, platform, device)
         starts: dict[str, int] = {}
         for name, _, _, _, offset in self.slab.layout.parts:
             starts.setdefault(name, offset)
@@ -33,6 +34,11 @@ class ExpertSlab:
             assert offset == want, f"expert slab layout is not periodic at {name}.{part}: {offset} != {want}"
         self.num_experts = len(expert_forms)
         self._direct: list[dict[str, object]] | None = None
+
+    @staticmethod
+    def flat(expert_forms: list[dict[str, object]]) -> dict[str, object]:
+        """Every expert's linears in slab order, keyed ``E/name``."""
+        return {f"{e}/{name}": form for e, forms in enumerate(expert_forms) for name, form in forms.items()}
 
     def _local_offset(self, name: str, part: str) -> int:
         for local, local_part, *_, offset in self.expert_layout.parts:

@@ -84,6 +84,9 @@ def concat_rows(parts: list[PackedWeight]) -> PackedWeight:
                         first.group_size, (rows, first.shape[1]))
 
 
+QUANTIZED_HOST_FORMATS = ("int8", "int4", "fp8")   # host formats that quantize a dense weight at load
+
+
 def host_form(dense: torch.Tensor, fmt: str, gguf_parts: list | None = None, workers: int = 1):
     """What a slab stores for one linear: ``dense`` is the loaded weight, ``gguf_parts`` the checkpoint's
     quantized tensors that make it up (in row order), when the checkpoint was a GGUF file or FP8; ``workers``:

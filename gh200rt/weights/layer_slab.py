@@ -76,6 +76,23 @@ class LayerSlab:
             prepare_slab_for_device(self.buffer, platform)
         self._direct: dict[str, object] | None = None
 
+    @classmethod
+    def from_cache(cls, forms: dict[str, object], node: int, platform, device: torch.device, cache,
+                   name: str) -> "LayerSlab | None":
+        """The slab ``forms`` (storage-free: meta tensors) lay out, its bytes read from ``cache`` (a
+        ``SlabCache``) under ``name``; None, with nothing kept, when the cache does not hold them."""
+        layout = WeightLayout(forms)
+        buffer = allocate_slab(layout.nbytes, node)
+        if not cache.read(name, layout, buffer.tensor[:layout.nbytes]):
+            buffer.free()
+            return None
+        slab = cls.__new__(cls)
+        slab.layout, slab.platform, slab.device, slab.buffer = layout, platform, torch.device(device), buffer
+        if slab.device.type != "cpu":
+            prepare_slab_for_device(buffer, platform)
+        slab._direct = None
+        return slab
+
     @property
     def nbytes(self) -> int:
         return self.buffer.nbytes

@@ -66,7 +66,7 @@ def _prefix(refs: dict) -> str:
 class WeightStore(LayerHooks):
     def __init__(self, model, device="cpu", platform=None, host_format: str | None = None, poison: bool = False,
                  ledger=None, quantized: dict | None = None, cpu_linear_format: str | None = None,
-                 keep_host_copies: bool = False, prefetch_across_steps: bool = True):
+                 keep_host_copies: bool = False, prefetch_across_steps: bool = True, slab_cache=None):
         self.model, self.device, self.platform = model, torch.device(device), platform
         self.compute_dtype = model.dtype
         self.host_format = host_format or weight_forms.resolve_host_format(
@@ -74,6 +74,7 @@ class WeightStore(LayerHooks):
         self.poison, self.ledger, self.quantized = poison, ledger, quantized
         self.cpu_linear_format = cpu_linear_format if self.device.type == "cpu" else None
         self.keep_host_copies = keep_host_copies
+        self.slab_cache = slab_cache     # weights/slab_cache.py: quantized slabs kept between runs, or None
         # threads that quantize host forms at load: the CPUs this process may use (the GPU's node once bound)
         self.quant_workers = min(QUANT_MAX_WORKERS, len(os.sched_getaffinity(0))) \
             if hasattr(os, "sched_getaffinity") else 1
@@ -395,11 +396,21 @@ class WeightStore(LayerHooks):
         accesses = [self.model.layers[layer].mlp.expert_access for layer in self.expert_tiers]
         return [a for a in accesses if isinstance(a, ExpertStaging)]
     def _build_expert_slab(self, layer: int) -> None:
-        forms = []
-        for expert, refs in enumerate(self._expert_refs(layer)):
-            forms.append({name.rpartition(".")[2]: self._host_form(layer, name, ref.current)
-                          for name, ref in refs.items()})
-        self.expert_slabs[layer] = ExpertSlab(forms, self.platform.host_numa_node, self.platform, self.device)
+        experts = [{name: ref.current for name, ref in refs.items()} for refs in self._expert_refs(layer)]
+        node, key = self.platform.host_numa_node, f"experts-{layer}"
+        cache = self._cacheable(layer, {name: w for weights in experts for name, w in weights.items()})
+        if cache is not None:
+            metas = [{name.rpartition(".")[2]: self._meta_form(w) for name, w in weights.items()} for weights in experts]
+            slab = LayerSlab.from_cache(ExpertSlab.flat(metas), node, self.platform, self.device, cache, key)
+            if slab is not None:
+                self.expert_slabs[layer] = ExpertSlab(metas, node, self.platform, self.device, slab)
+                return
+        forms = [{name.rpartition(".")[2]: self._host_form(layer, name, w) for name, w in weights.items()}
+                 for weights in experts]
+        self.expert_slabs[layer] = experts_slab = ExpertSlab(forms, node, self.platform, self.device)
+        if cache is not None:
+            layout = experts_slab.slab.layout
+            cache.write(key, layout, experts_slab.slab.tensor[:layout.nbytes])
 
     def _host_form(self, layer: int, name: str, weight):
         if not isinstance(weight, torch.Tensor) and not hasattr(weight, "tensors"):
@@ -545,17 +556,31 @@ class WeightStore(LayerHooks):
                 self._return_expert_run(layer, expert)
 
     def _build_slab(self, layer: int, refs) -> None:
-        forms = {}
-        for name, ref in refs.items():
-            weight = ref.current
-            if not isinstance(weight, torch.Tensor) and not hasattr(weight, "tensors"):
-                raise ValueError(f"layer {layer}'s {name} is held as {type(weight).__name__}, which has no host "
-                                 f"form; start the engine with every layer's host copy kept (dynamic tiers)")
-            if isinstance(weight, torch.Tensor):
-                weight = weight.cpu()
-            forms[name] = weight_forms.host_form(weight, self.host_format, gguf_parts(self.quantized, layer, name),
-                                                 self.quant_workers) if isinstance(weight, torch.Tensor) else weight
-        self.slabs[layer] = LayerSlab(forms, self.platform.host_numa_node, self.platform, self.device)
+        weights = {name: ref.current for name, ref in refs.items()}
+        node, cache, key = self.platform.host_numa_node, self._cacheable(layer, weights), f"layer-{layer}"
+        if cache is not None:
+            slab = LayerSlab.from_cache({name: self._meta_form(w) for name, w in weights.items()}, node,
+                                        self.platform, self.device, cache, key)
+            if slab is not None:
+                self.slabs[layer] = slab
+                return
+        forms = {name: self._host_form(layer, name, weight) for name, weight in weights.items()}
+        self.slabs[layer] = slab = LayerSlab(forms, node, self.platform, self.device)
+        if cache is not None:
+            cache.write(key, slab.layout, slab.tensor[:slab.layout.nbytes])
+
+    def _cacheable(self, layer: int, weights: dict[str, object]):
+        """The slab cache, where it applies to these weights: dense ones the host format quantizes (a GGUF or FP8
+        checkpoint's own blocks are kept as they are, nothing to save)."""
+        if self.slab_cache is None or self.host_format not in weight_forms.QUANTIZED_HOST_FORMATS:
+            return None
+        if any(not isinstance(w, torch.Tensor) or gguf_parts(self.quantized, layer, name) for name, w in weights.items()):
+            return None
+        return self.slab_cache
+
+    def _meta_form(self, weight: torch.Tensor):
+        """The host form of ``weight`` over storage-free tensors: its layout, without quantizing anything."""
+        return weight_forms.host_form(torch.empty_like(weight, device="meta"), self.host_format)
 
     def _keep_fp8_resident(self) -> None:
         """On a GPU, a resident layer of an FP8 checkpoint keeps its fp8 weights (half the HBM of bf16, read by
