@@ -96,6 +96,8 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
         free = agree_free(free)
     longest = max_model_len(config, arch)
     useful_kv = config.scheduler.max_num_seqs * longest * sizes.kv_bytes_per_token
+    if config.cache.num_kv_blocks is not None:     # asked for: the CPU's default budget holds them all
+        useful_kv = max(useful_kv, config.cache.num_kv_blocks * config.cache.block_size * sizes.kv_bytes_per_token)
     linear_format = None
     if device == "cpu":
         route = route_for(config.model.dtype, config.model.cpu_route)

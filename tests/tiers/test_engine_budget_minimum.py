@@ -53,3 +53,15 @@ def test_the_plan_counts_the_decode_graph_pool_the_ledger_books():
     assert graph_pool_booking(config, arch, "bf16", "cuda") > 0
     assert graph_pool_booking(config, arch, "bf16", "cpu") == 0
     assert graph_pool_booking(EngineConfig.from_kwargs(enforce_eager=True), arch, "bf16", "cuda") == 0
+
+
+def test_the_cpu_default_budget_holds_the_kv_blocks_asked_for(tmp_path):
+    """More KV blocks than every sequence at full length needs are useful (the prefix cache keeps freed blocks):
+    without a budget, the CPU's default ledger holds what --num-kv-blocks asks for instead of refusing it."""
+    from gh200rt.engine.engine import LLMEngine
+    path = save_tiny_llama(str(tmp_path / "tiny"))
+    config = EngineConfig.from_kwargs(model=path, dtype="float32", max_model_len=128, max_num_seqs=2,
+                                      num_kv_blocks=200)      # 2 x 128 tokens need 16 blocks
+    eng = LLMEngine.from_config(config)
+    assert eng.stats().kv_blocks_total == 200
+    eng.close()
