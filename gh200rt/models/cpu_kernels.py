@@ -91,8 +91,8 @@ def native_cpu_ops(ops: NativeOps, long_prompts_native: bool = False) -> dict:
         return ops.decode_attention_block(qkv, cos, sin, kv_cache, meta.slot_mapping, group.table, group.seq_lens,
                                           scale, heads, kv_heads, kv_scale)
 
-    return dict(rotary=rope, write_kv=write_kv, attention=attention, norm=norm, act=act, decode_block=decode_block,
-                dense_linear=cpu_linear.native_dense_linear(ops), decode_layer=native_decode_layer(ops))
+    return dict(rotary=lambda: rope, write_kv=write_kv, attention=attention, norm=norm, act=act,
+                decode_block=decode_block, dense_linear=cpu_linear.native_dense_linear(ops), decode_layer=native_decode_layer(ops))
 
 
 @functools.lru_cache(maxsize=2)

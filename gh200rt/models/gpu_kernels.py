@@ -9,7 +9,8 @@ leaves the model on its torch ops and returns False. ``use_torch_kernels(model)`
 Hooks: ``SelfAttention.rotary_fn`` / ``write_kv_fn`` / ``attention_fn``, ``RMSNorm.norm_fn`` and
 ``SiluAndMul.act_fn`` (an MLP that calls ``silu_and_mul`` directly keeps the torch activation), and
 ``SparseMoeBlock.fused_experts_fn`` (one ``FusedExperts`` per block: it keeps the block's address tables).
-Each adapter takes exactly what the layer passes and returns what the torch op returns.
+Each adapter takes exactly what the layer passes and returns what the torch op returns. ``ops["rotary"]`` and
+``ops["moe"]`` are factories: a model's layers share one rotary adapter (the step's table, built once).
 """
 from __future__ import annotations
 
@@ -40,13 +41,32 @@ def triton_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     return normed.reshape(x.shape)
 
 
+class TritonRotary:
+    """``x[T, heads, D]`` with this step's ``cos``/``sin`` rows ``[T, 1, D/2]`` (already indexed by position).
+
+    The kernel indexes a ``[positions, D]`` cos|sin table; this step's rows are that table for rows 0..T-1. Every
+    layer of a step gets the same ``cos`` object (``model.embed``), so the table and the row indices are built
+    once per step, by the first layer, not once per layer; one instance serves one model's layers."""
+
+    def __init__(self):
+        self._cos: torch.Tensor | None = None     # the step's cos the table was built from (held: compared by identity)
+        self._table = self._rows = None
+        self.tables_built = 0
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        from gh200rt.kernels.rope import rotate
+        if cos is not self._cos:
+            tokens = x.shape[0]
+            self._table = torch.cat((cos, sin), dim=-1).reshape(tokens, -1)
+            self._rows = torch.arange(tokens, device=x.device)
+            self._cos = cos
+            self.tables_built += 1
+        return rotate(x, self._rows, self._table)
+
+
 def triton_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``x[T, heads, D]`` with this step's ``cos``/``sin`` rows ``[T, 1, D/2]`` (already indexed by position)."""
-    from gh200rt.kernels.rope import rotate
-    tokens = x.shape[0]
-    # the kernel indexes a [positions, D] cos|sin table; this step's rows are that table for 0..T-1
-    table = torch.cat((cos, sin), dim=-1).reshape(tokens, -1)
-    return rotate(x, torch.arange(tokens, device=x.device), table)
+    """One call of ``TritonRotary`` (builds its table every time)."""
+    return TritonRotary()(x, cos, sin)
 
 
 def triton_write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
@@ -73,9 +93,9 @@ def triton_silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out.reshape(*gate_up.shape[:-1], out.shape[-1])
 
 
-TRITON_OPS = dict(rotary=triton_rotary, write_kv=triton_write_kv, attention=triton_paged_attention,
+TRITON_OPS = dict(rotary=TritonRotary, write_kv=triton_write_kv, attention=triton_paged_attention,
                   norm=triton_rms_norm, act=triton_silu_and_mul, moe=FusedExperts)
-TORCH_OPS = dict(rotary=rotary.apply_rotary, write_kv=torch_attention.write_kv,
+TORCH_OPS = dict(rotary=lambda: rotary.apply_rotary, write_kv=torch_attention.write_kv,
                  attention=torch_attention.paged_attention, norm=rmsnorm.rms_norm, act=activation.silu_and_mul,
                  packed_native=False)
 
@@ -87,6 +107,7 @@ def switch_hooks(model: torch.nn.Module, ops: dict) -> int:
     (``decode_layer_fn``) ``ops["decode_layer"]`` (default none), an MoE block's experts a new
     ``ops["moe"]()`` (default none: the grouped torch path); none of these is counted."""
     switched = 0
+    rotate = ops["rotary"]()        # one per model: it keeps the step's cos|sin table (TritonRotary)
     for module in model.modules():
         if isinstance(module, linear.RefLinear):
             module.dense_fn = ops.get("dense_linear", cpu_linear.dense_linear)
@@ -100,7 +121,7 @@ def switch_hooks(model: torch.nn.Module, ops: dict) -> int:
             forget_decode_layer(module)
             continue
         if isinstance(module, attention.SelfAttention):
-            module.rotary_fn, module.write_kv_fn, module.attention_fn = ops["rotary"], ops["write_kv"], ops["attention"]
+            module.rotary_fn, module.write_kv_fn, module.attention_fn = rotate, ops["write_kv"], ops["attention"]
             module.decode_block_fn = ops.get("decode_block")
         elif isinstance(module, rmsnorm.RMSNorm):
             module.norm_fn = ops["norm"]

@@ -77,6 +77,9 @@ def test_triton_kernels_match_the_torch_path(monkeypatch, qk_norm, prompt_len):
     print(f"Triton (interpreted) vs torch, qk_norm={qk_norm} prompt={prompt_len}: worst logit error {err:.2e}")
     assert err < 1e-4
     assert triton_attention_calls == [prompt_len] * 2 + [1] * 4
+    rotary = {id(m.rotary_fn): m.rotary_fn for m in model.modules() if isinstance(m, SelfAttention)}
+    assert len(rotary) == 1                       # one adapter for the model's layers
+    assert next(iter(rotary.values())).tables_built == 3, "the cos|sin table is built once per step, not per layer"
     use_torch_kernels(model)
     assert torch.equal(run_steps(model, prompt_len), want), "switching back restores the torch path exactly"
 
