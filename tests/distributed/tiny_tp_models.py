@@ -36,6 +36,6 @@ def save_tp_tiny(family: str, path: str) -> str:
 
 
 def tp_llm(path: str, tensor_parallel_size: int, **options) -> LLM:
-    config = EngineConfig.from_kwargs(model=path, dtype="float32", num_kv_blocks=48, max_model_len=128,
-                                      max_num_seqs=8, tensor_parallel_size=tensor_parallel_size, **options)
+    config = EngineConfig.from_kwargs(**{"model": path, "dtype": "float32", "num_kv_blocks": 48, "max_model_len": 128,
+                                         "max_num_seqs": 8, "tensor_parallel_size": tensor_parallel_size, **options})
     return LLM.from_engine(LLMEngine.from_config(config))
