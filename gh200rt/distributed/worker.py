@@ -43,6 +43,7 @@ def rank_report(placed) -> dict:
     return {"weight_bytes": placed.loaded.weight_bytes, "num_kv_blocks": placed.plan.num_kv_blocks,
             "kv_heads": placed.loaded.arch.num_kv_heads, "tiers": placed.store.tier_counts,
             "layer_tiers": [tier.value for tier in placed.store.tiers], "host_slab_bytes": placed.store.host_slab_bytes(),
+            "expert_tiers": [[layer, [tier.value for tier in tiers]] for layer, tiers in placed.store.expert_tiers.items()],
             "arena": geometry(placed.store)}
 
 
@@ -52,7 +53,8 @@ def final_report(store) -> dict:
     return {"placement": sorted([*unit, tier.value, start] for unit, (tier, start) in placement(store).items()),
             "runs": sorted(pool.runs.items()) if pool else [], "free_blocks": pool.num_free if pool else 0,
             "num_blocks": pool.num_blocks if pool else 0, "layer_slabs": sorted(store.slabs),
-            "expert_slabs": sorted(store.expert_slabs), "ledger": dict(store.ledger.by_kind) if store.ledger else {}}
+            "expert_slabs": sorted(store.expert_slabs), "ledger": dict(store.ledger.by_kind) if store.ledger else {},
+            "routing_counts": [[layer, counts.tolist()] for layer, counts in store.model.routing_counts().items()]}
 
 
 def run_worker(shard: TensorShard, config, meet: Rendezvous, threads: int, parent_pid: int | None,

@@ -90,10 +90,12 @@ class TensorParallelWorkers:
                 raise self._fail(TensorParallelError(rank, f"its device arena {report['arena']} differs from rank "
                                                            f"0's {rank0_report['arena']}: rank 0's run block ids "
                                                            "would not be its runs; give --device-memory-budget"))
-            if report["layer_tiers"] != rank0_report["layer_tiers"]:
-                raise self._fail(TensorParallelError(rank, f"its plan placed layers {report['tiers']}, rank 0's "
-                                                           f"{rank0_report['tiers']}; every rank must follow one plan: "
-                                                           "give --device-memory-budget"))
+            if (report["layer_tiers"], report["expert_tiers"]) != (rank0_report["layer_tiers"],
+                                                                   rank0_report["expert_tiers"]):
+                raise self._fail(TensorParallelError(rank, f"its plan placed layers {report['tiers']} and experts "
+                                                           f"{report['expert_tiers']}, rank 0's {rank0_report['tiers']} "
+                                                           f"and {rank0_report['expert_tiers']}; every rank must "
+                                                           "follow one plan: give --device-memory-budget"))
 
     def smallest_free(self, free: int) -> int:
         """The least free device memory of any rank (rank 0's part of ``smallest_across_ranks``)."""

@@ -58,7 +58,7 @@ def assert_no_run_or_slab_lost(engine, layers: int) -> None:
     assert sorted([*store._runs.values(), *store._expert_runs.values()]) == sorted(pool.runs)
     sent = engine.runner.placement.sent
     runs = sorted(pool.runs.items())
-    slabs = sorted(store.slabs)
+    slabs, expert_slabs = sorted(store.slabs), sorted(store.expert_slabs)
     assert len(slabs) == layers
     engine.close()
     finals = engine.parallel.final_reports
@@ -67,7 +67,7 @@ def assert_no_run_or_slab_lost(engine, layers: int) -> None:
         assert final["placement"] == sorted([*unit, tier.value, start] for unit, (tier, start) in sent.items()), rank
         assert [tuple(r) for r in final["runs"]] == runs, (rank, final["runs"], runs)
         assert final["free_blocks"] == final["num_blocks"] - sum(n for _, n in runs), (rank, final)
-        assert final["layer_slabs"] == slabs, (rank, final)
+        assert final["layer_slabs"] == slabs and final["expert_slabs"] == expert_slabs, (rank, final)
 
 
 def test_dynamic_tiers_move_the_same_layer_into_the_same_blocks_on_every_rank(llama):
