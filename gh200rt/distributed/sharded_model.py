@@ -10,7 +10,9 @@ expert's gate are the same on every rank). The router is replicated and reads th
 (the residual stream is the output of all-reduces, which hand every rank the same bits), so every rank routes every
 token to the same experts with the same weights. The embedding holds the rank's vocabulary rows (a token outside
 them embeds as zeros, and the all-reduce sums the one rank that has it); the LM head computes the rank's logits,
-gathered on rank 0. The collectives need the rank's ``ParallelState``, which exists once every rank has loaded:
+gathered on rank 0. Where N does not divide the vocabulary, each rank holds ceil(V/N) rows and the last rows of the
+last rank(s) pad it: zeros that no token id reaches, whose logits rank 0 cuts off after the gather, so no padded id
+can be sampled. The collectives need the rank's ``ParallelState``, which exists once every rank has loaded:
 ``connect`` hands it to the model before its first step.
 """
 from __future__ import annotations
@@ -54,6 +56,10 @@ class ShardedLlamaForCausalLM(LlamaForCausalLM):
         self.lm_head = RefLinear(hidden, shard.vocab_size, False, dtype, device)
         if arch.tie_word_embeddings:
             self.lm_head.weight_ref.current = self.embed_tokens
+        real = shard.checkpoint_vocab_rows
+        with torch.no_grad():
+            self.embed_tokens[real:].zero_()
+            self.lm_head.weight_ref.current[real:].zero_()
         for layer in self.layers:
             layer.self_attn.o_proj = RowParallelLinear(arch.q_size, hidden, False, dtype, device)
             if layer.sparse:
@@ -81,6 +87,17 @@ class ShardedLlamaForCausalLM(LlamaForCausalLM):
         hidden = self.state.all_reduce(hidden.masked_fill(outside.unsqueeze(-1), 0))
         return hidden, self.rotary.tables(positions, hidden.dtype)
 
+    def weight_destinations(self) -> dict[str, torch.Tensor]:
+        """The single-rank model's, with the embedding and LM head cut to the rows the checkpoint has."""
+        dest = super().weight_destinations()
+        real = self.shard.checkpoint_vocab_rows
+        for name in ("model.embed_tokens.weight", "lm_head.weight"):
+            if name in dest:
+                dest[name] = dest[name][:real]
+        return dest
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The whole vocabulary's logits on rank 0 (this rank's on the others)."""
-        return self.state.gather_last_dim(self.lm_head(hidden).float())
+        """The whole vocabulary's logits on rank 0, without the padding rows' (this rank's on the others)."""
+        logits = self.state.gather_last_dim(self.lm_head(hidden).float())
+        vocab = self.arch.vocab_size
+        return logits[..., :vocab].contiguous() if self.state.is_first and logits.shape[-1] != vocab else logits

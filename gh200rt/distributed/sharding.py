@@ -1,7 +1,8 @@
 """Which slice of a model each tensor-parallel rank holds, and which models and sizes can be sharded.
 
 Rank r of N holds query heads ``[r*H/N, (r+1)*H/N)``, MLP columns ``[r*I/N, (r+1)*I/N)`` and vocabulary rows
-``[r*V/N, (r+1)*V/N)``. KV heads are split the same way where the model has at least N of them; with fewer, each
+``[r*P/N, (r+1)*P/N)``, where P is the vocabulary padded up to a multiple of N: the rows at V and beyond hold zeros
+(their logits are cut off on rank 0 before sampling). KV heads are split the same way where the model has at least N of them; with fewer, each
 KV head is replicated on the N/KV ranks whose query heads use it (rank r holds KV head ``r*KV//N``). Checkpoint
 tensors are sliced along their output rows (q/k/v, gate/up, embedding, LM head, q/k/v bias: column-parallel) or
 their input columns (o, down: row-parallel, whose partial outputs are all-reduced); norms are replicated.
@@ -28,8 +29,7 @@ Slice = tuple[int, int, int]
 def check_shardable(arch: ArchConfig, world_size: int) -> None:
     """Raise ValueError, naming the sizes and the values that work, where ``arch`` cannot be split N ways."""
     flag = f"--tensor-parallel-size {world_size}"
-    sizes = {"attention heads": arch.num_heads, "intermediate size": arch.intermediate_size,
-             "vocabulary size": arch.vocab_size}
+    sizes = {"attention heads": arch.num_heads, "intermediate size": arch.intermediate_size}
     if arch.is_moe:
         sizes["expert intermediate size"] = arch.moe_intermediate_size
         if arch.shared_expert_intermediate_size:
@@ -85,8 +85,17 @@ class TensorShard:
 
     @property
     def vocab_size(self) -> int:
-        """This rank's rows of the embedding and LM head."""
-        return self.arch.vocab_size // self.world_size
+        """This rank's rows of the embedding and LM head (the vocabulary padded to a multiple of the ranks)."""
+        return -(-self.arch.vocab_size // self.world_size)
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return self.vocab_size * self.world_size
+
+    @property
+    def checkpoint_vocab_rows(self) -> int:
+        """Of this rank's rows, those the checkpoint has (the rest pad the vocabulary)."""
+        return max(0, min(self.arch.vocab_size - self.vocab_start, self.vocab_size))
 
     def local_arch(self) -> ArchConfig:
         """The architecture of this rank's layers: its heads, KV heads and MLP widths, its experts' included (the
@@ -103,7 +112,7 @@ class TensorShard:
         q = (r * self.num_heads * d, (r + 1) * self.num_heads * d)
         kv = (self.kv_head_start * d, (self.kv_head_start + self.num_kv_heads) * d)
         mlp = (r * self.intermediate_size, (r + 1) * self.intermediate_size)
-        vocab = (self.vocab_start, self.vocab_start + self.vocab_size)
+        vocab = (self.vocab_start, self.vocab_start + self.checkpoint_vocab_rows)
         out = {"model.embed_tokens.weight": (0, *vocab), "lm_head.weight": (0, *vocab)}
         for i in range(self.arch.num_layers):
             p = f"model.layers.{i}."

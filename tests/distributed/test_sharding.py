@@ -37,7 +37,6 @@ def test_slices_cover_each_tensor_once():
     (LLAMA, 3, "attention heads 8"),
     (ArchConfig("llama", 64, 120, 1, 8, 8, 8, 256), 16, "attention heads 8"),
     (ArchConfig("llama", 64, 100, 1, 8, 8, 8, 256), 8, "intermediate size 100"),
-    (ArchConfig("llama", 64, 128, 1, 8, 8, 8, 250), 4, "vocabulary size 250"),
     (ArchConfig("llama", 64, 128, 1, 12, 6, 8, 256), 4, "6 KV heads"),
 ])
 def test_sizes_that_do_not_divide_are_refused(arch, n, words):
@@ -66,6 +65,15 @@ def test_experts_are_split_along_their_intermediate_dimension_and_the_router_is_
                                          "intermediate size 6"):
         check_shardable(ArchConfig("qwen2_moe", 64, 128, 1, 4, 4, 16, 256, num_experts=4, num_experts_per_tok=2,
                                    moe_intermediate_size=32, shared_expert_intermediate_size=6), 4)
+
+
+def test_a_vocabulary_that_does_not_divide_is_padded():
+    arch = ArchConfig("llama", 64, 128, 1, 8, 8, 8, 250)
+    shards = [TensorShard(r, 4, arch) for r in range(4)]
+    assert {s.vocab_size for s in shards} == {63} and shards[0].padded_vocab_size == 252
+    assert [s.checkpoint_slices()["lm_head.weight"] for s in shards] == [(0, 0, 63), (0, 63, 126), (0, 126, 189),
+                                                                         (0, 189, 250)]
+    assert [s.checkpoint_vocab_rows for s in shards] == [63, 63, 63, 61]
 
 
 def test_config_flag_and_llm_option():
