@@ -1,5 +1,6 @@
 """A tensor-parallel worker process (rank 1..N-1): load the rank's shard, report ready, then run every step rank 0
-sends until it says stop. A worker decides nothing: no scheduler, sampler or tier controller runs here.
+sends until it says stop. A worker decides nothing: no scheduler, sampler or tier controller runs here; it makes
+the placement moves rank 0 sends with a step before running it, at rank 0's arena runs (``placement_sync.py``).
 
 Whatever ends the worker other than a stop (an error loading its shard, a failed collective) is written to the
 rendezvous store under ``error/<rank>`` for rank 0 to report, and the process exits non-zero. A thread watches the
