@@ -25,12 +25,6 @@ from gh200rt.loader.resolve import resolve_model_path
 COLLECTIVE_TIMEOUT = timedelta(seconds=300)
 
 
-# a tier move takes device arena blocks rank 0's KV cache hands out: every rank would have to take the same blocks
-DYNAMIC_REFUSAL = ("{flag}: tiers that follow KV demand ({why}) are not supported with tensor parallelism yet (every "
-                   "rank would have to move the same layer into the same arena blocks in the same step); give "
-                   "--offload none, stream or direct, or --layer-tiers, for one fixed placement per rank")
-
-
 def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
@@ -54,8 +48,6 @@ def check_machine(config: EngineConfig, device: str) -> None:
                              f"give at most {cores}")
         if config.use_graphs("cpu"):
             raise ValueError(f"{flag}: tensor-parallel steps run eagerly; drop --no-enforce-eager")
-    if config.memory.offload == "dynamic":
-        raise ValueError(DYNAMIC_REFUSAL.format(flag=flag, why="--offload dynamic"))
     if resolve_model_path(config.model.model).endswith(".gguf"):
         raise ValueError(f"{flag}: tensor parallelism reads safetensors checkpoints (a Hugging Face directory); "
                          "GGUF files are not sharded yet: run with --tensor-parallel-size 1")
@@ -78,9 +70,6 @@ def start_ranks(config: EngineConfig, platform=None, poison: bool = False) -> tu
     try:
         platform = rank_platform(platform, config, 0, per_host, device)
         placed = load_and_place(config, platform, poison=poison, shard=shard, agree_free=workers.smallest_free)
-        if placed.plan.dynamic:
-            raise ValueError(DYNAMIC_REFUSAL.format(flag=f"--tensor-parallel-size {n}",
-                                                    why=f"--offload auto on {placed.platform.profile}"))
         workers.wait_ready(rank_report(placed))
         placed.loaded.model.connect(workers.connect(torch.device(device)))
     except BaseException:

@@ -1,8 +1,10 @@
-"""Rank 0's model runner: each step's inputs go to the workers before rank 0 runs its own shard, and a step that
-fails because a worker failed raises ``TensorParallelError`` with that worker's rank and reason."""
+"""Rank 0's model runner: each step's inputs go to the workers before rank 0 runs its own shard, with the placement
+moves rank 0's store made since the last step (``placement_sync.py``), and a step that fails because a worker
+failed raises ``TensorParallelError`` with that worker's rank and reason."""
 from __future__ import annotations
 
 from gh200rt.distributed.errors import TensorParallelError
+from gh200rt.distributed.placement_sync import PlacementTracker
 from gh200rt.distributed.workers import TensorParallelWorkers
 from gh200rt.engine.model_runner import ModelRunner, StepLogits
 from gh200rt.scheduler.scheduler import SchedulerOutput
@@ -10,8 +12,12 @@ from gh200rt.scheduler.scheduler import SchedulerOutput
 
 class TensorParallelRunner(ModelRunner):
     def __init__(self, workers: TensorParallelWorkers, *args, **kwargs):
-        super().__init__(*args, step_sender=workers.send_step, **kwargs)
+        super().__init__(*args, step_sender=self._send, **kwargs)
         self.workers = workers
+        self.placement = PlacementTracker(self.hooks) if hasattr(self.hooks, "expert_tiers") else None
+
+    def _send(self, step) -> None:
+        self.workers.send_step(step, self.placement.moves() if self.placement is not None else [])
 
     def run(self, out: SchedulerOutput) -> StepLogits:
         if self.workers.failed is not None:

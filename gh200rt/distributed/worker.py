@@ -1,5 +1,6 @@
 """A tensor-parallel worker process (rank 1..N-1): load the rank's shard, report ready, then run every step rank 0
-sends until it says stop. A worker decides nothing: no scheduler, sampler or tier controller runs here.
+sends until it says stop. A worker decides nothing: no scheduler, sampler or tier controller runs here; it makes
+the placement moves rank 0 sends with a step before running it, at rank 0's arena runs (``placement_sync.py``).
 
 Whatever ends the worker other than a stop (an error loading its shard, a failed collective) is written to the
 rendezvous store under ``error/<rank>`` for rank 0 to report, and the process exits non-zero. A thread watches the
@@ -24,6 +25,7 @@ from gh200rt.distributed.parallel_state import ParallelState, smallest_across_ra
 from gh200rt.distributed.hosts import Rendezvous
 from gh200rt.distributed.rank_numa import rank_platform
 from gh200rt.distributed.sharding import TensorShard
+from gh200rt.distributed.placement_sync import apply_moves, geometry, placement
 from gh200rt.distributed.step_channel import receive_step
 
 PARENT_POLL_SECONDS = 0.5
@@ -41,7 +43,19 @@ def rank_report(placed) -> dict:
     """What a rank holds once loaded (rank 0 keeps every rank's: ``TensorParallelWorkers.reports``)."""
     return {"weight_bytes": placed.loaded.weight_bytes, "num_kv_blocks": placed.plan.num_kv_blocks,
             "kv_heads": placed.loaded.arch.num_kv_heads, "tiers": placed.store.tier_counts,
-            "layer_tiers": [tier.value for tier in placed.store.tiers], "host_slab_bytes": placed.store.host_slab_bytes()}
+            "layer_tiers": [tier.value for tier in placed.store.tiers], "host_slab_bytes": placed.store.host_slab_bytes(),
+            "expert_tiers": [[layer, [tier.value for tier in tiers]] for layer, tiers in placed.store.expert_tiers.items()],
+            "arena": geometry(placed.store)}
+
+
+def final_report(store) -> dict:
+    """A worker's placement when it stops (rank 0 compares it with its own: no run or slab lost on any rank)."""
+    pool = store.arena.pool if store.arena is not None else None
+    return {"placement": sorted([*unit, tier.value, start] for unit, (tier, start) in placement(store).items()),
+            "runs": sorted(pool.runs.items()) if pool else [], "free_blocks": pool.num_free if pool else 0,
+            "num_blocks": pool.num_blocks if pool else 0, "layer_slabs": sorted(store.slabs),
+            "expert_slabs": sorted(store.expert_slabs), "ledger": dict(store.ledger.by_kind) if store.ledger else {},
+            "routing_counts": [[layer, counts.tolist()] for layer, counts in store.model.routing_counts().items()]}
 
 
 def run_worker(shard: TensorShard, config, meet: Rendezvous, threads: int, parent_pid: int | None,
@@ -72,8 +86,11 @@ def run_worker(shard: TensorShard, config, meet: Rendezvous, threads: int, paren
         model.connect(state)
         runner = ModelRunner(model, arena.kv_caches(), config.cache.block_size, device, hooks=placed.store,
                              batch_invariant=config.model.batch_invariant)
-        while (step := receive_step(state)) is not None:
+        while (received := receive_step(state)) is not None:
+            step, moves = received
+            apply_moves(placed.store, moves)
             runner.execute(step)
+        store.set(f"final/{rank}", json.dumps(final_report(placed.store)))
         placed.store.close()
     except BaseException as e:  # noqa: BLE001 - any failure is reported to rank 0, then the worker exits
         try:

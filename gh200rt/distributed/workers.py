@@ -55,6 +55,7 @@ class TensorParallelWorkers:
             process.start()
             self.processes[rank] = process
         self.reports: dict[int, dict] = {}       # rank -> what it holds (worker.rank_report)
+        self.final_reports: dict[int, dict] = {}  # rank -> its placement when it stopped (worker.final_report)
         self.state: ParallelState | None = None
         self.failed: TensorParallelError | None = None
         self.closed = False
@@ -85,10 +86,16 @@ class TensorParallelWorkers:
             if report["num_kv_blocks"] != num_kv_blocks:
                 raise self._fail(TensorParallelError(rank, f"its KV cache has {report['num_kv_blocks']} blocks, rank "
                                                            f"0's {num_kv_blocks}; give --num-kv-blocks"))
-            if report["layer_tiers"] != rank0_report["layer_tiers"]:
-                raise self._fail(TensorParallelError(rank, f"its plan placed layers {report['tiers']}, rank 0's "
-                                                           f"{rank0_report['tiers']}; every rank must follow one plan: "
-                                                           "give --device-memory-budget"))
+            if report["arena"] != rank0_report["arena"]:
+                raise self._fail(TensorParallelError(rank, f"its device arena {report['arena']} differs from rank "
+                                                           f"0's {rank0_report['arena']}: rank 0's run block ids "
+                                                           "would not be its runs; give --device-memory-budget"))
+            if (report["layer_tiers"], report["expert_tiers"]) != (rank0_report["layer_tiers"],
+                                                                   rank0_report["expert_tiers"]):
+                raise self._fail(TensorParallelError(rank, f"its plan placed layers {report['tiers']} and experts "
+                                                           f"{report['expert_tiers']}, rank 0's {rank0_report['tiers']} "
+                                                           f"and {rank0_report['expert_tiers']}; every rank must "
+                                                           "follow one plan: give --device-memory-budget"))
 
     def smallest_free(self, free: int) -> int:
         """The least free device memory of any rank (rank 0's part of ``smallest_across_ranks``)."""
@@ -100,8 +107,8 @@ class TensorParallelWorkers:
         return self.state
 
     # ---- steps -----------------------------------------------------------------------------------
-    def send_step(self, step: HostStep) -> None:
-        send_step(self.state, step)
+    def send_step(self, step: HostStep, moves=()) -> None:
+        send_step(self.state, step, moves)
 
     def explain(self, error: BaseException) -> TensorParallelError | None:
         """After ``error`` in a step: the worker failure behind it (waiting a few seconds for the failing worker
@@ -152,6 +159,9 @@ class TensorParallelWorkers:
         deadline = time.monotonic() + (STOP_SECONDS if stopping else 0)
         for process in self.processes.values():
             process.join(max(0.0, deadline - time.monotonic()))
+        for rank in self.processes:
+            if stopping and self.store.check([f"final/{rank}"]):
+                self.final_reports[rank] = json.loads(self.store.get(f"final/{rank}"))
         for process in self.processes.values():
             if process.is_alive():
                 process.kill()

@@ -14,6 +14,8 @@ reallocates: every address attention kernels or a captured graph read stays put.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from gh200rt.kv.block_pool import BlockPool
@@ -27,6 +29,7 @@ class DeviceArena:
         self.block_bytes = num_layers * 2 * block_size * num_kv_heads * head_dim * dtype.itemsize
         self.buffer = torch.zeros(num_blocks * self.block_bytes, dtype=torch.uint8, device=device)
         self.pool = BlockPool(num_blocks)
+        self._take_at: int | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -51,7 +54,18 @@ class DeviceArena:
 
     def take_run(self, nbytes: int) -> int | None:
         """Blocks for ``nbytes`` of weights, contiguous; their first block, or None when no run is free."""
-        return self.pool.take_run(self.blocks_for(nbytes))
+        return self.pool.take_run(self.blocks_for(nbytes), at=self._take_at)
+
+    @contextmanager
+    def taking_at(self, start: int):
+        """Within it, a run is taken at block ``start`` (the run another rank's block manager chose: a
+        tensor-parallel worker repeats rank 0's moves, distributed/placement_sync.py)."""
+        assert self._take_at is None, self._take_at
+        self._take_at = start
+        try:
+            yield
+        finally:
+            self._take_at = None
 
     def return_run(self, start: int) -> None:
         """Give a weight run back to the KV cache, zeroed: weight bytes read as K/V could be NaN, and a

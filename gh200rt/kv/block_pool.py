@@ -141,12 +141,14 @@ class BlockPool:
                 return block_id
         return None
 
-    def take_run(self, count: int) -> int | None:
+    def take_run(self, count: int, at: int | None = None) -> int | None:
         """Take ``count`` consecutive free blocks for resident weights (evicting cached prefixes there);
-        their start, or None when no such run is free."""
-        start = self.find_run(count)
+        their start, or None when no such run is free. ``at``: the run must start there (every block free)."""
+        start = self.find_run(count) if at is None else at
         if start is None:
             return None
+        assert all(self._is_free(b) for b in range(start, start + count)) and start + count <= self.num_blocks, \
+            f"blocks [{start}, {start + count}) are not all free"
         for block_id in range(start, start + count):
             del self._list_of(block_id)[block_id]
             block = self.blocks[block_id]

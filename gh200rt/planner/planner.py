@@ -42,8 +42,8 @@ class RankShare:
               f"{self.kv_heads} of the model's {self.model_kv_heads} KV heads (replicated on "
               f"{self.world_size // self.model_kv_heads} ranks)")
         return (f"tensor parallel: {self.world_size} ranks, one plan for all; each rank holds 1/{self.world_size} of "
-                f"every layer's linears and of the embedding and LM head (vocab-parallel), norms whole, {kv}; "
-                f"every figure below is one rank's")
+                f"every layer's linears and of the embedding and LM head (vocab-parallel), norms (and MoE routers) "
+                f"whole, {kv}; every figure below is one rank's")
 
 
 @dataclass(frozen=True)

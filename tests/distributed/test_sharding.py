@@ -37,7 +37,6 @@ def test_slices_cover_each_tensor_once():
     (LLAMA, 3, "attention heads 8"),
     (ArchConfig("llama", 64, 120, 1, 8, 8, 8, 256), 16, "attention heads 8"),
     (ArchConfig("llama", 64, 100, 1, 8, 8, 8, 256), 8, "intermediate size 100"),
-    (ArchConfig("llama", 64, 128, 1, 8, 8, 8, 250), 4, "vocabulary size 250"),
     (ArchConfig("llama", 64, 128, 1, 12, 6, 8, 256), 4, "6 KV heads"),
 ])
 def test_sizes_that_do_not_divide_are_refused(arch, n, words):
@@ -45,11 +44,36 @@ def test_sizes_that_do_not_divide_are_refused(arch, n, words):
         check_shardable(arch, n)
 
 
-def test_moe_is_refused_naming_what_is_supported():
-    moe = ArchConfig("qwen3_moe", 64, 128, 2, 4, 2, 16, 256, num_experts=4, num_experts_per_tok=2,
-                     moe_intermediate_size=32)
-    with pytest.raises(ValueError, match="dense Llama, Mistral, Qwen2 and Qwen3 .* mixture of experts"):
-        check_shardable(moe, 2)
+def test_experts_are_split_along_their_intermediate_dimension_and_the_router_is_whole():
+    qwen2 = ArchConfig("qwen2_moe", 64, 128, 1, 4, 2, 16, 256, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=32, shared_expert_intermediate_size=48)
+    shards = [TensorShard(r, 2, qwen2) for r in range(2)]
+    p = "model.layers.0.mlp."
+    for name, dim, size in ((f"{p}experts.3.gate_proj.weight", 0, 32), (f"{p}experts.0.down_proj.weight", 1, 32),
+                            (f"{p}shared_expert.up_proj.weight", 0, 48), (f"{p}shared_expert.down_proj.weight", 1, 48)):
+        parts = sorted(s.checkpoint_slices()[name] for s in shards)
+        assert parts == [(dim, 0, size // 2), (dim, size // 2, size)], name
+    assert f"{p}gate.weight" not in shards[0].checkpoint_slices()            # the router: whole on every rank
+    assert f"{p}shared_expert_gate.weight" not in shards[0].checkpoint_slices()
+    local = shards[1].local_arch()
+    assert (local.moe_intermediate_size, local.shared_expert_intermediate_size) == (16, 24)
+    mixtral = ArchConfig("mixtral", 64, 32, 1, 4, 2, 16, 256, num_experts=4, num_experts_per_tok=2,
+                         moe_intermediate_size=32)
+    assert TensorShard(1, 2, mixtral).checkpoint_slices()["model.layers.0.block_sparse_moe.experts.2.w2.weight"] \
+        == (1, 16, 32)
+    with pytest.raises(ValueError, match="--tensor-parallel-size 4 does not divide the model's shared expert "
+                                         "intermediate size 6"):
+        check_shardable(ArchConfig("qwen2_moe", 64, 128, 1, 4, 4, 16, 256, num_experts=4, num_experts_per_tok=2,
+                                   moe_intermediate_size=32, shared_expert_intermediate_size=6), 4)
+
+
+def test_a_vocabulary_that_does_not_divide_is_padded():
+    arch = ArchConfig("llama", 64, 128, 1, 8, 8, 8, 250)
+    shards = [TensorShard(r, 4, arch) for r in range(4)]
+    assert {s.vocab_size for s in shards} == {63} and shards[0].padded_vocab_size == 252
+    assert [s.checkpoint_slices()["lm_head.weight"] for s in shards] == [(0, 0, 63), (0, 63, 126), (0, 126, 189),
+                                                                         (0, 189, 250)]
+    assert [s.checkpoint_vocab_rows for s in shards] == [63, 63, 63, 61]
 
 
 def test_config_flag_and_llm_option():

@@ -19,11 +19,11 @@ TP_FAMILIES = {
 }
 
 
-def save_tp_tiny(family: str, path: str) -> str:
+def save_tp_tiny(family: str, path: str, vocab_size: int = VOCAB) -> str:
     import transformers
     class_name, kwargs = TP_FAMILIES[family]
     config = getattr(transformers, class_name)(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, max_position_embeddings=256,
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2, max_position_embeddings=256,
         bos_token_id=1, eos_token_id=2, rms_norm_eps=1e-6, **kwargs)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
@@ -31,11 +31,11 @@ def save_tp_tiny(family: str, path: str) -> str:
         for name, p in model.named_parameters():
             p.uniform_(0.5, 1.5) if "norm" in name else p.normal_(0.0, 0.15)
     model.save_pretrained(path, safe_serialization=True)
-    write_tokenizer(path, VOCAB)
+    write_tokenizer(path, vocab_size)
     return path
 
 
 def tp_llm(path: str, tensor_parallel_size: int, **options) -> LLM:
-    config = EngineConfig.from_kwargs(model=path, dtype="float32", num_kv_blocks=48, max_model_len=128,
-                                      max_num_seqs=8, tensor_parallel_size=tensor_parallel_size, **options)
+    config = EngineConfig.from_kwargs(**{"model": path, "dtype": "float32", "num_kv_blocks": 48, "max_model_len": 128,
+                                         "max_num_seqs": 8, "tensor_parallel_size": tensor_parallel_size, **options})
     return LLM.from_engine(LLMEngine.from_config(config))

@@ -4,7 +4,9 @@ moves across tier changes, and the ledger shows the split."""
 import random
 
 import pytest
+import torch
 
+from gh200rt.kv.arena import DeviceArena
 from gh200rt.kv.block_pool import BlockPool
 from gh200rt.sampling_params import SamplingParams
 from gh200rt.weights.store import NoFreeRun
@@ -122,3 +124,13 @@ def test_the_ledger_books_the_arena_once(tiny_dir, offload):  # noqa: F811
     assert ledger.by_kind["arena_weights"] == arena.pool.num_run_blocks * arena.block_bytes
     assert ledger.used <= ledger.capacity
     eng.close()
+
+
+def test_a_run_taken_at_a_given_block_is_that_run():
+    """A tensor-parallel worker repeats rank 0's promotion at rank 0's run (distributed/placement_sync.py)."""
+    arena = DeviceArena(8, 1, 2, 1, 4, torch.float32)
+    with arena.taking_at(2):
+        assert arena.take_run(arena.block_bytes * 3) == 2
+    assert arena.pool.runs == {2: 3} and arena.take_run(arena.block_bytes) == 7      # the highest free window again
+    with pytest.raises(AssertionError, match="not all free"), arena.taking_at(4):
+        arena.take_run(arena.block_bytes * 2)
