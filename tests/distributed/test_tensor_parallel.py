@@ -127,10 +127,21 @@ def _parent(pid: int) -> int | None:
         return None
 
 
-def test_more_ranks_than_cores_is_refused(checkpoints):
-    n = usable_cores() + 1
-    with pytest.raises(ValueError, match=f"--tensor-parallel-size {n}: this process may use .* give at most"):
-        tp_llm(checkpoints["llama-gqa"], n)
+def test_four_ranks_equal_one_and_may_share_the_cores(checkpoints, caplog):
+    """TP=4 (issue 29's acceptance) gives TP=1's greedy tokens in float32, KV heads replicated (2 for 4 ranks);
+    more ranks than cores run (one thread each, with a warning) rather than being refused."""
+    prompts = [[5, 9, 13, 17], list(range(30, 52))]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    path = checkpoints["llama-gqa"]
+    want = [o.outputs[0].token_ids for o in tp_llm(path, 1).generate(prompts, params)]
+    with caplog.at_level("WARNING"):
+        llm = tp_llm(path, 4)
+    try:
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == want
+    finally:
+        llm.engine.close()
+    if usable_cores() < 4:
+        assert "4 ranks share the" in caplog.text
 
 
 def test_gguf_is_refused_before_any_worker_starts():
