@@ -27,6 +27,7 @@ from gh200rt.serve.async_engine import AsyncEngine
 from gh200rt.serve.body import parse_json_object, read_body
 from gh200rt.serve.embeddings import create_embeddings
 from gh200rt.serve.errors import APIError, bad_request, error_body
+from gh200rt.serve.fields import DETOKENIZE, TOKENIZE, declared
 from gh200rt.serve.generation import GenerationRun
 from gh200rt.serve.guard import (ClientGone, ClosingStreamingResponse, DisconnectAwareResponse, Guard,
                                  unless_disconnected)
@@ -146,7 +147,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
-        body = await read_json(request)
+        body = declared(await read_json(request), TOKENIZE)
         tok = state.ready_engine().tokenizer
         if "messages" in body:
             messages = parse_messages(body["messages"])
@@ -166,7 +167,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
-        body = await read_json(request)
+        body = declared(await read_json(request), DETOKENIZE)
         engine = state.ready_engine()
         ids = check_token_ids(body.get("tokens"), "tokens", engine.vocab_size, allow_empty=True)
         return {"prompt": engine.tokenizer.decode(ids, skip_special_tokens=False)}

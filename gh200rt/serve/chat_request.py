@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from gh200rt.serve.errors import bad_request
+from gh200rt.serve.fields import CHAT, declared
 from gh200rt.serve.protocol import (DEFAULT_MAX_LOGPROBS, ParsedRequest, check_temperature, flag, logprob_count,
                                     model_name, response_options, sampling_params, stream_options, unsupported)
 from gh200rt.serve.tools import parse_tools, tool_constraint
@@ -86,6 +87,7 @@ def template_flags(body: dict, messages: list[dict]) -> tuple[bool, bool]:
 
 def parse_chat_request(body: dict, tool_call_parser: str | None = None, auto_tool_choice: bool = False,
                        max_logprobs: int = DEFAULT_MAX_LOGPROBS) -> tuple[ParsedRequest, list[dict]]:
+    body = declared(body, CHAT)
     messages = parse_messages(body.get("messages"))
     check_temperature(body)
     unsupported(body, chat=True)

@@ -21,6 +21,7 @@ from gh200rt.engine.outputs import EmbeddingRequestOutput
 from gh200rt.pooling_params import PoolingParams
 from gh200rt.serve.async_engine import AsyncEngine
 from gh200rt.serve.errors import APIError, bad_request
+from gh200rt.serve.fields import declared
 from gh200rt.serve.protocol import check_token_ids, flag, integer, model_name, parse_prompts, show
 from gh200rt.serve.truncation import PromptTruncation, parse_truncation
 
@@ -44,6 +45,7 @@ def parse_embedding_request(body: dict) -> EmbeddingRequest:
     if unknown:
         raise bad_request(f"{show(unknown[0])} is not a field of an embeddings request; this server takes "
                           f"{', '.join(FIELDS)}", unknown[0])
+    body = declared(body, FIELDS)
     if "input" not in body:
         raise bad_request("'input' is required: a string, a list of strings, a list of token ids or a list of lists "
                           "of token ids", "input")

@@ -2,7 +2,8 @@
 
 Every rule an OpenAI or vLLM client relies on is checked here, before the engine sees the
 request, and a violation raises ``APIError(400)`` naming the field and the allowed values.
-Unknown fields are ignored on purpose: benchmark clients send extras. Known OpenAI and vLLM fields
+The fields each route reads or refuses are declared in ``fields`` (the README's API tables list them);
+unknown fields are ignored on purpose: benchmark clients send extras. Known OpenAI and vLLM fields
 this server cannot honour (``suffix``, ``use_beam_search``, ``lora_request`` / ``lora_name`` (``model`` names
 an adapter), images and audio, ``kv_transfer_params``) are a 400 naming the field rather than silently ignored.
 
@@ -18,6 +19,7 @@ from gh200rt.config import ModelConfig
 from gh200rt.sampling_params import (GREEDY_BELOW, MAX_LOGPROB_TOKEN_IDS, SEED_MAX, SEED_MIN, WHOLE_VOCAB,
                                      SamplingParams)
 from gh200rt.serve.errors import bad_request
+from gh200rt.serve.fields import COMPLETION, REFUSED, REFUSED_EVEN_EMPTY, declared
 from gh200rt.serve.structured_fields import parse_constraint
 from gh200rt.serve.truncation import PromptTruncation, parse_truncation
 
@@ -254,29 +256,12 @@ def model_name(body: dict) -> str | None:
     return _get(body, "model", (str,), None, "a string (a name from GET /v1/models)")
 
 
-UNSUPPORTED = {
-    "use_beam_search": "beam search is not supported by this server; leave 'use_beam_search' out",
-    "lora_request": "a LoRA adapter is chosen by 'model' (a name from GET /v1/models), as in vLLM; leave "
-                    "'lora_request' out",
-    "lora_name": "a LoRA adapter is chosen by 'model' (a name from GET /v1/models), as in vLLM; leave 'lora_name' "
-                 "out",
-    "multi_modal_data": "images, audio and video are not supported by this server (text-only models)",
-    "mm_processor_kwargs": "images, audio and video are not supported by this server (text-only models)",
-    "audio": "audio output is not supported by this server; leave 'audio' out",
-}
-# Refused whenever present, even empty: these ask for a mechanism this server does not have.
-UNSUPPORTED_EVEN_EMPTY = {
-    "kv_transfer_params": "disaggregated prefill (KV transfer between instances) is not supported by this server; "
-                          "leave 'kv_transfer_params' out or send the request to a vLLM prefill/decode pair",
-}
-
-
 def unsupported(body: dict, chat: bool) -> None:
     """Known OpenAI / vLLM features this server does not implement: refuse rather than ignore them."""
-    for name, message in UNSUPPORTED.items():
+    for name, message in REFUSED.items():
         if body.get(name):
             raise bad_request(message, name)
-    for name, message in UNSUPPORTED_EVEN_EMPTY.items():
+    for name, message in REFUSED_EVEN_EMPTY.items():
         if body.get(name) is not None:
             raise bad_request(message, name)
     if not chat and body.get("suffix"):
@@ -293,6 +278,7 @@ def check_temperature(body: dict) -> None:
 
 
 def parse_completion_request(body: dict, max_logprobs: int = DEFAULT_MAX_LOGPROBS) -> ParsedRequest:
+    body = declared(body, COMPLETION)
     if "prompt" not in body:
         raise bad_request("'prompt' is required", "prompt")
     check_temperature(body)

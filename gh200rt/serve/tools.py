@@ -18,6 +18,8 @@ from gh200rt.serve.errors import bad_request
 from gh200rt.serve.tool_parsers import PARSERS, ParsedToolCall
 from gh200rt.structured import Constraint
 
+TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
+
 
 @dataclass
 class ToolRequest:
