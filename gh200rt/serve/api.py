@@ -148,14 +148,18 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/tokenize")
     async def tokenize(request: Request):
         body = declared(await read_json(request), TOKENIZE)
+        check_model(model_name(body))
         tok = state.ready_engine().tokenizer
         if "messages" in body:
             messages = parse_messages(body["messages"])
             add_generation_prompt, continue_final = template_flags(body, messages)
-            tools = body.get("tools") if isinstance(body.get("tools"), list) else None
-            ids = await asyncio.to_thread(chat_token_ids, tok, messages, add_generation_prompt, continue_final, tools)
+            tools = body.get("tools")
+            if tools is not None and not isinstance(tools, list):
+                raise bad_request(f"'tools' must be a list of function tools, got {show(tools)}", "tools")
+            ids = await asyncio.to_thread(chat_token_ids, tok, messages, add_generation_prompt, continue_final, tools,
+                                          _flag(body, "add_special_tokens", False))
         elif isinstance(body.get("prompt"), str):
-            ids = list(await asyncio.to_thread(tok.encode, body["prompt"], **_special_tokens(body)))
+            ids = list(await asyncio.to_thread(tok.encode, body["prompt"], _flag(body, "add_special_tokens", True)))
         else:
             raise bad_request("give 'prompt' (a string) or 'messages'", "prompt")
         strs = token_strings(tok, ids) if _flag(body, "return_token_strs", False) else None
@@ -168,6 +172,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/detokenize")
     async def detokenize(request: Request):
         body = declared(await read_json(request), DETOKENIZE)
+        check_model(model_name(body))
         engine = state.ready_engine()
         ids = check_token_ids(body.get("tokens"), "tokens", engine.vocab_size, allow_empty=True)
         return {"prompt": engine.tokenizer.decode(ids, skip_special_tokens=False)}
@@ -183,7 +188,8 @@ def create_app(state: ServerState) -> FastAPI:
         tok = state.ready_engine().tokenizer
         tools = parsed.extra["tools"]
         render = functools.partial(chat_token_ids, tok, messages, parsed.extra["add_generation_prompt"],
-                                   parsed.extra["continue_final_message"], tools.tools if tools else None)
+                                   parsed.extra["continue_final_message"], tools.tools if tools else None,
+                                   parsed.add_special_tokens)
         return await _generate(state, parsed, model, chat=True, render=render)
 
     @app.post("/v1/completions")
@@ -230,12 +236,17 @@ async def _while_connected(request: Request, work):
 
 
 def chat_token_ids(tok, messages: list[dict], add_generation_prompt: bool, continue_final_message: bool = False,
-                   tools: list[dict] | None = None) -> list[int]:
-    """The rendered template, tokenized without adding special tokens: it already holds any BOS it wants."""
+                   tools: list[dict] | None = None, add_special_tokens: bool = False) -> list[int]:
+    """The rendered template, tokenized without adding special tokens (it already holds any BOS it wants) unless
+    vLLM's ``add_special_tokens`` asks for the tokenizer's on top of it."""
     options = {"continue_final_message": True} if continue_final_message else {}
     if tools:
         options["tools"] = tools
     try:
+        if add_special_tokens:
+            text = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
+                                           **options)
+            return list(tok.encode(text, add_special_tokens=True))
         return list(tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
                                             **options))
     except Exception as e:                      # templates reject conversations they cannot render
@@ -249,15 +260,12 @@ def _flag(body: dict, name: str, default: bool) -> bool:
     return value
 
 
-def _special_tokens(body: dict) -> dict:
-    return {"add_special_tokens": _flag(body, "add_special_tokens", True)} if "add_special_tokens" in body else {}
-
-
-def _tokenized(tok, prompts: list[tuple[str | None, list[int] | None]],
-               render=None) -> list[tuple[str | None, list[int]]]:
+def _tokenized(tok, prompts: list[tuple[str | None, list[int] | None]], render=None,
+               add_special_tokens: bool = True) -> list[tuple[str | None, list[int]]]:
     if render is not None:                      # chat: the template, rendered and tokenized
         return [(None, render())]
-    return [(text, ids if ids is not None else list(tok.encode(text))) for text, ids in prompts]
+    return [(text, ids if ids is not None else list(tok.encode(text, add_special_tokens=add_special_tokens)))
+            for text, ids in prompts]
 
 
 def _truncated(truncation, prompts: list[tuple[str | None, list[int]]], max_model_len: int,
@@ -280,7 +288,8 @@ async def _generate(state: ServerState, parsed, model: str, chat: bool, render=N
                         lora_name=model if model in adapters(state) else None)
     try:
         # Tokenized here, off the event loop, so a long prompt stalls neither other handlers nor the engine thread.
-        parsed.prompts = await asyncio.to_thread(_tokenized, engine.tokenizer, parsed.prompts, render)
+        parsed.prompts = await asyncio.to_thread(_tokenized, engine.tokenizer, parsed.prompts, render,
+                                                 parsed.add_special_tokens)
         for _text, ids in parsed.prompts:
             check_token_ids(ids, "prompt", engine.vocab_size)
         for name in ("stop_token_ids", "logprob_token_ids", "allowed_token_ids"):

@@ -114,6 +114,7 @@ def parse_chat_request(body: dict, tool_call_parser: str | None = None, auto_too
         parsed.params.structured_output = constraint
     add_generation_prompt, continue_final = template_flags(body, messages)
     parsed.echo = flag(body, "echo")
+    parsed.add_special_tokens = flag(body, "add_special_tokens", False)    # the template holds those it wants
     parsed.extra.update(add_generation_prompt=add_generation_prompt, continue_final_message=continue_final,
                         tools=tools, echo_text=messages[-1]["content"] if messages[-1]["role"] == "assistant" else "")
     return parsed, messages

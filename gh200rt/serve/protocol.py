@@ -36,6 +36,7 @@ class ParsedRequest:
     echo: bool = False
     logprobs: int | None = None
     model: str | None = None
+    add_special_tokens: bool = True          # vLLM: a completion prompt's text gets the tokenizer's BOS etc.
     return_token_ids: bool = False           # vLLM: token ids of the prompt and of each choice in the response
     continuous_usage: bool = False           # stream_options.continuous_usage_stats: usage on every chunk
     prompt_logprobs: int | None = None       # vLLM: top-k logprobs of every prompt token in the response
@@ -240,6 +241,8 @@ def stream_options(body: dict) -> tuple[bool, bool, bool]:
 def response_options(parsed: "ParsedRequest", body: dict, max_logprobs: int) -> "ParsedRequest":
     """The fields that shape the response or the prompt (not the sampling): vLLM's return_token_ids,
     prompt_logprobs, return_tokens_as_token_ids, truncate_prompt_tokens; the output constraint."""
+    if body.get("user") is not None and not isinstance(body["user"], str):    # informational, as in OpenAI's API
+        raise bad_request(f"'user' must be a string, got {show(body['user'])}", "user")
     parsed.return_token_ids = flag(body, "return_token_ids")
     parsed.return_tokens_as_token_ids = flag(body, "return_tokens_as_token_ids")
     parsed.truncation = parse_truncation(body)
@@ -288,5 +291,6 @@ def parse_completion_request(body: dict, max_logprobs: int = DEFAULT_MAX_LOGPROB
     stream, include_usage, continuous = stream_options(body)
     params = sampling_params(body, 16, logprobs, logprobs if echo else None)   # echo scores the prompt too
     return response_options(ParsedRequest(parse_prompts(body["prompt"]), params, stream, include_usage, echo=echo,
-                                          logprobs=logprobs, model=model_name(body), continuous_usage=continuous),
+                                          logprobs=logprobs, model=model_name(body), continuous_usage=continuous,
+                                          add_special_tokens=flag(body, "add_special_tokens", True)),
                             body, max_logprobs)

@@ -27,7 +27,7 @@ class ToolRequest:
     choice: str                     # "none", "auto", "required" or "named"
     named: str | None = None
     parser: str | None = None       # for "auto"
-    parallel: bool = True           # parallel_tool_calls: false allows one call only (required)
+    parallel: bool = True           # parallel_tool_calls: false allows one call only
 
     @property
     def parses_output(self) -> bool:
@@ -99,7 +99,8 @@ def split_tool_calls(request: ToolRequest, text: str) -> tuple[str | None, list[
             return text, []
         return None, [ParsedToolCall(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in calls]
     if request.choice == "auto":
-        return PARSERS[request.parser]().parse(text)
+        content, calls = PARSERS[request.parser]().parse(text)
+        return content, calls if request.parallel else calls[:1]     # parallel_tool_calls: false
     return text, []
 
 
