@@ -203,7 +203,9 @@ def create_app(state: ServerState) -> FastAPI:
         return await _while_connected(request, chat_completion(await read_json(request)))
 
     async def embedding(body: dict):
-        return JSONResponse(await create_embeddings(state, body, check_model(model_name(body))))
+        model = check_model(model_name(body))
+        lora_name = model if model in adapters(state) else None
+        return JSONResponse(await create_embeddings(state, body, model, lora_name))
 
     @app.post("/v1/embeddings")
     @app.post("/embeddings")

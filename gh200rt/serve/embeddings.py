@@ -77,16 +77,18 @@ def token_ids(request: EmbeddingRequest, tokenizer, vocab_size: int, max_model_l
     return result
 
 
-async def embed(engine: AsyncEngine, inputs: list[list[int]], params: PoolingParams) -> list[EmbeddingRequestOutput]:
-    """Submit every input and wait for all their vectors; whatever ends this early (an input the engine refuses,
-    the client gone) aborts the rest, which frees their KV blocks at once."""
+async def embed(engine: AsyncEngine, inputs: list[list[int]], params: PoolingParams,
+                lora_name: str | None = None) -> list[EmbeddingRequestOutput]:
+    """Submit every input (under the LoRA adapter ``lora_name``, if any) and wait for all their vectors; whatever
+    ends this early (an input the engine refuses, the client gone) aborts the rest, which frees their KV blocks at
+    once."""
     ids = [engine.new_request_id("embd") for _ in inputs]
     sink: asyncio.Queue = asyncio.Queue()
     pending: set[str] = set()
     done: dict[str, EmbeddingRequestOutput] = {}
     try:
         for rid, tokens in zip(ids, inputs):
-            engine.add(rid, None, tokens, params, sink=sink)
+            engine.add(rid, None, tokens, params, sink=sink, lora_name=lora_name)
             pending.add(rid)
         while pending:
             kind, rid, payload = await sink.get()
@@ -117,9 +119,9 @@ def embedding_body(outputs: list[EmbeddingRequestOutput], model: str, encoding_f
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
-async def create_embeddings(state, body: dict, model: str) -> dict:
-    """The whole request: parse, admit (or 503), tokenize off the event loop, embed, answer; counted in the
-    server's request metrics as generation requests are."""
+async def create_embeddings(state, body: dict, model: str, lora_name: str | None = None) -> dict:
+    """The whole request: parse, admit (or 503), tokenize off the event loop, embed (under the LoRA adapter
+    ``model`` names, ``lora_name``), answer; counted in the server's request metrics as generation requests are."""
     request = parse_embedding_request(body)
     engine, metrics = state.ready_engine(), state.metrics
     arrival = time.monotonic()
@@ -137,7 +139,7 @@ async def create_embeddings(state, body: dict, model: str) -> dict:
             raise bad_request(str(e), "dimensions") from e
         inputs = await asyncio.to_thread(token_ids, request, engine.tokenizer, engine.vocab_size, engine.max_model_len)
         started = True
-        outputs = await embed(state.engine, inputs, request.params)
+        outputs = await embed(state.engine, inputs, request.params, lora_name)
     except APIError as e:
         metrics.count("requests_rejected_total" if e.status == 400 or not started else "requests_aborted_total")
         raise
