@@ -24,8 +24,7 @@ def test_completion_fields_map_to_sampling_params():
     p = parse_completion_request({"prompt": "x", "max_tokens": 7, "temperature": 0, "top_p": 0.5, "top_k": -1,
                                   "min_p": 0.1, "seed": 2**63 - 1, "stop": "END", "logprobs": 20, "echo": True,
                                   "n": 2, "repetition_penalty": 1.2, "ignore_eos": True, "min_tokens": 3,
-                                  "stream": True, "stream_options": {"include_usage": True}, "user": "u",
-                                  "unknown_benchmark_field": [1]})
+                                  "stream": True, "stream_options": {"include_usage": True}, "user": "u"})
     sp = p.params
     assert (sp.max_tokens, sp.temperature, sp.top_p, sp.top_k, sp.stop, sp.logprobs, sp.n) == \
         (7, 0.0, 0.5, 0, ["END"], 20, 2)

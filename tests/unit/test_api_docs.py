@@ -123,7 +123,11 @@ def test_the_parsers_read_only_declared_fields():
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     parse_completion_request({"prompt": "x", "echo": True, "logprobs": 1, "stream": True,
                               "stream_options": {"include_usage": True}, "truncate_prompt_tokens": 4,
-                              "structured_outputs": {"regex": "a+"}, "best_of": 1, "user": "u"})
+                              "structured_outputs": {"regex": "a+"}, "best_of": 1, "user": "u", "cache_salt": "s",
+                              "request_id": "r", "bad_words": ["w"], "metadata": {"k": "v"}, "priority": 0,
+                              "safety_identifier": "i", "store": False})
     parse_chat_request({"messages": [{"role": "user", "content": "hi"}], "tools": [tool], "tool_choice": "required",
-                        "parallel_tool_calls": False, "logprobs": True, "top_logprobs": 2, "echo": True})
+                        "parallel_tool_calls": False, "logprobs": True, "top_logprobs": 2, "echo": True,
+                        "chat_template": "{{ x }}", "chat_template_kwargs": {"enable_thinking": False},
+                        "include_reasoning": True})
     embeddings.parse_embedding_request({"input": "x", "dimensions": 8, "user": "u", "truncation_side": "right"})
