@@ -35,12 +35,15 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] | None = None          # token id -> added to its logit, in [-100, 100]
     structured_output: Constraint | None = None         # JSON schema, regex, choice or grammar to follow
+    bad_words: list[str] = field(default_factory=list)  # never generate these words (vLLM's semantics)
+    bad_words_token_ids: list[list[int]] | None = None  # their token sequences: ``with_tokenizer`` fills them
 
     def __post_init__(self):
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        self.bad_words = list(self.bad_words or [])
         if self.top_k == -1:
             self.top_k = 0
         self._validate()
@@ -92,6 +95,8 @@ class SamplingParams:
             bad("stop", self.stop, "a list of non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             bad("stop_token_ids", self.stop_token_ids, "a list of non-negative token ids")
+        if any(not isinstance(w, str) or not w.strip() for w in self.bad_words):
+            bad("bad_words", self.bad_words, "a list of non-blank strings")
         if self.logit_bias is not None and not all(
                 isinstance(t, int) and t >= 0 and isinstance(b, (int, float)) and -100 <= b <= 100
                 for t, b in self.logit_bias.items()):
@@ -100,6 +105,21 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
+
+    def with_tokenizer(self, encode) -> "SamplingParams":
+        """These parameters with ``bad_words`` tokenized (``encode(text)``: ids without special tokens), as vLLM
+        does: each word as written (leading spaces stripped) and, where it tokenizes to as many tokens starting
+        with another one, with a leading space (the same word in the middle of a text)."""
+        if not self.bad_words:
+            return self
+        sequences = []
+        for word in self.bad_words:
+            plain = list(encode(word.lstrip()))
+            spaced = list(encode(" " + word.lstrip()))
+            sequences.append(plain)
+            if spaced and len(spaced) == len(plain) and spaced[0] != plain[0]:
+                sequences.append(spaced)
+        return replace(self, bad_words_token_ids=[ids for ids in sequences if ids])
 
     def with_vocab(self, vocab_size: int) -> "SamplingParams":
         """These parameters with -1 (the whole vocabulary) in logprobs / prompt_logprobs made ``vocab_size``."""

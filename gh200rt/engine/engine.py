@@ -29,7 +29,7 @@ from gh200rt.engine.step_cost import StepCostModel
 from gh200rt.engine.tier_controller import PressurePolicy, TierController, TierSignals
 from gh200rt.planner.layout import offloaded_expert_tier
 from gh200rt.kv.fp8 import check_device_supports, configure_kv_scales, kv_cache_dtype
-from gh200rt.kv.kv_manager import KVCacheManager
+from gh200rt.kv.kv_manager import KVCacheManager, salt_of
 from gh200rt.engine.bootstrap import (DTYPE_NAMES, PlacedModel, install_kernels, load_and_place, max_model_len,
                                      size_kv_pool)
 from gh200rt.kv.pool import allocate_kv_caches, kv_bytes_per_block
@@ -225,20 +225,25 @@ class LLMEngine:
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | None, params: SamplingParams | PoolingParams | None = None,
-                    prompt_token_ids: list[int] | None = None, lora_request: LoRARequest | str | None = None) -> None:
+                    prompt_token_ids: list[int] | None = None, lora_request: LoRARequest | str | None = None,
+                    cache_salt: str | None = None) -> None:
         """A generation request, or with ``PoolingParams`` an embedding request (vLLM's convention).
         ``lora_request``: the adapter to run under (a loaded adapter's name, or vLLM's ``LoRARequest``, whose
-        path is loaded under its name first if the name is new); None: the base model."""
+        path is loaded under its name first if the name is new); None: the base model. ``cache_salt`` (vLLM's):
+        the request shares prefix-cache blocks only with requests of the same salt (and adapter)."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already running; use a unique id")
         adapter = self._adapter_for(lora_request) if lora_request is not None else None
         prompt_token_ids = self._prompt_ids(prompt, prompt_token_ids)
         if isinstance(params, PoolingParams):
+            if cache_salt is not None:
+                raise ValueError("embedding requests take no cache_salt; leave it out")
             if adapter is not None:
                 raise ValueError("embeddings under a LoRA adapter are not supported; ask the base model for them")
             return self._add_embedding(request_id, prompt_token_ids, params)
-        params = params.with_vocab(self.vocab_size)
+        params = params.with_vocab(self.vocab_size).with_tokenizer(
+            lambda text: self.tokenizer.encode(text, add_special_tokens=False))
         self._validate(prompt_token_ids, params)
         state = RequestState(request_id, prompt, prompt_token_ids, params)
         grammars = [self.grammars.new(params.structured_output) for _ in range(params.n)] \
@@ -249,7 +254,8 @@ class LLMEngine:
                            self.eos_token_ids, self.max_model_len)
             seq.grammar = grammars[index]
             if adapter is not None:
-                seq.lora, seq.lora_id, seq.cache_salt = adapter, adapter.id, adapter.id
+                seq.lora, seq.lora_id = adapter, adapter.id
+            seq.cache_salt = salt_of(seq.lora_id, cache_salt)
             self._arrivals += 1
             seq.share_prompt_from = owner
             owner = owner or seq

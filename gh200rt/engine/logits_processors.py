@@ -1,8 +1,11 @@
 """Per-request logits processing that runs before any sampling decision: ``allowed_token_ids``,
-``logit_bias`` and the structured-output token masks. Each is applied to the whole batch at once, in place:
+``logit_bias``, ``bad_words`` and the structured-output token masks. Each is applied to the whole batch at once,
+in place:
 
 * allowed_token_ids: one boolean mask over the restricted rows, -inf wherever a token is not listed;
 * logit_bias: one ``index_put_`` with accumulate over every (row, token, bias) of the batch;
+* bad_words: as vLLM, a word's last token is -inf where the output so far ends with the tokens before it (a
+  one-token word always); one ``index_put_`` over every (row, token) of the batch;
 * grammars: llguidance fills a packed bitmask (32 tokens per int32) for all constrained rows in
   parallel in its own threads; one tensor expression unpacks it and fills -inf where a bit is 0.
 
@@ -27,6 +30,9 @@ def apply_logits_processors(logits: torch.Tensor, seqs: list[Sequence]) -> None:
     biased = [(row, seq.params.logit_bias) for row, seq in enumerate(seqs) if seq.params.logit_bias]
     if biased:
         apply_logit_bias(logits, biased)
+    banned = [(row, tokens) for row, seq in enumerate(seqs) if (tokens := bad_word_tokens(seq))]
+    if banned:
+        apply_banned_tokens(logits, banned)
     constrained = [(row, seq.grammar) for row, seq in enumerate(seqs)
                    if getattr(seq, "grammar", None) is not None and not seq.grammar.failed]
     if constrained:
@@ -47,6 +53,23 @@ def apply_logit_bias(logits: torch.Tensor, biased: list[tuple[int, dict[int, flo
     values = [value for _, bias in biased for value in bias.values()]
     index = (to_device(rows, torch.int64, logits.device), to_device(cols, torch.int64, logits.device))
     logits.index_put_(index, to_device(values, logits.dtype, logits.device), accumulate=True)
+
+
+def bad_word_tokens(seq: Sequence) -> list[int]:
+    """The tokens that would complete one of ``seq``'s bad words next (its output so far ends with the rest)."""
+    words = seq.params.bad_words_token_ids
+    if not words:
+        return []
+    out = seq.output_token_ids
+    return [ids[-1] for ids in words
+            if len(ids) - 1 <= len(out) and (len(ids) == 1 or out[len(out) - len(ids) + 1:] == ids[:-1])]
+
+
+def apply_banned_tokens(logits: torch.Tensor, banned: list[tuple[int, list[int]]]) -> None:
+    rows = [row for row, tokens in banned for _ in tokens]
+    cols = [token for _, tokens in banned for token in tokens]
+    index = (to_device(rows, torch.int64, logits.device), to_device(cols, torch.int64, logits.device))
+    logits.index_put_(index, torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device))
 
 
 def apply_grammar_masks(logits: torch.Tensor, constrained: list) -> None:

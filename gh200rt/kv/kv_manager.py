@@ -5,13 +5,15 @@ scheduled this step. Full blocks of computed tokens are published under a chaine
 (``hash(parent_hash, token_ids)``); a lookup walks the chain and confirms every hit against
 the stored tokens and the exact parent block, so a hash collision can only cost a miss.
 A lookup never covers the whole prompt: the last prompt token is always computed, because its
-logits produce the first output token. A request's ``cache_salt`` (its LoRA adapter's id; 0 for the base model)
-roots its chain: blocks computed under one adapter are never found by another. Without ``publish_decoded_blocks`` only blocks of prompt positions are
-published: on the CPU a decode step computes with other kernels than a prefill (engine/invariance.py), and a
-cached block must hold what a prefill of its tokens computes.
+logits produce the first output token. A request's ``cache_salt`` (``salt_of``: its LoRA adapter's id, 0 for the
+base model, mixed with vLLM's per-request ``cache_salt`` string when one is sent) roots its chain: blocks computed
+under one adapter or salt are never found by another. Without ``publish_decoded_blocks`` only blocks of prompt
+positions are published: on the CPU a decode step computes with other kernels than a prefill
+(engine/invariance.py), and a cached block must hold what a prefill of its tokens computes.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -28,12 +30,21 @@ def chain_root(salt: int) -> tuple[int | None, tuple[int, int] | None]:
     return (None, None) if not salt else (hash(("salt", salt)), (-1, salt))
 
 
+def salt_of(adapter_id: int, salt: str | None) -> int:
+    """A request's chain salt: its LoRA adapter's id, or with a salt string a 64-bit digest of both whose top bit
+    is set, so it is never an adapter's id (two different salts meet with odds of 2**-63)."""
+    if salt is None:
+        return adapter_id
+    digest = hashlib.sha256(f"{adapter_id}\0{salt}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") | 1 << 63
+
+
 class HasBlocks(Protocol):
     block_ids: list[int]
     block_hashes: list[int]        # chained hashes of the request's published full blocks
     num_computed_tokens: int
     prompt_token_ids: list[int]    # read only when decoded blocks are not published
-    cache_salt: int                # 0, or what else the KV depends on besides the tokens (a LoRA adapter's id)
+    cache_salt: int                # 0, or what else the KV depends on besides the tokens (``salt_of``)
 
     @property
     def all_token_ids(self) -> list[int]: ...

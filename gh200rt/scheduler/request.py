@@ -43,7 +43,7 @@ class Sequence:
         self.share_prompt_from: "Sequence | None" = None
         self.lora = None                          # the LoRA adapter's gh200rt.lora.registry.AdapterEntry, or None
         self.lora_id = 0                          # its id (0: the base model): the scheduler bounds distinct ones
-        self.cache_salt = 0                       # the same id: KV blocks computed under an adapter are its own
+        self.cache_salt = 0                       # kv_manager.salt_of(lora_id, the request's salt): its own KV blocks
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         # Seeded from (seed, choice index) only, so the tokens never depend on the batch.

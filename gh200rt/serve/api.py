@@ -27,12 +27,14 @@ from gh200rt.serve.async_engine import AsyncEngine
 from gh200rt.serve.body import parse_json_object, read_body
 from gh200rt.serve.embeddings import create_embeddings
 from gh200rt.serve.errors import APIError, bad_request, error_body
+from gh200rt.serve.fields import DETOKENIZE, REFUSED, TOKENIZE, declared, refuse_unhonoured
+from gh200rt.serve.fields import TEMPLATE as CHAT_TEMPLATE_FIELDS
 from gh200rt.serve.generation import GenerationRun
 from gh200rt.serve.guard import (ClientGone, ClosingStreamingResponse, DisconnectAwareResponse, Guard,
                                  unless_disconnected)
 from gh200rt.serve.lora_routes import adapter_card, adapters, add_lora_routes
 from gh200rt.serve.metrics import ServerMetrics
-from gh200rt.serve.chat_request import parse_chat_request, parse_messages, template_flags
+from gh200rt.serve.chat_request import parse_chat_request, parse_messages, template_flags, template_options
 from gh200rt.serve.protocol import (DEFAULT_MAX_LOGPROBS, check_token_ids, model_name, parse_completion_request,
                                     resolve_whole_vocab, show)
 from gh200rt.serve.responses import completion_body
@@ -146,15 +148,26 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
-        body = await read_json(request)
+        body = declared(await read_json(request), TOKENIZE, "/tokenize")
+        refuse_unhonoured(body, {"mm_processor_kwargs": REFUSED["mm_processor_kwargs"]})
+        check_model(model_name(body))
+        if "messages" not in body:
+            for name in (*CHAT_TEMPLATE_FIELDS, "tools"):
+                if body.get(name) is not None:
+                    raise bad_request(f"'{name}' shapes the rendering of 'messages' through the chat template; give "
+                                      f"'messages', or leave '{name}' out with 'prompt'", name)
         tok = state.ready_engine().tokenizer
         if "messages" in body:
             messages = parse_messages(body["messages"])
             add_generation_prompt, continue_final = template_flags(body, messages)
-            tools = body.get("tools") if isinstance(body.get("tools"), list) else None
-            ids = await asyncio.to_thread(chat_token_ids, tok, messages, add_generation_prompt, continue_final, tools)
+            tools = body.get("tools")
+            if tools is not None and not isinstance(tools, list):
+                raise bad_request(f"'tools' must be a list of function tools, got {show(tools)}", "tools")
+            options = trusted(template_options(body))
+            ids = await asyncio.to_thread(chat_token_ids, tok, messages, add_generation_prompt, continue_final, tools,
+                                          _flag(body, "add_special_tokens", False), **options)
         elif isinstance(body.get("prompt"), str):
-            ids = list(await asyncio.to_thread(tok.encode, body["prompt"], **_special_tokens(body)))
+            ids = list(await asyncio.to_thread(tok.encode, body["prompt"], _flag(body, "add_special_tokens", True)))
         else:
             raise bad_request("give 'prompt' (a string) or 'messages'", "prompt")
         strs = token_strings(tok, ids) if _flag(body, "return_token_strs", False) else None
@@ -166,10 +179,21 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
-        body = await read_json(request)
+        body = declared(await read_json(request), DETOKENIZE, "/detokenize")
+        check_model(model_name(body))
         engine = state.ready_engine()
         ids = check_token_ids(body.get("tokens"), "tokens", engine.vocab_size, allow_empty=True)
         return {"prompt": engine.tokenizer.decode(ids, skip_special_tokens=False)}
+
+    def trusted(options: dict) -> dict:
+        """Template options with a request's own ``chat_template`` only if the server trusts request templates:
+        the sandbox keeps a template from the host but cannot bound the time or memory it takes."""
+        if "chat_template" in options and not state.config.trust_request_chat_template:
+            raise bad_request("this server renders only the model's chat template: a request's 'chat_template' is "
+                              "used when the server runs with --trust-request-chat-template (vLLM's flag), as "
+                              "rendering one can take unbounded time and memory; leave 'chat_template' out",
+                              "chat_template")
+        return options
 
     async def completion(body: dict):
         parsed = parse_completion_request(body, state.max_logprobs)
@@ -182,7 +206,8 @@ def create_app(state: ServerState) -> FastAPI:
         tok = state.ready_engine().tokenizer
         tools = parsed.extra["tools"]
         render = functools.partial(chat_token_ids, tok, messages, parsed.extra["add_generation_prompt"],
-                                   parsed.extra["continue_final_message"], tools.tools if tools else None)
+                                   parsed.extra["continue_final_message"], tools.tools if tools else None,
+                                   parsed.add_special_tokens, **trusted(parsed.extra["template_options"]))
         return await _generate(state, parsed, model, chat=True, render=render)
 
     @app.post("/v1/completions")
@@ -196,7 +221,9 @@ def create_app(state: ServerState) -> FastAPI:
         return await _while_connected(request, chat_completion(await read_json(request)))
 
     async def embedding(body: dict):
-        return JSONResponse(await create_embeddings(state, body, check_model(model_name(body))))
+        model = check_model(model_name(body))
+        lora_name = model if model in adapters(state) else None
+        return JSONResponse(await create_embeddings(state, body, model, lora_name))
 
     @app.post("/v1/embeddings")
     @app.post("/embeddings")
@@ -229,15 +256,27 @@ async def _while_connected(request: Request, work):
 
 
 def chat_token_ids(tok, messages: list[dict], add_generation_prompt: bool, continue_final_message: bool = False,
-                   tools: list[dict] | None = None) -> list[int]:
-    """The rendered template, tokenized without adding special tokens: it already holds any BOS it wants."""
+                   tools: list[dict] | None = None, add_special_tokens: bool = False, chat_template: str | None = None,
+                   template_kwargs: dict | None = None) -> list[int]:
+    """The rendered template, tokenized without adding special tokens (it already holds any BOS it wants) unless
+    vLLM's ``add_special_tokens`` asks for the tokenizer's on top of it. ``chat_template``: the request's own
+    template; ``template_kwargs``: vLLM's ``chat_template_kwargs``, more variables for the template."""
     options = {"continue_final_message": True} if continue_final_message else {}
     if tools:
         options["tools"] = tools
+    if chat_template is not None:
+        options["chat_template"] = chat_template
+    options.update(template_kwargs or {})
     try:
+        if add_special_tokens:
+            text = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
+                                           **options)
+            return list(tok.encode(text, add_special_tokens=True))
         return list(tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
                                             **options))
     except Exception as e:                      # templates reject conversations they cannot render
+        if chat_template is not None:
+            raise bad_request(f"the request's chat_template failed: {type(e).__name__}: {e}", "chat_template") from e
         raise bad_request(f"the chat template rejected these messages: {type(e).__name__}: {e}", "messages") from e
 
 
@@ -248,15 +287,12 @@ def _flag(body: dict, name: str, default: bool) -> bool:
     return value
 
 
-def _special_tokens(body: dict) -> dict:
-    return {"add_special_tokens": _flag(body, "add_special_tokens", True)} if "add_special_tokens" in body else {}
-
-
-def _tokenized(tok, prompts: list[tuple[str | None, list[int] | None]],
-               render=None) -> list[tuple[str | None, list[int]]]:
+def _tokenized(tok, prompts: list[tuple[str | None, list[int] | None]], render=None,
+               add_special_tokens: bool = True) -> list[tuple[str | None, list[int]]]:
     if render is not None:                      # chat: the template, rendered and tokenized
         return [(None, render())]
-    return [(text, ids if ids is not None else list(tok.encode(text))) for text, ids in prompts]
+    return [(text, ids if ids is not None else list(tok.encode(text, add_special_tokens=add_special_tokens)))
+            for text, ids in prompts]
 
 
 def _truncated(truncation, prompts: list[tuple[str | None, list[int]]], max_model_len: int,
@@ -279,7 +315,8 @@ async def _generate(state: ServerState, parsed, model: str, chat: bool, render=N
                         lora_name=model if model in adapters(state) else None)
     try:
         # Tokenized here, off the event loop, so a long prompt stalls neither other handlers nor the engine thread.
-        parsed.prompts = await asyncio.to_thread(_tokenized, engine.tokenizer, parsed.prompts, render)
+        parsed.prompts = await asyncio.to_thread(_tokenized, engine.tokenizer, parsed.prompts, render,
+                                                 parsed.add_special_tokens)
         for _text, ids in parsed.prompts:
             check_token_ids(ids, "prompt", engine.vocab_size)
         for name in ("stop_token_ids", "logprob_token_ids", "allowed_token_ids"):
@@ -295,15 +332,16 @@ async def _generate(state: ServerState, parsed, model: str, chat: bool, render=N
     except BaseException:                       # a 400, or the client gone: the slots go back at once
         run.close(count_abort=False)
         raise
-    request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    request_id = f"{'chatcmpl' if chat else 'cmpl'}-{parsed.request_id or uuid.uuid4().hex}"
+    headers = {"x-request-id": parsed.request_id} if parsed.request_id else {}
     tok = engine.tokenizer
     if parsed.stream:
         from gh200rt.serve.streaming import stream_chat, stream_completion
         body = (stream_chat if chat else stream_completion)(run, request_id, model, tok)
         return ClosingStreamingResponse(body, run.close, media_type="text/event-stream",
-                                        headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+                                        headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers})
 
     async def produce() -> JSONResponse:
         per_choice = await run.collect()
-        return JSONResponse(completion_body(tok, run, model, chat, request_id, per_choice))
+        return JSONResponse(completion_body(tok, run, model, chat, request_id, per_choice), headers=headers)
     return DisconnectAwareResponse(produce, run.close)

@@ -43,6 +43,10 @@ class ServerConfig:
                 "Qwen <tool_call>; llama3_json: Llama 3.x JSON)", "choices": TOOL_CALL_PARSERS})
     enable_auto_tool_choice: bool = field(default=False, metadata=_help(
         "let the model decide to call tools (\"tool_choice\": \"auto\"); needs --tool-call-parser"))
+    trust_request_chat_template: bool = field(default=False, metadata=_help(
+        "render a chat request's own 'chat_template' (vLLM's flag); without it such a request is a 400. The "
+        "sandbox keeps a template from the host, but a template can take unbounded time and memory: trust the "
+        "clients first"))
     engine_cpus: str | None = field(default=None, metadata=_help(
         "CPUs the engine thread and the torch threads it starts run on, e.g. 0 or 0-3,8 (what vLLM's "
         "VLLM_CPU_OMP_THREADS_BIND does for its CPU backend); the HTTP side stays free to run elsewhere. "

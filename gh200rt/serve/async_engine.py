@@ -44,6 +44,7 @@ class _Add:
     params: SamplingParams
     sink: asyncio.Queue
     lora_name: str | None = None
+    cache_salt: str | None = None
 
 
 @dataclass
@@ -103,15 +104,17 @@ class AsyncEngine:
         return f"{kind}-{next(self._ids)}"
 
     def add(self, request_id: str, prompt: str | None, prompt_token_ids: list[int] | None,
-            params: SamplingParams, sink: asyncio.Queue | None = None, lora_name: str | None = None) -> asyncio.Queue:
+            params: SamplingParams, sink: asyncio.Queue | None = None, lora_name: str | None = None,
+            cache_salt: str | None = None) -> asyncio.Queue:
         """Queue a request; ``sink`` (shared by the prompts of one HTTP request) gets (kind, request_id,
         payload) items: ("ok", id, None) or ("error", id, APIError) first, then ("output", id, output).
-        ``lora_name``: the LoRA adapter it runs under (None: the base model)."""
+        ``lora_name``: the LoRA adapter it runs under (None: the base model); ``cache_salt``: vLLM's prefix-cache
+        salt."""
         if not self.ready.is_set():
             raise APIError(503, "the model is still loading; retry when GET /health answers 200")
         sink = sink if sink is not None else asyncio.Queue()
         self._sinks[request_id] = (asyncio.get_running_loop(), sink)
-        self._commands.put(_Add(request_id, prompt, prompt_token_ids, params, sink, lora_name))
+        self._commands.put(_Add(request_id, prompt, prompt_token_ids, params, sink, lora_name, cache_salt))
         return sink
 
     async def call(self, fn):
@@ -200,7 +203,8 @@ class AsyncEngine:
                 return
             try:
                 self.engine.add_request(command.request_id, command.prompt, command.params,
-                                        prompt_token_ids=command.prompt_token_ids, **_adapter(command.lora_name))
+                                        prompt_token_ids=command.prompt_token_ids, **_adapter(command.lora_name),
+                                        **({"cache_salt": command.cache_salt} if command.cache_salt else {}))
                 self._send(command.request_id, ("ok", None))
             except ValueError as e:             # the engine's verdict on user input
                 self._send(command.request_id, ("error", APIError(400, str(e))))

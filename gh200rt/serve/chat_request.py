@@ -1,16 +1,20 @@
 """/v1/chat/completions bodies: messages (text parts, assistant tool calls, tool results), tools and
-tool_choice, assistant prefill (``continue_final_message``), ``echo``, and the sampling fields the
-completions route shares (``protocol``). Violations are a 400 naming the field."""
+tool_choice, assistant prefill (``continue_final_message``), ``echo``, the template's own options
+(``chat_template``, ``chat_template_kwargs``) and the sampling fields the completions route shares
+(``protocol``). Violations are a 400 naming the field."""
 from __future__ import annotations
 
 import json
 
 from gh200rt.serve.errors import bad_request
+from gh200rt.serve.fields import CHAT, CHAT_REFUSED, declared, refuse_unhonoured
 from gh200rt.serve.protocol import (DEFAULT_MAX_LOGPROBS, ParsedRequest, check_temperature, flag, logprob_count,
                                     model_name, response_options, sampling_params, stream_options, unsupported)
 from gh200rt.serve.tools import parse_tools, tool_constraint
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+# What the server itself gives the template from the request's own fields: ``chat_template_kwargs`` may not set it.
+TEMPLATE_OWN = ("messages", "tools", "documents", "add_generation_prompt", "continue_final_message", "chat_template")
 UNSUPPORTED_PARTS = ("image_url", "input_audio", "video_url", "file")
 
 
@@ -84,11 +88,38 @@ def template_flags(body: dict, messages: list[dict]) -> tuple[bool, bool]:
     return add_generation_prompt, continue_final
 
 
+def template_options(body: dict) -> dict:
+    """vLLM's ``chat_template`` (a request's own template, used when the server trusts request templates) and
+    ``chat_template_kwargs`` (extra variables for the template, e.g. Qwen3's ``enable_thinking``), as keyword
+    arguments of ``apply_chat_template``."""
+    options = {}
+    template = body.get("chat_template")
+    if template is not None:
+        if not isinstance(template, str) or not template.strip():
+            raise bad_request(f"'chat_template' must be a Jinja template (a non-blank string), got "
+                              f"{template!r:.60}", "chat_template")
+        options["chat_template"] = template
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None:
+        if not isinstance(kwargs, dict):
+            raise bad_request(f"'chat_template_kwargs' must be an object of template variables, like "
+                              f"{{\"enable_thinking\": false}}, got {kwargs!r:.60}", "chat_template_kwargs")
+        own = [k for k in kwargs if k in TEMPLATE_OWN]
+        if own:
+            raise bad_request(f"'chat_template_kwargs' may not set {own[0]!r}: the server sets it from the "
+                              f"request's own '{own[0]}' field", "chat_template_kwargs")
+        if kwargs:
+            options["template_kwargs"] = dict(kwargs)
+    return options
+
+
 def parse_chat_request(body: dict, tool_call_parser: str | None = None, auto_tool_choice: bool = False,
                        max_logprobs: int = DEFAULT_MAX_LOGPROBS) -> tuple[ParsedRequest, list[dict]]:
+    body = declared(body, CHAT, "/v1/chat/completions")
     messages = parse_messages(body.get("messages"))
     check_temperature(body)
     unsupported(body, chat=True)
+    refuse_unhonoured(body, CHAT_REFUSED)
     want_logprobs = flag(body, "logprobs")
     top = logprob_count(body, "top_logprobs", max_logprobs)
     if top is not None and not want_logprobs:
@@ -112,6 +143,8 @@ def parse_chat_request(body: dict, tool_call_parser: str | None = None, auto_too
         parsed.params.structured_output = constraint
     add_generation_prompt, continue_final = template_flags(body, messages)
     parsed.echo = flag(body, "echo")
+    parsed.add_special_tokens = flag(body, "add_special_tokens", False)    # the template holds those it wants
     parsed.extra.update(add_generation_prompt=add_generation_prompt, continue_final_message=continue_final,
-                        tools=tools, echo_text=messages[-1]["content"] if messages[-1]["role"] == "assistant" else "")
+                        tools=tools, template_options=template_options(body),
+                        echo_text=messages[-1]["content"] if messages[-1]["role"] == "assistant" else "")
     return parsed, messages

@@ -21,6 +21,7 @@ from gh200rt.engine.outputs import EmbeddingRequestOutput
 from gh200rt.pooling_params import PoolingParams
 from gh200rt.serve.async_engine import AsyncEngine
 from gh200rt.serve.errors import APIError, bad_request
+from gh200rt.serve.fields import declared
 from gh200rt.serve.protocol import check_token_ids, flag, integer, model_name, parse_prompts, show
 from gh200rt.serve.truncation import PromptTruncation, parse_truncation
 
@@ -44,6 +45,7 @@ def parse_embedding_request(body: dict) -> EmbeddingRequest:
     if unknown:
         raise bad_request(f"{show(unknown[0])} is not a field of an embeddings request; this server takes "
                           f"{', '.join(FIELDS)}", unknown[0])
+    body = declared(body, FIELDS)
     if "input" not in body:
         raise bad_request("'input' is required: a string, a list of strings, a list of token ids or a list of lists "
                           "of token ids", "input")
@@ -75,16 +77,18 @@ def token_ids(request: EmbeddingRequest, tokenizer, vocab_size: int, max_model_l
     return result
 
 
-async def embed(engine: AsyncEngine, inputs: list[list[int]], params: PoolingParams) -> list[EmbeddingRequestOutput]:
-    """Submit every input and wait for all their vectors; whatever ends this early (an input the engine refuses,
-    the client gone) aborts the rest, which frees their KV blocks at once."""
+async def embed(engine: AsyncEngine, inputs: list[list[int]], params: PoolingParams,
+                lora_name: str | None = None) -> list[EmbeddingRequestOutput]:
+    """Submit every input (under the LoRA adapter ``lora_name``, if any) and wait for all their vectors; whatever
+    ends this early (an input the engine refuses, the client gone) aborts the rest, which frees their KV blocks at
+    once."""
     ids = [engine.new_request_id("embd") for _ in inputs]
     sink: asyncio.Queue = asyncio.Queue()
     pending: set[str] = set()
     done: dict[str, EmbeddingRequestOutput] = {}
     try:
         for rid, tokens in zip(ids, inputs):
-            engine.add(rid, None, tokens, params, sink=sink)
+            engine.add(rid, None, tokens, params, sink=sink, lora_name=lora_name)
             pending.add(rid)
         while pending:
             kind, rid, payload = await sink.get()
@@ -115,9 +119,9 @@ def embedding_body(outputs: list[EmbeddingRequestOutput], model: str, encoding_f
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
-async def create_embeddings(state, body: dict, model: str) -> dict:
-    """The whole request: parse, admit (or 503), tokenize off the event loop, embed, answer; counted in the
-    server's request metrics as generation requests are."""
+async def create_embeddings(state, body: dict, model: str, lora_name: str | None = None) -> dict:
+    """The whole request: parse, admit (or 503), tokenize off the event loop, embed (under the LoRA adapter
+    ``model`` names, ``lora_name``), answer; counted in the server's request metrics as generation requests are."""
     request = parse_embedding_request(body)
     engine, metrics = state.ready_engine(), state.metrics
     arrival = time.monotonic()
@@ -135,7 +139,7 @@ async def create_embeddings(state, body: dict, model: str) -> dict:
             raise bad_request(str(e), "dimensions") from e
         inputs = await asyncio.to_thread(token_ids, request, engine.tokenizer, engine.vocab_size, engine.max_model_len)
         started = True
-        outputs = await embed(state.engine, inputs, request.params)
+        outputs = await embed(state.engine, inputs, request.params, lora_name)
     except APIError as e:
         metrics.count("requests_rejected_total" if e.status == 400 or not started else "requests_aborted_total")
         raise

@@ -57,7 +57,8 @@ class GenerationRun:
         self.prompt_index = {rid: i for i, rid in enumerate(self.ids)}
         try:
             for rid, (text, ids) in zip(self.ids, self.parsed.prompts):
-                self.engine.add(rid, text, ids, self.parsed.params, sink=self.sink, lora_name=self.lora_name)
+                self.engine.add(rid, text, ids, self.parsed.params, sink=self.sink, lora_name=self.lora_name,
+                                cache_salt=self.parsed.cache_salt)
                 self.unfinished.add(rid)
             waiting = set(self.unfinished)
             while waiting:

@@ -2,9 +2,11 @@
 
 Every rule an OpenAI or vLLM client relies on is checked here, before the engine sees the
 request, and a violation raises ``APIError(400)`` naming the field and the allowed values.
-Unknown fields are ignored on purpose: benchmark clients send extras. Known OpenAI and vLLM fields
-this server cannot honour (``suffix``, ``use_beam_search``, ``lora_request`` / ``lora_name`` (``model`` names
-an adapter), images and audio, ``kv_transfer_params``) are a 400 naming the field rather than silently ignored.
+The fields each route reads or refuses are declared in ``fields`` (the README's API tables list them); a
+field in none of them is a 400 naming it. Known OpenAI and vLLM fields this server cannot honour (``suffix``,
+beam search, ``lora_request`` / ``lora_name`` (``model`` names an adapter), images and audio,
+``kv_transfer_params``, ``priority`` other than 0, ...) are a 400 naming the field when their value asks for
+something, rather than silently ignored.
 
 Logprob counts are bounded by ``--max-logprobs``; -1 (the whole vocabulary) is resolved against the
 model's vocabulary once it is loaded (``resolve_whole_vocab``).
@@ -18,10 +20,13 @@ from gh200rt.config import ModelConfig
 from gh200rt.sampling_params import (GREEDY_BELOW, MAX_LOGPROB_TOKEN_IDS, SEED_MAX, SEED_MIN, WHOLE_VOCAB,
                                      SamplingParams)
 from gh200rt.serve.errors import bad_request
+from gh200rt.serve.fields import COMPLETION, COMPLETION_REFUSED, REFUSED, declared, refuse_unhonoured
 from gh200rt.serve.structured_fields import parse_constraint
 from gh200rt.serve.truncation import PromptTruncation, parse_truncation
 
 MAX_N = 16
+MAX_CACHE_SALT_CHARS = 1024         # vLLM's bound
+MAX_REQUEST_ID_CHARS = 256
 DEFAULT_MAX_LOGPROBS = ModelConfig.max_logprobs
 
 
@@ -34,12 +39,15 @@ class ParsedRequest:
     echo: bool = False
     logprobs: int | None = None
     model: str | None = None
+    add_special_tokens: bool = True          # vLLM: a completion prompt's text gets the tokenizer's BOS etc.
     return_token_ids: bool = False           # vLLM: token ids of the prompt and of each choice in the response
     continuous_usage: bool = False           # stream_options.continuous_usage_stats: usage on every chunk
     prompt_logprobs: int | None = None       # vLLM: top-k logprobs of every prompt token in the response
     logprobs_param: str = "logprobs"         # the field that asked for logprobs: "top_logprobs" on chat
     return_tokens_as_token_ids: bool = False  # vLLM: logprob tokens written "token_id:N"
     truncation: PromptTruncation | None = None   # vLLM: truncate_prompt_tokens / truncation_side
+    cache_salt: str | None = None            # vLLM: requests with different salts never share prefix-cache blocks
+    request_id: str | None = None            # vLLM: the response's id is "cmpl-" / "chatcmpl-" and this
     extra: dict = field(default_factory=dict)
 
 
@@ -193,6 +201,15 @@ def _token_id_list(body: dict, name: str, most: int | None = None) -> list[int] 
     return ids
 
 
+def _bad_words(body: dict) -> list[str]:
+    words = body.get("bad_words")
+    if words is None:
+        return []
+    if not isinstance(words, list) or not all(isinstance(w, str) and w.strip() for w in words):
+        raise bad_request(f"'bad_words' must be a list of words (non-blank strings), got {show(words)}", "bad_words")
+    return words
+
+
 def sampling_params(body: dict, default_max_tokens: int | None, logprobs: int | None,
                      prompt_logprobs: int | None = None) -> SamplingParams:
     max_tokens = integer(body, "max_completion_tokens", None, 1, None, "an integer of at least 1")
@@ -216,7 +233,7 @@ def sampling_params(body: dict, default_max_tokens: int | None, logprobs: int | 
             logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             skip_special_tokens=flag(body, "skip_special_tokens", True), logit_bias=_logit_bias(body),
             logprob_token_ids=_token_id_list(body, "logprob_token_ids", MAX_LOGPROB_TOKEN_IDS),
-            allowed_token_ids=_token_id_list(body, "allowed_token_ids"))
+            allowed_token_ids=_token_id_list(body, "allowed_token_ids"), bad_words=_bad_words(body))
     except ValueError as e:
         raise bad_request(str(e), str(e).split(" ")[0]) from e
 
@@ -238,6 +255,12 @@ def stream_options(body: dict) -> tuple[bool, bool, bool]:
 def response_options(parsed: "ParsedRequest", body: dict, max_logprobs: int) -> "ParsedRequest":
     """The fields that shape the response or the prompt (not the sampling): vLLM's return_token_ids,
     prompt_logprobs, return_tokens_as_token_ids, truncate_prompt_tokens; the output constraint."""
+    for name in ("user", "safety_identifier"):          # informational, as in OpenAI's API
+        if body.get(name) is not None and not isinstance(body[name], str):
+            raise bad_request(f"'{name}' must be a string, got {show(body[name])}", name)
+    _metadata(body.get("metadata"))
+    parsed.cache_salt = _cache_salt(body.get("cache_salt"))
+    parsed.request_id = _request_id(body.get("request_id"))
     parsed.return_token_ids = flag(body, "return_token_ids")
     parsed.return_tokens_as_token_ids = flag(body, "return_tokens_as_token_ids")
     parsed.truncation = parse_truncation(body)
@@ -250,35 +273,44 @@ def response_options(parsed: "ParsedRequest", body: dict, max_logprobs: int) -> 
     return parsed
 
 
+def _metadata(metadata) -> None:
+    """OpenAI's tags for a stored completion: nothing is stored (``store`` must be false), so nothing to do once
+    they are checked as OpenAI checks them."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict) or len(metadata) > 16 or not all(
+            isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in metadata.items()):
+        raise bad_request("'metadata' must be an object of at most 16 string values (keys up to 64 characters, "
+                          f"values up to 512), got {show(metadata)}", "metadata")
+
+
+def _cache_salt(salt) -> str | None:
+    if salt is not None and (not isinstance(salt, str) or not 1 <= len(salt) <= MAX_CACHE_SALT_CHARS):
+        raise bad_request(f"'cache_salt' must be a string of 1 to {MAX_CACHE_SALT_CHARS} characters, got "
+                          f"{show(salt)}", "cache_salt")
+    return salt
+
+
+def _request_id(request_id) -> str | None:
+    """Visible ASCII only: the id is sent back in the X-Request-Id header too."""
+    if request_id is None:
+        return None
+    if not isinstance(request_id, str) or not 1 <= len(request_id) <= MAX_REQUEST_ID_CHARS or \
+            not all("!" <= c <= "~" for c in request_id):
+        raise bad_request(f"'request_id' must be 1 to {MAX_REQUEST_ID_CHARS} visible ASCII characters (no spaces), "
+                          f"got {show(request_id)}", "request_id")
+    return request_id
+
+
 def model_name(body: dict) -> str | None:
     return _get(body, "model", (str,), None, "a string (a name from GET /v1/models)")
 
 
-UNSUPPORTED = {
-    "use_beam_search": "beam search is not supported by this server; leave 'use_beam_search' out",
-    "lora_request": "a LoRA adapter is chosen by 'model' (a name from GET /v1/models), as in vLLM; leave "
-                    "'lora_request' out",
-    "lora_name": "a LoRA adapter is chosen by 'model' (a name from GET /v1/models), as in vLLM; leave 'lora_name' "
-                 "out",
-    "multi_modal_data": "images, audio and video are not supported by this server (text-only models)",
-    "mm_processor_kwargs": "images, audio and video are not supported by this server (text-only models)",
-    "audio": "audio output is not supported by this server; leave 'audio' out",
-}
-# Refused whenever present, even empty: these ask for a mechanism this server does not have.
-UNSUPPORTED_EVEN_EMPTY = {
-    "kv_transfer_params": "disaggregated prefill (KV transfer between instances) is not supported by this server; "
-                          "leave 'kv_transfer_params' out or send the request to a vLLM prefill/decode pair",
-}
-
-
 def unsupported(body: dict, chat: bool) -> None:
     """Known OpenAI / vLLM features this server does not implement: refuse rather than ignore them."""
-    for name, message in UNSUPPORTED.items():
-        if body.get(name):
-            raise bad_request(message, name)
-    for name, message in UNSUPPORTED_EVEN_EMPTY.items():
-        if body.get(name) is not None:
-            raise bad_request(message, name)
+    refuse_unhonoured(body, REFUSED)
+    if not chat:
+        refuse_unhonoured(body, COMPLETION_REFUSED)
     if not chat and body.get("suffix"):
         raise bad_request("'suffix' (insertion) is not supported by this server; leave it out", "suffix")
     best_of = body.get("best_of")
@@ -293,6 +325,7 @@ def check_temperature(body: dict) -> None:
 
 
 def parse_completion_request(body: dict, max_logprobs: int = DEFAULT_MAX_LOGPROBS) -> ParsedRequest:
+    body = declared(body, COMPLETION, "/v1/completions")
     if "prompt" not in body:
         raise bad_request("'prompt' is required", "prompt")
     check_temperature(body)
@@ -302,5 +335,6 @@ def parse_completion_request(body: dict, max_logprobs: int = DEFAULT_MAX_LOGPROB
     stream, include_usage, continuous = stream_options(body)
     params = sampling_params(body, 16, logprobs, logprobs if echo else None)   # echo scores the prompt too
     return response_options(ParsedRequest(parse_prompts(body["prompt"]), params, stream, include_usage, echo=echo,
-                                          logprobs=logprobs, model=model_name(body), continuous_usage=continuous),
+                                          logprobs=logprobs, model=model_name(body), continuous_usage=continuous,
+                                          add_special_tokens=flag(body, "add_special_tokens", True)),
                             body, max_logprobs)

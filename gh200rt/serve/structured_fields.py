@@ -15,6 +15,7 @@ from gh200rt.structured import Constraint
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar",
           "grammar": "grammar", "json_schema": "json"}       # the last two: llama.cpp's names
 STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object")
+CONSTRAINT_FIELDS = ("response_format", "structured_outputs", *GUIDED)
 
 
 def _schema(value, param: str) -> dict | bool:

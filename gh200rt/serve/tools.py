@@ -18,6 +18,8 @@ from gh200rt.serve.errors import bad_request
 from gh200rt.serve.tool_parsers import PARSERS, ParsedToolCall
 from gh200rt.structured import Constraint
 
+TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
+
 
 @dataclass
 class ToolRequest:
@@ -25,7 +27,7 @@ class ToolRequest:
     choice: str                     # "none", "auto", "required" or "named"
     named: str | None = None
     parser: str | None = None       # for "auto"
-    parallel: bool = True           # parallel_tool_calls: false allows one call only (required)
+    parallel: bool = True           # parallel_tool_calls: false allows one call only
 
     @property
     def parses_output(self) -> bool:
@@ -97,7 +99,8 @@ def split_tool_calls(request: ToolRequest, text: str) -> tuple[str | None, list[
             return text, []
         return None, [ParsedToolCall(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in calls]
     if request.choice == "auto":
-        return PARSERS[request.parser]().parse(text)
+        content, calls = PARSERS[request.parser]().parse(text)
+        return content, calls if request.parallel else calls[:1]     # parallel_tool_calls: false
     return text, []
 
 

@@ -12,6 +12,7 @@ from gh200rt.serve.errors import bad_request
 
 SIDES = ("left", "right")
 AS_MANY_AS_FIT = -1
+TRUNCATION_FIELDS = ("truncate_prompt_tokens", "truncation_side")
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ def compile_template(source: str) -> jinja2.Template:
     try:
         return env.from_string(source)
     except jinja2.exceptions.TemplateSyntaxError as e:
-        raise ValueError(f"the model's chat template is not valid jinja (line {e.lineno}): {e.message}") from e
+        raise ValueError(f"the chat template is not valid jinja (line {e.lineno}): {e.message}") from e
 
 
 def validate_messages(messages) -> list[dict]:

@@ -49,10 +49,12 @@ class Tokenizer:
         return [self.backend.id_to_token(int(i)) for i in ids]
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True, tokenize: bool = False,
-                            continue_final_message: bool = False, **extra):
-        if not self.chat_template:
+                            continue_final_message: bool = False, chat_template: str | None = None, **extra):
+        """``chat_template``: a template to use instead of the model's; ``extra``: more template variables."""
+        template = chat_template or self.chat_template
+        if not template:
             raise ValueError("this model has no chat template; pass a plain prompt instead of messages")
-        text = render_chat(self.chat_template, messages, add_generation_prompt, self.special_tokens,
+        text = render_chat(template, messages, add_generation_prompt, self.special_tokens,
                            continue_final_message=continue_final_message, **extra)
         # the template already wrote any BOS it wants, as transformers assumes
         return self.encode(text, add_special_tokens=False) if tokenize else text

@@ -60,7 +60,7 @@ def test_n_prompts_lists_token_ids_echo_logprobs_stop(toy_server):
     assert sum((ch.logprobs.token_logprobs for ch in first), []) == lp.token_logprobs
     seeded = [c.completions.create(model="toy", prompt="abc", max_tokens=6, seed=7, temperature=1.0,
                                    extra_body={"top_k": 5, "min_p": 0.01, "repetition_penalty": 1.1,
-                                               "ignore_eos": True, "min_tokens": 2, "bench_extra": 1}).choices[0].text
+                                               "ignore_eos": True, "min_tokens": 2}).choices[0].text
               for _ in range(2)]
     assert seeded[0] == seeded[1]
     text = out.choices[0].text[3:]

@@ -167,7 +167,8 @@ COMPLETION_FIELDS = ["prompt", "max_tokens", "max_completion_tokens", "temperatu
                      "stop", "seed", "logprobs", "echo", "presence_penalty", "frequency_penalty",
                      "repetition_penalty", "stream", "stream_options", "user", "ignore_eos", "min_tokens",
                      "stop_token_ids", "skip_special_tokens", "include_stop_str_in_output", "model", "logit_bias",
-                     "response_format", "suffix", "best_of", "unknown_extra"]
+                     "response_format", "suffix", "best_of", "cache_salt", "request_id", "bad_words", "priority",
+                     "unknown_extra"]
 CHAT_FIELDS = [f for f in COMPLETION_FIELDS if f not in ("prompt", "echo", "suffix")] + [
     "messages", "top_logprobs", "add_generation_prompt", "tools", "tool_choice"]
 
@@ -255,7 +256,8 @@ def test_fuzzed_requests_never_5xx_and_never_disturb_others(server):
             stop.set()
             return await victim
     assert asyncio.run(run()) >= 1
-    assert statuses.get(200, 0) > 30 and statuses.get(400, 0) > 100, statuses    # both paths were exercised
+    # both paths were exercised (a body with "unknown_extra" or a garbage "priority" is always a 400)
+    assert statuses.get(200, 0) > 15 and statuses.get(400, 0) > 100, statuses
     assert httpx.get(server.url + "/health").status_code == 200
     idle = settled_metrics(server, ("num_requests_pending", "num_requests_running", "kv_blocks_used"))
     assert idle == dict.fromkeys(idle, 0.0), idle

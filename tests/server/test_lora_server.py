@@ -56,6 +56,13 @@ def test_requests_choose_the_adapter_by_model_name(setup):
     assert missing.status_code == 404 and "sql" in missing.json()["error"]["message"]
 
 
+def test_embeddings_under_an_adapter_are_refused_not_run_on_the_base_model(setup):
+    url = setup["server"].url
+    assert httpx.post(url + "/v1/embeddings", json={"model": "tiny", "input": PROMPT}, timeout=60).status_code == 200
+    r = httpx.post(url + "/v1/embeddings", json={"model": "sql", "input": PROMPT}, timeout=60)
+    assert r.status_code == 400 and "LoRA adapter" in r.json()["error"]["message"], r.text
+
+
 def test_load_and_unload_at_run_time(setup):
     url = setup["server"].url
     load = httpx.post(url + "/v1/load_lora_adapter", json={"lora_name": "extra", "lora_path": setup["extra"]},

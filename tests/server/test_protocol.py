@@ -24,8 +24,7 @@ def test_completion_fields_map_to_sampling_params():
     p = parse_completion_request({"prompt": "x", "max_tokens": 7, "temperature": 0, "top_p": 0.5, "top_k": -1,
                                   "min_p": 0.1, "seed": 2**63 - 1, "stop": "END", "logprobs": 20, "echo": True,
                                   "n": 2, "repetition_penalty": 1.2, "ignore_eos": True, "min_tokens": 3,
-                                  "stream": True, "stream_options": {"include_usage": True}, "user": "u",
-                                  "unknown_benchmark_field": [1]})
+                                  "stream": True, "stream_options": {"include_usage": True}, "user": "u"})
     sp = p.params
     assert (sp.max_tokens, sp.temperature, sp.top_p, sp.top_k, sp.stop, sp.logprobs, sp.n) == \
         (7, 0.0, 0.5, 0, ["END"], 20, 2)
@@ -131,3 +130,54 @@ def test_metrics_render_dynamic_tier_series():
     assert "# TYPE gh200rt_retier_total counter" in text
     assert 'gh200rt_retier_total{direction="promote"} 2' in text and 'gh200rt_retier_total{direction="demote"} 5' in text
     assert 'gh200rt_arena_blocks{holder="weights"} 60' in text and 'gh200rt_arena_blocks{holder="kv"} 40' in text
+
+
+class RecordingTokenizer:
+    """Records how the server asks for tokens: a text's ids are its characters' codes."""
+    def __init__(self):
+        self.calls = []
+
+    def encode(self, text, add_special_tokens=True):
+        self.calls.append(("encode", text, add_special_tokens))
+        return ([0] if add_special_tokens else []) + [ord(c) for c in text]
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False, **options):
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
+        self.calls.append(("template", text, tokenize))
+        return [ord(c) for c in text] if tokenize else text
+
+
+def test_add_special_tokens_is_honoured_on_completions_and_chat():
+    from gh200rt.serve.api import _tokenized, chat_token_ids
+    assert parse_completion_request({"prompt": "x"}).add_special_tokens is True
+    parsed = parse_completion_request({"prompt": "ab", "add_special_tokens": False})
+    tok = RecordingTokenizer()
+    assert _tokenized(tok, parsed.prompts, None, parsed.add_special_tokens) == [("ab", [97, 98])]
+    assert _tokenized(tok, parsed.prompts, None, True) == [("ab", [0, 97, 98])]
+    chat, messages = parse_chat_request({"messages": [{"role": "user", "content": "hi"}]})
+    assert chat.add_special_tokens is False             # the template writes the special tokens it wants
+    plain = chat_token_ids(tok, messages, False, add_special_tokens=chat.add_special_tokens)
+    chat, _ = parse_chat_request({"messages": [{"role": "user", "content": "hi"}], "add_special_tokens": True})
+    assert chat_token_ids(tok, messages, False, add_special_tokens=chat.add_special_tokens) == [0] + plain
+    with pytest.raises(APIError) as e:
+        parse_completion_request({"prompt": "x", "add_special_tokens": "no"})
+    assert e.value.param == "add_special_tokens"
+
+
+def test_parallel_tool_calls_false_keeps_one_auto_call():
+    from gh200rt.serve.tools import ToolRequest, split_tool_calls
+    text = ('<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>\n'
+            '<tool_call>{"name": "g", "arguments": {}}</tool_call>')
+    tools = [{"type": "function", "function": {"name": n}} for n in ("f", "g")]
+    assert [c.name for c in split_tool_calls(ToolRequest(tools, "auto", parser="hermes"), text)[1]] == ["f", "g"]
+    one = split_tool_calls(ToolRequest(tools, "auto", parser="hermes", parallel=False), text)[1]
+    assert [c.name for c in one] == ["f"]
+
+
+@pytest.mark.parametrize("parse", [lambda b: parse_completion_request({"prompt": "x", **b}),
+                                   lambda b: parse_chat_request({"messages": [{"role": "user", "content": "x"}], **b})])
+def test_user_must_be_a_string(parse):
+    parse({"user": "someone"})
+    with pytest.raises(APIError) as e:
+        parse({"user": 5})
+    assert e.value.status == 400 and e.value.param == "user"

@@ -174,3 +174,13 @@ def test_max_logprobs_bounds_requests_and_minus_one_asks_for_the_whole_vocabular
     assert len(ok(wide, "/v1/completions", {"prompt": "abc", "max_tokens": 1, "prompt_logprobs": -1})
                ["choices"][0]["prompt_logprobs"][1]) == 64
     refused(wide, "/v1/completions", {"prompt": "a", "logprobs": 65}, "logprobs")
+
+
+def test_tokenize_and_detokenize_check_model_and_tools(toy_server):
+    for path, body in (("/tokenize", {"prompt": "abc"}), ("/detokenize", {"tokens": [5]})):
+        r = post(toy_server, path, {**body, "model": "no-such-model"})
+        assert r.status_code == 404 and r.json()["error"]["param"] == "model", r.text
+    refused(toy_server, "/tokenize", {"messages": MESSAGES, "tools": {"type": "function"}}, "tools")
+    plain = ok(toy_server, "/tokenize", {"messages": MESSAGES})["tokens"]
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert ok(toy_server, "/tokenize", {"messages": MESSAGES, "tools": tools})["tokens"] == plain  # the toy ignores tools

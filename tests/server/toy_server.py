@@ -8,6 +8,7 @@ import time
 from gh200rt.engine.engine import LLMEngine
 from gh200rt.serve.__main__ import run_server
 from gh200rt.serve.args import parse_args
+from gh200rt.tokenizer.chat_template import render_chat
 from tests.engine.toy_model import ToyArch, ToyModel, ToyTokenizer
 
 
@@ -20,9 +21,14 @@ class ChatToyTokenizer(ToyTokenizer):
         return super().encode(text)
 
     def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False, continue_final_message=False,
-                            **extra):
+                            chat_template=None, **extra):
+        """The toy's own rendering, or a request's ``chat_template`` rendered as gh200rt's Tokenizer renders it
+        (with ``extra``: the request's chat_template_kwargs)."""
         with self._busy:
             time.sleep(float(os.environ.get("TOY_TOKENIZE_SECONDS", "0")))
+        if chat_template is not None:
+            text = render_chat(chat_template, messages, add_generation_prompt, {}, continue_final_message, **extra)
+            return self.encode(text) if tokenize else text
         text = "".join(f"<{m['role']}>{m['content'] or ''}" for m in messages)
         text += "<assistant>" if add_generation_prompt and not continue_final_message else ""
         return self.encode(text) if tokenize else text
