@@ -20,6 +20,9 @@ releases every slab.
   during the tail of this one. Tier changes happen between steps only.
 - Every device byte it places is booked in ``ledger`` (when given) under ``resident_weights`` and
   ``staging_ring``; a promotion that does not fit raises ``LedgerOverCommit`` before anything moves.
+- An MoE layer's routed experts are placed one by one (``ExpertPlacement``, expert_placement.py); a layer's
+  tier governs the rest of its linears (``_layer_refs``).
+- With ``slab_cache`` (slab_cache.py), quantized slabs are read back from disk instead of quantized again.
 """
 from __future__ import annotations
 
