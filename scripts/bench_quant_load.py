@@ -2,7 +2,7 @@
 former way) and in blocks of rows on 1..N threads (``kernels.quant.quantize_rows``, what the weight store
 does), with the bf16 GB/s taken in and the time a whole model of that shape would take.
 
-    python scripts/bench_quant_load.py [--shape llama3-8b] [--formats int8,int4,fp8] [--workers 1,2] [--reps 3]
+    python scripts/bench_quant_load.py [--shape llama3-8b] [--formats int8,int4,fp8] [--workers 2,4] [--reps 3]
     python scripts/bench_quant_load.py --engine-start [--shape llama3-8b --layers 4] [--formats int8]
 
 ``--engine-start`` times whole engine starts instead (``LLMEngine.from_config`` with every layer streamed in
@@ -85,7 +85,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="llama3-8b", choices=[s for s in SHAPES if "moe" not in s])
     parser.add_argument("--formats", default="int8,int4,fp8")
-    parser.add_argument("--workers", default=f"1,{len(os.sched_getaffinity(0))}")
+    parser.add_argument("--workers", default=str(max(2, len(os.sched_getaffinity(0)))),
+                        help="thread counts for the blocked way (one thread is one call: quantize_rows)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--engine-start", action="store_true", help="time engine starts (see above)")
     parser.add_argument("--layers", type=int, default=4, help="--engine-start: layers of the random checkpoint")
@@ -103,7 +104,7 @@ def main() -> None:
     for fmt in args.formats.split(","):
         base = seconds(WHOLE[fmt], weights, args.reps)
         rows = [("one call per weight", base)]
-        for workers in map(int, args.workers.split(",")):
+        for workers in (w for w in map(int, args.workers.split(",")) if w > 1):
             rows.append((f"blocks, {workers} thread(s)",
                          seconds(lambda w: quantize_rows(w, fmt, workers), weights, args.reps)))
         for way, t in rows:
