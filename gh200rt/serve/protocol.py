@@ -6,7 +6,8 @@ The fields each route reads or refuses are declared in ``fields`` (the README's 
 field in none of them is a 400 naming it. Known OpenAI and vLLM fields this server cannot honour (``suffix``,
 beam search, ``lora_request`` / ``lora_name`` (``model`` names an adapter), images and audio,
 ``kv_transfer_params``, ``priority`` other than 0, ...) are a 400 naming the field when their value asks for
-something, rather than silently ignored.
+something, rather than silently ignored. llama.cpp's own fields (``n_predict``, ``repeat_penalty``, ``samplers``,
+``mirostat``, ...) are read or refused in ``llamacpp_fields``.
 
 Logprob counts are bounded by ``--max-logprobs``; -1 (the whole vocabulary) is resolved against the
 model's vocabulary once it is loaded (``resolve_whole_vocab``).
