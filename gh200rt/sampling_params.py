@@ -1,6 +1,7 @@
 """Per-request sampling parameters, validated once with clear ``ValueError``s (vLLM's names)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from gh200rt.structured.constraint import Constraint
@@ -20,6 +21,7 @@ class SamplingParams:
     top_k: int = 0                       # 0 or -1 = off
     min_p: float = 0.0
     repetition_penalty: float = 1.0
+    repetition_window: int | None = None  # the last N tokens (prompt and output) it covers; None = all of them
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int | None = None
@@ -33,7 +35,7 @@ class SamplingParams:
     logprob_token_ids: list[int] | None = None          # logprobs of exactly these ids (and the sampled one) per token
     allowed_token_ids: list[int] | None = None          # sample only among these ids
     skip_special_tokens: bool = True
-    logit_bias: dict[int, float] | None = None          # token id -> added to its logit, in [-100, 100]
+    logit_bias: dict[int, float] | None = None          # token id -> added to its logit, in [-100, 100] or -inf (ban)
     structured_output: Constraint | None = None         # JSON schema, regex, choice or grammar to follow
     bad_words: list[str] = field(default_factory=list)  # never generate these words (vLLM's semantics)
     bad_words_token_ids: list[list[int]] | None = None  # their token sequences: ``with_tokenizer`` fills them
@@ -66,6 +68,9 @@ class SamplingParams:
             bad("min_p", self.min_p, "in [0, 1]")
         if not 0.0 < self.repetition_penalty <= 10.0:
             bad("repetition_penalty", self.repetition_penalty, "in (0, 10] (1 = off)")
+        if self.repetition_window is not None and (not isinstance(self.repetition_window, int)
+                                                   or self.repetition_window < 0):
+            bad("repetition_window", self.repetition_window, "0 or more tokens, or None for all of them")
         if not -2.0 <= self.presence_penalty <= 2.0:
             bad("presence_penalty", self.presence_penalty, "in [-2, 2]")
         if not -2.0 <= self.frequency_penalty <= 2.0:
@@ -98,9 +103,9 @@ class SamplingParams:
         if any(not isinstance(w, str) or not w.strip() for w in self.bad_words):
             bad("bad_words", self.bad_words, "a list of non-blank strings")
         if self.logit_bias is not None and not all(
-                isinstance(t, int) and t >= 0 and isinstance(b, (int, float)) and -100 <= b <= 100
+                isinstance(t, int) and t >= 0 and isinstance(b, (int, float)) and (-100 <= b <= 100 or b == -math.inf)
                 for t, b in self.logit_bias.items()):
-            bad("logit_bias", self.logit_bias, "a map of token ids to biases in [-100, 100]")
+            bad("logit_bias", self.logit_bias, "a map of token ids to biases in [-100, 100] or -inf (banned)")
 
     @property
     def greedy(self) -> bool:

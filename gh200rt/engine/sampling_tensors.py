@@ -66,13 +66,14 @@ def needs_penalties(seq: Sequence) -> bool:
 
 
 def apply_penalties(logits: torch.Tensor, seqs: list[Sequence], rows: list[int]) -> None:
-    """Repetition (over prompt and output), presence and frequency (over output) penalties, in place."""
+    """Repetition (over prompt and output, or their last ``repetition_window`` tokens), presence and frequency
+    (over output) penalties, in place."""
     device, vocab = logits.device, logits.shape[1]
     index = to_device(rows, torch.int64, device)
     sub = logits.index_select(0, index)
     params = [seqs[i].params for i in rows]
     if any(p.repetition_penalty != 1.0 for p in params):
-        seen = id_counts([seqs[i].all_token_ids for i in rows], vocab, device, torch.int32) > 0
+        seen = id_counts([_penalised_ids(seqs[i]) for i in rows], vocab, device, torch.int32) > 0
         penalty = to_device([p.repetition_penalty for p in params], torch.float32, device).unsqueeze(1)
         penalised = torch.where(sub > 0, sub / penalty, sub * penalty)
         sub = torch.where(seen, penalised, sub)
@@ -81,6 +82,11 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence], rows: list[int])
         weights = to_device([[p.frequency_penalty, p.presence_penalty] for p in params], sub.dtype, device)
         sub = sub - (weights[:, 0:1] * counts + weights[:, 1:2] * (counts > 0).to(sub.dtype))
     logits.index_copy_(0, index, sub)
+
+
+def _penalised_ids(seq: Sequence) -> list[int]:
+    ids, window = seq.all_token_ids, seq.params.repetition_window
+    return ids if window is None else ids[len(ids) - min(window, len(ids)):]
 
 
 def banned_until_min_tokens(seq: Sequence) -> list[int]:

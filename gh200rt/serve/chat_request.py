@@ -8,8 +8,9 @@ import json
 
 from gh200rt.serve.errors import bad_request
 from gh200rt.serve.fields import CHAT, CHAT_REFUSED, declared, refuse_unhonoured
-from gh200rt.serve.protocol import (DEFAULT_MAX_LOGPROBS, ParsedRequest, check_temperature, flag, logprob_count,
-                                    model_name, response_options, sampling_params, stream_options, unsupported)
+from gh200rt.serve.protocol import (DEFAULT_MAX_LOGPROBS, ParsedRequest, check_temperature, flag, integer,
+                                    logprob_count, model_name, response_options, sampling_params, stream_options,
+                                    unsupported)
 from gh200rt.serve.tools import parse_tools, tool_constraint
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -122,6 +123,13 @@ def parse_chat_request(body: dict, tool_call_parser: str | None = None, auto_too
     refuse_unhonoured(body, CHAT_REFUSED)
     want_logprobs = flag(body, "logprobs")
     top = logprob_count(body, "top_logprobs", max_logprobs)
+    n_probs = integer(body, "n_probs", 0, 0, None if max_logprobs == -1 else max_logprobs,
+                      f"between 0 and {max_logprobs} (the server's --max-logprobs)")
+    if n_probs:         # llama.cpp's name for the same: logprobs on, the top n_probs of each token
+        if body.get("logprobs") is False or top is not None and top != n_probs:
+            raise bad_request(f"'n_probs' ({n_probs}) asks for the top {n_probs} logprobs but 'logprobs' / "
+                              f"'top_logprobs' ask otherwise; send one of them", "n_probs")
+        want_logprobs, top = True, n_probs
     if top is not None and not want_logprobs:
         raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     logprobs = (top or 0) if want_logprobs else None
@@ -129,6 +137,7 @@ def parse_chat_request(body: dict, tool_call_parser: str | None = None, auto_too
     parsed = ParsedRequest([], sampling_params(body, None, logprobs), stream, include_usage,
                            logprobs=logprobs, model=model_name(body), continuous_usage=continuous,
                            logprobs_param="top_logprobs")
+    parsed.logprob_ids = bool(n_probs)
     response_options(parsed, body, max_logprobs)
     tools = parse_tools(body, tool_call_parser, auto_tool_choice)
     constraint = tool_constraint(tools) if tools is not None else None

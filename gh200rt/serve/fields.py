@@ -8,6 +8,7 @@ README.md's API tables name every one of them. Every route refuses a field in no
 from __future__ import annotations
 
 from gh200rt.serve.errors import bad_request
+from gh200rt.serve.llamacpp_fields import FIELDS as LLAMACPP_FIELDS
 from gh200rt.serve.structured_fields import CONSTRAINT_FIELDS
 from gh200rt.serve.tools import TOOL_FIELDS
 from gh200rt.serve.truncation import TRUNCATION_FIELDS
@@ -108,7 +109,7 @@ RESPONSE = ("stream", "stream_options", "return_token_ids", "return_tokens_as_to
             "request_id", "user", "safety_identifier", "metadata")
 # Read by completions and chat alike: the shared table of the README.
 GENERATION = ("model", "best_of", "cache_salt", *SAMPLING, *RESPONSE, *TRUNCATION_FIELDS, *CONSTRAINT_FIELDS,
-              *REFUSED)
+              *REFUSED, *LLAMACPP_FIELDS)
 TEMPLATE = ("add_generation_prompt", "continue_final_message", "chat_template", "chat_template_kwargs")
 COMPLETION_ONLY = ("prompt", "echo", "logprobs", "add_special_tokens", "suffix", *COMPLETION_REFUSED)
 CHAT_ONLY = ("messages", "logprobs", "top_logprobs", "echo", *TEMPLATE, "add_special_tokens", *TOOL_FIELDS,

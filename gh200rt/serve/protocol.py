@@ -6,7 +6,8 @@ The fields each route reads or refuses are declared in ``fields`` (the README's 
 field in none of them is a 400 naming it. Known OpenAI and vLLM fields this server cannot honour (``suffix``,
 beam search, ``lora_request`` / ``lora_name`` (``model`` names an adapter), images and audio,
 ``kv_transfer_params``, ``priority`` other than 0, ...) are a 400 naming the field when their value asks for
-something, rather than silently ignored.
+something, rather than silently ignored. llama.cpp's own fields (``n_predict``, ``repeat_penalty``, ``samplers``,
+``mirostat``, ...) are read or refused in ``llamacpp_fields``.
 
 Logprob counts are bounded by ``--max-logprobs``; -1 (the whole vocabulary) is resolved against the
 model's vocabulary once it is loaded (``resolve_whole_vocab``).
@@ -21,6 +22,9 @@ from gh200rt.sampling_params import (GREEDY_BELOW, MAX_LOGPROB_TOKEN_IDS, SEED_M
                                      SamplingParams)
 from gh200rt.serve.errors import bad_request
 from gh200rt.serve.fields import COMPLETION, COMPLETION_REFUSED, REFUSED, declared, refuse_unhonoured
+from gh200rt.serve.llamacpp_fields import (ban_or_bias, check_penalize_nl, check_sampler_order, choices,
+                                           llama_logit_bias, max_tokens as llama_max_tokens, refuse_non_defaults,
+                                           repetition)
 from gh200rt.serve.structured_fields import parse_constraint
 from gh200rt.serve.truncation import PromptTruncation, parse_truncation
 
@@ -45,6 +49,7 @@ class ParsedRequest:
     prompt_logprobs: int | None = None       # vLLM: top-k logprobs of every prompt token in the response
     logprobs_param: str = "logprobs"         # the field that asked for logprobs: "top_logprobs" on chat
     return_tokens_as_token_ids: bool = False  # vLLM: logprob tokens written "token_id:N"
+    logprob_ids: bool = False                # llama.cpp's n_probs: each chat logprob entry carries its token "id"
     truncation: PromptTruncation | None = None   # vLLM: truncate_prompt_tokens / truncation_side
     cache_salt: str | None = None            # vLLM: requests with different salts never share prefix-cache blocks
     request_id: str | None = None            # vLLM: the response's id is "cmpl-" / "chatcmpl-" and this
@@ -173,18 +178,20 @@ def parse_prompts(prompt, param: str = "prompt") -> list[tuple[str | None, list[
 
 
 def _logit_bias(body: dict) -> dict[int, float] | None:
+    """OpenAI's ``{"id": bias}``, or llama.cpp's ``[[id, bias], ...]``; llama.cpp's ``false`` bans the token."""
     bias = body.get("logit_bias")
     if bias is None:
         return None
+    if isinstance(bias, list):
+        return llama_logit_bias(bias) or None
     if not isinstance(bias, dict):
-        raise bad_request("'logit_bias' must map token ids to biases, like {\"50256\": -100}", "logit_bias")
+        raise bad_request("'logit_bias' must map token ids to biases, like {\"50256\": -100}, or be llama.cpp's "
+                          "list of [token id, bias] pairs", "logit_bias")
     result = {}
     for key, value in bias.items():
-        if not (isinstance(key, str) and key.isdigit()) or isinstance(value, bool) or \
-                not isinstance(value, (int, float)) or not -100 <= value <= 100:
-            raise bad_request(f"'logit_bias' entries must be a token id and a bias in [-100, 100], got "
-                              f"{show(key)}: {show(value)}", "logit_bias")
-        result[int(key)] = float(value)
+        if not (isinstance(key, str) and key.isdigit()):
+            raise bad_request(f"'logit_bias' keys must be token ids, got {show(key)}", "logit_bias")
+        result[int(key)] = ban_or_bias(value, key)
     return result or None
 
 
@@ -215,15 +222,17 @@ def sampling_params(body: dict, default_max_tokens: int | None, logprobs: int | 
     max_tokens = integer(body, "max_completion_tokens", None, 1, None, "an integer of at least 1")
     if max_tokens is None:
         max_tokens = integer(body, "max_tokens", None, 1, None, "an integer of at least 1")
-    if max_tokens is None:
-        max_tokens = default_max_tokens
+    max_tokens = llama_max_tokens(body, max_tokens, default_max_tokens)
     temperature = _float(body, "temperature", 1.0)
+    penalty = _float(body, "repetition_penalty", 1.0) if body.get("repetition_penalty") is not None else None
+    repetition_penalty, repetition_window = repetition(body, penalty)
     try:
-        return SamplingParams(
-            n=integer(body, "n", 1, 1, MAX_N), max_tokens=max_tokens,
+        params = SamplingParams(
+            n=choices(body, integer(body, "n", 1, 1, MAX_N), MAX_N), max_tokens=max_tokens,
             temperature=0.0 if temperature < GREEDY_BELOW else temperature, top_p=_float(body, "top_p", 1.0),
             top_k=integer(body, "top_k", 0, -1, None, "-1, 0 (off) or a positive integer"),
-            min_p=_float(body, "min_p", 0.0), repetition_penalty=_float(body, "repetition_penalty", 1.0),
+            min_p=_float(body, "min_p", 0.0), repetition_penalty=repetition_penalty,
+            repetition_window=repetition_window,
             presence_penalty=_float(body, "presence_penalty", 0.0),
             frequency_penalty=_float(body, "frequency_penalty", 0.0),
             seed=integer(body, "seed", None, SEED_MIN, SEED_MAX, f"an integer in [{SEED_MIN}, {SEED_MAX}] (signed 64-bit)"),
@@ -235,7 +244,11 @@ def sampling_params(body: dict, default_max_tokens: int | None, logprobs: int | 
             logprob_token_ids=_token_id_list(body, "logprob_token_ids", MAX_LOGPROB_TOKEN_IDS),
             allowed_token_ids=_token_id_list(body, "allowed_token_ids"), bad_words=_bad_words(body))
     except ValueError as e:
-        raise bad_request(str(e), str(e).split(" ")[0]) from e
+        name = str(e).split(" ")[0]
+        raise bad_request(str(e), "repeat_penalty" if name == "repetition_penalty" and penalty is None else name) from e
+    check_sampler_order(body, params)
+    check_penalize_nl(body, params)
+    return params
 
 
 def stream_options(body: dict) -> tuple[bool, bool, bool]:
@@ -309,6 +322,7 @@ def model_name(body: dict) -> str | None:
 def unsupported(body: dict, chat: bool) -> None:
     """Known OpenAI / vLLM features this server does not implement: refuse rather than ignore them."""
     refuse_unhonoured(body, REFUSED)
+    refuse_non_defaults(body)
     if not chat:
         refuse_unhonoured(body, COMPLETION_REFUSED)
     if not chat and body.get("suffix"):
@@ -331,6 +345,10 @@ def parse_completion_request(body: dict, max_logprobs: int = DEFAULT_MAX_LOGPROB
     check_temperature(body)
     unsupported(body, chat=False)
     logprobs = logprob_count(body, "logprobs", max_logprobs)
+    if integer(body, "n_probs", 0, 0, None, "0 or more"):
+        raise bad_request("llama.cpp answers 'n_probs' on completions in the chat routes' logprobs shape "
+                          "({\"content\": [...]}); this server answers OpenAI's completions shape: send 'logprobs' "
+                          "with the count instead, or ask the chat route", "n_probs")
     echo = flag(body, "echo")
     stream, include_usage, continuous = stream_options(body)
     params = sampling_params(body, 16, logprobs, logprobs if echo else None)   # echo scores the prompt too

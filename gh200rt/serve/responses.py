@@ -62,19 +62,21 @@ def completion_logprobs(names: TokenNames, pairs: list[tuple[int, dict | None]],
     return out
 
 
-def chat_logprobs(names: TokenNames, deltas: list[ChoiceDelta], top: int, pinned: list[int] | None = None) -> dict:
-    """``top_logprobs`` holds the ``top`` most likely tokens, or exactly the ``pinned`` ones (logprob_token_ids)."""
+def chat_logprobs(names: TokenNames, deltas: list[ChoiceDelta], top: int, pinned: list[int] | None = None,
+                  with_ids: bool = False) -> dict:
+    """``top_logprobs`` holds the ``top`` most likely tokens, or exactly the ``pinned`` ones (logprob_token_ids);
+    ``with_ids``: each entry leads with its token's ``id``, as llama.cpp's answers to ``n_probs`` do."""
+    def entry_of(token_id: int, text: str, logprob: float) -> dict:
+        entry = {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+        return {"id": token_id, **entry} if with_ids else entry
+
     content = []
     for token_id, entry in generated_pairs(deltas):
         chosen = entry.get(token_id)
-        text = names(token_id, chosen)
         listed = [(t, lp) for t, lp in entry.items() if t in pinned] if pinned else list(entry.items())
         ranked = sorted(listed, key=lambda kv: kv[1].rank)[:len(listed) if pinned else top]
-        content.append({"token": text, "logprob": _finite(chosen.logprob) if chosen else -9999.0,
-                        "bytes": list(text.encode()),
-                        "top_logprobs": [{"token": names(t, lp), "logprob": _finite(lp.logprob),
-                                          "bytes": list(names(t, lp).encode())}
-                                         for t, lp in ranked]})
+        content.append({**entry_of(token_id, names(token_id, chosen), _finite(chosen.logprob) if chosen else -9999.0),
+                        "top_logprobs": [entry_of(t, names(t, lp), _finite(lp.logprob)) for t, lp in ranked]})
     return {"content": content}
 
 
@@ -112,7 +114,8 @@ def logprob_names(tokenizer, parsed) -> TokenNames:
 def chat_choice_logprobs(tokenizer, parsed, deltas: list[ChoiceDelta]) -> dict | None:
     if parsed.logprobs is None:
         return None
-    return chat_logprobs(logprob_names(tokenizer, parsed), deltas, parsed.logprobs, parsed.params.logprob_token_ids)
+    return chat_logprobs(logprob_names(tokenizer, parsed), deltas, parsed.logprobs, parsed.params.logprob_token_ids,
+                         parsed.logprob_ids)
 
 
 def chat_message(run, text: str, finish: str | None) -> tuple[dict, str | None]:
