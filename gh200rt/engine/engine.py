@@ -71,6 +71,13 @@ class EngineStats:
     expert_swaps: int = 0            # dynamic tiers: resident experts swapped for more-used offloaded ones
     routed_tokens: dict[int, list[int]] = field(default_factory=dict)   # MoE layer -> pairs routed to each expert
     iteration_tokens: tuple = ()     # (bucket bounds, count per bucket with one past the last, sum, count)
+    max_loras: int | None = None     # --max-loras with --enable-lora, else None (no LoRA metrics)
+    running_lora_adapters: tuple[str, ...] = ()   # adapters of the running requests, each once, in batch order
+    waiting_lora_adapters: tuple[str, ...] = ()   # adapters of the waiting requests, each once, in queue order
+
+
+def _adapter_names(seqs) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(seq.lora.name for seq in seqs if seq.lora is not None))
 
 
 # vLLM's buckets for vllm:iteration_tokens_total (tokens per engine step)
@@ -481,4 +488,6 @@ class LLMEngine:
                            self.balancer.swaps if self.balancer else 0,
                            {layer: counts.tolist() for layer, counts in self.store.model.routing_counts().items()}
                            if self.store and self.store.expert_tiers else {},
-                           self.iteration_tokens.snapshot())
+                           self.iteration_tokens.snapshot(),
+                           self.config.lora.max_loras if self.lora is not None else None,
+                           _adapter_names(self.scheduler.running), _adapter_names(self.scheduler.waiting))

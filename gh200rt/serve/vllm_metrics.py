@@ -9,6 +9,8 @@ engine's per-step histogram in its stats snapshot.
 """
 from __future__ import annotations
 
+import time
+
 from gh200rt.serve.histogram import Histogram, one_two_five
 
 
@@ -128,4 +130,18 @@ def vllm_lines(m, model_name: str, cache_info: dict | None = None) -> list[str]:
         lines += histogram.render(f"vllm:{name}", labels)
     lines += m.vllm_requests.render(labels)
     lines += _iteration_tokens(get("iteration_tokens", ()), labels)
+    lines += _lora_info(s)
     return lines
+
+
+def _lora_info(s) -> list[str]:
+    """vLLM's ``vllm:lora_requests_info``, only with ``--enable-lora``: the adapters of the running and of the
+    waiting requests (names, comma-separated) and ``max_lora`` as labels, the time of the snapshot as the value (a
+    scraper keeps the series with the latest value). No ``model_name`` label, as in vLLM."""
+    max_loras = getattr(s, "max_loras", None)
+    if max_loras is None:
+        return []
+    info = (f'max_lora="{max_loras}",running_lora_adapters="{_escape(",".join(s.running_lora_adapters))}",'
+            f'waiting_lora_adapters="{_escape(",".join(s.waiting_lora_adapters))}"')
+    return ["# HELP vllm:lora_requests_info Running stats on lora requests.",
+            "# TYPE vllm:lora_requests_info gauge", f"vllm:lora_requests_info{{{info}}} {time.time()}"]

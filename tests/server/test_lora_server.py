@@ -1,5 +1,7 @@
 """LoRA adapters through the real server (tiny random Llama, CPU): listing, choosing by model name, load and
 unload at run time, vLLM's errors; and the routes are off without --enable-runtime-lora-updating."""
+import re
+
 import pytest
 
 from tests.lora.peft_files import ATTENTION, merged_model, write_peft_adapter
@@ -109,3 +111,39 @@ def test_runtime_updating_is_off_without_its_flag(setup):
         assert complete(server.url, "sql").status_code == 200
     finally:
         server.stop()
+
+
+def _lora_info(url) -> tuple[dict[str, str], float] | None:
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("vllm:lora_requests_info{"):
+            labels, value = line[len("vllm:lora_requests_info{"):].rsplit("} ", 1)
+            return dict(re.findall(r'(\w+)="([^"]*)"', labels)), float(value)
+    return None
+
+
+def test_lora_requests_info_names_the_running_adapters(setup):
+    """vLLM's gauge: running and waiting adapters and max_lora as labels, the time as the value."""
+    import threading
+    import time
+    url = setup["server"].url
+    requests = [threading.Thread(target=lambda: httpx.post(url + "/v1/completions", json={
+        "model": "sql", "prompt": PROMPT, "max_tokens": 100, "ignore_eos": True}, timeout=120)) for _ in range(4)]
+    for t in requests:
+        t.start()
+    seen = None
+    deadline = time.time() + 60
+    while time.time() < deadline and any(t.is_alive() for t in requests):
+        info = _lora_info(url)
+        if info is not None and info[0]["running_lora_adapters"] == "sql":
+            seen = info
+            break
+    for t in requests:
+        t.join()
+    assert seen is not None, "no scrape saw the adapter running"
+    labels, value = seen
+    assert labels["max_lora"] == "2" and labels["waiting_lora_adapters"] in ("", "sql")
+    assert abs(value - time.time()) < 120
+    deadline = time.time() + 10      # the engine publishes its stats a moment after the last response
+    while (labels := _lora_info(url)[0])["running_lora_adapters"] and time.time() < deadline:
+        time.sleep(0.05)
+    assert labels["running_lora_adapters"] == "" and labels["waiting_lora_adapters"] == ""
