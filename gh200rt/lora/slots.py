@@ -34,16 +34,18 @@ class LoraLinear:
     def __init__(self, a: torch.Tensor, b: torch.Tensor, batch: LoraBatch):
         self.a, self.b, self.batch = a, b, batch
 
-    def add_to(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """``y`` (the base output of ``x``) plus each token's adapter delta; ``y`` itself when the step has none."""
+    def add_to(self, y: torch.Tensor, x: torch.Tensor, block_rows: int | None = None) -> torch.Tensor:
+        """``y`` (the base output of ``x``) plus each token's adapter delta; ``y`` itself when the step has none.
+        ``block_rows``: the base linear's row blocks (``--batch-invariant``, the CPU only), kept by the delta too."""
         step = self.batch.step
         if step is None or step.is_empty:
             return y
         if self.batch.use_triton:
+            assert block_rows is None, "batch-invariant steps run on the CPU (torch path) only"
             from gh200rt.kernels.lora_sgmv import lora_add_triton
             return lora_add_triton(x.contiguous(), y.contiguous(), self.a, self.b, self.batch.scales_device, step.segs,
                                    step.max_len)
-        return lora_add_grouped(x, y, self.a, self.b, self.batch.scales, step.groups)
+        return lora_add_grouped(x, y, self.a, self.b, self.batch.scales, step.groups, block_rows)
 
 
 class LoraSlots:

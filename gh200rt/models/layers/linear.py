@@ -40,7 +40,7 @@ class RefLinear(nn.Module):
 
     def forward(self, x: torch.Tensor, block_rows: int | None = None) -> torch.Tensor:
         y = self._base(x, block_rows)
-        return y if self.lora is None else self.lora.add_to(y, x)
+        return y if self.lora is None else self.lora.add_to(y, x, block_rows)
 
     def _base(self, x: torch.Tensor, block_rows: int | None) -> torch.Tensor:
         weight = self.weight_ref.current
