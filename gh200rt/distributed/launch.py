@@ -20,6 +20,7 @@ from gh200rt.distributed.sharding import TensorShard
 from gh200rt.distributed.worker import rank_report
 from gh200rt.distributed.workers import TensorParallelWorkers
 from gh200rt.engine.bootstrap import PlacedModel, execution_device, load_and_place
+from gh200rt.loader.gguf_file import GGUFFile
 from gh200rt.loader.load import read_arch
 from gh200rt.loader.resolve import resolve_model_path
 
@@ -52,9 +53,6 @@ def check_machine(config: EngineConfig, device: str) -> None:
                         "be slower than with at most %d ranks", flag, per_host, cores, cores)
         if config.use_graphs("cpu"):
             raise ValueError(f"{flag}: tensor-parallel steps run eagerly; drop --no-enforce-eager")
-    if resolve_model_path(config.model.model).endswith(".gguf"):
-        raise ValueError(f"{flag}: tensor parallelism reads safetensors checkpoints (a Hugging Face directory); "
-                         "GGUF files are not sharded yet: run with --tensor-parallel-size 1")
 
 
 def start_ranks(config: EngineConfig, platform=None, poison: bool = False) -> tuple[PlacedModel, TensorParallelWorkers]:
@@ -65,6 +63,9 @@ def start_ranks(config: EngineConfig, platform=None, poison: bool = False) -> tu
     check_machine(config, device)
     arch = read_arch(config.model.model)
     shard = TensorShard(0, n, arch)      # raises ValueError where the model cannot be split n ways
+    path = resolve_model_path(config.model.model)
+    if path.endswith(".gguf"):
+        GGUFFile(path).check_shard(shard)   # a quantized block split between ranks: refused before any spawn
     per_host = config.parallel.ranks_per_node
     threads = max(1, usable_cores() // per_host) if device == "cpu" else torch.get_num_threads()
     previous_threads, previous_cpus = torch.get_num_threads(), os.sched_getaffinity(0)

@@ -15,6 +15,11 @@ scale``) into the model in its compute dtype (what the CPU computes with) and ke
 form, and resident layers on a GPU keep it instead of the dense copy. K/V cache scales a checkpoint
 carries (``self_attn.k_scale`` / ``v_scale``, or compressed-tensors' ``k_proj.output_scale`` /
 ``v_proj.output_scale``) become the layers' fp8 KV scales.
+
+A tensor-parallel rank reads a slice of each weight (``slices``, from ``TensorShard.checkpoint_slices``): rows
+(column-parallel) take the same rows of a per-channel scale, columns (row-parallel, o/down) keep every scale (one
+per output row); a per-tensor scale is replicated. The slice's fp8 bytes and scales are those of the whole
+weight, so each rank computes with exactly the rows and columns TP=1 would.
 """
 from __future__ import annotations
 
@@ -64,8 +69,9 @@ class Fp8Weights:
     ``scales`` are every ``weight_scale`` in the checkpoint, read before the weights (they may sit in
     another shard than their weight)."""
 
-    def __init__(self, scales: dict[str, torch.Tensor], source: str):
-        self.scales, self.source = scales, source
+    def __init__(self, scales: dict[str, torch.Tensor], source: str,
+                 slices: dict[str, tuple[int, int, int]] | None = None):
+        self.scales, self.source, self.slices = scales, source, slices or {}
         self.packed: dict[str, PackedWeight] = {}
         self.kv_scales: dict[str, float] = {}
 
@@ -86,11 +92,19 @@ class Fp8Weights:
             raise ModelLoadError(f"{self.source}: {name} is stored as float8_e4m3fn but the checkpoint has no "
                                  f"{scale_name} for it; the checkpoint is incomplete")
         try:
-            packed = fp8_from_checkpoint(tensor, self.scales[scale_name])
+            packed = fp8_from_checkpoint(tensor, self._scale(name, self.scales[scale_name]))
         except ValueError as e:
             raise ModelLoadError(f"{self.source}: {name}: {e} (block-wise scales are not supported)") from e
         self.packed[name] = packed
         return packed.dequantize().to(dtype)
+
+    def _scale(self, name: str, scale: torch.Tensor) -> torch.Tensor:
+        """``name``'s scale for the slice of it this rank read: a per-channel scale's rows where the rows are sliced."""
+        part = self.slices.get(name)
+        if part is None or part[0] != 0 or scale.numel() == 1:
+            return scale
+        _, start, stop = part
+        return scale.reshape(-1)[start:stop]
 
     def note_kv_scale(self, name: str, tensor: torch.Tensor) -> None:
         if tensor.numel() != 1:

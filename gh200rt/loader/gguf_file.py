@@ -11,6 +11,15 @@ routed experts as three stacks ``blk.N.ffn_{gate,up,down}_exps.weight`` of shape
 (``mlp.experts.E.gate_proj.weight``, Mixtral's ``block_sparse_moe.experts.E.w1.weight`` ...), and a
 quantized stack is kept per expert as that expert's slice of the file's blocks (blocks never straddle
 rows, so a slice is the expert's blocks as stored).
+
+A tensor-parallel rank (``shard``, a ``distributed.sharding.TensorShard``) reads only its slice of each tensor's
+blocks from the memory map, by transformers name as ``TensorShard.checkpoint_slices`` gives it. Rows
+(column-parallel: q/k/v, gate/up, experts' gate/up, vocabulary rows) are exact since blocks never straddle rows;
+columns (row-parallel: o, down, experts' down) are exact where the rank's columns start and end on a block
+boundary (K/N a multiple of 32 values for the block types read here), and a tensor whose columns do not is refused
+naming it, its block size and N (dequantizing the straddled blocks would be exact too, but would leave that
+tensor without its quantized form on the rank). llama's q/k permutation moves rows only within a head, so the
+rank's rows are whole heads before and after it, and are un-permuted with the rank's head count.
 """
 from __future__ import annotations
 
@@ -19,7 +28,7 @@ import re
 import numpy as np
 import torch
 
-from gh200rt.loader.dequant import F16, F32, BF16, QuantizedTensor, dequantize
+from gh200rt.loader.dequant import BLOCK, F16, F32, BF16, TYPE_NAMES, QuantizedTensor, dequantize
 from gh200rt.loader.errors import ModelLoadError
 from gh200rt.loader.gguf_reader import read_gguf
 
@@ -128,14 +137,53 @@ class GGUFFile:
         except ValueError as e:
             raise ModelLoadError(f"{self.path}: tensor {gguf_name}: {e}") from e
 
-    def read(self, writer, arch, dtype: torch.dtype) -> dict[str, QuantizedTensor]:
+    def _check_block_bounds(self, gguf_name: str, ggml_type: int, width: int, start: int, stop: int,
+                            world_size: int) -> None:
+        per_block = BLOCK[ggml_type][0]
+        if start % per_block or stop % per_block:
+            raise ModelLoadError(
+                f"{self.path}: tensor {gguf_name} is {TYPE_NAMES[ggml_type]}, whose blocks hold {per_block} values "
+                f"of a row; with --tensor-parallel-size {world_size} a rank reads columns [{start}, {stop}) of its "
+                f"{width}, which do not start and end on a block boundary ({width}/{world_size} must be a "
+                f"multiple of {per_block}); choose a size N for which it is, or a file with this tensor in F16/F32")
+
+    def check_shard(self, shard) -> None:
+        """Raise ``ModelLoadError`` (before any rank reads a weight) where ``shard``'s columns of a row-parallel
+        tensor do not start and end on block boundaries; every rank's bounds are ``shard.rank``'s plus a multiple
+        of K/N, so rank 0's check holds for all."""
+        slices = shard.checkpoint_slices()
+        architecture, experts = shard.arch.architecture, shard.arch.num_experts
+        for gguf_name, tensor in self.tensors.items():
+            names = expert_names(gguf_name, architecture, experts) or [hf_name(gguf_name, architecture)]
+            part = slices.get(names[0])
+            if part is not None and part[0] == 1 and len(tensor.shape) >= 2:
+                self._check_block_bounds(gguf_name, tensor.ggml_type, tensor.shape[-1], part[1], part[2],
+                                         shard.world_size)
+
+    def _slice(self, gguf_name: str, raw: np.ndarray, ggml_type: int, shape: tuple[int, ...], part, world_size: int):
+        """The raw blocks and shape of ``part`` (dim, start, stop) of a tensor: rows, or columns on block bounds."""
+        if part is None:
+            return raw, shape
+        dim, start, stop = part
+        per_block, block_bytes = BLOCK[ggml_type]
+        if len(shape) == 2 and dim == 0:
+            return raw.reshape(shape[0], -1)[start:stop], (stop - start, shape[1])
+        self._check_block_bounds(gguf_name, ggml_type, shape[-1], start, stop, world_size)
+        cut = slice(start // per_block * block_bytes, stop // per_block * block_bytes)
+        if len(shape) == 1:        # a bias
+            return raw[cut], (stop - start,)
+        return raw.reshape(shape[0], -1)[:, cut], (shape[0], stop - start)
+
+    def read(self, writer, arch, dtype: torch.dtype, shard=None) -> dict[str, QuantizedTensor]:
         """Write every tensor into ``writer``; returns the quantized ones by transformers name (an expert stack's
-        by each expert's name)."""
+        by each expert's name). ``arch`` is the whole model's; ``shard``: read only that rank's slices."""
         quantized: dict[str, QuantizedTensor] = {}
+        slices = shard.checkpoint_slices() if shard is not None else {}
+        world_size = shard.world_size if shard is not None else 1
         for gguf_name, tensor in self.tensors.items():
             experts = expert_names(gguf_name, arch.architecture, arch.num_experts)
             if experts is not None:
-                self._read_experts(gguf_name, tensor, experts, writer, dtype, quantized)
+                self._read_experts(gguf_name, tensor, experts, writer, dtype, quantized, slices, world_size)
                 continue
             name = hf_name(gguf_name, arch.architecture)
             shape, ggml_type, raw = tensor.shape, tensor.ggml_type, tensor.data.view(np.uint8)
@@ -144,31 +192,41 @@ class GGUFFile:
                 continue
             if len(shape) == 1 and len(writer.expected_shape(name)) == 2:
                 shape = (1, shape[0])  # Qwen2-MoE's shared expert gate: llama.cpp's converter squeezes [1, H]
+            full_rows = shape[0]
+            raw, shape = self._slice(gguf_name, raw, ggml_type, shape, slices.get(name), world_size)
             values = self._dequantize(gguf_name, raw, ggml_type, shape)
             raw_rows = raw.reshape(shape[0], -1) if len(shape) == 2 else raw
-            heads = _permuted_heads(self.architecture, arch, name)
+            heads = _permuted_heads(self.architecture, arch, name) * shape[0] // full_rows  # the rank's whole heads
             if heads:
                 values = unpermute_rows(values, heads)
                 raw_rows = unpermute_rows(raw_rows, heads)  # blocks never straddle rows, so rows move whole
             if ggml_type not in (F32, F16, BF16):
-                quantized[name] = QuantizedTensor(ggml_type, raw_rows, shape)
+                quantized[name] = QuantizedTensor(ggml_type, np.ascontiguousarray(raw_rows), shape)
             writer.write(name, torch.from_numpy(_writable(values)).to(dtype))
         return quantized
 
     def _read_experts(self, gguf_name: str, tensor, names: list[str], writer, dtype: torch.dtype,
-                      quantized: dict[str, QuantizedTensor]) -> None:
-        """Split the stack ``gguf_name`` into the experts ``names``, one expert dequantized at a time."""
+                      quantized: dict[str, QuantizedTensor], slices: dict, world_size: int) -> None:
+        """Split the stack ``gguf_name`` into the experts ``names``, one expert dequantized at a time (a rank: its
+        slice of each expert)."""
         if not writer.expects(names[0]):   # a stack in a layer the config makes dense, or past num_experts
             writer.write(gguf_name, torch.empty(0))
             return
         expected = (len(names), *writer.expected_shape(names[0]))
-        if tuple(tensor.shape) != expected:
+        shape = tuple(tensor.shape)
+        part = slices.get(names[0])
+        if part is not None and len(shape) == 3:      # the rank's rows or columns of each expert
+            dim, start, stop = part
+            within = start <= stop <= shape[1 + dim]
+            shape = (*shape[:1 + dim], stop - start, *shape[2 + dim:]) if within else shape
+        if shape != expected:
             raise ModelLoadError(f"{self.path}: tensor {gguf_name} has shape {tuple(tensor.shape)} (experts, rows, "
                                  f"columns) but the model config needs {expected}; the file does not match its "
                                  "metadata")
-        raw = tensor.data.view(np.uint8).reshape(len(names), expected[1], -1)
+        raw = tensor.data.view(np.uint8).reshape(len(names), tensor.shape[1], -1)
         for expert, name in enumerate(names):
-            values = self._dequantize(gguf_name, raw[expert], tensor.ggml_type, expected[1:])
+            blocks, _ = self._slice(gguf_name, raw[expert], tensor.ggml_type, tuple(tensor.shape[1:]), part, world_size)
+            values = self._dequantize(gguf_name, blocks, tensor.ggml_type, expected[1:])
             if tensor.ggml_type not in (F32, F16, BF16):
-                quantized[name] = QuantizedTensor(tensor.ggml_type, raw[expert], expected[1:])
+                quantized[name] = QuantizedTensor(tensor.ggml_type, np.ascontiguousarray(blocks), expected[1:])
             writer.write(name, torch.from_numpy(_writable(values)).to(dtype))

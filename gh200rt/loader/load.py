@@ -74,9 +74,6 @@ def _load_hf_dir(directory: str, model_config, device: str, compute_device: str,
     from gh200rt.loader.safetensors_dir import checkpoint_size, load_safetensors, shard_files, weight_scales
     arch = _arch_from_dir(directory)
     is_fp8 = fp8_scheme(_config_json(directory), os.path.join(directory, "config.json"))
-    if shard is not None and is_fp8:
-        raise ModelLoadError(f"{directory}: tensor parallelism reads dense (bf16 / fp16 / fp32) checkpoints; FP8 "
-                             "ones are not sharded yet: run with --tensor-parallel-size 1")
     dtype = compute_dtype(model_config.dtype, compute_device, arch.checkpoint_dtype, model_config.cpu_route)
     files = shard_files(directory)
     model = build_model(arch, dtype, device) if shard is None else shard.build_model(arch, dtype, device)
@@ -84,8 +81,9 @@ def _load_hf_dir(directory: str, model_config, device: str, compute_device: str,
         arch = model.arch      # the rank's heads, KV heads and MLP width
     count, size = checkpoint_size(files)
     writer = WeightWriter(model, directory, count, size)
-    fp8 = Fp8Weights(weight_scales(files), directory) if is_fp8 else None
-    load_safetensors(files, writer, dtype, fp8, shard.checkpoint_slices() if shard is not None else None)
+    slices = shard.checkpoint_slices() if shard is not None else None
+    fp8 = Fp8Weights(weight_scales(files), directory, slices) if is_fp8 else None
+    load_safetensors(files, writer, dtype, fp8, slices)
     writer.finish()
     if fp8 is not None:
         if fp8.unused_scales():
@@ -104,7 +102,7 @@ def _hf_tokenizer(directory: str):
         raise ModelLoadError(str(e)) from e
 
 
-def _load_gguf(path: str, model_config, device: str, compute_device: str):
+def _load_gguf(path: str, model_config, device: str, compute_device: str, shard=None):
     from gh200rt.loader.gguf_file import GGUFFile, stack_name
     from gh200rt.tokenizer.gguf_vocab import tokenizer_from_gguf_metadata
     gguf = GGUFFile(path)
@@ -114,10 +112,12 @@ def _load_gguf(path: str, model_config, device: str, compute_device: str):
     except (ValueError, KeyError) as e:
         raise ModelLoadError(f"{path}: {e}") from e
     dtype = compute_dtype(model_config.dtype, compute_device, arch.checkpoint_dtype, model_config.cpu_route)
-    model = build_model(arch, dtype, device)
+    model = build_model(arch, dtype, device) if shard is None else shard.build_model(arch, dtype, device)
     writer = WeightWriter(model, path, len(gguf.tensors), gguf.total_bytes())
-    quantized = gguf.read(writer, arch, dtype)
+    quantized = gguf.read(writer, arch, dtype, shard)
     writer.finish(functools.partial(stack_name, architecture=arch.architecture))
+    if shard is not None:
+        arch = model.arch      # the rank's heads, KV heads and MLP width
     return model, tokenizer, arch, dtype, writer.bytes_written, quantized
 
 
@@ -138,15 +138,12 @@ def load_model(model_config, device: str = "cpu", compute_device: str | None = N
     """Load ``model_config.model`` (directory, .gguf, or alias) in ``model_config.dtype`` onto ``device``;
     ``dtype="auto"`` picks the dtype for ``compute_device`` (default ``device``), where the model will run (on the
     CPU, the dtype of ``model_config.cpu_route``). ``shard`` (a ``distributed.sharding.TensorShard``): load only
-    that tensor-parallel rank's slice of a safetensors checkpoint; the returned ``arch`` is the rank's."""
+    that tensor-parallel rank's slice of the checkpoint (safetensors, FP8 or GGUF); the returned ``arch`` is the rank's."""
     start = time.perf_counter()
     path = resolve_model_path(model_config.model)
     with torch.inference_mode():
         if path.endswith(".gguf"):
-            if shard is not None:
-                raise ModelLoadError(f"{path}: tensor parallelism reads safetensors checkpoints (a Hugging Face "
-                                     "directory); GGUF files are not sharded yet: run with --tensor-parallel-size 1")
-            loaded = _load_gguf(path, model_config, device, compute_device or device)
+            loaded = _load_gguf(path, model_config, device, compute_device or device, shard)
         else:
             loaded = _load_hf_dir(path, model_config, device, compute_device or device, shard)
         model, tokenizer, arch, dtype, weight_bytes, quantized = loaded

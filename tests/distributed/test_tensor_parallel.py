@@ -144,13 +144,6 @@ def test_four_ranks_equal_one_and_may_share_the_cores(checkpoints, caplog):
         assert "4 ranks share the" in caplog.text
 
 
-def test_gguf_is_refused_before_any_worker_starts():
-    with pytest.raises(ValueError, match="GGUF files are not sharded yet"):
-        tp_llm("smollm2-135m", 2)
-    assert not multiprocessing.active_children() or all(
-        not p.name.startswith("gh200rt-tp") for p in multiprocessing.active_children())
-
-
 def test_worker_that_fails_to_load_names_its_rank_and_reason(checkpoints, tmp_path):
     from datetime import timedelta
 

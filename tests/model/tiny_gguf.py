@@ -1,4 +1,4 @@
-"""Write a transformers MoE model as llama.cpp's converter (convert_hf_to_gguf.py) writes it, with the ``gguf``
+"""Write a transformers MoE model (or a dense Llama) as llama.cpp's converter (convert_hf_to_gguf.py) writes it, with the ``gguf``
 package: GGUF names, experts stacked per projection ``[E, rows, cols]``, q/k rows permuted for the llama
 architecture (Mixtral), 1-D tensors squeezed and kept F32, the router kept F32 (llama.cpp's quantizer skips
 ``ffn_gate_inp``), other 2-D tensors in ``qtype`` where their rows are whole blocks (else F32, as llama.cpp
@@ -15,13 +15,15 @@ import numpy as np
 # transformers model_type -> (GGUF architecture, the sparse block's checkpoint prefix, expert names gate/up/down)
 GGUF_ARCH = {"qwen3_moe": ("qwen3moe", "mlp", ("gate_proj", "up_proj", "down_proj")),
              "qwen2_moe": ("qwen2moe", "mlp", ("gate_proj", "up_proj", "down_proj")),
-             "mixtral": ("llama", "block_sparse_moe", ("w1", "w3", "w2"))}
+             "mixtral": ("llama", "block_sparse_moe", ("w1", "w3", "w2")),
+             "llama": ("llama", "mlp", ())}     # dense: no expert stacks
 LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
          "self_attn.o_proj": "attn_output", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
          "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate": "ffn_gate_inp",
          "block_sparse_moe.gate": "ffn_gate_inp", "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
          "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
-         "mlp.shared_expert.down_proj": "ffn_down_shexp"}
+         "mlp.shared_expert.down_proj": "ffn_down_shexp",
+         "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
 STACKS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
 
@@ -37,7 +39,7 @@ def _config(directory: str) -> dict:
 
 
 def _experts(cfg: dict) -> int:
-    return cfg["num_local_experts"] if "num_local_experts" in cfg else cfg["num_experts"]
+    return cfg.get("num_local_experts", cfg.get("num_experts", 0))
 
 
 def gguf_tensors(directory: str) -> dict[str, np.ndarray]:
@@ -89,9 +91,10 @@ def write_gguf(directory: str, path: str, qtype: str = "F32", tensors: dict[str,
     theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta") or getattr(cfg, "rope_theta", None) \
         or 10000.0
     w.add_float32(gguf.Keys.Rope.FREQ_BASE.format(arch=arch), float(theta))
-    w.add_uint32(keys.EXPERT_COUNT.format(arch=arch), _experts(vars(cfg)))
-    w.add_uint32(keys.EXPERT_USED_COUNT.format(arch=arch), cfg.num_experts_per_tok)
-    if cfg.model_type != "mixtral":
+    if _experts(vars(cfg)):
+        w.add_uint32(keys.EXPERT_COUNT.format(arch=arch), _experts(vars(cfg)))
+        w.add_uint32(keys.EXPERT_USED_COUNT.format(arch=arch), cfg.num_experts_per_tok)
+    if cfg.model_type not in ("mixtral", "llama"):
         w.add_uint32(keys.EXPERT_FEED_FORWARD_LENGTH.format(arch=arch), cfg.moe_intermediate_size)
     if cfg.model_type == "qwen2_moe":
         w.add_uint32(keys.EXPERT_SHARED_FEED_FORWARD_LENGTH.format(arch=arch), cfg.shared_expert_intermediate_size)
