@@ -7,11 +7,8 @@ request (``PoolingParams``) is prefilled in the same steps and answered once, po
 """
 from __future__ import annotations
 
-import bisect
-
 import functools
 import time
-from dataclasses import dataclass, field
 
 import torch
 
@@ -25,6 +22,7 @@ from gh200rt.engine.outputs import EmbeddingRequestOutput, RequestOutput
 from gh200rt.engine.pooling import EmbeddingState
 from gh200rt.engine.request_state import RequestState, prompt_logprobs_for_chunk
 from gh200rt.engine.sampler import Sampler
+from gh200rt.engine.stats import EngineStats, IterationTokens, adapter_names  # noqa: F401  (EngineStats: imported from here too)
 from gh200rt.engine.step_cost import StepCostModel
 from gh200rt.engine.tier_controller import PressurePolicy, TierController, TierSignals
 from gh200rt.planner.layout import offloaded_expert_tier
@@ -43,63 +41,6 @@ from gh200rt.scheduler.request import Sequence
 from gh200rt.scheduler.scheduler import Scheduler
 from gh200rt.structured import GrammarMatchers
 from gh200rt.weights.schedule import NULL_HOOKS
-
-
-@dataclass
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    kv_blocks_total: int
-    kv_blocks_used: int              # held by requests
-    kv_blocks_cached_free: int       # free but still holding a reusable prefix
-    prefix_cache_lookups: int
-    prefix_cache_hits: int
-    prefix_cache_hit_tokens: int
-    num_preemptions: int
-    prompt_tokens: int
-    generation_tokens: int
-    layers_per_tier: dict[str, int] = field(default_factory=dict)   # "resident" / "streamed" / "direct" -> layers
-    weight_bytes_copied: int = 0     # bytes copied into staging slots since start (streamed tier)
-    copy_wait_seconds: float = 0.0   # time the compute side waited for a staging copy
-    arena_weight_blocks: int = 0     # device arena blocks resident layer weights hold (the KV cache has the rest)
-    retier_counts: dict[str, int] = field(default_factory=dict)   # "promote" / "demote" -> layers moved
-    graph_captures: int = 0          # decode graphs captured (recaptures after a tier move included)
-    graph_pool_bytes: int = 0        # device bytes the decode graphs' shared memory pool took
-    experts_per_tier: dict[str, int] = field(default_factory=dict)   # an MoE model's routed experts per tier
-    expert_bytes_copied: int = 0     # bytes of streamed experts copied into the expert ring (only when routed to)
-    expert_bytes_read_direct: int = 0   # bytes of direct experts read in place (only when routed to)
-    expert_swaps: int = 0            # dynamic tiers: resident experts swapped for more-used offloaded ones
-    routed_tokens: dict[int, list[int]] = field(default_factory=dict)   # MoE layer -> pairs routed to each expert
-    iteration_tokens: tuple = ()     # (bucket bounds, count per bucket with one past the last, sum, count)
-    max_loras: int | None = None     # --max-loras with --enable-lora, else None (no LoRA metrics)
-    running_lora_adapters: tuple[str, ...] = ()   # adapters of the running requests, each once, in batch order
-    waiting_lora_adapters: tuple[str, ...] = ()   # adapters of the waiting requests, each once, in queue order
-
-
-def _adapter_names(seqs) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(seq.lora.name for seq in seqs if seq.lora is not None))
-
-
-# vLLM's buckets for vllm:iteration_tokens_total (tokens per engine step)
-ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-
-
-class IterationTokens:
-    """Tokens each step batched, bucketed as a histogram (cumulative counts, read by the server's /metrics)."""
-
-    def __init__(self, buckets: tuple[int, ...] = ITERATION_TOKEN_BUCKETS):
-        self.buckets = buckets
-        self.counts = [0] * (len(buckets) + 1)
-        self.total = 0
-        self.n = 0
-
-    def observe(self, tokens: int) -> None:
-        self.counts[bisect.bisect_left(self.buckets, tokens)] += 1
-        self.total += tokens
-        self.n += 1
-
-    def snapshot(self) -> tuple:
-        return self.buckets, tuple(self.counts), self.total, self.n
 
 
 def eos_ids_of(tokenizer) -> frozenset[int]:
@@ -490,4 +431,4 @@ class LLMEngine:
                            if self.store and self.store.expert_tiers else {},
                            self.iteration_tokens.snapshot(),
                            self.config.lora.max_loras if self.lora is not None else None,
-                           _adapter_names(self.scheduler.running), _adapter_names(self.scheduler.waiting))
+                           adapter_names(self.scheduler.running), adapter_names(self.scheduler.waiting))

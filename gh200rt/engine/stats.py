@@ -1,0 +1,64 @@
+"""What the engine reports between steps: ``EngineStats`` (a snapshot the server's /metrics reads) and the
+per-step token histogram behind ``vllm:iteration_tokens_total``."""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_blocks_total: int
+    kv_blocks_used: int              # held by requests
+    kv_blocks_cached_free: int       # free but still holding a reusable prefix
+    prefix_cache_lookups: int
+    prefix_cache_hits: int
+    prefix_cache_hit_tokens: int
+    num_preemptions: int
+    prompt_tokens: int
+    generation_tokens: int
+    layers_per_tier: dict[str, int] = field(default_factory=dict)   # "resident" / "streamed" / "direct" -> layers
+    weight_bytes_copied: int = 0     # bytes copied into staging slots since start (streamed tier)
+    copy_wait_seconds: float = 0.0   # time the compute side waited for a staging copy
+    arena_weight_blocks: int = 0     # device arena blocks resident layer weights hold (the KV cache has the rest)
+    retier_counts: dict[str, int] = field(default_factory=dict)   # "promote" / "demote" -> layers moved
+    graph_captures: int = 0          # decode graphs captured (recaptures after a tier move included)
+    graph_pool_bytes: int = 0        # device bytes the decode graphs' shared memory pool took
+    experts_per_tier: dict[str, int] = field(default_factory=dict)   # an MoE model's routed experts per tier
+    expert_bytes_copied: int = 0     # bytes of streamed experts copied into the expert ring (only when routed to)
+    expert_bytes_read_direct: int = 0   # bytes of direct experts read in place (only when routed to)
+    expert_swaps: int = 0            # dynamic tiers: resident experts swapped for more-used offloaded ones
+    routed_tokens: dict[int, list[int]] = field(default_factory=dict)   # MoE layer -> pairs routed to each expert
+    iteration_tokens: tuple = ()     # (bucket bounds, count per bucket with one past the last, sum, count)
+    max_loras: int | None = None     # --max-loras with --enable-lora, else None (no LoRA metrics)
+    running_lora_adapters: tuple[str, ...] = ()   # adapters of the running requests, each once, in batch order
+    waiting_lora_adapters: tuple[str, ...] = ()   # adapters of the waiting requests, each once, in queue order
+
+
+def adapter_names(seqs) -> tuple[str, ...]:
+    """The LoRA adapters of ``seqs``, each once, in order."""
+    return tuple(dict.fromkeys(seq.lora.name for seq in seqs if seq.lora is not None))
+
+
+# vLLM's buckets for vllm:iteration_tokens_total (tokens per engine step)
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+class IterationTokens:
+    """Tokens each step batched, bucketed as a histogram (cumulative counts, read by the server's /metrics)."""
+
+    def __init__(self, buckets: tuple[int, ...] = ITERATION_TOKEN_BUCKETS):
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.total = 0
+        self.n = 0
+
+    def observe(self, tokens: int) -> None:
+        self.counts[bisect.bisect_left(self.buckets, tokens)] += 1
+        self.total += tokens
+        self.n += 1
+
+    def snapshot(self) -> tuple:
+        return self.buckets, tuple(self.counts), self.total, self.n
