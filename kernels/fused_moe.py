@@ -196,6 +196,15 @@ def _expert_pointers(table_ptr, like_ptr, expert, num_experts):
 
 
 @triton.jit
+def _block_tile(sorted_ptr, pid_b, pid_n, num_pairs, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Aligned block ``pid_b``'s (token, choice) pairs (padding past ``num_pairs`` masked) and output column tile
+    ``pid_n`` of ``N``: offsets and masks."""
+    pairs = tl.load(sorted_ptr + pid_b * BLOCK_M + tl.arange(0, BLOCK_M))
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return pairs, pairs < num_pairs, offs_n, offs_n < N
+
+
+@triton.jit
 def moe_gate_up_kernel(x_ptr, table_ptr, like_ptr, sorted_ptr, block_expert_ptr, act_ptr,
                        num_pairs, num_experts, I, K, row_stride, stride_sn, group_size, stride_xm, stride_am,
                        TOP_K: tl.constexpr, FMT: tl.constexpr, SCALE_ON_ACC: tl.constexpr, GROUP_TILE: tl.constexpr,
@@ -204,11 +213,8 @@ def moe_gate_up_kernel(x_ptr, table_ptr, like_ptr, sorted_ptr, block_expert_ptr,
     expert = tl.load(block_expert_ptr + pid_b)
     if expert >= num_experts:
         return
-    pairs = tl.load(sorted_ptr + pid_b * BLOCK_M + tl.arange(0, BLOCK_M))
-    m_ok = pairs < num_pairs
+    pairs, m_ok, offs_n, n_ok = _block_tile(sorted_ptr, pid_b, pid_n, num_pairs, I, BLOCK_M, BLOCK_N)
     x_rows = x_ptr + (pairs // TOP_K)[:, None] * stride_xm
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < I
     w_ptr, s_ptr, min_ptr = _expert_pointers(table_ptr, like_ptr, expert, num_experts)
     gate = _expert_matmul(x_rows, m_ok, w_ptr, s_ptr, min_ptr, offs_n, n_ok, K, row_stride, stride_sn, group_size,
                           FMT, SCALE_ON_ACC, GROUP_TILE, BLOCK_M, BLOCK_N, BLOCK_K)
@@ -231,10 +237,7 @@ def moe_down_kernel(act_ptr, table_ptr, like_ptr, sorted_ptr, block_expert_ptr, 
     expert = tl.load(block_expert_ptr + pid_b)
     if expert >= num_experts:
         return
-    pairs = tl.load(sorted_ptr + pid_b * BLOCK_M + tl.arange(0, BLOCK_M))
-    m_ok = pairs < num_pairs
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < N
+    pairs, m_ok, offs_n, n_ok = _block_tile(sorted_ptr, pid_b, pid_n, num_pairs, N, BLOCK_M, BLOCK_N)
     w_ptr, s_ptr, min_ptr = _expert_pointers(table_ptr, like_ptr, expert, num_experts)
     acc = _expert_matmul(act_ptr + pairs[:, None] * stride_am, m_ok, w_ptr, s_ptr, min_ptr, offs_n, n_ok, K,
                          row_stride, stride_sn, group_size, FMT, SCALE_ON_ACC, GROUP_TILE, BLOCK_M, BLOCK_N, BLOCK_K)

@@ -21,18 +21,28 @@ BLOCK_M, BLOCK_K, BLOCK_N = 16, 64, 64
 
 
 @triton.jit
+def _segment(seg_ptr, seg):
+    """Segment ``seg``'s (slot, first token, tokens): one adapter's consecutive tokens."""
+    return (tl.load(seg_ptr + seg * 3), tl.load(seg_ptr + seg * 3 + 1).to(tl.int64),
+            tl.load(seg_ptr + seg * 3 + 2))
+
+
+@triton.jit
+def _tile(mb, length, R, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Row block ``mb`` of a segment of ``length`` tokens, and the rank columns: offsets and masks."""
+    rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_r = tl.arange(0, BLOCK_R)
+    return rows, rows < length, offs_r, offs_r < R
+
+
+@triton.jit
 def lora_shrink_kernel(x_ptr, a_ptr, v_ptr, scale_ptr, seg_ptr, K, R, stride_x, stride_as, stride_ar, stride_v,
                        IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr):
     seg, mb = tl.program_id(0), tl.program_id(1)
-    slot = tl.load(seg_ptr + seg * 3)
-    start = tl.load(seg_ptr + seg * 3 + 1).to(tl.int64)
-    length = tl.load(seg_ptr + seg * 3 + 2)
+    slot, start, length = _segment(seg_ptr, seg)
     if mb * BLOCK_M >= length:
         return
-    rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < length
-    offs_r = tl.arange(0, BLOCK_R)
-    r_ok = offs_r < R
+    rows, row_ok, offs_r, r_ok = _tile(mb, length, R, BLOCK_M, BLOCK_R)
     acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
     a_base = a_ptr + slot.to(tl.int64) * stride_as
     for k0 in range(0, K, BLOCK_K):
@@ -55,15 +65,10 @@ def lora_shrink_kernel(x_ptr, a_ptr, v_ptr, scale_ptr, seg_ptr, K, R, stride_x, 
 def lora_expand_kernel(v_ptr, b_ptr, y_ptr, seg_ptr, N, R, stride_v, stride_bs, stride_bn, stride_y,
                        IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
     seg, mb, nb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    slot = tl.load(seg_ptr + seg * 3)
-    start = tl.load(seg_ptr + seg * 3 + 1).to(tl.int64)
-    length = tl.load(seg_ptr + seg * 3 + 2)
-    if mb * BLOCK_M >= length:
+    slot, start, length = _segment(seg_ptr, seg)
+    if mb * BLOCK_M >= length:      # (the early return stays in the kernel: a helper cannot end it)
         return
-    rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < length
-    offs_r = tl.arange(0, BLOCK_R)
-    r_ok = offs_r < R
+    rows, row_ok, offs_r, r_ok = _tile(mb, length, R, BLOCK_M, BLOCK_R)
     offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     v = tl.load(v_ptr + (start + rows)[:, None] * stride_v + offs_r[None, :], mask=row_ok[:, None] & r_ok[None, :],

@@ -22,7 +22,7 @@ from gh200rt.engine.outputs import EmbeddingRequestOutput, RequestOutput
 from gh200rt.engine.pooling import EmbeddingState
 from gh200rt.engine.request_state import RequestState, prompt_logprobs_for_chunk
 from gh200rt.engine.sampler import Sampler
-from gh200rt.engine.stats import EngineStats, IterationTokens, adapter_names  # noqa: F401  (EngineStats: imported from here too)
+from gh200rt.engine.stats import EngineStats, adapter_names, iteration_tokens  # noqa: F401  (EngineStats: imported from here too)
 from gh200rt.engine.step_cost import StepCostModel
 from gh200rt.engine.tier_controller import PressurePolicy, TierController, TierSignals
 from gh200rt.planner.layout import offloaded_expert_tier
@@ -135,7 +135,7 @@ class LLMEngine:
         self._waiting_hashes: dict[str, tuple[int, list[int]]] = {}   # seq id -> (tokens, prompt prefix hashes)
         self.prompt_tokens = 0
         self.generation_tokens = 0
-        self.iteration_tokens = IterationTokens()
+        self.iteration_tokens = iteration_tokens()
 
     @classmethod
     def from_config(cls, config: EngineConfig, poison: bool = False, platform=None) -> "LLMEngine":

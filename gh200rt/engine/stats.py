@@ -1,9 +1,10 @@
-"""What the engine reports between steps: ``EngineStats`` (a snapshot the server's /metrics reads) and the
+"""What the engine reports between steps: ``EngineStats`` (a snapshot the server's /metrics reads), with the
 per-step token histogram behind ``vllm:iteration_tokens_total``."""
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field
+
+from gh200rt.histogram import Histogram
 
 
 @dataclass
@@ -31,7 +32,7 @@ class EngineStats:
     expert_bytes_read_direct: int = 0   # bytes of direct experts read in place (only when routed to)
     expert_swaps: int = 0            # dynamic tiers: resident experts swapped for more-used offloaded ones
     routed_tokens: dict[int, list[int]] = field(default_factory=dict)   # MoE layer -> pairs routed to each expert
-    iteration_tokens: tuple = ()     # (bucket bounds, count per bucket with one past the last, sum, count)
+    iteration_tokens: Histogram | None = None   # tokens each step batched (a copy)
     max_loras: int | None = None     # --max-loras with --enable-lora, else None (no LoRA metrics)
     running_lora_adapters: tuple[str, ...] = ()   # adapters of the running requests, each once, in batch order
     waiting_lora_adapters: tuple[str, ...] = ()   # adapters of the waiting requests, each once, in queue order
@@ -46,19 +47,6 @@ def adapter_names(seqs) -> tuple[str, ...]:
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
-class IterationTokens:
-    """Tokens each step batched, bucketed as a histogram (cumulative counts, read by the server's /metrics)."""
-
-    def __init__(self, buckets: tuple[int, ...] = ITERATION_TOKEN_BUCKETS):
-        self.buckets = buckets
-        self.counts = [0] * (len(buckets) + 1)
-        self.total = 0
-        self.n = 0
-
-    def observe(self, tokens: int) -> None:
-        self.counts[bisect.bisect_left(self.buckets, tokens)] += 1
-        self.total += tokens
-        self.n += 1
-
-    def snapshot(self) -> tuple:
-        return self.buckets, tuple(self.counts), self.total, self.n
+def iteration_tokens() -> Histogram:
+    return Histogram("iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+                     ITERATION_TOKEN_BUCKETS)

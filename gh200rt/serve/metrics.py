@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 
-from gh200rt.serve.histogram import LATENCY_BUCKETS, Histogram  # noqa: F401  (Histogram: users import it here)
+from gh200rt.histogram import LATENCY_BUCKETS, Histogram  # noqa: F401  (Histogram: users import it here)
 from gh200rt.serve.vllm_metrics import VllmRequestHistograms, vllm_lines
 from gh200rt.weights.tiers import Tier
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import time
 
-from gh200rt.serve.histogram import Histogram, one_two_five
+from gh200rt.engine.stats import iteration_tokens
+from gh200rt.histogram import Histogram, one_two_five
 
 
 def _escape(value: str) -> str:
@@ -87,12 +88,8 @@ class VllmRequestHistograms:
         return lines
 
 
-def _iteration_tokens(snapshot, labels: str) -> list[str]:
-    h = Histogram("iteration_tokens_total", "Histogram of number of tokens per engine_step.", (1,))
-    if snapshot:
-        buckets, counts, total, n = snapshot
-        h.buckets, h.counts, h.total, h.n = tuple(buckets), list(counts), total, n
-    return h.render("vllm:iteration_tokens_total", labels)
+def _iteration_tokens(histogram: Histogram | None, labels: str) -> list[str]:
+    return (histogram or iteration_tokens()).render("vllm:iteration_tokens_total", labels)
 
 
 def vllm_lines(m, model_name: str, cache_info: dict | None = None) -> list[str]:
@@ -129,7 +126,7 @@ def vllm_lines(m, model_name: str, cache_info: dict | None = None) -> list[str]:
                             (m.itl, "inter_token_latency_seconds"), (m.e2e, "e2e_request_latency_seconds")):
         lines += histogram.render(f"vllm:{name}", labels)
     lines += m.vllm_requests.render(labels)
-    lines += _iteration_tokens(get("iteration_tokens", ()), labels)
+    lines += _iteration_tokens(get("iteration_tokens", None), labels)
     lines += _lora_info(s)
     return lines
 

@@ -145,18 +145,7 @@ class ExpertPlacement:
     def _expert_into_arena(self, layer: int, expert: int, slab: ExpertSlab) -> dict[str, object]:
         """A run of arena blocks for the expert, taken from the KV cache; its weights over it (on the bf16 and
         fp16 CPU routes the resident form is a converted copy of its own: the run is booked, left unwritten)."""
-        start = self.arena.take_run(slab.expert_nbytes)
-        if start is None:
-            raise NoFreeRun(f"layer {layer}'s expert {expert} needs {self.arena.blocks_for(slab.expert_nbytes)} "
-                            f"contiguous free blocks of the device arena and requests hold a block in every such "
-                            f"window ({self.arena.pool.num_free} of {self.arena.num_blocks} blocks free)")
-        run_bytes = self.arena.pool.runs[start] * self.arena.block_bytes
-        try:
-            self._book("kv_pool", -run_bytes)
-            self._book("arena_weights", run_bytes)
-        except BaseException:
-            self.arena.pool.return_run(start)
-            raise
+        start = self._take_run(slab.expert_nbytes, f"layer {layer}'s expert {expert}")
         self._expert_runs[(layer, expert)] = start
         if self.cpu_linear_format not in (None, "onednn-fp32", "onednn-fp32+native"):
             return slab.bind(slab.source(expert), self.compute_dtype, stable=True)
@@ -165,11 +154,7 @@ class ExpertPlacement:
         return slab.bind(home, self.compute_dtype, stable=True)
 
     def _return_expert_run(self, layer: int, expert: int) -> None:
-        start = self._expert_runs.pop((layer, expert))
-        run_bytes = self.arena.pool.runs[start] * self.arena.block_bytes
-        self.arena.return_run(start)
-        self._book("arena_weights", -run_bytes)
-        self._book("kv_pool", run_bytes)
+        self._give_back_run(self._expert_runs.pop((layer, expert)))
 
     @property
     def expert_run_blocks(self) -> int:

@@ -248,19 +248,7 @@ class WeightStore(ExpertPlacement, LayerHooks):
         or from ``layout``'s own tensors (start-up). On the bf16 and fp16 CPU routes the resident form is a
         converted copy of its own, so the run is booked and left unwritten; on the fp32 route a weight too small
         for oneDNN stays dense in the run (the others become reordered copies of it)."""
-        start = self.arena.take_run(layout.nbytes)
-        if start is None:
-            blocks = self.arena.blocks_for(layout.nbytes)
-            raise NoFreeRun(f"layer {layer} needs {blocks} contiguous free blocks of the device arena and "
-                            f"requests hold a block in every such window ({self.arena.pool.num_free} of "
-                            f"{self.arena.num_blocks} blocks free); it stays {self.tiers[layer]}")
-        run_bytes = self.arena.pool.runs[start] * self.arena.block_bytes
-        try:
-            self._book("kv_pool", -run_bytes)
-            self._book("arena_weights", run_bytes)
-        except BaseException:
-            self.arena.pool.return_run(start)
-            raise
+        start = self._take_run(layout.nbytes, f"layer {layer}", f"; it stays {self.tiers[layer]}")
         source = slab.tensor if slab is not None else None
         if self.cpu_linear_format not in (None, "onednn-fp32", "onednn-fp32+native"):  # all converted: run unwritten
             bound = layout.bind(source, self.compute_dtype, stable=True) if slab is not None else layout.forms
@@ -277,7 +265,28 @@ class WeightStore(ExpertPlacement, LayerHooks):
         self._write(layer, weights)
 
     def _return_run(self, layer: int) -> None:
-        start = self._runs.pop(layer)
+        self._give_back_run(self._runs.pop(layer))
+
+    def _take_run(self, nbytes: int, holder: str, outcome: str = "") -> int:
+        """A run of free arena blocks for ``nbytes`` of weights, moved from the KV cache's booking to the
+        weights'; its first block. Raises ``NoFreeRun`` (``holder`` needs..., then ``outcome``) or
+        ``LedgerOverCommit`` having taken nothing."""
+        start = self.arena.take_run(nbytes)
+        if start is None:
+            raise NoFreeRun(f"{holder} needs {self.arena.blocks_for(nbytes)} contiguous free blocks of the device "
+                            f"arena and requests hold a block in every such window ({self.arena.pool.num_free} of "
+                            f"{self.arena.num_blocks} blocks free){outcome}")
+        run_bytes = self.arena.pool.runs[start] * self.arena.block_bytes
+        try:
+            self._book("kv_pool", -run_bytes)
+            self._book("arena_weights", run_bytes)
+        except BaseException:
+            self.arena.pool.return_run(start)
+            raise
+        return start
+
+    def _give_back_run(self, start: int) -> None:
+        """The run at ``start`` back to the KV cache (zeroed by the arena), and its booking."""
         run_bytes = self.arena.pool.runs[start] * self.arena.block_bytes
         self.arena.return_run(start)
         self._book("arena_weights", -run_bytes)

@@ -49,10 +49,10 @@ def describe_difference(got: torch.Tensor, want: torch.Tensor) -> str:
     return f"{int((diff > 0).sum())} of {diff.numel()} logits differ, by up to {diff.max().item():.3g}"
 
 
-def sampled_logits(llm: LLM, requests: list[tuple[str, list[int], SamplingParams, int]], target: str
-                   ) -> tuple[list[int], list[torch.Tensor]]:
-    """Run ``requests`` ((id, prompt, params, the step before which it arrives)) to the end; the tokens of request
-    ``target`` and the logits of each of its sampling steps."""
+def sampled_logits(llm: LLM, requests: list[tuple], target: str) -> tuple[list[int], list[torch.Tensor]]:
+    """Run ``requests`` ((id, prompt, params, the step before which it arrives[, add_request options such as
+    ``lora_request``])) to the end; the tokens of request ``target`` and the logits of each of its sampling
+    steps."""
     engine, runner = llm.engine, llm.engine.runner
     run, rows = runner.run, []
 
@@ -65,10 +65,10 @@ def sampled_logits(llm: LLM, requests: list[tuple[str, list[int], SamplingParams
     runner.run = recording
     tokens, step = {}, 0
     try:
-        while any(arrival >= step for *_, arrival in requests) or engine.has_unfinished_requests():
-            for request_id, prompt, params, arrival in requests:
+        while any(r[3] >= step for r in requests) or engine.has_unfinished_requests():
+            for request_id, prompt, params, arrival, *options in requests:
                 if arrival == step:
-                    engine.add_request(request_id, None, params, prompt_token_ids=prompt)
+                    engine.add_request(request_id, None, params, prompt_token_ids=prompt, **(options or [{}])[0])
             for out in engine.step():
                 tokens[out.request_id] = list(out.outputs[0].token_ids)
             step += 1

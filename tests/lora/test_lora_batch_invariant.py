@@ -8,7 +8,7 @@ import random
 import torch
 
 from gh200rt.sampling_params import SamplingParams
-from tests.engine.route_engines import describe_difference
+from tests.engine.route_engines import describe_difference, sampled_logits
 from tests.lora.test_lora_parity import make_llm, tiny  # noqa: F401  (the module's fixture)
 
 
@@ -18,31 +18,10 @@ def _prompt(length: int, seed: int) -> list[int]:
 
 
 def _run(llm, requests, target: str) -> tuple[list[int], list[torch.Tensor]]:
-    """``requests``: (id, prompt, adapter name or None, the step before which it arrives); the target's tokens and
-    the logits of each of its sampling steps."""
-    engine, runner = llm.engine, llm.engine.runner
-    run, rows = runner.run, []
-
-    def recording(out):
-        ids = [item.seq.seq_id for item in out.scheduled if item.samples]
-        logits = run(out)
-        if f"{target}#0" in ids:
-            rows.append(logits.sample_logits[ids.index(f"{target}#0")].clone())
-        return logits
-    runner.run = recording
+    """``requests``: (id, prompt, adapter name or None, the step before which it arrives)."""
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    tokens, step = {}, 0
-    try:
-        while any(arrival >= step for *_, arrival in requests) or engine.has_unfinished_requests():
-            for request_id, prompt, adapter, arrival in requests:
-                if arrival == step:
-                    engine.add_request(request_id, None, params, prompt_token_ids=prompt, lora_request=adapter)
-            for out in engine.step():
-                tokens[out.request_id] = list(out.outputs[0].token_ids)
-            step += 1
-    finally:
-        del runner.run
-    return tokens[target], rows
+    return sampled_logits(llm, [(rid, prompt, params, arrival, {"lora_request": adapter})
+                                for rid, prompt, adapter, arrival in requests], target)
 
 
 def test_a_request_under_an_adapter_gets_its_bits_alone_and_in_any_batch(tiny):  # noqa: F811

@@ -8,6 +8,7 @@ from gh200rt.serve import llamacpp_fields
 from gh200rt.serve.chat_request import parse_chat_request
 from gh200rt.serve.errors import APIError
 from gh200rt.serve.protocol import parse_completion_request
+from tests.server.field_checks import ok, post, refused_param
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 LLAMACPP_SAMPLERS = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
@@ -33,11 +34,6 @@ def test_every_defaults_only_field_has_a_case():
     assert set(DEFAULTS) == set(llamacpp_fields.DEFAULTS_ONLY)
 
 
-def refused_param(parse, body: dict) -> str:
-    with pytest.raises(APIError) as e:
-        parse(body)
-    assert e.value.status == 400, e.value.body()
-    return e.value.param
 
 
 def chat(body):
@@ -150,14 +146,8 @@ def test_penalize_nl():
 httpx = pytest.importorskip("httpx")  # the test extra: a bare GPU host need not have it
 
 
-def post(server, path: str, body: dict) -> httpx.Response:
-    return httpx.post(server.url + path, json=body, timeout=120)
 
 
-def ok(server, path: str, body: dict) -> dict:
-    r = post(server, path, body)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def greedy(server, **body) -> dict:

@@ -11,6 +11,7 @@ from gh200rt.serve.chat_request import parse_chat_request
 from gh200rt.serve.errors import APIError
 from gh200rt.serve.protocol import parse_completion_request
 from gh200rt.tokenizer.tokenizer import Tokenizer
+from tests.server.field_checks import ok, post, refused, refused_param
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -45,11 +46,6 @@ def test_every_refused_field_has_a_case():
     assert set(CHAT_ASKING) == set(fields.CHAT_REFUSED) and set(COMPLETION_ASKING) == set(fields.COMPLETION_REFUSED)
 
 
-def refused_param(parse, body: dict) -> str:
-    with pytest.raises(APIError) as e:
-        parse(body)
-    assert e.value.status == 400, e.value.body()
-    return e.value.param
 
 
 def chat(body):
@@ -144,21 +140,10 @@ def char_of(token: int) -> str:
     return chr(token - 1 + 60)
 
 
-def post(server, path: str, body: dict) -> httpx.Response:
-    return httpx.post(server.url + path, json=body, timeout=60)
 
 
-def ok(server, path: str, body: dict) -> dict:
-    r = post(server, path, body)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
-def refused(server, path: str, body: dict, param: str) -> str:
-    r = post(server, path, body)
-    assert r.status_code == 400, r.text
-    assert r.json()["error"]["param"] == param, r.json()
-    return r.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("path,body", [

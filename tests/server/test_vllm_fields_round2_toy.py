@@ -7,6 +7,7 @@ The toy tokenizer maps a character c to the id 1 + ord(c) % 60 and an id i back 
 import json
 
 import pytest
+from tests.server.field_checks import ok, post, refused
 
 httpx = pytest.importorskip("httpx")  # the test extra: a bare GPU host need not have it
 
@@ -17,21 +18,10 @@ def ids_of(text: str) -> list[int]:
     return [1 + ord(c) % 60 for c in text]
 
 
-def post(server, path: str, body: dict) -> httpx.Response:
-    return httpx.post(server.url + path, json=body, timeout=60)
 
 
-def ok(server, path: str, body: dict) -> dict:
-    r = post(server, path, body)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
-def refused(server, path: str, body: dict, param: str) -> str:
-    r = post(server, path, body)
-    assert r.status_code == 400, r.text
-    assert r.json()["error"]["param"] == param, r.json()
-    return r.json()["error"]["message"]
 
 
 def chunks(server, path: str, body: dict) -> list[dict]:

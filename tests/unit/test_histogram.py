@@ -1,5 +1,5 @@
 """The Prometheus histogram (cumulative buckets) and vLLM's 1-2-5 token buckets."""
-from gh200rt.serve.histogram import Histogram, one_two_five
+from gh200rt.histogram import Histogram, one_two_five
 
 
 def test_one_two_five():

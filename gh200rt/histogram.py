@@ -25,6 +25,12 @@ class Histogram:
         self.total = 0.0
         self.n = 0
 
+    def snapshot(self) -> "Histogram":
+        """A copy that later observations leave as it is."""
+        copy = Histogram(self.name, self.help, self.buckets)
+        copy.counts, copy.total, copy.n = list(self.counts), self.total, self.n
+        return copy
+
     def observe(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.buckets, value)] += 1
         self.total += value
