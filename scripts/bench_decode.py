@@ -9,6 +9,8 @@ bytes the transfer backend moved into staging slots over that time. The roofline
 the platform profile's bandwidths allow for the plan's bytes per step: resident (and staged) weights
 read from device memory plus direct weights read over the link, or the streamed bytes' copies, whichever
 takes longer (every resident byte counts, the embedding table included: a slightly conservative bound).
+``kernels/step``: what one decode step launches (on a GPU the profiler's device kernels and copies, CUDA-graph
+replays included; elsewhere the torch ops and Triton launches the step issues, gh200rt/launch_count.py).
 
     python scripts/bench_decode.py [--model smollm2-135m] [--batches 1,8] [--tokens 32]
         [--placements resident,stream,every-2nd,direct] [--host-weight-dtype auto] [--dtype auto]
@@ -43,6 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gh200rt.config import EngineConfig  # noqa: E402
 from gh200rt.engine.engine import LLMEngine  # noqa: E402
+from gh200rt.launch_count import counting_launches  # noqa: E402
 from gh200rt.loader.load import read_arch  # noqa: E402
 from gh200rt.planner.cost_model import expert_seconds  # noqa: E402
 from gh200rt.sampling_params import SamplingParams  # noqa: E402
@@ -96,6 +99,32 @@ def decode_rate(engine: LLMEngine, batch: int, tokens: int) -> DecodeRate:
                       (after.weight_bytes_copied - before.weight_bytes_copied) / seconds / 1e9,
                       (after.copy_wait_seconds - before.copy_wait_seconds) / max(steps, 1) * 1e3,
                       after.graph_captures - before.graph_captures, expert_bytes / max(steps, 1))
+
+
+def kernels_per_step(engine: LLMEngine, batch: int) -> int:
+    """Kernels one decode step of ``batch`` requests runs: on a GPU the device kernels and copies the profiler
+    records (CUDA-graph replays included), elsewhere the launches the same code issues (gh200rt/launch_count.py:
+    torch ops that do work, Triton launches)."""
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    for i in range(batch):
+        engine.add_request(f"k{batch}-{i}", None, params, prompt_token_ids=[1 + i, 17, 42, 99])
+    engine.step()  # prefill
+    engine.step()  # a first decode step: a graph's capture stays out of the counted one
+    if str(engine.runner.device).startswith("cuda"):
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            engine.step()
+            torch.cuda.synchronize()
+        count = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    else:
+        with counting_launches() as launches:
+            engine.step()
+        count = launches.total
+    while engine.has_unfinished_requests():
+        engine.step()
+    return count
 
 
 def whole_layer_expert_bytes(engine: LLMEngine) -> int:
@@ -212,7 +241,7 @@ def run(args) -> None:
     arch = read_arch(args.model)
     moe = arch.is_moe
     print(f"{'placement':<19} {'tiers (res/str/dir)':<20} {'across':>6} {'batch':>5} {'tok/s':>9} "
-          f"{'vs resident':>11} {'copy GB/s':>9} {'wait ms/step':>12} {'roofline tok/s':>14}"
+          f"{'vs resident':>11} {'copy GB/s':>9} {'wait ms/step':>12} {'roofline tok/s':>14} {'kernels/step':>12}"
           + (f" {'experts (r/s/d)':>16} {'expert MB/step':>14} {'whole layers MB':>15}" if moe else ""))
     layers = arch.num_layers
     baseline: dict[int, float] = {}
@@ -240,19 +269,21 @@ def run(args) -> None:
                 tps = rate.tokens_per_second
                 baseline.setdefault(batch, tps)
                 roof = roofline_tokens_per_second(engine, batch)
+                kernels = kernels_per_step(engine, batch)
                 experts = engine.stats().experts_per_tier
                 expert_label = f"{experts.get('resident', 0)}/{experts.get('streamed', 0)}/{experts.get('direct', 0)}"
                 whole = whole_layer_expert_bytes(engine) if moe else 0
                 print(f"{name:<19} {label:<20} {'on' if wrap else 'off':>6} {batch:>5} {tps:>9.1f} "
                       f"{tps / baseline[batch]:>10.2f}x {rate.copy_gbps:>9.2f} {rate.copy_wait_ms_per_step:>12.3f} "
-                      f"{roof:>14.1f}"
+                      f"{roof:>14.1f} {kernels:>12}"
                       + (f" {expert_label:>16} {rate.expert_link_bytes_per_step / 1e6:>14.2f} {whole / 1e6:>15.2f}"
                          if moe else "")
                       + (f"  ({rate.captures} graph capture(s) inside the timed steps)" if rate.captures else ""),
                       flush=True)
                 rows.append(dict(placement=name, tiers=label, prefetch_across_steps=wrap, batch=batch,
                                  tokens_per_second=tps, vs_resident=tps / baseline[batch], copy_gbps=rate.copy_gbps,
-                                 roofline_tokens_per_second=roof, copy_wait_ms_per_step=rate.copy_wait_ms_per_step,
+                                 roofline_tokens_per_second=roof, kernels_per_step=kernels,
+                                 copy_wait_ms_per_step=rate.copy_wait_ms_per_step,
                                  graph_captures_timed=rate.captures,
                                  **(dict(experts=expert_label, expert_link_bytes_per_step=rate.expert_link_bytes_per_step,
                                          whole_layer_expert_bytes=whole) if moe else {})))

@@ -81,8 +81,10 @@ def native_cpu_ops(ops: NativeOps, long_prompts_native: bool = False) -> dict:
         return ops.extend_attention(q, kv_cache, block_tables, seq_lens, query_starts, scale, kv_scale)
 
     def decode_block(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor, meta,
-                     scale: float, heads: int, kv_heads: int,
-                     kv_scale: torch.Tensor | None = None) -> torch.Tensor | None:
+                     scale: float, heads: int, kv_heads: int, kv_scale: torch.Tensor | None = None,
+                     qk_norm=None) -> torch.Tensor | None:
+        if qk_norm is not None:
+            return None
         layout = torch_attention.batch_layout(meta)
         if not (layout.single and layout.groups[0].decode) or qkv.dtype not in DTYPES or cos.dtype != qkv.dtype \
                 or (kv_cache.dtype != qkv.dtype and kv_cache.dtype not in FP8_KV_TYPES):

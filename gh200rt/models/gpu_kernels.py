@@ -6,7 +6,9 @@ leaves the model on its torch ops and returns False. ``use_torch_kernels(model)`
 ``install_triton_kernels(model)`` switches without looking at the device: under
 ``TRITON_INTERPRET=1`` the kernels run on CPU tensors, which is how the adapters are tested here.
 
-Hooks: ``SelfAttention.rotary_fn`` / ``write_kv_fn`` / ``attention_fn``, ``RMSNorm.norm_fn`` and
+Hooks: ``SelfAttention.rotary_fn`` / ``write_kv_fn`` / ``attention_fn`` and ``decode_block_fn`` (q/k norms, RoPE
+and the KV store in one launch, then the attention; the three before are what a long prefill takes), ``RMSNorm.norm_fn`` /
+``add_norm_fn`` (the residual add fused into the norm) and
 ``SiluAndMul.act_fn`` (an MLP that calls ``silu_and_mul`` directly keeps the torch activation), and
 ``SparseMoeBlock.fused_experts_fn`` (one ``FusedExperts`` per block: it keeps the block's address tables).
 Each adapter takes exactly what the layer passes and returns what the torch op returns. ``ops["rotary"]`` and
@@ -87,6 +89,33 @@ def triton_paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale:
     return paged_attention(q, kv_cache, meta, scale, num_kv_heads, kv_scale)
 
 
+def triton_decode_block(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor, meta,
+                        scale: float, heads: int, kv_heads: int, kv_scale: torch.Tensor | None = None,
+                        qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor | None:
+    """RoPE and the KV store in one launch (Qwen3's q/k norms in it too), then the paged attention
+    (``SelfAttention.decode_block_fn``); None where the Triton attention does not take the step (a long prefill,
+    a block size that is not a power of two)."""
+    block_size = kv_cache.shape[2]
+    if max(meta.query_lens_list) > TRITON_ATTENTION_MAX_QUERY or block_size & (block_size - 1) \
+            or qkv.stride(1) != 1:
+        return None
+    from gh200rt.kernels.paged_attention import paged_attention
+    from gh200rt.kernels.rope_store_kv import rope_and_store_kv
+    q = rope_and_store_kv(qkv, cos, sin, kv_cache, meta.slot_mapping, heads, kv_heads, kv_scale, qk_norm)
+    return paged_attention(q, kv_cache, meta, scale, kv_heads, kv_scale)
+
+
+def triton_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(norm(residual + x), residual + x)`` in one launch (``RMSNorm.add_norm_fn``)."""
+    from gh200rt.kernels.rmsnorm import fused_add_rmsnorm
+    shape = x.shape
+    rows, res = x.reshape(-1, shape[-1]), residual.reshape(-1, shape[-1])
+    normed, summed = fused_add_rmsnorm(rows if rows.stride(-1) == 1 else rows.contiguous(),
+                                       res if res.stride(-1) == 1 else res.contiguous(), weight, eps)
+    return normed.reshape(shape), summed.reshape(shape)
+
+
 def triton_silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     from gh200rt.kernels.silu_mul import silu_mul
     out = silu_mul(gate_up.reshape(-1, gate_up.shape[-1]))
@@ -94,7 +123,8 @@ def triton_silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 TRITON_OPS = dict(rotary=TritonRotary, write_kv=triton_write_kv, attention=triton_paged_attention,
-                  norm=triton_rms_norm, act=triton_silu_and_mul, moe=FusedExperts)
+                  decode_block=triton_decode_block, norm=triton_rms_norm, add_norm=triton_add_rms_norm,
+                  act=triton_silu_and_mul, moe=FusedExperts)
 TORCH_OPS = dict(rotary=lambda: rotary.apply_rotary, write_kv=torch_attention.write_kv,
                  attention=torch_attention.paged_attention, norm=rmsnorm.rms_norm, act=activation.silu_and_mul,
                  packed_native=False)
@@ -124,7 +154,7 @@ def switch_hooks(model: torch.nn.Module, ops: dict) -> int:
             module.rotary_fn, module.write_kv_fn, module.attention_fn = rotate, ops["write_kv"], ops["attention"]
             module.decode_block_fn = ops.get("decode_block")
         elif isinstance(module, rmsnorm.RMSNorm):
-            module.norm_fn = ops["norm"]
+            module.norm_fn, module.add_norm_fn = ops["norm"], ops.get("add_norm")
         elif isinstance(module, activation.SiluAndMul):
             module.act_fn = ops["act"]
         else:

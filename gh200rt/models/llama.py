@@ -49,8 +49,9 @@ class DecoderLayer(nn.Module):
             out = self.decode_layer_fn(self, hidden, cos, sin, meta, kv_cache)
             if out is not None:
                 return out
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, meta, kv_cache)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden), meta.linear_rows)
+        attended = self.self_attn(self.input_layernorm(hidden), cos, sin, meta, kv_cache)
+        normed, hidden = self.post_attention_layernorm.add_and_norm(attended, hidden)
+        return hidden + self.mlp(normed, meta.linear_rows)
 
 
 class LlamaForCausalLM(nn.Module):

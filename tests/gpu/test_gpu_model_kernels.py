@@ -1,5 +1,6 @@
 """use_triton_kernels on a CUDA model: the Triton attention, KV store, RMSNorm, RoPE (and SiLU where the
-MLP uses the SiluAndMul module) give the logits of the torch path."""
+MLP uses the SiluAndMul module) give the logits of the torch path, with RoPE and the store fused into one launch
+(Qwen3's q/k norms too) and the attention's residual add fused into the next norm."""
 import pytest
 import torch
 
@@ -46,7 +47,10 @@ def test_triton_model_matches_torch_path(compiled_triton, dtype, qk_norm, prompt
     assert use_triton_kernels(model) is True
     assert all(m.attention_fn is gpu_kernels.triton_paged_attention
                for m in model.modules() if isinstance(m, SelfAttention))
-    assert all(m.norm_fn is gpu_kernels.triton_rms_norm for m in model.modules() if isinstance(m, RMSNorm))
+    assert all(m.norm_fn is gpu_kernels.triton_rms_norm and m.add_norm_fn is gpu_kernels.triton_add_rms_norm
+               for m in model.modules() if isinstance(m, RMSNorm))
+    assert all(m.decode_block_fn is gpu_kernels.triton_decode_block   # q/k norms, RoPE and the KV store fused
+               for m in model.modules() if isinstance(m, SelfAttention))
     triton_path = Steps(model, "cuda").forced(ids, prompt_len)
     if dtype == torch.float32:
         err = relative_error(triton_path, torch_path)

@@ -64,23 +64,32 @@ def test_a_cpu_model_keeps_its_torch_ops():
 @pytest.mark.parametrize("qk_norm", [False, True], ids=["llama", "qwen3-qk-norm"])
 @pytest.mark.parametrize("prompt_len", [5, 20], ids=["short-prefill", "long-prefill"])
 def test_triton_kernels_match_the_torch_path(monkeypatch, qk_norm, prompt_len):
+    from gh200rt.kernels import paged_attention as attention_kernel
+    from gh200rt.kernels import rope_store_kv
     model = tiny_model(qk_norm)
     want = run_steps(model, prompt_len)
-    triton_attention_calls = []
-    real = gpu_kernels.triton_paged_attention
-    monkeypatch.setitem(gpu_kernels.TRITON_OPS, "attention",
-                        lambda q, *a: triton_attention_calls.append(q.shape[0]) or real(q, *a))
+    kernel_calls, fused_calls = [], []
+    for module, name, calls in ((attention_kernel, "paged_attention", kernel_calls),
+                                (rope_store_kv, "rope_and_store_kv", fused_calls)):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda q, *a, real=real, calls=calls: calls.append(q.shape[0]) or real(q, *a))
     # per layer: attention, SiLU-and-mul, 2 norms (+ q/k norms); plus the final norm
     assert install_triton_kernels(model) == 2 * (1 + 1 + 2 + (2 if qk_norm else 0)) + 1
     got = run_steps(model, prompt_len)
     err = (got - want).abs().max().item()
     print(f"Triton (interpreted) vs torch, qk_norm={qk_norm} prompt={prompt_len}: worst logit error {err:.2e}")
     assert err < 1e-4
-    assert triton_attention_calls == [prompt_len] * 2 + [1] * 4
+    triton_steps = ([prompt_len] if prompt_len <= gpu_kernels.TRITON_ATTENTION_MAX_QUERY else []) + [1, 1]
+    assert kernel_calls == [t for t in triton_steps for _ in range(2)], "the long prefill keeps the torch attention"
+    # every step the Triton attention takes rotates and stores in one launch (Qwen3's q/k norms in it too)
+    assert fused_calls == kernel_calls
     rotary = {id(m.rotary_fn): m.rotary_fn for m in model.modules() if isinstance(m, SelfAttention)}
     assert len(rotary) == 1                       # one adapter for the model's layers
-    assert next(iter(rotary.values())).tables_built == 3, "the cos|sin table is built once per step, not per layer"
+    tables = next(iter(rotary.values())).tables_built
+    assert tables == (prompt_len > gpu_kernels.TRITON_ATTENTION_MAX_QUERY), \
+        "the cos|sin table is built once per step that rotates apart from the store (the long prefill), not per layer"
     use_torch_kernels(model)
+    assert all(m.add_norm_fn is None for m in model.modules() if isinstance(m, RMSNorm))
     assert torch.equal(run_steps(model, prompt_len), want), "switching back restores the torch path exactly"
 
 

@@ -32,17 +32,19 @@ class SelfAttention(nn.Module):
         self.rotary_fn = apply_rotary
         self.write_kv_fn = write_kv
         self.attention_fn = paged_attention
-        # the three above in one call for a decode-only step (native CPU ops): returns the attention output,
-        # or None where it does not apply (the step, pool or layer are outside what it covers)
+        # the three above in one call (native CPU ops: a decode-only step; Triton: RoPE and the store in one
+        # launch, q/k norms included): returns the attention output, or None where it does not apply (the step,
+        # pool or layer are outside what it covers)
         self.decode_block_fn = None
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata,
                 kv_cache: torch.Tensor) -> torch.Tensor:
         tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden, meta.linear_rows)
-        if self.decode_block_fn is not None and self.q_norm is None and not self.calculate_kv_scales:
+        if self.decode_block_fn is not None and not self.calculate_kv_scales:
+            qk_norm = None if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
             out = self.decode_block_fn(qkv, cos, sin, kv_cache, meta, self.scale, self.num_heads, self.num_kv_heads,
-                                       self.kv_scale)
+                                       self.kv_scale, qk_norm)
             if out is not None:
                 return self.o_proj(out.reshape(tokens, self.q_size), meta.linear_rows)
         heads = self.num_heads + self.num_kv_heads

@@ -21,6 +21,16 @@ class RMSNorm(nn.Module):
         self.eps = eps
         # rms_norm may be swapped for the Triton kernel with the same signature (models/gpu_kernels.py)
         self.norm_fn = rms_norm
+        # (x, residual, weight, eps) -> (norm(residual + x), residual + x) in one kernel (models/gpu_kernels.py);
+        # None: the add, then norm_fn
+        self.add_norm_fn = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm_fn(x, self.weight, self.eps)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(residual + x), residual + x)``: a decoder layer's residual add and the norm after it."""
+        if self.add_norm_fn is not None:
+            return self.add_norm_fn(x, residual, self.weight, self.eps)
+        summed = residual + x
+        return self.norm_fn(summed, self.weight, self.eps), summed
