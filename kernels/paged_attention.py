@@ -107,10 +107,10 @@ def paged_attention_kernel(q_ptr, cache_ptr, out_ptr, tables_ptr, tok_seq_ptr, t
     g_ok, d_ok = offs_g < group, offs_d < head_dim
     q_heads = kv_head * group + offs_g
     q = _scaled_query_group(q_ptr, t, q_heads, g_ok, d_ok, offs_d, kv_scale_ptr, scale, stride_qt, stride_qh, KV_FP8)
-    m_i, l_i, acc = _attend_blocks(q, cache_ptr, tables_ptr + seq * stride_table, kv_head, pos,
-                                   0, pos // BLOCK_SIZE + 1, kv_scale_ptr,
-                                   stride_kv, stride_block, stride_slot, stride_head, head_dim,
-                                   BLOCK_SIZE, BLOCK_G, BLOCK_D, KV_FP8)
+    _, l_i, acc = _attend_blocks(q, cache_ptr, tables_ptr + seq * stride_table, kv_head, pos,
+                                 0, pos // BLOCK_SIZE + 1, kv_scale_ptr,
+                                 stride_kv, stride_block, stride_slot, stride_head, head_dim,
+                                 BLOCK_SIZE, BLOCK_G, BLOCK_D, KV_FP8)
     tl.store(out_ptr + t * stride_ot + q_heads[:, None] * stride_oh + offs_d[None, :],
              (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
 
