@@ -63,7 +63,7 @@ def check(spec) -> tuple[bool, str]:
     shared = compiled.metadata.shared
     widest = widest_global_load(ptx)
     ok = spills == 0 and widest >= spec.min_load_bits
-    row = f"{spec.name:<16} {spec.label:<44} {regs:>5} {spills:>7} {shared:>7} {widest:>5}-bit"
+    row = f"{spec.name:<16} {spec.label:<56} {regs:>5} {spills:>7} {shared:>7} {widest:>5}-bit"
     if spills:
         row += "  FAIL: spills"
     if widest < spec.min_load_bits:
@@ -72,13 +72,13 @@ def check(spec) -> tuple[bool, str]:
 
 
 def main() -> int:
-    print(f"{'kernel':<16} {'configuration':<44} {'regs':>5} {'spills':>7} {'shared':>7} {'widest load':>10}")
+    print(f"{'kernel':<16} {'configuration':<56} {'regs':>5} {'spills':>7} {'shared':>7} {'widest load':>10}")
     failures = 0
     for spec in all_specs():
         try:
             ok, row = check(spec)
         except Exception as exc:  # a compile failure is a result to report, not a crash
-            ok, row = False, f"{spec.name:<16} {spec.label:<44} FAIL: {type(exc).__name__}: {str(exc)[:200]}"
+            ok, row = False, f"{spec.name:<16} {spec.label:<56} FAIL: {type(exc).__name__}: {str(exc)[:200]}"
         failures += not ok
         print(row, flush=True)
     print(f"{failures} failure(s)" if failures else "all kernels compile for sm_90 without spills")

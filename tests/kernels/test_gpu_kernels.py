@@ -17,12 +17,13 @@ TOLERANCE = {1: 1e-4, 8: 5e-3, 100: 5e-3}
 
 def packed_on(device, fmt, n, k):
     w = torch.randn(n, k)
-    packed = {"int8": quantize_int8, "fp8": quantize_fp8, "int4": lambda t: quantize_int4(t, 32)}[fmt](w)
+    packed = {"int8": quantize_int8, "int8-g32": lambda t: quantize_int8(t, 32), "fp8": quantize_fp8,
+              "int4": lambda t: quantize_int4(t, 32), "int4-g128": lambda t: quantize_int4(t, 128)}[fmt](w)
     move = (lambda t: t.pin_memory()) if device == "host" else (lambda t: t.cuda())
     return packed.with_tensors({name: move(t) for name, t in packed.tensors().items()})
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4", "fp8"])
+@pytest.mark.parametrize("fmt", ["int8", "int8-g32", "int4", "int4-g128", "fp8"])
 @pytest.mark.parametrize("m", [1, 8, 100])
 def test_packed_linear_calls_host_gemm_on_cuda(monkeypatch, fmt, m):
     calls = []
@@ -37,7 +38,7 @@ def test_packed_linear_calls_host_gemm_on_cuda(monkeypatch, fmt, m):
     assert calls and y.is_cuda and err < TOLERANCE[m]
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4", "fp8"])
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int8-g32", "int4", "int4-g128", "fp8"])
 def test_direct_read_of_pinned_host_weights(fmt):
     """The DIRECT tier: weights stay in pinned host memory and the kernel loads them over the link."""
     if fmt == "bf16":
