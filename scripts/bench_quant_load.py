@@ -3,12 +3,13 @@ former way) and in blocks of rows on 1..N threads (``kernels.quant.quantize_rows
 does), with the bf16 GB/s taken in and the time a whole model of that shape would take.
 
     python scripts/bench_quant_load.py [--shape llama3-8b] [--formats int8,int4,fp8] [--workers 2,4] [--reps 3]
-    python scripts/bench_quant_load.py --engine-start [--shape llama3-8b --layers 4] [--formats int8]
+    python scripts/bench_quant_load.py --engine-start [--shape llama3-8b --layers 4 | --checkpoint DIR] [--formats int8]
 
 ``--engine-start`` times whole engine starts instead (``LLMEngine.from_config`` with every layer streamed in
-that host format, on a random checkpoint of the shape cut to ``--layers``): without the slab cache, with it
-empty (quantize and write), and with it full (read back) — the time to the engine being ready, each in the
-same run.
+that host format, on a random checkpoint of the shape cut to ``--layers``, or ``--checkpoint DIR``): without the
+slab cache, with it empty (quantize and write), and with it full (read back) — the time to the engine being
+ready, the process's peak RSS and how many layers' dense weights were read from the checkpoint, each start in a
+fresh process, in the same run.
 
 The shapes are scripts/random_checkpoint.py's; weights are random bf16 (quantization time does not depend on
 the values). Prints the CPU model and the load average, since both move the figures.
@@ -57,28 +58,53 @@ def cpu_model() -> str:
         return "unknown CPU"
 
 
-def engine_starts(args) -> None:
-    import tempfile
+def one_start(model: str, fmt: str, cache: str | None) -> dict:
+    """One engine start in this process: seconds to ready, the host slabs' GB and the process's peak RSS."""
+    import resource
 
     from gh200rt.config import EngineConfig
     from gh200rt.engine.engine import LLMEngine
+    config = EngineConfig.from_kwargs(model=model, offload="stream", host_weight_dtype=fmt,
+                                      host_weight_cache_dir=cache, max_model_len=256, num_kv_blocks=64)
+    start = time.perf_counter()
+    engine = LLMEngine.from_config(config)
+    took = time.perf_counter() - start
+    deferred = engine.store.deferred
+    out = dict(seconds=took, slab_gb=engine.store.host_slab_bytes() / 1e9,
+               peak_rss_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
+               layers_read=len(deferred.layers_loaded) if deferred is not None else None)
+    engine.close()
+    return out
+
+
+def engine_starts(args) -> None:
+    import json
+    import subprocess
+    import tempfile
+
     from scripts.random_checkpoint import write_random_checkpoint
-    model = write_random_checkpoint(args.shape, os.path.join(args.model_dir, f"{args.shape}-{args.layers}l"),
-                                    num_layers=args.layers)
+    if args.checkpoint:
+        model, what = args.checkpoint, args.checkpoint
+    else:
+        model = write_random_checkpoint(args.shape, os.path.join(args.model_dir, f"{args.shape}-{args.layers}l"),
+                                        num_layers=args.layers)
+        what = f"{args.shape} cut to {args.layers} layers"
     print(f"{cpu_model()}, {len(os.sched_getaffinity(0))} CPUs usable, load average {os.getloadavg()[0]:.2f}; "
-          f"{args.shape} cut to {args.layers} layers, every layer streamed")
-    print(f"{'format':<7} {'start':<34} {'seconds':>8} {'slab GB':>8}")
+          f"{what}, every layer streamed; each start in a fresh process")
+    print(f"{'format':<7} {'start':<34} {'seconds':>8} {'slab GB':>8} {'peak RSS GB':>11} {'layers read':>11}")
     for fmt in args.formats.split(","):
         with tempfile.TemporaryDirectory(dir=args.model_dir) as cache_dir:
             for label, cache in (("no cache (quantize)", None), ("cache empty (quantize, write)", cache_dir),
                                  ("cache full (read back)", cache_dir)):
-                config = EngineConfig.from_kwargs(model=model, offload="stream", host_weight_dtype=fmt,
-                                                  host_weight_cache_dir=cache, max_model_len=256, num_kv_blocks=64)
-                start = time.perf_counter()
-                engine = LLMEngine.from_config(config)
-                took = time.perf_counter() - start
-                print(f"{fmt:<7} {label:<34} {took:>8.2f} {engine.store.host_slab_bytes() / 1e9:>8.2f}", flush=True)
-                engine.close()
+                argv = [sys.executable, os.path.abspath(__file__), "--one-start", json.dumps([model, fmt, cache])]
+                proc = subprocess.run(argv, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    print(f"{fmt:<7} {label:<34} failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}")
+                    continue
+                row = json.loads(proc.stdout.strip().splitlines()[-1])
+                read = "all" if row["layers_read"] is None else row["layers_read"]
+                print(f"{fmt:<7} {label:<34} {row['seconds']:>8.2f} {row['slab_gb']:>8.2f} "
+                      f"{row['peak_rss_gb']:>11.2f} {read:>11}", flush=True)
 
 
 def main() -> None:
@@ -91,7 +117,14 @@ def main() -> None:
     parser.add_argument("--engine-start", action="store_true", help="time engine starts (see above)")
     parser.add_argument("--layers", type=int, default=4, help="--engine-start: layers of the random checkpoint")
     parser.add_argument("--model-dir", default="/tmp", help="--engine-start: where the random checkpoint goes")
+    parser.add_argument("--one-start", help=argparse.SUPPRESS)   # [model, format, cache dir]: one start, JSON out
+    parser.add_argument("--checkpoint", help="--engine-start: this checkpoint directory instead of a random one (e.g. "
+                                             "the whole shape: scripts/random_checkpoint.py llama3-8b DIR)")
     args = parser.parse_args()
+    if args.one_start:
+        import json
+        print(json.dumps(one_start(*json.loads(args.one_start))))
+        return None
     if args.engine_start:
         return engine_starts(args)
     shape = SHAPES[args.shape]

@@ -79,7 +79,10 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     device = device or execution_device()
     platform = platform or detect(config.memory.platform, config.memory.profile_file)
     # placed below, layer by layer
-    loaded = load_model(config.model, device="cpu", compute_device=device, shard=shard)
+    # with a quantized host format, a layer's dense linears are read only when the store needs them (not at all
+    # for a slab the cache holds)
+    defer = config.memory.host_weight_dtype in weight_forms.QUANTIZED_HOST_FORMATS
+    loaded = load_model(config.model, device="cpu", compute_device=device, shard=shard, defer_layer_linears=defer)
     arch, dtype = loaded.arch, DTYPE_NAMES[loaded.dtype]
     fmt = weight_forms.resolve_host_format(config.memory.host_weight_dtype, device == "cpu", loaded.dtype,
                                            bool(loaded.quantized))
@@ -131,7 +134,7 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     store = WeightStore(loaded.model, device, platform, fmt, poison, ledger, loaded.quantized,
                         cpu_linear_format=linear_format,
                         keep_host_copies=plan.dynamic, prefetch_across_steps=config.memory.prefetch_across_steps,
-                        slab_cache=cache)
+                        slab_cache=cache, deferred=loaded.deferred)
     block_size = config.cache.block_size
     kv_dtype = kv_cache_dtype(config.cache.kv_cache_dtype, loaded.dtype)
     per_block = kv_bytes_per_block(arch.num_layers, block_size, arch.num_kv_heads, arch.head_dim, kv_dtype)

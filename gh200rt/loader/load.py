@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gh200rt.kernels.quant import PackedWeight
+from gh200rt.loader.deferred_layers import DeferredLayers
 from gh200rt.loader.dequant import QuantizedTensor
 from gh200rt.loader.errors import ModelLoadError
 from gh200rt.loader.resolve import resolve_model_path
@@ -32,6 +33,8 @@ class LoadedModel:
     weight_bytes: int
     # checkpoint name -> its quantized form as stored: GGUF blocks, or an FP8 checkpoint's fp8 weight
     quantized: dict[str, QuantizedTensor | PackedWeight] = field(default_factory=dict)
+    # decoder layers' dense linear weights left in the checkpoint until the weight store loads them
+    deferred: DeferredLayers | None = None
 
 
 def compute_dtype(name: str, device: str, checkpoint_dtype: str, cpu_route: str = "auto") -> torch.dtype:
@@ -69,7 +72,7 @@ def _arch_from_dir(directory: str) -> ArchConfig:
         raise ModelLoadError(f"{path}: {e}") from e
 
 
-def _load_hf_dir(directory: str, model_config, device: str, compute_device: str, shard=None):
+def _load_hf_dir(directory: str, model_config, device: str, compute_device: str, shard=None, defer=False):
     from gh200rt.loader.fp8_checkpoint import Fp8Weights, fp8_scheme
     from gh200rt.loader.safetensors_dir import checkpoint_size, load_safetensors, shard_files, weight_scales
     arch = _arch_from_dir(directory)
@@ -83,7 +86,8 @@ def _load_hf_dir(directory: str, model_config, device: str, compute_device: str,
     writer = WeightWriter(model, directory, count, size)
     slices = shard.checkpoint_slices() if shard is not None else None
     fp8 = Fp8Weights(weight_scales(files), directory, slices) if is_fp8 else None
-    load_safetensors(files, writer, dtype, fp8, slices)
+    deferred = DeferredLayers(model, dtype) if defer and not is_fp8 else None
+    load_safetensors(files, writer, dtype, fp8, slices, deferred)
     writer.finish()
     if fp8 is not None:
         if fp8.unused_scales():
@@ -91,7 +95,9 @@ def _load_hf_dir(directory: str, model_config, device: str, compute_device: str,
                                  f"{', '.join(fp8.unused_scales()[:8])}")
         fp8.apply_kv_scales(model)
         return model, _hf_tokenizer(directory), arch, dtype, writer.bytes_written, fp8.packed
-    return model, _hf_tokenizer(directory), arch, dtype, writer.bytes_written, {}
+    if deferred is not None and not deferred.pending_layers:
+        deferred = None
+    return model, _hf_tokenizer(directory), arch, dtype, writer.bytes_written, {}, deferred
 
 
 def _hf_tokenizer(directory: str):
@@ -134,18 +140,22 @@ def read_arch(model: str) -> ArchConfig:
         raise ModelLoadError(f"{path}: {e}") from e
 
 
-def load_model(model_config, device: str = "cpu", compute_device: str | None = None, shard=None) -> LoadedModel:
+def load_model(model_config, device: str = "cpu", compute_device: str | None = None, shard=None,
+               defer_layer_linears: bool = False) -> LoadedModel:
     """Load ``model_config.model`` (directory, .gguf, or alias) in ``model_config.dtype`` onto ``device``;
     ``dtype="auto"`` picks the dtype for ``compute_device`` (default ``device``), where the model will run (on the
     CPU, the dtype of ``model_config.cpu_route``). ``shard`` (a ``distributed.sharding.TensorShard``): load only
-    that tensor-parallel rank's slice of the checkpoint (safetensors, FP8 or GGUF); the returned ``arch`` is the rank's."""
+    that tensor-parallel rank's slice of the checkpoint (safetensors, FP8 or GGUF); the returned ``arch`` is the rank's.
+    ``defer_layer_linears``: a safetensors checkpoint's dense decoder-layer linears are checked but left unread
+    (``LoadedModel.deferred``, loader/deferred_layers.py); other checkpoints load whole."""
     start = time.perf_counter()
     path = resolve_model_path(model_config.model)
     with torch.inference_mode():
         if path.endswith(".gguf"):
             loaded = _load_gguf(path, model_config, device, compute_device or device, shard)
         else:
-            loaded = _load_hf_dir(path, model_config, device, compute_device or device, shard)
-        model, tokenizer, arch, dtype, weight_bytes, quantized = loaded
+            loaded = _load_hf_dir(path, model_config, device, compute_device or device, shard, defer_layer_linears)
+        model, tokenizer, arch, dtype, weight_bytes, quantized, *deferred = loaded
     return LoadedModel(model=model, tokenizer=tokenizer, arch=arch, dtype=dtype, source=path,
-                       load_seconds=time.perf_counter() - start, weight_bytes=weight_bytes, quantized=quantized)
+                       load_seconds=time.perf_counter() - start, weight_bytes=weight_bytes, quantized=quantized,
+                       deferred=deferred[0] if deferred else None)

@@ -37,14 +37,24 @@ class WeightWriter:
             if not name.endswith(_IGNORED_SUFFIXES) and not (self.tied and name == "lm_head.weight"):
                 self.unexpected.append(name)
             return
-        if tuple(dest.shape) != tuple(tensor.shape):
-            raise ModelLoadError(f"{self.source}: weight {name} has shape {tuple(tensor.shape)} but the model "
-                                 f"config needs {tuple(dest.shape)}; the checkpoint does not match its config.json")
+        self._check_shape(name, dest, tuple(tensor.shape))
         assert name not in self.written, f"{name} written twice"
         dest.copy_(tensor)
         self.written.add(name)
         self.bytes_written += tensor.numel() * tensor.element_size()
         self.progress.update(tensor.numel() * tensor.element_size())
+
+    def defer(self, name: str, shape: tuple[int, ...]) -> None:
+        """Count ``name`` (of ``shape`` in the checkpoint) as written; its bytes are read later
+        (loader/deferred_layers.py)."""
+        self._check_shape(name, self.destinations[name], tuple(shape))
+        assert name not in self.written, f"{name} written twice"
+        self.written.add(name)
+
+    def _check_shape(self, name: str, dest: torch.Tensor, shape: tuple[int, ...]) -> None:
+        if tuple(dest.shape) != shape:
+            raise ModelLoadError(f"{self.source}: weight {name} has shape {shape} but the model "
+                                 f"config needs {tuple(dest.shape)}; the checkpoint does not match its config.json")
 
     def finish(self, source_name=None) -> None:
         """Raise ``ModelLoadError`` naming every missing, partly merged or unexpected weight; ``source_name`` maps a

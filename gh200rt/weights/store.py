@@ -23,6 +23,8 @@ releases every slab.
 - An MoE layer's routed experts are placed one by one (``ExpertPlacement``, expert_placement.py); a layer's
   tier governs the rest of its linears (``_layer_refs``).
 - With ``slab_cache`` (slab_cache.py), quantized slabs are read back from disk instead of quantized again.
+- With ``deferred`` (loader/deferred_layers.py) a layer's dense linears are read from the checkpoint only when the
+  store needs them: a resident layer, or a slab to quantize that the cache does not hold.
 """
 from __future__ import annotations
 
@@ -61,7 +63,8 @@ CLOSED_WEIGHT = _ClosedWeight()
 class WeightStore(ExpertPlacement, LayerHooks):
     def __init__(self, model, device="cpu", platform=None, host_format: str | None = None, poison: bool = False,
                  ledger=None, quantized: dict | None = None, cpu_linear_format: str | None = None,
-                 keep_host_copies: bool = False, prefetch_across_steps: bool = True, slab_cache=None):
+                 keep_host_copies: bool = False, prefetch_across_steps: bool = True, slab_cache=None,
+                 deferred=None):
         self.model, self.device, self.platform = model, torch.device(device), platform
         self.compute_dtype = model.dtype
         self.host_format = host_format or weight_forms.resolve_host_format(
@@ -70,6 +73,8 @@ class WeightStore(ExpertPlacement, LayerHooks):
         self.cpu_linear_format = cpu_linear_format if self.device.type == "cpu" else None
         self.keep_host_copies = keep_host_copies
         self.slab_cache = slab_cache     # weights/slab_cache.py: quantized slabs kept between runs, or None
+        # loader/deferred_layers.py: layers whose dense linears are still in the checkpoint, read when needed
+        self.deferred = deferred
         # threads that quantize host forms at load: the CPUs this process may use (the GPU's node once bound)
         self.quant_workers = min(QUANT_MAX_WORKERS, len(os.sched_getaffinity(0))) \
             if hasattr(os, "sched_getaffinity") else 1
@@ -139,6 +144,8 @@ class WeightStore(ExpertPlacement, LayerHooks):
         self._direct_staging_tokens = plan.direct_staging_tokens
         self.tiers = tiers
         for layer, tier in enumerate(tiers):   # one layer at a time: its dense weights go once the slab holds them
+            if tier == Tier.RESIDENT:
+                self._load_deferred(layer)
             if tier != Tier.RESIDENT or self.keep_host_copies:
                 self._build_slab(layer, self._layer_refs(layer))
             if tier != Tier.RESIDENT:
@@ -177,6 +184,8 @@ class WeightStore(ExpertPlacement, LayerHooks):
                 self._place_in_arena(layer, layout)
         for layer, expert in homes:                  # forms booked above, with the layers'
             self._home_expert(layer, expert, book_forms=False)
+        if self.deferred is not None:    # every layer is placed: what was not read is served from its slab
+            self.deferred.release()
         self._reorder()
         self._keep_promotion_room()
 
@@ -385,10 +394,16 @@ class WeightStore(ExpertPlacement, LayerHooks):
             if slab is not None:
                 self.slabs[layer] = slab
                 return
+        self._load_deferred(layer)
         forms = {name: self._host_form(layer, name, weight) for name, weight in weights.items()}
         self.slabs[layer] = slab = LayerSlab(forms, node, self.platform, self.device)
         if cache is not None:
             cache.write(key, slab.layout, slab.tensor[:slab.layout.nbytes])
+
+    def _load_deferred(self, layer: int) -> None:
+        """``layer``'s dense linears read from the checkpoint now, where the loader left them there."""
+        if self.deferred is not None and self.deferred.pending(layer):
+            self.deferred.load(layer)
 
     def _cacheable(self, layer: int, weights: dict[str, object]):
         """The slab cache, where it applies to these weights: dense ones the host format quantizes (a GGUF or FP8
