@@ -420,6 +420,20 @@ def fp8_from_checkpoint(weight: torch.Tensor, weight_scale: torch.Tensor) -> Pac
 QUANT_BLOCK_ROWS = 256   # output rows per block of quantize_rows: a block's float32 temporaries stay in cache
 
 
+def empty_packed(fmt: str, shape: tuple[int, int], device: torch.device | str = "meta") -> PackedWeight:
+    """The ``PackedWeight`` that ``quantize_rows(w, fmt)`` makes of a ``shape`` weight, with uninitialised (by default
+    storage-free) tensors: its layout, without quantizing anything."""
+    n, k = shape
+    group = INT4_DEFAULT_GROUP if fmt == "int4" else k
+    groups = -(-k // group)
+    scale = torch.empty(n, groups, dtype=torch.float32, device=device)
+    if fmt == "int4":
+        return PackedWeight(fmt, torch.empty(n, (k + 1) // 2, dtype=torch.uint8, device=device), scale,
+                            torch.empty(n, groups, dtype=torch.float32, device=device), group, (n, k))
+    codes = torch.int8 if fmt == "int8" else torch.float8_e4m3fn
+    return PackedWeight(fmt, torch.empty(n, k, dtype=codes, device=device), scale, None, group, (n, k))
+
+
 def quantize_rows(w: torch.Tensor, fmt: str, workers: int = 1, rows: int = QUANT_BLOCK_ROWS) -> PackedWeight:
     """``int8`` / ``int4`` / ``fp8`` of a dense ``[N, K]`` weight, quantized in blocks of ``rows`` output rows on
     ``workers`` threads (torch's ops release the GIL). Every row (and its groups) is quantized on its own, so the

@@ -211,8 +211,10 @@ class HostBuffer:
 
 
 def allocate(nbytes: int, node: int | None = 0, policy: str = "bind", hugepages: bool = False,
-             nodes: list[int] | None = None, allow_unbound: bool = False, sysfs_root: str = "/sys") -> HostBuffer:
-    """``nbytes`` of host memory under ``policy`` on ``node`` (or ``nodes`` for interleave), touched once."""
+             nodes: list[int] | None = None, allow_unbound: bool = False, sysfs_root: str = "/sys",
+             touch: bool = True) -> HostBuffer:
+    """``nbytes`` of host memory under ``policy`` on ``node`` (or ``nodes`` for interleave), touched once
+    (``touch=False``: left for the caller's first write, which the policy places just the same)."""
     if not isinstance(nbytes, int) or nbytes <= 0:
         raise ValueError(f"allocate needs a positive byte count, got {nbytes!r}")
     if policy not in POLICIES:
@@ -243,7 +245,8 @@ def allocate(nbytes: int, node: int | None = 0, policy: str = "bind", hugepages:
                 raise
             warnings.warn(f"{e}; the buffer is NOT bound to node(s) {targets} (allow_unbound=True)", stacklevel=2)
             buf.policy, buf.nodes = "default", []
-    buf.touch()
+    if touch:
+        buf.touch()
     return buf
 
 

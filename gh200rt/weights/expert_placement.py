@@ -57,13 +57,15 @@ class ExpertPlacement:
     def _stagings(self) -> list[ExpertStaging]:
         accesses = [self.model.layers[layer].mlp.expert_access for layer in self.expert_tiers]
         return [a for a in accesses if isinstance(a, ExpertStaging)]
+
     def _build_expert_slab(self, layer: int) -> None:
         experts = [{name: ref.current for name, ref in refs.items()} for refs in self._expert_refs(layer)]
         node, key = self.platform.host_numa_node, f"experts-{layer}"
         cache = self._cacheable(layer, {name: w for weights in experts for name, w in weights.items()})
         if cache is not None:
             metas = [{name.rpartition(".")[2]: self._meta_form(w) for name, w in weights.items()} for weights in experts]
-            slab = LayerSlab.from_cache(ExpertSlab.flat(metas), node, self.platform, self.device, cache, key)
+            slab = LayerSlab.from_cache(ExpertSlab.flat(metas), node, self.platform, self.device, cache, key,
+                                        self.quant_workers)
             if slab is not None:
                 self.expert_slabs[layer] = ExpertSlab(metas, node, self.platform, self.device, slab)
                 return

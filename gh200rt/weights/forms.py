@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gh200rt.kernels.quant import PackedWeight, pack_weight
+from gh200rt.kernels.quant import PackedWeight, empty_packed, pack_weight
 
 GGUF = "gguf"
 _DTYPE_FORMATS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -85,6 +85,13 @@ def concat_rows(parts: list[PackedWeight]) -> PackedWeight:
 
 
 QUANTIZED_HOST_FORMATS = ("int8", "int4", "fp8")   # host formats that quantize a dense weight at load
+
+
+def empty_host_form(dense: torch.Tensor, fmt: str):
+    """``host_form(dense, fmt)``'s layout over storage-free tensors, for a dense weight and a quantized format (what
+    the slab cache compares a stored slab with), computed from the shape alone."""
+    assert fmt in QUANTIZED_HOST_FORMATS, fmt
+    return empty_packed(fmt, tuple(dense.shape))
 
 
 def host_form(dense: torch.Tensor, fmt: str, gguf_parts: list | None = None, workers: int = 1):

@@ -78,12 +78,13 @@ class LayerSlab:
 
     @classmethod
     def from_cache(cls, forms: dict[str, object], node: int, platform, device: torch.device, cache,
-                   name: str) -> "LayerSlab | None":
+                   name: str, workers: int = 1) -> "LayerSlab | None":
         """The slab ``forms`` (storage-free: meta tensors) lay out, its bytes read from ``cache`` (a
-        ``SlabCache``) under ``name``; None, with nothing kept, when the cache does not hold them."""
+        ``SlabCache``) under ``name`` on ``workers`` threads; None, with nothing kept, when the cache does not
+        hold them."""
         layout = WeightLayout(forms)
-        buffer = allocate_slab(layout.nbytes, node)
-        if not cache.read(name, layout, buffer.tensor[:layout.nbytes]):
+        buffer = allocate_slab(layout.nbytes, node, touch=False)   # the read's writes place the pages
+        if not cache.read(name, layout, buffer.tensor[:layout.nbytes], workers):
             buffer.free()
             return None
         slab = cls.__new__(cls)

@@ -16,10 +16,11 @@ from pathlib import Path
 from gh200rt.numa.alloc import HostBuffer, allocate
 
 
-def allocate_slab(nbytes: int, node: int = 0) -> HostBuffer:
+def allocate_slab(nbytes: int, node: int = 0, touch: bool = True) -> HostBuffer:
+    """``touch=False``: the caller writes every byte next (a read from the slab cache), which places the pages."""
     if nbytes <= 0:
         raise ValueError(f"slab size must be positive, got {nbytes}")
-    return allocate(nbytes, node=node, policy="bind", hugepages=True, allow_unbound=True)
+    return allocate(nbytes, node=node, policy="bind", hugepages=True, allow_unbound=True, touch=touch)
 
 
 def node_available_bytes(node: int, sysfs_root: str | Path = "/sys") -> int | None:

@@ -390,7 +390,7 @@ class WeightStore(ExpertPlacement, LayerHooks):
         node, cache, key = self.platform.host_numa_node, self._cacheable(layer, weights), f"layer-{layer}"
         if cache is not None:
             slab = LayerSlab.from_cache({name: self._meta_form(w) for name, w in weights.items()}, node,
-                                        self.platform, self.device, cache, key)
+                                        self.platform, self.device, cache, key, self.quant_workers)
             if slab is not None:
                 self.slabs[layer] = slab
                 return
@@ -416,7 +416,7 @@ class WeightStore(ExpertPlacement, LayerHooks):
 
     def _meta_form(self, weight: torch.Tensor):
         """The host form of ``weight`` over storage-free tensors: its layout, without quantizing anything."""
-        return weight_forms.host_form(torch.empty_like(weight, device="meta"), self.host_format)
+        return weight_forms.empty_host_form(weight, self.host_format)
 
     def _keep_fp8_resident(self) -> None:
         """On a GPU, a resident layer of an FP8 checkpoint keeps its fp8 weights (half the HBM of bf16, read by

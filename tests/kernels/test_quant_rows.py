@@ -23,3 +23,17 @@ def test_blocks_of_rows_equal_one_call(fmt, shape, rows, workers):
 def test_pack_weight_passes_its_workers_on():
     w = (torch.randn(600, 64) * 0.05).to(torch.float32)
     assert torch.equal(pack_weight(w, "int8", workers=4).qweight, quantize_int8(w).qweight)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4", "fp8"])
+@pytest.mark.parametrize("shape", [(96, 64), (40, 200)])
+def test_empty_packed_has_the_layout_of_a_quantized_weight(fmt, shape):
+    """What the slab cache compares a stored slab with, computed from the shape without quantizing."""
+    from gh200rt.kernels.quant import empty_packed
+    real = quantize_rows(torch.randn(*shape), fmt, workers=2, rows=16)
+    empty = empty_packed(fmt, shape)
+
+    def layout(p):
+        parts = [p.qweight, p.scale] + ([p.minimum] if p.minimum is not None else [])
+        return [(tuple(t.shape), t.dtype) for t in parts], p.group_size, p.shape, p.fmt
+    assert layout(empty) == layout(real) and empty.qweight.device.type == "meta"
