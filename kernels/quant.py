@@ -434,11 +434,16 @@ def empty_packed(fmt: str, shape: tuple[int, int], device: torch.device | str = 
     return PackedWeight(fmt, torch.empty(n, k, dtype=codes, device=device), scale, None, group, (n, k))
 
 
-def quantize_rows(w: torch.Tensor, fmt: str, workers: int = 1, rows: int = QUANT_BLOCK_ROWS) -> PackedWeight:
+def quantize_rows(w: torch.Tensor, fmt: str, workers: int = 1, rows: int = QUANT_BLOCK_ROWS,
+                  dtype: torch.dtype | None = None) -> PackedWeight:
     """``int8`` / ``int4`` / ``fp8`` of a dense ``[N, K]`` weight, quantized in blocks of ``rows`` output rows on
     ``workers`` threads (torch's ops release the GIL). Every row (and its groups) is quantized on its own, so the
-    result is bit-identical to one call over the whole weight; blocks keep the temporaries in cache."""
-    quantize = {"int8": quantize_int8, "int4": quantize_int4, "fp8": quantize_fp8}[fmt]
+    result is bit-identical to one call over the whole weight; blocks keep the temporaries in cache. ``dtype``:
+    each block is first rounded to it (a checkpoint's tensor quantized as the model's dense copy of it would be)."""
+    whole = {"int8": quantize_int8, "int4": quantize_int4, "fp8": quantize_fp8}[fmt]
+
+    def quantize(block: torch.Tensor) -> PackedWeight:
+        return whole(block if dtype is None else block.to(dtype))
     if workers <= 1 or w.shape[0] <= rows:     # one thread: one call (blocks alone measured no faster)
         return quantize(w)
     blocks = [w[i:i + rows] for i in range(0, w.shape[0], rows)]

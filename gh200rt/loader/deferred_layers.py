@@ -3,11 +3,12 @@
 With a quantized host format (``--host-weight-dtype int8|int4|fp8``) an offloaded layer's dense weights are only
 read to be quantized into its host slab, and not at all when the slab cache (weights/slab_cache.py) holds that
 slab. So ``load_model(..., defer_layer_linears=True)`` checks every such tensor against the checkpoint's header
-(name, shape: the loader stays strict) but reads none; the store calls ``load(layer)`` just before it needs a
-layer's dense weights (a resident layer, a slab the cache misses). A restart from the cache then reads the
-embedding, the head, the norms and the slabs, not the whole checkpoint, and a first start holds one layer's dense
-weights at a time beside the slabs instead of the whole model's (the model's dense tensors are never written, so
-the memory behind them is never touched, and is released when the store repoints the layer at its slab).
+(name, shape: the loader stays strict) but reads none. The store calls ``load(layer)`` for a layer it keeps
+resident, and ``host_forms(layer, ...)`` for a slab the cache does not hold: each checkpoint tensor quantized
+straight from the file's memory map, never copied dense. A restart from the cache then reads the embedding, the
+head, the norms and the slabs, not the whole checkpoint, and a first start neither copies the offloaded layers'
+dense weights nor holds them beside the slabs (the model's dense tensors are never written, so the memory behind
+them is never touched, and is released when the store repoints the layer at its slab).
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ class DeferredTensor:
     name: str
     part: tuple[int, int, int] | None           # (dim, start, stop): a tensor-parallel rank's slice, or None
     destination: torch.Tensor                   # where the model wants it (a view of a layer's dense weight)
+    linear: str                                 # the layer's linear it is rows of (``layer_weight_refs`` name)
+    first_row: int                              # its first row in that linear
 
 
 class DeferredLayers:
@@ -38,7 +41,8 @@ class DeferredLayers:
         return name in self._layer_of
 
     def note(self, path: str, name: str, part, destination: torch.Tensor) -> None:
-        self._pending.setdefault(self._layer_of[name], []).append(DeferredTensor(path, name, part, destination))
+        layer, linear, first_row = self._layer_of[name]
+        self._pending.setdefault(layer, []).append(DeferredTensor(path, name, part, destination, linear, first_row))
 
     def pending(self, layer: int) -> bool:
         return layer in self._pending
@@ -49,6 +53,27 @@ class DeferredLayers:
 
     def load(self, layer: int) -> None:
         """Read ``layer``'s deferred tensors into the model (nothing when none are pending)."""
+        with torch.inference_mode():
+            for tensor, data in self._read(layer):
+                tensor.destination.copy_(data.to(self.dtype))
+
+    def host_forms(self, layer: int, fmt: str, workers: int) -> dict[str, object]:
+        """``layer``'s linears quantized to ``fmt`` straight from the checkpoint's (memory-mapped) tensors, each
+        checkpoint tensor on its own and its rows stacked (every row is quantized on its own, so this is
+        bit-identical to quantizing the model's dense copy), without writing the dense copy."""
+        from gh200rt.kernels.quant import quantize_rows
+        from gh200rt.weights.forms import concat_rows
+        parts: dict[str, list] = {}
+        with torch.inference_mode():
+            for tensor, data in self._read(layer):
+                parts.setdefault(tensor.linear, []).append(
+                    (tensor.first_row, quantize_rows(data, fmt, workers, dtype=self.dtype)))
+        return {linear: concat_rows([packed for _, packed in sorted(rows, key=lambda r: r[0])])
+                for linear, rows in parts.items()}
+
+    def _read(self, layer: int):
+        """(tensor, its data as stored: a view of the file's memory map where whole) of ``layer``'s deferred
+        tensors, which stop being pending."""
         from gh200rt.loader.safetensors_dir import open_checkpoint_file, read_tensor
         tensors = self._pending.pop(layer, [])
         if tensors:
@@ -56,16 +81,15 @@ class DeferredLayers:
         by_file: dict[str, list[DeferredTensor]] = {}
         for tensor in tensors:
             by_file.setdefault(tensor.path, []).append(tensor)
-        with torch.inference_mode():
-            for path, group in by_file.items():
-                with open_checkpoint_file(path) as f:
-                    for tensor in group:
-                        data = read_tensor(f, path, tensor.name, tensor.part)
-                        if tuple(data.shape) != tuple(tensor.destination.shape):
-                            raise ModelLoadError(f"{path}: {tensor.name} changed shape since the engine started "
-                                                 f"({tuple(data.shape)}, expected {tuple(tensor.destination.shape)})")
-                        tensor.destination.copy_(data.to(self.dtype))
-                        self.bytes_loaded += tensor.destination.nbytes
+        for path, group in by_file.items():
+            with open_checkpoint_file(path) as f:
+                for tensor in group:
+                    data = read_tensor(f, path, tensor.name, tensor.part)
+                    if tuple(data.shape) != tuple(tensor.destination.shape):
+                        raise ModelLoadError(f"{path}: {tensor.name} changed shape since the engine started "
+                                             f"({tuple(data.shape)}, expected {tuple(tensor.destination.shape)})")
+                    self.bytes_loaded += tensor.destination.nbytes
+                    yield tensor, data
 
 
     def release(self) -> None:
@@ -74,16 +98,21 @@ class DeferredLayers:
         self._pending.clear()
 
 
-def _layer_linear_names(model) -> dict[str, int]:
-    """Checkpoint name -> its decoder layer, for the tensors written into a layer's dense linear weights (q/k/v,
-    o, gate/up, down): those the store may quantize into a slab. Biases, norms and MoE models are loaded at once
-    (an MoE layer's experts are placed one by one, outside the layer slab)."""
+def _layer_linear_names(model) -> dict[str, tuple[int, str, int]]:
+    """Checkpoint name -> (decoder layer, its linear, first row there), for the tensors written into a layer's
+    dense linear weights (q/k/v, o, gate/up, down): those the store may quantize into a slab. Biases, norms and
+    MoE models are loaded at once (an MoE layer's experts are placed one by one, outside the layer slab)."""
     if getattr(getattr(model, "arch", None), "is_moe", False):
         return {}
-    storages = {}
+    linears = {}
     for layer in range(len(model.layers)):
-        for ref in model.layer_weight_refs(layer).values():
+        for linear, ref in model.layer_weight_refs(layer).items():
             if isinstance(ref.current, torch.Tensor):
-                storages[ref.current.untyped_storage().data_ptr()] = layer
-    return {name: storages[dest.untyped_storage().data_ptr()] for name, dest in model.weight_destinations().items()
-            if dest.untyped_storage().data_ptr() in storages}
+                linears[ref.current.untyped_storage().data_ptr()] = (layer, linear, ref.current)
+    out = {}
+    for name, dest in model.weight_destinations().items():
+        found = linears.get(dest.untyped_storage().data_ptr())
+        if found is not None:
+            layer, linear, whole = found
+            out[name] = (layer, linear, (dest.data_ptr() - whole.data_ptr()) // (whole.stride(0) * whole.element_size()))
+    return out

@@ -23,8 +23,8 @@ releases every slab.
 - An MoE layer's routed experts are placed one by one (``ExpertPlacement``, expert_placement.py); a layer's
   tier governs the rest of its linears (``_layer_refs``).
 - With ``slab_cache`` (slab_cache.py), quantized slabs are read back from disk instead of quantized again.
-- With ``deferred`` (loader/deferred_layers.py) a layer's dense linears are read from the checkpoint only when the
-  store needs them: a resident layer, or a slab to quantize that the cache does not hold.
+- With ``deferred`` (loader/deferred_layers.py) a layer's dense linears stay in the checkpoint until the store needs
+  them: a resident layer reads them in, a slab the cache does not hold is quantized from the file's memory map.
 """
 from __future__ import annotations
 
@@ -394,8 +394,12 @@ class WeightStore(ExpertPlacement, LayerHooks):
             if slab is not None:
                 self.slabs[layer] = slab
                 return
-        self._load_deferred(layer)
-        forms = {name: self._host_form(layer, name, weight) for name, weight in weights.items()}
+        if self.deferred is not None and self.deferred.pending(layer):   # quantized from the checkpoint's map
+            quantized = self.deferred.host_forms(layer, self.host_format, self.quant_workers)
+            assert quantized.keys() == weights.keys(), (sorted(quantized), sorted(weights))
+            forms = {name: quantized[name] for name in weights}       # the layout's order: the cache compares it
+        else:
+            forms = {name: self._host_form(layer, name, weight) for name, weight in weights.items()}
         self.slabs[layer] = slab = LayerSlab(forms, node, self.platform, self.device)
         if cache is not None:
             cache.write(key, slab.layout, slab.tensor[:slab.layout.nbytes])

@@ -88,3 +88,24 @@ def test_a_missing_tensor_is_named_at_load(tiny_dir, tmp_path):  # noqa: F811
     assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == LAYERS
     with pytest.raises(ModelLoadError, match=r"missing weights: model.layers.2.self_attn.k_proj.weight"):
         engine(str(out), offload="stream", host_weight_dtype="int8")
+
+
+def test_a_bf16_model_quantizes_the_rounded_weights_like_its_dense_copy(tiny_dir, monkeypatch):  # noqa: F811
+    """The tiny checkpoint is float32: a bfloat16 model rounds each tensor to bf16 before quantizing it, from the
+    checkpoint's map exactly as from the dense copy."""
+    from gh200rt.config import EngineConfig
+    from gh200rt.engine.engine import LLMEngine
+
+    def start():
+        config = EngineConfig.from_kwargs(model=tiny_dir, dtype="bfloat16", max_model_len=128, offload="stream",
+                                          host_weight_dtype="int4")
+        return LLMEngine.from_config(config)
+    deferred = start()
+    assert deferred.store.deferred is not None and deferred.store.compute_dtype == torch.bfloat16
+    want = slab_bytes(deferred)
+    deferred.close()
+    loaded_everything_up_front(monkeypatch)
+    eager = start()
+    got = slab_bytes(eager)
+    eager.close()
+    assert all(torch.equal(got[name], want[name]) for name in want)
