@@ -6,7 +6,8 @@ against a baseline revision of the kernel, and resident bf16 weights against cuB
 (a) The DIRECT tier: each layer's weight (int8 and fp8 per channel, int4 in groups of 32, bf16) in pinned host
 memory, read over the link by this tree's ``host_gemm`` and by the baseline's (``git show
 REV:kernels/host_gemm.py`` and its ``kernels/quant.py``, imported by path; default: the merge-base of HEAD
-and ``main``; a directory holding those two files also works), and by this tree's with the scales and
+and ``main``, else ``.baseline/kernels/`` holding those two files, for a copy of the tree without its git history;
+a directory holding them also works), and by this tree's with the scales and
 minimums in HBM (the codes alone cross the link). GB/s are the bytes read from host memory per second, next
 to a pinned host -> device copy of 1 GiB measured in the same run.
 (b) Resident bf16 weights in HBM at M <= 8: this tree's kernel (a Triton GEMV at M = 1) against cuBLAS
@@ -61,11 +62,23 @@ def load_baseline(rev: str):
     return importlib.import_module(f"{name}.host_gemm"), importlib.import_module(f"{name}.quant")
 
 
-def default_baseline() -> str:
+BASELINE_DIR = ROOT / ".baseline" / "kernels"   # a checkout without git history: the baseline's two files here
+
+
+def default_baseline() -> str | None:
+    """The merge-base of HEAD and main, else ``BASELINE_DIR`` where it holds the two files (a copy of the tree that
+    travelled without its git history), else None: no baseline column."""
     found = subprocess.run(["git", "-C", str(ROOT), "merge-base", "HEAD", "main"], capture_output=True, text=True,
                            check=False)
-    if found.returncode:
-        raise SystemExit(f"no merge-base of HEAD and main ({found.stderr.strip()}); pass --baseline REV")
+    if found.returncode == 0 and found.stdout.strip() != _head():
+        return found.stdout.strip()
+    if all((BASELINE_DIR / name).is_file() for name in ("host_gemm.py", "quant.py")):
+        return str(BASELINE_DIR)
+    return None
+
+
+def _head() -> str:
+    found = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
     return found.stdout.strip()
 
 
@@ -118,10 +131,11 @@ def main() -> int:
     from gh200rt.kernels.host_gemm import host_gemm, reference_host_gemm
     from gh200rt.kernels.quant import pack_weight
     rev = args.baseline or default_baseline()
-    base_gemm, base_quant = load_baseline(rev)
+    base_gemm, base_quant = load_baseline(rev) if rev is not None else (None, None)
     bounds = measured_bounds()
     print(f"{torch.cuda.get_device_name()}: link (pinned H2D copy) {bounds['link']:.1f} GB/s, "
-          f"HBM (device copy) {bounds['hbm']:.0f} GB/s; baseline {rev}")
+          f"HBM (device copy) {bounds['hbm']:.0f} GB/s; baseline "
+          + (rev if rev is not None else f"none (no git history and no {BASELINE_DIR}: pass --baseline REV|DIR)"))
     rows = []
 
     def record(layer, m, weights, where, kernel, fn, nbytes, bound, want):
@@ -146,14 +160,15 @@ def main() -> int:
             if fmt == "bf16":
                 base, scales_in_hbm, code_bytes = host, None, host.nbytes
             else:
-                base = base_quant.PackedWeight(host.fmt, host.qweight, host.scale, host.minimum, host.group_size,
+                base = None if base_quant is None else base_quant.PackedWeight(host.fmt, host.qweight, host.scale, host.minimum, host.group_size,
                                                host.shape)
                 scales_in_hbm = host.with_tensors({**on_device.tensors(), "qweight": host.qweight})
                 code_bytes = host.qweight.nbytes
             for m in ROWS:
                 x = xs[m]
-                record(layer, m, fmt, "host", "baseline", lambda: base_gemm.host_gemm(x, base), host.nbytes,
-                       "link", want[m])
+                if base_gemm is not None:
+                    record(layer, m, fmt, "host", "baseline", lambda: base_gemm.host_gemm(x, base), host.nbytes,
+                           "link", want[m])
                 record(layer, m, fmt, "host", "this tree", lambda: host_gemm(x, host), host.nbytes, "link", want[m])
                 if scales_in_hbm is not None:
                     record(layer, m, fmt, "host, scales in HBM", "this tree", lambda: host_gemm(x, scales_in_hbm),

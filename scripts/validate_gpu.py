@@ -6,6 +6,7 @@ wheelhouse made on a networked machine by scripts/wheelhouse.py (``--have FREEZE
 
     python scripts/validate_gpu.py --wheelhouse wheelhouse --out report/
     python scripts/validate_gpu.py --dry-run        # what would run; fails if a script or option drifted
+    python scripts/validate_gpu.py --kit speed --wheelhouse wheelhouse --out report/   # decode speed instead
 
 Steps (each under a time cap; the caps add up to 9 minutes):
  1. device preflight (scripts/gpu_preflight.py): a CUDA device, Triton compiles a kernel, cuda-bindings;
@@ -46,7 +47,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from validate_report import write_report  # noqa: E402
 from validate_steps import (DEVICE_PREFLIGHT_CAP_S, ROOT, Step, dry_run_problems, install_steps,  # noqa: E402
-                            skip_reason, validation_steps)
+                            skip_reason, speed_steps, validation_steps)
+
+KITS = {"validate": validation_steps, "speed": speed_steps}
 
 BUDGET_S = 540
 
@@ -112,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the random Llama-3-8B-shaped checkpoint is written (16 GB; reused)")
     parser.add_argument("--budget-s", type=float, default=BUDGET_S, help="the whole run's time budget")
     parser.add_argument("--skip", action="append", default=[], metavar="STEP", help="leave out a step (by name)")
+    parser.add_argument("--kit", choices=sorted(KITS), default="validate",
+                        help="validate: the steps above; speed: decode speed against the rooflines (kernel compile "
+                             "check, the decode kernels' gpu tests, paged attention and host_gemm timings, "
+                             "Llama-3-8B decode per placement with kernels per step)")
     parser.add_argument("--dry-run", action="store_true", help="check every script and option a step uses, "
                                                                "print the steps, run nothing")
     args = parser.parse_args(argv)
@@ -119,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--venv needs --wheelhouse: gh200rt and its test packages are installed into the venv from it")
     py = str(args.venv.resolve() / "bin" / "python") if args.venv else sys.executable
     out, cache = args.out.resolve(), args.cache.resolve()
-    steps = (install_steps(py, args.wheelhouse.resolve()) if args.wheelhouse else []) + validation_steps(py, out, cache)
+    steps = (install_steps(py, args.wheelhouse.resolve()) if args.wheelhouse else []) + KITS[args.kit](py, out, cache)
     unknown = [s for s in args.skip if s not in {step.name for step in steps}]
     if unknown:
         parser.error(f"unknown step(s) {unknown}; steps: {[s.name for s in steps]}")

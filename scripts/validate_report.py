@@ -51,6 +51,26 @@ def decode_figures(report: dict | None) -> list[dict]:
             for r in (report or {}).get("rows", [])]
 
 
+def kernel_figures(report: dict | None) -> list[dict]:
+    """Rows of scripts/bench_gpu_attention.py and bench_gpu_host_gemm.py, each GB/s next to the bound that script
+    measured in the same run."""
+    report = report or {}
+    figures = []
+    for r in report.get("rows", []):
+        if "gb_s" in r:      # host_gemm
+            roof = report["bounds_gb_s"][r["bound"]]
+            figures.append({"what": f"host_gemm {r['layer']} M={r['m']} {r['weights']} read from {r['read_from']}, "
+                                    f"{r['kernel']} kernel", "measured": r["gb_s"], "unit": "GB/s", "roofline": roof,
+                            "roofline_source": f"{r['bound']} copy measured in the same run",
+                            "fraction": r["gb_s"] / roof})
+        elif "gbps" in r:    # paged attention
+            figures.append({"what": f"paged attention batch {r['batch']}, context {r['context']}, {r['route']}",
+                            "measured": r["gbps"], "unit": "GB/s", "roofline": report["copy_gbps"],
+                            "roofline_source": "device-to-device copy measured in the same run",
+                            "fraction": r["gbps"] / report["copy_gbps"]})
+    return figures
+
+
 def collect_figures(results: list[dict], platform: dict) -> list[dict]:
     figures = []
     for r in results:
@@ -60,6 +80,8 @@ def collect_figures(results: list[dict], platform: dict) -> list[dict]:
                 figures += bandwidth_figures(data, platform)
             elif kind == "decode":
                 figures += decode_figures(data)
+            elif kind == "kernel":
+                figures += kernel_figures(data)
     return figures
 
 

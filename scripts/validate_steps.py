@@ -120,6 +120,37 @@ def validation_steps(py: str, out: Path, cache: Path) -> list[Step]:
     ]
 
 
+# the gpu tests of the decode-speed work (issue 31's kernels and the decode paths they serve)
+SPEED_TESTS = ("tests/gpu/test_gpu_split_attention.py", "tests/gpu/test_gpu_model_kernels.py",
+               "tests/kernels/test_gpu_kernels.py", "tests/gpu/test_gpu_decode_graphs.py")
+
+
+def speed_steps(py: str, out: Path, cache: Path) -> list[Step]:
+    """``--kit speed``: decode speed against the rooflines, before and after, in one run: the kernel compile check,
+    the kernels' gpu tests, paged attention (split-K against one pass, FlashInfer where installed), host_gemm
+    (pinned host weights against a baseline kernel, resident bf16 against cuBLAS), and Llama-3-8B-shaped decode
+    per placement with kernels per step (bf16 resident and streamed; int4 and int8 direct)."""
+    decode = [py, "scripts/bench_decode.py", "--tokens", "16", "--random-model", "llama3-8b",
+              "--random-model-dir", str(cache / "llama3-8b-random")]
+    return [
+        Step("kernel compile check", [py, "scripts/check_kernels.py"], 45),
+        Step("decode kernels' gpu tests", [py, "-m", "pytest", "-q", "-rs", "-m", "gpu", "-p", "no:cacheprovider",
+                                           "--timeout", "120", "--junit-xml", str(out / "gpu_tests.xml"),
+                                           *SPEED_TESTS], 90, outputs={"junit": out / "gpu_tests.xml"}),
+        Step("paged attention timings", [py, "scripts/bench_gpu_attention.py", "--json",
+                                         str(out / "attention.json")], 50, outputs={"kernel": out / "attention.json"}),
+        Step("host_gemm timings", [py, "scripts/bench_gpu_host_gemm.py", "--json", str(out / "host_gemm.json")], 70,
+             outputs={"kernel": out / "host_gemm.json"}),
+        Step("decode Llama-3-8B shape, bf16", decode + ["--batches", "1,8,64", "--placements", "resident,stream",
+                                                        "--json", str(out / "decode_llama3_8b.json")], 110,
+             values=("llama3-8b",), outputs={"decode": out / "decode_llama3_8b.json"}),
+        Step("decode Llama-3-8B shape, quantized direct",
+             decode + ["--batches", "1", "--placements", "direct", "--host-weight-dtype", "int4", "--json",
+                       str(out / "decode_llama3_8b_int4.json")], 80, values=("llama3-8b",),
+             outputs={"decode": out / "decode_llama3_8b_int4.json"}),
+    ]
+
+
 def _output_of(command: list[str], cache: dict) -> tuple[int, str]:
     key = tuple(command)
     if key not in cache:

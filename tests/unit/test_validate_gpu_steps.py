@@ -12,7 +12,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from validate_report import write_report  # noqa: E402
 from validate_steps import (DEVICE_PREFLIGHT_CAP_S, SMOLLM2, Step, dry_run_problems, install_steps,  # noqa: E402
-                            skip_reason, validation_steps)
+                            skip_reason, speed_steps, validation_steps)
 
 PY = sys.executable
 STEP_NAMES = ("registration preflight", "gpu and gh200 tests", "kernel compile check", "bandwidth", "decode SmolLM2",
@@ -39,8 +39,9 @@ def test_steps_run_compiled_kernels_not_the_interpreter(monkeypatch):
 
 
 def test_caps_fit_nine_minutes(tmp_path):
-    steps = install_steps(PY, tmp_path) + validation_steps(PY, tmp_path, tmp_path)
-    assert DEVICE_PREFLIGHT_CAP_S + sum(s.cap_s for s in steps) <= 9 * 60
+    for kit in (validation_steps, speed_steps):
+        steps = install_steps(PY, tmp_path) + kit(PY, tmp_path, tmp_path)
+        assert DEVICE_PREFLIGHT_CAP_S + sum(s.cap_s for s in steps) <= 9 * 60, kit.__name__
     assert load_script().BUDGET_S <= 9 * 60
 
 
@@ -218,3 +219,28 @@ def test_a_skipped_step_does_not_fail_the_run(tmp_path):
                 "cap_s": 45, "output_tail": "fine", "outputs": {}}]
     write_report(tmp_path, {"device": "GPU"}, {}, [{"name": "cuda_device", "ok": True, "detail": "H100"}], results)
     assert json.loads((tmp_path / "report.json").read_text())["ok"] is True
+
+
+def test_dry_run_of_the_speed_kit_passes():
+    proc = subprocess.run([PY, "scripts/validate_gpu.py", "--kit", "speed", "--dry-run"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    names = [s.name for s in speed_steps(PY, Path("out"), Path("cache"))]
+    assert all(f"\n{name} (cap " in proc.stdout for name in names)
+    assert f"all {len(names)} steps can be called" in proc.stdout
+
+
+def test_report_puts_kernel_timings_next_to_their_bounds(tmp_path):
+    attention, gemm = tmp_path / "attention.json", tmp_path / "host_gemm.json"
+    attention.write_text(json.dumps({"copy_gbps": 3000.0, "rows": [
+        {"batch": 1, "context": 8192, "route": "auto", "gbps": 2400.0}]}))
+    gemm.write_text(json.dumps({"bounds_gb_s": {"link": 50.0, "hbm": 3000.0}, "rows": [
+        {"layer": "o", "m": 1, "weights": "int4", "read_from": "host", "kernel": "this tree", "gb_s": 40.0,
+         "bound": "link"}]}))
+    results = [{"step": name, "command": "x", "status": "ok", "exit_code": 0, "seconds": 1.0, "cap_s": 60,
+                "output_tail": "", "outputs": {"kernel": str(path)}}
+               for name, path in (("paged attention timings", attention), ("host_gemm timings", gemm))]
+    write_report(tmp_path, {"device": "NVIDIA H100 80GB HBM3"}, {}, [], results)
+    figures = {f["what"]: f for f in json.loads((tmp_path / "report.json").read_text())["figures"]}
+    assert figures["paged attention batch 1, context 8192, auto"]["fraction"] == 0.8
+    assert figures["host_gemm o M=1 int4 read from host, this tree kernel"]["fraction"] == 0.8
