@@ -1,6 +1,7 @@
 """Rank 0's model runner: each step's inputs go to the workers before rank 0 runs its own shard, with the placement
-moves rank 0's store made since the last step (``placement_sync.py``), and a step that fails because a worker
-failed raises ``TensorParallelError`` with that worker's rank and reason."""
+moves rank 0's store made since the last step (``placement_sync.py``) and the step's LoRA slot loads and slots
+(``worker_lora.py``), and a step that fails because a worker failed raises ``TensorParallelError`` with that
+worker's rank and reason."""
 from __future__ import annotations
 
 from gh200rt.distributed.errors import TensorParallelError
@@ -17,6 +18,11 @@ class TensorParallelRunner(ModelRunner):
         self.placement = PlacementTracker(self.hooks) if hasattr(self.hooks, "expert_tiers") else None
 
     def _send(self, step) -> None:
+        if self.lora is not None:      # the adapters this step put in slots, and each sequence's slot
+            for _, entry in self.lora.step_loads:
+                self.workers.publish_adapter(entry)
+            step.lora_loads = [(slot, entry.id) for slot, entry in self.lora.step_loads]
+            step.lora_runs = list(self.lora.step_runs)
         self.workers.send_step(step, self.placement.moves() if self.placement is not None else [])
 
     def run(self, out: SchedulerOutput) -> StepLogits:

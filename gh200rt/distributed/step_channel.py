@@ -1,6 +1,6 @@
-"""Rank 0 -> workers: each step's inputs (a ``HostStep``) and the placement moves to make before it
-(``placement_sync.py``) in two broadcasts on the control group, a fixed header and one int64 payload; a header whose
-command is STOP ends the worker's loop."""
+"""Rank 0 -> workers: each step's inputs (a ``HostStep``, its LoRA slot loads and per-sequence slots included) and the
+placement moves to make before it (``placement_sync.py``) in two broadcasts on the control group, a fixed header and
+one int64 payload; a header whose command is STOP ends the worker's loop."""
 from __future__ import annotations
 
 import torch
@@ -10,16 +10,19 @@ from gh200rt.distributed.placement_sync import PlacementMove
 from gh200rt.engine.model_runner import HostStep
 
 STEP, STOP = 1, 2
-# command, tokens, seqs, block table width, sample rows, linear rows (-1: None), prompt ranges, moves, payload length
-HEADER = 9
+# command, tokens, seqs, block table width, sample rows, linear rows (-1: None), prompt ranges, LoRA slot loads,
+# LoRA runs, moves, payload length
+HEADER = 11
 
 
 def send_step(state: ParallelState, step: HostStep, moves: list[PlacementMove] = ()) -> None:
     ranges = [v for i, (a, b) in step.prompt_logit_ranges.items() for v in (i, a, b)]
-    payload = step.packed + ranges + [v for move in moves for v in move.encode()]
+    lora = [v for pair in step.lora_loads + step.lora_runs for v in pair]
+    payload = step.packed + ranges + lora + [v for move in moves for v in move.encode()]
     rows = -1 if step.linear_rows is None else step.linear_rows
     header = torch.tensor([STEP, step.num_tokens, step.num_seqs, step.width, len(step.sample_rows), rows,
-                           len(step.prompt_logit_ranges), len(moves), len(payload)], dtype=torch.int64)
+                           len(step.prompt_logit_ranges), len(step.lora_loads), len(step.lora_runs), len(moves),
+                           len(payload)], dtype=torch.int64)
     state.broadcast_control(header)
     state.broadcast_control(torch.tensor(payload, dtype=torch.int64))
 
@@ -31,17 +34,21 @@ def send_stop(state: ParallelState) -> None:
 def receive_step(state: ParallelState) -> tuple[HostStep, list[PlacementMove]] | None:
     """The next step rank 0 sends and the moves to make before it, or None when it says stop."""
     header = state.broadcast_control(torch.empty(HEADER, dtype=torch.int64)).tolist()
-    command, t, b, width, n_sample, rows, n_ranges, n_moves, length = header
+    command, t, b, width, n_sample, rows, n_ranges, n_loads, n_runs, n_moves, length = header
     if command == STOP:
         return None
     assert command == STEP, header
     payload = state.broadcast_control(torch.empty(length, dtype=torch.int64)).tolist()
-    moves = PlacementMove.decode(payload[length - 4 * n_moves:])
-    length -= 4 * n_moves
-    packed, ranges = payload[:length - 3 * n_ranges], payload[length - 3 * n_ranges:length]
+    tail = 3 * n_ranges + 2 * (n_loads + n_runs) + 4 * n_moves
+    packed, rest = payload[:length - tail], payload[length - tail:]
+    ranges, rest = rest[:3 * n_ranges], rest[3 * n_ranges:]
+    lora, rest = rest[:2 * (n_loads + n_runs)], rest[2 * (n_loads + n_runs):]
+    pairs = [(lora[k], lora[k + 1]) for k in range(0, len(lora), 2)]
+    moves = PlacementMove.decode(rest)
     starts = packed[3 * t:3 * t + b + 1]
     seq_lens = packed[3 * t + b + 1:3 * t + 2 * b + 1]
     sample_rows = packed[3 * t + 2 * b + 1:3 * t + 2 * b + 1 + n_sample]
     prompt_ranges = {ranges[k]: (ranges[k + 1], ranges[k + 2]) for k in range(0, len(ranges), 3)}
     return HostStep(packed, t, width, [e - s for s, e in zip(starts, starts[1:])], seq_lens, sample_rows,
-                    prompt_ranges, None if rows < 0 else rows), moves
+                    prompt_ranges, None if rows < 0 else rows, lora_loads=pairs[:n_loads],
+                    lora_runs=pairs[n_loads:]), moves

@@ -1,6 +1,7 @@
 """A tensor-parallel worker process (rank 1..N-1): load the rank's shard, report ready, then run every step rank 0
 sends until it says stop. A worker decides nothing: no scheduler, sampler or tier controller runs here; it makes
-the placement moves rank 0 sends with a step before running it, at rank 0's arena runs (``placement_sync.py``).
+the placement moves rank 0 sends with a step before running it, at rank 0's arena runs (``placement_sync.py``), and
+copies the LoRA adapters rank 0 put in slots into its own (``worker_lora.py``).
 
 Whatever ends the worker other than a stop (an error loading its shard, a failed collective) is written to the
 rendezvous store under ``error/<rank>`` for rank 0 to report, and the process exits non-zero. A thread watches the
@@ -27,6 +28,7 @@ from gh200rt.distributed.rank_numa import rank_platform
 from gh200rt.distributed.sharding import TensorShard
 from gh200rt.distributed.placement_sync import apply_moves, geometry, placement
 from gh200rt.distributed.step_channel import receive_step
+from gh200rt.distributed.worker_lora import WorkerAdapters
 
 PARENT_POLL_SECONDS = 0.5
 
@@ -86,10 +88,18 @@ def run_worker(shard: TensorShard, config, meet: Rendezvous, threads: int, paren
         model.connect(state)
         runner = ModelRunner(model, arena.kv_caches(), config.cache.block_size, device, hooks=placed.store,
                              batch_invariant=config.model.batch_invariant)
+        adapters = WorkerAdapters(placed, config, shard, device, store) if config.lora.enable_lora else None
         while (received := receive_step(state)) is not None:
             step, moves = received
             apply_moves(placed.store, moves)
-            runner.execute(step)
+            if adapters is None:
+                runner.execute(step)
+                continue
+            adapters.begin(step)
+            try:
+                runner.execute(step)
+            finally:
+                adapters.end()
         store.set(f"final/{rank}", json.dumps(final_report(placed.store)))
         placed.store.close()
     except BaseException as e:  # noqa: BLE001 - any failure is reported to rank 0, then the worker exits

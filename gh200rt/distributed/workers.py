@@ -59,6 +59,7 @@ class TensorParallelWorkers:
         self.state: ParallelState | None = None
         self.failed: TensorParallelError | None = None
         self.closed = False
+        self._published: set[int] = set()        # LoRA adapter ids whose path the workers can read in the store
 
     @property
     def pids(self) -> list[int]:
@@ -109,6 +110,12 @@ class TensorParallelWorkers:
     # ---- steps -----------------------------------------------------------------------------------
     def send_step(self, step: HostStep, moves=()) -> None:
         send_step(self.state, step, moves)
+
+    def publish_adapter(self, entry) -> None:
+        """Where the workers read LoRA adapter ``entry`` (an ``AdapterEntry``) when rank 0 puts it in a slot."""
+        if entry.id not in self._published:
+            self.store.set(f"lora/{entry.id}", json.dumps({"name": entry.name, "path": entry.path}))
+            self._published.add(entry.id)
 
     def explain(self, error: BaseException) -> TensorParallelError | None:
         """After ``error`` in a step: the worker failure behind it (waiting a few seconds for the failing worker

@@ -67,6 +67,10 @@ class HostStep:
     linear_rows: int | None
     # scheduled index -> flat [start, end) of an embedding sequence's rows to pool (rank 0 only: workers pool nothing)
     pool_ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # LoRA, for a tensor-parallel engine's workers: (slot, adapter id) copied into a slot before this step, and
+    # (slot, tokens) per sequence (lora/registry.py's step_loads / step_runs)
+    lora_loads: list[tuple[int, int]] = field(default_factory=list)
+    lora_runs: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_seqs(self) -> int:

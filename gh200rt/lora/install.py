@@ -21,9 +21,12 @@ def _triton_available() -> bool:
     return True
 
 
-def install_lora(model, arch, config, dtype: torch.dtype, device, ledger) -> AdapterRegistry:
+def install_lora(model, arch, config, dtype: torch.dtype, device, ledger, shard=None,
+                 register_modules: bool = True) -> AdapterRegistry:
     """Slots on ``device`` (``ledger`` must have booked ``lora_slot_bytes`` as ``lora_slots`` already: the KV cache
-    takes what is left), a ``LoraLinear`` on each target linear, and the ``--lora-modules`` read and registered."""
+    takes what is left), a ``LoraLinear`` on each target linear, and the ``--lora-modules`` read and registered
+    (``register_modules``: a tensor-parallel worker loads what rank 0 names instead). ``arch``: the model's (a
+    rank's, where ``shard`` says which of the whole model's ``shard.arch``)."""
     if not all(hasattr(layer, "self_attn") and hasattr(layer.self_attn, "qkv_proj")
                for layer in getattr(model, "layers", [None])):
         raise ValueError(f"--enable-lora serves adapters of Llama-family models (Llama, Mistral, Qwen2/3); "
@@ -32,7 +35,7 @@ def install_lora(model, arch, config, dtype: torch.dtype, device, ledger) -> Ada
     batch = LoraBatch(config.max_loras, device, use_triton)
     slots = LoraSlots(model, arch, config.max_loras, config.max_lora_rank, dtype, device, batch)
     assert ledger.by_kind["lora_slots"] == slots.nbytes, (ledger.by_kind["lora_slots"], slots.nbytes)
-    registry = AdapterRegistry(config, arch, dtype, slots, batch)
-    for module in config.modules:
+    registry = AdapterRegistry(config, shard.arch if shard is not None else arch, dtype, slots, batch, shard)
+    for module in config.modules if register_modules else ():
         registry.add(module.name, module.path, module.base_model_name)
     return registry

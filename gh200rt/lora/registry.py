@@ -33,10 +33,15 @@ class UnknownAdapter(KeyError):
 
 
 class AdapterRegistry:
-    def __init__(self, config, arch, dtype: torch.dtype, slots: LoraSlots, batch: LoraBatch):
-        """``config``: the engine's ``LoRAConfig``."""
-        self.config, self.arch, self.dtype = config, arch, dtype
+    def __init__(self, config, arch, dtype: torch.dtype, slots: LoraSlots, batch: LoraBatch, shard=None):
+        """``config``: the engine's ``LoRAConfig``; ``arch``: the whole model's (adapters are read and checked
+        whole); ``shard``: a tensor-parallel rank's ``TensorShard``, whose slice of each adapter its slots hold."""
+        self.config, self.arch, self.dtype, self.shard = config, arch, dtype, shard
         self.slots, self.batch = slots, batch
+        # this step's adapters copied into slots, (slot, entry), and per scheduled sequence (slot, tokens): what
+        # rank 0 of a tensor-parallel engine sends its workers with the step
+        self.step_loads: list[tuple[int, AdapterEntry]] = []
+        self.step_runs: list[tuple[int, int]] = []
         self.by_name: dict[str, AdapterEntry] = {}
         self._ids = itertools.count(1)
         self._host: OrderedDict[int, LoraAdapter] = OrderedDict()      # LRU: oldest first
@@ -119,7 +124,8 @@ class AdapterRegistry:
             else:
                 victim = next(i for i in self._slot_of if i not in keep)
                 slot = self._slot_of.pop(victim)
-            self.slots.load(slot, self.host_adapter(entry))
+            self.load_slot(slot, self.host_adapter(entry))
+            self.step_loads.append((slot, entry))
             self.slot_loads += 1
             self._slot_of[entry.id] = slot
         self._slot_of.move_to_end(entry.id)
@@ -131,13 +137,21 @@ class AdapterRegistry:
         entries = {item.seq.lora.id: item.seq.lora for item in scheduled if item.seq.lora is not None}
         assert len(entries) <= self.config.max_loras, "the scheduler admits at most --max-loras adapters"
         keep = set(entries)
+        self.step_loads = []
         slot_of = {i: self.slot_for(entry, keep) for i, entry in entries.items()}
-        runs = [(NO_SLOT if item.seq.lora is None else slot_of[item.seq.lora.id], item.num_new_tokens)
-                for item in scheduled]
-        self.batch.step = lora_step(runs, self.batch.device, self.batch.use_triton)
+        self.step_runs = [(NO_SLOT if item.seq.lora is None else slot_of[item.seq.lora.id], item.num_new_tokens)
+                          for item in scheduled]
+        self.batch.step = lora_step(self.step_runs, self.batch.device, self.batch.use_triton)
 
     def end_step(self) -> None:
         self.batch.step = None
+
+    def load_slot(self, slot: int, adapter: LoraAdapter) -> None:
+        """``adapter`` (read whole) into ``slot``: this rank's slice of it where the model is a shard."""
+        if self.shard is not None:
+            from gh200rt.lora.tp_shard import shard_adapter
+            adapter = shard_adapter(adapter, self.shard)
+        self.slots.load(slot, adapter)
 
     @property
     def slot_ids(self) -> dict[int, int]:
