@@ -26,7 +26,9 @@ import torch
 from gh200rt.kernels import cpu_native
 from gh200rt.kernels.cpu_native import (FP8_KV_TYPES, LINEAR_F16, LINEAR_F32, LINEAR_QUANT, DecodeLayerArgs,
                                         LinearArgs, NativeOps)
-from gh200rt.kernels.quant import NATIVE_F16_MAX_ROWS, NATIVE_MAX_ROWS, HalfWeight, PackedWeight
+from gh200rt.kernels.half_weight import NATIVE_F16_MAX_ROWS
+from gh200rt.kernels.packed_cpu_routes import NATIVE_MAX_ROWS
+from gh200rt.kernels.quant import HalfWeight, PackedWeight
 from gh200rt.kv.attention import batch_layout
 from gh200rt.models.layers.cpu_linear import native_rows_weight
 from gh200rt.models.layers.cpu_prepack import NativeRowsWeight, OneRowBlocksWeight
