@@ -15,6 +15,9 @@ rmsnorm.py, rope.py, silu_mul.py   the model runner's small fused ops
 compile_specs.py    representative Hopper compile configurations (scripts/check_kernels.py)
 cpu/ops.c, cpu_native.py   the CPU model runner's small ops as native C (RMSNorm, RoPE, KV store, decode
                     attention, SiLU-and-mul), built once per machine and called through ctypes
+cpu_native_ops.py   NativeOps: each native op as a method on torch tensors
+cpu_native_checks.py  what those methods check of their tensors and how they pass them (dtype codes, KV pool)
+cpu_native_args.py  the native linears' argument blocks (ctypes structures) and thread counts
 
 Importing a kernel module needs triton; the weight formats (``quant`` and the modules it names) and
 ``gguf_blocks`` import it only when a packed weight meets a CUDA tensor, so the CPU platform runs without it.

@@ -40,7 +40,7 @@ class PackedWeight(PackedCpuRoutes):
         self._fbgemm = None
         self._bf16_scales: torch.Tensor | None = None
         self._native = None        # the native library's handle once checked, False when it does not apply
-        self._native_args = None   # kernels.cpu_native.QuantWeight: this weight's argument block
+        self._native_args = None   # kernels.cpu_native_args.QuantWeight: this weight's argument block
 
     @property
     def nbytes(self) -> int:

@@ -30,12 +30,12 @@ import torch
 
 from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
-from gh200rt.kernels import cpu_native, half_weight
+from gh200rt.kernels import cpu_native, cpu_native_checks, half_weight
 from gh200rt.models import cpu_decode_layer, cpu_kernels
 from gh200rt.sampling_params import SamplingParams
 
 NATIVE_F16_ROWS = half_weight.NATIVE_F16_MAX_ROWS
-FP8_TYPES = dict(cpu_native.FP8_KV_TYPES)
+FP8_TYPES = dict(cpu_native_checks.FP8_KV_TYPES)
 
 
 def switch(path: str, on: bool, engine: LLMEngine) -> None:
