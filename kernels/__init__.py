@@ -2,7 +2,12 @@
 
 host_gemm.py        y = x @ W.T for decode-sized M, W dense (bf16/fp16/fp32) or packed, read in place
 fused_moe.py        an MoE layer's routed experts: sort-and-align, gate_up + SiLU-and-mul, down + routing weights
-quant.py            PackedWeight (int8 per channel/group, int4 per group) and ``pack_weight``
+quant.py            ``pack_weight``: a linear weight's host form (--host-weight-dtype); the reference linear
+packed_formats.py   the int8 / int4 / fp8 layouts and int4 nibble packing
+packed_weight.py    PackedWeight: a quantized weight over its storage
+packed_cpu_routes.py  how a PackedWeight multiplies on the CPU (native, torch's weight-only ops, fbgemm)
+half_weight.py      HalfWeight: the fp16 host format
+quantizers.py       dense -> int8 / int4 / fp8 (in row blocks on threads)
 gguf_blocks.py      lossless import of GGUF Q8_0 / Q4_0 / Q4_1 blocks
 paged_attention.py  causal attention over the paged KV pool (decode and prefix-cached prefill)
 store_kv.py         write new K/V into the pool at their slots
@@ -10,7 +15,10 @@ rmsnorm.py, rope.py, silu_mul.py   the model runner's small fused ops
 compile_specs.py    representative Hopper compile configurations (scripts/check_kernels.py)
 cpu/ops.c, cpu_native.py   the CPU model runner's small ops as native C (RMSNorm, RoPE, KV store, decode
                     attention, SiLU-and-mul), built once per machine and called through ctypes
+cpu_native_ops.py   NativeOps: each native op as a method on torch tensors
+cpu_native_checks.py  what those methods check of their tensors and how they pass them (dtype codes, KV pool)
+cpu_native_args.py  the native linears' argument blocks (ctypes structures) and thread counts
 
-Importing a kernel module needs triton; ``quant`` and ``gguf_blocks`` import it only when a packed
-weight meets a CUDA tensor, so the CPU platform runs without it.
+Importing a kernel module needs triton; the weight formats (``quant`` and the modules it names) and
+``gguf_blocks`` import it only when a packed weight meets a CUDA tensor, so the CPU platform runs without it.
 """

@@ -5,8 +5,8 @@ against a baseline revision of the kernel, and resident bf16 weights against cuB
 
 (a) The DIRECT tier: each layer's weight (int8 and fp8 per channel, int4 in groups of 32, bf16) in pinned host
 memory, read over the link by this tree's ``host_gemm`` and by the baseline's (``git show
-REV:kernels/host_gemm.py`` and its ``kernels/quant.py``, imported by path; default: the merge-base of HEAD
-and ``main``, else ``.baseline/kernels/`` holding those two files, for a copy of the tree without its git history;
+REV:kernels/host_gemm.py`` with the ``kernels/*.py`` beside it, imported by path; default: the merge-base of
+HEAD and ``main``, else ``.baseline/kernels/`` holding those files, for a copy of the tree without its git history;
 a directory holding them also works), and by this tree's with the scales and
 minimums in HBM (the codes alone cross the link). GB/s are the bytes read from host memory per second, next
 to a pinned host -> device copy of 1 GiB measured in the same run.
@@ -40,10 +40,11 @@ BOUND_BYTES = 1 << 30
 
 
 def load_baseline(rev: str):
-    """(host_gemm module, quant module) of ``rev`` (a git revision, or a directory with both files)."""
+    """(host_gemm module, quant module) of ``rev`` (a git revision, or a directory with its ``kernels/*.py``): every
+    top-level module is copied, as host_gemm.py and quant.py import the weight formats beside them."""
     package = Path(tempfile.mkdtemp(prefix="host_gemm_baseline_")) / "baseline_kernels"
     package.mkdir()
-    for name in ("host_gemm.py", "quant.py"):
+    for name in _baseline_modules(rev):
         if Path(rev).is_dir():
             text = (Path(rev) / name).read_text()
         else:
@@ -62,12 +63,25 @@ def load_baseline(rev: str):
     return importlib.import_module(f"{name}.host_gemm"), importlib.import_module(f"{name}.quant")
 
 
-BASELINE_DIR = ROOT / ".baseline" / "kernels"   # a checkout without git history: the baseline's two files here
+def _baseline_modules(rev: str) -> list[str]:
+    """The names of ``rev``'s top-level ``kernels/*.py`` modules (its ``__init__.py`` aside)."""
+    if Path(rev).is_dir():
+        names = [path.name for path in Path(rev).glob("*.py")]
+    else:
+        listed = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", rev, "kernels/"],
+                                capture_output=True, text=True, check=False)
+        if listed.returncode:
+            raise SystemExit(f"--baseline {rev}: cannot list kernels/ there: {listed.stderr.strip()}")
+        names = [Path(line).name for line in listed.stdout.split()]
+    return sorted(name for name in names if name.endswith(".py") and name != "__init__.py")
+
+
+BASELINE_DIR = ROOT / ".baseline" / "kernels"   # a checkout without git history: the baseline's kernels/*.py here
 
 
 def default_baseline() -> str | None:
-    """The merge-base of HEAD and main, else ``BASELINE_DIR`` where it holds the two files (a copy of the tree that
-    travelled without its git history), else None: no baseline column."""
+    """The merge-base of HEAD and main, else ``BASELINE_DIR`` where it holds host_gemm.py and quant.py (a copy of the
+    tree that travelled without its git history), else None: no baseline column."""
     found = subprocess.run(["git", "-C", str(ROOT), "merge-base", "HEAD", "main"], capture_output=True, text=True,
                            check=False)
     if found.returncode == 0 and found.stdout.strip() != _head():

@@ -30,18 +30,18 @@ import torch
 
 from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
-from gh200rt.kernels import cpu_native, quant
+from gh200rt.kernels import cpu_native, cpu_native_checks, half_weight
 from gh200rt.models import cpu_decode_layer, cpu_kernels
 from gh200rt.sampling_params import SamplingParams
 
-NATIVE_F16_ROWS = quant.NATIVE_F16_MAX_ROWS
-FP8_TYPES = dict(cpu_native.FP8_KV_TYPES)
+NATIVE_F16_ROWS = half_weight.NATIVE_F16_MAX_ROWS
+FP8_TYPES = dict(cpu_native_checks.FP8_KV_TYPES)
 
 
 def switch(path: str, on: bool, engine: LLMEngine) -> None:
     runner, model = engine.runner, engine.runner.model
     if path == "fp16-linear":
-        quant.NATIVE_F16_MAX_ROWS = cpu_decode_layer.NATIVE_F16_MAX_ROWS = NATIVE_F16_ROWS if on else 0
+        half_weight.NATIVE_F16_MAX_ROWS = cpu_decode_layer.NATIVE_F16_MAX_ROWS = NATIVE_F16_ROWS if on else 0
     elif path == "fp8-kv":
         cpu_kernels.FP8_KV_TYPES = cpu_decode_layer.FP8_KV_TYPES = FP8_TYPES if on else {}
     elif path == "row-blocks":

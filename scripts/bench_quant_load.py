@@ -1,5 +1,5 @@
 """Host quantization at load: one decoder layer's linears per host format, as one call over each weight (the
-former way) and in blocks of rows on 1..N threads (``kernels.quant.quantize_rows``, what the weight store
+former way) and in blocks of rows on 1..N threads (``kernels.quantizers.quantize_rows``, what the weight store
 does), with the bf16 GB/s taken in and the time a whole model of that shape would take.
 
     python scripts/bench_quant_load.py [--shape llama3-8b] [--formats int8,int4,fp8] [--workers 2,4] [--reps 3]
@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gh200rt.kernels.quant import quantize_fp8, quantize_int4, quantize_int8, quantize_rows  # noqa: E402
+from gh200rt.kernels.quantizers import quantize_fp8, quantize_int4, quantize_int8, quantize_rows  # noqa: E402
 from scripts.random_checkpoint import SHAPES  # noqa: E402
 
 WHOLE = {"int8": quantize_int8, "int4": quantize_int4, "fp8": quantize_fp8}

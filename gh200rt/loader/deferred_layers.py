@@ -61,7 +61,7 @@ class DeferredLayers:
         """``layer``'s linears quantized to ``fmt`` straight from the checkpoint's (memory-mapped) tensors, each
         checkpoint tensor on its own and its rows stacked (every row is quantized on its own, so this is
         bit-identical to quantizing the model's dense copy), without writing the dense copy."""
-        from gh200rt.kernels.quant import quantize_rows
+        from gh200rt.kernels.quantizers import quantize_rows
         from gh200rt.weights.forms import concat_rows
         parts: dict[str, list] = {}
         with torch.inference_mode():

@@ -23,10 +23,13 @@ import weakref
 
 import torch
 
-from gh200rt.kernels import cpu_native
-from gh200rt.kernels.cpu_native import (FP8_KV_TYPES, LINEAR_F16, LINEAR_F32, LINEAR_QUANT, DecodeLayerArgs,
-                                        LinearArgs, NativeOps)
-from gh200rt.kernels.quant import NATIVE_F16_MAX_ROWS, NATIVE_MAX_ROWS, HalfWeight, PackedWeight
+from gh200rt.kernels import cpu_native_args
+from gh200rt.kernels.cpu_native_args import LINEAR_F16, LINEAR_F32, LINEAR_QUANT, DecodeLayerArgs, LinearArgs
+from gh200rt.kernels.cpu_native_checks import FP8_KV_TYPES
+from gh200rt.kernels.cpu_native_ops import NativeOps
+from gh200rt.kernels.half_weight import NATIVE_F16_MAX_ROWS
+from gh200rt.kernels.packed_cpu_routes import NATIVE_MAX_ROWS
+from gh200rt.kernels.quant import HalfWeight, PackedWeight
 from gh200rt.kv.attention import batch_layout
 from gh200rt.models.layers.cpu_linear import native_rows_weight
 from gh200rt.models.layers.cpu_prepack import NativeRowsWeight, OneRowBlocksWeight
@@ -50,7 +53,7 @@ def linear_args(linear, rows: int) -> LinearArgs | None:
             return None
         n, k = weight.shape
         return LinearArgs(LINEAR_F16, weight.weight.data_ptr(), weight.weight.stride(0), None,
-                          None if bias is None else bias.data_ptr(), n, k, cpu_native.linear_threads(n, k))
+                          None if bias is None else bias.data_ptr(), n, k, cpu_native_args.linear_threads(n, k))
     if isinstance(weight, NativeRowsWeight):
         weight = weight.dense
     elif isinstance(weight, torch.Tensor):
@@ -61,11 +64,11 @@ def linear_args(linear, rows: int) -> LinearArgs | None:
             return None
         n, k = weight.shape
         return LinearArgs(LINEAR_F32, weight.data_ptr(), weight.stride(0), None,
-                          None if bias is None else bias.data_ptr(), n, k, cpu_native.linear_threads(n, k))
+                          None if bias is None else bias.data_ptr(), n, k, cpu_native_args.linear_threads(n, k))
     if isinstance(weight, PackedWeight) and rows <= NATIVE_MAX_ROWS and weight._native_ops() is not None:
         n, k = weight.shape
-        return LinearArgs(LINEAR_QUANT, None, 0, cpu_native.quant_weight_args(weight).pointer,
-                          None if bias is None else bias.data_ptr(), n, k, cpu_native.linear_threads(n, k))
+        return LinearArgs(LINEAR_QUANT, None, 0, cpu_native_args.quant_weight_args(weight).pointer,
+                          None if bias is None else bias.data_ptr(), n, k, cpu_native_args.linear_threads(n, k))
     return None
 
 

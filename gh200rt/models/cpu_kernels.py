@@ -24,7 +24,9 @@ import functools
 
 import torch
 
-from gh200rt.kernels.cpu_native import DTYPES, FP8_KV_TYPES, NativeOps, load_native_ops, native_ops_error
+from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
+from gh200rt.kernels.cpu_native_checks import DTYPES, FP8_KV_TYPES
+from gh200rt.kernels.cpu_native_ops import NativeOps
 from gh200rt.kv import attention as torch_attention
 from gh200rt.models.cpu_decode_layer import native_decode_layer
 from gh200rt.models.gpu_kernels import TORCH_OPS, switch_hooks

@@ -53,7 +53,7 @@ def test_torch_kernels_keep_packed_weights_off_the_native_linear(tmp_path, monke
     """--cpu-kernels torch reaches int8 / int4 host weights too: their linears run torch's ops, so a broken
     native quantized linear cannot touch that engine (and does touch the default one)."""
     from gh200rt.engine.engine import LLMEngine
-    from gh200rt.kernels.cpu_native import NativeOps
+    from gh200rt.kernels.cpu_native_ops import NativeOps
     path = save_tiny_llama(str(tmp_path / "tiny"), num_layers=2, hidden_size=64, intermediate_size=128)
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 

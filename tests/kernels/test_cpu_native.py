@@ -9,7 +9,8 @@ import torch
 
 from gh200rt.kernels import cpu_native
 from gh200rt.kernels.cpu_native import NativeOpsError, load_native_ops
-from gh200rt.kernels.quant import NATIVE_F16_MAX_ROWS, HalfWeight, fbgemm_fp16_available
+from gh200rt.kernels.half_weight import NATIVE_F16_MAX_ROWS, fbgemm_fp16_available
+from gh200rt.kernels.quant import HalfWeight
 from gh200rt.kv import fp8
 from gh200rt.kv.arena import DeviceArena
 from gh200rt.kv.attention import paged_attention, write_kv
@@ -458,7 +459,8 @@ def test_quant_linear_refuses_what_it_cannot_read():
 
 
 def test_packed_weights_use_the_native_linear_up_to_its_row_limit():
-    from gh200rt.kernels.quant import NATIVE_MAX_ROWS, quantize_int4
+    from gh200rt.kernels.packed_cpu_routes import NATIVE_MAX_ROWS
+    from gh200rt.kernels.quant import quantize_int4
     weight = quantize_int4(torch.randn(48, 128, generator=torch.Generator().manual_seed(6)), 32)
     bias = torch.randn(48)
     x = torch.randn(NATIVE_MAX_ROWS + 3, 128, generator=torch.Generator().manual_seed(7))

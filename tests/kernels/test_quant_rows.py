@@ -3,7 +3,8 @@ whole weight gives, for every format, odd row counts and groups that do not divi
 import pytest
 import torch
 
-from gh200rt.kernels.quant import pack_weight, quantize_fp8, quantize_int4, quantize_int8, quantize_rows
+from gh200rt.kernels.quant import pack_weight, quantize_fp8, quantize_int4, quantize_int8
+from gh200rt.kernels.quantizers import quantize_rows
 
 WHOLE = {"int8": quantize_int8, "int4": quantize_int4, "fp8": quantize_fp8}
 
@@ -29,7 +30,7 @@ def test_pack_weight_passes_its_workers_on():
 @pytest.mark.parametrize("shape", [(96, 64), (40, 200)])
 def test_empty_packed_has_the_layout_of_a_quantized_weight(fmt, shape):
     """What the slab cache compares a stored slab with, computed from the shape without quantizing."""
-    from gh200rt.kernels.quant import empty_packed
+    from gh200rt.kernels.quantizers import empty_packed
     real = quantize_rows(torch.randn(*shape), fmt, workers=2, rows=16)
     empty = empty_packed(fmt, shape)
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gh200rt.kernels import quant
+from gh200rt.kernels import half_weight, quant
 from gh200rt.kernels.quant import HalfWeight, pack_weight, quantize_int4, quantize_int8, reference_linear
 
 N, K = 48, 192
@@ -81,8 +81,8 @@ def test_fp16_linear_takes_non_contiguous_and_bf16_inputs():
 
 def test_fp16_without_fbgemm_widens_the_weight(monkeypatch):
     half = pack_weight(torch.randn(N, K), "fp16")
-    x, bias = torch.randn(quant.NATIVE_F16_MAX_ROWS + 1, K), torch.randn(N)   # beyond the native fp16 linear
-    monkeypatch.setattr(quant, "_fbgemm_fp16_ok", False)
+    x, bias = torch.randn(half_weight.NATIVE_F16_MAX_ROWS + 1, K), torch.randn(N)   # beyond the native fp16 linear
+    monkeypatch.setattr(half_weight, "_fbgemm_fp16_ok", False)
     assert torch.equal(half.linear(x, bias), F.linear(x, half.weight.float(), bias))
     assert torch.equal(half.linear(x[:3], bias, native=False), F.linear(x[:3], half.weight.float(), bias))
     assert half._fbgemm is None

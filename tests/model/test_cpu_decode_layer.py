@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
-from gh200rt.kernels.quant import NATIVE_F16_MAX_ROWS, HalfWeight, pack_weight
+from gh200rt.kernels.half_weight import NATIVE_F16_MAX_ROWS
+from gh200rt.kernels.quant import HalfWeight, pack_weight
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.models.base import AttentionMetadata
 from gh200rt.models.cpu_kernels import use_native_cpu_kernels, use_torch_cpu_kernels

@@ -1,7 +1,7 @@
 """CPU route selection: flags read from a cpuinfo file, and the route each kind of CPU gets."""
 import torch
 
-from gh200rt.kernels.quant import fbgemm_fp16_available
+from gh200rt.kernels.half_weight import fbgemm_fp16_available
 from gh200rt.platform import cpu_features
 from gh200rt.platform.cpu_features import choose_route, read_cpu_flags, route_for
 

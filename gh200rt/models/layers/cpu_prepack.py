@@ -134,7 +134,8 @@ class NativeRowsWeight:
 def gguf_blocks_form(parts: list | None):
     """The GGUF blocks that make up one linear (``parts``: the loader's quantized tensors, in row order) as one
     ``PackedWeight`` the native quantized linear takes, or None (no parts, another format, no native library)."""
-    from gh200rt.kernels.cpu_native import load_native_ops, quant_linear_fits
+    from gh200rt.kernels.cpu_native import load_native_ops
+    from gh200rt.kernels.cpu_native_args import quant_linear_fits
     from gh200rt.weights.forms import concat_rows
     if not parts or any(not hasattr(p, "ggml_type") for p in parts) or load_native_ops() is None:
         return None

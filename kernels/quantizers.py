@@ -1,0 +1,101 @@
+"""Dense weight -> ``PackedWeight``: the int8 / int4 / fp8 quantizers, an FP8 checkpoint's weight taken as it is,
+quantizing in row blocks on several threads, and the layout of a quantized weight without quantizing.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from .packed_formats import FP8_MAX, INT4_DEFAULT_GROUP, pack_int4
+from .packed_weight import PackedWeight
+
+
+def _grouped(w: torch.Tensor, group_size: int) -> torch.Tensor:
+    n, k = w.shape
+    groups = -(-k // group_size)
+    pad = groups * group_size - k
+    if pad:  # padding repeats the last column so it never widens a group's range
+        w = torch.cat([w, w[:, -1:].expand(n, pad)], dim=1)
+    return w.reshape(n, groups, group_size)
+
+
+def quantize_int8(w: torch.Tensor, group_size: int | None = None, cpu_route: str = "exact") -> PackedWeight:
+    """Symmetric int8, one scale per output channel (or per group of ``group_size`` columns)."""
+    w = w.detach().to(torch.float32)
+    n, k = w.shape
+    group_size = group_size or k
+    g = _grouped(w, group_size)
+    scale = g.abs().amax(dim=-1).clamp(min=1e-12) / 127.0
+    q = torch.round(g / scale[..., None]).clamp(-127, 127).reshape(n, -1)[:, :k].to(torch.int8)
+    return PackedWeight("int8", q.contiguous(), scale.contiguous(), None, group_size, (n, k), cpu_route)
+
+
+def quantize_int4(w: torch.Tensor, group_size: int = INT4_DEFAULT_GROUP) -> PackedWeight:
+    """Asymmetric int4 per group: ``minimum`` is the group's minimum, ``scale`` its range / 15."""
+    w = w.detach().to(torch.float32)
+    n, k = w.shape
+    g = _grouped(w, group_size)
+    lo, hi = g.amin(dim=-1), g.amax(dim=-1)
+    scale = ((hi - lo) / 15.0).clamp(min=1e-12)
+    q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15).reshape(n, -1)[:, :k]
+    return PackedWeight("int4", pack_int4(q), scale.contiguous(), lo.contiguous(), group_size, (n, k))
+
+
+def quantize_fp8(w: torch.Tensor) -> PackedWeight:
+    """float8_e4m3fn with one float32 scale per output channel (the row's largest magnitude maps to 448)."""
+    w = w.detach().to(torch.float32)
+    n, k = w.shape
+    scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / FP8_MAX
+    q = (w / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return PackedWeight("fp8", q.contiguous(), scale.contiguous(), None, k, (n, k))
+
+
+def fp8_from_checkpoint(weight: torch.Tensor, weight_scale: torch.Tensor) -> PackedWeight:
+    """An FP8 checkpoint's ``weight`` (float8_e4m3fn ``[N, K]``) and ``weight_scale`` (one value, or one per
+    output channel: ``[1]``, ``[]``, ``[N]`` or ``[N, 1]``) as a packed fp8 weight, without loss."""
+    n, k = weight.shape
+    scale = weight_scale.detach().to(torch.float32).reshape(-1)
+    if weight.dtype != torch.float8_e4m3fn or scale.numel() not in (1, n):
+        raise ValueError(f"an fp8 weight is float8_e4m3fn [N, K] with one scale or one per output channel; got "
+                         f"{weight.dtype} {tuple(weight.shape)} with weight_scale {tuple(weight_scale.shape)}")
+    scale = scale.expand(n).reshape(n, 1).contiguous()
+    return PackedWeight("fp8", weight.contiguous(), scale, None, k, (n, k))
+
+
+QUANT_BLOCK_ROWS = 256   # output rows per block of quantize_rows: a block's float32 temporaries stay in cache
+
+
+def empty_packed(fmt: str, shape: tuple[int, int], device: torch.device | str = "meta") -> PackedWeight:
+    """The ``PackedWeight`` that ``quantize_rows(w, fmt)`` makes of a ``shape`` weight, with uninitialised (by default
+    storage-free) tensors: its layout, without quantizing anything."""
+    n, k = shape
+    group = INT4_DEFAULT_GROUP if fmt == "int4" else k
+    groups = -(-k // group)
+    scale = torch.empty(n, groups, dtype=torch.float32, device=device)
+    if fmt == "int4":
+        return PackedWeight(fmt, torch.empty(n, (k + 1) // 2, dtype=torch.uint8, device=device), scale,
+                            torch.empty(n, groups, dtype=torch.float32, device=device), group, (n, k))
+    codes = torch.int8 if fmt == "int8" else torch.float8_e4m3fn
+    return PackedWeight(fmt, torch.empty(n, k, dtype=codes, device=device), scale, None, group, (n, k))
+
+
+def quantize_rows(w: torch.Tensor, fmt: str, workers: int = 1, rows: int = QUANT_BLOCK_ROWS,
+                  dtype: torch.dtype | None = None) -> PackedWeight:
+    """``int8`` / ``int4`` / ``fp8`` of a dense ``[N, K]`` weight, quantized in blocks of ``rows`` output rows on
+    ``workers`` threads (torch's ops release the GIL). Every row (and its groups) is quantized on its own, so the
+    result is bit-identical to one call over the whole weight; blocks keep the temporaries in cache. ``dtype``:
+    each block is first rounded to it (a checkpoint's tensor quantized as the model's dense copy of it would be)."""
+    whole = {"int8": quantize_int8, "int4": quantize_int4, "fp8": quantize_fp8}[fmt]
+
+    def quantize(block: torch.Tensor) -> PackedWeight:
+        return whole(block if dtype is None else block.to(dtype))
+    if workers <= 1 or w.shape[0] <= rows:     # one thread: one call (blocks alone measured no faster)
+        return quantize(w)
+    blocks = [w[i:i + rows] for i in range(0, w.shape[0], rows)]
+    with ThreadPoolExecutor(min(workers, len(blocks))) as pool:
+        parts = list(pool.map(quantize, blocks))
+    first = parts[0]
+    minimum = torch.cat([p.minimum for p in parts]) if first.minimum is not None else None
+    return PackedWeight(fmt, torch.cat([p.qweight for p in parts]), torch.cat([p.scale for p in parts]), minimum,
+                        first.group_size, tuple(w.shape))
