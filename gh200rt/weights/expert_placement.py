@@ -16,10 +16,6 @@ from gh200rt.weights.layer_slab import LayerSlab
 from gh200rt.weights.tiers import Tier
 
 
-class NoFreeRun(RuntimeError):
-    """A promotion found no run of free contiguous arena blocks (requests hold a block in every window)."""
-
-
 def _prefix(refs: dict) -> str:
     """``mlp.experts.E.`` of an expert's refs (keyed ``mlp.experts.E.gate_up_proj``)."""
     return next(iter(refs)).rpartition(".")[0] + "."

@@ -25,6 +25,13 @@ releases every slab.
 - With ``slab_cache`` (slab_cache.py), quantized slabs are read back from disk instead of quantized again.
 - With ``deferred`` (loader/deferred_layers.py) a layer's dense linears stay in the checkpoint until the store needs
   them: a resident layer reads them in, a slab the cache does not hold is quantized from the file's memory map.
+
+The store is assembled from one part per concept, each in its own module and sharing the store's state:
+``ArenaRuns`` (arena_runs.py: resident layers in runs of the device arena), ``LayerStaging`` (layer_staging.py:
+the staging ring, the refs bound to its slots, the model runner's hooks), ``SlabBuilding`` (slab_building.py: an
+offloaded layer's host slab), ``ResidentForms`` (resident_forms.py: the CPU route's forms of resident linears,
+what goes to the device) and ``ExpertPlacement``. This module places and moves the layers (``apply``,
+``set_tier``), books the ledger and closes.
 """
 from __future__ import annotations
 
@@ -32,17 +39,19 @@ import os
 
 import torch
 
-from gh200rt.models.layers.cpu_prepack import cpu_route_form, model_route_form_bytes
-from gh200rt.transfer.backend import make_transfer_backend
-from gh200rt.weights import forms as weight_forms
+from gh200rt.models.layers.cpu_prepack import model_route_form_bytes
 from gh200rt.models.layers.moe_experts import NO_EXPERT_ACCESS
-from gh200rt.weights.device_moves import gguf_parts, linear_parts, move_to_device
-from gh200rt.weights.expert_placement import ExpertPlacement, NoFreeRun  # noqa: F401  (NoFreeRun: users import it here)
+from gh200rt.weights import forms as weight_forms
+from gh200rt.weights.arena_runs import ArenaRuns, NoFreeRun  # noqa: F401  (NoFreeRun: users import it here)
+from gh200rt.weights.expert_placement import ExpertPlacement
 from gh200rt.weights.expert_slab import ExpertSlab
 from gh200rt.weights.expert_staging import ExpertRing
 from gh200rt.weights.layer_slab import LayerSlab, WeightLayout
+from gh200rt.weights.layer_staging import LayerStaging
+from gh200rt.weights.resident_forms import ResidentForms
 from gh200rt.weights.schedule import NULL_HOOKS, LayerHooks, StreamingSchedule
-from gh200rt.weights.tiers import Tier, slot_of
+from gh200rt.weights.slab_building import SlabBuilding
+from gh200rt.weights.tiers import Tier
 
 DEFAULT_STAGING_SLOTS = 2
 QUANT_MAX_WORKERS = 16
@@ -60,7 +69,7 @@ class _ClosedWeight:
 CLOSED_WEIGHT = _ClosedWeight()
 
 
-class WeightStore(ExpertPlacement, LayerHooks):
+class WeightStore(ExpertPlacement, ArenaRuns, LayerStaging, SlabBuilding, ResidentForms):
     def __init__(self, model, device="cpu", platform=None, host_format: str | None = None, poison: bool = False,
                  ledger=None, quantized: dict | None = None, cpu_linear_format: str | None = None,
                  keep_host_copies: bool = False, prefetch_across_steps: bool = True, slab_cache=None,
@@ -113,15 +122,6 @@ class WeightStore(ExpertPlacement, LayerHooks):
     @property
     def tier_counts(self) -> dict[str, int]:
         return {tier.value: self.tiers.count(tier) for tier in Tier}
-
-    @property
-    def layer_run_blocks(self) -> int:
-        """Arena blocks one decoder layer's weights take (the largest layer)."""
-        if self.arena is None:
-            return 0
-        if self.slabs:
-            return self.arena.blocks_for(max(s.layout.nbytes for s in self.slabs.values()))
-        return max(self.arena.pool.runs.values(), default=0)
 
     def layers(self, tier: Tier) -> list[int]:
         return [i for i, t in enumerate(self.tiers) if t == tier]
@@ -195,12 +195,6 @@ class WeightStore(ExpertPlacement, LayerHooks):
         self._move(layer, tier)
         self._keep_promotion_room()
 
-    def _keep_promotion_room(self) -> None:
-        """Dynamic tiers: the KV cache takes the blocks where the streamed layers would promote last
-        (``BlockPool.set_reserve``), so a promotion finds a whole window once demand falls."""
-        if self.arena is not None and self.keep_host_copies:
-            self.arena.pool.set_reserve(len(self.layers(Tier.STREAMED)) * self.layer_run_blocks)
-
     def _move(self, layer: int, tier: Tier | str) -> None:
         tier, old = Tier(tier), self.tiers[layer]
         if self._closed:
@@ -251,117 +245,6 @@ class WeightStore(ExpertPlacement, LayerHooks):
         self.tiers[layer] = tier
         self._reorder()
 
-    # ---- the arena ---------------------------------------------------------------------------------
-    def _place_in_arena(self, layer: int, layout: WeightLayout, slab: LayerSlab | None = None) -> None:
-        """The layer's weights into a run of arena blocks: from ``slab`` (a promotion: the bits it streamed)
-        or from ``layout``'s own tensors (start-up). On the bf16 and fp16 CPU routes the resident form is a
-        converted copy of its own, so the run is booked and left unwritten; on the fp32 route a weight too small
-        for oneDNN stays dense in the run (the others become reordered copies of it)."""
-        start = self._take_run(layout.nbytes, f"layer {layer}", f"; it stays {self.tiers[layer]}")
-        source = slab.tensor if slab is not None else None
-        if self.cpu_linear_format not in (None, "onednn-fp32", "onednn-fp32+native"):  # all converted: run unwritten
-            bound = layout.bind(source, self.compute_dtype, stable=True) if slab is not None else layout.forms
-            weights = {name: self._resident_form(weight, layer, name) for name, weight in bound.items()}
-        else:  # fp32: the dense weights in the run (too small for oneDNN, or the native kernel's), reordered copies
-            if slab is not None:
-                weights = slab.bind(slab.device_copy(into=self.arena.run(start)), self.compute_dtype, stable=True)
-            else:
-                run = self.arena.run(start)
-                layout.fill(run)
-                weights = layout.bind(run, self.compute_dtype, stable=True)
-            weights = {name: self._resident_form(weight, layer, name) for name, weight in weights.items()}
-        self._runs[layer] = start
-        self._write(layer, weights)
-
-    def _return_run(self, layer: int) -> None:
-        self._give_back_run(self._runs.pop(layer))
-
-    def _take_run(self, nbytes: int, holder: str, outcome: str = "") -> int:
-        """A run of free arena blocks for ``nbytes`` of weights, moved from the KV cache's booking to the
-        weights'; its first block. Raises ``NoFreeRun`` (``holder`` needs..., then ``outcome``) or
-        ``LedgerOverCommit`` having taken nothing."""
-        start = self.arena.take_run(nbytes)
-        if start is None:
-            raise NoFreeRun(f"{holder} needs {self.arena.blocks_for(nbytes)} contiguous free blocks of the device "
-                            f"arena and requests hold a block in every such window ({self.arena.pool.num_free} of "
-                            f"{self.arena.num_blocks} blocks free){outcome}")
-        run_bytes = self.arena.pool.runs[start] * self.arena.block_bytes
-        try:
-            self._book("kv_pool", -run_bytes)
-            self._book("arena_weights", run_bytes)
-        except BaseException:
-            self.arena.pool.return_run(start)
-            raise
-        return start
-
-    def _give_back_run(self, start: int) -> None:
-        """The run at ``start`` back to the KV cache (zeroed by the arena), and its booking."""
-        run_bytes = self.arena.pool.runs[start] * self.arena.block_bytes
-        self.arena.return_run(start)
-        self._book("arena_weights", -run_bytes)
-        self._book("kv_pool", run_bytes)
-
-    # ---- the ring ----------------------------------------------------------------------------------
-    def _ring_users(self) -> list[int]:
-        staged_direct = self.layers(Tier.DIRECT) if self._direct_staging_tokens else []
-        return sorted(self.layers(Tier.STREAMED) + staged_direct)
-
-    def _make_ring(self, slot_bytes: int) -> None:
-        self._book("staging_ring", slot_bytes * self._num_slots)
-        self.backend = make_transfer_backend(self.device, slot_bytes, self._num_slots, self.poison)
-        distance = self._distance if self._distance is not None else self._num_slots - 1
-        self._schedule = StreamingSchedule(self.backend, distance, lambda layer: self.slabs[layer].tensor,
-                                           self._bind_ring, wrap_steps=self.prefetch_across_steps)
-
-    def _reorder(self) -> None:
-        if isinstance(self._schedule, StreamingSchedule):
-            self._schedule.set_orders(self.layers(Tier.STREAMED), self._ring_users(), self._direct_staging_tokens)
-        else:
-            self._bind_ring([])
-
-    def _bind_ring(self, order: list[int]) -> None:
-        """Point each offloaded layer's WeightRefs at its slot in ``order``, or, for a direct layer outside
-        ``order``, at its host slab as the device reads it in place."""
-        position = {layer: p for p, layer in enumerate(order)}
-        for layer, tier in enumerate(self.tiers):
-            if tier == Tier.RESIDENT:
-                continue
-            slab = self.slabs[layer]
-            if layer in position:
-                self._write(layer, self._slot_binding(layer, slot_of(position[layer], self._num_slots)))
-            else:
-                assert tier == Tier.DIRECT, (layer, tier, order)
-                self._write(layer, slab.direct(self.compute_dtype))
-
-    def _slot_binding(self, layer: int, slot: int) -> dict[str, object]:
-        """``layer``'s weights over staging slot ``slot``, built once per (slab, slot tensor): switching between
-        the decode and large-step orders then points the refs at the same objects over the same memory."""
-        slab, tensor = self.slabs[layer], self.backend.slots[slot]
-        cached = self._slot_weights.get((layer, slot))
-        if cached is None or cached[0] is not slab or cached[1] is not tensor:
-            cached = self._slot_weights[(layer, slot)] = (
-                slab, tensor, slab.bind(tensor, self.compute_dtype, stable=False))
-        return cached[2]
-
-    # ---- hooks the model runner drives ------------------------------------------------------------
-    def begin_step(self, num_tokens: int) -> None:
-        self._schedule.begin_step(num_tokens)
-
-    def before_layer(self, index: int) -> None:
-        self._schedule.before_layer(index)
-
-    def after_layer(self, index: int) -> None:
-        self._schedule.after_layer(index)
-
-    def self_contained(self):
-        return self._schedule.self_contained()
-
-    def graph_captured(self, graph) -> None:
-        self._schedule.graph_captured(graph)
-
-    def replay(self, graph) -> None:
-        self._schedule.replay(graph)
-
     # ---- helpers -----------------------------------------------------------------------------------
     def _write(self, layer: int, weights: dict[str, object]) -> None:
         for name, ref in self._layer_refs(layer).items():
@@ -375,85 +258,6 @@ class WeightStore(ExpertPlacement, LayerHooks):
             return refs
         owned = {id(ref) for expert in experts for ref in expert.values()}
         return {name: ref for name, ref in refs.items() if id(ref) not in owned}
-
-    def _host_form(self, layer: int, name: str, weight):
-        if not isinstance(weight, torch.Tensor) and not hasattr(weight, "tensors"):
-            raise ValueError(f"layer {layer}'s {name} is held as {type(weight).__name__}, which has no host "
-                             f"form; start the engine with every layer's host copy kept (dynamic tiers)")
-        if not isinstance(weight, torch.Tensor):
-            return weight
-        return weight_forms.host_form(weight.cpu(), self.host_format, gguf_parts(self.quantized, layer, name),
-                                      self.quant_workers)
-
-    def _build_slab(self, layer: int, refs) -> None:
-        weights = {name: ref.current for name, ref in refs.items()}
-        node, cache, key = self.platform.host_numa_node, self._cacheable(layer, weights), f"layer-{layer}"
-        if cache is not None:
-            slab = LayerSlab.from_cache({name: self._meta_form(w) for name, w in weights.items()}, node,
-                                        self.platform, self.device, cache, key, self.quant_workers)
-            if slab is not None:
-                self.slabs[layer] = slab
-                return
-        if self.deferred is not None and self.deferred.pending(layer):   # quantized from the checkpoint's map
-            quantized = self.deferred.host_forms(layer, self.host_format, self.quant_workers)
-            assert quantized.keys() == weights.keys(), (sorted(quantized), sorted(weights))
-            forms = {name: quantized[name] for name in weights}       # the layout's order: the cache compares it
-        else:
-            forms = {name: self._host_form(layer, name, weight) for name, weight in weights.items()}
-        self.slabs[layer] = slab = LayerSlab(forms, node, self.platform, self.device)
-        if cache is not None:
-            cache.write(key, slab.layout, slab.tensor[:slab.layout.nbytes])
-
-    def _load_deferred(self, layer: int) -> None:
-        """``layer``'s dense linears read from the checkpoint now, where the loader left them there."""
-        if self.deferred is not None and self.deferred.pending(layer):
-            self.deferred.load(layer)
-
-    def _cacheable(self, layer: int, weights: dict[str, object]):
-        """The slab cache, where it applies to these weights: dense ones the host format quantizes (a GGUF or FP8
-        checkpoint's own blocks are kept as they are, nothing to save)."""
-        if self.slab_cache is None or self.host_format not in weight_forms.QUANTIZED_HOST_FORMATS:
-            return None
-        if any(not isinstance(w, torch.Tensor) or gguf_parts(self.quantized, layer, name) for name, w in weights.items()):
-            return None
-        return self.slab_cache
-
-    def _meta_form(self, weight: torch.Tensor):
-        """The host form of ``weight`` over storage-free tensors: its layout, without quantizing anything."""
-        return weight_forms.empty_host_form(weight, self.host_format)
-
-    def _keep_fp8_resident(self) -> None:
-        """On a GPU, a resident layer of an FP8 checkpoint keeps its fp8 weights (half the HBM of bf16, read by
-        host_gemm with the row scales) instead of the dequantized copy the loader made."""
-        for layer in self.layers(Tier.RESIDENT):
-            for name, ref in self.model.layer_weight_refs(layer).items():
-                parts = gguf_parts(self.quantized, layer, name)
-                if parts:
-                    ref.current = weight_forms.concat_rows(parts)
-
-    def _resident_form(self, weight, layer: int | None, name: str):
-        """The CPU route's form of a resident linear (``layer`` None: the lm_head)."""
-        if self.cpu_linear_format is None or not isinstance(weight, torch.Tensor) or weight.device.type != "cpu":
-            return weight
-        with torch.inference_mode():
-            return cpu_route_form(weight, self.cpu_linear_format, self._route_parts(layer, name))
-
-    def _route_parts(self, layer: int | None, name: str) -> list | None:
-        """The GGUF blocks the ``fp16+gguf`` form of a resident linear keeps (``layer`` None: the lm_head)."""
-        if self.cpu_linear_format != "fp16+gguf":
-            return None
-        return linear_parts(self.quantized, self.model.arch.tie_word_embeddings, layer, name)
-
-    def _move_to_device(self, resident_layers: bool = True) -> int:
-        """Everything but the offloaded layers' linear weights (and, with ``resident_layers=False``, the
-        resident layers' too: they go to the arena) goes to the device; returns its bytes."""
-        resident = self.layers(Tier.RESIDENT) if resident_layers else []
-        on_host = {i for i in range(len(self.tiers)) if i not in resident}
-        in_slabs = frozenset(id(ref) for layer in self.expert_slabs for expert in self._expert_refs(layer)
-                             for ref in expert.values())
-        placed, per_layer = move_to_device(self.model, self.device, on_host, self._layer_refs, in_slabs)
-        self._layer_device_bytes.update({layer: per_layer[layer] for layer in resident})
-        return placed
 
     def _book(self, kind: str, nbytes: int) -> None:
         """Reserve (``nbytes`` >= 0) or release device bytes; a reservation that does not fit raises first."""

@@ -29,4 +29,4 @@ def test_installed_numa_and_kernels_are_found_behind_a_checkout(tmp_path):
     numa, kernels, config = proc.stdout.split()
     assert numa == str(installed / "gh200rt" / "numa" / "__init__.py")
     assert kernels == str(installed / "gh200rt" / "kernels" / "__init__.py")
-    assert config == str(ROOT / "gh200rt" / "config.py"), "the checkout's own modules come first"
+    assert config == str(ROOT / "gh200rt" / "config" / "__init__.py"), "the checkout's own modules come first"

@@ -1,0 +1,19 @@
+"""``SchedulerConfig``: how many requests and tokens one step takes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gh200rt.config.flags import _help
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = field(default=256, metadata=_help("most requests running in one step"))
+    max_num_batched_tokens: int = field(default=2048, metadata=_help(
+        "most tokens computed in one step; long prompts are prefilled in chunks of at most this"))
+
+    def __post_init__(self):
+        if self.max_num_seqs < 1:
+            raise ValueError(f"--max-num-seqs must be at least 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"--max-num-batched-tokens must be at least 1, got {self.max_num_batched_tokens}")
