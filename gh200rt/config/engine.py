@@ -24,9 +24,6 @@ class EngineConfig:
     lora: LoRAConfig = field(default_factory=LoRAConfig)
 
     def __post_init__(self):
-        if self.lora.enable_lora and self.parallel.tensor_parallel_size > 1:
-            raise ValueError("--enable-lora runs on one rank: drop --tensor-parallel-size (LoRA with tensor "
-                             "parallelism is not supported yet)")
         if self.lora.enable_lora and self.graphs.enforce_eager is False:
             raise ValueError("--enable-lora runs every step eagerly (decode graphs do not hold the per-token adapter "
                              "inputs yet): drop --no-enforce-eager")

@@ -95,7 +95,7 @@ class LLMEngine(RequestIntake, EngineReports):
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching,
                                  pool=arena.pool if arena else None,
                                  publish_decoded_blocks=config.model.batch_invariant or not on_cpu)
-        self.lora = install_lora(model, arch, config.lora, dtype, device, self.ledger) \
+        self.lora = install_lora(model, arch, config.lora, dtype, device, self.ledger, getattr(model, "shard", None)) \
             if config.lora.enable_lora else None
         self.scheduler = Scheduler(self.kv, config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens,
                                    config.lora.max_loras if self.lora is not None else None)

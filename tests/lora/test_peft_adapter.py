@@ -99,8 +99,7 @@ def test_lora_modules_flag_forms_and_config_checks():
         LoRAConfig(lora_modules=("a=/x",))
     with pytest.raises(ValueError, match="--max-cpu-loras"):
         LoRAConfig(enable_lora=True, max_loras=4, max_cpu_loras=2)
-    with pytest.raises(ValueError, match="tensor-parallel"):
-        EngineConfig.from_kwargs(enable_lora=True, tensor_parallel_size=2)
+    assert EngineConfig.from_kwargs(enable_lora=True, tensor_parallel_size=2).lora.enable_lora   # tests/distributed
     with pytest.raises(ValueError, match="--no-enforce-eager"):
         EngineConfig.from_kwargs(enable_lora=True, enforce_eager=False)
     config = EngineConfig.from_kwargs(enable_lora=True)
