@@ -10,6 +10,8 @@ half_weight.py      HalfWeight: the fp16 host format
 quantizers.py       dense -> int8 / int4 / fp8 (in row blocks on threads)
 gguf_blocks.py      lossless import of GGUF Q8_0 / Q4_0 / Q4_1 blocks
 paged_attention.py  causal attention over the paged KV pool (decode and prefix-cached prefill)
+paged_attention_split.py  its split-K (flash-decoding) route: per-split partials and their combine
+paged_attention_walk.py   the online-softmax walk over a token's blocks that both attention kernels share
 store_kv.py         write new K/V into the pool at their slots
 rmsnorm.py, rope.py, silu_mul.py   the model runner's small fused ops
 compile_specs.py    representative Hopper compile configurations (scripts/check_kernels.py)
