@@ -1,7 +1,8 @@
 """Triton kernels, one op per file, each beside its torch reference (installed as gh200rt.kernels).
 
 host_gemm.py        y = x @ W.T for decode-sized M, W dense (bf16/fp16/fp32) or packed, read in place
-fused_moe.py        an MoE layer's routed experts: sort-and-align, gate_up + SiLU-and-mul, down + routing weights
+fused_moe.py        an MoE layer's routed experts: gate_up + SiLU-and-mul, down + routing weights
+fused_moe_operands.py  what those kernels read: pairs sorted and aligned by expert, the experts' address table
 quant.py            ``pack_weight``: a linear weight's host form (--host-weight-dtype); the reference linear
 packed_formats.py   the int8 / int4 / fp8 layouts and int4 nibble packing
 packed_weight.py    PackedWeight: a quantized weight over its storage
