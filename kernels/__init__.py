@@ -1,7 +1,8 @@
 """Triton kernels, one op per file, each beside its torch reference (installed as gh200rt.kernels).
 
 host_gemm.py        y = x @ W.T for decode-sized M, W dense (bf16/fp16/fp32) or packed, read in place
-fused_moe.py        an MoE layer's routed experts: sort-and-align, gate_up + SiLU-and-mul, down + routing weights
+fused_moe.py        an MoE layer's routed experts: gate_up + SiLU-and-mul, down + routing weights
+fused_moe_operands.py  what those kernels read: pairs sorted and aligned by expert, the experts' address table
 quant.py            ``pack_weight``: a linear weight's host form (--host-weight-dtype); the reference linear
 packed_formats.py   the int8 / int4 / fp8 layouts and int4 nibble packing
 packed_weight.py    PackedWeight: a quantized weight over its storage
@@ -10,6 +11,8 @@ half_weight.py      HalfWeight: the fp16 host format
 quantizers.py       dense -> int8 / int4 / fp8 (in row blocks on threads)
 gguf_blocks.py      lossless import of GGUF Q8_0 / Q4_0 / Q4_1 blocks
 paged_attention.py  causal attention over the paged KV pool (decode and prefix-cached prefill)
+paged_attention_split.py  its split-K (flash-decoding) route: per-split partials and their combine
+paged_attention_walk.py   the online-softmax walk over a token's blocks that both attention kernels share
 store_kv.py         write new K/V into the pool at their slots
 rmsnorm.py, rope.py, silu_mul.py   the model runner's small fused ops
 compile_specs.py    representative Hopper compile configurations (scripts/check_kernels.py)

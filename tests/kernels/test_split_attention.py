@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from gh200rt.kernels import paged_attention as attention_module
+from gh200rt.kernels import paged_attention_split as split_module
 from gh200rt.kernels.paged_attention import attention_splits, paged_attention, reference_paged_attention
 from tests.kernels.test_kv_fp8 import FP8, fp8_case
 from tests.kernels.test_paged_attention import build_case
@@ -28,7 +29,7 @@ def worst_error(got, q, pool, meta, kv_heads, kv_scale=None) -> float:
 
 
 class LaunchSpy:
-    """Stands in for a kernel in the module: records each launch's grid and launches it."""
+    """Stands in for a kernel in its module: records each launch's grid and launches it."""
 
     def __init__(self, kernel):
         self.kernel, self.grids = kernel, []
@@ -41,10 +42,10 @@ class LaunchSpy:
 @pytest.fixture
 def launches(monkeypatch):
     spies = {}
-    for name in ("paged_attention_kernel", "paged_attention_split_kernel", "paged_attention_combine_kernel"):
-        spies[name.removeprefix("paged_attention_").removesuffix("_kernel")] = spy = \
-            LaunchSpy(getattr(attention_module, name))
-        monkeypatch.setattr(attention_module, name, spy)
+    for module, name in ((attention_module, "paged_attention_kernel"), (split_module, "paged_attention_split_kernel"),
+                         (split_module, "paged_attention_combine_kernel")):
+        spies[name.removeprefix("paged_attention_").removesuffix("_kernel")] = spy = LaunchSpy(getattr(module, name))
+        monkeypatch.setattr(module, name, spy)
     return spies
 
 

@@ -51,7 +51,7 @@ class FusedExperts:
                          block_m=SMALL_BLOCK_M if block_rows is not None else None)
 
     def _stacks_for(self, block, device: torch.device):
-        from gh200rt.kernels.fused_moe import expert_stack
+        from gh200rt.kernels.fused_moe_operands import expert_stack
         refs = block.expert_refs()
         key = (device, *(ref.version for expert in refs for ref in expert.values()))
         if key != self._key:
