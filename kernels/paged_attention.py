@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from .paged_attention_split import attention_splits, split_paged_attention
-from .paged_attention_walk import _attend_blocks, _scaled_query_group, attention_warps, walk_compile_specs
+from .paged_attention_walk import _attend_blocks, _query_group, attention_warps, walk_compile_specs
 
 
 @triton.jit
@@ -34,11 +34,8 @@ def paged_attention_kernel(q_ptr, cache_ptr, out_ptr, tables_ptr, tok_seq_ptr, t
     t, kv_head = tl.program_id(0), tl.program_id(1)
     seq = tl.load(tok_seq_ptr + t)
     pos = tl.load(tok_pos_ptr + t)
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, BLOCK_D)
-    g_ok, d_ok = offs_g < group, offs_d < head_dim
-    q_heads = kv_head * group + offs_g
-    q = _scaled_query_group(q_ptr, t, q_heads, g_ok, d_ok, offs_d, kv_scale_ptr, scale, stride_qt, stride_qh, KV_FP8)
+    q, q_heads, g_ok, offs_d, d_ok = _query_group(q_ptr, t, kv_head, group, head_dim, kv_scale_ptr, scale,
+                                                  stride_qt, stride_qh, BLOCK_G, BLOCK_D, KV_FP8)
     _, l_i, acc = _attend_blocks(q, cache_ptr, tables_ptr + seq * stride_table, kv_head, pos,
                                  0, pos // BLOCK_SIZE + 1, kv_scale_ptr,
                                  stride_kv, stride_block, stride_slot, stride_head, head_dim,

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from .host_gemm import TARGET_PROGRAMS
-from .paged_attention_walk import _attend_blocks, _scaled_query_group, walk_compile_specs
+from .paged_attention_walk import _attend_blocks, _query_group, walk_compile_specs
 
 MIN_PARTITION_TOKENS = 256
 COMBINE_SPLITS_TILE = 32  # splits the combine loads per step: a [32, D] float32 tile
@@ -54,11 +54,8 @@ def paged_attention_split_kernel(q_ptr, cache_ptr, part_max_ptr, part_sum_ptr, p
     if first >= end:
         return
     seq = tl.load(tok_seq_ptr + t)
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, BLOCK_D)
-    g_ok, d_ok = offs_g < group, offs_d < head_dim
-    q_heads = kv_head * group + offs_g
-    q = _scaled_query_group(q_ptr, t, q_heads, g_ok, d_ok, offs_d, kv_scale_ptr, scale, stride_qt, stride_qh, KV_FP8)
+    q, q_heads, g_ok, offs_d, d_ok = _query_group(q_ptr, t, kv_head, group, head_dim, kv_scale_ptr, scale,
+                                                  stride_qt, stride_qh, BLOCK_G, BLOCK_D, KV_FP8)
     m_i, l_i, acc = _attend_blocks(q, cache_ptr, tables_ptr + seq * stride_table, kv_head, pos, first, end,
                                    kv_scale_ptr, stride_kv, stride_block, stride_slot, stride_head, head_dim,
                                    BLOCK_SIZE, BLOCK_G, BLOCK_D, KV_FP8)

@@ -1,6 +1,6 @@
 """The walk both paged-attention kernels share (kernels/paged_attention.py, kernels/paged_attention_split.py).
 
-A program holds one KV head's whole query group for one token: ``_scaled_query_group`` loads it in float32,
+A program holds one KV head's whole query group for one token: ``_query_group`` loads it in float32,
 times the softmax scale (and an fp8 pool's K scale, folded into the query: one multiply per query element
 instead of one per key element); ``_attend_blocks`` runs the online softmax over a range of the token's
 table blocks, keys past its position masked, and returns the un-normalised partial (an fp8 pool's V scale
@@ -14,14 +14,19 @@ import triton.language as tl
 
 
 @triton.jit
-def _scaled_query_group(q_ptr, t, q_heads, g_ok, d_ok, offs_d, kv_scale_ptr, scale, stride_qt, stride_qh,
-                        KV_FP8: tl.constexpr):
-    """q[t, group of the KV head, :] in float32, times the softmax scale (and an fp8 pool's K scale)."""
+def _query_group(q_ptr, t, kv_head, group, head_dim, kv_scale_ptr, scale, stride_qt, stride_qh,
+                 BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, KV_FP8: tl.constexpr):
+    """q[t, group of ``kv_head``, :] in float32, times the softmax scale (and an fp8 pool's K scale), with what a
+    program stores its result through: (q, its query heads, their mask, the head-dim offsets, their mask)."""
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    g_ok, d_ok = offs_g < group, offs_d < head_dim
+    q_heads = kv_head * group + offs_g
     q = tl.load(q_ptr + t * stride_qt + q_heads[:, None] * stride_qh + offs_d[None, :],
                 mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32) * scale
     if KV_FP8:
         q = q * tl.load(kv_scale_ptr)
-    return q
+    return q, q_heads, g_ok, offs_d, d_ok
 
 
 @triton.jit

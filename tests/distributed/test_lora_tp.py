@@ -10,19 +10,17 @@ from gh200rt import LLM
 from gh200rt.lora.request import LoRARequest
 from tests.lora.peft_files import ATTENTION, write_peft_adapter
 from tests.lora.test_lora_parity import GREEDY, PROMPTS, tokens_and_logprobs
-from tests.model.tiny_checkpoints import save_tiny
+from tests.lora.test_lora_parity import tiny as lora_tiny  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lora_tp")
-    hf = save_tiny("llama3-gqa-untied", str(root / "model"))
-    sql = write_peft_adapter(str(root / "sql"), hf, r=4, alpha=8, targets=("q_proj", "v_proj", "down_proj"), seed=1)
-    chat = write_peft_adapter(str(root / "chat"), hf, r=8, alpha=16, seed=2, use_rslora=True)
-    late = write_peft_adapter(str(root / "late"), hf, r=2, alpha=4, targets=(*ATTENTION, "gate_proj"), seed=4)
-    return {"path": str(root / "model"), "sql": sql, "chat": chat, "late": late}
+def tiny(lora_tiny):  # noqa: F811
+    """The parity tests' model and adapters, and one more that no --lora-modules names (loaded at request time)."""
+    late = write_peft_adapter(str(lora_tiny["root"] / "late"), lora_tiny["hf"], r=2, alpha=4,
+                              targets=(*ATTENTION, "gate_proj"), seed=4)
+    return {**lora_tiny, "late": late}
 
 
 def run(tiny, tensor_parallel_size: int, max_loras: int = 2):
