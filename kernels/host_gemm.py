@@ -15,7 +15,7 @@ targets M <= 256 (decode); prefill-sized M belongs to a tiled matmul.
 Quantized tiles are multiplied as raw codes and scaled afterwards (``scale_mode``), so a program loads
 one scale per output channel and group, not one per weight element: one group spanning K
 (``PER_CHANNEL``) scales the accumulator after the K loop (each split's partial sum on its own: the
-scaling is linear); groups a K tile fits inside (a power of two of at least 16 bytes per row) scale each
+scaling is linear); groups a K tile fits inside (a power of two, at least the 128-wide M = 1 tile) scale each
 tile's partial product (``PER_TILE``); int4's minimum adds ``minimum * sum(x)`` over the same columns
 (``w = q*s + m``, so ``x.w = s*(x.q) + m*sum(x)``). Other group sizes gather a scale per element
 (``PER_ELEMENT``): correct for every group size, and as many scale loads as weight loads.
@@ -36,6 +36,7 @@ TARGET_PROGRAMS = 132 * 4  # H100/GH200 SM count x programs resident per SM
 NUM_WARPS = 4
 MIN_TILE_BYTES = 32 * NUM_WARPS * 16  # 16 bytes of every weight tile per thread: 128-bit loads
 MIN_ROW_BYTES = 16                    # a K tile's bytes of one weight row: at least one 128-bit load
+MIN_TILE_GROUP = 128                  # per-tile scales only for groups at least the M = 1 tile's K (scale_mode)
 
 
 @triton.jit
@@ -153,8 +154,9 @@ def scale_mode(fmt: int, group_size: int, k: int, weight_bits: int) -> tl.conste
     if group_size >= k:
         return PER_CHANNEL
     power_of_two = group_size & (group_size - 1) == 0
-    # a group's row of codes must fill a 128-bit load (and tl.dot's 16-deep K: int4 multiplies its halves)
-    return PER_TILE if power_of_two and group_size * weight_bits // 8 >= MIN_ROW_BYTES else PER_ELEMENT
+    # Groups narrower than the widest default K tile would shrink the K tiles to the group: on an H100 int4 g32
+    # read that way (16 bytes of a row per step) ran 2-5x slower than per-element scales over 128-wide tiles.
+    return PER_TILE if power_of_two and group_size >= MIN_TILE_GROUP else PER_ELEMENT
 
 
 def tile_config(m: int, weight_bits: int = 16, group_size: int | None = None) -> dict:
@@ -180,7 +182,20 @@ def choose_split_k(m: int, n: int, k: int, cfg: dict, target_programs: int = TAR
 
 def host_gemm(x: torch.Tensor, weight: torch.Tensor | PackedWeight, bias: torch.Tensor | None = None,
               split_k: int | None = None) -> torch.Tensor:
-    """``x[..., K] @ W[N, K].T + bias`` with W dense or packed; returns x's dtype."""
+    """``x[..., K] @ W[N, K].T + bias`` with W dense or packed; returns x's dtype. One row of x goes to the GEMV
+    (``gemv.py``: one launch, no split) unless ``split_k`` asks for this kernel's split."""
+    n, k = weight.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"host_gemm: x has {x.shape[-1]} columns but the weight expects K={k}")
+    if split_k is None and x.numel() == k:
+        from .gemv import gemv
+        return gemv(x, weight, bias)
+    return tiled_host_gemm(x, weight, bias, split_k)
+
+
+def tiled_host_gemm(x: torch.Tensor, weight: torch.Tensor | PackedWeight, bias: torch.Tensor | None = None,
+                    split_k: int | None = None) -> torch.Tensor:
+    """``host_gemm`` through this module's tiled kernel at any M (``split_k``: splits of K, default ``choose_split_k``)."""
     n, k = weight.shape
     if x.shape[-1] != k:
         raise ValueError(f"host_gemm: x has {x.shape[-1]} columns but the weight expects K={k}")

@@ -122,9 +122,18 @@ def triton_silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out.reshape(*gate_up.shape[:-1], out.shape[-1])
 
 
+def triton_dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """One row against a CUDA weight: the GEMV (one launch, measured faster than cuBLAS at M = 1 on an H100:
+    docs/BENCHMARKS.md); anything else: ``dense_linear`` (cuBLAS)."""
+    if x.is_cuda and x.numel() == x.shape[-1] and x.dtype == weight.dtype:
+        from gh200rt.kernels.gemv import gemv
+        return gemv(x, weight, bias)
+    return cpu_linear.dense_linear(x, weight, bias)
+
+
 TRITON_OPS = dict(rotary=TritonRotary, write_kv=triton_write_kv, attention=triton_paged_attention,
                   decode_block=triton_decode_block, norm=triton_rms_norm, add_norm=triton_add_rms_norm,
-                  act=triton_silu_and_mul, moe=FusedExperts)
+                  act=triton_silu_and_mul, moe=FusedExperts, dense_linear=triton_dense_linear)
 TORCH_OPS = dict(rotary=lambda: rotary.apply_rotary, write_kv=torch_attention.write_kv,
                  attention=torch_attention.paged_attention, norm=rmsnorm.rms_norm, act=activation.silu_and_mul,
                  packed_native=False)

@@ -1,0 +1,134 @@
+"""``y = x @ W.T (+ bias)`` for one row of x (decode at batch 1): a GEMV that streams W once.
+
+W is what ``host_gemm`` takes (dense bf16/fp16/fp32 ``[N, K]`` or a ``PackedWeight``), in HBM or in host memory.
+At one row the work is all weight bytes, so the kernel is shaped for the load path alone: each program owns
+``BLOCK_N`` output channels across the whole K and adds ``x * w`` element-wise into a ``[BLOCK_N, BLOCK_K]``
+float32 tile, reducing across K once after the loop (no cross-thread reduction inside it). With no split over K
+there are no atomics, no zero-filled float32 buffer and no cast afterwards: one launch per product, which at
+decode sizes (10-100 us per product) is a real share of the time. Quantized codes are dequantized per element
+(``w = q * s (+ m)``: the scale of a group is one cached load for all its codes); per-channel scales (one group
+spanning K) scale the reduced sum instead. Every load is upcast to float32 before arithmetic (the interpreter
+gets bf16 math wrong; fp32 accumulation is what we want on the GPU anyway).
+
+``scripts/bench_gpu_gemv.py`` times it against cuBLAS (resident) and ``host_gemm`` (host memory) per tile shape;
+``GEMV_TILES`` holds the shapes that measured best on an H100 (docs/BENCHMARKS.md).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .host_gemm import FMT_DENSE, FMT_INT4, FMT_SCALED, reference_host_gemm, weight_operands
+from .packed_weight import PackedWeight
+
+NUM_WARPS = 4
+GEMV_TILES = {16: (8, 512), 8: (16, 512), 4: (16, 512)}   # weight bits -> (BLOCK_N, BLOCK_K in codes)
+
+
+@triton.jit
+def gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, y_ptr, N, K, stride_wn, stride_sn, group_size,
+                FMT: tl.constexpr, PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    s_rows = offs_n.to(tl.int64)[:, None] * stride_sn
+    if FMT == 2:
+        # int4 walked in bytes (byte j holds columns 2j low, 2j+1 high): weight loads stay 128-bit
+        HALF: tl.constexpr = BLOCK_K // 2
+        acc = tl.zeros((BLOCK_N, HALF), dtype=tl.float32)
+        k_bytes = (K + 1) // 2
+        for b0 in range(0, k_bytes, HALF):
+            offs_b = b0 + tl.arange(0, HALF)
+            if EVEN_K:
+                w_mask = n_ok[:, None]
+                col_ok = offs_b >= 0
+            else:
+                w_mask = n_ok[:, None] & (offs_b < k_bytes)[None, :]
+                col_ok = offs_b * 2 < K
+            packed = tl.load(w_rows + offs_b[None, :], mask=w_mask, other=0)
+            x_even = tl.load(x_ptr + offs_b * 2, mask=col_ok, other=0.0).to(tl.float32)
+            x_odd = tl.load(x_ptr + offs_b * 2 + 1, mask=col_ok & (offs_b * 2 + 1 < K), other=0.0).to(tl.float32)
+            s_off = s_rows + (offs_b * 2 // group_size)[None, :]
+            scale = tl.load(scale_ptr + s_off, mask=w_mask, other=0.0)
+            minimum = tl.load(min_ptr + s_off, mask=w_mask, other=0.0)
+            q_even, q_odd = (packed & 0xF).to(tl.float32), (packed >> 4).to(tl.float32)
+            acc += (q_even * scale + minimum) * x_even[None, :] + (q_odd * scale + minimum) * x_odd[None, :]
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            if EVEN_K:
+                w_mask = n_ok[:, None]
+                k_ok = offs_k >= 0
+            else:
+                k_ok = offs_k < K
+                w_mask = n_ok[:, None] & k_ok[None, :]
+            w = tl.load(w_rows + offs_k[None, :], mask=w_mask, other=0.0).to(tl.float32)
+            if FMT == 1:
+                if not PER_CHANNEL:
+                    w = w * tl.load(scale_ptr + s_rows + (offs_k // group_size)[None, :], mask=w_mask, other=0.0)
+            x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+            acc += w * x[None, :]
+    y = tl.sum(acc, axis=1)
+    if PER_CHANNEL:
+        y = y * tl.load(scale_ptr + offs_n.to(tl.int64) * stride_sn, mask=n_ok, other=0.0)
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
+def gemv_tile(bits: int) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_K) for weights of ``bits``-bit codes: 16 bytes of every weight row per thread per step."""
+    return GEMV_TILES.get(bits, GEMV_TILES[16] if bits > 8 else GEMV_TILES[8])
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor | PackedWeight, bias: torch.Tensor | None = None,
+         tile: tuple[int, int] | None = None) -> torch.Tensor:
+    """``x[..., K] @ W[N, K].T + bias`` for x holding one row; returns x's dtype. ``tile``: (BLOCK_N, BLOCK_K)
+    instead of ``gemv_tile``'s (benchmarks)."""
+    n, k = weight.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"gemv: x has {x.shape[-1]} columns but the weight expects K={k}")
+    assert x.numel() == k, f"gemv takes one row, not {x.numel() // k}"
+    x1 = x.reshape(k).contiguous()
+    fmt, w, scale, minimum, group = weight_operands(weight, x1)
+    assert w.stride(-1) == 1, "weight rows must be contiguous"
+    bits = 4 if fmt == FMT_INT4 else 8 * w.element_size()
+    block_n, block_k = tile or gemv_tile(bits)
+    per_channel = fmt == FMT_SCALED and group >= k
+    y = torch.empty(n, dtype=x.dtype, device=x.device)
+    scale_stride = scale.stride(0) if fmt != FMT_DENSE else 0
+    gemv_kernel[(triton.cdiv(n, block_n),)](
+        x1, w, scale, minimum, bias if bias is not None else x1, y, n, k, w.stride(0), scale_stride, group,
+        FMT=fmt, PER_CHANNEL=per_channel, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0,
+        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=NUM_WARPS)
+    return y.reshape(*x.shape[:-1], n)
+
+
+reference_gemv = reference_host_gemm
+
+
+# (label, FMT, weight type, code bits, group size with K = 4096)
+_SPEC_WEIGHTS = (("bf16", FMT_DENSE, "*bf16", 16, 4096), ("fp32", FMT_DENSE, "*fp32", 32, 4096),
+                 ("int8", FMT_SCALED, "*i8", 8, 4096), ("int8 g128", FMT_SCALED, "*i8", 8, 128),
+                 ("fp8", FMT_SCALED, "*fp8e4nv", 8, 4096), ("int4 g32", FMT_INT4, "*u8", 4, 32))
+
+
+def compile_specs():
+    """Hopper compile checks: each weight format at its tile, K a multiple of the tile (the decode shapes)."""
+    from .compile_specs import CompileSpec, signature_of
+    fn = gemv_kernel
+    aligned = ("x_ptr", "w_ptr", "scale_ptr", "min_ptr", "bias_ptr", "y_ptr", "K", "stride_wn")
+    specs = []
+    for label, fmt, w_type, bits, group in _SPEC_WEIGHTS:
+        block_n, block_k = gemv_tile(bits)
+        constexprs = dict(FMT=fmt, PER_CHANNEL=fmt == FMT_SCALED and group >= 4096, HAS_BIAS=False, EVEN_K=True,
+                          BLOCK_N=block_n, BLOCK_K=block_k)
+        act = "*fp32" if label == "fp32" else "*bf16"
+        types = dict(x_ptr=act, w_ptr=w_type, scale_ptr="*fp32", min_ptr="*fp32", bias_ptr=act, y_ptr=act)
+        specs.append(CompileSpec("gemv", f"W={label} tile={block_n}x{block_k}", fn,
+                                 signature_of(fn, types, constexprs), constexprs, NUM_WARPS, aligned,
+                                 min_load_bits=128))
+    return specs
