@@ -11,7 +11,7 @@ spanning K) scale the reduced sum instead. Every load is upcast to float32 befor
 gets bf16 math wrong; fp32 accumulation is what we want on the GPU anyway).
 
 ``scripts/bench_gpu_gemv.py`` times it against cuBLAS (resident) and ``host_gemm`` (host memory) per tile shape;
-``GEMV_TILES`` holds the shapes that measured best on an H100 (docs/BENCHMARKS.md).
+``GEMV_TILE`` is the shape that measured best on an H100 (docs/BENCHMARKS.md).
 """
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ from .host_gemm import FMT_DENSE, FMT_INT4, FMT_SCALED, reference_host_gemm, wei
 from .packed_weight import PackedWeight
 
 NUM_WARPS = 4
-GEMV_TILES = {16: (8, 512), 8: (16, 512), 4: (16, 512)}   # weight bits -> (BLOCK_N, BLOCK_K in codes)
+# (BLOCK_N, BLOCK_K in codes). On an H100 (scripts/bench_gpu_gemv.py, docs/BENCHMARKS.md) this tile was the
+# fastest or within noise of it for every format and Llama-3-8B product, in HBM and in host memory.
+GEMV_TILE = (8, 512)
 
 
 @triton.jit
@@ -79,15 +81,10 @@ def gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, y_ptr, N, K, stride_
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
-def gemv_tile(bits: int) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K) for weights of ``bits``-bit codes: 16 bytes of every weight row per thread per step."""
-    return GEMV_TILES.get(bits, GEMV_TILES[16] if bits > 8 else GEMV_TILES[8])
-
-
 def gemv(x: torch.Tensor, weight: torch.Tensor | PackedWeight, bias: torch.Tensor | None = None,
          tile: tuple[int, int] | None = None) -> torch.Tensor:
     """``x[..., K] @ W[N, K].T + bias`` for x holding one row; returns x's dtype. ``tile``: (BLOCK_N, BLOCK_K)
-    instead of ``gemv_tile``'s (benchmarks)."""
+    instead of ``GEMV_TILE`` (benchmarks)."""
     n, k = weight.shape
     if x.shape[-1] != k:
         raise ValueError(f"gemv: x has {x.shape[-1]} columns but the weight expects K={k}")
@@ -95,8 +92,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor | PackedWeight, bias: torch.Tenso
     x1 = x.reshape(k).contiguous()
     fmt, w, scale, minimum, group = weight_operands(weight, x1)
     assert w.stride(-1) == 1, "weight rows must be contiguous"
-    bits = 4 if fmt == FMT_INT4 else 8 * w.element_size()
-    block_n, block_k = tile or gemv_tile(bits)
+    block_n, block_k = tile or GEMV_TILE
     per_channel = fmt == FMT_SCALED and group >= k
     y = torch.empty(n, dtype=x.dtype, device=x.device)
     scale_stride = scale.stride(0) if fmt != FMT_DENSE else 0
@@ -122,8 +118,8 @@ def compile_specs():
     fn = gemv_kernel
     aligned = ("x_ptr", "w_ptr", "scale_ptr", "min_ptr", "bias_ptr", "y_ptr", "K", "stride_wn")
     specs = []
+    block_n, block_k = GEMV_TILE
     for label, fmt, w_type, bits, group in _SPEC_WEIGHTS:
-        block_n, block_k = gemv_tile(bits)
         constexprs = dict(FMT=fmt, PER_CHANNEL=fmt == FMT_SCALED and group >= 4096, HAS_BIAS=False, EVEN_K=True,
                           BLOCK_N=block_n, BLOCK_K=block_k)
         act = "*fp32" if label == "fp32" else "*bf16"

@@ -42,7 +42,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("bench_gpu_gemv: needs a CUDA GPU; nothing measured", file=sys.stderr)
         return 2
-    from gh200rt.kernels.gemv import gemv, gemv_tile
+    from gh200rt.kernels.gemv import GEMV_TILE, gemv
     from gh200rt.kernels.host_gemm import reference_host_gemm, tiled_host_gemm
     from gh200rt.kernels.quant import pack_weight
     bounds = measured_bounds()
@@ -70,7 +70,7 @@ def main() -> int:
         want = reference_host_gemm(x, dense)
         record(layer, "bf16", "HBM", "cuBLAS", lambda: F.linear(x, dense), dense.nbytes, "hbm", want)
         record(layer, "bf16", "HBM", "host_gemm tiled", lambda: tiled_host_gemm(x, dense), dense.nbytes, "hbm", want)
-        for tile in tiles["bf16"] + ([gemv_tile(16)] if args.quick else []):
+        for tile in tiles["bf16"] + ([GEMV_TILE] if args.quick else []):
             record(layer, "bf16", "HBM", f"gemv {tile[0]}x{tile[1]}", lambda: gemv(x, dense, tile=tile),
                    dense.nbytes, "hbm", want)
         if layer == "head":

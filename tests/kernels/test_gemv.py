@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from gh200rt.kernels.gemv import gemv, gemv_tile, reference_gemv
+from gh200rt.kernels.gemv import GEMV_TILE, gemv, reference_gemv
 from tests.kernels.test_host_gemm import FORMATS, make_weight
 
 pytestmark = pytest.mark.interpreter
@@ -48,8 +48,8 @@ def test_gemv_refuses_wrong_width_and_several_rows():
         gemv(torch.randn(2, 64), weight)
 
 
-def test_tiles_give_every_thread_whole_128_bit_loads():
+def test_tile_gives_every_thread_whole_128_bit_loads():
+    block_n, block_k = GEMV_TILE
     for bits in (4, 8, 16, 32):
-        block_n, block_k = gemv_tile(bits)
         row_bytes = block_k * bits // 8
         assert row_bytes % 16 == 0 and block_n * row_bytes >= 128 * 16, (bits, block_n, block_k)
