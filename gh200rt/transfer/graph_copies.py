@@ -7,6 +7,13 @@ with a pair of them: they become event-record nodes, recorded again by every rep
 files the capture's account under the graph; ``replay_starts(graph)`` returns the bytes one replay copies,
 and first reads what the previous replay's waits took, before this replay records over them. By then the
 engine has read that step's tokens, so those events have completed and reading them does not stall.
+
+A captured event-record node names its event: destroying the event while a graph that records it can still be
+replayed makes the replay touch a freed event (on an H100 the second graph of two captured back to back, the
+first never filed, crashed in ``replay``). So no pair handed out during a capture is dropped while its graph may
+live: a filed graph's pairs return to a spare pool when the graph is collected (and a later capture reuses them);
+a capture never filed under a graph (one that raised, or a graph captured without ``captured``) keeps its pairs
+for as long as this object lives.
 """
 from __future__ import annotations
 
@@ -30,6 +37,8 @@ class GraphCopies:
         self._timer_pair = timer_pair           # None: waits inside graphs are not timed
         self._capturing: _Account | None = None
         self._graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._unfiled: list[_Account] = []      # captures no graph was filed for: a graph may still record their events
+        self._spare: list[TimerPair] = []       # pairs of collected graphs, free for the next capture
         self.wait_seconds = 0.0
 
     @property
@@ -39,18 +48,23 @@ class GraphCopies:
     def waited(self, capture: int, nbytes: int) -> TimerPair | None:
         """A ``wait_copy`` of ``nbytes`` inside capture ``capture``; the events to bracket the wait with."""
         if self._capturing is None or self._capturing.capture != capture:   # a new capture (or a failed one)
+            if self._capturing is not None and self._capturing.timers:
+                self._unfiled.append(self._capturing)
             self._capturing = _Account(capture)
         self._capturing.bytes += nbytes
         if self._timer_pair is None:
             return None
-        pair = self._timer_pair()
+        pair = self._spare.pop() if self._spare else self._timer_pair()
         self._capturing.timers.append(pair)
         return pair
 
     def captured(self, graph) -> None:
         """``graph`` is the capture the last ``waited`` calls belonged to (none: it copies nothing)."""
-        self._graphs[graph] = self._capturing or _Account(-1)
+        account = self._capturing or _Account(-1)
+        self._graphs[graph] = account
         self._capturing = None
+        if account.timers:
+            weakref.finalize(graph, self._spare.extend, account.timers)
 
     def replay_starts(self, graph) -> int:
         """Bytes one replay of ``graph`` copies (0 for a graph never filed)."""

@@ -1,5 +1,6 @@
 """Copies captured into a graph count on every replay (graph_copies.py), with fake timing events: bytes per
-replay, waits read back before the next replay records over them, a failed capture's waits dropped."""
+replay, waits read back before the next replay records over them, a failed capture's waits not counted, and
+no captured event dropped while a graph may still record it."""
 from gh200rt.transfer.graph_copies import GraphCopies
 
 
@@ -55,3 +56,30 @@ def test_a_failed_capture_is_not_filed_under_the_next_graph_and_unknown_graphs_c
     copies.captured(other)                           # captured without a streamed layer
     assert copies.replay_starts(other) == 0 and copies.replay_starts(Graph([], [0.0], 0.0)) == 0
     assert copies.read_all() == 0.0
+
+
+def test_captured_events_live_as_long_as_a_graph_may_replay_them():
+    """A graph's event-record nodes name their events: a capture never filed (here: the first of two back to back)
+    keeps its pairs; a filed graph's pairs outlive it only to be reused by the next capture."""
+    import gc
+    import weakref
+    clock, made = [0.0], []
+
+    def pair():
+        made.append((FakeEvent(clock), FakeEvent(clock)))
+        return made[-1]
+
+    copies = GraphCopies(pair)
+    first = [copies.waited(capture=1, nbytes=10)]           # captured, never filed
+    alive = [weakref.ref(event) for event in first[0]]
+    del first
+    second = Graph([copies.waited(capture=2, nbytes=10)], clock, 1.0)
+    made.clear()
+    gc.collect()
+    assert all(ref() is not None for ref in alive), "an unfiled capture's events were dropped"
+    copies.captured(second)
+    second_pairs = list(second.pairs)
+    del second
+    gc.collect()
+    reused = copies.waited(capture=3, nbytes=10)
+    assert reused is second_pairs[0] and not made, "a collected graph's events were not reused"
