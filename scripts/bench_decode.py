@@ -47,7 +47,7 @@ from gh200rt.config import EngineConfig  # noqa: E402
 from gh200rt.engine.engine import LLMEngine  # noqa: E402
 from gh200rt.launch_count import counting_launches  # noqa: E402
 from gh200rt.loader.load import read_arch  # noqa: E402
-from gh200rt.planner.cost_model import expert_seconds  # noqa: E402
+from gh200rt.planner.cost_model import direct_layer_seconds, expert_seconds  # noqa: E402
 from gh200rt.sampling_params import SamplingParams  # noqa: E402
 from scripts.random_checkpoint import add_random_model_arguments, model_of  # noqa: E402
 
@@ -61,6 +61,7 @@ def placements(num_layers: int) -> dict[str, dict]:
             "every-2nd": dict(offload="none", layer_tiers=every(2), staging_slots=2, prefetch_distance=1),
             "every-4th": dict(offload="none", layer_tiers=every(4), staging_slots=2, prefetch_distance=1),
             "direct": dict(offload="direct"),
+            "direct-host-scales": dict(offload="direct", direct_scales="host"),   # quantized: scales beside codes
             "experts-direct": dict(offload="none", moe_expert_tier="direct"),
             "experts-stream": dict(offload="none", moe_expert_tier="stream"),
             "experts-half-direct": dict(offload="none", moe_expert_tier="resident", layer_tiers=half)}
@@ -208,11 +209,10 @@ def roofline_tokens_per_second(engine: LLMEngine, batch: int) -> float:
     its tier's cost (cost_model.expert_seconds)."""
     plan, platform = engine.plan, engine.platform
     sizes = plan.sizes
-    layer = sizes.host_layer_bytes
-    streamed, direct = plan.tiers.count("streamed") * layer, plan.tiers.count("direct") * layer
+    streamed = plan.tiers.count("streamed") * sizes.host_layer_bytes
     dense_resident = sizes.fixed_memory + plan.tiers.count("resident") * sizes.resident_layer_memory
     compute = ((dense_resident + streamed) / (platform.hbm_gbps * 1e9)
-               + direct / (platform.direct_read_gbps * 1e9))
+               + plan.tiers.count("direct") * direct_layer_seconds(sizes, platform, plan.direct_scales_on_device))
     step = max(compute, streamed / (platform.link_h2d_gbps * 1e9)) + \
         expert_seconds(plan.expert_tiers, sizes, platform, batch)
     return batch / step

@@ -145,8 +145,8 @@ def speed_steps(py: str, out: Path, cache: Path) -> list[Step]:
                                                         "--json", str(out / "decode_llama3_8b.json")], 110,
              values=("llama3-8b",), outputs={"decode": out / "decode_llama3_8b.json"}),
         Step("decode Llama-3-8B shape, quantized direct",
-             decode + ["--batches", "1", "--placements", "direct", "--host-weight-dtype", "int4", "--json",
-                       str(out / "decode_llama3_8b_int4.json")], 80, values=("llama3-8b",),
+             decode + ["--batches", "1", "--placements", "direct,direct-host-scales", "--host-weight-dtype", "int4",
+                       "--json", str(out / "decode_llama3_8b_int4.json")], 130, values=("llama3-8b", "direct-host-scales"),
              outputs={"decode": out / "decode_llama3_8b_int4.json"}),
     ]
 

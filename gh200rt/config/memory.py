@@ -10,6 +10,7 @@ from gh200rt.platform.bandwidth import read_profile_file
 OFFLOAD_MODES = ("auto", "none", "stream", "direct", "dynamic")
 MOE_EXPERT_TIERS = ("auto", "resident", "direct", "stream")
 HOST_WEIGHT_DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "int4", "fp8")
+DIRECT_SCALES = ("device", "host")
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,11 @@ class MemoryConfig:
         "format of offloaded weights in host memory (fp8: e4m3 with a scale per output channel; auto keeps an "
         "FP8 or GGUF checkpoint's own quantized weights and a dense checkpoint's compute dtype, so offloading "
         "never rounds a weight)", choices=HOST_WEIGHT_DTYPES))
+    direct_scales: str = field(default="device", metadata=_help(
+        "on a GPU, where a direct layer's quantized weights keep their scales (and int4 minimums): device (in "
+        "device memory, booked against the KV cache: only the codes cross the link; int4 with groups of 32 reads "
+        "a third fewer bytes) or host (beside the codes). Dense host weights have none; the CPU reads in place",
+        choices=DIRECT_SCALES))
     host_weight_cache_dir: str | None = field(default=None, metadata=_help(
         "keep quantized host slabs (--host-weight-dtype int8, int4 or fp8 of a dense checkpoint) in this directory "
         "between runs, keyed by the checkpoint's files and the options: a restart reads them instead of quantizing "
@@ -77,6 +83,8 @@ class MemoryConfig:
         if self.host_weight_dtype not in HOST_WEIGHT_DTYPES:
             raise ValueError(f"--host-weight-dtype {self.host_weight_dtype!r}: choose one of "
                              f"{', '.join(HOST_WEIGHT_DTYPES)}")
+        if self.direct_scales not in DIRECT_SCALES:
+            raise ValueError(f"--direct-scales {self.direct_scales!r}: choose one of {', '.join(DIRECT_SCALES)}")
         if self.staging_slots is not None and self.staging_slots < 1:
             raise ValueError(f"--staging-slots must be at least 1, got {self.staging_slots}")
         if self.prefetch_distance is not None and self.prefetch_distance < 0:

@@ -53,8 +53,11 @@ def smallest_layout(sizes: ModelSizes, platform: Platform, memory: MemoryConfig,
 
 
 def _cheaper_options(memory: MemoryConfig) -> dict[str, MemoryConfig]:
-    """Other offload options that may plan in less: no ring at all (direct), or the smallest ring (stream K=1)."""
-    return {"--offload direct": dataclasses.replace(memory, offload="direct", layer_tiers=None),
+    """Other offload options that may plan in less: no ring at all (direct, its scales left on the host too), or
+    the smallest ring (stream K=1)."""
+    direct = dataclasses.replace(memory, offload="direct", layer_tiers=None)
+    return {"--offload direct": direct,
+            "--offload direct --direct-scales host": dataclasses.replace(direct, direct_scales="host"),
             "--offload stream --staging-slots 1 --prefetch-distance 0": dataclasses.replace(
                 memory, offload="stream", layer_tiers=None, staging_slots=1, prefetch_distance=0)}
 
@@ -67,10 +70,13 @@ def budget_refusal(sizes: ModelSizes, platform: Platform, memory: MemoryConfig, 
     assert not refused.fits(capacity), (capacity, refused)
     minimum, smallest = smallest_layout(sizes, platform, memory, block_size, activation_bytes, kv_min_tokens)
     options = f"--offload {memory.offload}" + (f" --layer-tiers {memory.layer_tiers}" if memory.layer_tiers else "")
-    cheaper = []
+    cheaper, named = [], set()
     for flags, other in _cheaper_options(memory).items():
+        if other == memory:
+            continue
         other_minimum, _ = smallest_layout(sizes, platform, other, block_size, activation_bytes, kv_min_tokens)
-        if other_minimum < minimum:
+        if other_minimum < minimum and other_minimum not in named:   # the same need under other flags says nothing
+            named.add(other_minimum)
             cheaper.append(f"{flags} needs {other_minimum} bytes ({_gib(other_minimum)})")
     return PlanDoesNotFit(
         f"device budget {capacity} bytes ({_gib(capacity)}) is too small for {options}: with "

@@ -45,6 +45,9 @@ class ModelSizes:
     expert_bytes: int = 0        # one expert's linears as resident
     host_expert_bytes: int = 0   # one expert's span in the host format (expert slab stride, staging slot)
     expert_form_bytes: int = 0   # a resident expert's CPU route form copies
+    # of host_layer_bytes, what a quantized host format's scales (and int4 minimums) take: a DIRECT layer keeps them
+    # in device memory when the plan says so (--direct-scales device), and only the codes cross the link
+    host_scale_bytes: int = 0
 
     @property
     def resident_expert_memory(self) -> int:
@@ -165,6 +168,7 @@ def model_sizes(arch: ArchConfig, dtype: str = "bf16", kv_dtype: str | None = No
     kv_scales = arch.num_layers * 2 * 4  # float32 K and V scale per layer (kv/fp8.py)
     fixed = (embeds + arch.num_layers * layer_small) * wb + rope_tables + kv_scales
     parts = [part for shape in shapes for part in host_weight_parts(host_format or dtype, shape)]
+    scales = sum(sum(host_weight_parts(host_format or dtype, shape)[1:]) for shape in shapes)
     resident = aligned_total([part for shape in shapes for part in host_weight_parts(resident_format or dtype, shape)])
     experts = {}
     if arch.is_moe:
@@ -174,7 +178,8 @@ def model_sizes(arch: ArchConfig, dtype: str = "bf16", kv_dtype: str | None = No
                        expert_bytes=_expert_span([p for s in expert for p in host_weight_parts(resident_format or dtype, s)]),
                        host_expert_bytes=_expert_span([p for s in expert for p in host_weight_parts(host_format or dtype, s)]))
     return ModelSizes(linear_params + layer_small, resident, fixed, head * wb,
-                      2 * arch.kv_size * kvb * arch.num_layers, arch.num_layers, aligned_total(parts), **experts)
+                      2 * arch.kv_size * kvb * arch.num_layers, arch.num_layers, aligned_total(parts),
+                      host_scale_bytes=scales, **experts)
 
 
 def _expert_span(part_bytes: list[int]) -> int:
@@ -211,6 +216,15 @@ def copy_seconds(nbytes: int, platform: Platform) -> float:
 
 def direct_read_seconds(nbytes: int, platform: Platform) -> float:
     return nbytes / (platform.direct_read_gbps * 1e9)
+
+
+def direct_layer_seconds(sizes: ModelSizes, platform: Platform, scales_on_device: bool = False) -> float:
+    """A DIRECT layer's weights read in place: its host form over the link, or with its scales in device memory
+    (``scales_on_device``) only the codes over the link and the scales from HBM."""
+    if not scales_on_device:
+        return direct_read_seconds(sizes.host_layer_bytes, platform)
+    return direct_read_seconds(sizes.host_layer_bytes - sizes.host_scale_bytes, platform) + \
+        sizes.host_scale_bytes / (platform.hbm_gbps * 1e9)
 
 
 # host_gemm (kernels/host_gemm.py) reads a weight once per M-tile of at most this many rows.
@@ -261,15 +275,16 @@ def expert_seconds(expert_tiers, sizes: ModelSizes, platform: Platform, batch: i
 
 
 def predict_step_seconds(tiers: list[str], sizes: ModelSizes, platform: Platform, batch: int,
-                         prefetch_distance: int = 1, expert_tiers=None) -> float:
+                         prefetch_distance: int = 1, expert_tiers=None, direct_scales_on_device: bool = False) -> float:
     """Decode step time: each streamed copy overlaps the compute of the ``prefetch_distance``
     layers before its use; the copy engine serialises copies, so the step is bounded below by
-    the total copy time too. ``expert_tiers`` (per layer, a tier per routed expert): ``expert_seconds``."""
+    the total copy time too. ``expert_tiers`` (per layer, a tier per routed expert): ``expert_seconds``;
+    ``direct_scales_on_device``: ``direct_layer_seconds``."""
     host = sizes.host_layer_bytes
     # a streamed layer computes from its staging slot, which holds the host form (fp8 / int8 / int4: fewer bytes)
     seconds = {Tier.RESIDENT: layer_compute_seconds(sizes, platform, batch),
                Tier.STREAMED: layer_compute_seconds(sizes, platform, batch, host),
-               Tier.DIRECT: direct_read_seconds(host, platform)}
+               Tier.DIRECT: direct_layer_seconds(sizes, platform, direct_scales_on_device)}
     per_layer = [seconds[Tier(tier)] for tier in tiers]
     total = sum(per_layer)
     stall = 0.0

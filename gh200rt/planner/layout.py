@@ -33,6 +33,7 @@ class Layout:
     kv_min_blocks: int                  # the least KV cache: one max_model_len sequence, --kv-cache-min-tokens
     block_bytes: int                    # one KV block, all layers
     expert_tiers: tuple[tuple[Tier, ...], ...] = ()   # per layer: a tier per routed expert (() for a dense layer)
+    direct_scales_on_device: bool = False   # DIRECT layers' scales in device memory (in weight_bytes)
 
     @property
     def kv_min_bytes(self) -> int:
@@ -175,7 +176,15 @@ def layout_for(sizes: ModelSizes, platform: Platform, memory: MemoryConfig, capa
     if dynamic:                         # any layer may start streaming: the ring is booked up front
         slots = memory.staging_slots or DEFAULT_STAGING_SLOTS
     distance = memory.prefetch_distance if memory.prefetch_distance is not None else max(0, slots - 1)
+    scales_on_device = direct_scales_on_device(memory, platform, sizes)
     weights = sizes.fixed_memory + tiers.count(Tier.RESIDENT) * sizes.resident_layer_memory + \
-        slots * sizes.host_layer_bytes + experts
+        slots * sizes.host_layer_bytes + experts + \
+        (tiers.count(Tier.DIRECT) * sizes.host_scale_bytes if scales_on_device else 0)
     return Layout(tuple(tiers), slots, distance, staging_tokens, dynamic, weights, activation_bytes, kv_min_blocks,
-                  block_bytes, expert_tiers)
+                  block_bytes, expert_tiers, scales_on_device)
+
+
+def direct_scales_on_device(memory: MemoryConfig, platform: Platform, sizes: ModelSizes) -> bool:
+    """Whether DIRECT layers keep their quantized weights' scales in device memory (``--direct-scales``): on a GPU
+    platform, for a host format that has scales. On the CPU the device is host memory: nothing to move."""
+    return memory.direct_scales == "device" and platform.kind != "cpu" and sizes.host_scale_bytes > 0

@@ -63,6 +63,7 @@ class Plan:
     dynamic: bool = False                      # tiers follow KV demand at run time (--offload dynamic)
     expert_tiers: tuple[tuple[Tier, ...], ...] = ()   # per layer, a tier per routed expert (() for a dense layer)
     rank_share: RankShare | None = None        # a tensor-parallel rank's plan (sizes are per rank)
+    direct_scales_on_device: bool = False      # DIRECT layers' scales in device memory (--direct-scales device)
 
     def expert_counts(self, layer: int) -> dict[str, int]:
         tiers = self.expert_tiers[layer] if self.expert_tiers else ()
@@ -88,6 +89,11 @@ class Plan:
     def resident_weight_bytes(self) -> int:
         return self.sizes.fixed_memory + self.tiers.count(Tier.RESIDENT) * self.sizes.resident_layer_memory + \
             self._flat_experts.count(Tier.RESIDENT) * self.sizes.resident_expert_memory
+
+    @property
+    def direct_scale_bytes(self) -> int:
+        """Device bytes the DIRECT layers' scales take (0 unless ``direct_scales_on_device``)."""
+        return self.tiers.count(Tier.DIRECT) * self.sizes.host_scale_bytes if self.direct_scales_on_device else 0
 
     @property
     def expert_staging_bytes(self) -> int:
@@ -178,6 +184,8 @@ class Plan:
                   f"host memory for offloaded weights: {gib(self.host_weight_bytes)}",
                   f"staging ring: K={self.staging_slots} d={self.prefetch_distance} "
                   f"{gib(self.staging_slots * self.sizes.host_layer_bytes)}",
+                  *([f"direct layers' scales in device memory (--direct-scales device; only their codes cross the "
+                     f"link): {gib(self.direct_scale_bytes)}"] if self.direct_scale_bytes else []),
                   *([f"direct layers are staged through the ring in steps of >= {self.direct_staging_tokens} "
                      f"tokens (host_gemm would read each weight over the link once per 64 rows)"]
                     if self.direct_staging_tokens and self.direct_layers else []),
@@ -209,10 +217,11 @@ def make_plan(sizes: ModelSizes, platform: Platform, memory: MemoryConfig, capac
     if not layout.fits(capacity):
         raise budget_refusal(sizes, platform, memory, capacity, block_size, activation_bytes, kv_min_tokens)
     step = predict_step_seconds(list(layout.tiers), planned, platform, batch, max(distance, 1),
-                                layout.expert_tiers)
+                                layout.expert_tiers, layout.direct_scales_on_device)
     return Plan(layout.tiers, slots, distance, layout.kv_blocks(capacity), block_size, planned, capacity, platform,
                 step, activation_bytes, layout.direct_staging_tokens, dynamic=layout.dynamic,
-                expert_tiers=layout.expert_tiers, rank_share=rank_share)
+                expert_tiers=layout.expert_tiers, rank_share=rank_share,
+                direct_scales_on_device=layout.direct_scales_on_device)
 
 
 def dynamic_splits(plan: Plan, kv_tokens: list[int], batch: int = 1) -> list[dict]:
@@ -230,5 +239,6 @@ def dynamic_splits(plan: Plan, kv_tokens: list[int], batch: int = 1) -> list[dic
         rows.append(dict(kv_tokens=tokens, fits=fits, streamed=tiers.count(Tier.STREAMED),
                          resident=tiers.count(Tier.RESIDENT),
                          step_seconds=predict_step_seconds(tiers, sizes, plan.platform, batch,
-                                                           max(plan.prefetch_distance, 1), plan.expert_tiers)))
+                                                           max(plan.prefetch_distance, 1), plan.expert_tiers,
+                                                           plan.direct_scales_on_device)))
     return rows

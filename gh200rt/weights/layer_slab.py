@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from gh200rt.kernels.packed_weight import PackedWeight
 from gh200rt.planner.cost_model import SLAB_ALIGN
 from gh200rt.weights import forms as weight_forms
 from gh200rt.weights.device_view import device_view, direct_weight, prepare_slab_for_device
@@ -107,13 +108,29 @@ class LayerSlab:
              wrap_dense=None) -> dict[str, object]:
         return self.layout.bind(buffer, compute_dtype, stable, wrap_dense)
 
-    def direct(self, compute_dtype: torch.dtype) -> dict[str, object]:
+    def direct(self, compute_dtype: torch.dtype, scales_on_device: bool = False) -> dict[str, object]:
         """The layer's weights read in place from the slab. Built once and kept, so what a packed weight
-        derives from stable storage survives the layer's visits to the ring."""
+        derives from stable storage survives the layer's visits to the ring. ``scales_on_device`` (a GPU): each
+        packed weight's scales (and int4 minimums) copied into device memory, its codes still read in place;
+        ``forget_direct`` lets the copies go."""
+        on_gpu = self.device.type != "cpu"
         if self._direct is None:
-            buffer = self.tensor if self.device.type == "cpu" else device_view(self.buffer, self.platform, self.device)
-            self._direct = self.bind(buffer, compute_dtype, stable=True, wrap_dense=direct_weight)
+            buffer = device_view(self.buffer, self.platform, self.device) if on_gpu else self.tensor
+            weights = self.bind(buffer, compute_dtype, stable=True, wrap_dense=direct_weight)
+            if scales_on_device and on_gpu:
+                weights = {name: _scales_copied(weight) for name, weight in weights.items()}
+            self._direct, self._direct_scales = weights, scales_on_device and on_gpu
+        assert self._direct_scales == (scales_on_device and on_gpu), "a slab's direct weights keep one scale placement"
         return self._direct
+
+    def scale_bytes(self) -> int:
+        """Bytes of the packed weights' scales and minimums (what ``direct(scales_on_device=True)`` copies)."""
+        return sum(torch.Size(shape).numel() * dtype.itemsize for _, part, shape, dtype, _ in self.layout.parts
+                   if part in SCALE_PARTS)
+
+    def forget_direct(self) -> None:
+        """Drop the direct weights (and device copies of their scales) until ``direct`` is asked again."""
+        self._direct = None
 
     def device_copy(self, into: torch.Tensor | None = None) -> torch.Tensor:
         """The slab's bytes copied into ``into`` (device bytes, e.g. an arena run) or one new device buffer:
@@ -126,3 +143,14 @@ class LayerSlab:
     def free(self) -> None:
         self._direct = None
         self.buffer.free()
+
+
+SCALE_PARTS = ("scale", "minimum")   # a PackedWeight's storage parts besides its codes
+
+
+def _scales_copied(weight):
+    """A packed weight read in place with its scale parts copied into device memory; anything else as it is."""
+    if not isinstance(weight, PackedWeight):
+        return weight
+    tensors = weight.tensors()
+    return weight.with_tensors({name: t.clone() if name in SCALE_PARTS else t for name, t in tensors.items()})

@@ -43,7 +43,7 @@ class LayerStaging(LayerHooks):
                 self._write(layer, self._slot_binding(layer, slot_of(position[layer], self._num_slots)))
             else:
                 assert tier == Tier.DIRECT, (layer, tier, order)
-                self._write(layer, slab.direct(self.compute_dtype))
+                self._write(layer, slab.direct(self.compute_dtype, self.direct_scales_on_device))
 
     def _slot_binding(self, layer: int, slot: int) -> dict[str, object]:
         """``layer``'s weights over staging slot ``slot``, built once per (slab, slot tensor): switching between

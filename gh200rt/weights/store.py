@@ -97,6 +97,8 @@ class WeightStore(ExpertPlacement, ArenaRuns, LayerStaging, SlabBuilding, Reside
         self._num_slots = DEFAULT_STAGING_SLOTS
         self._distance: int | None = None
         self._direct_staging_tokens: int | None = None
+        self.direct_scales_on_device = False             # the plan's --direct-scales placement (a GPU only)
+        self._direct_scale_bytes: dict[int, int] = {}    # DIRECT layer -> device bytes of its scales
         self._schedule: LayerHooks = NULL_HOOKS
         self._closed = False
         self.arena = None
@@ -142,6 +144,7 @@ class WeightStore(ExpertPlacement, ArenaRuns, LayerStaging, SlabBuilding, Reside
         self._num_slots = plan.staging_slots or DEFAULT_STAGING_SLOTS
         self._distance = plan.prefetch_distance if plan.staging_slots else None
         self._direct_staging_tokens = plan.direct_staging_tokens
+        self.direct_scales_on_device = getattr(plan, "direct_scales_on_device", False) and self.device.type != "cpu"
         self.tiers = tiers
         for layer, tier in enumerate(tiers):   # one layer at a time: its dense weights go once the slab holds them
             if tier == Tier.RESIDENT:
@@ -171,6 +174,8 @@ class WeightStore(ExpertPlacement, ArenaRuns, LayerStaging, SlabBuilding, Reside
         lm_head.current = self._resident_form(lm_head.current, None, "lm_head")
         self._book("resident_weights", placed)
         self._book("cpu_route_forms", copies)
+        for layer in self.layers(Tier.DIRECT):       # booked before the arena takes what is left
+            self._place_direct_scales(layer)
         ring_layers = self._ring_users() or (list(self.slabs) if plan.dynamic else [])
         if ring_layers:  # dynamic tiers book the ring up front: any layer may start streaming later
             self._make_ring(max(self.slabs[i].nbytes for i in ring_layers))
@@ -201,6 +206,10 @@ class WeightStore(ExpertPlacement, ArenaRuns, LayerStaging, SlabBuilding, Reside
             raise RuntimeError("this weight store was closed with its engine; build a new engine")
         if tier == old:
             return
+        if tier == Tier.DIRECT:                  # booked first: a placement that does not fit changes nothing
+            self._place_direct_scales(layer)
+        elif old == Tier.DIRECT:
+            self._drop_direct_scales(layer)
         self.plan_version += 1
         if tier == Tier.STREAMED and self.backend is None and self.arena is not None:
             raise ValueError(f"layer {layer} cannot stream: this engine started without a staging ring and the "
@@ -246,6 +255,28 @@ class WeightStore(ExpertPlacement, ArenaRuns, LayerStaging, SlabBuilding, Reside
         self._reorder()
 
     # ---- helpers -----------------------------------------------------------------------------------
+    def _place_direct_scales(self, layer: int) -> None:
+        """With scales in device memory, book a DIRECT layer's scales and copy them there (its direct weights,
+        which ``_bind_ring`` then writes)."""
+        if not self.direct_scales_on_device:
+            return
+        if layer not in self.slabs:
+            self._build_slab(layer, self._layer_refs(layer))
+        slab = self.slabs[layer]
+        nbytes = slab.scale_bytes()
+        self._book("direct_scales", nbytes)
+        try:
+            slab.direct(self.compute_dtype, scales_on_device=True)
+        except BaseException:
+            self._book("direct_scales", -nbytes)
+            raise
+        self._direct_scale_bytes[layer] = nbytes
+
+    def _drop_direct_scales(self, layer: int) -> None:
+        if layer in self._direct_scale_bytes:
+            self.slabs[layer].forget_direct()
+            self._book("direct_scales", -self._direct_scale_bytes.pop(layer))
+
     def _write(self, layer: int, weights: dict[str, object]) -> None:
         for name, ref in self._layer_refs(layer).items():
             ref.current = weights[name]
