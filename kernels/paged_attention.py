@@ -22,15 +22,15 @@ import triton
 import triton.language as tl
 
 from .paged_attention_split import attention_splits, split_paged_attention
-from .paged_attention_walk import _attend_blocks, _query_group, attention_warps, walk_compile_specs
+from .paged_attention_walk import _attend_blocks, _query_group, attention_warps, walk_compile_specs, walk_constexprs
 
 
 @triton.jit
 def paged_attention_kernel(q_ptr, cache_ptr, out_ptr, tables_ptr, tok_seq_ptr, tok_pos_ptr, kv_scale_ptr, scale,
                            group, stride_qt, stride_qh, stride_ot, stride_oh, stride_table,
                            stride_kv, stride_block, stride_slot, stride_head, head_dim,
-                           BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                           KV_FP8: tl.constexpr):
+                           BLOCK_SIZE: tl.constexpr, TILE_BLOCKS: tl.constexpr, BLOCK_G: tl.constexpr,
+                           BLOCK_D: tl.constexpr, KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
     t, kv_head = tl.program_id(0), tl.program_id(1)
     seq = tl.load(tok_seq_ptr + t)
     pos = tl.load(tok_pos_ptr + t)
@@ -39,7 +39,7 @@ def paged_attention_kernel(q_ptr, cache_ptr, out_ptr, tables_ptr, tok_seq_ptr, t
     _, l_i, acc = _attend_blocks(q, cache_ptr, tables_ptr + seq * stride_table, kv_head, pos,
                                  0, pos // BLOCK_SIZE + 1, kv_scale_ptr,
                                  stride_kv, stride_block, stride_slot, stride_head, head_dim,
-                                 BLOCK_SIZE, BLOCK_G, BLOCK_D, KV_FP8)
+                                 BLOCK_SIZE, TILE_BLOCKS, BLOCK_G, BLOCK_D, KV_FP8, DOT_PRECISION)
     tl.store(out_ptr + t * stride_ot + q_heads[:, None] * stride_oh + offs_d[None, :],
              (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
 
@@ -84,10 +84,10 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale: float,
     elif num_splits < 1:
         raise ValueError(f"paged_attention: num_splits must be 1 or more (or None to choose), got {num_splits}")
     scales = kv_scale if kv_fp8 else tok_pos
-    block_g, block_d = triton.next_power_of_2(group), triton.next_power_of_2(head_dim)
     pool_strides = (kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), head_dim)
-    walk = dict(BLOCK_SIZE=block_size, BLOCK_G=block_g, BLOCK_D=block_d, KV_FP8=kv_fp8,
-                num_warps=attention_warps(group, head_dim, block_size))
+    fp32_pool = kv_cache.dtype == torch.float32
+    walk = dict(walk_constexprs(group, head_dim, block_size, kv_fp8, fp32_pool),
+                num_warps=attention_warps(head_dim, block_size, fp32_pool, kv_fp8))
     if num_splits == 1:
         paged_attention_kernel[(t, num_kv_heads)](
             q, kv_cache, out, tables, tok_seq, tok_pos, scales, scale, group,
@@ -122,5 +122,6 @@ def reference_paged_attention(q, kv_cache, meta, scale, num_kv_heads, kv_scale=N
 def compile_specs():
     walks = ((3, 64, "bf16", 16, None), (4, 128, "bf16", 16, None), (8, 128, "fp16", 16, None),
              (4, 128, "bf16", 32, None), (8, 128, "bf16", 16, "fp8e4nv"),
-             (4, 128, "bf16", 32, "fp8e4nv"), (3, 64, "fp16", 16, "fp8e5"))
+             (4, 128, "bf16", 32, "fp8e4nv"), (3, 64, "fp16", 16, "fp8e5"), (4, 128, "fp32", 16, None),
+             (1, 128, "bf16", 128, None))
     return walk_compile_specs("paged_attention", paged_attention_kernel, walks, ("out_ptr", "stride_ot", "stride_oh"))

@@ -2,12 +2,13 @@
 when a token's context is cut into ``num_splits`` S > 1 shares.
 
 The grid is (token, KV head, split): split ``s`` walks the ``s``-th of S contiguous, equal shares of the
-token's own context blocks and writes its un-normalised float32 partial (max, sum, accumulator); a second
-kernel combines a token's splits per query head with the usual rescaling. The shares are cut on the device
-from the token's position, so every split has work once the context has S blocks, whatever the block
-table's padded width, and the grid depends on shapes only: a CUDA graph captured once replays correctly
-with new lengths and tables. A split whose share is empty (context shorter than S blocks) exits at once and
-the combine skips it. S = 1 is the single-pass kernel alone, with no scratch and no combine.
+token's own context blocks, each share at least one walk tile (kernels/paged_attention_walk.py), and writes
+its un-normalised float32 partial (max, sum, accumulator); a second kernel combines a token's splits per
+query head with the usual rescaling. The shares are cut on the device from the token's own length, whatever
+the block table's padded width, so the grid depends on shapes only: a CUDA graph captured once replays
+correctly with new lengths and tables. A split whose share is empty (a context shorter than S tiles leaves
+some) exits at once and the combine skips it. S = 1 is the single-pass kernel alone, with no scratch and no
+combine.
 
 ``attention_splits`` picks S when the caller does not: decode at small batch gives tokens x KV heads
 programs, far fewer than the ``TARGET_PROGRAMS`` a Hopper GPU keeps resident (Llama-3-8B at batch 1:
@@ -25,17 +26,19 @@ import triton
 import triton.language as tl
 
 from .host_gemm import TARGET_PROGRAMS
-from .paged_attention_walk import _attend_blocks, _query_group, walk_compile_specs
+from .paged_attention_walk import _attend_blocks, _query_group, tile_blocks, walk_compile_specs
 
 MIN_PARTITION_TOKENS = 256
 COMBINE_SPLITS_TILE = 32  # splits the combine loads per step: a [32, D] float32 tile
 
 
 @triton.jit
-def _split_share(pos, split, num_splits, BLOCK_SIZE: tl.constexpr):
-    """(first block, end block, splits with work) of ``split``'s share of a token at ``pos``."""
+def _split_share(pos, split, num_splits, BLOCK_SIZE: tl.constexpr, TILE_BLOCKS: tl.constexpr):
+    """(first block, end block, splits with work) of ``split``'s share of a token at ``pos``: an S-th of its
+    blocks, but at least one walk tile, so a short context leaves splits empty rather than each walking a
+    tile that is mostly masked."""
     blocks = pos // BLOCK_SIZE + 1
-    per_split = tl.cdiv(blocks, num_splits)
+    per_split = tl.maximum(tl.cdiv(blocks, num_splits), TILE_BLOCKS)
     first = split * per_split
     return first, tl.minimum(first + per_split, blocks), tl.cdiv(blocks, per_split)
 
@@ -45,12 +48,12 @@ def paged_attention_split_kernel(q_ptr, cache_ptr, part_max_ptr, part_sum_ptr, p
                                  tok_seq_ptr, tok_pos_ptr, kv_scale_ptr, scale, group, num_splits,
                                  stride_qt, stride_qh, stride_table,
                                  stride_kv, stride_block, stride_slot, stride_head, head_dim,
-                                 BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                                 KV_FP8: tl.constexpr):
+                                 BLOCK_SIZE: tl.constexpr, TILE_BLOCKS: tl.constexpr, BLOCK_G: tl.constexpr,
+                                 BLOCK_D: tl.constexpr, KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One split's partial into part_*[T, Hq, S] (max, sum) and part_acc[T, Hq, S, D], all float32."""
     t, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     pos = tl.load(tok_pos_ptr + t)
-    first, end, _ = _split_share(pos, split, num_splits, BLOCK_SIZE)
+    first, end, _ = _split_share(pos, split, num_splits, BLOCK_SIZE, TILE_BLOCKS)
     if first >= end:
         return
     seq = tl.load(tok_seq_ptr + t)
@@ -58,7 +61,7 @@ def paged_attention_split_kernel(q_ptr, cache_ptr, part_max_ptr, part_sum_ptr, p
                                                   stride_qt, stride_qh, BLOCK_G, BLOCK_D, KV_FP8)
     m_i, l_i, acc = _attend_blocks(q, cache_ptr, tables_ptr + seq * stride_table, kv_head, pos, first, end,
                                    kv_scale_ptr, stride_kv, stride_block, stride_slot, stride_head, head_dim,
-                                   BLOCK_SIZE, BLOCK_G, BLOCK_D, KV_FP8)
+                                   BLOCK_SIZE, TILE_BLOCKS, BLOCK_G, BLOCK_D, KV_FP8, DOT_PRECISION)
     rows = (t.to(tl.int64) * tl.num_programs(1) * group + q_heads) * num_splits + split
     tl.store(part_max_ptr + rows, m_i, mask=g_ok)
     tl.store(part_sum_ptr + rows, l_i, mask=g_ok)
@@ -68,11 +71,12 @@ def paged_attention_split_kernel(q_ptr, cache_ptr, part_max_ptr, part_sum_ptr, p
 @triton.jit
 def paged_attention_combine_kernel(part_max_ptr, part_sum_ptr, part_acc_ptr, out_ptr, tok_pos_ptr, num_splits,
                                    stride_ot, stride_oh, head_dim,
-                                   BLOCK_SIZE: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+                                   BLOCK_SIZE: tl.constexpr, TILE_BLOCKS: tl.constexpr, BLOCK_S: tl.constexpr,
+                                   BLOCK_D: tl.constexpr):
     """out[t, head] from the splits with work: each partial rescaled to the common max, summed, normalised."""
     t, head = tl.program_id(0), tl.program_id(1)
     pos = tl.load(tok_pos_ptr + t)
-    _, _, with_work = _split_share(pos, 0, num_splits, BLOCK_SIZE)
+    _, _, with_work = _split_share(pos, 0, num_splits, BLOCK_SIZE, TILE_BLOCKS)
     first_row = (t.to(tl.int64) * tl.num_programs(1) + head) * num_splits
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
@@ -100,10 +104,14 @@ def paged_attention_combine_kernel(part_max_ptr, part_sum_ptr, part_acc_ptr, out
 def attention_splits(tokens: int, num_kv_heads: int, table_blocks: int, block_size: int,
                      target_programs: int = TARGET_PROGRAMS) -> int:
     """Splits of each token's context: enough to bring tokens x KV heads programs up to ``target_programs``,
-    as long as the longest context the table holds keeps shares of ``MIN_PARTITION_TOKENS`` or more.
+    as long as the longest context the table holds keeps shares of ``MIN_PARTITION_TOKENS`` or more, and of
+    one walk tile or more (64 keys, or one block where blocks are larger: it binds only at blocks over 256
+    slots). A split walks whole tiles and the device cuts shares of at least one, so a split count asking
+    for less would only launch programs that find their share empty.
     Host ints only (the table's padded width, never the step's lengths), so a CUDA graph may capture it."""
     programs = max(1, tokens * num_kv_heads)
-    return max(1, min(target_programs // programs, table_blocks * block_size // MIN_PARTITION_TOKENS))
+    min_share = max(MIN_PARTITION_TOKENS, tile_blocks(block_size) * block_size)
+    return max(1, min(target_programs // programs, table_blocks * block_size // min_share))
 
 
 def combine_tile(num_splits: int) -> int:
@@ -124,18 +132,19 @@ def split_paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Te
         q.stride(0), q.stride(1), tables.stride(0), *pool_strides, **walk)
     paged_attention_combine_kernel[(t, num_heads)](
         part_max, part_sum, part_acc, out, tok_pos, num_splits, out.stride(0), out.stride(1), head_dim,
-        BLOCK_SIZE=walk["BLOCK_SIZE"], BLOCK_S=combine_tile(num_splits), BLOCK_D=walk["BLOCK_D"], num_warps=4)
+        BLOCK_SIZE=walk["BLOCK_SIZE"], TILE_BLOCKS=walk["TILE_BLOCKS"], BLOCK_S=combine_tile(num_splits),
+        BLOCK_D=walk["BLOCK_D"], num_warps=4)
     return out
 
 
 def compile_specs():
     from .compile_specs import CompileSpec, signature_of
     split_shapes = ((4, 128, "bf16", 16, None), (4, 128, "bf16", 16, "fp8e4nv"), (3, 64, "bf16", 16, None),
-                    (3, 64, "fp16", 16, "fp8e5"))
+                    (3, 64, "fp16", 16, "fp8e5"), (4, 128, "fp32", 16, None))
     specs = walk_compile_specs("attn_split", paged_attention_split_kernel, split_shapes, ("part_acc_ptr",))
     fn = paged_attention_combine_kernel
     for d, dtype, splits in ((128, "bf16", 32), (128, "bf16", 4), (64, "fp16", 8), (128, "fp32", 64)):
-        constexprs = dict(BLOCK_SIZE=16, BLOCK_S=combine_tile(splits), BLOCK_D=d)
+        constexprs = dict(BLOCK_SIZE=16, TILE_BLOCKS=tile_blocks(16), BLOCK_S=combine_tile(splits), BLOCK_D=d)
         types = dict(part_max_ptr="*fp32", part_sum_ptr="*fp32", part_acc_ptr="*fp32", out_ptr=f"*{dtype}",
                      tok_pos_ptr="*i64")
         specs.append(CompileSpec("attn_combine", f"D={d} {dtype} splits={splits}", fn,

@@ -4,13 +4,25 @@ A program holds one KV head's whole query group for one token: ``_query_group`` 
 times the softmax scale (and an fp8 pool's K scale, folded into the query: one multiply per query element
 instead of one per key element); ``_attend_blocks`` runs the online softmax over a range of the token's
 table blocks, keys past its position masked, and returns the un-normalised partial (an fp8 pool's V scale
-applied to the accumulator once). ``attention_warps`` sizes either kernel's program for the walk's tile;
-``walk_compile_specs`` builds either kernel's compile checks.
+applied to the accumulator once). ``walk_constexprs`` and ``attention_warps`` size either kernel's program
+for the walk's tile; ``walk_compile_specs`` builds either kernel's compile checks.
+
+Each iteration of the walk takes a tile of ``TILE_BLOCKS`` table blocks (``TILE_TOKENS`` = 64 keys at block
+sizes up to 64, one block above): the tile's table entries as one vector, K and V gathered as [tile keys, D]
+tiles, the scores and the value update as two tensor-core dots (the query group padded to 16 rows), then
+one online-softmax step. Walking one 16-key block per iteration, a chain of dependent loads and products
+reduced through shared memory, took ~3 us a block for one program and reached only 0.18 of HBM bandwidth
+even at batch 64 x 8 KV heads on an H100 (docs/gpu-runs/h100-2026-11-26); at blocks of 16 the tile moves
+four times the bytes per dependent step.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+TILE_TOKENS = 64  # keys an iteration takes, at block size 64 or less
+MIN_DOT_ROWS = 16  # tl.dot's smallest tile side on tensor cores
+FULL_TILE = TILE_TOKENS * 128  # keys x head dim of the tile at head dim 128, where the warps change
 
 
 @triton.jit
@@ -32,39 +44,66 @@ def _query_group(q_ptr, t, kv_head, group, head_dim, kv_scale_ptr, scale, stride
 @triton.jit
 def _attend_blocks(q, cache_ptr, table_ptr, kv_head, pos, first_block, end_block, kv_scale_ptr,
                    stride_kv, stride_block, stride_slot, stride_head, head_dim,
-                   BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, KV_FP8: tl.constexpr):
-    """Online softmax of the query group over table blocks [first_block, end_block), keys past ``pos``
-    masked: (running max, sum of exponentials, un-normalised accumulator in dequantized units)."""
+                   BLOCK_SIZE: tl.constexpr, TILE_BLOCKS: tl.constexpr, BLOCK_G: tl.constexpr,
+                   BLOCK_D: tl.constexpr, KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Online softmax of the query group over table blocks [first_block, end_block), ``TILE_BLOCKS`` at a time,
+    keys past ``pos`` masked: (running max, sum of exponentials, un-normalised accumulator in dequantized units)."""
+    offs_t = tl.arange(0, TILE_BLOCKS * BLOCK_SIZE)
     offs_d = tl.arange(0, BLOCK_D)
-    offs_s = tl.arange(0, BLOCK_SIZE)
     d_ok = offs_d < head_dim
     m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)
-    for j in range(first_block, end_block):
-        block = tl.load(table_ptr + j).to(tl.int64)
-        kv_off = block * stride_block + offs_s[:, None] * stride_slot + kv_head * stride_head + offs_d[None, :]
-        s_ok = j * BLOCK_SIZE + offs_s <= pos
-        kv_mask = s_ok[:, None] & d_ok[None, :]
+    # two stages: the next tile's table entries and K/V load while this one computes (three spill at 8 warps)
+    for j in tl.range(first_block, end_block, TILE_BLOCKS, num_stages=2):
+        key_block = j + offs_t // BLOCK_SIZE  # each key's index in the table
+        # a range may end inside the tile; the table is never read past it (a row may end there)
+        in_range = key_block < end_block
+        block = tl.load(table_ptr + key_block, mask=in_range, other=0).to(tl.int64)
+        kv_off = (block[:, None] * stride_block + (offs_t % BLOCK_SIZE)[:, None] * stride_slot
+                  + kv_head * stride_head + offs_d[None, :])
+        key_ok = in_range & (j * BLOCK_SIZE + offs_t <= pos)
+        kv_mask = key_ok[:, None] & d_ok[None, :]
         k = tl.load(cache_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
         v = tl.load(cache_ptr + stride_kv + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
-        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
-        scores = tl.where(s_ok[None, :], scores, float("-inf"))
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        # finite from the first tile on: its first key, block first_block's slot 0, is at or before pos
+        scores = tl.where(key_ok[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         p = tl.exp(scores - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
         m_i = m_new
     if KV_FP8:
         acc = acc * tl.load(kv_scale_ptr + 1)
     return m_i, l_i, acc
 
 
-def attention_warps(group: int, head_dim: int, block_size: int) -> int:
-    """Enough warps that the [group, block, head_dim] product tile stays under ~64 registers a thread."""
-    elems = triton.next_power_of_2(group) * triton.next_power_of_2(head_dim) * block_size
-    return min(8, max(4, elems // 2048))
+def tile_blocks(block_size: int) -> int:
+    """Table blocks in one iteration's tile: ``TILE_TOKENS`` keys, or one block where a block holds more."""
+    return max(1, TILE_TOKENS // block_size)
+
+
+def walk_constexprs(group: int, head_dim: int, block_size: int, kv_fp8: bool, fp32_pool: bool) -> dict:
+    """The walk's constexprs: the query group and head dim padded to tensor-core tiles; exact float32 dots
+    where the pool holds float32 (fp32 models keep ~1e-5 parity), tf32 otherwise (~5e-4 relative in the
+    scores, well under a bf16/fp16/fp8 pool's own rounding)."""
+    return dict(BLOCK_SIZE=block_size, TILE_BLOCKS=tile_blocks(block_size),
+                BLOCK_G=max(MIN_DOT_ROWS, triton.next_power_of_2(group)),
+                BLOCK_D=max(MIN_DOT_ROWS, triton.next_power_of_2(head_dim)), KV_FP8=kv_fp8,
+                DOT_PRECISION="ieee" if fp32_pool else "tf32")
+
+
+def attention_warps(head_dim: int, block_size: int, fp32_pool: bool, kv_fp8: bool) -> int:
+    """4 or 8 warps for the walk's [keys, head dim] tile, as scripts/check_kernels.py finds them spill-free
+    (ptxas spills a few bytes where it aims at 64-128 registers a thread with the other count): exact float32
+    dots keep 4 up to 64 x 128 (~150 registers) and take 8 past it; tf32 dots take 8 from 64 x 128 (~100-130
+    registers) and over an fp8 pool, 4 below."""
+    tile = tile_blocks(block_size) * block_size * max(MIN_DOT_ROWS, triton.next_power_of_2(head_dim))
+    if fp32_pool:
+        return 4 if tile <= FULL_TILE else 8
+    return 8 if tile >= FULL_TILE or kv_fp8 else 4
 
 
 def walk_compile_specs(name: str, fn, shapes, outputs: tuple) -> list:
@@ -75,11 +114,12 @@ def walk_compile_specs(name: str, fn, shapes, outputs: tuple) -> list:
                "stride_head", "head_dim")
     specs = []
     for group, d, dtype, bs, cache in shapes:
-        constexprs = dict(BLOCK_SIZE=bs, BLOCK_G=triton.next_power_of_2(group), BLOCK_D=d, KV_FP8=cache is not None)
+        constexprs = walk_constexprs(group, d, bs, cache is not None, (cache or dtype) == "fp32")
         types = dict(q_ptr=f"*{dtype}", cache_ptr=f"*{cache or dtype}", out_ptr=f"*{dtype}", tables_ptr="*i32",
                      tok_seq_ptr="*i32", tok_pos_ptr="*i64", kv_scale_ptr="*fp32" if cache else "*i64",
                      scale="fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32", part_acc_ptr="*fp32")
         label = f"group={group} D={d} block={bs} {dtype}" + (f" kv={cache}" if cache else "")
         specs.append(CompileSpec(name, label, fn, signature_of(fn, types, constexprs), constexprs,
-                                 attention_warps(group, d, bs), aligned + outputs))
+                                 attention_warps(d, bs, (cache or dtype) == "fp32", cache is not None),
+                                 aligned + outputs))
     return specs

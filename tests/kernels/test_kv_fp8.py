@@ -8,7 +8,7 @@ from gh200rt.kernels.paged_attention import paged_attention, reference_paged_att
 from gh200rt.kernels.store_kv import reference_write_kv, write_kv
 from gh200rt.kv import attention as torch_attention
 from gh200rt.kv import fp8
-from tests.kernels.test_paged_attention import build_case
+from tests.kernels.test_paged_attention import TILE_EDGE_QUERY_LENS, TILE_EDGE_SEQ_LENS, build_case
 
 pytestmark = pytest.mark.interpreter
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
@@ -93,6 +93,19 @@ def test_paged_attention_fp8_matches_references(kv_dtype, q_dtype, block_size, q
           f"Triton {err:.2e}, torch path {cpu_err:.2e}")
     tol = 1e-5 if q_dtype == torch.float32 else 2e-2
     assert err < tol and cpu_err < tol
+
+
+@pytest.mark.parametrize("kv_dtype", FP8, ids=str)
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_paged_attention_fp8_at_tile_edges(kv_dtype, group, block_size):
+    q, pool, meta, scale = fp8_case(TILE_EDGE_QUERY_LENS, TILE_EDGE_SEQ_LENS, group * 2, 2, 64, block_size,
+                                    torch.float32, kv_dtype, seed=group + block_size)
+    got = paged_attention(q, pool, meta, 64 ** -0.5, 2, scale, num_splits=1)
+    want = reference_paged_attention(q, pool, meta, 64 ** -0.5, 2, scale)
+    err = (got.float() - want.float()).abs().max().item()
+    print(f"fp8 attention at tile edges {kv_dtype} group={group} block={block_size}: worst error {err:.2e}")
+    assert err < 1e-5
 
 
 def test_torch_path_reads_exactly_the_dequantized_values():

@@ -60,3 +60,21 @@ def test_same_contract_as_the_models_torch_attention():
     err = (got - want).abs().max().item()
     print(f"Triton vs gh200rt.kv.attention: worst error {err:.2e}")
     assert err < 1e-5
+
+
+# decodes at contexts either side of a 64-key tile and of two, and a 3-token prefill chunk ending at 130 keys
+TILE_EDGE_QUERY_LENS, TILE_EDGE_SEQ_LENS = [1] * 5 + [3], [1, 15, 17, 63, 65, 130]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("group", [1, 4, 8])  # query heads a KV head serves: padded to the dot's 16 rows
+@pytest.mark.parametrize("block_size", [16, 32])  # tiles of 4 and of 2 blocks
+def test_contexts_that_end_inside_a_tile(dtype, group, block_size):
+    kv_heads, d = 2, 64
+    q, pool, meta = build_case(TILE_EDGE_QUERY_LENS, TILE_EDGE_SEQ_LENS, group * kv_heads, kv_heads, d, block_size,
+                               dtype, seed=group + block_size)
+    got = paged_attention(q, pool, meta, d ** -0.5, kv_heads, num_splits=1)
+    want = reference_paged_attention(q, pool, meta, d ** -0.5, kv_heads)
+    err = (got.float() - want.float()).abs().max().item()
+    print(f"tile edges {dtype} group={group} block={block_size}: worst error {err:.2e}")
+    assert err < {torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]

@@ -73,6 +73,37 @@ def test_forced_splits_read_fp8_pools_with_each_scale_once(kv_dtype, num_splits)
     assert err < 1e-5
 
 
+# at blocks of 16 (4-block tiles) 300 keys are 19 blocks: 2 splits cut shares of 10 and 9, 3 of 7, 7 and 5, each
+# ending inside its last tile; 130 keys (9 blocks) in 2 shares of 5 and 4; 65 keys in 3 splits: a tile, then a block
+TILE_SPLIT_QUERY_LENS, TILE_SPLIT_SEQ_LENS = [1, 1, 1, 3, 1], [1, 17, 65, 130, 300]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("num_splits", [2, 3, 5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("group", [1, 8])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_split_shares_that_end_inside_a_tile(num_splits, dtype, group, block_size):
+    q, pool, meta = build_case(TILE_SPLIT_QUERY_LENS, TILE_SPLIT_SEQ_LENS, group * 2, 2, 64, block_size, dtype,
+                               seed=num_splits + group + block_size)
+    got = paged_attention(q, pool, meta, 64 ** -0.5, 2, num_splits=num_splits)
+    err = worst_error(got, q, pool, meta, 2)
+    print(f"{num_splits} splits {dtype} group={group} block={block_size}: worst error {err:.2e}")
+    assert err < TOLERANCE[dtype]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("kv_dtype", FP8, ids=str)
+@pytest.mark.parametrize("num_splits", [2, 3])
+def test_split_shares_that_end_inside_a_tile_over_fp8(kv_dtype, num_splits):
+    q, pool, meta, scale = fp8_case(TILE_SPLIT_QUERY_LENS, TILE_SPLIT_SEQ_LENS, 8, 2, 64, 16, torch.float32,
+                                    kv_dtype, seed=num_splits)
+    got = paged_attention(q, pool, meta, 64 ** -0.5, 2, scale, num_splits=num_splits)
+    err = worst_error(got, q, pool, meta, 2, scale)
+    print(f"{num_splits} splits over {kv_dtype} at tile edges: worst error {err:.2e}")
+    assert err < 1e-5
+
+
 @pytest.mark.interpreter
 def test_auto_splits_a_short_batch_over_a_wide_table(launches):
     """A graph's table is as wide as the longest sequence allowed; the splits follow it, the shares each
@@ -103,6 +134,7 @@ def test_split_count_fills_the_gpu_only_where_programs_are_few():
     assert attention_splits(1, 8, 8192, 16) == 66   # a 131072-key table: the program target binds
     assert attention_splits(1, 8, 16, 16) == 1      # 256 keys at most: nothing worth splitting
     assert attention_splits(1, 8, 512, 16, target_programs=132) == 16
+    assert attention_splits(1, 8, 4, 512) == 4      # 512-key blocks: a walk tile each, so one split a block at most
 
 
 def test_split_count_must_be_positive():
