@@ -3,7 +3,12 @@
 the HBM bandwidth a large device-to-device copy reaches in the same run. FlashInfer may compile its kernel at the first call of a row, outside the timing.
 
     python scripts/bench_gpu_attention.py [--batches 1,8,32,64] [--contexts 512,2048,8192]
-        [--table-tokens 0] [--warmup-ms 10] [--rep-ms 40] [--json PATH]
+        [--table-tokens 0] [--warmup-ms 10] [--rep-ms 40] [--baseline REV|DIR] [--json PATH]
+
+``--baseline`` adds another tree's kernel (a git revision, or a directory holding its ``kernels/*.py``, for a
+copy of the tree without git history: ``git archive REV kernels | tar -x -C DIR/..``), one split and its own
+split choice, timed in the same run: the before of a kernel change. Without it, ``.baseline/attention/kernels``
+is used where it holds a ``paged_attention.py``.
 
 Llama-3-8B's decode shape: 32 query heads, 8 KV heads, head_dim 128, bf16 K/V in blocks of 16; every
 sequence of a row holds ``context`` tokens in blocks scattered through one pool sized for the largest row.
@@ -23,9 +28,19 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # bench_gpu_host_gemm's baseline loader
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK, DTYPE = 32, 8, 128, 16, torch.bfloat16
 COPY_BYTES = 1 << 30
+
+
+BASELINE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".baseline", "attention",
+                            "kernels")
+
+
+def default_baseline() -> str | None:
+    """``BASELINE_DIR`` where it holds a paged_attention.py (a tree that travelled without git history), else None."""
+    return BASELINE_DIR if os.path.isfile(os.path.join(BASELINE_DIR, "paged_attention.py")) else None
 
 
 def require_cuda() -> None:
@@ -82,12 +97,20 @@ def main() -> None:
                         help="pad block tables to this many tokens (a graph's max_model_len); 0: the context")
     parser.add_argument("--warmup-ms", type=float, default=10)
     parser.add_argument("--rep-ms", type=float, default=40)
+    parser.add_argument("--baseline", help="git revision or kernels/ directory of a kernel to time beside this one")
     parser.add_argument("--json", help="also write every row to this JSON file")
     args = parser.parse_args()
     require_cuda()
     import triton.testing
 
     from gh200rt.kernels.paged_attention import attention_splits, paged_attention
+    baseline, rev = None, args.baseline or default_baseline()
+    if rev is not None:
+        import importlib
+
+        from bench_gpu_host_gemm import load_baseline_package
+        baseline = importlib.import_module(f"{load_baseline_package(rev)}.paged_attention").paged_attention
+        print(f"baseline kernel: {rev}")
     batches = [int(b) for b in args.batches.split(",")]
     contexts = [int(c) for c in args.contexts.split(",")]
     bench = lambda fn: triton.testing.do_bench(fn, warmup=args.warmup_ms, rep=args.rep_ms)  # noqa: E731
@@ -98,7 +121,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     pool = torch.randn(2, pool_blocks, BLOCK, KV_HEADS, HEAD_DIM, device="cuda", dtype=DTYPE)
     scale = HEAD_DIM ** -0.5
-    print(f"{'batch':>5} {'context':>7} {'splits':>6} {'KV MB':>8} {'route':<12} {'ms':>8} {'GB/s':>7} "
+    print(f"{'batch':>5} {'context':>7} {'splits':>6} {'KV MB':>8} {'route':<16} {'ms':>8} {'GB/s':>7} "
           f"{'of HBM':>6} {'vs 1 split':>10} {'max |diff|':>10}")
     rows = []
     for batch in batches:
@@ -109,6 +132,9 @@ def main() -> None:
             single = paged_attention(q, pool, meta, scale, KV_HEADS, num_splits=1)  # builds the layout, compiles
             routes = {"1 split": lambda: paged_attention(q, pool, meta, scale, KV_HEADS, num_splits=1),
                       "auto": lambda: paged_attention(q, pool, meta, scale, KV_HEADS)}
+            if baseline is not None:
+                routes["baseline 1 split"] = lambda: baseline(q, pool, meta, scale, KV_HEADS, num_splits=1)
+                routes["baseline auto"] = lambda: baseline(q, pool, meta, scale, KV_HEADS)
             reference_decode = flashinfer_decode(pool, meta, batch, context)
             if reference_decode is not None:
                 routes["flashinfer"] = lambda: reference_decode(q)
@@ -124,7 +150,7 @@ def main() -> None:
                            ms=ms, kv_bytes=kv_bytes, gbps=gbps, hbm_fraction=gbps / copy_gbps,
                            speedup=baseline_ms / ms, max_diff=diff)
                 rows.append(row)
-                print(f"{batch:>5} {context:>7} {route_splits or '-':>6} {kv_bytes / 1e6:>8.1f} {route:<12} {ms:>8.4f} "
+                print(f"{batch:>5} {context:>7} {route_splits or '-':>6} {kv_bytes / 1e6:>8.1f} {route:<16} {ms:>8.4f} "
                       f"{gbps:>7.0f} {gbps / copy_gbps:>6.2f} {baseline_ms / ms:>9.2f}x {diff:>10.2e}")
     if args.json:
         with open(args.json, "w") as f:

@@ -40,9 +40,15 @@ BOUND_BYTES = 1 << 30
 
 
 def load_baseline(rev: str):
-    """(host_gemm module, quant module) of ``rev`` (a git revision, or a directory with its ``kernels/*.py``): every
-    top-level module is copied, as host_gemm.py and quant.py import the weight formats beside them."""
-    package = Path(tempfile.mkdtemp(prefix="host_gemm_baseline_")) / "baseline_kernels"
+    """(host_gemm module, quant module) of ``rev`` (a git revision, or a directory with its ``kernels/*.py``)."""
+    name = load_baseline_package(rev)
+    return importlib.import_module(f"{name}.host_gemm"), importlib.import_module(f"{name}.quant")
+
+
+def load_baseline_package(rev: str) -> str:
+    """The name of a package holding ``rev``'s ``kernels/*.py`` (a git revision, or a directory of them): every
+    top-level module is copied, as the kernels import their neighbours (weight formats, the attention walk)."""
+    package = Path(tempfile.mkdtemp(prefix="kernels_baseline_")) / "baseline_kernels"
     package.mkdir()
     for name in _baseline_modules(rev):
         if Path(rev).is_dir():
@@ -60,7 +66,7 @@ def load_baseline(rev: str):
                                                   submodule_search_locations=[str(package)])
     sys.modules[name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sys.modules[name])
-    return importlib.import_module(f"{name}.host_gemm"), importlib.import_module(f"{name}.quant")
+    return name
 
 
 def _baseline_modules(rev: str) -> list[str]:
