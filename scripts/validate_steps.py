@@ -122,7 +122,8 @@ def validation_steps(py: str, out: Path, cache: Path) -> list[Step]:
 
 # the gpu tests of the decode-speed work (issue 31's kernels and the decode paths they serve)
 SPEED_TESTS = ("tests/gpu/test_gpu_split_attention.py", "tests/gpu/test_gpu_model_kernels.py",
-               "tests/kernels/test_gpu_kernels.py", "tests/gpu/test_gpu_decode_graphs.py")
+               "tests/kernels/test_gpu_kernels.py", "tests/gpu/test_gpu_decode_graphs.py", "tests/gpu/test_gpu_gemv.py",
+               "tests/gpu/test_gpu_direct_scales.py", "tests/gpu/test_gpu_transfer.py")
 
 
 def speed_steps(py: str, out: Path, cache: Path) -> list[Step]:
@@ -136,13 +137,13 @@ def speed_steps(py: str, out: Path, cache: Path) -> list[Step]:
         Step("kernel compile check", [py, "scripts/check_kernels.py"], 45),
         Step("decode kernels' gpu tests", [py, "-m", "pytest", "-q", "-rs", "-m", "gpu", "-p", "no:cacheprovider",
                                            "--timeout", "120", "--junit-xml", str(out / "gpu_tests.xml"),
-                                           *SPEED_TESTS], 90, outputs={"junit": out / "gpu_tests.xml"}),
+                                           *SPEED_TESTS], 110, outputs={"junit": out / "gpu_tests.xml"}),
         Step("paged attention timings", [py, "scripts/bench_gpu_attention.py", "--json",
-                                         str(out / "attention.json")], 50, outputs={"kernel": out / "attention.json"}),
-        Step("host_gemm timings", [py, "scripts/bench_gpu_host_gemm.py", "--json", str(out / "host_gemm.json")], 70,
+                                         str(out / "attention.json")], 30, outputs={"kernel": out / "attention.json"}),
+        Step("host_gemm timings", [py, "scripts/bench_gpu_host_gemm.py", "--json", str(out / "host_gemm.json")], 50,
              outputs={"kernel": out / "host_gemm.json"}),
         Step("decode Llama-3-8B shape, bf16", decode + ["--batches", "1,8,64", "--placements", "resident,stream",
-                                                        "--json", str(out / "decode_llama3_8b.json")], 110,
+                                                        "--json", str(out / "decode_llama3_8b.json")], 90,
              values=("llama3-8b",), outputs={"decode": out / "decode_llama3_8b.json"}),
         Step("decode Llama-3-8B shape, quantized direct",
              decode + ["--batches", "1", "--placements", "direct,direct-host-scales", "--host-weight-dtype", "int4",

@@ -125,7 +125,7 @@ def triton_silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 def triton_dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """One row against a CUDA weight: the GEMV (one launch, measured faster than cuBLAS at M = 1 on an H100:
     docs/BENCHMARKS.md); anything else: ``dense_linear`` (cuBLAS)."""
-    if x.is_cuda and x.numel() == x.shape[-1] and x.dtype == weight.dtype:
+    if x.is_cuda and x.numel() == x.shape[-1] and x.dtype == weight.dtype and weight.stride(-1) == 1:
         from gh200rt.kernels.gemv import gemv
         return gemv(x, weight, bias)
     return cpu_linear.dense_linear(x, weight, bias)
