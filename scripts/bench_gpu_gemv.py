@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gpu_host_gemm import measured_bounds, pinned, timed  # noqa: E402
+from bench_gpu_host_gemm import measured_bounds, pinned, print_fastest, timed  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
           "head": (128256, 4096)}
@@ -89,15 +89,7 @@ def main() -> int:
                 for tile in tiles["bf16" if fmt == "bf16" else fmt]:
                     record(layer, fmt, where, f"gemv {tile[0]}x{tile[1]}", lambda: gemv(x, weight, tile=tile),
                            nbytes, "link", want)
-    print("\nfastest per case")
-    cases = {}
-    for row in rows:
-        key = (row["layer"], row["weights"], row["read_from"])
-        if key not in cases or row["us"] < cases[key]["us"]:
-            cases[key] = row
-    for (layer, weights, where), row in cases.items():
-        print(f"{layer:<8} {weights:<5} {where:<20} {row['kernel']:<18} {row['us']:9.1f} us "
-              f"{row['of_bound']:5.2f} of bound")
+    print_fastest(rows, kernel_width=18)
     if args.json:
         Path(args.json).write_text(json.dumps(dict(device=torch.cuda.get_device_name(), bounds_gb_s=bounds,
                                                    rows=rows), indent=1))

@@ -119,6 +119,20 @@ def timed(fn) -> tuple[float, torch.Tensor]:
     return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"), out
 
 
+def print_fastest(rows: list[dict], kernel_width: int) -> None:
+    """The fastest row of each (layer, weights, read_from) case: bench_gpu_gemv.py's and bench_gpu_skinny.py's
+    last table (rows with ``kernel``, ``us`` and ``of_bound``)."""
+    print("\nfastest per case")
+    best: dict[tuple, dict] = {}
+    for row in rows:
+        key = (row["layer"], row["weights"], row["read_from"])
+        if key not in best or row["us"] < best[key]["us"]:
+            best[key] = row
+    for (layer, weights, where), row in best.items():
+        print(f"{layer:<8} {weights:<5} {where:<20} {row['kernel']:<{kernel_width}} {row['us']:9.1f} us "
+              f"{row['of_bound']:5.2f} of bound")
+
+
 def measured_bounds() -> dict[str, float]:
     """GB/s of the two limits: a pinned host -> device copy (the link) and a device copy (HBM, read + write)."""
     host = torch.empty(BOUND_BYTES, dtype=torch.uint8, pin_memory=True)

@@ -28,7 +28,7 @@ import triton
 from triton.runtime.errors import OutOfResources
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gpu_host_gemm import LLAMA3_8B, measured_bounds, pinned, timed  # noqa: E402
+from bench_gpu_host_gemm import LLAMA3_8B, measured_bounds, pinned, print_fastest, timed  # noqa: E402
 
 # (BLOCK_N, BLOCK_K, num_stages, split): split "auto" is choose_split_k's, 1 none
 VARIANTS = list(itertools.product((32, 64, 128), (64, 128, 256), (3,), ("auto", 1)))
@@ -130,15 +130,7 @@ def main() -> int:
             record(layer, fmt, where, "tiled (its own choice)", lambda: tiled_host_gemm(x, weight),
                    host.qweight.nbytes, "link", want)
             sweep(layer, fmt, where, x, weight, host.qweight.nbytes, "link", want)
-    print("\nfastest per case")
-    best = {}
-    for row in rows:
-        key = (row["layer"], row["weights"], row["read_from"])
-        if key not in best or row["us"] < best[key]["us"]:
-            best[key] = row
-    for (layer, weights, where), row in best.items():
-        print(f"{layer:<8} {weights:<5} {where:<20} {row['kernel']:<24} {row['us']:9.1f} us "
-              f"{row['of_bound']:5.2f} of bound")
+    print_fastest(rows, kernel_width=24)
     if args.json:
         Path(args.json).write_text(json.dumps(dict(device=torch.cuda.get_device_name(), rows_of_x=args.rows,
                                                    bounds_gb_s=bounds, rows=rows), indent=1))
