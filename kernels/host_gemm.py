@@ -36,6 +36,8 @@ TARGET_PROGRAMS = 132 * 4  # H100/GH200 SM count x programs resident per SM
 NUM_WARPS = 4
 MIN_TILE_BYTES = 32 * NUM_WARPS * 16  # 16 bytes of every weight tile per thread: 128-bit loads
 MIN_ROW_BYTES = 16                    # a K tile's bytes of one weight row: at least one 128-bit load
+FEW_ROW_K_BYTES = 128                 # M > 1: a K tile's bytes of one weight row (tile_config)...
+MAX_X_TILE = 16 * 256                 # ...with at most this many elements of x in a tile
 MIN_TILE_GROUP = 128                  # per-tile scales only for groups at least the M = 1 tile's K (scale_mode)
 
 
@@ -168,7 +170,13 @@ def tile_config(m: int, weight_bits: int = 16, group_size: int | None = None) ->
     if m == 1:
         use_dot, block_m, block_n, block_k = False, 1, 32, 128
     else:
-        use_dot, block_m, block_n, block_k = True, min(64, max(16, triton.next_power_of_2(m))), 64, 64
+        # K tiles of FEW_ROW_K_BYTES of each weight row, N tiles of 32 rows for 4-bit codes: on an H100 at M = 8
+        # int4 g32 from host memory ran at 0.36-0.38 of the link with 64x64 tiles (32 bytes of a row per step)
+        # and 0.72-0.89 with 32x256 (scripts/bench_gpu_skinny.py, docs/gpu-runs/h100-2026-11-26b). The x tile
+        # stays within MAX_X_TILE elements: 64 float32 rows x 256 over three stages outgrow shared memory.
+        use_dot, block_m = True, min(64, max(16, triton.next_power_of_2(m)))
+        block_n = 64 if weight_bits >= 8 else 32
+        block_k = max(64, min(FEW_ROW_K_BYTES * 8 // weight_bits, MAX_X_TILE // block_m))
     if group_size is not None:
         block_k = min(block_k, group_size)
     block_n = max(block_n, MIN_TILE_BYTES * 8 // (block_k * weight_bits))
@@ -248,15 +256,17 @@ def compile_specs():
     specs = []
     for fmt_name, fmt, w_type, bits, group in _SPEC_WEIGHTS:
         scales = scale_mode(fmt, group, 4096, bits)
-        for m, atomic in ((1, True), (8, True), (256, False)):
+        # an fp32 model's weights meet fp32 activations, and so may its quantized ones (the widest x tiles)
+        float_x = ((32, True, "*fp32"), (256, False, "*fp32")) if fmt != FMT_DENSE else ()
+        for m, atomic, act in ((1, True, None), (8, True, None), (256, False, None)) + float_x:
             cfg = tile_config(m, bits, group if scales == PER_TILE else None)
             num_warps = cfg.pop("num_warps")
             constexprs = dict(FMT=fmt, SCALES=scales.value, HAS_BIAS=m == 8, ATOMIC=atomic, **cfg)
-            act = "*fp32" if fmt_name == "fp32" else "*bf16"    # an fp32 model's weights meet fp32 activations
+            act = act or ("*fp32" if fmt_name == "fp32" else "*bf16")
             types = dict(x_ptr=act, w_ptr=w_type, scale_ptr="*fp32", min_ptr="*fp32",
                          bias_ptr=act, y_ptr="*fp32" if atomic else act)
             route = {PER_CHANNEL: " per-channel", PER_TILE: " per-tile", PER_ELEMENT: " per-element"}.get(scales, "")
-            label = f"W={fmt_name}{route} M={m} tile={cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']} " \
+            label = f"W={fmt_name}{route} x={act[1:]} M={m} tile={cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']} " \
                     f"split_k={'on' if atomic else 'off'}"
             specs.append(CompileSpec("host_gemm", label, fn, signature_of(fn, types, constexprs), constexprs,
                                      num_warps, aligned, min_load_bits=128))

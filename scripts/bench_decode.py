@@ -11,11 +11,13 @@ read from device memory plus direct weights read over the link, or the streamed 
 takes longer (every resident byte counts, the embedding table included: a slightly conservative bound).
 ``kernels/step``: what one decode step launches (on a GPU the profiler's device kernels and copies, CUDA-graph
 replays included; elsewhere the torch ops and Triton launches the step issues, gh200rt/launch_count.py).
+``--kernel-times N`` adds, on a GPU, that profiled step's device busy time against the span from its first
+kernel to its last (the rest is the device waiting: launch gaps, host work) and its N costliest kernels.
 
     python scripts/bench_decode.py [--model smollm2-135m] [--batches 1,8] [--tokens 32]
         [--placements resident,stream,every-2nd,direct] [--host-weight-dtype auto] [--dtype auto]
         [--prefetch-across-steps on|off|both]
-        [--random-model llama3-8b [--random-model-dir DIR]] [--json PATH] [--graphs]
+        [--random-model llama3-8b [--random-model-dir DIR]] [--json PATH] [--kernel-times N] [--graphs]
 
 ``--graphs`` instead times the decode step (the time between tokens) eager and through the bucketed
 graph path, side by side per placement and batch (each batch's bucket is captured before timing): on a
@@ -102,34 +104,70 @@ def decode_rate(engine: LLMEngine, batch: int, tokens: int) -> DecodeRate:
                       after.graph_captures - before.graph_captures, expert_bytes / max(steps, 1))
 
 
-def kernels_per_step(engine: LLMEngine, batch: int) -> int | None:
+@dataclass(frozen=True)
+class StepKernels:
+    """What one decode step ran on the device: ``count`` kernels and copies (elsewhere the launches issued).
+    On a GPU also their summed device time, the span from the first one's start to the last one's end (the
+    difference is the device idle between them: launch gaps, host waits), and the costliest kernel names as
+    (name, calls, microseconds), most first."""
+    count: int | None
+    busy_us: float | None = None
+    span_us: float | None = None
+    costliest: tuple[tuple[str, int, float], ...] = ()
+
+
+def step_kernels(engine: LLMEngine, batch: int) -> StepKernels:
     """Kernels one decode step of ``batch`` requests runs: on a GPU the device kernels and copies the profiler
-    records (CUDA-graph replays included), elsewhere the launches the same code issues (gh200rt/launch_count.py:
-    torch ops that do work, Triton launches)."""
+    records (CUDA-graph replays included), with their times; elsewhere the launches the same code issues
+    (gh200rt/launch_count.py: torch ops that do work, Triton launches)."""
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     for i in range(batch):
         engine.add_request(f"k{batch}-{i}", None, params, prompt_token_ids=[1 + i, 17, 42, 99])
     engine.step()  # prefill
     engine.step()  # a first decode step: a graph's capture stays out of the counted one
     if str(engine.runner.device).startswith("cuda"):
-        import torch
-        from torch.profiler import ProfilerActivity, profile
-        torch.cuda.synchronize()
-        try:
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                engine.step()
-                torch.cuda.synchronize()
-            count = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
-        except RuntimeError as err:      # no CUPTI here: the decode figures stand without the count
-            print(f"kernels per step not counted: the profiler failed ({err})", flush=True)
-            count = None
+        result = _profiled_step(engine)
     else:
         with counting_launches() as launches:
             engine.step()
-        count = launches.total
+        result = StepKernels(launches.total)
     while engine.has_unfinished_requests():
         engine.step()
-    return count
+    return result
+
+
+def _profiled_step(engine: LLMEngine) -> StepKernels:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            engine.step()
+            torch.cuda.synchronize()
+    except RuntimeError as err:      # no CUPTI here: the decode figures stand without the count
+        print(f"kernels per step not counted: the profiler failed ({err})", flush=True)
+        return StepKernels(None)
+    device = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if not device:
+        return StepKernels(0)
+    by_name: dict[str, list] = {}
+    for e in device:
+        entry = by_name.setdefault(e.name, [0, 0.0])
+        entry[0] += 1
+        entry[1] += e.time_range.elapsed_us()
+    span = max(e.time_range.end for e in device) - min(e.time_range.start for e in device)
+    costliest = sorted(((name, calls, us) for name, (calls, us) in by_name.items()), key=lambda r: -r[2])
+    return StepKernels(len(device), sum(us for _, _, us in costliest), span, tuple(costliest))
+
+
+def print_step_kernels(kernels: StepKernels, step_ms: float, top: int) -> None:
+    """The ``--kernel-times`` lines under a row: busy and idle device time in a step, then the costliest kernels."""
+    if kernels.busy_us is None:
+        return
+    print(f"    {kernels.count} kernels: {kernels.busy_us / 1e3:.3f} ms busy over a {kernels.span_us / 1e3:.3f} ms span "
+          f"(step {step_ms:.3f} ms timed; {1 - kernels.busy_us / max(kernels.span_us, 1e-9):.0%} of the span idle)")
+    for name, calls, us in kernels.costliest[:top]:
+        print(f"    {us / 1e3:8.3f} ms {us / kernels.busy_us:5.1%} {calls:>5}x  {name[:90]}")
 
 
 def whole_layer_expert_bytes(engine: LLMEngine) -> int:
@@ -233,6 +271,9 @@ def main() -> None:
                              "next step's first copies issued in the tail of this one")
     add_random_model_arguments(parser)
     parser.add_argument("--json", help="also write every row, with its roofline, to this JSON file")
+    parser.add_argument("--kernel-times", type=int, default=0, metavar="N",
+                        help="on a GPU, print under each row one profiled step's device busy and idle time and its "
+                             "N costliest kernels (also in --json)")
     parser.add_argument("--graphs", action="store_true",
                         help="time decode steps eager vs the bucketed graph path (see above)")
     args = parser.parse_args()
@@ -273,20 +314,25 @@ def run(args) -> None:
                 tps = rate.tokens_per_second
                 baseline.setdefault(batch, tps)
                 roof = roofline_tokens_per_second(engine, batch)
-                kernels = kernels_per_step(engine, batch)
+                kernels = step_kernels(engine, batch)
                 experts = engine.stats().experts_per_tier
                 expert_label = f"{experts.get('resident', 0)}/{experts.get('streamed', 0)}/{experts.get('direct', 0)}"
                 whole = whole_layer_expert_bytes(engine) if moe else 0
                 print(f"{name:<19} {label:<20} {'on' if wrap else 'off':>6} {batch:>5} {tps:>9.1f} "
                       f"{tps / baseline[batch]:>10.2f}x {rate.copy_gbps:>9.2f} {rate.copy_wait_ms_per_step:>12.3f} "
-                      f"{roof:>14.1f} {'-' if kernels is None else kernels:>12}"
+                      f"{roof:>14.1f} {'-' if kernels.count is None else kernels.count:>12}"
                       + (f" {expert_label:>16} {rate.expert_link_bytes_per_step / 1e6:>14.2f} {whole / 1e6:>15.2f}"
                          if moe else "")
                       + (f"  ({rate.captures} graph capture(s) inside the timed steps)" if rate.captures else ""),
                       flush=True)
+                print_step_kernels(kernels, batch / tps * 1e3, args.kernel_times)
                 rows.append(dict(placement=name, tiers=label, prefetch_across_steps=wrap, batch=batch,
                                  tokens_per_second=tps, vs_resident=tps / baseline[batch], copy_gbps=rate.copy_gbps,
-                                 roofline_tokens_per_second=roof, kernels_per_step=kernels,
+                                 roofline_tokens_per_second=roof, kernels_per_step=kernels.count,
+                                 kernel_busy_ms=None if kernels.busy_us is None else kernels.busy_us / 1e3,
+                                 kernel_span_ms=None if kernels.span_us is None else kernels.span_us / 1e3,
+                                 costliest_kernels=[dict(name=n, calls=c, ms=us / 1e3)
+                                                    for n, c, us in kernels.costliest[:args.kernel_times]],
                                  copy_wait_ms_per_step=rate.copy_wait_ms_per_step,
                                  graph_captures_timed=rate.captures,
                                  **(dict(experts=expert_label, expert_link_bytes_per_step=rate.expert_link_bytes_per_step,

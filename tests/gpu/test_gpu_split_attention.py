@@ -13,6 +13,11 @@ pytestmark = pytest.mark.gpu
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 SCALE = HEAD_DIM ** -0.5
 TOLERANCE = 2e-2  # bf16 output against the float32 reference
+# Split against single pass: the walk's dots run in tf32, and each split rounds its probabilities against its
+# own running maximum, so the two differ by tf32's 2^-11 of each term, not by float32 reordering alone. On an
+# H100 the worst element differed by 2.9e-5 (docs/gpu-runs/h100-2026-11-26b); bf16's default atol of 1e-5 is
+# below that where outputs cross zero.
+SPLIT_ATOL = 1e-4
 
 
 def scattered_tables(seq_lens: list[int], seed: int) -> tuple[list[list[int]], int]:
@@ -51,8 +56,8 @@ def test_compiled_splits_match_reference_and_the_single_pass(compiled_triton, ba
               for name, got in (("single", single), (f"auto={chosen}", auto), ("7 splits", uneven))}
     print(f"batch {batch} context {context}: worst error against the reference {errors}")
     assert max(errors.values()) < TOLERANCE
-    torch.testing.assert_close(auto, single)     # bf16 tolerances: the splits only reorder float32 sums
-    torch.testing.assert_close(uneven, single)
+    torch.testing.assert_close(auto, single, atol=SPLIT_ATOL, rtol=1.6e-2)
+    torch.testing.assert_close(uneven, single, atol=SPLIT_ATOL, rtol=1.6e-2)
 
 
 @pytest.mark.parametrize("batch", [1, 8])
@@ -65,7 +70,7 @@ def test_compiled_splits_read_an_fp8_pool(compiled_triton, batch):
     err = (split.float() - want.float()).abs().max().item()
     print(f"fp8 pool batch {batch}: 16 splits worst error {err:.2e}")
     assert err < TOLERANCE
-    torch.testing.assert_close(split, single)
+    torch.testing.assert_close(split, single, atol=SPLIT_ATOL, rtol=1.6e-2)
 
 
 def test_split_decode_replays_in_a_cuda_graph_with_new_lengths_and_tables(compiled_triton):
