@@ -4,6 +4,7 @@ quantizing in row blocks on several threads, and the layout of a quantized weigh
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import torch
 
@@ -64,6 +65,7 @@ def fp8_from_checkpoint(weight: torch.Tensor, weight_scale: torch.Tensor) -> Pac
 
 
 QUANT_BLOCK_ROWS = 256   # output rows per block of quantize_rows: a block's float32 temporaries stay in cache
+_QUANTIZERS = {"int8": quantize_int8, "int4": quantize_int4, "fp8": quantize_fp8}
 
 
 def empty_packed(fmt: str, shape: tuple[int, int], device: torch.device | str = "meta") -> PackedWeight:
@@ -83,19 +85,56 @@ def empty_packed(fmt: str, shape: tuple[int, int], device: torch.device | str = 
 def quantize_rows(w: torch.Tensor, fmt: str, workers: int = 1, rows: int = QUANT_BLOCK_ROWS,
                   dtype: torch.dtype | None = None) -> PackedWeight:
     """``int8`` / ``int4`` / ``fp8`` of a dense ``[N, K]`` weight, quantized in blocks of ``rows`` output rows on
-    ``workers`` threads (torch's ops release the GIL). Every row (and its groups) is quantized on its own, so the
-    result is bit-identical to one call over the whole weight; blocks keep the temporaries in cache. ``dtype``:
-    each block is first rounded to it (a checkpoint's tensor quantized as the model's dense copy of it would be)."""
-    whole = {"int8": quantize_int8, "int4": quantize_int4, "fp8": quantize_fp8}[fmt]
-
-    def quantize(block: torch.Tensor) -> PackedWeight:
-        return whole(block if dtype is None else block.to(dtype))
+    ``workers`` threads (``quantize_stacked`` of the one weight). Every row (and its groups) is quantized on its
+    own, so the result is bit-identical to one call over the whole weight. ``dtype``: each block is first rounded
+    to it (a checkpoint's tensor quantized as the model's dense copy of it would be)."""
     if workers <= 1 or w.shape[0] <= rows:     # one thread: one call (blocks alone measured no faster)
-        return quantize(w)
-    blocks = [w[i:i + rows] for i in range(0, w.shape[0], rows)]
-    with ThreadPoolExecutor(min(workers, len(blocks))) as pool:
-        parts = list(pool.map(quantize, blocks))
-    first = parts[0]
-    minimum = torch.cat([p.minimum for p in parts]) if first.minimum is not None else None
-    return PackedWeight(fmt, torch.cat([p.qweight for p in parts]), torch.cat([p.scale for p in parts]), minimum,
-                        first.group_size, tuple(w.shape))
+        return _QUANTIZERS[fmt](w if dtype is None else w.to(dtype))
+    return quantize_stacked({"w": [w]}, fmt, workers, rows, dtype)["w"]
+
+
+def quantize_stacked(groups: dict[str, list[torch.Tensor]], fmt: str, workers: int = 1,
+                     rows: int = QUANT_BLOCK_ROWS, dtype: torch.dtype | None = None) -> dict[str, PackedWeight]:
+    """Each group's dense ``[N_i, K]`` tensors stacked along the output rows (a fused qkv from q, k and v) and
+    quantized to ``fmt``, bit-identical to ``quantize_rows`` of their concatenation.
+
+    Every block of ``rows`` rows of every tensor is one task on one pool of ``workers`` threads, so a small
+    tensor's few blocks never leave threads idle while a large one waits, and each block's codes and scales are
+    written straight into the result (no concatenation after). Torch's own intra-op threads drop to one
+    meanwhile (process-wide: torch has no per-thread count): ``workers`` threads each running every op on all
+    the CPUs oversubscribe them, which is what a many-core host pays most for."""
+    whole = _QUANTIZERS[fmt]
+    out, tasks = {}, []
+    for name, tensors in groups.items():
+        k = tensors[0].shape[1]
+        assert all(t.dim() == 2 and t.shape[1] == k for t in tensors), (name, [tuple(t.shape) for t in tensors])
+        out[name] = empty_packed(fmt, (sum(t.shape[0] for t in tensors), k), device="cpu")
+        first = 0
+        for tensor in tensors:
+            tasks += [(out[name], first + i, tensor[i:i + rows]) for i in range(0, tensor.shape[0], rows)]
+            first += tensor.shape[0]
+
+    def quantize(task) -> None:
+        packed, first, block = task
+        with torch.inference_mode():    # thread-local: a caller's inference tensors are written in it too
+            part = whole(block if dtype is None else block.to(dtype))
+            for key, tensor in part.tensors().items():
+                packed.tensors()[key][first:first + block.shape[0]].copy_(tensor)
+    if workers <= 1:
+        for task in tasks:
+            quantize(task)
+        return out
+    with torch_threads(1), ThreadPoolExecutor(min(workers, len(tasks))) as pool:
+        list(pool.map(quantize, tasks))
+    return out
+
+
+@contextmanager
+def torch_threads(count: int):
+    """Torch's intra-op thread count set to ``count`` for the block, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

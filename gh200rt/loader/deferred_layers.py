@@ -59,17 +59,21 @@ class DeferredLayers:
 
     def host_forms(self, layer: int, fmt: str, workers: int) -> dict[str, object]:
         """``layer``'s linears quantized to ``fmt`` straight from the checkpoint's (memory-mapped) tensors, each
-        checkpoint tensor on its own and its rows stacked (every row is quantized on its own, so this is
-        bit-identical to quantizing the model's dense copy), without writing the dense copy."""
-        from gh200rt.kernels.quantizers import quantize_rows
-        from gh200rt.weights.forms import concat_rows
+        checkpoint tensor's rows written into its linear's stacked result (every row is quantized on its own, so
+        this is bit-identical to quantizing the model's dense copy), without writing the dense copy. The whole
+        layer's row blocks share one pool of ``workers`` threads (``quantize_stacked``)."""
+        from gh200rt.kernels.quantizers import quantize_stacked
         parts: dict[str, list] = {}
         with torch.inference_mode():
             for tensor, data in self._read(layer):
-                parts.setdefault(tensor.linear, []).append(
-                    (tensor.first_row, quantize_rows(data, fmt, workers, dtype=self.dtype)))
-        return {linear: concat_rows([packed for _, packed in sorted(rows, key=lambda r: r[0])])
-                for linear, rows in parts.items()}
+                parts.setdefault(tensor.linear, []).append((tensor.first_row, data))
+            groups = {}
+            for linear, rows in parts.items():
+                rows.sort(key=lambda r: r[0])
+                starts = [first for first, _ in rows]
+                assert starts == [sum(d.shape[0] for _, d in rows[:i]) for i in range(len(rows))], (linear, starts)
+                groups[linear] = [data for _, data in rows]
+            return quantize_stacked(groups, fmt, workers, dtype=self.dtype)
 
     def _read(self, layer: int):
         """(tensor, its data as stored: a view of the file's memory map where whole) of ``layer``'s deferred

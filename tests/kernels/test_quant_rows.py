@@ -38,3 +38,34 @@ def test_empty_packed_has_the_layout_of_a_quantized_weight(fmt, shape):
         parts = [p.qweight, p.scale] + ([p.minimum] if p.minimum is not None else [])
         return [(tuple(t.shape), t.dtype) for t in parts], p.group_size, p.shape, p.fmt
     assert layout(empty) == layout(real) and empty.qweight.device.type == "meta"
+
+
+@pytest.mark.parametrize("fmt", sorted(WHOLE))
+@pytest.mark.parametrize("workers", [1, 3])
+def test_stacked_tensors_equal_one_call_over_their_concatenation(fmt, workers):
+    """A fused linear (q, k, v of different heights; a second group beside it) quantized block by block into one
+    result: the same bytes as quantizing the concatenated weight, and torch's thread count as it was."""
+    from gh200rt.kernels.quantizers import quantize_stacked
+    torch.manual_seed(1)
+    qkv = [(torch.randn(n, 96) * 0.05).to(torch.bfloat16) for n in (70, 17, 17)]
+    down = [(torch.randn(33, 64) * 0.05).to(torch.bfloat16)]
+    threads = torch.get_num_threads()
+    got = quantize_stacked({"qkv": qkv, "down": down}, fmt, workers, rows=16, dtype=torch.float32)
+    assert torch.get_num_threads() == threads
+    for name, parts in (("qkv", qkv), ("down", down)):
+        want = WHOLE[fmt](torch.cat(parts).float())
+        assert got[name].shape == want.shape and got[name].group_size == want.group_size
+        for key, tensor in want.tensors().items():
+            assert torch.equal(got[name].tensors()[key].view(torch.uint8), tensor.view(torch.uint8)), (name, key)
+
+
+def test_a_failing_block_restores_torch_threads(monkeypatch):
+    from gh200rt.kernels import quantizers
+    threads = torch.get_num_threads()
+
+    def broken(block):
+        raise MemoryError("a block's temporaries did not fit")
+    monkeypatch.setitem(quantizers._QUANTIZERS, "int8", broken)
+    with pytest.raises(MemoryError):
+        quantizers.quantize_stacked({"w": [torch.randn(40, 8)]}, "int8", 2, rows=8)
+    assert torch.get_num_threads() == threads
