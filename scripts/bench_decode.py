@@ -12,12 +12,14 @@ takes longer (every resident byte counts, the embedding table included: a slight
 ``kernels/step``: what one decode step launches (on a GPU the profiler's device kernels and copies, CUDA-graph
 replays included; elsewhere the torch ops and Triton launches the step issues, gh200rt/launch_count.py).
 ``--kernel-times N`` adds, on a GPU, that profiled step's device busy time against the span from its first
-kernel to its last (the rest is the device waiting: launch gaps, host work) and its N costliest kernels.
+kernel to its last (the rest is the device waiting: launch gaps, host work) and its N costliest kernels;
+``--host-profile N`` the N host functions with the most own time per decode step (cProfile; any machine).
 
     python scripts/bench_decode.py [--model smollm2-135m] [--batches 1,8] [--tokens 32]
         [--placements resident,stream,every-2nd,direct] [--host-weight-dtype auto] [--dtype auto]
         [--prefetch-across-steps on|off|both]
-        [--random-model llama3-8b [--random-model-dir DIR]] [--json PATH] [--kernel-times N] [--graphs]
+        [--random-model llama3-8b [--random-model-dir DIR]] [--json PATH] [--kernel-times N] [--host-profile N]
+        [--graphs]
 
 ``--graphs`` instead times the decode step (the time between tokens) eager and through the bucketed
 graph path, side by side per placement and batch (each batch's bucket is captured before timing): on a
@@ -82,8 +84,9 @@ class DecodeRate:
     expert_link_bytes_per_step: float = 0.0    # routed experts copied in or read in place, per decode step
 
 
-def decode_rate(engine: LLMEngine, batch: int, tokens: int) -> DecodeRate:
-    """Decode rate over the decode steps of ``batch`` requests of ``tokens`` new tokens each."""
+def decode_rate(engine: LLMEngine, batch: int, tokens: int, host_profile=None) -> DecodeRate:
+    """Decode rate over the decode steps of ``batch`` requests of ``tokens`` new tokens each; ``host_profile``: a
+    ``cProfile.Profile`` to run over those steps (the rate then includes its overhead)."""
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     for i in range(batch):
         engine.add_request(f"b{batch}-{i}", None, params, prompt_token_ids=[1 + i, 17, 42, 99])
@@ -91,9 +94,13 @@ def decode_rate(engine: LLMEngine, batch: int, tokens: int) -> DecodeRate:
     before = engine.stats()
     generated, steps = engine.generation_tokens, 0
     start = time.perf_counter()
+    if host_profile is not None:
+        host_profile.enable()
     while engine.has_unfinished_requests():
         engine.step()
         steps += 1
+    if host_profile is not None:
+        host_profile.disable()
     seconds = time.perf_counter() - start
     after = engine.stats()
     expert_bytes = (after.expert_bytes_copied - before.expert_bytes_copied
@@ -158,6 +165,23 @@ def _profiled_step(engine: LLMEngine) -> StepKernels:
     span = max(e.time_range.end for e in device) - min(e.time_range.start for e in device)
     costliest = sorted(((name, calls, us) for name, (calls, us) in by_name.items()), key=lambda r: -r[2])
     return StepKernels(len(device), sum(us for _, _, us in costliest), span, tuple(costliest))
+
+
+def print_host_profile(engine: LLMEngine, batch: int, tokens: int, top: int) -> None:
+    """``--host-profile``: the decode steps of another ``batch`` x ``tokens`` run under cProfile, then the ``top``
+    functions by their own time per step (where the host's share of a step goes)."""
+    import cProfile
+    import pstats
+    profile = cProfile.Profile()
+    rate = decode_rate(engine, batch, tokens, profile)
+    stats = pstats.Stats(profile)
+    steps = max(1, tokens - 1)         # the prefill step samples each request's first token
+    print(f"    host profile over {steps} steps ({batch / rate.tokens_per_second * 1e3:.3f} ms a step profiled), "
+          f"own time per step:")
+    rows = sorted(stats.stats.items(), key=lambda item: -item[1][2])[:top]
+    for (path, line, name), (_, calls, own, cumulative, _) in rows:
+        print(f"    {own / steps * 1e3:8.3f} ms own {cumulative / steps * 1e3:8.3f} ms with callees {calls / steps:7.1f}x"
+              f"  {os.path.basename(path)}:{line}({name})")
 
 
 def print_step_kernels(kernels: StepKernels, step_ms: float, top: int) -> None:
@@ -274,6 +298,9 @@ def main() -> None:
     parser.add_argument("--kernel-times", type=int, default=0, metavar="N",
                         help="on a GPU, print under each row one profiled step's device busy and idle time and its "
                              "N costliest kernels (also in --json)")
+    parser.add_argument("--host-profile", type=int, default=0, metavar="N",
+                        help="print under each row the N host functions taking the most own time per decode step "
+                             "(cProfile over another run of the row's decode steps)")
     parser.add_argument("--graphs", action="store_true",
                         help="time decode steps eager vs the bucketed graph path (see above)")
     args = parser.parse_args()
@@ -326,6 +353,8 @@ def run(args) -> None:
                       + (f"  ({rate.captures} graph capture(s) inside the timed steps)" if rate.captures else ""),
                       flush=True)
                 print_step_kernels(kernels, batch / tps * 1e3, args.kernel_times)
+                if args.host_profile:
+                    print_host_profile(engine, batch, args.tokens, args.host_profile)
                 rows.append(dict(placement=name, tiers=label, prefetch_across_steps=wrap, batch=batch,
                                  tokens_per_second=tps, vs_resident=tps / baseline[batch], copy_gbps=rate.copy_gbps,
                                  roofline_tokens_per_second=roof, kernels_per_step=kernels.count,

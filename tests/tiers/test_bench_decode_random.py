@@ -35,10 +35,13 @@ def test_bench_decode_random_model_writes_rows_with_rooflines(tmp_path):
     out = tmp_path / "decode.json"
     proc = subprocess.run([sys.executable, "scripts/bench_decode.py", "--random-model", "llama3-tiny",
                            "--random-model-dir", str(tmp_path / "m"), "--placements", "resident,direct",
-                           "--batches", "1", "--tokens", "3", "--json", str(out)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+                           "--batches", "1", "--tokens", "3", "--json", str(out), "--host-profile", "4",
+                           "--kernel-times", "4"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    # the host profile: its 4 functions under each row
+    assert proc.stdout.count("host profile over 2 steps") == 2 and proc.stdout.count(" ms with callees ") == 8
     report = json.loads(out.read_text())
+    assert all(r["kernels_per_step"] > 0 and r["kernel_busy_ms"] is None for r in report["rows"])  # no GPU here
     assert report["model"] == "llama3-tiny" and [r["placement"] for r in report["rows"]] == ["resident", "direct"]
     assert [r["tiers"] for r in report["rows"]] == ["4/0/0", "0/0/4"]
     assert all(r["tokens_per_second"] > 0 and r["roofline_tokens_per_second"] > 0 for r in report["rows"])
