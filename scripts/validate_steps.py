@@ -130,7 +130,8 @@ def speed_steps(py: str, out: Path, cache: Path) -> list[Step]:
     """``--kit speed``: decode speed against the rooflines, before and after, in one run: the kernel compile check,
     the kernels' gpu tests, paged attention (split-K against one pass, FlashInfer where installed), host_gemm
     (pinned host weights against a baseline kernel, resident bf16 against cuBLAS), and Llama-3-8B-shaped decode
-    per placement with kernels per step (bf16 resident and streamed; int4 and int8 direct)."""
+    per placement with kernels per step and the costliest ones (bf16 resident and streamed; int4 direct with
+    its scales in HBM and in host memory)."""
     decode = [py, "scripts/bench_decode.py", "--tokens", "16", "--random-model", "llama3-8b",
               "--random-model-dir", str(cache / "llama3-8b-random")]
     return [
@@ -143,6 +144,7 @@ def speed_steps(py: str, out: Path, cache: Path) -> list[Step]:
         Step("host_gemm timings", [py, "scripts/bench_gpu_host_gemm.py", "--json", str(out / "host_gemm.json")], 50,
              outputs={"kernel": out / "host_gemm.json"}),
         Step("decode Llama-3-8B shape, bf16", decode + ["--batches", "1,8,64", "--placements", "resident,stream",
+                                                        "--kernel-times", "8",
                                                         "--json", str(out / "decode_llama3_8b.json")], 90,
              values=("llama3-8b",), outputs={"decode": out / "decode_llama3_8b.json"}),
         Step("decode Llama-3-8B shape, quantized direct",
