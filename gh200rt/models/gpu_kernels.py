@@ -10,7 +10,8 @@ Hooks: ``SelfAttention.rotary_fn`` / ``write_kv_fn`` / ``attention_fn`` and ``de
 and the KV store in one launch, then the attention; the three before are what a long prefill takes), ``RMSNorm.norm_fn`` /
 ``add_norm_fn`` (the residual add fused into the norm) and
 ``SiluAndMul.act_fn`` (an MLP that calls ``silu_and_mul`` directly keeps the torch activation), and
-``SparseMoeBlock.fused_experts_fn`` (one ``FusedExperts`` per block: it keeps the block's address tables).
+``SparseMoeBlock.fused_experts_fn`` (one ``FusedExperts`` per block: it keeps the block's address tables), and
+``DecoderLayer.decode_layer_fn``: a one-row decode layer on CUDA in six launches (models/gpu_decode_layer.py).
 Each adapter takes exactly what the layer passes and returns what the torch op returns. ``ops["rotary"]`` and
 ``ops["moe"]`` are factories: a model's layers share one rotary adapter (the step's table, built once).
 """
@@ -23,6 +24,7 @@ import torch
 from gh200rt.kv import attention as torch_attention
 from gh200rt.kv import fp8
 from gh200rt.models.cpu_decode_layer import forget_decode_layer
+from gh200rt.models.gpu_decode_layer import gpu_decode_layer
 from gh200rt.models.layers import activation, attention, cpu_linear, linear, rmsnorm, rotary
 from gh200rt.models.layers.moe_fused import FusedExperts
 from gh200rt.models.moe import SparseMoeBlock
@@ -133,7 +135,8 @@ def triton_dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 
 TRITON_OPS = dict(rotary=TritonRotary, write_kv=triton_write_kv, attention=triton_paged_attention,
                   decode_block=triton_decode_block, norm=triton_rms_norm, add_norm=triton_add_rms_norm,
-                  act=triton_silu_and_mul, moe=FusedExperts, dense_linear=triton_dense_linear)
+                  act=triton_silu_and_mul, moe=FusedExperts, dense_linear=triton_dense_linear,
+                  decode_layer=gpu_decode_layer)
 TORCH_OPS = dict(rotary=lambda: rotary.apply_rotary, write_kv=torch_attention.write_kv,
                  attention=torch_attention.paged_attention, norm=rmsnorm.rms_norm, act=activation.silu_and_mul,
                  packed_native=False)
