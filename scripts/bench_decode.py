@@ -17,7 +17,7 @@ kernel to its last (the rest is the device waiting: launch gaps, host work) and 
 
     python scripts/bench_decode.py [--model smollm2-135m] [--batches 1,8] [--tokens 32]
         [--placements resident,stream,every-2nd,direct] [--host-weight-dtype auto] [--dtype auto]
-        [--prefetch-across-steps on|off|both]
+        [--prefetch-across-steps on|off|both] [--layer-path one-call|op-by-op|both]
         [--random-model llama3-8b [--random-model-dir DIR]] [--json PATH] [--kernel-times N] [--host-profile N]
         [--graphs]
 
@@ -295,6 +295,10 @@ def main() -> None:
                              "next step's first copies issued in the tail of this one")
     add_random_model_arguments(parser)
     parser.add_argument("--json", help="also write every row, with its roofline, to this JSON file")
+    parser.add_argument("--layer-path", default="one-call", choices=["one-call", "op-by-op", "both"],
+                        help="a decode step's decoder layers in one call where the platform has one (on CUDA six "
+                             "launches, models/gpu_decode_layer.py; on the CPU one native call), op by op, or both "
+                             "(each placement twice: the baseline in the same run)")
     parser.add_argument("--kernel-times", type=int, default=0, metavar="N",
                         help="on a GPU, print under each row one profiled step's device busy and idle time and its "
                              "N costliest kernels (also in --json)")
@@ -319,12 +323,13 @@ def run(args) -> None:
     baseline: dict[int, float] = {}
     rows = []
     across = {"on": [True], "off": [False], "both": [False, True]}[args.prefetch_across_steps]
+    layer_paths = {"one-call": [True], "op-by-op": [False], "both": [False, True]}[args.layer_path]
     names = args.placements.split(",") + (list(MOE_PLACEMENTS) if moe and args.placements == DEFAULT_PLACEMENTS
                                           else [])
     for name in names:
         if name in MOE_PLACEMENTS and not moe:
             raise SystemExit(f"--placements {name}: {args.model} has no routed experts")
-        for wrap in across:
+        for wrap, one_call in [(w, c) for c in layer_paths for w in across]:
             config = EngineConfig.from_kwargs(model=args.model, dtype=args.dtype, max_model_len=256,
                                               num_kv_blocks=256, host_weight_dtype=args.host_weight_dtype,
                                               prefetch_across_steps=wrap, **placements(layers)[name])
@@ -333,6 +338,9 @@ def run(args) -> None:
             if not tiers.get("streamed") and wrap is not across[-1]:
                 engine.close()           # nothing streams: one row is enough
                 continue
+            if not one_call:             # before warm_up: the graphs are captured op by op too
+                for layer in engine.runner.model.layers:
+                    layer.decode_layer_fn = None
             label = f"{tiers.get('resident', 0)}/{tiers.get('streamed', 0)}/{tiers.get('direct', 0)}"
             batches = [int(b) for b in args.batches.split(",")]
             warm_up(engine, batches)
@@ -345,7 +353,8 @@ def run(args) -> None:
                 experts = engine.stats().experts_per_tier
                 expert_label = f"{experts.get('resident', 0)}/{experts.get('streamed', 0)}/{experts.get('direct', 0)}"
                 whole = whole_layer_expert_bytes(engine) if moe else 0
-                print(f"{name:<19} {label:<20} {'on' if wrap else 'off':>6} {batch:>5} {tps:>9.1f} "
+                shown = name if one_call else f"{name} op-by-op"
+                print(f"{shown:<19} {label:<20} {'on' if wrap else 'off':>6} {batch:>5} {tps:>9.1f} "
                       f"{tps / baseline[batch]:>10.2f}x {rate.copy_gbps:>9.2f} {rate.copy_wait_ms_per_step:>12.3f} "
                       f"{roof:>14.1f} {'-' if kernels.count is None else kernels.count:>12}"
                       + (f" {expert_label:>16} {rate.expert_link_bytes_per_step / 1e6:>14.2f} {whole / 1e6:>15.2f}"
@@ -355,7 +364,8 @@ def run(args) -> None:
                 print_step_kernels(kernels, batch / tps * 1e3, args.kernel_times)
                 if args.host_profile:
                     print_host_profile(engine, batch, args.tokens, args.host_profile)
-                rows.append(dict(placement=name, tiers=label, prefetch_across_steps=wrap, batch=batch,
+                rows.append(dict(placement=name, tiers=label, prefetch_across_steps=wrap, one_call_layers=one_call,
+                                 batch=batch,
                                  tokens_per_second=tps, vs_resident=tps / baseline[batch], copy_gbps=rate.copy_gbps,
                                  roofline_tokens_per_second=roof, kernels_per_step=kernels.count,
                                  kernel_busy_ms=None if kernels.busy_us is None else kernels.busy_us / 1e3,

@@ -44,7 +44,10 @@ def bandwidth_figures(report: dict | None, platform: dict) -> list[dict]:
 
 
 def decode_figures(report: dict | None) -> list[dict]:
-    return [{"what": f"decode {report['model']}, {r['placement']} ({r['tiers']} res/str/dir), batch {r['batch']}",
+    return [{"what": f"decode {report['model']}, {r['placement']}"
+                     f"{'' if r.get('one_call_layers', True) else ' op by op'} ({r['tiers']} res/str/dir), "
+                     f"batch {r['batch']}" + (f", {r['kernels_per_step']} kernels/step" if r.get("kernels_per_step")
+                                              else ""),
              "measured": r["tokens_per_second"], "unit": "tok/s", "roofline": r["roofline_tokens_per_second"],
              "roofline_source": f"profile {report['platform']} bandwidths for the plan's bytes per step",
              "fraction": r["tokens_per_second"] / r["roofline_tokens_per_second"]}
