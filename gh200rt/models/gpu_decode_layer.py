@@ -10,7 +10,7 @@ with the Triton kernels on, models/gpu_kernels.py):
 On an H100 at batch 1 (docs/gpu-runs/h100-2026-11-26b) the GEMVs took 5.18 of a step's 5.77 ms of device time,
 the norms, SiLU-mul and residual adds 0.29 ms more in 129 launches, and ~0.6 ms went idle between the step's 344
 kernels: those launches are what this removes. Each fused step rounds where the unfused kernel stores, so a
-layer gives the op-by-op Triton path's bits (tests/model/test_gpu_decode_layer.py).
+layer gives the op-by-op Triton path's bits (tests/model/test_fused_decode_layer.py).
 
 Anything else returns None and the layer runs op by op: more than one row, a layer whose four linears are not
 dense tensors of the activations' dtype and device with contiguous rows (packed or host-read weights, a LoRA
