@@ -62,17 +62,6 @@ def test_forced_splits_match_reference(num_splits, dtype, heads, kv_heads, d, bl
     assert err < TOLERANCE[dtype]
 
 
-@pytest.mark.interpreter
-@pytest.mark.parametrize("kv_dtype", FP8, ids=str)
-@pytest.mark.parametrize("num_splits", [2, 3])
-def test_forced_splits_read_fp8_pools_with_each_scale_once(kv_dtype, num_splits):
-    q, pool, meta, scale = fp8_case(QUERY_LENS, SEQ_LENS, 6, 2, 32, 4, torch.float32, kv_dtype, seed=num_splits)
-    got = paged_attention(q, pool, meta, 32 ** -0.5, 2, scale, num_splits=num_splits)
-    err = worst_error(got, q, pool, meta, 2, scale)
-    print(f"{num_splits} splits over {kv_dtype}: worst error {err:.2e}")
-    assert err < 1e-5
-
-
 # at blocks of 16 (4-block tiles) 300 keys are 19 blocks: 2 splits cut shares of 10 and 9, 3 of 7, 7 and 5, each
 # ending inside its last tile; 130 keys (9 blocks) in 2 shares of 5 and 4; 65 keys in 3 splits: a tile, then a block
 TILE_SPLIT_QUERY_LENS, TILE_SPLIT_SEQ_LENS = [1, 1, 1, 3, 1], [1, 17, 65, 130, 300]
@@ -92,15 +81,22 @@ def test_split_shares_that_end_inside_a_tile(num_splits, dtype, group, block_siz
     assert err < TOLERANCE[dtype]
 
 
+# (query lens, sequence lens, query heads, head dim, block size): short blocks, and shares ending inside a tile
+FP8_LAYOUTS = {"blocks of 4": (QUERY_LENS, SEQ_LENS, 6, 32, 4),
+               "tile edges": (TILE_SPLIT_QUERY_LENS, TILE_SPLIT_SEQ_LENS, 8, 64, 16)}
+
+
 @pytest.mark.interpreter
+@pytest.mark.parametrize("layout", sorted(FP8_LAYOUTS))
 @pytest.mark.parametrize("kv_dtype", FP8, ids=str)
 @pytest.mark.parametrize("num_splits", [2, 3])
-def test_split_shares_that_end_inside_a_tile_over_fp8(kv_dtype, num_splits):
-    q, pool, meta, scale = fp8_case(TILE_SPLIT_QUERY_LENS, TILE_SPLIT_SEQ_LENS, 8, 2, 64, 16, torch.float32,
-                                    kv_dtype, seed=num_splits)
-    got = paged_attention(q, pool, meta, 64 ** -0.5, 2, scale, num_splits=num_splits)
+def test_forced_splits_read_fp8_pools_with_each_scale_once(layout, kv_dtype, num_splits):
+    query_lens, seq_lens, heads, d, block_size = FP8_LAYOUTS[layout]
+    q, pool, meta, scale = fp8_case(query_lens, seq_lens, heads, 2, d, block_size, torch.float32, kv_dtype,
+                                    seed=num_splits)
+    got = paged_attention(q, pool, meta, d ** -0.5, 2, scale, num_splits=num_splits)
     err = worst_error(got, q, pool, meta, 2, scale)
-    print(f"{num_splits} splits over {kv_dtype} at tile edges: worst error {err:.2e}")
+    print(f"{num_splits} splits over {kv_dtype}, {layout}: worst error {err:.2e}")
     assert err < 1e-5
 
 
