@@ -1,5 +1,5 @@
-"""Host lists to device tensors without stalling the host: one page-locked staging tensor and a
-non-blocking copy on a GPU; on the CPU the tensor built from the list is used as it is."""
+"""Host lists to device tensors, and device results back to the host, without stalling the host: one
+page-locked staging tensor and a non-blocking copy on a GPU; on the CPU the tensor is used as it is."""
 from __future__ import annotations
 
 import torch
@@ -10,3 +10,16 @@ def to_device(data: list, dtype: torch.dtype, device: torch.device) -> torch.Ten
     if device.type == "cpu":
         return torch.tensor(data, dtype=dtype)
     return torch.tensor(data, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+
+
+def to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """``tensor`` on its way to the host: a page-locked copy made in stream order without waiting for it, and the
+    event to synchronize before reading it (None on the CPU, where the tensor itself is returned). Work launched
+    after this call does not delay the copy's landing, as a ``tolist()`` issued later would."""
+    if tensor.device.type == "cpu":
+        return tensor, None
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    landed = torch.cuda.Event()
+    landed.record()
+    return host, landed

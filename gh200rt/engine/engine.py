@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -22,12 +23,13 @@ from gh200rt.engine.bootstrap import (DTYPE_NAMES, PlacedModel, install_kernels,
 from gh200rt.engine.cuda_graphs import decode_graphs, reserve_graph_pool
 from gh200rt.engine.expert_balancer import ExpertBalancer
 from gh200rt.engine.host_allocator import keep_freed_memory
-from gh200rt.engine.model_runner import ModelRunner
+from gh200rt.engine.model_runner import ModelRunner, StepLogits
 from gh200rt.engine.outputs import EmbeddingRequestOutput, RequestOutput
 from gh200rt.engine.reports import EngineReports
 from gh200rt.engine.request_intake import RequestIntake
 from gh200rt.engine.request_state import RequestState, prompt_logprobs_for_chunk
-from gh200rt.engine.sampler import Sampler
+from gh200rt.engine.run_ahead import FedTokens, plan_run_ahead
+from gh200rt.engine.sampler import PendingSample, Sampler
 from gh200rt.engine.stats import EngineStats, iteration_tokens  # noqa: F401  (EngineStats: imported from here too)
 from gh200rt.engine.step_cost import StepCostModel
 from gh200rt.engine.tier_controller import PressurePolicy, TierController
@@ -39,9 +41,19 @@ from gh200rt.memory.ledger import DeviceMemoryLedger, ledger_capacity
 from gh200rt.planner.cost_model import copy_seconds
 from gh200rt.planner.layout import offloaded_expert_tier
 from gh200rt.scheduler.request import Sequence
-from gh200rt.scheduler.scheduler import Scheduler
+from gh200rt.scheduler.scheduler import Scheduler, SchedulerOutput
 from gh200rt.structured import GrammarMatchers
 from gh200rt.weights.schedule import NULL_HOOKS
+
+
+@dataclass
+class LaunchedStep:
+    """A step whose model and sampling are launched and whose results are not yet on the host."""
+    sampling: list[Sequence]                         # sequences that sample, in row order
+    prompt_chunks: dict[int, tuple[Sequence, int]]   # scheduled index -> (sequence, tokens computed before)
+    logits: StepLogits
+    sample: PendingSample | None
+    out: SchedulerOutput
 
 
 def eos_ids_of(tokenizer) -> frozenset[int]:
@@ -137,6 +149,12 @@ class LLMEngine(RequestIntake, EngineReports):
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.iteration_tokens = iteration_tokens()
+        # async scheduling where nothing moves weights between steps and every input id of a step is this process's
+        self._runs_ahead = (config.scheduler.async_scheduling and self.controller is None and self.balancer is None
+                            and parallel is None and self.lora is None)
+        self._in_flight: LaunchedStep | None = None
+        self.steps_launched_ahead = 0
+        self.rows_discarded = 0
 
     @classmethod
     def from_config(cls, config: EngineConfig, poison: bool = False, platform=None) -> "LLMEngine":
@@ -174,26 +192,62 @@ class LLMEngine(RequestIntake, EngineReports):
 
     # ---- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput | EmbeddingRequestOutput]:
-        if self.balancer is not None:
-            self.balancer.between_steps()
-        if self.controller is not None:
-            self.controller.between_steps(self.tier_signals())
+        """Outputs of one step. With ``--async-scheduling`` the step after it may be launched first (``run_ahead.py``):
+        then this call reports the step launched by the last one and leaves the next in flight."""
+        if self._in_flight is None:          # tier moves and expert swaps happen between steps, none in flight
+            if self.balancer is not None:
+                self.balancer.between_steps()
+            if self.controller is not None:
+                self.controller.between_steps(self.tier_signals())
         started = time.perf_counter()
         capturing = self.graphs.capture_seconds if self.graphs is not None else 0.0
         self._steps += 1
-        out = self.scheduler.schedule()
-        if out.is_empty:
-            return []
+        current, self._in_flight = self._in_flight, None
+        if current is None:
+            out = self.scheduler.schedule()
+            if out.is_empty:
+                return []
+            current = self._launch(out)
+        if self._runs_ahead:
+            self._in_flight = self._launch_ahead(current)
+        outputs = self._complete(current)
+        if self._in_flight is not None and all(seq.is_finished for seq in self._in_flight.sampling):
+            self.rows_discarded += len(self._in_flight.sampling)
+            self._in_flight = None           # every row of it stopped: nothing to report
+        # what a running request waits per token; a graph capture is one-off (after a tier move, it
+        # must not read as slow steps that call for the next move)
+        captured = self.graphs.capture_seconds - capturing if self.graphs is not None else 0.0
+        self._step_seconds += time.perf_counter() - started - captured
+        return outputs
+
+    def _launch(self, out: SchedulerOutput, fed: FedTokens | None = None) -> LaunchedStep:
+        """Run the model on ``out`` and sample, without waiting for the device; count the step's progress."""
+        now = time.perf_counter()
         sampling = [item.seq for item in out.scheduled if item.samples]
         prompt_chunks = {i: (item.seq, item.seq.num_computed_tokens) for i, item in enumerate(out.scheduled)}
         for item in out.scheduled:
             metrics = self.requests[item.seq.group_id].metrics
-            metrics.first_scheduled_time = metrics.first_scheduled_time or started
+            metrics.first_scheduled_time = metrics.first_scheduled_time or now
         self.iteration_tokens.observe(out.num_batched_tokens)
-        logits = self.runner.run(out)
+        logits = self.runner.run(out) if fed is None else self.runner.run(out, fed)
         self._step_tokens += out.num_batched_tokens
         self._step_rows += len(out.scheduled)
         self.scheduler.step_done(out)
+        sample = self.sampler.launch(logits.sample_logits, sampling) if sampling else None
+        return LaunchedStep(sampling, prompt_chunks, logits, sample, out)
+
+    def _launch_ahead(self, current: LaunchedStep) -> LaunchedStep | None:
+        """The next step, launched before ``current``'s tokens reach the host, where ``plan_run_ahead`` allows."""
+        planned = plan_run_ahead(current.out, current.sampling, self.scheduler, self.kv)
+        if planned is None:
+            return None
+        out, rows = planned
+        self.steps_launched_ahead += 1
+        return self._launch(out, FedTokens(current.sample.tokens, rows))
+
+    def _complete(self, step: LaunchedStep) -> list[RequestOutput | EmbeddingRequestOutput]:
+        """Bring ``step``'s results to the host: advance its sequences, detokenize, check stops, report."""
+        logits, prompt_chunks = step.logits, step.prompt_chunks
         outputs: list = self._pool(logits.pooled, prompt_chunks)
         touched: dict[str, set[int]] = {}
         for i, chunk_logits in logits.prompt_logits.items():
@@ -202,10 +256,14 @@ class LLMEngine(RequestIntake, EngineReports):
             if seq.index == 0 and state.prompt_logprobs is not None and len(state.prompt_logprobs) == start + 1:
                 state.prompt_logprobs.extend(prompt_logprobs_for_chunk(chunk_logits, seq.prompt_token_ids, start,
                                                                        seq.params.prompt_logprobs))
-        if sampling:
-            result = self.sampler(logits.sample_logits, sampling)
+        if step.sample is not None:
+            result = step.sample.result()
             stamp = time.perf_counter()
-            for seq, token, lp, chosen in zip(sampling, result.token_ids, result.logprobs, result.chosen_logprobs):
+            for seq, token, lp, chosen in zip(step.sampling, result.token_ids, result.logprobs,
+                                              result.chosen_logprobs):
+                if seq.is_finished:          # launched ahead, then stopped (or aborted) by the step before
+                    self.rows_discarded += 1
+                    continue
                 seq.first_token_time = seq.first_token_time or stamp
                 seq.last_token_time = stamp
                 self._advance(seq, token, lp, chosen)
@@ -215,10 +273,6 @@ class LLMEngine(RequestIntake, EngineReports):
             outputs.append(state.make_output(advanced))
             if state.finished:
                 del self.requests[group_id]
-        # what a running request waits per token; a graph capture is one-off (after a tier move, it
-        # must not read as slow steps that call for the next move)
-        captured = self.graphs.capture_seconds - capturing if self.graphs is not None else 0.0
-        self._step_seconds += time.perf_counter() - started - captured
         return outputs
 
     def _pool(self, pooled: dict, prompt_chunks: dict) -> list[EmbeddingRequestOutput]:
@@ -244,6 +298,8 @@ class LLMEngine(RequestIntake, EngineReports):
         if lp is not None:
             seq.output_logprobs.append(lp)
             seq.cumulative_logprob += chosen
+        if self._runs_ahead:     # a step launched ahead counted this position computed before its token was known
+            self.kv.publish_full_blocks(seq)
         finished = seq.check_token_stop(token)
         if not (finished and seq.finish_reason == "stop"):    # EOS and stop token ids add no text
             stop = state.detoks[seq.index].add_token(token)

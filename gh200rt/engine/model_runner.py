@@ -95,7 +95,7 @@ def pack_step(out: SchedulerOutput, block_size: int, linear_rows: int | None = N
         flat = starts[-1]
         table = seq.block_ids
         if q == 1:
-            ids.append(seq.all_token_ids[start])
+            ids.append(0 if item.fed else seq.all_token_ids[start])     # a fed id is written on the device
             positions.append(start)
             slots.append(table[start // block_size] * block_size + start % block_size)
         else:
@@ -165,29 +165,35 @@ class ModelRunner:
         self.device = device
 
     @torch.inference_mode()
-    def run(self, out: SchedulerOutput) -> StepLogits:
+    def run(self, out: SchedulerOutput, fed=None) -> StepLogits:
+        """``fed``: the step's input ids on the device (``run_ahead.FedTokens``), for a step of ``fed`` decodes
+        launched before the previous step's tokens reached the host (not with LoRA or tensor parallelism)."""
         if self.lora is None:
-            return self._run(out)
+            return self._run(out, fed)
+        assert fed is None, "a step launched ahead carries no LoRA inputs"
         self.lora.begin_step(out.scheduled)
         try:
             return self._run(out)
         finally:
             self.lora.end_step()
 
-    def _run(self, out: SchedulerOutput) -> StepLogits:
+    def _run(self, out: SchedulerOutput, fed=None) -> StepLogits:
         rows = linear_block_rows(out, self.batch_invariant) if self.row_blocks else None
         if rows is None and self.graphs is not None and self.graphs.handles(out):   # every row samples, in order
-            return StepLogits(self.model.compute_logits(self.graphs.run(out)).float(), {})
+            return StepLogits(self.model.compute_logits(self.graphs.run(out, fed)).float(), {})
         step = pack_step(out, self.block_size, rows)
         if self.step_sender is not None:
+            assert fed is None, "a tensor-parallel engine's workers read their input ids from the host step"
             self.step_sender(step)
-        return self.execute(step)
+        return self.execute(step, fed)
 
     @torch.inference_mode()
-    def execute(self, step: HostStep) -> StepLogits:
-        """Run the model on ``step`` and compute the logits it needs."""
+    def execute(self, step: HostStep, fed=None) -> StepLogits:
+        """Run the model on ``step`` and compute the logits it needs (``fed``: its input ids, on the device)."""
         rows = step.linear_rows
         inputs = step_inputs(step, self.block_size, self.device)
+        if fed is not None:
+            inputs.input_ids.copy_(fed.ids())
         hidden = forward(self.model, inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, self.hooks)
         if not inputs.sample_rows:
             sample_logits = torch.empty(0, 0)

@@ -68,4 +68,5 @@ class EngineReports:
                            if self.store and self.store.expert_tiers else {},
                            self.iteration_tokens.snapshot(),
                            self.config.lora.max_loras if self.lora is not None else None,
-                           adapter_names(self.scheduler.running), adapter_names(self.scheduler.waiting))
+                           adapter_names(self.scheduler.running), adapter_names(self.scheduler.waiting),
+                           self.steps_launched_ahead, self.rows_discarded)

@@ -6,7 +6,9 @@ at one uniform number (a cumsum and a binary search: ~25x cheaper than drawing n
 vocabulary entry). Unseeded rows take their uniforms in one call on the engine's generator for that
 device; a seeded row draws from its sequence's own generator on the same device, so its tokens do
 not depend on what else is in the batch. Logprobs are of the model's raw distribution
-(log_softmax of the logits). The host sees the step's results in one device -> host copy.
+(log_softmax of the logits). The host sees the step's results in one device -> host copy, issued at once
+(``launch``) and read when wanted (``PendingSample.result``): an engine that launches the next step in between
+reads this step's tokens on the device (``PendingSample.tokens``) without waiting for them.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gh200rt.engine.device_inputs import to_device
+from gh200rt.engine.device_inputs import to_device, to_host
 from gh200rt.engine.logits_processors import apply_logits_processors
 from gh200rt.engine.outputs import Logprob, TokenLogprobs
 from gh200rt.engine.sampling_tensors import (SamplingTensors, apply_penalties, banned_until_min_tokens, mask_ids,
@@ -116,6 +118,10 @@ class Sampler:
         return self._generators[device]
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
+        return self.launch(logits, seqs).result()
+
+    def launch(self, logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
+        """Sample every row on the logits' device and start the results' copy to the host, without waiting."""
         assert logits.shape[0] == len(seqs)
         want_logprobs = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
@@ -124,7 +130,7 @@ class Sampler:
             tokens = torch.argmax(logits, dim=-1)
         else:
             tokens = self._sample(logits.clone(), seqs)
-        return _gather_results(tokens, raw_logprobs, seqs, want_logprobs)
+        return PendingSample.launch(tokens, raw_logprobs, seqs, want_logprobs)
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         banned = {i: ids for i, s in enumerate(seqs) if (ids := banned_until_min_tokens(s))}
@@ -180,27 +186,47 @@ def token_logprobs(logprobs: torch.Tensor, chosen_ids: list[int], k: int) -> lis
     return [unpack_logprobs(row, c, k, k) for row, c in zip(rows, chosen_ids)]
 
 
-def _gather_results(tokens: torch.Tensor, raw_logprobs: torch.Tensor | None, seqs: list[Sequence],
-                    want: list[int]) -> SampleResult:
-    """Token ids, and the logprobs asked for, brought to the host in one copy."""
-    if raw_logprobs is None:
-        return SampleResult(tokens.tolist(), [None] * len(seqs), [0.0] * len(seqs))
-    rows = to_device(want, torch.int64, tokens.device)
-    k = max(_top_wanted(seqs[i]) for i in want)
-    packed = pack_logprobs(raw_logprobs.index_select(0, rows), tokens.index_select(0, rows), k)
-    host = torch.cat([tokens.double(), packed.flatten()]).tolist()
-    token_ids = [int(x) for x in host[:len(seqs)]]
-    width = 2 + 2 * k
-    row_logprobs: list[TokenLogprobs | None] = [None] * len(seqs)
-    chosen_logprobs = [0.0] * len(seqs)
-    for j, i in enumerate(want):
-        row = host[len(seqs) + j * width:len(seqs) + (j + 1) * width]
-        row_logprobs[i] = unpack_logprobs(row, token_ids[i], k, _top_wanted(seqs[i]))
-        chosen_logprobs[i] = row[0]
-    for i in want:
-        if seqs[i].params.logprob_token_ids:
-            row_logprobs[i].update(pinned_logprobs(raw_logprobs[i], seqs[i].params.logprob_token_ids))
-    return SampleResult(token_ids, row_logprobs, chosen_logprobs)
+class PendingSample:
+    """One step's sampled tokens on the device, their logprobs packed beside them, and the copy of both to the
+    host in flight. ``tokens`` (int64 [R]) is what a step launched before ``result()`` reads as its input ids."""
+
+    def __init__(self, tokens: torch.Tensor, host: torch.Tensor, landed, raw_logprobs: torch.Tensor | None,
+                 seqs: list[Sequence], want: list[int], k: int):
+        self.tokens = tokens
+        self._host, self._landed = host, landed
+        self._raw_logprobs, self._seqs, self._want, self._k = raw_logprobs, seqs, want, k
+
+    @classmethod
+    def launch(cls, tokens: torch.Tensor, raw_logprobs: torch.Tensor | None, seqs: list[Sequence],
+               want: list[int]) -> "PendingSample":
+        """Token ids, and the logprobs asked for, packed into one tensor whose host copy starts now."""
+        if raw_logprobs is None:
+            return cls(tokens, *to_host(tokens), None, seqs, want, 0)
+        rows = to_device(want, torch.int64, tokens.device)
+        k = max(_top_wanted(seqs[i]) for i in want)
+        packed = pack_logprobs(raw_logprobs.index_select(0, rows), tokens.index_select(0, rows), k)
+        return cls(tokens, *to_host(torch.cat([tokens.double(), packed.flatten()])), raw_logprobs, seqs, want, k)
+
+    def result(self) -> SampleResult:
+        """The host's view, once the copy has landed (waits for it)."""
+        if self._landed is not None:
+            self._landed.synchronize()
+        seqs, want, k = self._seqs, self._want, self._k
+        if self._raw_logprobs is None:
+            return SampleResult(self._host.tolist(), [None] * len(seqs), [0.0] * len(seqs))
+        host = self._host.tolist()
+        token_ids = [int(x) for x in host[:len(seqs)]]
+        width = 2 + 2 * k
+        row_logprobs: list[TokenLogprobs | None] = [None] * len(seqs)
+        chosen_logprobs = [0.0] * len(seqs)
+        for j, i in enumerate(want):
+            row = host[len(seqs) + j * width:len(seqs) + (j + 1) * width]
+            row_logprobs[i] = unpack_logprobs(row, token_ids[i], k, _top_wanted(seqs[i]))
+            chosen_logprobs[i] = row[0]
+        for i in want:
+            if seqs[i].params.logprob_token_ids:
+                row_logprobs[i].update(pinned_logprobs(self._raw_logprobs[i], seqs[i].params.logprob_token_ids))
+        return SampleResult(token_ids, row_logprobs, chosen_logprobs)
 
 
 def _top_wanted(seq: Sequence) -> int:

@@ -158,10 +158,11 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
-        num_full = request.num_computed_tokens // bs
+        tokens = request.all_token_ids
+        # a step launched ahead computes a position whose token only the device holds yet: publish what is known
+        num_full = min(request.num_computed_tokens, len(tokens)) // bs
         if not self.publish_decoded_blocks:
             num_full = min(num_full, len(request.prompt_token_ids) // bs)
-        tokens = request.all_token_ids
         while len(request.block_hashes) < num_full:
             i = len(request.block_hashes)
             if i:

@@ -23,18 +23,23 @@ from gh200rt.scheduler.request import Sequence, Status
 class ScheduledSequence:
     seq: Sequence
     num_new_tokens: int
+    # a decode of the token the previous step sampled, launched before that token reached the host: its input id is
+    # read on the device (engine/run_ahead.py), so ``seq`` does not hold it yet
+    fed: bool = False
 
     @property
     def computes_prompt(self) -> bool:
         """True unless this step decodes one token after the prompt (a recompute of generated tokens counts as
         prompt: it is prefilled)."""
-        return self.num_new_tokens > 1 or self.seq.num_computed_tokens < len(self.seq.prompt_token_ids)
+        return not self.fed and (self.num_new_tokens > 1
+                                 or self.seq.num_computed_tokens < len(self.seq.prompt_token_ids))
 
     @property
     def samples(self) -> bool:
         """True when this step computes the sequence's last uncomputed token (its logits sample); never for an
         embedding sequence (it pools instead)."""
-        return self.seq.pooling is None and self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+        return self.fed or (self.seq.pooling is None
+                            and self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens)
 
 
 @dataclass

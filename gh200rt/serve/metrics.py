@@ -106,6 +106,11 @@ def _engine_lines(s, num_pending: int) -> list[str]:
                                       "routes to)."),
         "graph_captures_total": (get("graph_captures"),
                                  "Decode graphs captured (one per batch bucket, again after each tier move)."),
+        "steps_launched_ahead_total": (get("steps_launched_ahead"),
+                                       "Steps launched before the previous step's tokens reached the host "
+                                       "(--async-scheduling)."),
+        "rows_discarded_total": (get("rows_discarded"),
+                                 "Rows of steps launched ahead whose sequence had stopped in the step before."),
     }
     lines = []
     for name, (value, help_text) in gauges.items():

@@ -69,8 +69,8 @@ def test_padding_rows_filled_with_garbage_change_no_real_row(tiny_dir, bucketed_
     buffers = engine.graphs.buffers
     fill, gen, padded = buffers.fill, torch.Generator().manual_seed(0), []
 
-    def garbage_fill(out, bucket):
-        fill(out, bucket)
+    def garbage_fill(out, bucket, fed=None):
+        fill(out, bucket, fed)
         batch = len(out.scheduled)
         n = bucket - batch
         if n:

@@ -25,6 +25,18 @@ def test_hashes_chain_over_parents():
     assert kv.pool.blocks[r.block_ids[2]].block_hash is None
 
 
+def test_a_position_computed_before_its_token_is_known_is_published_once_the_token_is():
+    """A step launched ahead (--async-scheduling) counts position 7 computed while the request holds 7 tokens."""
+    kv = KVCacheManager(8, 4)
+    r = Req(range(7))
+    compute(kv, r, 8)
+    assert len(r.block_hashes) == 1 and len(r.block_ids) == 2
+    r.all_token_ids.append(7)
+    kv.publish_full_blocks(r)
+    h0 = chain_hash(None, (0, 1, 2, 3))
+    assert r.block_hashes == [h0, chain_hash(h0, (4, 5, 6, 7))]
+
+
 def test_hit_reuses_full_blocks_but_always_leaves_last_token():
     kv = KVCacheManager(8, 4)
     a = Req(range(8))

@@ -6,7 +6,9 @@ can hold). ``fill(out, bucket)`` writes the step's B real rows and pads rows B..
 that writes no KV (slot -1), sits at position 0 and attends to one key (block 0, offset 0: a valid,
 finite slot of the pool), so a padding row computes finite values of its own and, every op being
 row-wise, leaves the real rows alone. On a GPU the host side is a pinned mirror copied in one
-non-blocking copy per buffer; the mirror is refilled only once the previous copy has landed.
+non-blocking copy per buffer; the mirror is refilled only once the previous copy has landed. A step launched
+before the previous one's tokens reached the host (``fed``) takes its token ids from the device, copied over
+the host's placeholders in stream order.
 ``meta(bucket)`` is the step's ``AttentionMetadata`` over these buffers, with host lists fixed per
 bucket (one new token per row, the capacity as length) so nothing in the captured region depends on
 Python data that changes between replays; the device tensors carry the real lengths.
@@ -40,7 +42,7 @@ class DecodeBuffers:
         self._rows = 0     # table rows and columns that may hold non-zero ids from the last fill
         self._width = 0
 
-    def fill(self, out: SchedulerOutput, bucket: int) -> None:
+    def fill(self, out: SchedulerOutput, bucket: int, fed=None) -> None:
         batch = len(out.scheduled)
         assert 0 < batch <= bucket <= self.max_batch, (batch, bucket, self.max_batch)
         ids, positions, slots, lens, tables = [], [], [], [], []
@@ -49,7 +51,7 @@ class DecodeBuffers:
             seq = item.seq
             p = seq.num_computed_tokens
             assert item.num_new_tokens == 1, "only decode steps run bucketed"
-            ids.append(seq.all_token_ids[p])
+            ids.append(0 if item.fed else seq.all_token_ids[p])
             positions.append(p)
             slots.append(seq.block_ids[p // bs] * bs + p % bs)
             lens.append(p + 1)
@@ -71,6 +73,8 @@ class DecodeBuffers:
             self.int64.copy_(host, non_blocking=True)     # whole (contiguous) rows: one plain copy
             self.block_tables[:bucket].copy_(host_tables[:bucket], non_blocking=True)
             self._copied.record()
+        if fed is not None:
+            self.input_ids[:batch].copy_(fed.ids())
 
     def meta(self, bucket: int) -> AttentionMetadata:
         capacity = self.max_blocks * self.block_size

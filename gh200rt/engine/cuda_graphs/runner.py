@@ -130,8 +130,9 @@ class DecodeGraphRunner:
                 return False
         return True
 
-    def run(self, out: SchedulerOutput) -> torch.Tensor:
-        """Final hidden states ``[B, H]`` of the step's B sequences, in scheduled order."""
+    def run(self, out: SchedulerOutput, fed=None) -> torch.Tensor:
+        """Final hidden states ``[B, H]`` of the step's B sequences, in scheduled order (``fed``: their input ids on
+        the device, ``run_ahead.FedTokens``)."""
         batch = len(out.scheduled)
         bucket = bucket_for(batch, self.buckets)
         assert bucket is not None, (batch, self.buckets)
@@ -143,7 +144,7 @@ class DecodeGraphRunner:
             self.graphs.clear()
             self.capture.graphs_dropped()
             self._version = version
-        self.buffers.fill(out, bucket)
+        self.buffers.fill(out, bucket, fed)
         with self.hooks.self_contained():
             # the staging ring's order and refs as the graph sees them, before a capture records its addresses
             # too (a capture that does not run the step, as on the CPU, would record the last step's order)

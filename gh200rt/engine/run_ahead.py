@@ -1,0 +1,77 @@
+"""Async scheduling: launch step N+1 before step N's sampled tokens reach the host.
+
+Step N+1 decodes, for each sequence that sampled in step N, the token N sampled. Only the device holds that token
+yet, so the step's input ids are read from N's token tensor on the device (``FedTokens``), and the host detokenizes,
+checks stop conditions and reports step N while N+1 runs: on a GPU the device no longer idles through the host's
+per-step work. What the host learns late costs at most one discarded row: a sequence that stops on EOS, a stop
+token or a stop string in step N is computed once more in N+1 and that row is dropped (its KV slot lies past its
+last token, in a block that is never published: ``publish_full_blocks`` hashes known tokens only). A length stop
+is known ahead: the sequence is left out of N+1.
+
+``plan_run_ahead`` launches N+1 only where it is the step the synchronous scheduler would take next, so tokens do
+not depend on the mode: every sequence of N sampled, is still running and is all that runs; no waiting request
+could be admitted; each next position fits the KV pool without preempting; and nothing a sequence's sampling
+reads changes with the token in flight (structured output, penalties and bad words read the output so far;
+min_tokens bans EOS by its length). A seeded or greedy sequence gets the same tokens as without async scheduling;
+an unseeded random one draws from the engine's generator, whose stream a discarded row shifts.
+"""
+from __future__ import annotations
+
+import torch
+
+from gh200rt.engine.device_inputs import to_device
+from gh200rt.engine.sampling_tensors import needs_penalties
+from gh200rt.kv.kv_manager import KVCacheManager
+from gh200rt.scheduler.request import Sequence
+from gh200rt.scheduler.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
+
+
+class FedTokens:
+    """A step's input ids, read on the device: row i takes ``source[index[i]]`` (the previous step's tokens)."""
+
+    def __init__(self, source: torch.Tensor, index: list[int]):
+        self.source, self.index = source, index
+
+    def ids(self) -> torch.Tensor:
+        if self.index == list(range(self.source.shape[0])):
+            return self.source
+        return self.source.index_select(0, to_device(self.index, torch.int64, self.source.device))
+
+
+def samples_alike_in_flight(seq: Sequence) -> bool:
+    """Whether ``seq``'s next sampling reads nothing that the token in flight changes."""
+    p = seq.params
+    return (seq.grammar is None and not needs_penalties(seq) and not p.bad_words_token_ids
+            and len(seq.output_token_ids) >= p.min_tokens)
+
+
+def stops_on_length(seq: Sequence) -> bool:
+    """Whether the token in flight, once appended, ends ``seq`` by max_tokens or the context limit."""
+    p = seq.params
+    return ((p.max_tokens is not None and len(seq.output_token_ids) + 1 >= p.max_tokens)
+            or seq.num_tokens + 1 >= seq.max_model_len)
+
+
+def plan_run_ahead(previous: SchedulerOutput, sampled: list[Sequence], scheduler: Scheduler,
+                   kv: KVCacheManager) -> tuple[SchedulerOutput, list[int]] | None:
+    """The step of fed decodes that follows ``previous`` (launched, its progress counted by ``step_done``; ``sampled``:
+    its sequences that sampled, in row order), its blocks allocated, and for each of its rows the row of
+    ``sampled`` whose token it reads; None where the synchronous scheduler would take another step (the caller then
+    completes ``previous`` first)."""
+    seqs = [item.seq for item in previous.scheduled]
+    if previous.preempted or not seqs or sampled != seqs or scheduler.running != seqs:
+        return None
+    if not all(samples_alike_in_flight(seq) for seq in seqs):
+        return None
+    rows = [i for i, seq in enumerate(seqs) if not stops_on_length(seq)]
+    if not rows or len(rows) > scheduler.max_num_batched_tokens:
+        return None
+    if scheduler.waiting and len(rows) < scheduler.max_num_seqs:
+        return None                   # the synchronous scheduler would try to admit a waiting request now
+    need = sum(max(0, kv.blocks_needed(seqs[i].num_computed_tokens + 1) - len(seqs[i].block_ids)) for i in rows)
+    if need > kv.num_free_blocks:
+        return None                   # the synchronous scheduler would preempt
+    for i in rows:
+        allocated = kv.allocate(seqs[i], 1)
+        assert allocated, "the pool was counted to hold every row's next position"
+    return SchedulerOutput([ScheduledSequence(seqs[i], 1, fed=True) for i in rows]), rows

@@ -1,0 +1,162 @@
+"""--async-scheduling (engine/run_ahead.py): steps launched before the previous step's tokens reach the host give the
+tokens, logprobs, text and finish reasons of synchronous steps, on the eager and the bucketed decode path, and
+fall back to synchronous steps wherever a launched-ahead step would differ from the one the scheduler takes next."""
+import pytest
+
+from gh200rt.sampling_params import SamplingParams
+from tests.engine.real_models import SharedModel, save_tiny_llama
+
+PROMPTS = [[5, 9, 13, 17], [40, 41], list(range(60, 90)), [7] * 11, [100, 3, 200, 4, 150]]
+PATHS = {"eager": {"enforce_eager": True}, "bucketed": {"enforce_eager": False}}
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    return SharedModel(save_tiny_llama(str(tmp_path_factory.mktemp("tiny-async")), num_layers=2))
+
+
+def run(shared, prompts, params, **options):
+    llm = shared.llm(**{"max_model_len": 128, "num_kv_blocks": 64, "block_size": 4, **options})
+    outputs = llm.generate(prompts, params)
+    return llm.engine, outputs
+
+
+def choices(outputs):
+    return [[(c.token_ids, c.text, c.finish_reason, c.stop_reason, c.cumulative_logprob,
+              [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in c.logprobs or []]) for c in o.outputs]
+            for o in outputs]
+
+
+def assert_no_blocks_held(engine):
+    assert engine.kv.pool.num_free == engine.kv.pool.num_blocks - engine.kv.pool.num_run_blocks
+    assert engine._in_flight is None or all(s.is_finished for s in engine._in_flight.sampling)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_greedy_seeded_and_logprob_requests_get_the_synchronous_results(shared, path):
+    params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3),
+              SamplingParams(temperature=0.9, top_p=0.9, seed=7, max_tokens=9, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=3, ignore_eos=True),
+              SamplingParams(n=2, temperature=1.0, top_k=20, seed=11, max_tokens=10, ignore_eos=True, logprobs=1),
+              SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)]
+    _, reference = run(shared, PROMPTS, params, **PATHS[path])
+    engine, outputs = run(shared, PROMPTS, params, async_scheduling=True, **PATHS[path])
+    assert choices(outputs) == choices(reference)
+    stats = engine.stats()
+    # 11 decode steps after the first; the first decode step follows the prefill, whose sequences all sampled
+    assert stats.steps_launched_ahead >= 10, stats.steps_launched_ahead
+    assert stats.rows_discarded == 0          # length stops are known ahead: no row is computed in vain
+    assert stats.generation_tokens == sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    assert_no_blocks_held(engine)
+
+
+def test_stops_the_host_learns_late_cost_one_discarded_row_and_change_nothing(shared):
+    """EOS, stop token ids and stop strings end a sequence one step after a step was launched for it: its row is
+    dropped. Batch-invariant kernels make the other rows' bits independent of that extra row."""
+    free = SamplingParams(temperature=0, max_tokens=16)
+    _, plain = run(shared, PROMPTS, free, batch_invariant=True)
+    stop_ids = [o.outputs[0].token_ids[3] for o in plain[:2]]
+    text = plain[2].outputs[0].text
+    stop_string = text[len(text) // 2:len(text) // 2 + 2]
+    assert stop_string.strip(), text
+    params = [SamplingParams(temperature=0, max_tokens=16, stop_token_ids=stop_ids),
+              SamplingParams(temperature=0, max_tokens=16, stop_token_ids=stop_ids, include_stop_str_in_output=True),
+              SamplingParams(temperature=0, max_tokens=16, stop=[stop_string]),
+              SamplingParams(temperature=0, max_tokens=16),
+              SamplingParams(temperature=0, max_tokens=16, stop=[stop_string], logprobs=2)]
+    _, reference = run(shared, PROMPTS, params, batch_invariant=True)
+    engine, outputs = run(shared, PROMPTS, params, batch_invariant=True, async_scheduling=True)
+    assert choices(outputs) == choices(reference)
+    reasons = [o.outputs[0].finish_reason for o in outputs]
+    assert reasons.count("stop") >= 2, reasons
+    stats = engine.stats()
+    assert stats.steps_launched_ahead > 0 and stats.rows_discarded >= 2
+    assert_no_blocks_held(engine)
+
+
+def test_requests_whose_sampling_reads_their_output_run_synchronous_steps(shared):
+    """Penalties, bad words and min_tokens (until reached) read the output so far: while such a request runs,
+    no step is launched ahead, and every request gets its synchronous tokens."""
+    plain = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    held = [SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, repetition_penalty=1.3),
+            SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, frequency_penalty=0.5),
+            SamplingParams(temperature=0, max_tokens=8, min_tokens=6, stop_token_ids=[9])]
+    for special in held:
+        _, reference = run(shared, PROMPTS[:2], [plain, special])
+        engine, outputs = run(shared, PROMPTS[:2], [plain, special], async_scheduling=True)
+        assert choices(outputs) == choices(reference), special
+        launched = engine.stats().steps_launched_ahead
+        if special.min_tokens:        # sampling stops depending on the count once min_tokens is reached
+            assert 0 < launched < 7, launched
+        else:
+            assert launched == 0, (special, launched)
+
+
+def test_a_request_added_while_a_step_is_in_flight_is_admitted_at_the_next_scheduled_step(shared):
+    engine = shared.llm(max_model_len=128, num_kv_blocks=64, block_size=4, async_scheduling=True).engine
+    greedy = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    engine.add_request("a", None, greedy, prompt_token_ids=PROMPTS[0])
+    for _ in range(3):
+        engine.step()
+    assert engine._in_flight is not None
+    engine.add_request("b", None, greedy, prompt_token_ids=PROMPTS[1])
+    engine.step()                     # reports the step in flight; launches none ahead (b waits)
+    assert engine._in_flight is None and len(engine.scheduler.waiting) == 1
+    engine.step()                     # b's prefill, beside a's decode
+    assert not engine.scheduler.waiting
+    finals = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out.outputs[0].token_ids
+    _, reference = run(shared, PROMPTS[:2], greedy)
+    assert [finals["a"], finals["b"]] == [o.outputs[0].token_ids for o in reference]
+    assert_no_blocks_held(engine)
+
+
+def test_aborting_a_request_with_a_step_in_flight_frees_its_blocks_and_drops_its_row(shared):
+    engine = shared.llm(max_model_len=128, num_kv_blocks=64, block_size=4, async_scheduling=True).engine
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    for i, prompt in enumerate(PROMPTS[:3]):
+        engine.add_request(str(i), None, greedy, prompt_token_ids=prompt)
+    for _ in range(4):
+        engine.step()
+    assert engine._in_flight is not None
+    engine.abort("1")
+    finals = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            assert out.request_id != "1"
+            if out.finished:
+                finals[out.request_id] = out.outputs[0].token_ids
+    assert engine.rows_discarded == 1
+    _, reference = run(shared, [PROMPTS[0], PROMPTS[2]], greedy)
+    assert [finals["0"], finals["2"]] == [o.outputs[0].token_ids for o in reference]
+    assert_no_blocks_held(engine)
+
+
+def test_a_short_kv_pool_preempts_in_synchronous_steps_and_keeps_the_tokens(shared):
+    greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    _, reference = run(shared, PROMPTS, greedy)
+    engine, outputs = run(shared, PROMPTS, greedy, num_kv_blocks=16, max_model_len=64, async_scheduling=True)
+    assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in reference]
+    stats = engine.stats()
+    assert stats.num_preemptions > 0 and stats.steps_launched_ahead > 0
+    assert_no_blocks_held(engine)
+
+
+def test_decoded_blocks_computed_ahead_are_published_with_their_tokens(shared):
+    """Batch-invariant CPU steps publish decoded blocks; a block whose last position a launched-ahead step computed
+    is published once its token is known, and a prompt that extends a finished answer reuses every such block
+    and gets the tokens a cold engine computes."""
+    # 4 prompt tokens and 13 outputs: the last computed position, 15, ends block 3, and no step follows to publish it
+    greedy = SamplingParams(temperature=0, max_tokens=13, ignore_eos=True)
+    llm = shared.llm(max_model_len=128, num_kv_blocks=64, block_size=4, batch_invariant=True, async_scheduling=True)
+    first = llm.generate([PROMPTS[0]], greedy)[0]
+    follow = PROMPTS[0] + first.outputs[0].token_ids + [33, 34]
+    warm = llm.generate([follow], greedy)[0]
+    assert warm.num_cached_tokens == (len(follow) - 1) // 4 * 4
+    cold = shared.llm(max_model_len=128, num_kv_blocks=64, block_size=4, batch_invariant=True,
+                      enable_prefix_caching=False).generate([follow], greedy)[0]
+    assert warm.outputs[0].token_ids == cold.outputs[0].token_ids
+    assert llm.engine.stats().steps_launched_ahead > 0
