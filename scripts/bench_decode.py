@@ -17,9 +17,14 @@ kernel to its last (the rest is the device waiting: launch gaps, host work) and 
 
     python scripts/bench_decode.py [--model smollm2-135m] [--batches 1,8] [--tokens 32]
         [--placements resident,stream,every-2nd,direct] [--host-weight-dtype auto] [--dtype auto]
-        [--prefetch-across-steps on|off|both] [--layer-path one-call|op-by-op|both]
+        [--prefetch-across-steps on|off|both] [--layer-path one-call|op-by-op|both] [--async-scheduling off|on|both]
         [--random-model llama3-8b [--random-model-dir DIR]] [--json PATH] [--kernel-times N] [--host-profile N]
         [--graphs]
+
+``--async-scheduling on`` launches each decode step before the previous step's tokens reach the host
+(engine/run_ahead.py: the host's per-step work overlaps the device's); ``both`` runs each placement twice, the
+synchronous engine first (the baseline in the same run). With it, a ``--kernel-times`` profile of one ``step()``
+holds the step it launches and the tail of the one it reports.
 
 ``--graphs`` instead times the decode step (the time between tokens) eager and through the bucketed
 graph path, side by side per placement and batch (each batch's bucket is captured before timing): on a
@@ -91,8 +96,13 @@ def decode_rate(engine: LLMEngine, batch: int, tokens: int, host_profile=None) -
     for i in range(batch):
         engine.add_request(f"b{batch}-{i}", None, params, prompt_token_ids=[1 + i, 17, 42, 99])
     engine.step()  # prefill of every request (+ their first token)
+    # with async scheduling that call launched the first decode step too: finish it untimed and leave its tokens out
+    ahead = engine.rows_in_flight
+    if ahead and str(engine.runner.device).startswith("cuda"):
+        import torch
+        torch.cuda.synchronize()
     before = engine.stats()
-    generated, steps = engine.generation_tokens, 0
+    generated, steps = engine.generation_tokens + ahead, 0
     start = time.perf_counter()
     if host_profile is not None:
         host_profile.enable()
@@ -127,7 +137,9 @@ def step_kernels(engine: LLMEngine, batch: int) -> StepKernels:
     """Kernels one decode step of ``batch`` requests runs: on a GPU the device kernels and copies the profiler
     records (CUDA-graph replays included), with their times; elsewhere the launches the same code issues
     (gh200rt/launch_count.py: torch ops that do work, Triton launches)."""
-    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    # six tokens: with async scheduling the counted step() must still launch a decode step (one that samples the
+    # fourth token), not only report the last one
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     for i in range(batch):
         engine.add_request(f"k{batch}-{i}", None, params, prompt_token_ids=[1 + i, 17, 42, 99])
     engine.step()  # prefill
@@ -299,6 +311,9 @@ def main() -> None:
                         help="a decode step's decoder layers in one call where the platform has one (on CUDA six "
                              "launches, models/gpu_decode_layer.py; on the CPU one native call), op by op, or both "
                              "(each placement twice: the baseline in the same run)")
+    parser.add_argument("--async-scheduling", default="off", choices=["off", "on", "both"],
+                        help="launch each decode step before the previous step's tokens reach the host; 'both' "
+                             "runs each placement without, then with it")
     parser.add_argument("--kernel-times", type=int, default=0, metavar="N",
                         help="on a GPU, print under each row one profiled step's device busy and idle time and its "
                              "N costliest kernels (also in --json)")
@@ -324,15 +339,17 @@ def run(args) -> None:
     rows = []
     across = {"on": [True], "off": [False], "both": [False, True]}[args.prefetch_across_steps]
     layer_paths = {"one-call": [True], "op-by-op": [False], "both": [False, True]}[args.layer_path]
+    async_modes = {"off": [False], "on": [True], "both": [False, True]}[args.async_scheduling]
     names = args.placements.split(",") + (list(MOE_PLACEMENTS) if moe and args.placements == DEFAULT_PLACEMENTS
                                           else [])
     for name in names:
         if name in MOE_PLACEMENTS and not moe:
             raise SystemExit(f"--placements {name}: {args.model} has no routed experts")
-        for wrap, one_call in [(w, c) for c in layer_paths for w in across]:
+        for wrap, one_call, ahead in [(w, c, a) for c in layer_paths for w in across for a in async_modes]:
             config = EngineConfig.from_kwargs(model=args.model, dtype=args.dtype, max_model_len=256,
                                               num_kv_blocks=256, host_weight_dtype=args.host_weight_dtype,
-                                              prefetch_across_steps=wrap, **placements(layers)[name])
+                                              prefetch_across_steps=wrap, async_scheduling=ahead,
+                                              **placements(layers)[name])
             engine = LLMEngine.from_config(config)
             tiers = engine.stats().layers_per_tier
             if not tiers.get("streamed") and wrap is not across[-1]:
@@ -353,7 +370,7 @@ def run(args) -> None:
                 experts = engine.stats().experts_per_tier
                 expert_label = f"{experts.get('resident', 0)}/{experts.get('streamed', 0)}/{experts.get('direct', 0)}"
                 whole = whole_layer_expert_bytes(engine) if moe else 0
-                shown = name if one_call else f"{name} op-by-op"
+                shown = name + ("" if one_call else " op-by-op") + (" async" if ahead else "")
                 print(f"{shown:<19} {label:<20} {'on' if wrap else 'off':>6} {batch:>5} {tps:>9.1f} "
                       f"{tps / baseline[batch]:>10.2f}x {rate.copy_gbps:>9.2f} {rate.copy_wait_ms_per_step:>12.3f} "
                       f"{roof:>14.1f} {'-' if kernels.count is None else kernels.count:>12}"
@@ -365,7 +382,7 @@ def run(args) -> None:
                 if args.host_profile:
                     print_host_profile(engine, batch, args.tokens, args.host_profile)
                 rows.append(dict(placement=name, tiers=label, prefetch_across_steps=wrap, one_call_layers=one_call,
-                                 batch=batch,
+                                 async_scheduling=ahead, batch=batch,
                                  tokens_per_second=tps, vs_resident=tps / baseline[batch], copy_gbps=rate.copy_gbps,
                                  roofline_tokens_per_second=roof, kernels_per_step=kernels.count,
                                  kernel_busy_ms=None if kernels.busy_us is None else kernels.busy_us / 1e3,

@@ -45,7 +45,8 @@ def bandwidth_figures(report: dict | None, platform: dict) -> list[dict]:
 
 def decode_figures(report: dict | None) -> list[dict]:
     return [{"what": f"decode {report['model']}, {r['placement']}"
-                     f"{'' if r.get('one_call_layers', True) else ' op by op'} ({r['tiers']} res/str/dir), "
+                     f"{'' if r.get('one_call_layers', True) else ' op by op'}"
+                     f"{', async scheduling' if r.get('async_scheduling') else ''} ({r['tiers']} res/str/dir), "
                      f"batch {r['batch']}" + (f", {r['kernels_per_step']} kernels/step" if r.get("kernels_per_step")
                                               else ""),
              "measured": r["tokens_per_second"], "unit": "tok/s", "roofline": r["roofline_tokens_per_second"],

@@ -123,7 +123,8 @@ def validation_steps(py: str, out: Path, cache: Path) -> list[Step]:
 # the gpu tests of the decode-speed work (issue 31's kernels and the decode paths they serve)
 SPEED_TESTS = ("tests/gpu/test_gpu_split_attention.py", "tests/gpu/test_gpu_model_kernels.py",
                "tests/kernels/test_gpu_kernels.py", "tests/gpu/test_gpu_decode_graphs.py", "tests/gpu/test_gpu_gemv.py",
-               "tests/gpu/test_gpu_direct_scales.py", "tests/gpu/test_gpu_transfer.py", "tests/gpu/test_gpu_decode_layer.py")
+               "tests/gpu/test_gpu_direct_scales.py", "tests/gpu/test_gpu_transfer.py", "tests/gpu/test_gpu_decode_layer.py",
+               "tests/gpu/test_gpu_async_scheduling.py")
 
 
 def speed_steps(py: str, out: Path, cache: Path) -> list[Step]:
@@ -131,14 +132,15 @@ def speed_steps(py: str, out: Path, cache: Path) -> list[Step]:
     the kernels' gpu tests, paged attention (split-K against one pass, FlashInfer where installed), host_gemm
     (pinned host weights against a baseline kernel, resident bf16 against cuBLAS), and Llama-3-8B-shaped decode
     per placement with kernels per step and the costliest ones (bf16 resident and streamed; batch 1 with the
-    decoder layers in one call and op by op; int4 direct with its scales in HBM and in host memory)."""
+    decoder layers in one call and op by op; resident with synchronous and async scheduling; int4 direct with its
+    scales in HBM and in host memory)."""
     decode = [py, "scripts/bench_decode.py", "--tokens", "16", "--random-model", "llama3-8b",
               "--random-model-dir", str(cache / "llama3-8b-random")]
     return [
         Step("kernel compile check", [py, "scripts/check_kernels.py"], 40),
         Step("decode kernels' gpu tests", [py, "-m", "pytest", "-q", "-rs", "-m", "gpu", "-p", "no:cacheprovider",
                                            "--timeout", "120", "--junit-xml", str(out / "gpu_tests.xml"),
-                                           *SPEED_TESTS], 95, outputs={"junit": out / "gpu_tests.xml"}),
+                                           *SPEED_TESTS], 105, outputs={"junit": out / "gpu_tests.xml"}),
         Step("paged attention timings", [py, "scripts/bench_gpu_attention.py", "--json",
                                          str(out / "attention.json")], 20, outputs={"kernel": out / "attention.json"}),
         Step("host_gemm timings", [py, "scripts/bench_gpu_host_gemm.py", "--json", str(out / "host_gemm.json")], 30,
@@ -151,9 +153,13 @@ def speed_steps(py: str, out: Path, cache: Path) -> list[Step]:
              decode + ["--batches", "1", "--placements", "resident", "--layer-path", "both", "--kernel-times", "8",
                        "--json", str(out / "decode_llama3_8b_layer_path.json")], 50, values=("both",),
              outputs={"decode": out / "decode_llama3_8b_layer_path.json"}),
+        Step("decode Llama-3-8B shape, bf16 resident, synchronous and async scheduling",
+             decode + ["--batches", "1,8,64", "--placements", "resident", "--async-scheduling", "both",
+                       "--json", str(out / "decode_llama3_8b_async.json")], 45, values=("both",),
+             outputs={"decode": out / "decode_llama3_8b_async.json"}),
         Step("decode Llama-3-8B shape, quantized direct",
              decode + ["--batches", "1", "--placements", "direct,direct-host-scales", "--host-weight-dtype", "int4",
-                       "--json", str(out / "decode_llama3_8b_int4.json")], 100, values=("llama3-8b", "direct-host-scales"),
+                       "--json", str(out / "decode_llama3_8b_int4.json")], 90, values=("llama3-8b", "direct-host-scales"),
              outputs={"decode": out / "decode_llama3_8b_int4.json"}),
     ]
 

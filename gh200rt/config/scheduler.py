@@ -12,11 +12,11 @@ class SchedulerConfig:
     max_num_batched_tokens: int = field(default=2048, metadata=_help(
         "most tokens computed in one step; long prompts are prefilled in chunks of at most this"))
     async_scheduling: bool = field(default=False, metadata=_help(
-        "launch the next decode step before this step's tokens reach the host: it reads them on the device, and "
-        "the host detokenizes and reports this step while the next one runs (decode steps of requests without "
-        "structured output, penalties, bad words or pending min_tokens; steps with a prompt chunk or a waiting "
-        "request, a tier controller, LoRA or tensor parallelism run one at a time); a request that stops on a "
-        "stop string or EOS costs the next step one discarded row"))
+        "launch each decode step before the previous step's tokens reach the host (it reads them on the device), "
+        "so the host detokenizes and reports a step while the next one runs; steps run one at a time wherever the "
+        "next step would differ (a waiting request, a prompt chunk, structured output, penalties, bad words, "
+        "min_tokens not reached, dynamic tiers, LoRA, tensor parallelism); a stop the host learns late costs one "
+        "discarded row (docs/ASYNC_SCHEDULING.md)"))
 
     def __post_init__(self):
         if self.max_num_seqs < 1:

@@ -23,7 +23,7 @@ from gh200rt.engine.bootstrap import (DTYPE_NAMES, PlacedModel, install_kernels,
 from gh200rt.engine.cuda_graphs import decode_graphs, reserve_graph_pool
 from gh200rt.engine.expert_balancer import ExpertBalancer
 from gh200rt.engine.host_allocator import keep_freed_memory
-from gh200rt.engine.model_runner import ModelRunner, StepLogits
+from gh200rt.engine.model_runner import ModelRunner
 from gh200rt.engine.outputs import EmbeddingRequestOutput, RequestOutput
 from gh200rt.engine.reports import EngineReports
 from gh200rt.engine.request_intake import RequestIntake
@@ -51,7 +51,8 @@ class LaunchedStep:
     """A step whose model and sampling are launched and whose results are not yet on the host."""
     sampling: list[Sequence]                         # sequences that sample, in row order
     prompt_chunks: dict[int, tuple[Sequence, int]]   # scheduled index -> (sequence, tokens computed before)
-    logits: StepLogits
+    prompt_logits: dict[int, torch.Tensor]           # StepLogits' (the sampled rows' logits are not kept)
+    pooled: dict[int, torch.Tensor]
     sample: PendingSample | None
     out: SchedulerOutput
 
@@ -190,6 +191,11 @@ class LLMEngine(RequestIntake, EngineReports):
         if self.parallel is not None:
             self.parallel.check_health()
 
+    @property
+    def rows_in_flight(self) -> int:
+        """Rows of a step launched ahead (``--async-scheduling``) whose tokens no ``step()`` has reported yet."""
+        return 0 if self._in_flight is None else len(self._in_flight.sampling)
+
     # ---- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput | EmbeddingRequestOutput]:
         """Outputs of one step. With ``--async-scheduling`` the step after it may be launched first (``run_ahead.py``):
@@ -234,7 +240,7 @@ class LLMEngine(RequestIntake, EngineReports):
         self._step_rows += len(out.scheduled)
         self.scheduler.step_done(out)
         sample = self.sampler.launch(logits.sample_logits, sampling) if sampling else None
-        return LaunchedStep(sampling, prompt_chunks, logits, sample, out)
+        return LaunchedStep(sampling, prompt_chunks, logits.prompt_logits, logits.pooled, sample, out)
 
     def _launch_ahead(self, current: LaunchedStep) -> LaunchedStep | None:
         """The next step, launched before ``current``'s tokens reach the host, where ``plan_run_ahead`` allows."""
@@ -247,10 +253,10 @@ class LLMEngine(RequestIntake, EngineReports):
 
     def _complete(self, step: LaunchedStep) -> list[RequestOutput | EmbeddingRequestOutput]:
         """Bring ``step``'s results to the host: advance its sequences, detokenize, check stops, report."""
-        logits, prompt_chunks = step.logits, step.prompt_chunks
-        outputs: list = self._pool(logits.pooled, prompt_chunks)
+        prompt_chunks = step.prompt_chunks
+        outputs: list = self._pool(step.pooled, prompt_chunks)
         touched: dict[str, set[int]] = {}
-        for i, chunk_logits in logits.prompt_logits.items():
+        for i, chunk_logits in step.prompt_logits.items():
             seq, start = prompt_chunks[i]
             state = self.requests[seq.group_id]
             if seq.index == 0 and state.prompt_logprobs is not None and len(state.prompt_logprobs) == start + 1:

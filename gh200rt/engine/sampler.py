@@ -192,6 +192,7 @@ class PendingSample:
 
     def __init__(self, tokens: torch.Tensor, host: torch.Tensor, landed, raw_logprobs: torch.Tensor | None,
                  seqs: list[Sequence], want: list[int], k: int):
+        """``raw_logprobs``: kept only where a row pinned its own logprob token ids (read at ``result``)."""
         self.tokens = tokens
         self._host, self._landed = host, landed
         self._raw_logprobs, self._seqs, self._want, self._k = raw_logprobs, seqs, want, k
@@ -205,14 +206,16 @@ class PendingSample:
         rows = to_device(want, torch.int64, tokens.device)
         k = max(_top_wanted(seqs[i]) for i in want)
         packed = pack_logprobs(raw_logprobs.index_select(0, rows), tokens.index_select(0, rows), k)
-        return cls(tokens, *to_host(torch.cat([tokens.double(), packed.flatten()])), raw_logprobs, seqs, want, k)
+        pinned = any(seqs[i].params.logprob_token_ids for i in want)    # read at result(): keep the logprobs
+        return cls(tokens, *to_host(torch.cat([tokens.double(), packed.flatten()])), raw_logprobs if pinned else None,
+                   seqs, want, k)
 
     def result(self) -> SampleResult:
         """The host's view, once the copy has landed (waits for it)."""
         if self._landed is not None:
             self._landed.synchronize()
         seqs, want, k = self._seqs, self._want, self._k
-        if self._raw_logprobs is None:
+        if not want:
             return SampleResult(self._host.tolist(), [None] * len(seqs), [0.0] * len(seqs))
         host = self._host.tolist()
         token_ids = [int(x) for x in host[:len(seqs)]]

@@ -1,0 +1,48 @@
+"""--async-scheduling on CUDA: steps launched before the previous step's tokens reach the host read those tokens on
+the device (through the decode graphs' input buffer, or the eager step's inputs) and give the synchronous engine's
+tokens and logprobs, resident and with streamed layers; the host copy of a step's results is issued at sampling
+time, so reporting step N never waits for step N+1."""
+import pytest
+
+from gh200rt.config import EngineConfig
+from gh200rt.engine.engine import LLMEngine
+from gh200rt.engine.llm import LLM
+from gh200rt.sampling_params import SamplingParams
+from tests.engine.real_models import save_tiny_llama
+
+pytestmark = pytest.mark.gpu
+PROMPTS = [[5, 9, 13, 17], [40, 41], list(range(60, 90)), [7] * 11]
+PARAMS = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2),
+          SamplingParams(temperature=0.9, top_p=0.9, seed=7, max_tokens=9, ignore_eos=True),
+          SamplingParams(temperature=0, max_tokens=3, ignore_eos=True),
+          SamplingParams(n=2, temperature=1.0, top_k=20, seed=11, max_tokens=10, ignore_eos=True)]
+PLACEMENTS = {"resident graphs": dict(offload="none"),
+              "resident eager": dict(offload="none", enforce_eager=True),
+              "stream K2 d1": dict(offload="stream", staging_slots=2, prefetch_distance=1)}
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return save_tiny_llama(str(tmp_path_factory.mktemp("tiny4-async-gpu")), num_layers=4)
+
+
+def generate(model_dir: str, **options):
+    config = EngineConfig.from_kwargs(model=model_dir, dtype="float32", max_model_len=128, num_kv_blocks=64,
+                                      **options)
+    engine = LLMEngine.from_config(config, poison=True)
+    assert engine.runner.device == "cuda"
+    outputs = LLM.from_engine(engine).generate(PROMPTS, PARAMS)
+    return engine, [[(c.token_ids, c.cumulative_logprob) for c in o.outputs] for o in outputs]
+
+
+@pytest.mark.parametrize("label", PLACEMENTS)
+def test_steps_launched_ahead_on_cuda_give_the_synchronous_tokens(tiny_dir, label):
+    sync_engine, reference = generate(tiny_dir, **PLACEMENTS[label])
+    sync_engine.close()
+    engine, outputs = generate(tiny_dir, async_scheduling=True, **PLACEMENTS[label])
+    assert outputs == reference
+    stats = engine.stats()
+    assert stats.steps_launched_ahead >= 10 and stats.rows_discarded == 0, stats
+    if "graphs" in label:
+        assert stats.graph_captures > 0
+    engine.close()
