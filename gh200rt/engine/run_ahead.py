@@ -9,10 +9,12 @@ last token, in a block that is never published: ``publish_full_blocks`` hashes k
 is known ahead: the sequence is left out of N+1.
 
 ``plan_run_ahead`` launches N+1 only where it is the step the synchronous scheduler would take next, so tokens do
-not depend on the mode: every sequence of N sampled, is still running and is all that runs; no waiting request
-could be admitted; each next position fits the KV pool without preempting; and nothing a sequence's sampling
-reads changes with the token in flight (structured output, penalties and bad words read the output so far;
-min_tokens bans EOS by its length). A seeded or greedy sequence gets the same tokens as without async scheduling;
+not depend on the mode: every sequence of N sampled, is still running and is all that runs; each next position
+fits the KV pool without preempting; and nothing a sequence's sampling reads changes with the token in flight
+(structured output, penalties and bad words read the output so far; min_tokens bans EOS by its length). Waiting
+requests are admitted into N+1 behind the fed decodes, as the synchronous scheduler admits them behind its
+running sequences (their prompts are on the host); a prompt chunk that does not end its prompt makes the step
+after it synchronous. A seeded or greedy sequence gets the same tokens as without async scheduling;
 an unseeded random one draws from the engine's generator, whose stream a discarded row shifts.
 """
 from __future__ import annotations
@@ -27,7 +29,8 @@ from gh200rt.scheduler.scheduler import ScheduledSequence, Scheduler, SchedulerO
 
 
 class FedTokens:
-    """A step's input ids, read on the device: row i takes ``source[index[i]]`` (the previous step's tokens)."""
+    """A step's first ``len(index)`` input ids, read on the device: row i takes ``source[index[i]]`` (the previous
+    step's tokens); the rows after them (admitted prompts) come from the host."""
 
     def __init__(self, source: torch.Tensor, index: list[int]):
         self.source, self.index = source, index
@@ -54,10 +57,10 @@ def stops_on_length(seq: Sequence) -> bool:
 
 def plan_run_ahead(previous: SchedulerOutput, sampled: list[Sequence], scheduler: Scheduler,
                    kv: KVCacheManager) -> tuple[SchedulerOutput, list[int]] | None:
-    """The step of fed decodes that follows ``previous`` (launched, its progress counted by ``step_done``; ``sampled``:
-    its sequences that sampled, in row order), its blocks allocated, and for each of its rows the row of
-    ``sampled`` whose token it reads; None where the synchronous scheduler would take another step (the caller then
-    completes ``previous`` first)."""
+    """The step that follows ``previous`` (launched, its progress counted by ``step_done``; ``sampled``: its sequences
+    that sampled, in row order): fed decodes first, then admitted prompts, blocks allocated; and for each fed row
+    the row of ``sampled`` whose token it reads. None where the synchronous scheduler would take another step (the
+    caller then completes ``previous`` first)."""
     seqs = [item.seq for item in previous.scheduled]
     if previous.preempted or not seqs or sampled != seqs or scheduler.running != seqs:
         return None
@@ -66,12 +69,14 @@ def plan_run_ahead(previous: SchedulerOutput, sampled: list[Sequence], scheduler
     rows = [i for i, seq in enumerate(seqs) if not stops_on_length(seq)]
     if not rows or len(rows) > scheduler.max_num_batched_tokens:
         return None
-    if scheduler.waiting and len(rows) < scheduler.max_num_seqs:
-        return None                   # the synchronous scheduler would try to admit a waiting request now
     need = sum(max(0, kv.blocks_needed(seqs[i].num_computed_tokens + 1) - len(seqs[i].block_ids)) for i in rows)
     if need > kv.num_free_blocks:
         return None                   # the synchronous scheduler would preempt
     for i in rows:
         allocated = kv.allocate(seqs[i], 1)
         assert allocated, "the pool was counted to hold every row's next position"
-    return SchedulerOutput([ScheduledSequence(seqs[i], 1, fed=True) for i in rows]), rows
+    out = SchedulerOutput([ScheduledSequence(seqs[i], 1, fed=True) for i in rows])
+    # as the synchronous scheduler does after its running sequences: waiting ones, with the budget left (their
+    # prompts are on the host; the fed rows stay first, so FedTokens covers the step's first input ids)
+    scheduler.admit_waiting(out, scheduler.max_num_batched_tokens - len(rows))
+    return out, rows

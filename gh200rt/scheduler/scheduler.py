@@ -94,10 +94,12 @@ class Scheduler:
                 budget -= num_new
         self.running = kept + running            # sequences left over (no budget) keep their place
         if not out.preempted:
-            budget = self._admit_waiting(out, budget)
+            budget = self.admit_waiting(out, budget)
         return out
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> int:
+    def admit_waiting(self, out: SchedulerOutput, budget: int) -> int:
+        """Admit waiting sequences in arrival order into ``out`` while ``budget`` tokens, a batch slot and KV blocks
+        last (never by preempting); returns the budget left."""
         passed: list[Sequence] = []               # other adapters' sequences, back at the head afterwards
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]

@@ -92,25 +92,57 @@ def test_requests_whose_sampling_reads_their_output_run_synchronous_steps(shared
             assert launched == 0, (special, launched)
 
 
-def test_a_request_added_while_a_step_is_in_flight_is_admitted_at_the_next_scheduled_step(shared):
+def test_a_request_added_while_a_step_is_in_flight_is_prefilled_in_the_step_launched_ahead(shared):
+    """The synchronous scheduler admits waiting requests behind its running ones; a step launched ahead does too:
+    the fed decodes first, then the new prompt (mixed steps run eagerly), and async steps go on after it."""
     engine = shared.llm(max_model_len=128, num_kv_blocks=64, block_size=4, async_scheduling=True).engine
     greedy = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    engine.add_request("a", None, greedy, prompt_token_ids=PROMPTS[0])
+    engine.add_request("a", None, greedy, prompt_token_ids=PROMPTS[2])
     for _ in range(3):
         engine.step()
-    assert engine._in_flight is not None
+    assert engine.rows_in_flight == 1
     engine.add_request("b", None, greedy, prompt_token_ids=PROMPTS[1])
-    engine.step()                     # reports the step in flight; launches none ahead (b waits)
-    assert engine._in_flight is None and len(engine.scheduler.waiting) == 1
-    engine.step()                     # b's prefill, beside a's decode
-    assert not engine.scheduler.waiting
+    launched = engine.steps_launched_ahead
+    engine.step()                     # reports a's step in flight; launches a's next decode and b's prefill
+    assert not engine.scheduler.waiting and engine.rows_in_flight == 2
+    assert engine.steps_launched_ahead == launched + 1
     finals = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.finished:
                 finals[out.request_id] = out.outputs[0].token_ids
-    _, reference = run(shared, PROMPTS[:2], greedy)
+    assert engine.steps_launched_ahead >= 9
+    _, reference = run(shared, [PROMPTS[2]], greedy)
+    _, alone = run(shared, [PROMPTS[1]], greedy)
+    assert [finals["a"], finals["b"]] == [reference[0].outputs[0].token_ids, alone[0].outputs[0].token_ids]
+    assert_no_blocks_held(engine)
+
+
+def test_a_prompt_chunk_that_does_not_end_its_prompt_makes_the_next_step_synchronous(shared):
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    long_prompt = list(range(100, 140))
+    _, reference = run(shared, [PROMPTS[0], long_prompt], greedy, max_num_batched_tokens=16)
+    engine = shared.llm(max_model_len=128, num_kv_blocks=64, block_size=4, max_num_batched_tokens=16,
+                        async_scheduling=True).engine
+    engine.add_request("a", None, greedy, prompt_token_ids=PROMPTS[0])
+    engine.step()
+    engine.add_request("b", None, greedy, prompt_token_ids=long_prompt)
+    launch_ahead, after_chunk = engine._launch_ahead, []
+
+    def recording(current):
+        launched = launch_ahead(current)
+        if len(current.sampling) < len(current.out.scheduled):      # a chunk that does not end its prompt
+            after_chunk.append(launched)
+        return launched
+    engine._launch_ahead = recording
+    finals = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out.outputs[0].token_ids
+    assert len(after_chunk) >= 2 and not any(after_chunk), after_chunk   # 40 tokens in chunks of 16 - a's row
     assert [finals["a"], finals["b"]] == [o.outputs[0].token_ids for o in reference]
+    assert engine.steps_launched_ahead > 0
     assert_no_blocks_held(engine)
 
 
@@ -121,7 +153,7 @@ def test_aborting_a_request_with_a_step_in_flight_frees_its_blocks_and_drops_its
         engine.add_request(str(i), None, greedy, prompt_token_ids=prompt)
     for _ in range(4):
         engine.step()
-    assert engine._in_flight is not None
+    assert engine.rows_in_flight > 0
     engine.abort("1")
     finals = {}
     while engine.has_unfinished_requests():
