@@ -167,3 +167,18 @@ def test_tiny_temperature_samples_greedily_like_vllm(toy_server):
     for t in (1e-6, 1e-300):        # 1e-300 is 0 in fp32: dividing logits by it must not happen
         tiny = c.completions.create(model="toy", prompt="abc", max_tokens=8, temperature=t)
         assert tiny.choices[0].text == greedy.choices[0].text, t
+
+
+def test_async_scheduling_serves_what_the_synchronous_server_serves(toy_server, start_toy_server):
+    """--async-scheduling through the server's engine loop: the same greedy completions, streams cut by their
+    clients in flight leave nothing held, and steps were launched ahead."""
+    from tests.server.helpers import check_streams_with_disconnects, metric
+    server = start_toy_server("--async-scheduling")
+    prompts = ["hello world", "abc", "a longer prompt than the others"]
+    for prompt in prompts:
+        sync, ahead = (client(s).completions.create(model="toy", prompt=prompt, max_tokens=12, temperature=0,
+                                                    logprobs=2) for s in (toy_server, server))
+        assert ahead.choices[0].text == sync.choices[0].text
+        assert ahead.choices[0].logprobs.token_logprobs == sync.choices[0].logprobs.token_logprobs
+    check_streams_with_disconnects(server, timeout=60, count=24)
+    assert metric(server, "steps_launched_ahead_total") > 0
