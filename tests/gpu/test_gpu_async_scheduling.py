@@ -46,3 +46,32 @@ def test_steps_launched_ahead_on_cuda_give_the_synchronous_tokens(tiny_dir, labe
     if "graphs" in label:
         assert stats.graph_captures > 0
     engine.close()
+
+
+def test_launching_a_decode_step_ahead_never_waits_for_the_device(tiny_dir):
+    """The overlap rests on this: filling the graph's inputs (the fed token ids copied on the device), the replay,
+    the logits, the sampler and the results' copy to the host are all issued without a host-device sync (torch's
+    sync debug mode raises on one). The second run's buckets are already captured: a capture synchronizes."""
+    import torch
+    config = EngineConfig.from_kwargs(model=tiny_dir, dtype="float32", max_model_len=128, num_kv_blocks=64,
+                                      async_scheduling=True)
+    engine = LLMEngine.from_config(config)
+    llm = LLM.from_engine(engine)
+    params = [SamplingParams(temperature=0, max_tokens=10, ignore_eos=True),
+              SamplingParams(temperature=0.8, top_p=0.9, max_tokens=10, ignore_eos=True, logprobs=2)]
+    llm.generate(PROMPTS[:2], params)
+    launch_ahead, checked = engine._launch_ahead, []
+
+    def without_syncs(current):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            launched = launch_ahead(current)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        checked.append(launched is not None)
+        return launched
+    engine._launch_ahead = without_syncs
+    outputs = llm.generate(PROMPTS[:2], params)
+    assert all(len(o.outputs[0].token_ids) == 10 for o in outputs)
+    assert sum(checked) >= 8, checked
+    engine.close()
