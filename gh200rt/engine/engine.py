@@ -217,9 +217,9 @@ class LLMEngine(RequestIntake, EngineReports):
         if self._runs_ahead:
             self._in_flight = self._launch_ahead(current)
         outputs = self._complete(current)
-        if self._in_flight is not None and all(seq.is_finished for seq in self._in_flight.sampling):
+        if self._in_flight is not None and all(item.seq.is_finished for item in self._in_flight.out.scheduled):
             self.rows_discarded += len(self._in_flight.sampling)
-            self._in_flight = None           # every row of it stopped: nothing to report
+            self._in_flight = None           # every sequence in it stopped: nothing to take in or report
         # what a running request waits per token; a graph capture is one-off (after a tier move, it
         # must not read as slow steps that call for the next move)
         captured = self.graphs.capture_seconds - capturing if self.graphs is not None else 0.0
@@ -258,6 +258,8 @@ class LLMEngine(RequestIntake, EngineReports):
         touched: dict[str, set[int]] = {}
         for i, chunk_logits in step.prompt_logits.items():
             seq, start = prompt_chunks[i]
+            if seq.is_finished:              # aborted while its step was in flight
+                continue
             state = self.requests[seq.group_id]
             if seq.index == 0 and state.prompt_logprobs is not None and len(state.prompt_logprobs) == start + 1:
                 state.prompt_logprobs.extend(prompt_logprobs_for_chunk(chunk_logits, seq.prompt_token_ids, start,
@@ -286,6 +288,8 @@ class LLMEngine(RequestIntake, EngineReports):
         done = []
         for i, rows_sum in pooled.items():
             seq, start = prompt_chunks[i]
+            if seq.is_finished:              # aborted while its step was in flight
+                continue
             state = self.requests[seq.group_id]
             state.add_chunk(start, seq.num_computed_tokens, rows_sum)
             if state.finished:

@@ -192,3 +192,65 @@ def test_decoded_blocks_computed_ahead_are_published_with_their_tokens(shared):
                       enable_prefix_caching=False).generate([follow], greedy)[0]
     assert warm.outputs[0].token_ids == cold.outputs[0].token_ids
     assert llm.engine.stats().steps_launched_ahead > 0
+
+
+def test_prompts_admitted_behind_rows_that_then_stop_are_still_completed(shared):
+    """The step launched ahead holds a's decode and the first chunk of b's prompt; a stops on a stop token the
+    step before, so its row is dropped, yet b's chunk (here pooled for a mean embedding, and a prompt's logprobs)
+    must still be taken in."""
+    from gh200rt.pooling_params import PoolingParams
+    greedy = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    _, plain = run(shared, [PROMPTS[0]], greedy)
+    stop_at = SamplingParams(temperature=0, max_tokens=10, stop_token_ids=[plain[0].outputs[0].token_ids[1]])
+    long_prompt = list(range(100, 124))
+    options = dict(max_model_len=128, num_kv_blocks=64, block_size=4, max_num_batched_tokens=8,
+                   pooling_type="MEAN")
+    scored = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, prompt_logprobs=1)
+    reference_embedding = shared.llm(**options).embed([long_prompt])[0].outputs.embedding
+    reference_scores = shared.llm(**options).generate([long_prompt], scored)[0].prompt_logprobs
+    for second in ("embed", "score"):
+        engine = shared.llm(async_scheduling=True, **options).engine
+        engine.add_request("a", None, stop_at, prompt_token_ids=PROMPTS[0])
+        engine.step()                 # a's prefill; its first decode launched ahead
+        if second == "embed":
+            engine.add_request("b", None, PoolingParams(), prompt_token_ids=long_prompt)
+        else:
+            engine.add_request("b", None, scored, prompt_token_ids=long_prompt)
+        finals = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    finals[out.request_id] = out
+        assert finals["a"].outputs[0].finish_reason == "stop" and engine.rows_discarded == 1
+        if second == "embed":
+            got = finals["b"].outputs.embedding
+            assert max(abs(x - y) for x, y in zip(got, reference_embedding)) < 1e-5
+        else:
+            assert [{t: round(lp.logprob, 4) for t, lp in d.items()} if d else None
+                    for d in finals["b"].prompt_logprobs] == \
+                [{t: round(lp.logprob, 4) for t, lp in d.items()} if d else None for d in reference_scores]
+        assert_no_blocks_held(engine)
+
+
+def test_aborting_an_admitted_prompt_while_its_chunk_is_in_flight(shared):
+    from gh200rt.pooling_params import PoolingParams
+    greedy = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    scored = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, prompt_logprobs=1)
+    options = dict(max_model_len=128, num_kv_blocks=64, block_size=4, max_num_batched_tokens=8, pooling_type="MEAN")
+    _, reference = run(shared, [PROMPTS[0]], greedy, **{k: v for k, v in options.items() if k != "pooling_type"})
+    for params in (PoolingParams(), scored):
+        engine = shared.llm(async_scheduling=True, **options).engine
+        engine.add_request("a", None, greedy, prompt_token_ids=PROMPTS[0])
+        engine.step()
+        engine.add_request("b", None, params, prompt_token_ids=list(range(100, 124)))
+        engine.step()                 # launches a's decode and b's first chunk ahead
+        assert engine.rows_in_flight == 1 and not engine.scheduler.waiting
+        engine.abort("b")
+        finals = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                assert out.request_id == "a"
+                if out.finished:
+                    finals["a"] = out.outputs[0].token_ids
+        assert finals["a"] == reference[0].outputs[0].token_ids
+        assert_no_blocks_held(engine)
