@@ -177,7 +177,10 @@ class LLMEngine(RequestIntake, EngineReports):
 
     def close(self) -> None:
         """Stop the transfer backend's worker, free the host slabs and stop the tensor-parallel workers; the engine
-        cannot step afterwards."""
+        cannot step afterwards. A step still in flight (its requests aborted) finishes first: it reads the slabs."""
+        if self._in_flight is not None and self._in_flight.sample is not None:
+            self._in_flight.sample.result()
+        self._in_flight = None
         if self.parallel is not None:
             self.parallel.close()
         if self.graphs is not None:

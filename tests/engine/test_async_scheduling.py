@@ -254,3 +254,17 @@ def test_aborting_an_admitted_prompt_while_its_chunk_is_in_flight(shared):
                     finals["a"] = out.outputs[0].token_ids
         assert finals["a"] == reference[0].outputs[0].token_ids
         assert_no_blocks_held(engine)
+
+
+def test_close_finishes_a_step_left_in_flight_by_aborted_requests(shared):
+    engine = shared.llm(max_model_len=128, num_kv_blocks=64, block_size=4, async_scheduling=True).engine
+    greedy = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    for i, prompt in enumerate(PROMPTS[:2]):
+        engine.add_request(str(i), None, greedy, prompt_token_ids=prompt)
+    for _ in range(3):
+        engine.step()
+    engine.abort("0")
+    engine.abort("1")
+    assert not engine.has_unfinished_requests() and engine.rows_in_flight == 2
+    engine.close()
+    assert engine.rows_in_flight == 0
