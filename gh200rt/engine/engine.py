@@ -242,7 +242,8 @@ class LLMEngine(RequestIntake, EngineReports):
         self._step_tokens += out.num_batched_tokens
         self._step_rows += len(out.scheduled)
         self.scheduler.step_done(out)
-        sample = self.sampler.launch(logits.sample_logits, sampling) if sampling else None
+        sample = self.sampler.launch(logits.sample_logits, sampling, None if fed is None else fed.ids()) \
+            if sampling else None
         return LaunchedStep(sampling, prompt_chunks, logits.prompt_logits, logits.pooled, sample, out)
 
     def _launch_ahead(self, current: LaunchedStep) -> LaunchedStep | None:

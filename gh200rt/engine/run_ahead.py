@@ -10,8 +10,9 @@ is known ahead: the sequence is left out of N+1.
 
 ``plan_run_ahead`` launches N+1 only where it is the step the synchronous scheduler would take next, so tokens do
 not depend on the mode: every sequence of N sampled, is still running and is all that runs; each next position
-fits the KV pool without preempting; and nothing a sequence's sampling reads changes with the token in flight
-(structured output, penalties and bad words read the output so far; min_tokens bans EOS by its length). Waiting
+fits the KV pool without preempting; and nothing a sequence's sampling reads on the host changes with the token in
+flight (a structured-output grammar's mask and bad words do; penalties and min_tokens count the token in flight on
+the device). Waiting
 requests are admitted into N+1 behind the fed decodes, as the synchronous scheduler admits them behind its
 running sequences (their prompts are on the host); a prompt chunk that does not end its prompt makes the step
 after it synchronous. A seeded or greedy sequence gets the same tokens as without async scheduling;
@@ -22,7 +23,6 @@ from __future__ import annotations
 import torch
 
 from gh200rt.engine.device_inputs import to_device
-from gh200rt.engine.sampling_tensors import needs_penalties
 from gh200rt.kv.kv_manager import KVCacheManager
 from gh200rt.scheduler.request import Sequence
 from gh200rt.scheduler.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
@@ -34,18 +34,22 @@ class FedTokens:
 
     def __init__(self, source: torch.Tensor, index: list[int]):
         self.source, self.index = source, index
+        self._ids: torch.Tensor | None = None
 
     def ids(self) -> torch.Tensor:
-        if self.index == list(range(self.source.shape[0])):
-            return self.source
-        return self.source.index_select(0, to_device(self.index, torch.int64, self.source.device))
+        """int64 [len(index)] on the device (gathered once: the inputs and the sampler's penalties read them)."""
+        if self._ids is None:
+            same = self.index == list(range(self.source.shape[0]))
+            self._ids = self.source if same else \
+                self.source.index_select(0, to_device(self.index, torch.int64, self.source.device))
+        return self._ids
 
 
 def samples_alike_in_flight(seq: Sequence) -> bool:
-    """Whether ``seq``'s next sampling reads nothing that the token in flight changes."""
-    p = seq.params
-    return (seq.grammar is None and not needs_penalties(seq) and not p.bad_words_token_ids
-            and len(seq.output_token_ids) >= p.min_tokens)
+    """Whether ``seq``'s next sampling can be launched with its latest token on the device only: penalties and
+    min_tokens count that token there (``Sampler.launch``'s ``fed``); a grammar's mask and bad words read it on
+    the host."""
+    return seq.grammar is None and not seq.params.bad_words_token_ids
 
 
 def stops_on_length(seq: Sequence) -> bool:

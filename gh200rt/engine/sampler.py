@@ -120,25 +120,29 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
         return self.launch(logits, seqs).result()
 
-    def launch(self, logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
-        """Sample every row on the logits' device and start the results' copy to the host, without waiting."""
+    def launch(self, logits: torch.Tensor, seqs: list[Sequence], fed: torch.Tensor | None = None) -> PendingSample:
+        """Sample every row on the logits' device and start the results' copy to the host, without waiting.
+        ``fed``: the output tokens the first ``len(fed)`` rows have on the device only (a step launched ahead,
+        engine/run_ahead.py); penalties and min_tokens count each as the row's latest."""
         assert logits.shape[0] == len(seqs)
+        num_fed = 0 if fed is None else fed.shape[0]
         want_logprobs = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
         apply_logits_processors(logits, seqs)       # logit_bias, grammar masks: after raw logprobs, before sampling
-        if all(_is_plain_greedy(s) for s in seqs):
+        if all(_is_plain_greedy(s, i < num_fed) for i, s in enumerate(seqs)):
             tokens = torch.argmax(logits, dim=-1)
         else:
-            tokens = self._sample(logits.clone(), seqs)
+            tokens = self._sample(logits.clone(), seqs, fed)
         return PendingSample.launch(tokens, raw_logprobs, seqs, want_logprobs)
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        banned = {i: ids for i, s in enumerate(seqs) if (ids := banned_until_min_tokens(s))}
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], fed: torch.Tensor | None = None) -> torch.Tensor:
+        num_fed = 0 if fed is None else fed.shape[0]
+        banned = {i: ids for i, s in enumerate(seqs) if (ids := banned_until_min_tokens(s, i < num_fed))}
         if banned:
             mask_ids(logits, list(banned), list(banned.values()))
         penalised = [i for i, s in enumerate(seqs) if needs_penalties(s)]
         if penalised:
-            apply_penalties(logits, seqs, penalised)
+            apply_penalties(logits, seqs, penalised, fed)
         tokens = torch.argmax(logits, dim=-1)
         random_rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
         if random_rows:
@@ -246,6 +250,6 @@ def pinned_logprobs(logprobs: torch.Tensor, token_ids: list[int]) -> TokenLogpro
     return {t: Logprob(v, int(r)) for t, v, r in zip(token_ids, host[0], host[1])}
 
 
-def _is_plain_greedy(seq: Sequence) -> bool:
+def _is_plain_greedy(seq: Sequence, in_flight: bool = False) -> bool:
     p = seq.params
-    return p.greedy and not needs_penalties(seq) and len(seq.output_token_ids) >= p.min_tokens
+    return p.greedy and not needs_penalties(seq) and len(seq.output_token_ids) + in_flight >= p.min_tokens

@@ -65,34 +65,57 @@ def needs_penalties(seq: Sequence) -> bool:
     return p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
 
 
-def apply_penalties(logits: torch.Tensor, seqs: list[Sequence], rows: list[int]) -> None:
+def apply_penalties(logits: torch.Tensor, seqs: list[Sequence], rows: list[int], fed: torch.Tensor | None = None) -> None:
     """Repetition (over prompt and output, or their last ``repetition_window`` tokens), presence and frequency
-    (over output) penalties, in place."""
+    (over output) penalties, in place. ``fed``: the tokens of the batch's first ``len(fed)`` rows that only the
+    device holds yet (a step launched ahead, engine/run_ahead.py): each counts as the row's latest output token."""
     device, vocab = logits.device, logits.shape[1]
     index = to_device(rows, torch.int64, device)
     sub = logits.index_select(0, index)
     params = [seqs[i].params for i in rows]
+    num_fed = 0 if fed is None else fed.shape[0]
+    pending = [i < num_fed for i in rows]
+    if any(pending):       # each penalised row's token in flight (a fed row), or -1 (none)
+        in_flight = torch.cat([fed, torch.full((logits.shape[0] - num_fed,), -1, dtype=torch.int64, device=device)])
+        in_flight = in_flight.index_select(0, index)
     if any(p.repetition_penalty != 1.0 for p in params):
-        seen = id_counts([_penalised_ids(seqs[i]) for i in rows], vocab, device, torch.int32) > 0
+        counts = id_counts([_penalised_ids(seqs[i], ahead) for i, ahead in zip(rows, pending)], vocab, device,
+                           torch.int32)
+        if any(pending):     # a window of 0 tokens covers none, the one in flight neither
+            covered = to_device([p.repetition_window != 0 for p in params], torch.bool, device)
+            counts = _count_in_flight(counts, torch.where(covered, in_flight, -1))
         penalty = to_device([p.repetition_penalty for p in params], torch.float32, device).unsqueeze(1)
         penalised = torch.where(sub > 0, sub / penalty, sub * penalty)
-        sub = torch.where(seen, penalised, sub)
+        sub = torch.where(counts > 0, penalised, sub)
     if any(p.presence_penalty or p.frequency_penalty for p in params):
         counts = id_counts([seqs[i].output_token_ids for i in rows], vocab, device, sub.dtype)
+        if any(pending):
+            counts = _count_in_flight(counts, in_flight)
         weights = to_device([[p.frequency_penalty, p.presence_penalty] for p in params], sub.dtype, device)
         sub = sub - (weights[:, 0:1] * counts + weights[:, 1:2] * (counts > 0).to(sub.dtype))
     logits.index_copy_(0, index, sub)
 
 
-def _penalised_ids(seq: Sequence) -> list[int]:
+def _count_in_flight(counts: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``counts`` [R, V] plus one at each row's token in ``tokens`` [R] (none where it is -1)."""
+    present = (tokens >= 0).to(counts.dtype).unsqueeze(1)
+    return counts.scatter_add(1, tokens.clamp(min=0).unsqueeze(1), present)
+
+
+def _penalised_ids(seq: Sequence, in_flight: bool = False) -> list[int]:
+    """The host's tokens a repetition penalty covers; with a token in flight, the window's oldest one makes room."""
     ids, window = seq.all_token_ids, seq.params.repetition_window
-    return ids if window is None else ids[len(ids) - min(window, len(ids)):]
+    if window is None:
+        return ids
+    window = max(0, window - in_flight)
+    return ids[len(ids) - min(window, len(ids)):]
 
 
-def banned_until_min_tokens(seq: Sequence) -> list[int]:
-    """Ids a sequence may not produce yet: its stop ids and EOS while it has fewer than min_tokens."""
+def banned_until_min_tokens(seq: Sequence, in_flight: bool = False) -> list[int]:
+    """Ids a sequence may not produce yet: its stop ids and EOS while it has fewer than min_tokens (``in_flight``:
+    one more output token is on the device)."""
     p = seq.params
-    if len(seq.output_token_ids) >= p.min_tokens:
+    if len(seq.output_token_ids) + in_flight >= p.min_tokens:
         return []
     return sorted(set(p.stop_token_ids) | (set() if p.ignore_eos else set(seq.eos_token_ids)))
 

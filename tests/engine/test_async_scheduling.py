@@ -74,22 +74,39 @@ def test_stops_the_host_learns_late_cost_one_discarded_row_and_change_nothing(sh
     assert_no_blocks_held(engine)
 
 
-def test_requests_whose_sampling_reads_their_output_run_synchronous_steps(shared):
-    """Penalties, bad words and min_tokens (until reached) read the output so far: while such a request runs,
-    no step is launched ahead, and every request gets its synchronous tokens."""
+def test_penalties_and_min_tokens_count_the_token_in_flight_and_bad_words_run_synchronous_steps(shared):
+    """Penalties and min_tokens read the output so far: a step launched ahead counts the token in flight on the
+    device, so it gets the synchronous tokens. Bad words compare the output's tail on the host: while such a
+    request runs, no step is launched ahead. (PROMPTS[3] and [4] make this model repeat its last token, so a
+    penalty that missed the token in flight would show.)"""
     plain = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    held = [SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, repetition_penalty=1.3),
-            SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, frequency_penalty=0.5),
-            SamplingParams(temperature=0, max_tokens=8, min_tokens=6, stop_token_ids=[9])]
-    for special in held:
-        _, reference = run(shared, PROMPTS[:2], [plain, special])
-        engine, outputs = run(shared, PROMPTS[:2], [plain, special], async_scheduling=True)
+    repeating = PROMPTS[3:5]
+    counted = [SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, repetition_penalty=1.8),
+               SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, repetition_penalty=1.8,
+                              repetition_window=2),
+               SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, frequency_penalty=1.5),
+               SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, presence_penalty=2.0),
+               SamplingParams(temperature=0.9, seed=5, max_tokens=8, ignore_eos=True, frequency_penalty=0.8)]
+    for special in counted:
+        _, reference = run(shared, repeating, special)
+        engine, outputs = run(shared, repeating, special, async_scheduling=True)
         assert choices(outputs) == choices(reference), special
-        launched = engine.stats().steps_launched_ahead
-        if special.min_tokens:        # sampling stops depending on the count once min_tokens is reached
-            assert 0 < launched < 7, launched
-        else:
-            assert launched == 0, (special, launched)
+        assert engine.stats().steps_launched_ahead >= 6, special
+    _, free = run(shared, PROMPTS[1:2], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    first = free[0].outputs[0].token_ids
+    assert first[6] not in first[:6]
+    # the 7th token is the first one min_tokens allows to stop: counted one short, it would be banned once more
+    at_least = SamplingParams(temperature=0, max_tokens=12, min_tokens=6, stop_token_ids=[first[6]])
+    _, reference = run(shared, PROMPTS[:2], [plain, at_least])
+    engine, outputs = run(shared, PROMPTS[:2], [plain, at_least], async_scheduling=True)
+    assert choices(outputs) == choices(reference)
+    assert reference[1].outputs[0].finish_reason == "stop" and len(reference[1].outputs[0].token_ids) == 7
+    assert engine.stats().steps_launched_ahead >= 6
+    bad = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, bad_words=["x"])
+    _, reference = run(shared, PROMPTS[:2], [plain, bad])
+    engine, outputs = run(shared, PROMPTS[:2], [plain, bad], async_scheduling=True)
+    assert choices(outputs) == choices(reference)
+    assert engine.stats().steps_launched_ahead == 0
 
 
 def test_a_request_added_while_a_step_is_in_flight_is_prefilled_in_the_step_launched_ahead(shared):

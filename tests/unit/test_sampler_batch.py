@@ -110,3 +110,34 @@ def test_draws_never_pick_excluded_tokens_and_follow_the_distribution():
     freq = torch.bincount(ids, minlength=6).float() / 6000
     assert freq[[0, 2, 5]].sum() == 0
     assert torch.allclose(freq, probs, atol=0.025), freq
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_a_token_in_flight_counts_as_the_host_would_count_it(trial):
+    """A step launched ahead (engine/run_ahead.py) samples rows whose latest output token is on the device only
+    (``fed``): penalties, windows and min_tokens must treat it exactly as the host would once appended."""
+    from gh200rt.engine.sampling_tensors import apply_penalties, banned_until_min_tokens
+    rows = ROW_PARAMS + [dict(temperature=0, repetition_penalty=1.5, repetition_window=3),
+                         dict(temperature=0, repetition_penalty=1.5, repetition_window=1, frequency_penalty=0.7),
+                         dict(temperature=0, repetition_penalty=2.0, repetition_window=0),
+                         dict(temperature=0, min_tokens=4, stop_token_ids=[8], presence_penalty=1.1),
+                         dict(temperature=0, repetition_penalty=1.2, frequency_penalty=0.5)]
+    g = torch.Generator().manual_seed(trial)
+    logits = torch.randn(len(rows), VOCAB, generator=g) * 3
+    # in flight: a token new to the row (row 0 mod 3), one the row holds (5: its first output), or one its prompt has
+    in_flight = torch.tensor([(40 + i, 5, 2)[i % 3] for i in range(len(rows))])
+    num_fed = len(rows) - 2                                # the last two rows are admitted prompts, nothing in flight
+    appended = [make_seq(i, p) for i, p in enumerate(rows)]
+    for seq, token in zip(appended[:num_fed], in_flight.tolist()):
+        seq.append_token(token)
+    ahead = [make_seq(i, p) for i, p in enumerate(rows)]
+    penalised = list(range(len(rows)))
+    want, got = logits.clone(), logits.clone()
+    apply_penalties(want, appended, penalised)
+    apply_penalties(got, ahead, penalised, in_flight[:num_fed])
+    assert torch.equal(got, want)
+    assert [banned_until_min_tokens(s, i < num_fed) for i, s in enumerate(ahead)] == \
+        [banned_until_min_tokens(s) for s in appended]
+    assert any(banned_until_min_tokens(s) != banned_until_min_tokens(t) for s, t in zip(appended, ahead))
+    result = Sampler(seed=trial).launch(logits.clone(), ahead, in_flight[:num_fed]).result()
+    assert result.token_ids == Sampler(seed=trial).launch(logits.clone(), appended).result().token_ids
