@@ -28,7 +28,7 @@ from gh200rt.engine.outputs import EmbeddingRequestOutput, RequestOutput
 from gh200rt.engine.reports import EngineReports
 from gh200rt.engine.request_intake import RequestIntake
 from gh200rt.engine.request_state import RequestState, prompt_logprobs_for_chunk
-from gh200rt.engine.run_ahead import FedTokens, plan_run_ahead
+from gh200rt.engine.run_ahead import FedTokens, plan_run_ahead, reads_its_output_on_the_host
 from gh200rt.engine.sampler import PendingSample, Sampler
 from gh200rt.engine.stats import EngineStats, iteration_tokens  # noqa: F401  (EngineStats: imported from here too)
 from gh200rt.engine.step_cost import StepCostModel
@@ -55,6 +55,8 @@ class LaunchedStep:
     pooled: dict[int, torch.Tensor]
     sample: PendingSample | None
     out: SchedulerOutput
+    # a step launched ahead whose sampling waits for the previous step's tokens on the host (a grammar, bad words)
+    deferred_logits: torch.Tensor | None = None
 
 
 def eos_ids_of(tokenizer) -> frozenset[int]:
@@ -220,9 +222,13 @@ class LLMEngine(RequestIntake, EngineReports):
         if self._runs_ahead:
             self._in_flight = self._launch_ahead(current)
         outputs = self._complete(current)
-        if self._in_flight is not None and all(item.seq.is_finished for item in self._in_flight.out.scheduled):
-            self.rows_discarded += len(self._in_flight.sampling)
+        ahead = self._in_flight
+        if ahead is not None and all(item.seq.is_finished for item in ahead.out.scheduled):
+            self.rows_discarded += len(ahead.sampling)
             self._in_flight = None           # every sequence in it stopped: nothing to take in or report
+        elif ahead is not None and ahead.deferred_logits is not None:   # its rows' outputs are appended now
+            ahead.sample = self.sampler.launch(ahead.deferred_logits, ahead.sampling)
+            ahead.deferred_logits = None
         # what a running request waits per token; a graph capture is one-off (after a tier move, it
         # must not read as slow steps that call for the next move)
         captured = self.graphs.capture_seconds - capturing if self.graphs is not None else 0.0
@@ -242,6 +248,9 @@ class LLMEngine(RequestIntake, EngineReports):
         self._step_tokens += out.num_batched_tokens
         self._step_rows += len(out.scheduled)
         self.scheduler.step_done(out)
+        if fed is not None and any(reads_its_output_on_the_host(item.seq) for item in out.scheduled if item.fed):
+            return LaunchedStep(sampling, prompt_chunks, logits.prompt_logits, logits.pooled, None, out,
+                                deferred_logits=logits.sample_logits)
         sample = self.sampler.launch(logits.sample_logits, sampling, None if fed is None else fed.ids()) \
             if sampling else None
         return LaunchedStep(sampling, prompt_chunks, logits.prompt_logits, logits.pooled, sample, out)

@@ -33,8 +33,9 @@ def apply_logits_processors(logits: torch.Tensor, seqs: list[Sequence]) -> None:
     banned = [(row, tokens) for row, seq in enumerate(seqs) if (tokens := bad_word_tokens(seq))]
     if banned:
         apply_banned_tokens(logits, banned)
+    # a finished row is one a step launched ahead holds after its sequence stopped: its token is dropped
     constrained = [(row, seq.grammar) for row, seq in enumerate(seqs)
-                   if getattr(seq, "grammar", None) is not None and not seq.grammar.failed]
+                   if getattr(seq, "grammar", None) is not None and not seq.grammar.failed and not seq.is_finished]
     if constrained:
         apply_grammar_masks(logits, constrained)
 

@@ -10,9 +10,9 @@ is known ahead: the sequence is left out of N+1.
 
 ``plan_run_ahead`` launches N+1 only where it is the step the synchronous scheduler would take next, so tokens do
 not depend on the mode: every sequence of N sampled, is still running and is all that runs; each next position
-fits the KV pool without preempting; and nothing a sequence's sampling reads on the host changes with the token in
-flight (a structured-output grammar's mask and bad words do; penalties and min_tokens count the token in flight on
-the device). Waiting
+fits the KV pool without preempting. Sampling reads the output so far: penalties and min_tokens count the token in
+flight on the device (``Sampler.launch``'s ``fed``); where a grammar's mask or bad words read it on the host, the
+step's model runs ahead and its sampling is launched once the previous step is taken in. Waiting
 requests are admitted into N+1 behind the fed decodes, as the synchronous scheduler admits them behind its
 running sequences (their prompts are on the host); a prompt chunk that does not end its prompt makes the step
 after it synchronous. A seeded or greedy sequence gets the same tokens as without async scheduling;
@@ -45,11 +45,10 @@ class FedTokens:
         return self._ids
 
 
-def samples_alike_in_flight(seq: Sequence) -> bool:
-    """Whether ``seq``'s next sampling can be launched with its latest token on the device only: penalties and
-    min_tokens count that token there (``Sampler.launch``'s ``fed``); a grammar's mask and bad words read it on
-    the host."""
-    return seq.grammar is None and not seq.params.bad_words_token_ids
+def reads_its_output_on_the_host(seq: Sequence) -> bool:
+    """Whether ``seq``'s sampling reads its output so far on the host (a structured-output grammar's mask, bad
+    words): a step launched ahead samples such a row only once the token in flight is appended."""
+    return seq.grammar is not None or bool(seq.params.bad_words_token_ids)
 
 
 def stops_on_length(seq: Sequence) -> bool:
@@ -67,8 +66,6 @@ def plan_run_ahead(previous: SchedulerOutput, sampled: list[Sequence], scheduler
     caller then completes ``previous`` first)."""
     seqs = [item.seq for item in previous.scheduled]
     if previous.preempted or not seqs or sampled != seqs or scheduler.running != seqs:
-        return None
-    if not all(samples_alike_in_flight(seq) for seq in seqs):
         return None
     rows = [i for i, seq in enumerate(seqs) if not stops_on_length(seq)]
     if not rows or len(rows) > scheduler.max_num_batched_tokens:

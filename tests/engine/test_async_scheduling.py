@@ -74,10 +74,10 @@ def test_stops_the_host_learns_late_cost_one_discarded_row_and_change_nothing(sh
     assert_no_blocks_held(engine)
 
 
-def test_penalties_and_min_tokens_count_the_token_in_flight_and_bad_words_run_synchronous_steps(shared):
+def test_penalties_min_tokens_and_bad_words_see_the_token_in_flight(shared):
     """Penalties and min_tokens read the output so far: a step launched ahead counts the token in flight on the
-    device, so it gets the synchronous tokens. Bad words compare the output's tail on the host: while such a
-    request runs, no step is launched ahead. (PROMPTS[3] and [4] make this model repeat its last token, so a
+    device. Bad words compare the output's tail on the host: that step's sampling waits until the tail is in.
+    Either way the synchronous tokens come out. (PROMPTS[3] and [4] make this model repeat its last token, so a
     penalty that missed the token in flight would show.)"""
     plain = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     repeating = PROMPTS[3:5]
@@ -102,11 +102,15 @@ def test_penalties_and_min_tokens_count_the_token_in_flight_and_bad_words_run_sy
     assert choices(outputs) == choices(reference)
     assert reference[1].outputs[0].finish_reason == "stop" and len(reference[1].outputs[0].token_ids) == 7
     assert engine.stats().steps_launched_ahead >= 6
-    bad = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, bad_words=["x"])
-    _, reference = run(shared, PROMPTS[:2], [plain, bad])
-    engine, outputs = run(shared, PROMPTS[:2], [plain, bad], async_scheduling=True)
+    # bad words read the output's tail on the host: the step's model runs ahead, its sampling once the tail is in
+    _, free = run(shared, repeating[:1], plain)
+    tail = shared.tokenizer.decode(free[0].outputs[0].token_ids[:2])
+    bad = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, bad_words=[tail.strip()])
+    _, reference = run(shared, repeating, [bad, plain])
+    assert reference[0].outputs[0].token_ids != free[0].outputs[0].token_ids
+    engine, outputs = run(shared, repeating, [bad, plain], async_scheduling=True)
     assert choices(outputs) == choices(reference)
-    assert engine.stats().steps_launched_ahead == 0
+    assert engine.stats().steps_launched_ahead >= 6
 
 
 def test_a_request_added_while_a_step_is_in_flight_is_prefilled_in_the_step_launched_ahead(shared):
@@ -285,3 +289,32 @@ def test_close_finishes_a_step_left_in_flight_by_aborted_requests(shared):
     assert not engine.has_unfinished_requests() and engine.rows_in_flight == 2
     engine.close()
     assert engine.rows_in_flight == 0
+
+
+def test_structured_output_runs_ahead_with_its_mask_taken_once_the_token_is_in(tmp_path_factory):
+    """A grammar's mask follows the output on the host: a step launched ahead runs its model at once and samples
+    once the previous step's tokens are appended, so constrained requests get the synchronous tokens, valid JSON
+    among them, beside unconstrained ones."""
+    jsonschema = pytest.importorskip("jsonschema")
+    import json
+
+    from gh200rt.structured import Constraint
+    from tests.server.byte_llama import save_byte_llama
+    byte_model = SharedModel(save_byte_llama(str(tmp_path_factory.mktemp("byte-llama-async"))))
+    schema = {"type": "object", "additionalProperties": False, "required": ["k", "v"], "properties": {
+        "k": {"enum": ["alpha", "beta"]}, "v": {"type": "array", "maxItems": 3,
+                                              "items": {"type": "integer", "minimum": 0, "maximum": 99}}}}
+    constrained = [SamplingParams(temperature=1.0, seed=s, max_tokens=60, structured_output=Constraint.json_schema(schema))
+                   for s in (3, 4)]
+    free = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    prompts = [[1, 5, 6, 7], [1, 8, 9], [1, 10, 11, 12]]
+    params = [constrained[0], free, constrained[1]]
+    outputs = {}
+    for mode in (False, True):
+        llm = byte_model.llm(max_model_len=128, num_kv_blocks=64, block_size=4, async_scheduling=mode)
+        outputs[mode] = llm.generate(prompts, params)
+    assert choices(outputs[True]) == choices(outputs[False])
+    for out in (outputs[True][0], outputs[True][2]):
+        assert out.outputs[0].finish_reason == "stop", out.outputs[0].text
+        jsonschema.validate(json.loads(out.outputs[0].text), schema)
+    assert llm.engine.stats().steps_launched_ahead >= 10
