@@ -77,7 +77,8 @@ def apply_grammar_masks(logits: torch.Tensor, constrained: list) -> None:
     """``constrained``: (row, SequenceGrammar) pairs sharing one llguidance executor."""
     vocab = logits.shape[1]
     words = (vocab + 31) // 32
-    bitmask = torch.empty((len(constrained), words), dtype=torch.int32)
+    # page-locked on a GPU: a copy from pageable memory would wait for the stream (a step launched ahead)
+    bitmask = torch.empty((len(constrained), words), dtype=torch.int32, pin_memory=logits.device.type == "cuda")
     executor = constrained[0][1].executor
     executor.unsafe_compute_mask_ptr([(g.matcher, i) for i, (_, g) in enumerate(constrained)],
                                      bitmask.data_ptr(), words * 4, len(constrained))

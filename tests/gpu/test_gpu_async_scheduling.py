@@ -75,3 +75,42 @@ def test_launching_a_decode_step_ahead_never_waits_for_the_device(tiny_dir):
     assert all(len(o.outputs[0].token_ids) == 10 for o in outputs)
     assert sum(checked) >= 8, checked
     engine.close()
+
+
+def test_structured_output_on_cuda_samples_ahead_without_a_sync(tmp_path_factory):
+    """A grammar row's step runs its model ahead and samples once the previous tokens are appended; that sampling
+    (llguidance's mask copied from page-locked memory, the draw, the results' copy) issues no host-device sync,
+    and the tokens are the synchronous engine's."""
+    import torch
+
+    from gh200rt.structured import Constraint
+    from tests.server.byte_llama import save_byte_llama
+    model_dir = save_byte_llama(str(tmp_path_factory.mktemp("byte-llama-async-gpu")))
+    schema = {"type": "object", "additionalProperties": False, "required": ["k"],
+              "properties": {"k": {"enum": ["alpha", "beta"]}, "v": {"type": "integer"}}}
+    params = [SamplingParams(temperature=1.0, seed=3, max_tokens=40, structured_output=Constraint.json_schema(schema)),
+              SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)]
+    prompts = [[1, 5, 6, 7], [1, 8, 9]]
+    results = {}
+    for mode in (False, True):
+        config = EngineConfig.from_kwargs(model=model_dir, dtype="float32", max_model_len=128, num_kv_blocks=64,
+                                          async_scheduling=mode)
+        engine = LLMEngine.from_config(config)
+        llm = LLM.from_engine(engine)
+        llm.generate(prompts, params)          # captures, first-call initialisations
+        launch, calls = engine.sampler.launch, []
+
+        def without_syncs(*args, **kwargs):
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                return launch(*args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                calls.append(1)
+        engine.sampler.launch = without_syncs
+        results[mode] = [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params)]
+        assert calls
+        if mode:
+            assert engine.stats().steps_launched_ahead >= 10
+        engine.close()
+    assert results[True] == results[False]
