@@ -154,7 +154,7 @@ class LLMEngine(RequestIntake, EngineReports):
         self.iteration_tokens = iteration_tokens()
         # async scheduling where nothing moves weights between steps and every input id of a step is this process's
         self._runs_ahead = (config.scheduler.async_scheduling and self.controller is None and self.balancer is None
-                            and parallel is None and self.lora is None)
+                            and parallel is None)
         self._in_flight: LaunchedStep | None = None
         self.steps_launched_ahead = 0
         self.rows_discarded = 0

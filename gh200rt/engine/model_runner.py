@@ -166,14 +166,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, out: SchedulerOutput, fed=None) -> StepLogits:
-        """``fed``: the step's input ids on the device (``run_ahead.FedTokens``), for a step of ``fed`` decodes
-        launched before the previous step's tokens reached the host (not with LoRA or tensor parallelism)."""
+        """``fed``: the step's first input ids on the device (``run_ahead.FedTokens``), for a step launched before
+        the previous step's tokens reached the host (not with tensor parallelism)."""
         if self.lora is None:
             return self._run(out, fed)
-        assert fed is None, "a step launched ahead carries no LoRA inputs"
         self.lora.begin_step(out.scheduled)
         try:
-            return self._run(out)
+            return self._run(out, fed)
         finally:
             self.lora.end_step()
 

@@ -68,7 +68,8 @@ class LoraSlots:
 
     @torch.inference_mode()
     def load(self, slot: int, adapter: LoraAdapter) -> None:
-        """Copy ``adapter`` into ``slot`` (between steps: no step reads the slot meanwhile)."""
+        """Copy ``adapter`` into ``slot`` (between steps; a step launched ahead that still reads the slot on a GPU
+        was issued before these copies on the same stream, so it reads the old adapter)."""
         r, big_r = adapter.rank, self.max_rank
         for key, lora in self.linears.items():
             lora.a[slot].zero_()

@@ -30,8 +30,8 @@ def first_step_logits(llm: LLM, prompt: list[int], params: SamplingParams) -> tu
     runner = llm.engine.runner
     run, seen = runner.run, []
 
-    def recording(out):
-        logits = run(out)
+    def recording(out, *fed):
+        logits = run(out, *fed)
         if logits.sample_logits.numel():
             seen.append(logits.sample_logits.clone())
         return logits
@@ -56,9 +56,9 @@ def sampled_logits(llm: LLM, requests: list[tuple], target: str) -> tuple[list[i
     engine, runner = llm.engine, llm.engine.runner
     run, rows = runner.run, []
 
-    def recording(out):
+    def recording(out, *fed):
         ids = [item.seq.seq_id for item in out.scheduled if item.samples]   # the rows that sample, in order
-        logits = run(out)
+        logits = run(out, *fed)
         if f"{target}#0" in ids:
             rows.append(logits.sample_logits[ids.index(f"{target}#0")].clone())
         return logits

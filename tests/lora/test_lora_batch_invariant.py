@@ -38,3 +38,20 @@ def test_a_request_under_an_adapter_gets_its_bits_alone_and_in_any_batch(tiny): 
     assert len(got) == len(want) == 10
     for step, (g, w) in enumerate(zip(got, want)):
         assert torch.equal(g, w), f"step {step}: {describe_difference(g, w)}"
+
+
+def test_async_scheduling_with_adapters_gets_the_synchronous_tokens(tiny):  # noqa: F811
+    """Steps launched ahead carry the step's adapter slots as synchronous ones do; adapters that arrive, share
+    the batch and leave (two slots, three names with the base model) give the same tokens either way."""
+    requests = [("a", _prompt(5, 2), "chat", 0), ("b", _prompt(31, 3), None, 0), ("c", _prompt(12, 4), "sql", 1),
+                ("d", _prompt(9, 5), "chat", 3), ("e", _prompt(2, 6), None, 5)]
+    tokens = {}
+    for mode in (False, True):
+        llm = make_llm(tiny, async_scheduling=mode)
+        try:
+            tokens[mode] = {rid: _run(llm, requests, rid)[0] for rid in ("a", "c", "e")}
+            launched = llm.engine.stats().steps_launched_ahead
+        finally:
+            llm.engine.close()
+    assert tokens[True] == tokens[False]
+    assert launched > 0
