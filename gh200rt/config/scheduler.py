@@ -14,8 +14,8 @@ class SchedulerConfig:
     async_scheduling: bool = field(default=False, metadata=_help(
         "launch each decode step before the previous step's tokens reach the host (it reads them on the device), "
         "so the host detokenizes and reports a step while the next one runs; steps run one at a time wherever the "
-        "next step would differ (after a prompt chunk that does not end its prompt; dynamic tiers, tensor "
-        "parallelism); new requests are admitted into the step launched ahead; a stop the host learns late costs "
+        "next step would differ (after a prompt chunk that does not end its prompt; tensor parallelism); a "
+        "tier move waits for the step in flight; new requests are admitted into the step launched ahead; a stop the host learns late costs "
         "one discarded row (docs/ASYNC_SCHEDULING.md)"))
 
     def __post_init__(self):

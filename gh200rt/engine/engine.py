@@ -152,9 +152,8 @@ class LLMEngine(RequestIntake, EngineReports):
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.iteration_tokens = iteration_tokens()
-        # async scheduling where nothing moves weights between steps and every input id of a step is this process's
-        self._runs_ahead = (config.scheduler.async_scheduling and self.controller is None and self.balancer is None
-                            and parallel is None)
+        # async scheduling where every input id of a step is this process's (not rank 0 of a tensor-parallel engine)
+        self._runs_ahead = config.scheduler.async_scheduling and parallel is None
         self._in_flight: LaunchedStep | None = None
         self.steps_launched_ahead = 0
         self.rows_discarded = 0
@@ -180,8 +179,7 @@ class LLMEngine(RequestIntake, EngineReports):
     def close(self) -> None:
         """Stop the transfer backend's worker, free the host slabs and stop the tensor-parallel workers; the engine
         cannot step afterwards. A step still in flight (its requests aborted) finishes first: it reads the slabs."""
-        if self._in_flight is not None and self._in_flight.sample is not None:
-            self._in_flight.sample.result()
+        self._settle_in_flight()
         self._in_flight = None
         if self.parallel is not None:
             self.parallel.close()
@@ -205,11 +203,11 @@ class LLMEngine(RequestIntake, EngineReports):
     def step(self) -> list[RequestOutput | EmbeddingRequestOutput]:
         """Outputs of one step. With ``--async-scheduling`` the step after it may be launched first (``run_ahead.py``):
         then this call reports the step launched by the last one and leaves the next in flight."""
-        if self._in_flight is None:          # tier moves and expert swaps happen between steps, none in flight
-            if self.balancer is not None:
-                self.balancer.between_steps()
-            if self.controller is not None:
-                self.controller.between_steps(self.tier_signals())
+        # tier moves and expert swaps happen between steps: a step launched ahead finishes on the device first
+        if self.balancer is not None:
+            self.balancer.between_steps(self._settle_in_flight)
+        if self.controller is not None:
+            self.controller.between_steps(self.tier_signals(), self._settle_in_flight)
         started = time.perf_counter()
         capturing = self.graphs.capture_seconds if self.graphs is not None else 0.0
         self._steps += 1
@@ -234,6 +232,12 @@ class LLMEngine(RequestIntake, EngineReports):
         captured = self.graphs.capture_seconds - capturing if self.graphs is not None else 0.0
         self._step_seconds += time.perf_counter() - started - captured
         return outputs
+
+    def _settle_in_flight(self) -> None:
+        """Wait until a step launched ahead has run on the device (it is still reported as usual): weights and
+        experts move only while no step reads them."""
+        if self._in_flight is not None and self._in_flight.sample is not None:
+            self._in_flight.sample.wait()
 
     def _launch(self, out: SchedulerOutput, fed: FedTokens | None = None) -> LaunchedStep:
         """Run the model on ``out`` and sample, without waiting for the device; count the step's progress."""

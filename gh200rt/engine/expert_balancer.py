@@ -14,6 +14,8 @@ recaptured) and are counted for ``/metrics`` (``gh200rt_moe_expert_swaps_total``
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import logging
 from dataclasses import dataclass, field
 
@@ -39,11 +41,14 @@ class ExpertBalancer:
     _seen: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
     _steps: int = field(default=0, repr=False)
 
-    def between_steps(self) -> list[tuple[int, int, int]]:
-        """Swaps made before this step, as (layer, promoted expert, demoted expert)."""
+    def between_steps(self, before_swaps: Callable[[], None] | None = None) -> list[tuple[int, int, int]]:
+        """Swaps made before this step, as (layer, promoted expert, demoted expert); ``before_swaps``: called first on
+        the steps that may swap (the engine lets a step launched ahead finish on the device: it reads the experts)."""
         self._steps += 1
         if self._steps % self.interval_steps:
             return []
+        if before_swaps is not None:
+            before_swaps()
         made = []
         for layer, counts in self.model.routing_counts().items():
             if layer not in self.store.expert_tiers:

@@ -214,10 +214,14 @@ class PendingSample:
         return cls(tokens, *to_host(torch.cat([tokens.double(), packed.flatten()])), raw_logprobs if pinned else None,
                    seqs, want, k)
 
-    def result(self) -> SampleResult:
-        """The host's view, once the copy has landed (waits for it)."""
+    def wait(self) -> None:
+        """Until the copy has landed: the step's kernels, the sampler's last, have all run."""
         if self._landed is not None:
             self._landed.synchronize()
+
+    def result(self) -> SampleResult:
+        """The host's view, once the copy has landed (waits for it)."""
+        self.wait()
         seqs, want, k = self._seqs, self._want, self._k
         if not want:
             return SampleResult(self._host.tolist(), [None] * len(seqs), [0.0] * len(seqs))

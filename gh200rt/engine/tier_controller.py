@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 from gh200rt.engine.step_cost import StepCostModel
 from gh200rt.memory.ledger import LedgerOverCommit
@@ -182,14 +182,18 @@ class TierController:
         self.experts_out = 0
         self.refused = 0
 
-    def between_steps(self, signals: TierSignals) -> Move | None:
+    def between_steps(self, signals: TierSignals, before_move: Callable[[], None] | None = None) -> Move | None:
+        """Decide on ``signals`` and make the move, if any; ``before_move``: called first (the engine lets a step
+        launched ahead finish on the device: it reads the weights a move changes)."""
         move = self.policy.decide(signals)
         if move is None:
             return None
+        if move.layer is not None and self.store.tiers[move.layer] == move.tier:
+            return None
+        if before_move is not None:
+            before_move()
         if move.layer is None:
             return self._move_experts(move, signals.run_blocks)
-        if self.store.tiers[move.layer] == move.tier:
-            return None
         start = time.perf_counter()
         try:
             self.store.set_tier(move.layer, move.tier)

@@ -68,7 +68,9 @@ class ExpertFlips:
     def __init__(self, store, seed: int):
         self.store, self.rng, self.moves = store, random.Random(seed), 0
 
-    def between_steps(self):
+    def between_steps(self, before_swaps=None):
+        if before_swaps is not None:
+            before_swaps()
         layer = self.rng.choice(sorted(self.store.expert_tiers))
         expert = self.rng.randrange(len(self.store.expert_tiers[layer]))
         try:

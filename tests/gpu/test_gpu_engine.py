@@ -71,16 +71,18 @@ def test_direct_tier_reads_through_host_gemm_for_every_compute_dtype(tiny_dir, d
     engine.close()
 
 
-def test_dynamic_tiers_on_a_gpu_move_layers_between_steps_and_keep_the_tokens(tiny_dir):
+@pytest.mark.parametrize("ahead", [False, True], ids=["sync", "async-scheduling"])
+def test_dynamic_tiers_on_a_gpu_move_layers_between_steps_and_keep_the_tokens(tiny_dir, ahead):
     """--offload dynamic on CUDA: layers flipped between steps (arena runs taken and given back, the ring
-    booked up front, every address fixed) still generate what all-resident generates."""
+    booked up front, every address fixed) still generate what all-resident generates; with --async-scheduling
+    each move first waits for the step launched ahead to run."""
     import random
 
     from gh200rt.engine.tier_controller import Move, TierController
     from gh200rt.weights.tiers import Tier
     _, reference = generate(tiny_dir, offload="none")
     config = EngineConfig.from_kwargs(model=tiny_dir, dtype="float32", max_model_len=128, num_kv_blocks=64,
-                                      offload="dynamic")
+                                      offload="dynamic", async_scheduling=ahead)
     engine = LLMEngine.from_config(config, poison=True)
     arena = engine.store.arena
     before = (arena.buffer.data_ptr(), [s.data_ptr() for s in engine.store.backend.slots])
@@ -95,6 +97,7 @@ def test_dynamic_tiers_on_a_gpu_move_layers_between_steps_and_keep_the_tokens(ti
     outputs = LLM.from_engine(engine).generate(PROMPTS, params)
     assert_same_or_near_tie(reference, outputs, "dynamic")
     assert sum(engine.controller.counts.values()) > 0
+    assert (engine.stats().steps_launched_ahead > 0) == ahead
     assert (arena.buffer.data_ptr(), [s.data_ptr() for s in engine.store.backend.slots]) == before
     stats = engine.stats()
     assert stats.arena_weight_blocks + stats.kv_blocks_total == arena.num_blocks

@@ -138,12 +138,14 @@ def run_all(eng, prompts, params, abort=None):
     return done
 
 
-def test_moves_every_few_steps_give_all_resident_tokens_and_leak_nothing(tiny_dir):  # noqa: F811
+@pytest.mark.parametrize("ahead", [False, True], ids=["sync", "async-scheduling"])
+def test_moves_every_few_steps_give_all_resident_tokens_and_leak_nothing(tiny_dir, ahead):  # noqa: F811
+    """With --async-scheduling a move waits for the step launched ahead to run (a no-op on the CPU, where it has)."""
     shared = list(range(10, 42))                       # two full blocks every request shares
     prompts = [shared + [50 + i, 60 + i % 3] for i in range(32)]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     reference = run_all(engine(tiny_dir, offload="none", num_kv_blocks=10), prompts, params)
-    eng = engine(tiny_dir, offload="dynamic", num_kv_blocks=10, max_num_seqs=16)
+    eng = engine(tiny_dir, offload="dynamic", num_kv_blocks=10, max_num_seqs=16, async_scheduling=ahead)
     assert eng.plan.dynamic and len(eng.store.slabs) == 6 and eng.store.backend is not None
     eng.controller = TierController(eng.store, FlipPolicy(every=3, seed=1))
     got = run_all(eng, prompts, params)
@@ -151,6 +153,7 @@ def test_moves_every_few_steps_give_all_resident_tokens_and_leak_nothing(tiny_di
     assert got == reference
     assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
     assert sum(eng.controller.counts.values()) >= 5
+    assert (eng.stats().steps_launched_ahead > 0) == ahead
     # 200 more requests with random aborts: every block and slab accounted for afterwards
     rng = random.Random(7)
     many = [[rng.randrange(3, 90) for _ in range(rng.randrange(3, 40))] for _ in range(200)]
