@@ -65,9 +65,13 @@ def plan_run_ahead(previous: SchedulerOutput, sampled: list[Sequence], scheduler
     the row of ``sampled`` whose token it reads. None where the synchronous scheduler would take another step (the
     caller then completes ``previous`` first)."""
     seqs = [item.seq for item in previous.scheduled]
-    if previous.preempted or not seqs or sampled != seqs or scheduler.running != seqs:
+    if previous.preempted or not seqs or sampled != seqs:
         return None
-    rows = [i for i, seq in enumerate(seqs) if not stops_on_length(seq)]
+    # a sequence that stopped (or was aborted) after ``previous`` was launched has left the running list: its row
+    # in ``previous`` is dropped when reported, and the next step goes on without it
+    if scheduler.running != [seq for seq in seqs if not seq.is_finished]:
+        return None
+    rows = [i for i, seq in enumerate(seqs) if not seq.is_finished and not stops_on_length(seq)]
     if not rows or len(rows) > scheduler.max_num_batched_tokens:
         return None
     need = sum(max(0, kv.blocks_needed(seqs[i].num_computed_tokens + 1) - len(seqs[i].block_ids)) for i in rows)
