@@ -8,39 +8,27 @@ from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
 from gh200rt.engine.llm import LLM
 from gh200rt.sampling_params import SamplingParams
-from tests.engine.real_models import save_tiny_llama
+from tests.gpu.test_gpu_engine import PROMPTS, generate, tiny_dir  # noqa: F401  (tiny_dir: the module's fixture)
 
 pytestmark = pytest.mark.gpu
-PROMPTS = [[5, 9, 13, 17], [40, 41], list(range(60, 90)), [7] * 11]
 PARAMS = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2),
           SamplingParams(temperature=0.9, top_p=0.9, seed=7, max_tokens=9, ignore_eos=True),
-          SamplingParams(temperature=0, max_tokens=3, ignore_eos=True),
           SamplingParams(n=2, temperature=1.0, top_k=20, seed=11, max_tokens=10, ignore_eos=True)]
 PLACEMENTS = {"resident graphs": dict(offload="none"),
               "resident eager": dict(offload="none", enforce_eager=True),
               "stream K2 d1": dict(offload="stream", staging_slots=2, prefetch_distance=1)}
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return save_tiny_llama(str(tmp_path_factory.mktemp("tiny4-async-gpu")), num_layers=4)
-
-
-def generate(model_dir: str, **options):
-    config = EngineConfig.from_kwargs(model=model_dir, dtype="float32", max_model_len=128, num_kv_blocks=64,
-                                      **options)
-    engine = LLMEngine.from_config(config, poison=True)
-    assert engine.runner.device == "cuda"
-    outputs = LLM.from_engine(engine).generate(PROMPTS, PARAMS)
-    return engine, [[(c.token_ids, c.cumulative_logprob) for c in o.outputs] for o in outputs]
+def tokens(outputs):
+    return [[(c.token_ids, c.cumulative_logprob) for c in o.outputs] for o in outputs]
 
 
 @pytest.mark.parametrize("label", PLACEMENTS)
-def test_steps_launched_ahead_on_cuda_give_the_synchronous_tokens(tiny_dir, label):
-    sync_engine, reference = generate(tiny_dir, **PLACEMENTS[label])
+def test_steps_launched_ahead_on_cuda_give_the_synchronous_tokens(tiny_dir, label):  # noqa: F811
+    sync_engine, reference = generate(tiny_dir, PARAMS, **PLACEMENTS[label])
     sync_engine.close()
-    engine, outputs = generate(tiny_dir, async_scheduling=True, **PLACEMENTS[label])
-    assert outputs == reference
+    engine, outputs = generate(tiny_dir, PARAMS, async_scheduling=True, **PLACEMENTS[label])
+    assert tokens(outputs) == tokens(reference)
     stats = engine.stats()
     assert stats.steps_launched_ahead >= 10 and stats.rows_discarded == 0, stats
     if "graphs" in label:
@@ -48,7 +36,7 @@ def test_steps_launched_ahead_on_cuda_give_the_synchronous_tokens(tiny_dir, labe
     engine.close()
 
 
-def test_launching_a_decode_step_ahead_never_waits_for_the_device(tiny_dir):
+def test_launching_a_decode_step_ahead_never_waits_for_the_device(tiny_dir):  # noqa: F811
     """The overlap rests on this: filling the graph's inputs (the fed token ids copied on the device), the replay,
     the logits, the sampler and the results' copy to the host are all issued without a host-device sync (torch's
     sync debug mode raises on one). The second run's buckets are already captured: a capture synchronizes."""

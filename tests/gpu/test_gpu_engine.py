@@ -29,12 +29,15 @@ def tiny_dir(tmp_path_factory):
     return save_tiny_llama(str(tmp_path_factory.mktemp("tiny6-gpu")), num_layers=6)
 
 
-def generate(model_dir: str, **options):
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2)
+
+
+def generate(model_dir: str, params=GREEDY, **options):
+    """The engine of ``options`` on CUDA (staging slots NaN-filled before each copy), and its outputs for PROMPTS."""
     config = EngineConfig.from_kwargs(model=model_dir, dtype="float32", max_model_len=128, num_kv_blocks=64,
                                       **options)
     engine = LLMEngine.from_config(config, poison=True)
     assert engine.runner.device == "cuda"
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2)
     return engine, LLM.from_engine(engine).generate(PROMPTS, params)
 
 
