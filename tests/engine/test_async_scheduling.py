@@ -310,3 +310,60 @@ def test_structured_output_runs_ahead_with_its_mask_taken_once_the_token_is_in(t
         assert out.outputs[0].finish_reason == "stop", out.outputs[0].text
         jsonschema.validate(json.loads(out.outputs[0].text), schema)
     assert llm.engine.stats().steps_launched_ahead >= 10
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_workloads_give_the_synchronous_tokens(shared, seed):
+    """Requests arriving at random steps with every kind of parameter (greedy and seeded draws, penalties,
+    min_tokens, stop ids and strings, logprobs, n=2), random aborts, prompts chunked by a small token budget and
+    preempted by a small KV pool: with batch-invariant steps every request that is not aborted gets the same
+    tokens, text and logprobs with async scheduling as without, though the two schedules differ."""
+    import random
+    rng = random.Random(seed)
+    vocab = shared.arch.vocab_size
+
+    def params():
+        kind = rng.randrange(7)
+        common = dict(max_tokens=rng.randrange(1, 14), logprobs=rng.choice([None, 2]))
+        if kind == 0:
+            return SamplingParams(temperature=0, ignore_eos=True, **common)
+        if kind == 1:
+            return SamplingParams(temperature=0.9, top_k=rng.choice([0, 20]), seed=rng.randrange(99), **common)
+        if kind == 2:
+            return SamplingParams(temperature=0, repetition_penalty=1.6, repetition_window=rng.choice([None, 3]),
+                                  frequency_penalty=rng.choice([0.0, 0.7]), **common)
+        if kind == 3:
+            return SamplingParams(temperature=0, min_tokens=min(3, common["max_tokens"]),
+                                  stop_token_ids=[rng.randrange(3, vocab) for _ in range(20)], **common)
+        if kind == 4:
+            return SamplingParams(temperature=0, stop=[rng.choice(["w1", "w2", " w3"])], **common)
+        if kind == 5:
+            return SamplingParams(n=2, temperature=1.0, seed=rng.randrange(99), **common)
+        return SamplingParams(temperature=0, stop_token_ids=[rng.randrange(3, vocab) for _ in range(30)], **common)
+
+    requests = [(str(i), [rng.randrange(3, vocab) for _ in range(rng.randrange(1, 40))], params(),
+                 rng.randrange(12)) for i in range(24)]
+    aborts = {step: str(rng.randrange(24)) for step in rng.sample(range(3, 20), 4)}
+    finals = {}
+    for mode in (False, True):
+        engine = shared.llm(max_model_len=96, num_kv_blocks=26, block_size=4, max_num_batched_tokens=24,
+                            max_num_seqs=8, batch_invariant=True, async_scheduling=mode).engine
+        done, step = {}, 0
+        while step < 12 or engine.has_unfinished_requests():
+            for request_id, prompt, sampling, arrival in requests:
+                if arrival == step:
+                    engine.add_request(request_id, None, sampling, prompt_token_ids=prompt)
+            if step in aborts:
+                engine.abort(aborts[step])
+            for out in engine.step():     # each choice as it finishes (the choices of n=2 may finish apart)
+                done.update({(out.request_id, c.index): c for c in out.outputs if c.finish_reason is not None})
+            step += 1
+        finals[mode] = {key: choice for key, choice in done.items() if key[0] not in aborts.values()}
+        stats = engine.stats()
+        assert_no_blocks_held(engine)
+    def seen(choice):
+        return (choice.token_ids, choice.text, choice.finish_reason, choice.stop_reason, choice.cumulative_logprob,
+                choice.logprobs)
+    assert finals[True].keys() == finals[False].keys() and len(finals[True]) >= 18
+    assert {key: seen(c) for key, c in finals[True].items()} == {key: seen(c) for key, c in finals[False].items()}
+    assert stats.steps_launched_ahead > 0 and stats.num_preemptions > 0, stats
