@@ -12,11 +12,10 @@ class SchedulerConfig:
     max_num_batched_tokens: int = field(default=2048, metadata=_help(
         "most tokens computed in one step; long prompts are prefilled in chunks of at most this"))
     async_scheduling: bool = field(default=False, metadata=_help(
-        "launch each decode step before the previous step's tokens reach the host (it reads them on the device), "
-        "so the host detokenizes and reports a step while the next one runs; steps run one at a time wherever the "
-        "next step would differ (after a prompt chunk that does not end its prompt; tensor parallelism); a "
-        "tier move waits for the step in flight; new requests are admitted into the step launched ahead; a stop the host learns late costs "
-        "one discarded row (docs/ASYNC_SCHEDULING.md)"))
+        "launch each step before the previous step's tokens reach the host (it reads them on the device), so the "
+        "host detokenizes and reports a step while the next one runs; the step launched ahead is the one the "
+        "scheduler would take; a stop the host learns late costs one discarded row; a tier move waits for the "
+        "step in flight; tensor-parallel engines stay synchronous (docs/ASYNC_SCHEDULING.md)"))
 
     def __post_init__(self):
         if self.max_num_seqs < 1:

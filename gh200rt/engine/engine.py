@@ -255,18 +255,18 @@ class LLMEngine(RequestIntake, EngineReports):
         if fed is not None and any(reads_its_output_on_the_host(item.seq) for item in out.scheduled if item.fed):
             return LaunchedStep(sampling, prompt_chunks, logits.prompt_logits, logits.pooled, None, out,
                                 deferred_logits=logits.sample_logits)
-        sample = self.sampler.launch(logits.sample_logits, sampling, None if fed is None else fed.ids()) \
+        sample = self.sampler.launch(logits.sample_logits, sampling, None if fed is None else fed.in_flight()) \
             if sampling else None
         return LaunchedStep(sampling, prompt_chunks, logits.prompt_logits, logits.pooled, sample, out)
 
     def _launch_ahead(self, current: LaunchedStep) -> LaunchedStep | None:
         """The next step, launched before ``current``'s tokens reach the host, where ``plan_run_ahead`` allows."""
-        planned = plan_run_ahead(current.out, current.sampling, self.scheduler, self.kv)
+        tokens = current.sample.tokens if current.sample is not None else None
+        planned = plan_run_ahead(current.out, current.sampling, tokens, self.scheduler, self.kv)
         if planned is None:
             return None
-        out, rows = planned
         self.steps_launched_ahead += 1
-        return self._launch(out, FedTokens(current.sample.tokens, rows))
+        return self._launch(*planned)
 
     def _complete(self, step: LaunchedStep) -> list[RequestOutput | EmbeddingRequestOutput]:
         """Bring ``step``'s results to the host: advance its sequences, detokenize, check stops, report."""

@@ -192,7 +192,7 @@ class ModelRunner:
         rows = step.linear_rows
         inputs = step_inputs(step, self.block_size, self.device)
         if fed is not None:
-            inputs.input_ids[:len(fed.index)].copy_(fed.ids())
+            fed.write_into(inputs.input_ids)
         hidden = forward(self.model, inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, self.hooks)
         if not inputs.sample_rows:
             sample_logits = torch.empty(0, 0)

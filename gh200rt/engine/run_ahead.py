@@ -9,14 +9,14 @@ last token, in a block that is never published: ``publish_full_blocks`` hashes k
 is known ahead: the sequence is left out of N+1.
 
 ``plan_run_ahead`` launches N+1 only where it is the step the synchronous scheduler would take next, so tokens do
-not depend on the mode: every sequence of N sampled, is still running and is all that runs; each next position
-fits the KV pool without preempting. Sampling reads the output so far: penalties and min_tokens count the token in
-flight on the device (``Sampler.launch``'s ``fed``); where a grammar's mask or bad words read it on the host, the
-step's model runs ahead and its sampling is launched once the previous step is taken in. Waiting
-requests are admitted into N+1 behind the fed decodes, as the synchronous scheduler admits them behind its
-running sequences (their prompts are on the host); a prompt chunk that does not end its prompt makes the step
-after it synchronous. A seeded or greedy sequence gets the same tokens as without async scheduling;
-an unseeded random one draws from the engine's generator, whose stream a discarded row shifts.
+not depend on the mode: the running sequences in order while the token budget lasts (a fed decode for each that
+sampled in N, the rest of its prompt for one whose chunk did not end it, or a host-known decode for one the budget
+left out of N), then waiting requests, with every new position fitting the KV pool without preempting. Sampling
+reads the output so far: penalties and min_tokens count the token in flight on the device (``Sampler.launch``'s
+``in_flight``); where a grammar's mask or bad words read it on the host, the step's model runs ahead and its
+sampling is launched once the previous step is taken in. A seeded or greedy sequence gets the same tokens as
+without async scheduling; an unseeded random one draws from the engine's generator, whose stream a discarded row
+shifts.
 """
 from __future__ import annotations
 
@@ -29,11 +29,12 @@ from gh200rt.scheduler.scheduler import ScheduledSequence, Scheduler, SchedulerO
 
 
 class FedTokens:
-    """A step's first ``len(index)`` input ids, read on the device: row i takes ``source[index[i]]`` (the previous
-    step's tokens); the rows after them (admitted prompts) come from the host."""
+    """The input ids a step reads on the device: fed row j takes ``source[index[j]]`` (the previous step's sampled
+    tokens), at ``positions[j]`` among the step's input ids and ``sample_rows[j]`` among its sampling rows; every
+    other input id (a prompt's) comes from the host."""
 
-    def __init__(self, source: torch.Tensor, index: list[int]):
-        self.source, self.index = source, index
+    def __init__(self, source: torch.Tensor, index: list[int], positions: list[int], sample_rows: list[int]):
+        self.source, self.index, self.positions, self.sample_rows = source, index, positions, sample_rows
         self._ids: torch.Tensor | None = None
 
     def ids(self) -> torch.Tensor:
@@ -43,6 +44,18 @@ class FedTokens:
             self._ids = self.source if same else \
                 self.source.index_select(0, to_device(self.index, torch.int64, self.source.device))
         return self._ids
+
+    def write_into(self, input_ids: torch.Tensor) -> None:
+        """Put the fed ids in their places of ``input_ids`` (after the host's ids, in stream order)."""
+        n = len(self.positions)
+        if self.positions == list(range(n)):
+            input_ids[:n].copy_(self.ids())
+        else:
+            input_ids.index_copy_(0, to_device(self.positions, torch.int64, input_ids.device), self.ids())
+
+    def in_flight(self) -> tuple[list[int], torch.Tensor]:
+        """(sampling rows, their tokens on the device): what penalties and min_tokens count as each row's latest."""
+        return self.sample_rows, self.ids()
 
 
 def reads_its_output_on_the_host(seq: Sequence) -> bool:
@@ -58,30 +71,43 @@ def stops_on_length(seq: Sequence) -> bool:
             or seq.num_tokens + 1 >= seq.max_model_len)
 
 
-def plan_run_ahead(previous: SchedulerOutput, sampled: list[Sequence], scheduler: Scheduler,
-                   kv: KVCacheManager) -> tuple[SchedulerOutput, list[int]] | None:
-    """The step that follows ``previous`` (launched, its progress counted by ``step_done``; ``sampled``: its sequences
-    that sampled, in row order): fed decodes first, then admitted prompts, blocks allocated; and for each fed row
-    the row of ``sampled`` whose token it reads. None where the synchronous scheduler would take another step (the
-    caller then completes ``previous`` first)."""
-    seqs = [item.seq for item in previous.scheduled]
-    if previous.preempted or not seqs or sampled != seqs:
+def plan_run_ahead(previous: SchedulerOutput, sampled: list[Sequence], tokens: torch.Tensor | None,
+                   scheduler: Scheduler, kv: KVCacheManager) -> tuple[SchedulerOutput, FedTokens] | None:
+    """The step after ``previous`` (launched, its progress counted by ``step_done``; ``sampled``: its sequences that
+    sampled, in row order; ``tokens``: what they sampled, on the device), as the synchronous scheduler would take it
+    once those tokens are appended: the running sequences in order while the token budget lasts (a decode of the
+    token in flight, fed, or the rest of a prompt), then waiting ones; blocks allocated. None where that step would
+    preempt, or where no token is in flight (the caller then completes ``previous`` first)."""
+    if previous.preempted or not sampled:
         return None
-    # a sequence that stopped (or was aborted) after ``previous`` was launched has left the running list: its row
-    # in ``previous`` is dropped when reported, and the next step goes on without it
-    if scheduler.running != [seq for seq in seqs if not seq.is_finished]:
-        return None
-    rows = [i for i, seq in enumerate(seqs) if not seq.is_finished and not stops_on_length(seq)]
-    if not rows or len(rows) > scheduler.max_num_batched_tokens:
-        return None
-    need = sum(max(0, kv.blocks_needed(seqs[i].num_computed_tokens + 1) - len(seqs[i].block_ids)) for i in rows)
-    if need > kv.num_free_blocks:
-        return None                   # the synchronous scheduler would preempt
-    for i in rows:
-        allocated = kv.allocate(seqs[i], 1)
-        assert allocated, "the pool was counted to hold every row's next position"
-    out = SchedulerOutput([ScheduledSequence(seqs[i], 1, fed=True) for i in rows])
-    # as the synchronous scheduler does after its running sequences: waiting ones, with the budget left (their
-    # prompts are on the host; the fed rows stay first, so FedTokens covers the step's first input ids)
-    scheduler.admit_waiting(out, scheduler.max_num_batched_tokens - len(rows))
-    return out, rows
+    in_flight = {id(seq): row for row, seq in enumerate(sampled)}
+    budget, items, index, need = scheduler.max_num_batched_tokens, [], [], 0
+    # a sequence that stopped (or was aborted) after ``previous`` was launched has left the running list: its row in
+    # ``previous`` is dropped when reported, and this step goes on without it
+    for seq in scheduler.running:
+        if budget <= 0:
+            break                     # the rest keep their place, as the synchronous scheduler leaves them
+        row = in_flight.get(id(seq))
+        if row is not None and stops_on_length(seq):
+            continue                  # ends once its token is appended: the synchronous scheduler never sees it
+        num_new = 1 if row is not None else min(seq.num_tokens - seq.num_computed_tokens, budget)
+        need += max(0, kv.blocks_needed(seq.num_computed_tokens + num_new) - len(seq.block_ids))
+        items.append(ScheduledSequence(seq, num_new, fed=row is not None))
+        index.append(row)
+        budget -= num_new
+    if not any(item.fed for item in items) or need > kv.num_free_blocks:
+        return None                   # nothing to feed, or the synchronous scheduler would preempt
+    for item in items:
+        allocated = kv.allocate(item.seq, item.num_new_tokens)
+        assert allocated, "the pool was counted to hold every row's new positions"
+    out = SchedulerOutput(items)
+    scheduler.admit_waiting(out, budget)      # behind the running ones, as the synchronous scheduler admits them
+    fed, positions, sample_rows, flat, sampling = [], [], [], 0, 0
+    for item, row in zip(items, index):
+        if item.fed:
+            fed.append(row)
+            positions.append(flat)
+            sample_rows.append(sampling)
+        flat += item.num_new_tokens
+        sampling += item.samples
+    return out, FedTokens(tokens, fed, positions, sample_rows)

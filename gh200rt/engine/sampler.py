@@ -120,29 +120,31 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
         return self.launch(logits, seqs).result()
 
-    def launch(self, logits: torch.Tensor, seqs: list[Sequence], fed: torch.Tensor | None = None) -> PendingSample:
+    def launch(self, logits: torch.Tensor, seqs: list[Sequence],
+               in_flight: tuple[list[int], torch.Tensor] | None = None) -> PendingSample:
         """Sample every row on the logits' device and start the results' copy to the host, without waiting.
-        ``fed``: the output tokens the first ``len(fed)`` rows have on the device only (a step launched ahead,
-        engine/run_ahead.py); penalties and min_tokens count each as the row's latest."""
+        ``in_flight``: (rows, their latest output tokens), tokens the device holds only (a step launched ahead,
+        engine/run_ahead.py); penalties and min_tokens count each as its row's latest."""
         assert logits.shape[0] == len(seqs)
-        num_fed = 0 if fed is None else fed.shape[0]
+        ahead = set(in_flight[0]) if in_flight is not None else set()
         want_logprobs = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
         apply_logits_processors(logits, seqs)       # logit_bias, grammar masks: after raw logprobs, before sampling
-        if all(_is_plain_greedy(s, i < num_fed) for i, s in enumerate(seqs)):
+        if all(_is_plain_greedy(s, i in ahead) for i, s in enumerate(seqs)):
             tokens = torch.argmax(logits, dim=-1)
         else:
-            tokens = self._sample(logits.clone(), seqs, fed)
+            tokens = self._sample(logits.clone(), seqs, in_flight)
         return PendingSample.launch(tokens, raw_logprobs, seqs, want_logprobs)
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], fed: torch.Tensor | None = None) -> torch.Tensor:
-        num_fed = 0 if fed is None else fed.shape[0]
-        banned = {i: ids for i, s in enumerate(seqs) if (ids := banned_until_min_tokens(s, i < num_fed))}
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence],
+                in_flight: tuple[list[int], torch.Tensor] | None = None) -> torch.Tensor:
+        ahead = set(in_flight[0]) if in_flight is not None else set()
+        banned = {i: ids for i, s in enumerate(seqs) if (ids := banned_until_min_tokens(s, i in ahead))}
         if banned:
             mask_ids(logits, list(banned), list(banned.values()))
         penalised = [i for i, s in enumerate(seqs) if needs_penalties(s)]
         if penalised:
-            apply_penalties(logits, seqs, penalised, fed)
+            apply_penalties(logits, seqs, penalised, in_flight)
         tokens = torch.argmax(logits, dim=-1)
         random_rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
         if random_rows:

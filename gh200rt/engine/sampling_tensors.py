@@ -65,32 +65,35 @@ def needs_penalties(seq: Sequence) -> bool:
     return p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
 
 
-def apply_penalties(logits: torch.Tensor, seqs: list[Sequence], rows: list[int], fed: torch.Tensor | None = None) -> None:
+def apply_penalties(logits: torch.Tensor, seqs: list[Sequence], rows: list[int],
+                    in_flight: tuple[list[int], torch.Tensor] | None = None) -> None:
     """Repetition (over prompt and output, or their last ``repetition_window`` tokens), presence and frequency
-    (over output) penalties, in place. ``fed``: the tokens of the batch's first ``len(fed)`` rows that only the
-    device holds yet (a step launched ahead, engine/run_ahead.py): each counts as the row's latest output token."""
+    (over output) penalties, in place. ``in_flight``: (batch rows, their tokens) that only the device holds yet (a
+    step launched ahead, engine/run_ahead.py): each counts as its row's latest output token."""
     device, vocab = logits.device, logits.shape[1]
     index = to_device(rows, torch.int64, device)
     sub = logits.index_select(0, index)
     params = [seqs[i].params for i in rows]
-    num_fed = 0 if fed is None else fed.shape[0]
-    pending = [i < num_fed for i in rows]
-    if any(pending):       # each penalised row's token in flight (a fed row), or -1 (none)
-        in_flight = torch.cat([fed, torch.full((logits.shape[0] - num_fed,), -1, dtype=torch.int64, device=device)])
-        in_flight = in_flight.index_select(0, index)
+    ahead = set(in_flight[0]) if in_flight is not None else set()
+    pending = [i in ahead for i in rows]
+    if any(pending):       # each penalised row's token in flight, or -1 (none)
+        fed_rows, fed_tokens = in_flight
+        every = torch.full((logits.shape[0],), -1, dtype=torch.int64, device=device)
+        every.index_copy_(0, to_device(fed_rows, torch.int64, device), fed_tokens)
+        latest = every.index_select(0, index)
     if any(p.repetition_penalty != 1.0 for p in params):
         counts = id_counts([_penalised_ids(seqs[i], ahead) for i, ahead in zip(rows, pending)], vocab, device,
                            torch.int32)
         if any(pending):     # a window of 0 tokens covers none, the one in flight neither
             covered = to_device([p.repetition_window != 0 for p in params], torch.bool, device)
-            counts = _count_in_flight(counts, torch.where(covered, in_flight, -1))
+            counts = _count_in_flight(counts, torch.where(covered, latest, -1))
         penalty = to_device([p.repetition_penalty for p in params], torch.float32, device).unsqueeze(1)
         penalised = torch.where(sub > 0, sub / penalty, sub * penalty)
         sub = torch.where(counts > 0, penalised, sub)
     if any(p.presence_penalty or p.frequency_penalty for p in params):
         counts = id_counts([seqs[i].output_token_ids for i in rows], vocab, device, sub.dtype)
         if any(pending):
-            counts = _count_in_flight(counts, in_flight)
+            counts = _count_in_flight(counts, latest)
         weights = to_device([[p.frequency_penalty, p.presence_penalty] for p in params], sub.dtype, device)
         sub = sub - (weights[:, 0:1] * counts + weights[:, 1:2] * (counts > 0).to(sub.dtype))
     logits.index_copy_(0, index, sub)

@@ -126,18 +126,30 @@ def test_a_token_in_flight_counts_as_the_host_would_count_it(trial):
     logits = torch.randn(len(rows), VOCAB, generator=g) * 3
     # in flight: a token new to the row (row 0 mod 3), one the row holds (5: its first output), or one its prompt has
     in_flight = torch.tensor([(40 + i, 5, 2)[i % 3] for i in range(len(rows))])
-    num_fed = len(rows) - 2                                # the last two rows are admitted prompts, nothing in flight
+    fed = [i for i in range(len(rows)) if i not in (1, len(rows) - 1)]    # rows 1 and the last: prompts, none
     appended = [make_seq(i, p) for i, p in enumerate(rows)]
-    for seq, token in zip(appended[:num_fed], in_flight.tolist()):
-        seq.append_token(token)
+    for i in fed:
+        appended[i].append_token(int(in_flight[i]))
     ahead = [make_seq(i, p) for i, p in enumerate(rows)]
     penalised = list(range(len(rows)))
     want, got = logits.clone(), logits.clone()
     apply_penalties(want, appended, penalised)
-    apply_penalties(got, ahead, penalised, in_flight[:num_fed])
+    apply_penalties(got, ahead, penalised, (fed, in_flight[fed]))
     assert torch.equal(got, want)
-    assert [banned_until_min_tokens(s, i < num_fed) for i, s in enumerate(ahead)] == \
+    assert [banned_until_min_tokens(s, i in fed) for i, s in enumerate(ahead)] == \
         [banned_until_min_tokens(s) for s in appended]
     assert any(banned_until_min_tokens(s) != banned_until_min_tokens(t) for s, t in zip(appended, ahead))
-    result = Sampler(seed=trial).launch(logits.clone(), ahead, in_flight[:num_fed]).result()
+    result = Sampler(seed=trial).launch(logits.clone(), ahead, (fed, in_flight[fed])).result()
     assert result.token_ids == Sampler(seed=trial).launch(logits.clone(), appended).result().token_ids
+
+
+def test_fed_ids_land_in_their_places_among_the_inputs():
+    from gh200rt.engine.run_ahead import FedTokens
+    sampled = torch.tensor([70, 71, 72, 73])
+    inputs = torch.arange(10)
+    FedTokens(sampled, [3, 0], [2, 7], [1, 3]).write_into(inputs)
+    assert inputs.tolist() == [0, 1, 73, 3, 4, 5, 6, 70, 8, 9]
+    inputs = torch.arange(10)
+    fed = FedTokens(sampled, [0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2, 3])
+    fed.write_into(inputs)
+    assert inputs.tolist() == [70, 71, 72, 73, 4, 5, 6, 7, 8, 9] and fed.ids() is sampled

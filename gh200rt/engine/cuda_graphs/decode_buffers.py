@@ -74,7 +74,7 @@ class DecodeBuffers:
             self.block_tables[:bucket].copy_(host_tables[:bucket], non_blocking=True)
             self._copied.record()
         if fed is not None:
-            self.input_ids[:len(fed.index)].copy_(fed.ids())
+            fed.write_into(self.input_ids)
 
     def meta(self, bucket: int) -> AttentionMetadata:
         capacity = self.max_blocks * self.block_size
