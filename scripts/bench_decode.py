@@ -24,7 +24,7 @@ kernel to its last (the rest is the device waiting: launch gaps, host work) and 
 ``--async-scheduling on`` launches each decode step before the previous step's tokens reach the host
 (engine/run_ahead.py: the host's per-step work overlaps the device's); ``both`` runs each placement twice, the
 synchronous engine first (the baseline in the same run). With it, a ``--kernel-times`` profile of one ``step()``
-holds the step it launches and the tail of the one it reports.
+holds the step that call launches (the one it reports has run before the profile starts).
 
 ``--graphs`` instead times the decode step (the time between tokens) eager and through the bucketed
 graph path, side by side per placement and batch (each batch's bucket is captured before timing): on a
