@@ -1,0 +1,182 @@
+"""``EngineSteps``: the part of ``LLMEngine`` (engine.py) that runs a step and reports it.
+
+A step is launched (``_launch``: the model and the sampler run without waiting for the device; the step's progress
+is counted) and later completed (``_complete``: its tokens reach the host, sequences advance, detokenize, stop,
+and each request's ``RequestOutput`` is built). Without async scheduling one ``step()`` does both in turn. With it
+(``run_ahead.py``) a call launches the next step before completing the one in flight, so the host's work on a
+step overlaps the device's on the next; each call still reports exactly one step. An embedding request
+(``PoolingParams``) is prefilled in the same steps and answered once, pooled (engine/pooling.py).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from gh200rt.engine.outputs import EmbeddingRequestOutput, RequestOutput
+from gh200rt.engine.request_state import prompt_logprobs_for_chunk
+from gh200rt.engine.run_ahead import FedTokens, plan_run_ahead, reads_its_output_on_the_host
+from gh200rt.engine.sampler import PendingSample
+from gh200rt.scheduler.request import Sequence
+from gh200rt.scheduler.scheduler import SchedulerOutput
+
+
+@dataclass
+class LaunchedStep:
+    """A step whose model and sampling are launched and whose results are not yet on the host."""
+    sampling: list[Sequence]                         # sequences that sample, in row order
+    prompt_chunks: dict[int, tuple[Sequence, int]]   # scheduled index -> (sequence, tokens computed before)
+    prompt_logits: dict[int, torch.Tensor]           # StepLogits' (the sampled rows' logits are not kept)
+    pooled: dict[int, torch.Tensor]
+    sample: PendingSample | None
+    out: SchedulerOutput
+    # a step launched ahead whose sampling waits for the previous step's tokens on the host (a grammar, bad words)
+    deferred_logits: torch.Tensor | None = None
+
+
+
+class EngineSteps:
+    """Reads and writes the engine's parts (scheduler, runner, sampler, KV manager, requests) and step counters;
+    ``_in_flight`` is the step launched ahead, if any, and ``_runs_ahead`` whether async scheduling applies."""
+
+    @property
+    def rows_in_flight(self) -> int:
+        """Rows of a step launched ahead (``--async-scheduling``) whose tokens no ``step()`` has reported yet."""
+        return 0 if self._in_flight is None else len(self._in_flight.sampling)
+
+    # ---- the step -------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput | EmbeddingRequestOutput]:
+        """Outputs of one step. With ``--async-scheduling`` the step after it may be launched first (``run_ahead.py``):
+        then this call reports the step launched by the last one and leaves the next in flight."""
+        # tier moves and expert swaps happen between steps: a step launched ahead finishes on the device first
+        if self.balancer is not None:
+            self.balancer.between_steps(self._settle_in_flight)
+        if self.controller is not None:
+            self.controller.between_steps(self.tier_signals(), self._settle_in_flight)
+        started = time.perf_counter()
+        capturing = self.graphs.capture_seconds if self.graphs is not None else 0.0
+        self._steps += 1
+        current, self._in_flight = self._in_flight, None
+        if current is None:
+            out = self.scheduler.schedule()
+            if out.is_empty:
+                return []
+            current = self._launch(out)
+        if self._runs_ahead:
+            self._in_flight = self._launch_ahead(current)
+        outputs = self._complete(current)
+        ahead = self._in_flight
+        if ahead is not None and all(item.seq.is_finished for item in ahead.out.scheduled):
+            self.rows_discarded += len(ahead.sampling)
+            self._in_flight = None           # every sequence in it stopped: nothing to take in or report
+        elif ahead is not None and ahead.deferred_logits is not None:   # its rows' outputs are appended now
+            ahead.sample = self.sampler.launch(ahead.deferred_logits, ahead.sampling)
+            ahead.deferred_logits = None
+        # what a running request waits per token; a graph capture is one-off (after a tier move, it
+        # must not read as slow steps that call for the next move)
+        captured = self.graphs.capture_seconds - capturing if self.graphs is not None else 0.0
+        self._step_seconds += time.perf_counter() - started - captured
+        return outputs
+
+    def _settle_in_flight(self) -> None:
+        """Wait until a step launched ahead has run on the device (it is still reported as usual): weights and
+        experts move only while no step reads them."""
+        if self._in_flight is not None and self._in_flight.sample is not None:
+            self._in_flight.sample.wait()
+
+    def _launch(self, out: SchedulerOutput, fed: FedTokens | None = None) -> LaunchedStep:
+        """Run the model on ``out`` and sample, without waiting for the device; count the step's progress."""
+        now = time.perf_counter()
+        sampling = [item.seq for item in out.scheduled if item.samples]
+        prompt_chunks = {i: (item.seq, item.seq.num_computed_tokens) for i, item in enumerate(out.scheduled)}
+        for item in out.scheduled:
+            metrics = self.requests[item.seq.group_id].metrics
+            metrics.first_scheduled_time = metrics.first_scheduled_time or now
+        self.iteration_tokens.observe(out.num_batched_tokens)
+        logits = self.runner.run(out) if fed is None else self.runner.run(out, fed)
+        self._step_tokens += out.num_batched_tokens
+        self._step_rows += len(out.scheduled)
+        self.scheduler.step_done(out)
+        if fed is not None and any(reads_its_output_on_the_host(item.seq) for item in out.scheduled if item.fed):
+            return LaunchedStep(sampling, prompt_chunks, logits.prompt_logits, logits.pooled, None, out,
+                                deferred_logits=logits.sample_logits)
+        sample = self.sampler.launch(logits.sample_logits, sampling, None if fed is None else fed.in_flight()) \
+            if sampling else None
+        return LaunchedStep(sampling, prompt_chunks, logits.prompt_logits, logits.pooled, sample, out)
+
+    def _launch_ahead(self, current: LaunchedStep) -> LaunchedStep | None:
+        """The next step, launched before ``current``'s tokens reach the host, where ``plan_run_ahead`` allows."""
+        tokens = current.sample.tokens if current.sample is not None else None
+        planned = plan_run_ahead(current.out, current.sampling, tokens, self.scheduler, self.kv)
+        if planned is None:
+            return None
+        self.steps_launched_ahead += 1
+        return self._launch(*planned)
+
+    def _complete(self, step: LaunchedStep) -> list[RequestOutput | EmbeddingRequestOutput]:
+        """Bring ``step``'s results to the host: advance its sequences, detokenize, check stops, report."""
+        prompt_chunks = step.prompt_chunks
+        outputs: list = self._pool(step.pooled, prompt_chunks)
+        touched: dict[str, set[int]] = {}
+        for i, chunk_logits in step.prompt_logits.items():
+            seq, start = prompt_chunks[i]
+            if seq.is_finished:              # aborted while its step was in flight
+                continue
+            state = self.requests[seq.group_id]
+            if seq.index == 0 and state.prompt_logprobs is not None and len(state.prompt_logprobs) == start + 1:
+                state.prompt_logprobs.extend(prompt_logprobs_for_chunk(chunk_logits, seq.prompt_token_ids, start,
+                                                                       seq.params.prompt_logprobs))
+        if step.sample is not None:
+            result = step.sample.result()
+            stamp = time.perf_counter()
+            for seq, token, lp, chosen in zip(step.sampling, result.token_ids, result.logprobs,
+                                              result.chosen_logprobs):
+                if seq.is_finished:          # launched ahead, then stopped (or aborted) by the step before
+                    self.rows_discarded += 1
+                    continue
+                seq.first_token_time = seq.first_token_time or stamp
+                seq.last_token_time = stamp
+                self._advance(seq, token, lp, chosen)
+                touched.setdefault(seq.group_id, set()).add(seq.index)
+        for group_id, advanced in touched.items():
+            state = self.requests[group_id]
+            outputs.append(state.make_output(advanced))
+            if state.finished:
+                del self.requests[group_id]
+        return outputs
+
+    def _pool(self, pooled: dict, prompt_chunks: dict) -> list[EmbeddingRequestOutput]:
+        """Add this step's pooled rows to their embedding requests; answer and free those whose input is all in."""
+        done = []
+        for i, rows_sum in pooled.items():
+            seq, start = prompt_chunks[i]
+            if seq.is_finished:              # aborted while its step was in flight
+                continue
+            state = self.requests[seq.group_id]
+            state.add_chunk(start, seq.num_computed_tokens, rows_sum)
+            if state.finished:
+                seq.finish("stop")
+                self.scheduler.finish(seq)   # its full blocks stay in the prefix cache
+                del self.requests[seq.group_id]
+                done.append(state.output())
+        return done
+
+    def _advance(self, seq: Sequence, token: int, lp, chosen: float) -> None:
+        state = self.requests[seq.group_id]
+        seq.append_token(token)
+        if seq.grammar is not None:             # the grammar state follows the output tokens exactly
+            seq.grammar.accept(token)
+        self.generation_tokens += 1
+        if lp is not None:
+            seq.output_logprobs.append(lp)
+            seq.cumulative_logprob += chosen
+        if self._runs_ahead:     # a step launched ahead counted this position computed before its token was known
+            self.kv.publish_full_blocks(seq)
+        finished = seq.check_token_stop(token)
+        if not (finished and seq.finish_reason == "stop"):    # EOS and stop token ids add no text
+            stop = state.detoks[seq.index].add_token(token)
+            if stop is not None:
+                finished = seq.finish("stop", stop)
+        if finished:
+            self.scheduler.finish(seq)
