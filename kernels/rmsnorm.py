@@ -1,7 +1,9 @@
 """Fused residual add + RMSNorm: ``residual' = x + residual``; ``y = residual' / rms(residual') * weight``.
 
 With ``residual=None`` it is a plain RMSNorm and returns ``(y, x)`` so callers can chain layers the
-same way (the vLLM convention). Math in float32; outputs in x's dtype. One program per row.
+same way (the vLLM convention). Math in float32; outputs in x's dtype. One program per row. The sum is rounded
+to x's dtype before it is normalised, as the separate add stores it (and as transformers' layers normalise it), so
+fusing the add does not change which value the norm sees.
 """
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ def rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, H, stride_x, strid
     x = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         x += tl.load(res_ptr + row * stride_r + offs, mask=ok, other=0.0).to(tl.float32)
-        tl.store(res_out_ptr + row * stride_ro + offs, x.to(res_out_ptr.dtype.element_ty), mask=ok)
+        x = x.to(res_out_ptr.dtype.element_ty)
+        tl.store(res_out_ptr + row * stride_ro + offs, x, mask=ok)
+        x = x.to(tl.float32)
     inv_rms = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / H + eps)
     w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * stride_y + offs, (x * inv_rms * w).to(y_ptr.dtype.element_ty), mask=ok)
@@ -39,7 +43,7 @@ def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: to
 
 
 def reference_fused_add_rmsnorm(x, residual, weight, eps):
-    s = x.float() if residual is None else x.float() + residual.float()
+    s = x.float() if residual is None else (x.float() + residual.float()).to(x.dtype).float()
     y = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
     return y.to(x.dtype), s.to(x.dtype)
 

@@ -36,11 +36,12 @@ def forward(model, input_ids: torch.Tensor, positions: torch.Tensor, meta: Atten
         return model(input_ids, positions, meta, kv_caches)
     hooks.begin_step(input_ids.shape[0])
     hidden, context = model.embed(input_ids, positions)
+    residual = None
     for i, layer in enumerate(model.layers):
         hooks.before_layer(i)
-        hidden = layer(hidden, *context, meta, kv_caches[i])
+        hidden, residual = layer.forward_deferred(hidden, residual, *context, meta, kv_caches[i])
         hooks.after_layer(i)
-    return model.norm(hidden)
+    return model.final_norm(hidden, residual)
 
 
 @dataclass

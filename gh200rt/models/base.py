@@ -6,8 +6,11 @@ A model is a ``torch.nn.Module`` with::
     compute_logits(hidden[N, H]) -> logits[N, V]   (float32)
 
 and ``forward`` spelled out in parts, so that the model runner can act between layers:
-``embed(input_ids, positions) -> (hidden, context)``, then for each ``i``
-``hidden = layers[i](hidden, *context, meta, kv_caches[i])``, then ``norm(hidden)``.
+``embed(input_ids, positions) -> (hidden, context)``, then, with ``residual = None``, for each ``i``
+``hidden, residual = layers[i].forward_deferred(hidden, residual, *context, meta, kv_caches[i])``, then
+``final_norm(hidden, residual)``: a layer's output is ``hidden + residual`` (``hidden`` where residual is None), the
+add left to the next norm, which fuses it where it can; ``layers[i](hidden, *context, meta, kv_caches[i])`` is one
+layer's whole output.
 
 Tokens of all sequences in a step are flattened into one dimension ``T`` (no padding); the
 step's layout travels explicitly in ``AttentionMetadata`` (no global forward context).

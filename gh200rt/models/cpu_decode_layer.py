@@ -161,8 +161,8 @@ def _step_args(meta) -> _StepArgs:
 
 def native_decode_layer(ops: NativeOps):
     """The ``DecoderLayer.decode_layer_fn`` of the native CPU ops (see the module docstring)."""
-    def decode_layer(layer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta,
-                     kv_cache: torch.Tensor) -> torch.Tensor | None:
+    def decode_layer(layer, hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
+                     sin: torch.Tensor, meta, kv_cache: torch.Tensor) -> torch.Tensor | None:
         if layer.sparse:   # an MoE layer's experts run op by op (models/moe.py)
             return None
         rows = hidden.shape[0]
@@ -189,6 +189,8 @@ def native_decode_layer(ops: NativeOps):
         args.cos, args.sin = cos.data_ptr(), sin.data_ptr()
         args.slots, args.block_tables, args.seq_lens = step.slots, step.tables, step.seq_lens
         args.table_stride = step.table_stride
+        if residual is not None:   # the previous layer ran op by op and left its residual add to this one
+            hidden = residual + hidden
         out = torch.empty_like(hidden)
         ops.decode_layer(hidden, args, out)
         return out

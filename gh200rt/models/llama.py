@@ -39,19 +39,33 @@ class DecoderLayer(nn.Module):
             GatedMLP(arch.hidden_size, arch.intermediate_size, dtype, device)
         # the checkpoint's name for the MLP block (weights named model.layers.N.<this>.*)
         self.mlp_checkpoint_name = "block_sparse_moe" if self.sparse and arch.architecture == "mixtral" else "mlp"
-        # the whole layer in one call for a decode step (native CPU ops, models/cpu_decode_layer.py): returns the
-        # layer's output, or None where it does not apply (the layer then runs op by op: always for an MoE layer,
+        # the whole layer in one call for a decode step (native CPU ops, models/cpu_decode_layer.py; one-row steps on
+        # CUDA, models/gpu_decode_layer.py): (layer, hidden, residual, cos, sin, meta, kv_cache) with the layer's
+        # input hidden + residual (residual None: hidden) -> the layer's whole output, or None where it does not apply (the layer then runs op by op: always for an MoE layer,
         # and for a step whose linears run in fixed row blocks, as the native linears take the rows as they come)
         self.decode_layer_fn = None
 
     def forward(self, hidden, cos, sin, meta, kv_cache):
+        """The layer's output."""
+        out, residual = self.forward_deferred(hidden, None, cos, sin, meta, kv_cache)
+        return out if residual is None else out + residual
+
+    def forward_deferred(self, hidden, residual, cos, sin, meta, kv_cache):
+        """``(out, residual)`` with the layer's output ``out + residual`` (``residual`` None: ``out``), and its input
+        given the same way: the residual add at a layer boundary is left to the next layer's input norm (or the
+        model's final norm), which fuses it into the norm's launch where the Triton kernels run (the same value either
+        way: the fused kernel rounds the sum before it normalises, as the separate add stores it)."""
         if self.decode_layer_fn is not None and not self.sparse and meta.linear_rows is None:
-            out = self.decode_layer_fn(self, hidden, cos, sin, meta, kv_cache)
+            out = self.decode_layer_fn(self, hidden, residual, cos, sin, meta, kv_cache)
             if out is not None:
-                return out
-        attended = self.self_attn(self.input_layernorm(hidden), cos, sin, meta, kv_cache)
-        normed, hidden = self.post_attention_layernorm.add_and_norm(attended, hidden)
-        return hidden + self.mlp(normed, meta.linear_rows)
+                return out, None
+        if residual is None:
+            normed, residual = self.input_layernorm(hidden), hidden
+        else:
+            normed, residual = self.input_layernorm.add_and_norm(hidden, residual)
+        attended = self.self_attn(normed, cos, sin, meta, kv_cache)
+        normed, residual = self.post_attention_layernorm.add_and_norm(attended, residual)
+        return self.mlp(normed, meta.linear_rows), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -77,9 +91,14 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[torch.Tensor]) -> torch.Tensor:
         hidden, context = self.embed(input_ids, positions)
+        residual = None
         for i, layer in enumerate(self.layers):
-            hidden = layer(hidden, *context, meta, kv_caches[i])
-        return self.norm(hidden)
+            hidden, residual = layer.forward_deferred(hidden, residual, *context, meta, kv_caches[i])
+        return self.final_norm(hidden, residual)
+
+    def final_norm(self, hidden: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """``norm(hidden + residual)`` after the last layer (``residual`` None: ``norm(hidden)``)."""
+        return self.norm(hidden) if residual is None else self.norm.add_and_norm(hidden, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -1,6 +1,7 @@
 """The one-row decode layer in six launches (models/gpu_decode_layer.py) compiled on CUDA: the op-by-op Triton
 path's logits (float32 to 1e-5; bfloat16 teacher-forced to a few units of the last place, the same greedy
-tokens), taken on every decode step, and four launches fewer per layer and step."""
+tokens), taken on every decode step, and three launches fewer per layer and step (nine op by op, where the
+residual add at a layer boundary is fused into the next norm)."""
 import pytest
 import torch
 
@@ -44,4 +45,4 @@ def test_fused_layers_give_the_op_by_op_logits(compiled_triton, dtype, qk_norm):
     steps = Steps(model, "cuda")
     steps.run(prompt, len(prompt))
     fused_kernels = kernels_in(lambda: steps.run(prompt + [7], 1))
-    assert unfused_kernels - fused_kernels == 4 * arch.num_layers, (unfused_kernels, fused_kernels)
+    assert unfused_kernels - fused_kernels == 3 * arch.num_layers, (unfused_kernels, fused_kernels)

@@ -186,3 +186,31 @@ def test_bf16_activations_go_op_by_op():
     pool = torch.zeros(2, 200, BLOCK, 2, 16, dtype=torch.bfloat16)
     _, calls = run_layer(model, 0, meta, torch.randn(1, 64, dtype=torch.bfloat16), pool, fused=True)
     assert calls == [False]
+
+
+def test_a_layer_after_an_op_by_op_one_takes_its_residual_add():
+    """Layer 0 op by op leaves its last residual add to layer 1 (``forward_deferred``); layer 1's one-call path adds
+    it first, so the model's hidden states keep the all-op-by-op bits."""
+    model = model_with("dense")
+    gen = torch.Generator().manual_seed(5)
+    meta = decode_step(2, gen)
+    pool = torch.randn(2, 2, 200, BLOCK, 2, 16, generator=gen)
+    ids = torch.tensor([3, 9])
+    hooks = [layer.decode_layer_fn for layer in model.layers]
+    received = []
+
+    def spy(layer, hidden, residual, *rest):
+        received.append(residual is not None)
+        return hooks[1](layer, hidden, residual, *rest)
+
+    def run(first, second):
+        model.layers[0].decode_layer_fn, model.layers[1].decode_layer_fn = first, second
+        kv = pool.clone()
+        with torch.inference_mode():
+            return model(ids, meta.positions(), meta, list(kv)), kv
+
+    want, want_kv = run(None, None)
+    got, got_kv = run(None, spy)
+    model.layers[0].decode_layer_fn, model.layers[1].decode_layer_fn = hooks
+    assert received == [True]
+    assert torch.equal(got, want) and torch.equal(got_kv, want_kv)

@@ -85,15 +85,33 @@ def test_prefill_and_quantized_linears_run_op_by_op():
     prefill = AttentionMetadata.build([3], [3], [[1]], BLOCK)
     hidden = torch.randn(3, 64)
     cos, sin = model.rotary.tables(prefill.positions(), hidden.dtype)
-    assert fused_decode_layer(layer, hidden, cos, sin, prefill, kv[0]) is None, "three rows"
+    assert fused_decode_layer(layer, hidden, None, cos, sin, prefill, kv[0]) is None, "three rows"
     decode = AttentionMetadata.build([1], [4], [[1]], BLOCK)
     cos, sin = model.rotary.tables(decode.positions(), hidden.dtype)
     layer.mlp.down_proj.weight_ref.current = pack_weight(layer.mlp.down_proj.weight_ref.current, "int8")
-    assert fused_decode_layer(layer, hidden[:1], cos, sin, decode, kv[0]) is None, "an int8 linear"
-    assert gpu_decode_layer(layer, hidden[:1], cos, sin, decode, kv[0]) is None, "CPU activations"
+    assert fused_decode_layer(layer, hidden[:1], None, cos, sin, decode, kv[0]) is None, "an int8 linear"
+    assert gpu_decode_layer(layer, hidden[:1], None, cos, sin, decode, kv[0]) is None, "CPU activations"
 
 
 def test_the_triton_ops_install_it():
     model = tiny_model(False, torch.float32)
     assert TRITON_OPS["decode_layer"] is gpu_decode_layer
     assert all(layer.decode_layer_fn is gpu_decode_layer for layer in model.layers)
+
+
+def test_a_fused_layer_after_an_op_by_op_one_takes_its_residual_add():
+    """Layer 0 op by op leaves its last residual add to layer 1 (``forward_deferred``): the fused layer adds it
+    before its first product, so the steps keep the all-op-by-op bits (float32)."""
+    model = tiny_model(False, torch.float32)
+    want_logits, want_kv = run_steps(model, torch.float32, None)
+    received = []
+
+    def second_layer_only(layer, hidden, residual, *rest):
+        if layer is model.layers[0]:
+            return None
+        received.append(residual is not None)
+        return fused_decode_layer(layer, hidden, residual, *rest)
+
+    got_logits, got_kv = run_steps(model, torch.float32, second_layer_only)
+    assert received == [True] * 4, "the prefill (one call declines it) and three decode steps"
+    assert torch.equal(got_kv, want_kv) and torch.equal(got_logits, want_logits)
