@@ -29,10 +29,10 @@ def signature_of(fn, types: dict, constexprs: dict) -> dict:
 
 
 def all_specs() -> list[CompileSpec]:
-    from . import (fused_moe, gemv, host_gemm, lora_sgmv, paged_attention, paged_attention_split, rmsnorm, rope,
-                   rope_store_kv, silu_mul, store_kv)
+    from . import (fused_moe, fused_rows, gemv, host_gemm, lora_sgmv, paged_attention, paged_attention_split, rmsnorm,
+                   rope, rope_store_kv, silu_mul, store_kv)
     specs: list[CompileSpec] = []
-    for module in (host_gemm, gemv, fused_moe, paged_attention, paged_attention_split, store_kv, rope_store_kv, rmsnorm,
+    for module in (host_gemm, gemv, fused_rows, fused_moe, paged_attention, paged_attention_split, store_kv, rope_store_kv, rmsnorm,
                    rope, silu_mul, lora_sgmv):
         specs.extend(module.compile_specs())
     return specs

@@ -2,7 +2,7 @@
 K split, against cuBLAS (resident bf16) and against the kernel's own choice (weights in host memory).
 
     python scripts/bench_gpu_skinny.py [--rows 8] [--formats bf16,int8,int4] [--layers qkv,o,gate_up,down]
-        [--deeper] [--json PATH]
+        [--deeper] [--fused] [--json PATH]
 
 On an H100 (docs/BENCHMARKS.md) resident decode at batch 8 ran at 0.64-0.70 of its roofline, cuBLAS reaching
 0.49-0.81 of HBM on Llama-3-8B's products at M = 8 and the tiled kernel (16x64x64 tiles, split K) 0.38-0.76. This
@@ -34,6 +34,8 @@ from bench_gpu_host_gemm import LLAMA3_8B, measured_bounds, pinned, print_fastes
 VARIANTS = list(itertools.product((32, 64, 128), (64, 128, 256), (3,), ("auto", 1)))
 DEEPER = [(bn, bk, 4, split) for bn, bk, _, split in VARIANTS]   # --stages 4 too
 FORMATS = ("bf16", "int8", "int4")
+# fused_rows (BLOCK_N, BLOCK_K, num_warps): BLOCK_K is narrowed to its MAX_X_TILE at many rows
+FUSED_TILES = list(itertools.product((16, 32), (64, 128, 256), (4, 8)))
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--rows", type=int, default=8, help="rows of x (2-16)")
@@ -42,6 +44,10 @@ parser.add_argument("--formats", default=",".join(FORMATS),
 parser.add_argument("--layers", default=",".join(LLAMA3_8B), help=f"of {', '.join(LLAMA3_8B)}")
 parser.add_argument("--deeper", action="store_true", help="also every variant with 4 pipeline stages")
 parser.add_argument("--json", help="write every row here")
+parser.add_argument("--fused", action="store_true",
+                    help="resident bf16: kernels/fused_rows.py (no K split, the decode layer's fused products) at "
+                         "every tile of FUSED_TILES instead of the tiled kernel's variants, against cuBLAS; --rows up "
+                         "to 64 then")
 
 
 def tiled_variant(x: torch.Tensor, weight, block_n: int, block_k: int, stages: int, split):
@@ -77,8 +83,9 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("bench_gpu_skinny: needs a CUDA GPU; nothing measured", file=sys.stderr)
         return 2
-    if not 2 <= args.rows <= 16:
-        parser.error(f"--rows {args.rows}: choose 2-16 (one row is bench_gpu_gemv.py's, more is a prefill's)")
+    if not 2 <= args.rows <= (64 if args.fused else 16):
+        parser.error(f"--rows {args.rows}: choose 2-16, or 2-64 with --fused (one row is bench_gpu_gemv.py's, more "
+                     f"is a prefill's)")
     from gh200rt.kernels.host_gemm import reference_host_gemm, tiled_host_gemm
     from gh200rt.kernels.quant import pack_weight
     bounds = measured_bounds()
@@ -112,6 +119,19 @@ def main() -> int:
             except OutOfResources as exc:   # the tile's pipeline does not fit the SM's shared memory
                 print(f"{layer:<8} {weights:<5} {where:<20} tiled {bn}x{bk} s{stages} k{split}: {exc}", flush=True)
 
+    def fused_sweep(layer, weights, where, x, dense, nbytes, bound, want):
+        from gh200rt.kernels.fused_rows import MAX_X_TILE, block_rows, fused_rows
+        for bn, bk, warps in FUSED_TILES:
+            if bk * block_rows(args.rows) > MAX_X_TILE:
+                continue
+            label = f"fused_rows {bn}x{bk} w{warps}"
+            try:
+                record(layer, weights, where, label,
+                       lambda: fused_rows(x, dense, tile=dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)),
+                       nbytes, bound, want)
+            except OutOfResources as exc:
+                print(f"{layer:<8} {weights:<5} {where:<20} {label}: {exc}", flush=True)
+
     gen = torch.Generator(device="cuda").manual_seed(0)
     for layer in args.layers.split(","):
         n, k = LLAMA3_8B[layer]
@@ -120,7 +140,7 @@ def main() -> int:
         if "bf16" in formats:
             want = reference_host_gemm(x, dense)
             record(layer, "bf16", "HBM", "cuBLAS", lambda: F.linear(x, dense), dense.nbytes, "hbm", want)
-            sweep(layer, "bf16", "HBM", x, dense, dense.nbytes, "hbm", want)
+            (fused_sweep if args.fused else sweep)(layer, "bf16", "HBM", x, dense, dense.nbytes, "hbm", want)
         for fmt in [f for f in formats if f != "bf16"]:
             on_device = pack_weight(dense, fmt)
             host = pinned(on_device)

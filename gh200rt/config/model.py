@@ -13,6 +13,7 @@ CPU_ROUTES = ("auto", "bf16", "fp16", "fp32")  # platform/cpu_features.py: ROUTE
 # weights, which no --dtype names)
 _ROUTE_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 POOLING_TYPES = ("LAST", "MEAN")  # engine/pooling.py; vLLM's PoolerConfig.pooling_type names
+FUSED_DECODE_MAX_ROWS = 64        # kernels/fused_rows.py's MAX_ROWS (triton is an extra: not imported here)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,11 @@ class ModelConfig:
         "CPU: a request's tokens do not depend on which other requests share its steps (every step's linears in "
         "fixed blocks of rows, decodes too; slower, docs/BENCHMARKS.md); without it only prompt positions are "
         "computed alike however the prompt was split or batched (the prefix cache's guarantee)"))
+    fused_decode_rows: int = field(default=1, metadata=_help(
+        "CUDA: decode steps of up to this many sequences run each dense decoder layer in six Triton launches (the "
+        "norms, SiLU-and-mul and residual adds fused into the four products; models/gpu_decode_layer.py) instead of "
+        f"op by op with cuBLAS products; 1-{FUSED_DECODE_MAX_ROWS}, above 1 for bf16/fp16 models (1 = batch 1 "
+        "only, its one-row products measured faster than cuBLAS on an H100); ignored on the CPU"))
     pooling_type: str = field(default="LAST", metadata=_help(
         "how /v1/embeddings and LLM.embed pool the final norm's hidden states into one vector: LAST = the last "
         "input token's (vLLM's default for decoder models), MEAN = the mean over every input token; vLLM's "
@@ -63,5 +69,7 @@ class ModelConfig:
             raise ValueError(f"--pooling-type {self.pooling_type!r}: choose one of {', '.join(POOLING_TYPES)}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"--max-model-len must be at least 1, got {self.max_model_len}")
+        if not 1 <= self.fused_decode_rows <= FUSED_DECODE_MAX_ROWS:
+            raise ValueError(f"--fused-decode-rows must be 1-{FUSED_DECODE_MAX_ROWS}, got {self.fused_decode_rows}")
         if self.max_logprobs < -1:
             raise ValueError(f"--max-logprobs must be -1 (no bound) or 0 or more, got {self.max_logprobs}")

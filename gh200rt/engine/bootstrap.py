@@ -170,7 +170,7 @@ def install_kernels(model: torch.nn.Module, config: EngineConfig, device: str) -
     """The model's small ops for where it runs: Triton kernels on a GPU (where triton imports), on the CPU
     the native ops or torch's (``--cpu-kernels``)."""
     if device != "cpu":
-        use_triton_kernels(model)
+        use_triton_kernels(model, fused_decode_rows=config.model.fused_decode_rows)
     elif config.model.cpu_kernels == "torch":
         use_torch_cpu_kernels(model)
     else:

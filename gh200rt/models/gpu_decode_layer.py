@@ -1,5 +1,5 @@
-"""A decoder layer of a one-row decode step on CUDA in six launches instead of nine (``DecoderLayer.decode_layer_fn``
-with the Triton kernels on, models/gpu_kernels.py):
+"""A decoder layer of a decode step on CUDA in six launches instead of nine (``DecoderLayer.decode_layer_fn`` with
+the Triton kernels on, models/gpu_kernels.py):
 
     qkv = gemv(hidden, W_qkv, norm=input_layernorm)         # the RMSNorm fused before the product
     att = rope_and_store_kv, paged_attention                # SelfAttention.decode_block_fn's two launches
@@ -13,34 +13,54 @@ kernels: those launches are what this removes (the residual add at the end of a 
 then; it has since moved into the next layer's input norm on the op-by-op path too). Each fused step rounds where
 the unfused kernel stores, so a layer gives the op-by-op Triton path's bits (tests/model/test_fused_decode_layer.py).
 
-Anything else returns None and the layer runs op by op: more than one row, a layer whose four linears are not
-dense tensors of the activations' dtype and device with contiguous rows (packed or host-read weights, a LoRA
-adapter, a bias other than q/k/v's), a KV-scale calibration, a block size that is not a power of two.
+A step of 2 to ``max_rows`` sequences (``--fused-decode-rows``, default 1) takes the same six launches with
+``fused_rows`` (kernels/fused_rows.py: tensor-core tiles, no split over K) for the GEMVs, bf16/fp16 only; at batch 8
+the op-by-op layer is 9 launches of which cuBLAS's products and split-K reductions are 6. Its products sum in
+another order than cuBLAS's, so it agrees with the op-by-op path to rounding, not bit for bit.
+
+Anything else returns None and the layer runs op by op: more rows, a step that is not all decodes, a layer whose
+four linears are not dense tensors of the activations' dtype and device with contiguous rows (packed or host-read
+weights, a LoRA adapter, a bias other than q/k/v's), a KV-scale calibration, a block size that is not a power of
+two.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+# several rows multiply on tensor cores over TF32 operands (kernels/fused_rows.py): exact for 16-bit values only
+MULTI_ROW_DTYPES = (torch.bfloat16, torch.float16)
 
-def gpu_decode_layer(layer, hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
-                     sin: torch.Tensor, meta, kv_cache: torch.Tensor) -> torch.Tensor | None:
-    """The hook: CUDA activations only (the Triton kernels on CPU tensors under the interpreter keep the op-by-op
-    path, as ``triton_dense_linear`` does)."""
-    if not hidden.is_cuda:
-        return None
-    return fused_decode_layer(layer, hidden, residual, cos, sin, meta, kv_cache)
+
+@dataclass(frozen=True)
+class GpuDecodeLayer:
+    """The hook for decode steps of up to ``max_rows`` rows: CUDA activations only (the Triton kernels on CPU
+    tensors under the interpreter keep the op-by-op path, as ``triton_dense_linear`` does)."""
+    max_rows: int = 1
+
+    def __call__(self, layer, hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
+                 sin: torch.Tensor, meta, kv_cache: torch.Tensor) -> torch.Tensor | None:
+        if not hidden.is_cuda:
+            return None
+        return fused_decode_layer(layer, hidden, residual, cos, sin, meta, kv_cache, self.max_rows)
+
+
+gpu_decode_layer = GpuDecodeLayer()
 
 
 def fused_decode_layer(layer, hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
-                       sin: torch.Tensor, meta, kv_cache: torch.Tensor) -> torch.Tensor | None:
+                       sin: torch.Tensor, meta, kv_cache: torch.Tensor, max_rows: int = 1) -> torch.Tensor | None:
     """``layer(hidden + residual, ...)`` (``residual`` None: ``hidden``: the input as ``forward_deferred`` takes it)
-    for one row in the six launches above, or None where they do not apply. A residual comes only after a layer
-    that ran op by op; its add is then a launch of its own."""
-    from gh200rt.kernels.gemv import MAX_NORM_COLUMNS, gemv     # triton is an extra: imported once this runs
+    for up to ``max_rows`` rows in the six launches above, or None where they do not apply. A residual comes only
+    after a layer that ran op by op; its add is then a launch of its own."""
+    from gh200rt.kernels.gemv import MAX_NORM_COLUMNS   # triton is an extra: imported once this runs
     attn, mlp = layer.self_attn, layer.mlp
     block_size = kv_cache.shape[2]
-    if hidden.shape[0] != 1 or hidden.shape[-1] > MAX_NORM_COLUMNS or attn.calculate_kv_scales \
-            or block_size & (block_size - 1):
+    rows = hidden.shape[0]
+    if not 1 <= rows <= max_rows or hidden.shape[-1] > MAX_NORM_COLUMNS or attn.calculate_kv_scales \
+            or block_size & (block_size - 1) or max(meta.query_lens_list) != 1 \
+            or (rows > 1 and hidden.dtype not in MULTI_ROW_DTYPES):
         return None
     linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     weights = [_dense_weight(linear, hidden) for linear in linears]
@@ -48,18 +68,29 @@ def fused_decode_layer(layer, hidden: torch.Tensor, residual: torch.Tensor | Non
         return None
     from gh200rt.kernels.paged_attention import paged_attention
     from gh200rt.kernels.rope_store_kv import rope_and_store_kv
+    product = _one_row_product if rows == 1 else _rows_product
     w_qkv, w_o, w_gate_up, w_down = weights
     if residual is not None:
         hidden = hidden + residual
     first_norm, second_norm = layer.input_layernorm, layer.post_attention_layernorm
-    qkv = gemv(hidden, w_qkv, attn.qkv_proj.bias, norm=(first_norm.weight, first_norm.eps))
+    qkv = product(hidden, w_qkv, attn.qkv_proj.bias, norm=(first_norm.weight, first_norm.eps))
     qk_norm = None if attn.q_norm is None else (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps)
     q = rope_and_store_kv(qkv, cos, sin, kv_cache, meta.slot_mapping, attn.num_heads, attn.num_kv_heads,
                           attn.kv_scale, qk_norm)
     attended = paged_attention(q, kv_cache, meta, attn.scale, attn.num_kv_heads, attn.kv_scale)
-    mid = gemv(attended.reshape(1, attn.q_size), w_o, residual=hidden)
-    gate_up = gemv(mid, w_gate_up, norm=(second_norm.weight, second_norm.eps))
-    return gemv(gate_up, w_down, gated=True, residual=mid)
+    mid = product(attended.reshape(rows, attn.q_size), w_o, residual=hidden)
+    gate_up = product(mid, w_gate_up, norm=(second_norm.weight, second_norm.eps))
+    return product(gate_up, w_down, gated=True, residual=mid)
+
+
+def _one_row_product(x, weight, bias=None, **fused):
+    from gh200rt.kernels.gemv import gemv
+    return gemv(x, weight, bias, **fused)
+
+
+def _rows_product(x, weight, bias=None, **fused):
+    from gh200rt.kernels.fused_rows import fused_rows
+    return fused_rows(x, weight, bias, **fused)
 
 
 def _dense_weight(linear, hidden: torch.Tensor) -> torch.Tensor | None:

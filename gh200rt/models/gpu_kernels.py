@@ -11,7 +11,8 @@ and the KV store in one launch, then the attention; the three before are what a 
 ``add_norm_fn`` (the residual add fused into the norm) and
 ``SiluAndMul.act_fn`` (an MLP that calls ``silu_and_mul`` directly keeps the torch activation), and
 ``SparseMoeBlock.fused_experts_fn`` (one ``FusedExperts`` per block: it keeps the block's address tables), and
-``DecoderLayer.decode_layer_fn``: a one-row decode layer on CUDA in six launches (models/gpu_decode_layer.py).
+``DecoderLayer.decode_layer_fn``: a decode layer of one row (or up to ``fused_decode_rows``) on CUDA in six launches
+(models/gpu_decode_layer.py).
 Each adapter takes exactly what the layer passes and returns what the torch op returns. ``ops["rotary"]`` and
 ``ops["moe"]`` are factories: a model's layers share one rotary adapter (the step's table, built once).
 """
@@ -24,7 +25,7 @@ import torch
 from gh200rt.kv import attention as torch_attention
 from gh200rt.kv import fp8
 from gh200rt.models.cpu_decode_layer import forget_decode_layer
-from gh200rt.models.gpu_decode_layer import gpu_decode_layer
+from gh200rt.models.gpu_decode_layer import GpuDecodeLayer, gpu_decode_layer
 from gh200rt.models.layers import activation, attention, cpu_linear, linear, rmsnorm, rotary
 from gh200rt.models.layers.moe_fused import FusedExperts
 from gh200rt.models.moe import SparseMoeBlock
@@ -183,7 +184,9 @@ def use_torch_kernels(model: torch.nn.Module) -> int:
     return switch_hooks(model, TORCH_OPS)
 
 
-def use_triton_kernels(model: torch.nn.Module) -> bool:
+def use_triton_kernels(model: torch.nn.Module, fused_decode_rows: int = 1) -> bool:
+    """``fused_decode_rows``: decode steps of up to this many rows run a layer in one fused call
+    (``GpuDecodeLayer``)."""
     param = next(model.parameters(), None)
     if param is None or param.device.type != "cuda":
         return False
@@ -193,5 +196,6 @@ def use_triton_kernels(model: torch.nn.Module) -> bool:
         warnings.warn("the model is on CUDA but triton is not installed, so it keeps its torch ops; "
                       "install gh200rt with the triton extra (pip install 'gh200rt[triton]')", stacklevel=2)
         return False
-    install_triton_kernels(model)
+    ops = TRITON_OPS if fused_decode_rows == 1 else dict(TRITON_OPS, decode_layer=GpuDecodeLayer(fused_decode_rows))
+    switch_hooks(model, ops)
     return True

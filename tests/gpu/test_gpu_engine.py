@@ -105,3 +105,16 @@ def test_dynamic_tiers_on_a_gpu_move_layers_between_steps_and_keep_the_tokens(ti
     stats = engine.stats()
     assert stats.arena_weight_blocks + stats.kv_blocks_total == arena.num_blocks
     engine.close()
+
+
+def test_fused_decode_rows_under_cuda_graphs_generate_what_op_by_op_layers_generate(tiny_dir):
+    """``--fused-decode-rows 8`` in bf16: the graphs of buckets 1-8 capture the fused layers (kernels/fused_rows.py)
+    and generate the op-by-op layers' tokens (a differing token must be a near tie)."""
+    options = dict(dtype="bfloat16", max_model_len=128, num_kv_blocks=64)
+    outputs = {}
+    for rows in (1, 8):
+        engine = LLMEngine.from_config(EngineConfig.from_kwargs(model=tiny_dir, fused_decode_rows=rows, **options))
+        assert engine.runner.graphs is not None
+        outputs[rows] = LLM.from_engine(engine).generate(PROMPTS, GREEDY)
+        engine.close()
+    assert_same_or_near_tie(outputs[1], outputs[8], "fused decode rows 8")

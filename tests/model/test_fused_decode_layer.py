@@ -115,3 +115,57 @@ def test_a_fused_layer_after_an_op_by_op_one_takes_its_residual_add():
     got_logits, got_kv = run_steps(model, torch.float32, second_layer_only)
     assert received == [True] * 4, "the prefill (one call declines it) and three decode steps"
     assert torch.equal(got_kv, want_kv) and torch.equal(got_logits, want_logits)
+
+
+def run_batch(model, dtype, decode_layer, rows: int = 3):
+    """``rows`` sequences' prompts (one step, op by op), then three decode steps of all of them with every layer's
+    ``decode_layer_fn`` = ``decode_layer``: the logits of every new token and the KV pool after."""
+    for layer in model.layers:
+        layer.decode_layer_fn = decode_layer
+    kv = allocate_kv_caches(2, 3 * rows + 1, BLOCK, 2, 16, dtype)
+    tables = [[1 + 3 * r, 2 + 3 * r, 3 + 3 * r] for r in range(rows)]
+    prompts = [[(7 * i + 11 * r + 3) % 97 for i in range(4 + r)] for r in range(rows)]
+    meta = AttentionMetadata.build([len(p) for p in prompts], [len(p) for p in prompts], tables, BLOCK)
+    outs = [model.compute_logits(model(torch.tensor(sum(prompts, [])), meta.positions(), meta, kv))]
+    for step in range(3):
+        lens = [len(p) + step + 1 for p in prompts]
+        meta = AttentionMetadata.build([1] * rows, lens, tables, BLOCK)
+        ids = torch.tensor([(5 * step + r) % 97 for r in range(rows)])
+        outs.append(model.compute_logits(model(ids, meta.positions(), meta, kv)))
+    return torch.cat(outs), torch.stack(kv)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_a_multi_row_decode_step_runs_fused_with_the_op_by_op_values(monkeypatch, dtype):
+    """Three sequences decode through the fused rows products (``max_rows`` 4): the op-by-op path's logits and KV
+    cache to rounding (the products sum in another order), the same greedy tokens; the prompt step runs op by op."""
+    from gh200rt.kernels import fused_rows as rows_module
+    model = tiny_model(False, dtype)
+    want_logits, want_kv = run_batch(model, dtype, None)
+    calls = []
+    real = rows_module.fused_rows
+    monkeypatch.setattr(rows_module, "fused_rows", lambda x, *a, **k: calls.append(x.shape[0]) or real(x, *a, **k))
+    got_logits, got_kv = run_batch(model, dtype, lambda *args: fused_decode_layer(*args, max_rows=4))
+    assert calls == [3] * (3 * 2 * 4), "three decode steps: two layers' four products, three rows each"
+    tolerance = 2 ** -5 if dtype == torch.bfloat16 else 2 ** -8
+    for got, want in ((got_kv, want_kv), (got_logits, want_logits)):
+        assert (got.float() - want.float()).abs().max() <= tolerance * want.float().abs().max()
+    assert torch.equal(got_logits.argmax(-1), want_logits.argmax(-1))
+
+
+def test_multi_row_steps_beyond_max_rows_or_in_float32_run_op_by_op():
+    model = tiny_model(False, torch.bfloat16)
+    layer = model.layers[0]
+    kv = allocate_kv_caches(2, 5, BLOCK, 2, 16, torch.bfloat16)
+    decode = AttentionMetadata.build([1, 1, 1], [4, 2, 3], [[1], [2], [3]], BLOCK)
+    cos, sin = model.rotary.tables(decode.positions(), torch.bfloat16)
+    hidden = torch.randn(3, 64, dtype=torch.bfloat16)
+    assert fused_decode_layer(layer, hidden, None, cos, sin, decode, kv[0]) is None, "max_rows 1"
+    assert fused_decode_layer(layer, hidden, None, cos, sin, decode, kv[0], max_rows=2) is None, "three rows"
+    assert fused_decode_layer(layer, hidden, None, cos, sin, decode, kv[0], max_rows=3) is not None
+    fp32 = tiny_model(False, torch.float32)
+    assert fused_decode_layer(fp32.layers[0], hidden.float(), None, cos.float(), sin.float(), decode,
+                              kv[0].float(), max_rows=3) is None, "float32 rows would multiply in TF32"
+    mixed = AttentionMetadata.build([2, 1], [4, 3], [[1], [2]], BLOCK)
+    cos, sin = model.rotary.tables(mixed.positions(), torch.bfloat16)
+    assert fused_decode_layer(layer, hidden, None, cos, sin, mixed, kv[0], max_rows=3) is None, "a prompt chunk"
