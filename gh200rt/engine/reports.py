@@ -17,7 +17,8 @@ class EngineReports:
         pool, sched = self.kv.pool, self.scheduler
         kv_blocks = pool.num_blocks - pool.num_run_blocks
         waiting = self._waiting_blocks()
-        wait = self.store.backend.wait_seconds if self.store and self.store.backend else 0.0
+        # finished waits only: reading the rest would block until the step launched ahead has run
+        wait = self.store.backend.finished_wait_seconds() if self.store and self.store.backend else 0.0
         tpots = [(seq.last_token_time - seq.first_token_time) / (len(seq.output_token_ids) - 1)
                  for seq in sched.running if len(seq.output_token_ids) > 1]
         signals = TierSignals(self._steps, kv_blocks, pool.num_free, kv_blocks - pool.num_free, waiting,

@@ -21,6 +21,10 @@ class TransferBackend(Protocol):
     bytes_copied: int       # bytes of the copies waited for so far
     wait_seconds: float     # time compute stood still waiting for copies (see each backend)
 
+    def finished_wait_seconds(self) -> float:
+        """``wait_seconds`` of the waits the device has finished, without waiting for the rest (the step in flight
+        with async scheduling): what the tier controller reads between steps."""
+
     def copy(self, slot: int, src: torch.Tensor) -> None:
         """Fill ``slots[slot][:src.nbytes]`` from the host slab ``src``, once the slot's last reader is done."""
 

@@ -52,6 +52,9 @@ class CpuTransferBackend:
         self.wait_seconds += time.perf_counter() - start
         self._copy_done[slot] = None
 
+    def finished_wait_seconds(self) -> float:
+        return self.wait_seconds     # the host blocked in each wait: every wait counted has finished
+
     def compute_done(self, slot: int) -> None:
         self._compute_done[slot].set()
 

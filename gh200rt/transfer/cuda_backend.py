@@ -164,6 +164,10 @@ class CudaTransferBackend:
         self._fold_timed(block=True)
         return self._wait_seconds + self._graph_copies.read_all()
 
+    def finished_wait_seconds(self) -> float:
+        self._fold_timed(block=False)
+        return self._wait_seconds + self._graph_copies.read_finished()
+
     @staticmethod
     def _captured_timers() -> tuple[torch.cuda.Event, torch.cuda.Event]:
         return (torch.cuda.Event(enable_timing=True, external=True),

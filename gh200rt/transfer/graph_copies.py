@@ -81,6 +81,14 @@ class GraphCopies:
             self._read(account)
         return self.wait_seconds
 
+    def read_finished(self) -> float:
+        """Wait seconds of the replays whose events have all completed; a replay still running (the step launched
+        ahead) is read by a later call, without this one waiting for it."""
+        for account in list(self._graphs.values()):
+            if account.unread and all(end.query() for _, end in account.timers):
+                self._read(account)
+        return self.wait_seconds
+
     def _read(self, account: _Account) -> None:
         if not account.unread:
             return

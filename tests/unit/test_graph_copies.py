@@ -7,6 +7,10 @@ from gh200rt.transfer.graph_copies import GraphCopies
 class FakeEvent:
     def __init__(self, clock):
         self.clock, self.at, self.synced = clock, None, 0
+        self.done = True          # False: the device has not reached the event yet (a step in flight)
+
+    def query(self) -> bool:
+        return self.done
 
     def record(self):
         self.at = self.clock[0]
@@ -83,3 +87,20 @@ def test_captured_events_live_as_long_as_a_graph_may_replay_them():
     gc.collect()
     reused = copies.waited(capture=3, nbytes=10)
     assert reused is second_pairs[0] and not made, "a collected graph's events were not reused"
+
+
+def test_reading_finished_waits_skips_a_replay_still_running():
+    """Between steps the tier controller reads only the replays the device has finished: with async scheduling the
+    step launched ahead is still running, and reading its events would block until it is done."""
+    clock = [0.0]
+    copies = GraphCopies(lambda: (FakeEvent(clock), FakeEvent(clock)))
+    pairs = [copies.waited(capture=1, nbytes=10), copies.waited(capture=1, nbytes=10)]
+    graph = Graph(pairs, clock, wait_ms=3.0)
+    copies.captured(graph)
+    copies.replay_starts(graph)
+    graph.replay()
+    pairs[1][1].done = False                                    # its last wait has not run yet
+    assert copies.read_finished() == 0.0
+    assert all(end.synced == 0 for _, end in pairs), "nothing waited on"
+    pairs[1][1].done = True
+    assert copies.read_finished() == 0.006 and copies.read_all() == 0.006   # read once
