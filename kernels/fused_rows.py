@@ -4,9 +4,10 @@ decode layer at batch 2-64 with their norms, SiLU-and-mul and residual adds in t
 
 Each program owns ``BLOCK_N`` output channels of ``BLOCK_M`` rows across the whole K: no split over K, so the
 epilogue (bias, residual add, the cast) runs once per output, with no float32 partial buffer, no atomics and no
-reduction launch. The product runs on tensor cores (``tl.dot`` over float32 operands: TF32 on the GPU, exact
-products of 16-bit values, float32 accumulation), which is why W must be bf16 or fp16: a float32 W would lose bits
-to TF32. The prologue rounds where the unfused kernels store (an RMS-normalised row, SiLU(gate) * up), and the
+reduction launch. The product runs on tensor cores with float32 accumulation, over float32 operands (TF32 on the
+GPU, as host_gemm's tiles, which measured at cuBLAS's speed) or, with ``DOT_16BIT``, over the 16-bit values
+themselves (half the shared-memory reads and registers; the benchmark times both). Either way the products of
+16-bit values are exact, which is why W must be bf16 or fp16: a float32 W would lose bits to TF32. The prologue rounds where the unfused kernels store (an RMS-normalised row, SiLU(gate) * up), and the
 residual add takes the product rounded to x's dtype, so each launch computes what the op-by-op kernels compute up
 to float32 summation order: the RMS of a row is summed across K tiles here, in one pass in kernels/rmsnorm.py.
 
@@ -24,7 +25,7 @@ import triton.language as tl
 from .gemv import MAX_NORM_COLUMNS, PROLOGUE_NONE, PROLOGUE_RMS_NORM, PROLOGUE_SILU_MUL, reference_fused_gemv
 
 MAX_ROWS = 64                       # rows per call; decode's batches beyond that belong to cuBLAS
-ROWS_TILE = dict(BLOCK_N=16, BLOCK_K=256, num_warps=4)
+ROWS_TILE = dict(BLOCK_N=16, BLOCK_K=256, num_warps=4, DOT_16BIT=False)
 MAX_X_TILE = 16 * 256               # elements of a float32 x tile: 64 rows x 256 spill registers on sm_90
 
 
@@ -48,7 +49,8 @@ def _rows_input(x_rows, norm_w_ptr, offs_k, mask, k_ok, K, inv_rms, PROLOGUE: tl
 def fused_rows_kernel(x_ptr, w_ptr, bias_ptr, norm_w_ptr, res_ptr, y_ptr, M, N, K, stride_xm, stride_wn,
                       stride_rm, stride_ym, eps,
                       HAS_BIAS: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                      EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      EVEN_K: tl.constexpr, DOT_16BIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok, n_ok = offs_m < M, offs_n < N
@@ -74,9 +76,12 @@ def fused_rows_kernel(x_ptr, w_ptr, bias_ptr, norm_w_ptr, res_ptr, y_ptr, M, N, 
             k_ok = offs_k < K
             w_mask = n_ok[:, None] & k_ok[None, :]
             x_mask = m_ok[:, None] & k_ok[None, :]
-        w = tl.load(w_rows + offs_k[None, :], mask=w_mask, other=0.0).to(tl.float32)
+        w = tl.load(w_rows + offs_k[None, :], mask=w_mask, other=0.0)
         x = _rows_input(x_rows, norm_w_ptr, offs_k, x_mask, k_ok, K, inv_rms, PROLOGUE)
-        acc = tl.dot(x, tl.trans(w), acc)
+        if DOT_16BIT:   # x holds 16-bit values already: the cast is exact
+            acc = tl.dot(x.to(w.dtype), tl.trans(w), acc)
+        else:
+            acc = tl.dot(x, tl.trans(w.to(tl.float32)), acc)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     out_mask = m_ok[:, None] & n_ok[None, :]
@@ -109,7 +114,8 @@ def fused_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     """``x[M, K] @ W[N, K].T + bias`` for 1 <= M <= ``MAX_ROWS`` rows, W dense bf16/fp16 of x's dtype; returns x's
     dtype. ``norm=(weight, eps)``: x's rows are RMS-normalised first (K at most ``MAX_NORM_COLUMNS``); ``gated``: x is
     ``[M, 2K]`` gate|up rows multiplied as SiLU(gate) * up; ``residual`` ``[M, N]`` is added to the product.
-    ``tile``: ``ROWS_TILE``'s keys, for benchmarks."""
+    ``tile``: ``ROWS_TILE``'s keys, for benchmarks (``DOT_16BIT`` where the GPU compiles it: the interpreter's
+    16-bit dot is numpy's)."""
     n, k = weight.shape
     width = 2 * k if gated else k
     if x.dim() != 2 or x.shape[-1] != width:
@@ -131,8 +137,8 @@ def fused_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         residual.stride(0) if residual is not None else 0, y.stride(0), norm[1] if norm is not None else 0.0,
         HAS_BIAS=bias is not None,
         PROLOGUE=PROLOGUE_RMS_NORM if norm is not None else PROLOGUE_SILU_MUL if gated else PROLOGUE_NONE,
-        HAS_RESIDUAL=residual is not None, EVEN_K=k % block_k == 0, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, num_warps=cfg["num_warps"])
+        HAS_RESIDUAL=residual is not None, EVEN_K=k % block_k == 0, DOT_16BIT=cfg["DOT_16BIT"], BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=cfg["num_warps"])
     return y
 
 
@@ -152,14 +158,15 @@ def compile_specs():
     products = (("qkv, norm", PROLOGUE_RMS_NORM, False, 4096), ("o, residual", PROLOGUE_NONE, True, 4096),
                 ("down, SiLU-mul + residual", PROLOGUE_SILU_MUL, True, 14336))
     specs = []
-    for rows in (8, 64):
-        cfg = rows_tile(rows)
+    for rows, tile in ((8, None), (64, None), (8, dict(DOT_16BIT=True))):
+        cfg = rows_tile(rows, tile)
         for label, prologue, residual, k in products:
             constexprs = dict(HAS_BIAS=False, PROLOGUE=prologue, HAS_RESIDUAL=residual, EVEN_K=True,
-                              BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"])
+                              DOT_16BIT=cfg["DOT_16BIT"], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+                              BLOCK_K=cfg["BLOCK_K"])
             types = dict(x_ptr="*bf16", w_ptr="*bf16", bias_ptr="*bf16", norm_w_ptr="*bf16", res_ptr="*bf16",
                          y_ptr="*bf16", eps="fp32")
             specs.append(CompileSpec("fused_rows", f"{label} K={k} rows={rows} tile={cfg['BLOCK_M']}x"
-                                     f"{cfg['BLOCK_N']}x{cfg['BLOCK_K']}", fn, signature_of(fn, types, constexprs),
+                                     f"{cfg['BLOCK_N']}x{cfg['BLOCK_K']}" + (" bf16 dot" if cfg["DOT_16BIT"] else ""), fn, signature_of(fn, types, constexprs),
                                      constexprs, cfg["num_warps"], aligned, min_load_bits=128))
     return specs

@@ -34,8 +34,9 @@ from bench_gpu_host_gemm import LLAMA3_8B, measured_bounds, pinned, print_fastes
 VARIANTS = list(itertools.product((32, 64, 128), (64, 128, 256), (3,), ("auto", 1)))
 DEEPER = [(bn, bk, 4, split) for bn, bk, _, split in VARIANTS]   # --stages 4 too
 FORMATS = ("bf16", "int8", "int4")
-# fused_rows (BLOCK_N, BLOCK_K, num_warps): BLOCK_K is narrowed to its MAX_X_TILE at many rows
-FUSED_TILES = list(itertools.product((16, 32), (64, 128, 256), (4, 8)))
+# fused_rows (BLOCK_N, BLOCK_K, num_warps, DOT_16BIT); tiles past its MAX_X_TILE at these rows are left out
+FUSED_TILES = list(itertools.product((16, 32), (64, 128, 256), (4, 8), (False,))) + \
+    list(itertools.product((16, 32), (64, 128, 256), (4,), (True,)))
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--rows", type=int, default=8, help="rows of x (2-16)")
@@ -121,14 +122,13 @@ def main() -> int:
 
     def fused_sweep(layer, weights, where, x, dense, nbytes, bound, want):
         from gh200rt.kernels.fused_rows import MAX_X_TILE, block_rows, fused_rows
-        for bn, bk, warps in FUSED_TILES:
+        for bn, bk, warps, dot_16bit in FUSED_TILES:
             if bk * block_rows(args.rows) > MAX_X_TILE:
                 continue
-            label = f"fused_rows {bn}x{bk} w{warps}"
+            label = f"fused_rows {bn}x{bk} w{warps}" + (" bf16-dot" if dot_16bit else "")
+            tile = dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, DOT_16BIT=dot_16bit)
             try:
-                record(layer, weights, where, label,
-                       lambda: fused_rows(x, dense, tile=dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)),
-                       nbytes, bound, want)
+                record(layer, weights, where, label, lambda: fused_rows(x, dense, tile=tile), nbytes, bound, want)
             except OutOfResources as exc:
                 print(f"{layer:<8} {weights:<5} {where:<20} {label}: {exc}", flush=True)
 

@@ -51,12 +51,13 @@ def test_every_swept_tile_compiles_and_computes(rows):
         for block_k in (64, 128, 256):
             if block_k * block_rows(rows) > MAX_X_TILE:
                 continue
-            for warps in (4, 8):
+            for warps, dot_16bit in ((4, False), (8, False), (4, True)):
+                tile = dict(BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, DOT_16BIT=dot_16bit)
                 try:
-                    got = fused_rows(x, weight, tile=dict(BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps), **fused)
+                    got = fused_rows(x, weight, tile=tile, **fused)
                 except OutOfResources as exc:
-                    pytest.fail(f"tile {block_n}x{block_k} w{warps} at {rows} rows: {exc}")
-                assert relative_error(got, want) <= TOLERANCE, (block_n, block_k, warps)
+                    pytest.fail(f"tile {tile} at {rows} rows: {exc}")
+                assert relative_error(got, want) <= TOLERANCE, tile
 
 
 def test_fused_rows_in_a_cuda_graph_read_the_new_rows():

@@ -37,6 +37,16 @@ def test_fused_rows_match_the_reference(dtype, fusion, rows, n, k):
     assert err <= TOLERANCE[dtype], f"{fusion}: worst relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("fusion", ["norm", "gated+residual", "none"])
+def test_the_16_bit_dot_matches_the_reference(fusion):
+    """``DOT_16BIT`` multiplies the 16-bit values themselves (fp16 here: the interpreter's bf16 dot is not a GPU's;
+    tests/gpu/test_gpu_fused_rows.py runs bf16 compiled)."""
+    x, weight, bias, fused = operands(8, 40, 512, fusion, torch.float16, seed=11)
+    got = fused_rows(x, weight, bias, tile=dict(BLOCK_N=16, BLOCK_K=64, DOT_16BIT=True), **fused)
+    want = reference_fused_rows(x, weight, bias, **fused)
+    assert (got.float() - want.float()).abs().max() <= TOLERANCE[torch.float16] * want.float().abs().max()
+
+
 def test_the_default_tile_and_the_largest_row_count():
     x, weight, bias, fused = operands(MAX_ROWS, 20, 512, "norm", torch.bfloat16, seed=1)
     got = fused_rows(x, weight, **fused)
