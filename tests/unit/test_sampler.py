@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from gh200rt.engine.sampler import Sampler, truncate
+from gh200rt.engine.sampler import Sampler, greedy_tokens, truncate
 from gh200rt.sampling_params import SamplingParams
 from gh200rt.scheduler.request import Sequence
 
@@ -18,6 +18,18 @@ def test_greedy_takes_argmax():
     logits = torch.tensor([[0.0, 3.0, 1.0], [5.0, 0.0, 1.0]])
     r = Sampler()(logits, [seq(temperature=0), seq(temperature=0)])
     assert r.token_ids == [1, 0]
+
+
+def test_greedy_tokens_pick_argmax_s_index_on_ties_nan_and_masked_rows():
+    """The CPU's ``max`` route takes the first maximum and a NaN before any number, as ``argmax`` does."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randint(0, 3, (64, 4096), generator=gen).float()       # many ties in every row
+    logits[torch.rand(64, 4096, generator=gen) < 1e-3] = float("nan")
+    logits[5] = -float("inf")
+    logits[6, 7:] = -float("inf")
+    for dtype in (torch.float32, torch.bfloat16):
+        x = logits.to(dtype)
+        assert torch.equal(greedy_tokens(x), torch.argmax(x, dim=-1)), dtype
 
 
 def test_repetition_presence_frequency_penalties():
