@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from .gemv import MAX_NORM_COLUMNS, PROLOGUE_NONE, PROLOGUE_RMS_NORM, PROLOGUE_SILU_MUL, reference_fused_gemv
+from .pdl import allow_next, pdl_launch, wait_for_previous
 
 MAX_ROWS = 64                       # rows per call; decode's batches beyond that belong to cuBLAS
 ROWS_TILE = dict(BLOCK_N=16, BLOCK_K=256, num_warps=4, DOT_16BIT=False)
@@ -50,9 +51,10 @@ def fused_rows_kernel(x_ptr, w_ptr, bias_ptr, norm_w_ptr, res_ptr, y_ptr, M, N, 
                       stride_rm, stride_ym, eps,
                       HAS_BIAS: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                       EVEN_K: tl.constexpr, DOT_16BIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr):
+                      BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    wait_for_previous(USE_PDL)
     m_ok, n_ok = offs_m < M, offs_n < N
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
@@ -82,6 +84,7 @@ def fused_rows_kernel(x_ptr, w_ptr, bias_ptr, norm_w_ptr, res_ptr, y_ptr, M, N, 
             acc = tl.dot(x.to(w.dtype), tl.trans(w), acc)
         else:
             acc = tl.dot(x, tl.trans(w.to(tl.float32)), acc)
+    allow_next(USE_PDL)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     out_mask = m_ok[:, None] & n_ok[None, :]
@@ -110,12 +113,12 @@ def rows_tile(m: int, tile: dict | None = None) -> dict:
 
 def fused_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                norm: tuple[torch.Tensor, float] | None = None, gated: bool = False,
-               residual: torch.Tensor | None = None, tile: dict | None = None) -> torch.Tensor:
+               residual: torch.Tensor | None = None, tile: dict | None = None, pdl: bool = False) -> torch.Tensor:
     """``x[M, K] @ W[N, K].T + bias`` for 1 <= M <= ``MAX_ROWS`` rows, W dense bf16/fp16 of x's dtype; returns x's
     dtype. ``norm=(weight, eps)``: x's rows are RMS-normalised first (K at most ``MAX_NORM_COLUMNS``); ``gated``: x is
     ``[M, 2K]`` gate|up rows multiplied as SiLU(gate) * up; ``residual`` ``[M, N]`` is added to the product.
     ``tile``: ``ROWS_TILE``'s keys, for benchmarks (``DOT_16BIT`` where the GPU compiles it: the interpreter's
-    16-bit dot is numpy's)."""
+    16-bit dot is numpy's). ``pdl``: launched with programmatic dependent launch (kernels/pdl.py)."""
     n, k = weight.shape
     width = 2 * k if gated else k
     if x.dim() != 2 or x.shape[-1] != width:
@@ -138,7 +141,7 @@ def fused_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         HAS_BIAS=bias is not None,
         PROLOGUE=PROLOGUE_RMS_NORM if norm is not None else PROLOGUE_SILU_MUL if gated else PROLOGUE_NONE,
         HAS_RESIDUAL=residual is not None, EVEN_K=k % block_k == 0, DOT_16BIT=cfg["DOT_16BIT"], BLOCK_M=block_m,
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=cfg["num_warps"])
+        BLOCK_N=block_n, BLOCK_K=block_k, USE_PDL=pdl, num_warps=cfg["num_warps"], **pdl_launch(pdl))
     return y
 
 
@@ -158,15 +161,16 @@ def compile_specs():
     products = (("qkv, norm", PROLOGUE_RMS_NORM, False, 4096), ("o, residual", PROLOGUE_NONE, True, 4096),
                 ("down, SiLU-mul + residual", PROLOGUE_SILU_MUL, True, 14336))
     specs = []
-    for rows, tile in ((8, None), (64, None), (8, dict(DOT_16BIT=True))):
+    for rows, tile, pdl in ((8, None, False), (64, None, False), (8, dict(DOT_16BIT=True), False), (8, None, True)):
         cfg = rows_tile(rows, tile)
         for label, prologue, residual, k in products:
             constexprs = dict(HAS_BIAS=False, PROLOGUE=prologue, HAS_RESIDUAL=residual, EVEN_K=True,
                               DOT_16BIT=cfg["DOT_16BIT"], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                              BLOCK_K=cfg["BLOCK_K"])
+                              BLOCK_K=cfg["BLOCK_K"], USE_PDL=pdl)
             types = dict(x_ptr="*bf16", w_ptr="*bf16", bias_ptr="*bf16", norm_w_ptr="*bf16", res_ptr="*bf16",
                          y_ptr="*bf16", eps="fp32")
             specs.append(CompileSpec("fused_rows", f"{label} K={k} rows={rows} tile={cfg['BLOCK_M']}x"
-                                     f"{cfg['BLOCK_N']}x{cfg['BLOCK_K']}" + (" bf16 dot" if cfg["DOT_16BIT"] else ""), fn, signature_of(fn, types, constexprs),
+                                     f"{cfg['BLOCK_N']}x{cfg['BLOCK_K']}" + (" bf16 dot" if cfg["DOT_16BIT"] else "")
+                                     + (" PDL" if pdl else ""), fn, signature_of(fn, types, constexprs),
                                      constexprs, cfg["num_warps"], aligned, min_load_bits=128))
     return specs

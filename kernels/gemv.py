@@ -21,6 +21,7 @@ import triton.language as tl
 
 from .host_gemm import FMT_DENSE, FMT_INT4, FMT_SCALED, reference_host_gemm, weight_operands
 from .packed_weight import PackedWeight
+from .pdl import allow_next, pdl_launch, wait_for_previous
 
 NUM_WARPS = 4
 # (BLOCK_N, BLOCK_K in codes). On an H100 (scripts/bench_gpu_gemv.py, docs/BENCHMARKS.md) this tile was the
@@ -51,8 +52,9 @@ def gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, norm_w_ptr, res_ptr,
                 stride_sn, group_size, eps,
                 FMT: tl.constexpr, PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
                 PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    wait_for_previous(USE_PDL)
     inv_rms = 0.0
     if PROLOGUE == 1:   # every program takes the row's RMS itself: 2 bytes a column from L2, against N x 2 of W
         offs_h = tl.arange(0, BLOCK_H)
@@ -98,6 +100,7 @@ def gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, norm_w_ptr, res_ptr,
                     w = w * tl.load(scale_ptr + s_rows + (offs_k // group_size)[None, :], mask=w_mask, other=0.0)
             x = _input_tile(x_ptr, norm_w_ptr, offs_k, k_ok, K, inv_rms, PROLOGUE)
             acc += w * x[None, :]
+    allow_next(USE_PDL)
     y = tl.sum(acc, axis=1)
     if PER_CHANNEL:
         y = y * tl.load(scale_ptr + offs_n.to(tl.int64) * stride_sn, mask=n_ok, other=0.0)
@@ -110,12 +113,13 @@ def gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, norm_w_ptr, res_ptr,
 
 def gemv(x: torch.Tensor, weight: torch.Tensor | PackedWeight, bias: torch.Tensor | None = None,
          tile: tuple[int, int] | None = None, *, norm: tuple[torch.Tensor, float] | None = None,
-         gated: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+         gated: bool = False, residual: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """``x[..., K] @ W[N, K].T + bias`` for x holding one row; returns x's dtype. ``tile``: (BLOCK_N, BLOCK_K)
     instead of ``GEMV_TILE`` (benchmarks). Fused into the same launch (a dense or int8/fp8 W; decode's layer,
     models/gpu_decode_layer.py): ``norm=(weight, eps)`` takes x un-normalised and RMS-normalises it first (at most
     ``MAX_NORM_COLUMNS``); ``gated`` takes x as a ``[2K]`` gate|up row and multiplies by SiLU(gate) * up;
-    ``residual`` (a row of N) is added to the product. Each rounds where the unfused kernels store."""
+    ``residual`` (a row of N) is added to the product. Each rounds where the unfused kernels store. ``pdl``: launched
+    with programmatic dependent launch (kernels/pdl.py; CUDA, sm_90+)."""
     n, k = weight.shape
     width = 2 * k if gated else k
     if x.shape[-1] != width:
@@ -139,7 +143,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor | PackedWeight, bias: torch.Tenso
         FMT=fmt, PER_CHANNEL=per_channel, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0,
         PROLOGUE=PROLOGUE_RMS_NORM if norm is not None else PROLOGUE_SILU_MUL if gated else PROLOGUE_NONE,
         HAS_RESIDUAL=residual is not None, BLOCK_H=triton.next_power_of_2(k) if norm is not None else 1,
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=NUM_WARPS)
+        BLOCK_N=block_n, BLOCK_K=block_k, USE_PDL=pdl, num_warps=NUM_WARPS, **pdl_launch(pdl))
     return y.reshape(*x.shape[:-1], n)
 
 
@@ -180,11 +184,12 @@ def compile_specs():
     cases = [(label, fmt, w_type, group, "", PROLOGUE_NONE, False, 4096) for label, fmt, w_type, _, group in _SPEC_WEIGHTS]
     cases += [("bf16", FMT_DENSE, "*bf16", k, f" {name} K={k}", prologue, residual, k)
               for name, k, prologue, residual in fused]
+    cases.append(("bf16", FMT_DENSE, "*bf16", 4096, " norm K=4096 PDL", PROLOGUE_RMS_NORM, False, 4096))
     for label, fmt, w_type, group, fusion, prologue, residual, k in cases:
         constexprs = dict(FMT=fmt, PER_CHANNEL=fmt == FMT_SCALED and group >= 4096, HAS_BIAS=False, EVEN_K=True,
                           PROLOGUE=prologue, HAS_RESIDUAL=residual,
                           BLOCK_H=triton.next_power_of_2(k) if prologue == PROLOGUE_RMS_NORM else 1,
-                          BLOCK_N=block_n, BLOCK_K=block_k)
+                          BLOCK_N=block_n, BLOCK_K=block_k, USE_PDL=fusion.endswith("PDL"))
         act = "*fp32" if label == "fp32" else "*bf16"
         types = dict(x_ptr=act, w_ptr=w_type, scale_ptr="*fp32", min_ptr="*fp32", bias_ptr=act, norm_w_ptr=act,
                      res_ptr=act, y_ptr=act, eps="fp32")

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from .paged_attention_split import attention_splits, split_paged_attention
+from .pdl import allow_next, pdl_launch, wait_for_previous
 from .paged_attention_walk import _attend_blocks, _query_group, attention_warps, walk_compile_specs, walk_constexprs
 
 
@@ -30,8 +31,10 @@ def paged_attention_kernel(q_ptr, cache_ptr, out_ptr, tables_ptr, tok_seq_ptr, t
                            group, stride_qt, stride_qh, stride_ot, stride_oh, stride_table,
                            stride_kv, stride_block, stride_slot, stride_head, head_dim,
                            BLOCK_SIZE: tl.constexpr, TILE_BLOCKS: tl.constexpr, BLOCK_G: tl.constexpr,
-                           BLOCK_D: tl.constexpr, KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                           BLOCK_D: tl.constexpr, KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                           USE_PDL: tl.constexpr):
     t, kv_head = tl.program_id(0), tl.program_id(1)
+    wait_for_previous(USE_PDL)
     seq = tl.load(tok_seq_ptr + t)
     pos = tl.load(tok_pos_ptr + t)
     q, q_heads, g_ok, offs_d, d_ok = _query_group(q_ptr, t, kv_head, group, head_dim, kv_scale_ptr, scale,
@@ -40,6 +43,7 @@ def paged_attention_kernel(q_ptr, cache_ptr, out_ptr, tables_ptr, tok_seq_ptr, t
                                  0, pos // BLOCK_SIZE + 1, kv_scale_ptr,
                                  stride_kv, stride_block, stride_slot, stride_head, head_dim,
                                  BLOCK_SIZE, TILE_BLOCKS, BLOCK_G, BLOCK_D, KV_FP8, DOT_PRECISION)
+    allow_next(USE_PDL)
     tl.store(out_ptr + t * stride_ot + q_heads[:, None] * stride_oh + offs_d[None, :],
              (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
 
@@ -68,8 +72,10 @@ def token_layout(meta) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale: float, num_kv_heads: int,
-                    kv_scale: torch.Tensor | None = None, num_splits: int | None = None) -> torch.Tensor:
-    """``num_splits``: None picks it with ``attention_splits``; an int forces it (1: the single-pass kernel)."""
+                    kv_scale: torch.Tensor | None = None, num_splits: int | None = None,
+                    pdl: bool = False) -> torch.Tensor:
+    """``num_splits``: None picks it with ``attention_splits``; an int forces it (1: the single-pass kernel).
+    ``pdl``: launched with programmatic dependent launch (kernels/pdl.py)."""
     t, num_heads, head_dim = q.shape
     assert kv_cache.shape[3] == num_kv_heads and kv_cache.shape[4] == head_dim and num_heads % num_kv_heads == 0
     kv_fp8 = kv_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -87,7 +93,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale: float,
     pool_strides = (kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), head_dim)
     fp32_pool = kv_cache.dtype == torch.float32
     walk = dict(walk_constexprs(group, head_dim, block_size, kv_fp8, fp32_pool),
-                num_warps=attention_warps(head_dim, block_size, fp32_pool, kv_fp8))
+                num_warps=attention_warps(head_dim, block_size, fp32_pool, kv_fp8), USE_PDL=pdl, **pdl_launch(pdl))
     if num_splits == 1:
         paged_attention_kernel[(t, num_kv_heads)](
             q, kv_cache, out, tables, tok_seq, tok_pos, scales, scale, group,
@@ -123,5 +129,5 @@ def compile_specs():
     walks = ((3, 64, "bf16", 16, None), (4, 128, "bf16", 16, None), (8, 128, "fp16", 16, None),
              (4, 128, "bf16", 32, None), (8, 128, "bf16", 16, "fp8e4nv"),
              (4, 128, "bf16", 32, "fp8e4nv"), (3, 64, "fp16", 16, "fp8e5"), (4, 128, "fp32", 16, None),
-             (1, 128, "bf16", 128, None))
+             (1, 128, "bf16", 128, None), (4, 128, "bf16", 16, "PDL"))
     return walk_compile_specs("paged_attention", paged_attention_kernel, walks, ("out_ptr", "stride_ot", "stride_oh"))

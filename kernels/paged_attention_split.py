@@ -27,6 +27,7 @@ import triton.language as tl
 
 from .host_gemm import TARGET_PROGRAMS
 from .paged_attention_walk import _attend_blocks, _query_group, tile_blocks, walk_compile_specs
+from .pdl import allow_next, pdl_launch, wait_for_previous
 
 MIN_PARTITION_TOKENS = 256
 COMBINE_SPLITS_TILE = 32  # splits the combine loads per step: a [32, D] float32 tile
@@ -49,9 +50,11 @@ def paged_attention_split_kernel(q_ptr, cache_ptr, part_max_ptr, part_sum_ptr, p
                                  stride_qt, stride_qh, stride_table,
                                  stride_kv, stride_block, stride_slot, stride_head, head_dim,
                                  BLOCK_SIZE: tl.constexpr, TILE_BLOCKS: tl.constexpr, BLOCK_G: tl.constexpr,
-                                 BLOCK_D: tl.constexpr, KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                                 BLOCK_D: tl.constexpr, KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                                 USE_PDL: tl.constexpr):
     """One split's partial into part_*[T, Hq, S] (max, sum) and part_acc[T, Hq, S, D], all float32."""
     t, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    wait_for_previous(USE_PDL)
     pos = tl.load(tok_pos_ptr + t)
     first, end, _ = _split_share(pos, split, num_splits, BLOCK_SIZE, TILE_BLOCKS)
     if first >= end:
@@ -62,6 +65,7 @@ def paged_attention_split_kernel(q_ptr, cache_ptr, part_max_ptr, part_sum_ptr, p
     m_i, l_i, acc = _attend_blocks(q, cache_ptr, tables_ptr + seq * stride_table, kv_head, pos, first, end,
                                    kv_scale_ptr, stride_kv, stride_block, stride_slot, stride_head, head_dim,
                                    BLOCK_SIZE, TILE_BLOCKS, BLOCK_G, BLOCK_D, KV_FP8, DOT_PRECISION)
+    allow_next(USE_PDL)
     rows = (t.to(tl.int64) * tl.num_programs(1) * group + q_heads) * num_splits + split
     tl.store(part_max_ptr + rows, m_i, mask=g_ok)
     tl.store(part_sum_ptr + rows, l_i, mask=g_ok)
@@ -72,9 +76,11 @@ def paged_attention_split_kernel(q_ptr, cache_ptr, part_max_ptr, part_sum_ptr, p
 def paged_attention_combine_kernel(part_max_ptr, part_sum_ptr, part_acc_ptr, out_ptr, tok_pos_ptr, num_splits,
                                    stride_ot, stride_oh, head_dim,
                                    BLOCK_SIZE: tl.constexpr, TILE_BLOCKS: tl.constexpr, BLOCK_S: tl.constexpr,
-                                   BLOCK_D: tl.constexpr):
+                                   BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr):
     """out[t, head] from the splits with work: each partial rescaled to the common max, summed, normalised."""
     t, head = tl.program_id(0), tl.program_id(1)
+    wait_for_previous(USE_PDL)
+    allow_next(USE_PDL)     # one short pass over the partials
     pos = tl.load(tok_pos_ptr + t)
     _, _, with_work = _split_share(pos, 0, num_splits, BLOCK_SIZE, TILE_BLOCKS)
     first_row = (t.to(tl.int64) * tl.num_programs(1) + head) * num_splits
@@ -130,24 +136,27 @@ def split_paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Te
     paged_attention_split_kernel[(t, kv_cache.shape[3], num_splits)](
         q, kv_cache, part_max, part_sum, part_acc, tables, tok_seq, tok_pos, scales, scale, group, num_splits,
         q.stride(0), q.stride(1), tables.stride(0), *pool_strides, **walk)
+    pdl = walk["USE_PDL"]
     paged_attention_combine_kernel[(t, num_heads)](
         part_max, part_sum, part_acc, out, tok_pos, num_splits, out.stride(0), out.stride(1), head_dim,
         BLOCK_SIZE=walk["BLOCK_SIZE"], TILE_BLOCKS=walk["TILE_BLOCKS"], BLOCK_S=combine_tile(num_splits),
-        BLOCK_D=walk["BLOCK_D"], num_warps=4)
+        BLOCK_D=walk["BLOCK_D"], USE_PDL=pdl, num_warps=4, **pdl_launch(pdl))
     return out
 
 
 def compile_specs():
     from .compile_specs import CompileSpec, signature_of
     split_shapes = ((4, 128, "bf16", 16, None), (4, 128, "bf16", 16, "fp8e4nv"), (3, 64, "bf16", 16, None),
-                    (3, 64, "fp16", 16, "fp8e5"), (4, 128, "fp32", 16, None))
+                    (3, 64, "fp16", 16, "fp8e5"), (4, 128, "fp32", 16, None), (4, 128, "bf16", 16, "PDL"))
     specs = walk_compile_specs("attn_split", paged_attention_split_kernel, split_shapes, ("part_acc_ptr",))
     fn = paged_attention_combine_kernel
-    for d, dtype, splits in ((128, "bf16", 32), (128, "bf16", 4), (64, "fp16", 8), (128, "fp32", 64)):
-        constexprs = dict(BLOCK_SIZE=16, TILE_BLOCKS=tile_blocks(16), BLOCK_S=combine_tile(splits), BLOCK_D=d)
+    for d, dtype, splits, pdl in ((128, "bf16", 32, False), (128, "bf16", 4, False), (64, "fp16", 8, False),
+                                  (128, "fp32", 64, False), (128, "bf16", 32, True)):
+        constexprs = dict(BLOCK_SIZE=16, TILE_BLOCKS=tile_blocks(16), BLOCK_S=combine_tile(splits), BLOCK_D=d,
+                          USE_PDL=pdl)
         types = dict(part_max_ptr="*fp32", part_sum_ptr="*fp32", part_acc_ptr="*fp32", out_ptr=f"*{dtype}",
                      tok_pos_ptr="*i64")
-        specs.append(CompileSpec("attn_combine", f"D={d} {dtype} splits={splits}", fn,
+        specs.append(CompileSpec("attn_combine", f"D={d} {dtype} splits={splits}" + (" PDL" if pdl else ""), fn,
                                  signature_of(fn, types, constexprs), constexprs, 4,
                                  ("part_acc_ptr", "out_ptr", "stride_ot", "stride_oh", "head_dim")))
     return specs

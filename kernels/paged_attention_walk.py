@@ -108,17 +108,20 @@ def attention_warps(head_dim: int, block_size: int, fp32_pool: bool, kv_fp8: boo
 
 def walk_compile_specs(name: str, fn, shapes, outputs: tuple) -> list:
     """Compile checks of a kernel that walks the pool (``fn``), one per (group, head_dim, dtype, block size,
-    fp8 cache dtype or None) in ``shapes``; ``outputs``: its output arguments, promised 16-divisible."""
+    fp8 cache dtype, None, or "PDL": the dtype's pool with programmatic dependent launch) in ``shapes``;
+    ``outputs``: its output arguments, promised 16-divisible."""
     from .compile_specs import CompileSpec, signature_of
     aligned = ("q_ptr", "cache_ptr", "stride_qt", "stride_qh", "stride_kv", "stride_block", "stride_slot",
                "stride_head", "head_dim")
     specs = []
     for group, d, dtype, bs, cache in shapes:
-        constexprs = walk_constexprs(group, d, bs, cache is not None, (cache or dtype) == "fp32")
+        pdl = cache == "PDL"              # the bf16 pool, launched with programmatic dependent launch
+        cache = None if pdl else cache
+        constexprs = dict(walk_constexprs(group, d, bs, cache is not None, (cache or dtype) == "fp32"), USE_PDL=pdl)
         types = dict(q_ptr=f"*{dtype}", cache_ptr=f"*{cache or dtype}", out_ptr=f"*{dtype}", tables_ptr="*i32",
                      tok_seq_ptr="*i32", tok_pos_ptr="*i64", kv_scale_ptr="*fp32" if cache else "*i64",
                      scale="fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32", part_acc_ptr="*fp32")
-        label = f"group={group} D={d} block={bs} {dtype}" + (f" kv={cache}" if cache else "")
+        label = f"group={group} D={d} block={bs} {dtype}" + (f" kv={cache}" if cache else "") + (" PDL" if pdl else "")
         specs.append(CompileSpec(name, label, fn, signature_of(fn, types, constexprs), constexprs,
                                  attention_warps(d, bs, (cache or dtype) == "fp32", cache is not None),
                                  aligned + outputs))

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import allow_next, pdl_launch, wait_for_previous
 from .store_kv import FP8_FORMATS, _quant_constexprs, round_to_fp8_grid
 
 
@@ -51,11 +52,14 @@ def rope_store_kv_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, cache_ptr, slot_ptr, 
                          eps, heads, kv_heads, stride_qkv, stride_cos, stride_sin, stride_qt, stride_kv,
                          stride_block, stride_slot, stride_head, block_size, HALF: tl.constexpr,
                          BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, QK_NORM: tl.constexpr, QUANT: tl.constexpr,
-                         FP8_MAX: tl.constexpr, MANT_BITS: tl.constexpr, MIN_EXP: tl.constexpr):
+                         FP8_MAX: tl.constexpr, MANT_BITS: tl.constexpr, MIN_EXP: tl.constexpr,
+                         USE_PDL: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)  # int64: T * row stride passes 2^31 in long prefills
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HALF
+    wait_for_previous(USE_PDL)
+    allow_next(USE_PDL)     # one program per token: the attention's programs may queue behind it at once
     cos = tl.load(cos_ptr + t * stride_cos + offs_d, mask=d_ok, other=0.0).to(tl.float32)
     sin = tl.load(sin_ptr + t * stride_sin + offs_d, mask=d_ok, other=0.0).to(tl.float32)
     row = qkv_ptr + t * stride_qkv
@@ -95,8 +99,9 @@ def heads_per_iteration(heads: int, half: int) -> int:
 
 def rope_and_store_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
                       slot_mapping: torch.Tensor, heads: int, kv_heads: int, kv_scale: torch.Tensor | None = None,
-                      qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor:
-    """``qk_norm`` = (q weight [D], k weight [D], eps): Qwen3's per-head RMSNorm of q and k before the rotation."""
+                      qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None, pdl: bool = False) -> torch.Tensor:
+    """``qk_norm`` = (q weight [D], k weight [D], eps): Qwen3's per-head RMSNorm of q and k before the rotation.
+    ``pdl``: launched with programmatic dependent launch (kernels/pdl.py)."""
     t, width = qkv.shape
     d = kv_cache.shape[4]
     half = d // 2
@@ -113,7 +118,7 @@ def rope_and_store_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k
         heads, kv_heads, qkv.stride(0), cos.stride(0), sin.stride(0), q.stride(0), kv_cache.stride(0),
         kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), kv_cache.shape[2], HALF=half,
         BLOCK_H=heads_per_iteration(max(heads, kv_heads), half), BLOCK_D=triton.next_power_of_2(half),
-        QK_NORM=qk_norm is not None, **quant)
+        QK_NORM=qk_norm is not None, USE_PDL=pdl, **quant, **pdl_launch(pdl))
     return q
 
 
@@ -146,16 +151,19 @@ def compile_specs():
             (9, 3, 64, "bf16", torch.bfloat16, False), (32, 8, 128, "bf16", torch.bfloat16, False),
             (64, 8, 128, "fp16", torch.float16, False), (32, 8, 128, "bf16", torch.float8_e4m3fn, False),
             (9, 3, 64, "fp32", torch.float8_e5m2, False), (32, 4, 128, "bf16", torch.bfloat16, True),
-            (64, 4, 128, "bf16", torch.float8_e4m3fn, True)):
+            (64, 4, 128, "bf16", torch.float8_e4m3fn, True), (32, 8, 128, "bf16", "PDL", False)):
+        pdl = cache == "PDL"
+        cache = torch.bfloat16 if pdl else cache
         half = d // 2
         constexprs = dict(HALF=half, BLOCK_H=heads_per_iteration(heads, half), BLOCK_D=half, QK_NORM=qk_norm,
-                          **_quant_constexprs(cache))
+                          USE_PDL=pdl, **_quant_constexprs(cache))
         cache_type = FP8_FORMATS[cache][0] if cache in FP8_FORMATS else dtype
         types = dict(qkv_ptr=f"*{dtype}", cos_ptr=f"*{dtype}", sin_ptr=f"*{dtype}", q_ptr=f"*{dtype}",
                      q_norm_ptr=f"*{dtype}", k_norm_ptr=f"*{dtype}", eps="fp32", cache_ptr=f"*{cache_type}",
                      slot_ptr="*i64",
                      scale_ptr="*fp32" if cache in FP8_FORMATS else "*i64")
-        label = f"heads={heads}/{kv_heads} D={d} {dtype} -> {cache_type}" + (" q/k norms" if qk_norm else "")
+        label = f"heads={heads}/{kv_heads} D={d} {dtype} -> {cache_type}" + (" q/k norms" if qk_norm else "") \
+            + (" PDL" if pdl else "")
         specs.append(CompileSpec("rope_store_kv", label, rope_store_kv_kernel,
                                  signature_of(rope_store_kv_kernel, types, constexprs), constexprs, 4,
                                  ("qkv_ptr", "cos_ptr", "sin_ptr", "q_ptr", "cache_ptr", "stride_qkv", "stride_cos",

@@ -18,7 +18,7 @@ kernel to its last (the rest is the device waiting: launch gaps, host work) and 
     python scripts/bench_decode.py [--model smollm2-135m] [--batches 1,8] [--tokens 32]
         [--placements resident,stream,every-2nd,direct] [--host-weight-dtype auto] [--dtype auto]
         [--prefetch-across-steps on|off|both] [--layer-path one-call|op-by-op|both] [--fused-decode-rows N]
-        [--async-scheduling off|on|both]
+        [--pdl off|on|both] [--async-scheduling off|on|both]
         [--random-model llama3-8b [--random-model-dir DIR]] [--json PATH] [--kernel-times N] [--host-profile N]
         [--graphs]
 
@@ -315,6 +315,10 @@ def main() -> None:
     parser.add_argument("--fused-decode-rows", type=int, default=1,
                         help="with the one-call layer path on CUDA: decode steps of up to this many sequences run "
                              "each layer in six fused launches (--fused-decode-rows of the engine; 1: batch 1 only)")
+    parser.add_argument("--pdl", default="off", choices=["off", "on", "both"],
+                        help="with the one-call layer path on CUDA (sm_90+): its kernels with programmatic "
+                             "dependent launch (--enable-pdl); 'both' runs each one-call placement without, then "
+                             "with it")
     parser.add_argument("--async-scheduling", default="off", choices=["off", "on", "both"],
                         help="launch each decode step before the previous step's tokens reach the host; 'both' "
                              "runs each placement without, then with it")
@@ -344,17 +348,20 @@ def run(args) -> None:
     across = {"on": [True], "off": [False], "both": [False, True]}[args.prefetch_across_steps]
     layer_paths = {"one-call": [True], "op-by-op": [False], "both": [False, True]}[args.layer_path]
     async_modes = {"off": [False], "on": [True], "both": [False, True]}[args.async_scheduling]
+    pdl_modes = {"off": [False], "on": [True], "both": [False, True]}[args.pdl]
     names = args.placements.split(",") + (list(MOE_PLACEMENTS) if moe and args.placements == DEFAULT_PLACEMENTS
                                           else [])
     for name in names:
         if name in MOE_PLACEMENTS and not moe:
             raise SystemExit(f"--placements {name}: {args.model} has no routed experts")
-        for wrap, one_call, ahead in [(w, c, a) for c in layer_paths for w in across for a in async_modes]:
+        runs = [(w, c, a, p) for c in layer_paths for w in across for a in async_modes
+                for p in (pdl_modes if c else [False])]
+        for wrap, one_call, ahead, pdl in runs:
             config = EngineConfig.from_kwargs(model=args.model, dtype=args.dtype, max_model_len=256,
                                               num_kv_blocks=256, host_weight_dtype=args.host_weight_dtype,
                                               prefetch_across_steps=wrap, async_scheduling=ahead,
                                               fused_decode_rows=args.fused_decode_rows if one_call else 1,
-                                              **placements(layers)[name])
+                                              enable_pdl=pdl, **placements(layers)[name])
             engine = LLMEngine.from_config(config)
             tiers = engine.stats().layers_per_tier
             if not tiers.get("streamed") and wrap is not across[-1]:
@@ -376,7 +383,8 @@ def run(args) -> None:
                 expert_label = f"{experts.get('resident', 0)}/{experts.get('streamed', 0)}/{experts.get('direct', 0)}"
                 whole = whole_layer_expert_bytes(engine) if moe else 0
                 fused_label = f" fused<={args.fused_decode_rows}" if one_call and args.fused_decode_rows > 1 else ""
-                shown = name + ("" if one_call else " op-by-op") + fused_label + (" async" if ahead else "")
+                shown = name + ("" if one_call else " op-by-op") + fused_label + (" pdl" if pdl else "") \
+                    + (" async" if ahead else "")
                 print(f"{shown:<19} {label:<20} {'on' if wrap else 'off':>6} {batch:>5} {tps:>9.1f} "
                       f"{tps / baseline[batch]:>10.2f}x {rate.copy_gbps:>9.2f} {rate.copy_wait_ms_per_step:>12.3f} "
                       f"{roof:>14.1f} {'-' if kernels.count is None else kernels.count:>12}"
@@ -388,7 +396,7 @@ def run(args) -> None:
                 if args.host_profile:
                     print_host_profile(engine, batch, args.tokens, args.host_profile)
                 rows.append(dict(placement=name, tiers=label, prefetch_across_steps=wrap, one_call_layers=one_call,
-                                 fused_decode_rows=args.fused_decode_rows if one_call else 1,
+                                 fused_decode_rows=args.fused_decode_rows if one_call else 1, pdl=pdl,
                                  async_scheduling=ahead, batch=batch,
                                  tokens_per_second=tps, vs_resident=tps / baseline[batch], copy_gbps=rate.copy_gbps,
                                  roofline_tokens_per_second=roof, kernels_per_step=kernels.count,

@@ -129,12 +129,13 @@ SPEED_TESTS = ("tests/gpu/test_gpu_split_attention.py", "tests/gpu/test_gpu_mode
 
 def speed_steps(py: str, out: Path, cache: Path) -> list[Step]:
     """``--kit speed``: decode speed against the rooflines, before and after, in one run: the kernel compile check,
-    the kernels' gpu tests, paged attention (split-K against one pass, FlashInfer where installed), host_gemm
-    (pinned host weights against a baseline kernel, resident bf16 against cuBLAS), and Llama-3-8B-shaped decode
-    per placement with kernels per step and the costliest ones (bf16 streamed; bf16 resident at batch 1, 8 and 64
-    with the decoder layers fused (kernels/fused_rows.py above one row, timed per tile first) and op by op;
+    the kernels' gpu tests, paged attention (split-K against one pass, FlashInfer where installed), and
+    Llama-3-8B-shaped decode per placement with kernels per step and the costliest ones (bf16 streamed; bf16
+    resident at batch 1, 8 and 64 with the decoder layers fused (kernels/fused_rows.py above one row, timed per tile
+    first; with and without programmatic dependent launch) and op by op;
     resident with synchronous and async scheduling; int4 direct with its scales in HBM). The third H100 run met the
-    streamed and direct goals; ``bench_decode.py --placements direct-host-scales`` times the scales in host memory."""
+    streamed and direct goals; ``bench_decode.py --placements direct-host-scales`` times the scales in host memory,
+    ``bench_gpu_host_gemm.py`` host_gemm against its baseline kernel."""
     decode = [py, "scripts/bench_decode.py", "--tokens", "16", "--random-model", "llama3-8b",
               "--random-model-dir", str(cache / "llama3-8b-random")]
     return [
@@ -144,8 +145,6 @@ def speed_steps(py: str, out: Path, cache: Path) -> list[Step]:
                                            *SPEED_TESTS], 105, outputs={"junit": out / "gpu_tests.xml"}),
         Step("paged attention timings", [py, "scripts/bench_gpu_attention.py", "--json",
                                          str(out / "attention.json")], 20, outputs={"kernel": out / "attention.json"}),
-        Step("host_gemm timings", [py, "scripts/bench_gpu_host_gemm.py", "--json", str(out / "host_gemm.json")], 30,
-             outputs={"kernel": out / "host_gemm.json"}),
         Step("decode Llama-3-8B shape, bf16 streamed", decode + ["--batches", "1,8", "--placements", "stream",
                                                                  "--kernel-times", "8",
                                                                  "--json", str(out / "decode_llama3_8b.json")], 45,
@@ -153,10 +152,10 @@ def speed_steps(py: str, out: Path, cache: Path) -> list[Step]:
         Step("few-row products: fused_rows tiles against cuBLAS and the tiled kernel",
              [py, "scripts/bench_gpu_skinny.py", "--rows", "8", "--formats", "bf16", "--fused", "--json",
               str(out / "skinny_fused.json")], 35, outputs={"kernel": out / "skinny_fused.json"}),
-        Step("decode Llama-3-8B shape, bf16, layers fused (up to 64 rows) and op by op",
+        Step("decode Llama-3-8B shape, bf16, layers fused (up to 64 rows, with and without PDL) and op by op",
              decode + ["--batches", "1,8,64", "--placements", "resident", "--layer-path", "both",
-                       "--fused-decode-rows", "64", "--kernel-times", "8",
-                       "--json", str(out / "decode_llama3_8b_layer_path.json")], 80, values=("both",),
+                       "--fused-decode-rows", "64", "--pdl", "both", "--kernel-times", "8",
+                       "--json", str(out / "decode_llama3_8b_layer_path.json")], 110, values=("both",),
              outputs={"decode": out / "decode_llama3_8b_layer_path.json"}),
         Step("decode Llama-3-8B shape, bf16 resident, synchronous and async scheduling",
              decode + ["--batches", "1,8,64", "--placements", "resident", "--async-scheduling", "both",

@@ -170,7 +170,11 @@ def install_kernels(model: torch.nn.Module, config: EngineConfig, device: str) -
     """The model's small ops for where it runs: Triton kernels on a GPU (where triton imports), on the CPU
     the native ops or torch's (``--cpu-kernels``)."""
     if device != "cpu":
-        use_triton_kernels(model, fused_decode_rows=config.model.fused_decode_rows)
+        if config.model.enable_pdl and torch.cuda.get_device_capability(device)[0] < 9:
+            major, minor = torch.cuda.get_device_capability(device)
+            raise ValueError(f"--enable-pdl needs a GPU of compute capability 9.0 or newer (Hopper); "
+                             f"{torch.cuda.get_device_name(device)} is {major}.{minor}: leave it off")
+        use_triton_kernels(model, fused_decode_rows=config.model.fused_decode_rows, pdl=config.model.enable_pdl)
     elif config.model.cpu_kernels == "torch":
         use_torch_cpu_kernels(model)
     else:

@@ -18,6 +18,10 @@ A step of 2 to ``max_rows`` sequences (``--fused-decode-rows``, default 1) takes
 the op-by-op layer is 9 launches of which cuBLAS's products and split-K reductions are 6. Its products sum in
 another order than cuBLAS's, so it agrees with the op-by-op path to rounding, not bit for bit.
 
+With ``pdl`` (``--enable-pdl``) the six launches use programmatic dependent launch (kernels/pdl.py): each may be
+scheduled while the one before it drains, and waits for it before touching memory, so the step keeps its values
+and loses the launch gaps between them.
+
 Anything else returns None and the layer runs op by op: more rows, a step that is not all decodes, a layer whose
 four linears are not dense tensors of the activations' dtype and device with contiguous rows (packed or host-read
 weights, a LoRA adapter, a bias other than q/k/v's), a KV-scale calibration, a block size that is not a power of
@@ -36,21 +40,24 @@ MULTI_ROW_DTYPES = (torch.bfloat16, torch.float16)
 @dataclass(frozen=True)
 class GpuDecodeLayer:
     """The hook for decode steps of up to ``max_rows`` rows: CUDA activations only (the Triton kernels on CPU
-    tensors under the interpreter keep the op-by-op path, as ``triton_dense_linear`` does)."""
+    tensors under the interpreter keep the op-by-op path, as ``triton_dense_linear`` does). ``pdl``: the layer's
+    launches use programmatic dependent launch (kernels/pdl.py; sm_90+)."""
     max_rows: int = 1
+    pdl: bool = False
 
     def __call__(self, layer, hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
                  sin: torch.Tensor, meta, kv_cache: torch.Tensor) -> torch.Tensor | None:
         if not hidden.is_cuda:
             return None
-        return fused_decode_layer(layer, hidden, residual, cos, sin, meta, kv_cache, self.max_rows)
+        return fused_decode_layer(layer, hidden, residual, cos, sin, meta, kv_cache, self.max_rows, self.pdl)
 
 
 gpu_decode_layer = GpuDecodeLayer()
 
 
 def fused_decode_layer(layer, hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
-                       sin: torch.Tensor, meta, kv_cache: torch.Tensor, max_rows: int = 1) -> torch.Tensor | None:
+                       sin: torch.Tensor, meta, kv_cache: torch.Tensor, max_rows: int = 1,
+                       pdl: bool = False) -> torch.Tensor | None:
     """``layer(hidden + residual, ...)`` (``residual`` None: ``hidden``: the input as ``forward_deferred`` takes it)
     for up to ``max_rows`` rows in the six launches above, or None where they do not apply. A residual comes only
     after a layer that ran op by op; its add is then a launch of its own."""
@@ -73,14 +80,14 @@ def fused_decode_layer(layer, hidden: torch.Tensor, residual: torch.Tensor | Non
     if residual is not None:
         hidden = hidden + residual
     first_norm, second_norm = layer.input_layernorm, layer.post_attention_layernorm
-    qkv = product(hidden, w_qkv, attn.qkv_proj.bias, norm=(first_norm.weight, first_norm.eps))
+    qkv = product(hidden, w_qkv, attn.qkv_proj.bias, norm=(first_norm.weight, first_norm.eps), pdl=pdl)
     qk_norm = None if attn.q_norm is None else (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps)
     q = rope_and_store_kv(qkv, cos, sin, kv_cache, meta.slot_mapping, attn.num_heads, attn.num_kv_heads,
-                          attn.kv_scale, qk_norm)
-    attended = paged_attention(q, kv_cache, meta, attn.scale, attn.num_kv_heads, attn.kv_scale)
-    mid = product(attended.reshape(rows, attn.q_size), w_o, residual=hidden)
-    gate_up = product(mid, w_gate_up, norm=(second_norm.weight, second_norm.eps))
-    return product(gate_up, w_down, gated=True, residual=mid)
+                          attn.kv_scale, qk_norm, pdl=pdl)
+    attended = paged_attention(q, kv_cache, meta, attn.scale, attn.num_kv_heads, attn.kv_scale, pdl=pdl)
+    mid = product(attended.reshape(rows, attn.q_size), w_o, residual=hidden, pdl=pdl)
+    gate_up = product(mid, w_gate_up, norm=(second_norm.weight, second_norm.eps), pdl=pdl)
+    return product(gate_up, w_down, gated=True, residual=mid, pdl=pdl)
 
 
 def _one_row_product(x, weight, bias=None, **fused):

@@ -184,9 +184,9 @@ def use_torch_kernels(model: torch.nn.Module) -> int:
     return switch_hooks(model, TORCH_OPS)
 
 
-def use_triton_kernels(model: torch.nn.Module, fused_decode_rows: int = 1) -> bool:
+def use_triton_kernels(model: torch.nn.Module, fused_decode_rows: int = 1, pdl: bool = False) -> bool:
     """``fused_decode_rows``: decode steps of up to this many rows run a layer in one fused call
-    (``GpuDecodeLayer``)."""
+    (``GpuDecodeLayer``); ``pdl``: its launches use programmatic dependent launch (sm_90+)."""
     param = next(model.parameters(), None)
     if param is None or param.device.type != "cuda":
         return False
@@ -196,6 +196,7 @@ def use_triton_kernels(model: torch.nn.Module, fused_decode_rows: int = 1) -> bo
         warnings.warn("the model is on CUDA but triton is not installed, so it keeps its torch ops; "
                       "install gh200rt with the triton extra (pip install 'gh200rt[triton]')", stacklevel=2)
         return False
-    ops = TRITON_OPS if fused_decode_rows == 1 else dict(TRITON_OPS, decode_layer=GpuDecodeLayer(fused_decode_rows))
+    hook = GpuDecodeLayer(fused_decode_rows, pdl)
+    ops = TRITON_OPS if hook == gpu_decode_layer else dict(TRITON_OPS, decode_layer=hook)
     switch_hooks(model, ops)
     return True

@@ -49,13 +49,13 @@ def test_fused_layers_give_the_op_by_op_logits(compiled_triton, dtype, qk_norm):
 
 
 
-def batch_decode(model, rows: int, steps: int, fused_rows: int) -> tuple[torch.Tensor, int]:
+def batch_decode(model, rows: int, steps: int, fused_rows: int, pdl: bool = False) -> tuple[torch.Tensor, int]:
     """``rows`` sequences prefilled op by op, then ``steps`` greedy decode steps of all of them with layers fused up
     to ``fused_rows`` rows: every decode step's logits, and the kernels the last step launched (counted on a rerun
     of it: the same K/V land in the same slots)."""
     from gh200rt.models.base import AttentionMetadata
     from tests.gpu.gpu_models import BLOCK
-    use_triton_kernels(model, fused_decode_rows=fused_rows)
+    use_triton_kernels(model, fused_decode_rows=fused_rows, pdl=pdl)
     arch = model.arch
     kv = [torch.zeros(2, 4 * rows + 1, BLOCK, arch.num_kv_heads, arch.head_dim, dtype=model.dtype, device="cuda")
           for _ in range(arch.num_layers)]
@@ -92,3 +92,18 @@ def test_fused_rows_decode_steps_match_op_by_op_in_fewer_launches(rows):
     assert err <= 2 ** -6
     assert torch.equal(fused.argmax(-1), op_by_op.argmax(-1))
     assert unfused_kernels - fused_kernels >= 3 * arch.num_layers, (unfused_kernels, fused_kernels)
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+def test_programmatic_dependent_launch_keeps_every_bit(rows):
+    """``--enable-pdl``: each kernel waits for the one before it before touching memory, so the decode steps'
+    logits are bit for bit those of ordinary launches (a kernel reading a buffer before its producer finished would
+    show here), in the same number of launches."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm_90+")
+    arch = tiny_arch(qk_norm=True)
+    model = tiny_model(arch, torch.bfloat16, "cuda")
+    plain, plain_kernels = batch_decode(model, rows, 6, fused_rows=8)
+    chained, chained_kernels = batch_decode(model, rows, 6, fused_rows=8, pdl=True)
+    assert torch.equal(chained, plain)
+    assert chained_kernels == plain_kernels

@@ -118,3 +118,21 @@ def test_fused_decode_rows_under_cuda_graphs_generate_what_op_by_op_layers_gener
         outputs[rows] = LLM.from_engine(engine).generate(PROMPTS, GREEDY)
         engine.close()
     assert_same_or_near_tie(outputs[1], outputs[8], "fused decode rows 8")
+
+
+def test_programmatic_dependent_launch_under_cuda_graphs_generates_the_same_tokens_and_logprobs(tiny_dir):
+    """``--enable-pdl`` with the fused layers up to 8 rows, the decode graphs capturing the programmatic edges:
+    the tokens and logprobs of ordinary launches, exactly (the same kernels compute the same values)."""
+    import torch
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm_90+")
+    options = dict(dtype="bfloat16", max_model_len=128, num_kv_blocks=64, fused_decode_rows=8)
+    outputs = {}
+    for pdl in (False, True):
+        engine = LLMEngine.from_config(EngineConfig.from_kwargs(model=tiny_dir, enable_pdl=pdl, **options))
+        assert engine.runner.graphs is not None
+        outputs[pdl] = LLM.from_engine(engine).generate(PROMPTS, GREEDY)
+        engine.close()
+    for plain, chained in zip(outputs[False], outputs[True]):
+        assert chained.outputs[0].token_ids == plain.outputs[0].token_ids
+        assert chained.outputs[0].logprobs == plain.outputs[0].logprobs
