@@ -27,7 +27,18 @@ from .pdl import allow_next, pdl_launch, wait_for_previous
 
 MAX_ROWS = 64                       # rows per call; decode's batches beyond that belong to cuBLAS
 ROWS_TILE = dict(BLOCK_N=16, BLOCK_K=256, num_warps=4, DOT_16BIT=False)
-MAX_X_TILE = 16 * 256               # elements of a float32 x tile: 64 rows x 256 spill registers on sm_90
+# the widest K tile of each M tile that compiles for sm_90 without spills at 4 warps (scripts/check_kernels.py:
+# 32 or 64 rows x 256 columns spill)
+WIDEST_K_TILE = {16: 256, 32: 128, 64: 128}
+# (BLOCK_N, BLOCK_K, num_warps, DOT_16BIT) per M tile that scripts/bench_gpu_skinny.py --fused times: each compiles
+# without spills for a decode layer's three fusions (wider K tiles than WIDEST_K_TILE take 8 warps)
+SWEEP_TILES = {
+    16: [(16, 256, 4, False), (16, 256, 4, True), (32, 256, 4, False), (32, 256, 4, True), (16, 128, 4, False),
+         (32, 128, 4, False), (16, 256, 8, False), (32, 256, 8, False)],
+    32: [(16, 128, 4, False), (32, 128, 4, True), (16, 256, 8, True), (32, 256, 8, True)],
+    64: [(16, 128, 4, False), (16, 128, 4, True), (32, 128, 4, False), (32, 128, 4, True), (64, 128, 8, False),
+         (64, 128, 8, True), (16, 64, 4, False), (32, 256, 8, True), (64, 256, 8, True)],
+}
 
 
 @triton.jit
@@ -102,12 +113,11 @@ def block_rows(m: int) -> int:
 
 
 def rows_tile(m: int, tile: dict | None = None) -> dict:
-    """``ROWS_TILE`` with ``tile``'s entries over it, its K tile narrowed to ``MAX_X_TILE`` elements of x, and
-    ``BLOCK_M``."""
+    """``ROWS_TILE`` with ``tile``'s entries over it, its K tile narrowed to ``WIDEST_K_TILE``, and ``BLOCK_M``."""
     cfg = dict(ROWS_TILE, **(tile or {}))
     block_m = block_rows(m)
     if tile is None or "BLOCK_K" not in tile:
-        cfg["BLOCK_K"] = min(cfg["BLOCK_K"], MAX_X_TILE // block_m)
+        cfg["BLOCK_K"] = min(cfg["BLOCK_K"], WIDEST_K_TILE[block_m])
     return dict(cfg, BLOCK_M=block_m)
 
 

@@ -34,9 +34,6 @@ from bench_gpu_host_gemm import LLAMA3_8B, measured_bounds, pinned, print_fastes
 VARIANTS = list(itertools.product((32, 64, 128), (64, 128, 256), (3,), ("auto", 1)))
 DEEPER = [(bn, bk, 4, split) for bn, bk, _, split in VARIANTS]   # --stages 4 too
 FORMATS = ("bf16", "int8", "int4")
-# fused_rows (BLOCK_N, BLOCK_K, num_warps, DOT_16BIT); tiles past its MAX_X_TILE at these rows are left out
-FUSED_TILES = list(itertools.product((16, 32), (64, 128, 256), (4, 8), (False,))) + \
-    list(itertools.product((16, 32), (64, 128, 256), (4,), (True,)))
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--rows", type=int, default=8, help="rows of x (2-16)")
@@ -47,7 +44,7 @@ parser.add_argument("--deeper", action="store_true", help="also every variant wi
 parser.add_argument("--json", help="write every row here")
 parser.add_argument("--fused", action="store_true",
                     help="resident bf16: kernels/fused_rows.py (no K split, the decode layer's fused products) at "
-                         "every tile of FUSED_TILES instead of the tiled kernel's variants, against cuBLAS; --rows up "
+                         "every tile of its SWEEP_TILES instead of the tiled kernel's variants, against cuBLAS; --rows up "
                          "to 64 then")
 
 
@@ -121,10 +118,8 @@ def main() -> int:
                 print(f"{layer:<8} {weights:<5} {where:<20} tiled {bn}x{bk} s{stages} k{split}: {exc}", flush=True)
 
     def fused_sweep(layer, weights, where, x, dense, nbytes, bound, want):
-        from gh200rt.kernels.fused_rows import MAX_X_TILE, block_rows, fused_rows
-        for bn, bk, warps, dot_16bit in FUSED_TILES:
-            if bk * block_rows(args.rows) > MAX_X_TILE:
-                continue
+        from gh200rt.kernels.fused_rows import SWEEP_TILES, block_rows, fused_rows
+        for bn, bk, warps, dot_16bit in SWEEP_TILES[block_rows(args.rows)]:
             label = f"fused_rows {bn}x{bk} w{warps}" + (" bf16-dot" if dot_16bit else "")
             tile = dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, DOT_16BIT=dot_16bit)
             try:

@@ -4,7 +4,7 @@ tile bench_gpu_skinny sweeps, and inside a CUDA graph."""
 import pytest
 import torch
 
-from gh200rt.kernels.fused_rows import MAX_X_TILE, block_rows, fused_rows, reference_fused_rows
+from gh200rt.kernels.fused_rows import SWEEP_TILES, block_rows, fused_rows, reference_fused_rows
 
 pytestmark = pytest.mark.gpu
 # (N, K, fusion) of a decode layer's four products
@@ -42,22 +42,18 @@ def test_fused_rows_match_the_reference_at_decode_shapes(rows, n, k, fusion, mon
     assert err <= TOLERANCE, f"{rows} rows N={n} K={k} {fusion}: relative error {err:.2e}"
 
 
-@pytest.mark.parametrize("rows", [8, 64])
+@pytest.mark.parametrize("rows", [8, 24, 64])
 def test_every_swept_tile_compiles_and_computes(rows):
     from triton.runtime.errors import OutOfResources
     x, weight, fused = operands(rows, 4096, 14336, "gated+residual", seed=rows)
     want = reference_fused_rows(x, weight, **fused)
-    for block_n in (16, 32):
-        for block_k in (64, 128, 256):
-            if block_k * block_rows(rows) > MAX_X_TILE:
-                continue
-            for warps, dot_16bit in ((4, False), (8, False), (4, True)):
-                tile = dict(BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, DOT_16BIT=dot_16bit)
-                try:
-                    got = fused_rows(x, weight, tile=tile, **fused)
-                except OutOfResources as exc:
-                    pytest.fail(f"tile {tile} at {rows} rows: {exc}")
-                assert relative_error(got, want) <= TOLERANCE, tile
+    for block_n, block_k, warps, dot_16bit in SWEEP_TILES[block_rows(rows)]:
+        tile = dict(BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, DOT_16BIT=dot_16bit)
+        try:
+            got = fused_rows(x, weight, tile=tile, **fused)
+        except OutOfResources as exc:
+            pytest.fail(f"tile {tile} at {rows} rows: {exc}")
+        assert relative_error(got, want) <= TOLERANCE, tile
 
 
 def test_fused_rows_in_a_cuda_graph_read_the_new_rows():
