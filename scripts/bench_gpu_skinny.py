@@ -96,8 +96,8 @@ def main() -> int:
         ms, out = timed(fn)
         err = ((out.float() - want).abs().max() / want.abs().max()).item()
         gbs = nbytes / ms / 1e6
-        rows.append(dict(layer=layer, weights=weights, read_from=where, kernel=kernel, us=ms * 1e3, bytes=nbytes,
-                         gb_s=gbs, of_bound=gbs / bounds[bound], err=err))
+        rows.append(dict(layer=layer, m=args.rows, weights=weights, read_from=where, kernel=kernel, us=ms * 1e3,
+                         bytes=nbytes, gb_s=gbs, bound=bound, of_bound=gbs / bounds[bound], err=err))
         print(f"{layer:<8} {weights:<5} {where:<20} {kernel:<24} {ms * 1e3:9.1f} {gbs:8.1f} "
               f"{gbs / bounds[bound]:8.2f} {err:8.1e}", flush=True)
 

@@ -46,6 +46,8 @@ def bandwidth_figures(report: dict | None, platform: dict) -> list[dict]:
 def decode_figures(report: dict | None) -> list[dict]:
     return [{"what": f"decode {report['model']}, {r['placement']}"
                      f"{'' if r.get('one_call_layers', True) else ' op by op'}"
+                     f"{', fused up to %d rows' % r['fused_decode_rows'] if r.get('fused_decode_rows', 1) > 1 else ''}"
+                     f"{', PDL' if r.get('pdl') else ''}"
                      f"{', async scheduling' if r.get('async_scheduling') else ''} ({r['tiers']} res/str/dir), "
                      f"batch {r['batch']}" + (f", {r['kernels_per_step']} kernels/step" if r.get("kernels_per_step")
                                               else ""),
@@ -56,14 +58,14 @@ def decode_figures(report: dict | None) -> list[dict]:
 
 
 def kernel_figures(report: dict | None) -> list[dict]:
-    """Rows of scripts/bench_gpu_attention.py and bench_gpu_host_gemm.py, each GB/s next to the bound that script
-    measured in the same run."""
+    """Rows of scripts/bench_gpu_attention.py, bench_gpu_host_gemm.py and bench_gpu_skinny.py, each GB/s next to
+    the bound that script measured in the same run."""
     report = report or {}
     figures = []
     for r in report.get("rows", []):
-        if "gb_s" in r:      # host_gemm
+        if "gb_s" in r:      # a product: host_gemm's or the few-row sweep's
             roof = report["bounds_gb_s"][r["bound"]]
-            figures.append({"what": f"host_gemm {r['layer']} M={r['m']} {r['weights']} read from {r['read_from']}, "
+            figures.append({"what": f"product {r['layer']} M={r['m']} {r['weights']} read from {r['read_from']}, "
                                     f"{r['kernel']} kernel", "measured": r["gb_s"], "unit": "GB/s", "roofline": roof,
                             "roofline_source": f"{r['bound']} copy measured in the same run",
                             "fraction": r["gb_s"] / roof})

@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from validate_report import write_report  # noqa: E402
+from validate_report import decode_figures, write_report  # noqa: E402
 from validate_steps import (DEVICE_PREFLIGHT_CAP_S, SMOLLM2, Step, dry_run_problems, install_steps,  # noqa: E402
                             skip_reason, speed_steps, validation_steps)
 
@@ -237,10 +237,31 @@ def test_report_puts_kernel_timings_next_to_their_bounds(tmp_path):
     gemm.write_text(json.dumps({"bounds_gb_s": {"link": 50.0, "hbm": 3000.0}, "rows": [
         {"layer": "o", "m": 1, "weights": "int4", "read_from": "host", "kernel": "this tree", "gb_s": 40.0,
          "bound": "link"}]}))
+    skinny = tmp_path / "skinny_fused.json"   # a row as bench_gpu_skinny.py --fused records it
+    skinny.write_text(json.dumps({"device": "H100", "rows_of_x": 8, "bounds_gb_s": {"link": 50.0, "hbm": 3000.0},
+                                  "rows": [{"layer": "down", "m": 8, "weights": "bf16", "read_from": "HBM",
+                                            "kernel": "fused_rows 16x256 w4", "us": 50.0, "bytes": 117440512,
+                                            "gb_s": 2400.0, "bound": "hbm", "of_bound": 0.8, "err": 1e-3}]}))
+    steps = (("paged attention timings", attention), ("host_gemm timings", gemm),
+             ("few-row products: fused_rows tiles against cuBLAS and the tiled kernel", skinny))
     results = [{"step": name, "command": "x", "status": "ok", "exit_code": 0, "seconds": 1.0, "cap_s": 60,
-                "output_tail": "", "outputs": {"kernel": str(path)}}
-               for name, path in (("paged attention timings", attention), ("host_gemm timings", gemm))]
+                "output_tail": "", "outputs": {"kernel": str(path)}} for name, path in steps]
     write_report(tmp_path, {"device": "NVIDIA H100 80GB HBM3"}, {}, [], results)
     figures = {f["what"]: f for f in json.loads((tmp_path / "report.json").read_text())["figures"]}
     assert figures["paged attention batch 1, context 8192, auto"]["fraction"] == 0.8
-    assert figures["host_gemm o M=1 int4 read from host, this tree kernel"]["fraction"] == 0.8
+    assert figures["product o M=1 int4 read from host, this tree kernel"]["fraction"] == 0.8
+    assert figures["product down M=8 bf16 read from HBM, fused_rows 16x256 w4 kernel"]["fraction"] == 0.8
+
+
+def test_decode_figures_name_the_layer_path_fused_rows_pdl_and_async():
+    """The speed kit's layer-path step writes op-by-op, fused and fused-with-PDL rows of one batch: each figure
+    names its variant, so none reads as another."""
+    base = dict(placement="resident", tiers="32/0/0", batch=8, tokens_per_second=1000.0,
+                roofline_tokens_per_second=2000.0, kernels_per_step=200)
+    rows = [dict(base, one_call_layers=False, fused_decode_rows=1, pdl=False, async_scheduling=True),
+            dict(base, one_call_layers=True, fused_decode_rows=64, pdl=False, async_scheduling=True),
+            dict(base, one_call_layers=True, fused_decode_rows=64, pdl=True, async_scheduling=True)]
+    names = [f["what"] for f in decode_figures({"model": "llama3-8b", "platform": "h100-sxm", "rows": rows})]
+    assert len(set(names)) == 3, names
+    assert "op by op" in names[0] and "fused up to 64 rows" in names[1] and "fused up to 64 rows, PDL" in names[2]
+    assert all("async scheduling" in n and "batch 8" in n for n in names)
