@@ -43,28 +43,29 @@ class RequestState:
         while len(self._reported_tokens) < len(self.seqs):
             self._reported_tokens.append(0)
         outputs = []
+        want_lp = self.params.logprobs is not None
+        finished = True
         for seq, detok in zip(self.seqs, self.detoks):
             done = seq.is_finished
+            finished = finished and done
+            moved = seq.index in advanced
             before = self._reported_tokens[seq.index]
-            new_ids = seq.output_token_ids[before:] if seq.index in advanced else []
-            delta_text = detok.delta(final=done) if seq.index in advanced else ""
+            new_ids = seq.output_token_ids[before:] if moved else []
+            delta_text = detok.delta(final=done) if moved else ""
             self._reported_tokens[seq.index] = before + len(new_ids)
-            want_lp = self.params.logprobs is not None
-            outputs.append(CompletionOutput(
-                index=seq.index, text=detok.text[:detok.emitted], token_ids=list(seq.output_token_ids),
+            outputs.append(CompletionOutput.snapshot(
+                seq.index, detok.text, detok.emitted, seq.output_token_ids, seq.output_logprobs if want_lp else None,
                 cumulative_logprob=seq.cumulative_logprob if want_lp else None,
-                logprobs=list(seq.output_logprobs) if want_lp else None,
-                finish_reason=seq.finish_reason if seq.index in advanced else None,
-                stop_reason=seq.stop_reason, delta_text=delta_text, delta_token_ids=list(new_ids),
-                delta_logprobs=seq.output_logprobs[before:] if want_lp and seq.index in advanced else None))
-        prompt_lp = self.prompt_logprobs if self.prompt_logprobs is not None else None
+                finish_reason=seq.finish_reason if moved else None,
+                stop_reason=seq.stop_reason, delta_text=delta_text, delta_token_ids=new_ids,
+                delta_logprobs=seq.output_logprobs[before:] if want_lp and moved else None))
         metrics = self.metrics
         firsts = [s.first_token_time for s in self.seqs if s.first_token_time is not None]
         lasts = [s.last_token_time for s in self.seqs if s.last_token_time is not None]
         metrics.first_token_time = min(firsts, default=None)
         metrics.last_token_time = max(lasts, default=None)
-        if self.finished and metrics.finished_time is None:
+        if finished and metrics.finished_time is None:
             metrics.finished_time = time.perf_counter()
-        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outputs, finished=self.finished,
-                             prompt_logprobs=prompt_lp, num_cached_tokens=self.seqs[0].num_cached_tokens,
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outputs, finished=finished,
+                             prompt_logprobs=self.prompt_logprobs, num_cached_tokens=self.seqs[0].num_cached_tokens,
                              metrics=RequestMetrics(**vars(metrics)))

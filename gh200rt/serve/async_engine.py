@@ -2,8 +2,8 @@
 
 ONE thread owns the engine: it loads it (so the HTTP server answers /health 503 meanwhile),
 then loops: apply queued commands (add / abort), ``step()`` while there is work, and hand each
-``RequestOutput`` to the request's asyncio queue via ``loop.call_soon_threadsafe``. Handlers never
-call the engine directly. How many requests may be pending is decided before they get here
+``RequestOutput`` to the request's asyncio queue (a step's outputs in one ``loop.call_soon_threadsafe``).
+Handlers never call the engine directly. How many requests may be pending is decided before they get here
 (``admission``).
 
 The thread never dies of one request: a request the engine rejects gets its own error, and a
@@ -56,6 +56,11 @@ class _Call:
 
 def _adapter(lora_name: str | None) -> dict:
     return {"lora_request": lora_name} if lora_name is not None else {}
+
+
+def _put_each(batch: list) -> None:
+    for sink, item in batch:
+        sink.put_nowait(item)
 
 
 def _settle(future: asyncio.Future, result, error: Exception | None) -> None:
@@ -238,8 +243,7 @@ class AsyncEngine:
                 self._send(request_id, ("error", APIError(500, f"internal engine error: {e}")))
             self._stats_dirty = True
             return
-        for output in outputs:
-            self._send(output.request_id, ("output", output))
+        self._send_all(outputs)
         self._stats_dirty = True
         self._stepped_since_idle = True
 
@@ -268,6 +272,21 @@ class AsyncEngine:
             loop.call_soon_threadsafe(sink.put_nowait, (item[0], request_id, item[1]))
         except RuntimeError:                    # the loop is closed: the server is exiting
             pass
+
+    def _send_all(self, outputs: list[RequestOutput]) -> None:
+        """A step's outputs, one wake-up per event loop: each ``call_soon_threadsafe`` writes to the loop's
+        self-pipe, which at a batch of 64 cost the engine thread more than the rest of its reporting."""
+        batches: dict[asyncio.AbstractEventLoop, list] = {}
+        for output in outputs:
+            loop_sink = self._sinks.get(output.request_id)
+            if loop_sink is not None:
+                loop, sink = loop_sink
+                batches.setdefault(loop, []).append((sink, ("output", output.request_id, output)))
+        for loop, batch in batches.items():
+            try:
+                loop.call_soon_threadsafe(_put_each, batch)
+            except RuntimeError:                # the loop is closed: the server is exiting
+                pass
 
     def _publish_stats(self) -> None:
         now = time.monotonic()

@@ -123,3 +123,23 @@ def test_allowed_and_pinned_token_ids_outside_the_vocabulary_are_refused():
     for name in ("allowed_token_ids", "logprob_token_ids"):
         with pytest.raises(ValueError, match=name):
             eng.add_request(name, None, SamplingParams(logprobs=0, **{name: [64]}), prompt_token_ids=[5])
+
+
+def test_each_steps_output_keeps_that_steps_cumulative_text_ids_and_logprobs():
+    # outputs are built from the sequence's growing lists (CompletionOutput.snapshot): one read after later steps
+    # must still hold its own step's prefix, equal to the deltas so far, and the final one the whole output
+    llm = make_llm()
+    eng = llm.engine
+    eng.add_request("r", None, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=2),
+                    prompt_token_ids=[1, 2, 3])
+    steps = []
+    while eng.has_unfinished_requests():
+        steps += [o.outputs[0] for o in eng.step()]
+    assert len(steps) == 6
+    for i, out in enumerate(steps):
+        so_far = steps[:i + 1]
+        assert out.token_ids == [t for o in so_far for t in o.delta_token_ids] and len(out.token_ids) == i + 1
+        assert out.text == "".join(o.delta_text for o in so_far)
+        assert out.logprobs == [lp for o in so_far for lp in o.delta_logprobs] and len(out.logprobs) == i + 1
+    assert steps[2] != steps[3] and steps[-1] == steps[-1]
+    assert "token_ids=[" in repr(steps[0]) and steps[0].finished is False and steps[-1].finished is True
