@@ -44,12 +44,12 @@ class CompletionOutput:
         self._logprobs, self._logprobs_len = logprobs, None
 
     @classmethod
-    def snapshot(cls, index: int, text: str, text_len: int, token_ids: list[int], logprobs: list | None,
+    def snapshot(cls, index: int, text_pieces: list[str], text_len: int, token_ids: list[int], logprobs: list | None,
                  **fields) -> CompletionOutput:
-        """``text[:text_len]``, ``token_ids`` and ``logprobs`` as they are now (the lists only ever grow: their
-        current lengths are the snapshot), copied only if read."""
+        """The first ``text_len`` characters of ``text_pieces`` joined, ``token_ids`` and ``logprobs`` as they are now
+        (the lists only ever grow: their current lengths are the snapshot), copied only if read."""
         out = cls(index, **fields)
-        out._text, out._text_len = text, text_len
+        out._text, out._text_len = (text_pieces, len(text_pieces)), text_len
         out._token_ids, out._ids_len = token_ids, len(token_ids)
         if logprobs is not None:
             out._logprobs, out._logprobs_len = logprobs, len(logprobs)
@@ -58,7 +58,8 @@ class CompletionOutput:
     @property
     def text(self) -> str:
         if self._text_len is not None:
-            self._text, self._text_len = self._text[:self._text_len], None
+            pieces, count = self._text
+            self._text, self._text_len = "".join(pieces[:count])[:self._text_len], None
         return self._text
 
     @property

