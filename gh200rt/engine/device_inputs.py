@@ -2,6 +2,7 @@
 page-locked staging tensor and a non-blocking copy on a GPU; on the CPU the tensor is used as it is."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -10,6 +11,14 @@ def to_device(data: list, dtype: torch.dtype, device: torch.device) -> torch.Ten
     if device.type == "cpu":
         return torch.tensor(data, dtype=dtype)
     return torch.tensor(data, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+
+
+def array_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """``torch.from_numpy(array)`` on ``device``: through pinned memory and a non-blocking copy on a GPU."""
+    host = torch.from_numpy(np.ascontiguousarray(array))
+    if device.type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:

@@ -19,8 +19,8 @@ import torch
 from gh200rt.engine.device_inputs import to_device, to_host
 from gh200rt.engine.logits_processors import apply_logits_processors
 from gh200rt.engine.outputs import Logprob, TokenLogprobs
-from gh200rt.engine.sampling_tensors import (SamplingTensors, apply_penalties, banned_until_min_tokens, mask_ids,
-                                             needs_penalties)
+from gh200rt.engine.penalties import apply_penalties, needs_penalties
+from gh200rt.engine.sampling_tensors import SamplingTensors, banned_until_min_tokens, mask_ids
 from gh200rt.scheduler.request import Sequence
 
 

@@ -50,6 +50,7 @@ class Sequence:
         self.seed: int | None = None if params.seed is None else (params.seed * 1_000_003 + index) % (2**63)
         self._generator: torch.Generator | None = None
         self.output_logprobs: list = []
+        self.penalty_counts = None                # engine.penalties.PenaltyCounts, made on its first penalised step
         self.cumulative_logprob = 0.0
         self.grammar = None                       # gh200rt.structured.SequenceGrammar of a constrained request
         self.first_token_time: float | None = None  # perf_counter stamps of the first and latest output token

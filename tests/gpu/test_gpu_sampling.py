@@ -56,3 +56,29 @@ def test_engine_samples_on_cuda(tiny_dir):
     unseeded = llm.generate([[5, 6, 7]], SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True))
     assert len(unseeded[0].outputs[0].token_ids) == 8
     engine.close()
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_penalties_on_cuda_give_the_cpus_bits_with_tokens_in_flight(trial):
+    # positions listed twice (a window's repeats, a token in flight the row holds) are written twice on the GPU,
+    # in no set order: both writes must carry the same value
+    import random
+
+    from gh200rt.engine.penalties import apply_penalties
+    from tests.unit.test_penalties import ROWS, VOCAB as PENALTY_VOCAB, make_seq as make_penalised
+    rng = random.Random(trial)
+    cpu_seqs = [make_penalised(i, p, random.Random(trial * 100 + i)) for i, p in enumerate(ROWS)]
+    gpu_seqs = [make_penalised(i, p, random.Random(trial * 100 + i)) for i, p in enumerate(ROWS)]
+    for a, b in zip(cpu_seqs, gpu_seqs):
+        for _ in range(rng.randrange(2, 9)):
+            token = rng.choice(a.all_token_ids) if rng.random() < 0.6 else rng.randrange(PENALTY_VOCAB)
+            a.append_token(token)
+            b.append_token(token)
+    rows = list(range(len(ROWS)))
+    fed = [i for i in rows if i % 3]
+    tokens = torch.tensor([cpu_seqs[i].output_token_ids[-1] if i % 2 else PENALTY_VOCAB - 1 for i in fed])
+    logits = torch.randn(len(ROWS), PENALTY_VOCAB, generator=torch.Generator().manual_seed(trial)) * 3
+    want, got = logits.clone(), logits.cuda()
+    apply_penalties(want, cpu_seqs, rows, (fed, tokens))
+    apply_penalties(got, gpu_seqs, rows, (fed, tokens.cuda()))
+    assert torch.equal(got.cpu(), want)

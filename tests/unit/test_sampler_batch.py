@@ -116,7 +116,8 @@ def test_draws_never_pick_excluded_tokens_and_follow_the_distribution():
 def test_a_token_in_flight_counts_as_the_host_would_count_it(trial):
     """A step launched ahead (engine/run_ahead.py) samples rows whose latest output token is on the device only
     (``fed``): penalties, windows and min_tokens must treat it exactly as the host would once appended."""
-    from gh200rt.engine.sampling_tensors import apply_penalties, banned_until_min_tokens
+    from gh200rt.engine.penalties import apply_penalties
+    from gh200rt.engine.sampling_tensors import banned_until_min_tokens
     rows = ROW_PARAMS + [dict(temperature=0, repetition_penalty=1.5, repetition_window=3),
                          dict(temperature=0, repetition_penalty=1.5, repetition_window=1, frequency_penalty=0.7),
                          dict(temperature=0, repetition_penalty=2.0, repetition_window=0),
