@@ -128,7 +128,11 @@ class Sampler:
         assert logits.shape[0] == len(seqs)
         ahead = set(in_flight[0]) if in_flight is not None else set()
         want_logprobs = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
-        raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
+        raw_logprobs = None     # [len(want_logprobs), V]: only the rows that report logprobs
+        if want_logprobs:
+            rows = logits if len(want_logprobs) == len(seqs) else \
+                logits.index_select(0, to_device(want_logprobs, torch.int64, logits.device))
+            raw_logprobs = torch.log_softmax(rows, dim=-1)
         apply_logits_processors(logits, seqs)       # logit_bias, grammar masks: after raw logprobs, before sampling
         if all(_is_plain_greedy(s, i in ahead) for i, s in enumerate(seqs)):
             tokens = greedy_tokens(logits)
@@ -207,7 +211,8 @@ class PendingSample:
 
     def __init__(self, tokens: torch.Tensor, host: torch.Tensor, landed, raw_logprobs: torch.Tensor | None,
                  seqs: list[Sequence], want: list[int], k: int):
-        """``raw_logprobs``: kept only where a row pinned its own logprob token ids (read at ``result``)."""
+        """``raw_logprobs``: the rows of ``want``, kept only where a row pinned its own logprob token ids (read at
+        ``result``)."""
         self.tokens = tokens
         self._host, self._landed = host, landed
         self._raw_logprobs, self._seqs, self._want, self._k = raw_logprobs, seqs, want, k
@@ -215,12 +220,14 @@ class PendingSample:
     @classmethod
     def launch(cls, tokens: torch.Tensor, raw_logprobs: torch.Tensor | None, seqs: list[Sequence],
                want: list[int]) -> "PendingSample":
-        """Token ids, and the logprobs asked for, packed into one tensor whose host copy starts now."""
+        """Token ids, and the logprobs asked for, packed into one tensor whose host copy starts now. ``raw_logprobs``
+        holds the rows of ``want``, in that order."""
         if raw_logprobs is None:
             return cls(tokens, *to_host(tokens), None, seqs, want, 0)
-        rows = to_device(want, torch.int64, tokens.device)
+        chosen = tokens if len(want) == len(seqs) else tokens.index_select(0, to_device(want, torch.int64,
+                                                                                        tokens.device))
         k = max(_top_wanted(seqs[i]) for i in want)
-        packed = pack_logprobs(raw_logprobs.index_select(0, rows), tokens.index_select(0, rows), k)
+        packed = pack_logprobs(raw_logprobs, chosen, k)
         pinned = any(seqs[i].params.logprob_token_ids for i in want)    # read at result(): keep the logprobs
         return cls(tokens, *to_host(torch.cat([tokens.double(), packed.flatten()])), raw_logprobs if pinned else None,
                    seqs, want, k)
@@ -245,9 +252,9 @@ class PendingSample:
             row = host[len(seqs) + j * width:len(seqs) + (j + 1) * width]
             row_logprobs[i] = unpack_logprobs(row, token_ids[i], k, _top_wanted(seqs[i]))
             chosen_logprobs[i] = row[0]
-        for i in want:
+        for j, i in enumerate(want):
             if seqs[i].params.logprob_token_ids:
-                row_logprobs[i].update(pinned_logprobs(self._raw_logprobs[i], seqs[i].params.logprob_token_ids))
+                row_logprobs[i].update(pinned_logprobs(self._raw_logprobs[j], seqs[i].params.logprob_token_ids))
         return SampleResult(token_ids, row_logprobs, chosen_logprobs)
 
 

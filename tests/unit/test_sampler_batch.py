@@ -154,3 +154,16 @@ def test_fed_ids_land_in_their_places_among_the_inputs():
     fed = FedTokens(sampled, [0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2, 3])
     fed.write_into(inputs)
     assert inputs.tolist() == [70, 71, 72, 73, 4, 5, 6, 7, 8, 9] and fed.ids() is sampled
+
+
+def test_rows_reporting_logprobs_among_rows_that_do_not_get_what_each_gets_alone():
+    # the raw logprobs are taken of the reporting rows only: a pinned row's ids must be read from its own row there
+    params = [dict(temperature=0), dict(temperature=0, logprobs=0, logprob_token_ids=[4, 60]), dict(temperature=0),
+              dict(temperature=0.8, logprobs=2), dict(temperature=0, logprobs=0, logprob_token_ids=[7])]
+    logits = torch.randn(len(params), VOCAB, generator=torch.Generator().manual_seed(11)) * 3
+    together = Sampler(seed=0).launch(logits.clone(), [make_seq(i, p) for i, p in enumerate(params)]).result()
+    for i, p in enumerate(params):
+        alone = Sampler(seed=0).launch(logits[i:i + 1].clone(), [make_seq(i, p)]).result()
+        assert together.token_ids[i] == alone.token_ids[0]
+        assert together.logprobs[i] == alone.logprobs[0], p
+    assert set(together.logprobs[1]) >= {4, 60} and set(together.logprobs[4]) >= {7}
