@@ -149,17 +149,19 @@ class Sampler:
         penalised = [i for i, s in enumerate(seqs) if needs_penalties(s)]
         if penalised:
             apply_penalties(logits, seqs, penalised, in_flight)
-        tokens = greedy_tokens(logits)
         random_rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
-        if random_rows:
-            t = SamplingTensors.build(seqs, random_rows, logits.device)
-            scaled = truncate_batch(logits.index_select(0, t.random_rows) / t.temperature, t)
-            cdf = torch.cumsum(torch.softmax(scaled, dim=-1), dim=-1)
-            # u in (0, 1] scaled to the row's total: the first index whose cdf reaches it has probability > 0
-            target = self._uniforms(seqs, random_rows, logits.device).unsqueeze(1) * cdf[:, -1:]
-            drawn = torch.searchsorted(cdf, target).squeeze(1).clamp_(max=cdf.shape[1] - 1)
-            tokens.index_copy_(0, t.random_rows, drawn)
-        return tokens
+        if not random_rows:
+            return greedy_tokens(logits)
+        every_row = len(random_rows) == len(seqs)     # then no row is greedy, and no row need be picked out
+        t = SamplingTensors.build(seqs, random_rows, logits.device)
+        scaled = truncate_batch((logits if every_row else logits.index_select(0, t.random_rows)) / t.temperature, t)
+        cdf = torch.softmax(scaled, dim=-1).cumsum_(dim=-1)
+        # u in (0, 1] scaled to the row's total: the first index whose cdf reaches it has probability > 0
+        target = self._uniforms(seqs, random_rows, logits.device).unsqueeze(1) * cdf[:, -1:]
+        drawn = torch.searchsorted(cdf, target).squeeze(1).clamp_(max=cdf.shape[1] - 1)
+        if every_row:
+            return drawn
+        return greedy_tokens(logits).index_copy_(0, t.random_rows, drawn)
 
     def _uniforms(self, seqs: list[Sequence], rows: list[int], device: torch.device) -> torch.Tensor:
         """One uniform number in (0, 1] per row: the engine's generator for unseeded rows, the sequence's
