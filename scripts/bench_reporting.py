@@ -30,6 +30,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gh200rt.engine.detokenizer import IncrementalDetokenizer  # noqa: E402
+from gh200rt.engine.host_allocator import keep_freed_memory  # noqa: E402
 from gh200rt.engine.outputs import Logprob  # noqa: E402
 from gh200rt.engine.penalties import apply_penalties  # noqa: E402
 from gh200rt.engine.request_state import RequestState  # noqa: E402
@@ -136,6 +137,7 @@ def main() -> int:
     lengths = [int(v) for v in args.lengths.split(",")]
     if args.batch < 1 or args.steps < 1 or not lengths or min(lengths) < 1:
         parser.error("--batch, --steps and every --lengths value must be at least 1")
+    keep_freed_memory()            # as the engine keeps freed memory for the next step
     tokenizer, name = load_tokenizer()
     vocab = tokenizer.vocab_size
     print(f"batch {args.batch}, {args.steps} steps per length, tokenizer {name}, token ids "
