@@ -82,7 +82,8 @@ def _sorted_top_k_top_p(logits: torch.Tensor, t: SamplingTensors) -> torch.Tenso
 def _window_top_k_top_p(logits: torch.Tensor, t: SamplingTensors) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k / top-p from each row's largest WINDOW logits; ``covered[r]`` is False where top-p needs more."""
     neg_inf = float("-inf")
-    head, ids = torch.topk(logits, WINDOW, dim=-1)
+    # top-k alone needs each row's k-th largest only: the largest k of the batch's, not the window (half the time)
+    head, ids = torch.topk(logits, WINDOW if t.any_top_p else t.max_top_k, dim=-1)
     if t.any_top_k:
         kth = _kth_largest(head, t.top_k, logits.shape[1])
         logits = logits.masked_fill(logits < kth, neg_inf)

@@ -84,18 +84,21 @@ def test_stop_ids_stay_masked_until_min_tokens():
     assert all(Sampler(seed=s)(logits, [seq]).token_ids[0] != 3 for s in range(10))
 
 
+@pytest.mark.parametrize("with_top_p", [True, False], ids=["top-k and top-p", "top-k alone"])
 @pytest.mark.parametrize("scale", [1.0, 4.0, 12.0], ids=["flat", "peaked", "very peaked"])
-def test_window_truncation_equals_the_full_sort(scale):
+def test_window_truncation_equals_the_full_sort(scale, with_top_p):
     """The CPU's top-k / top-p over each row's largest logits (falling back to a sort where the window
-    holds too little mass) keeps exactly what a sort of the whole vocabulary keeps."""
+    holds too little mass; top-k alone over the batch's largest k) keeps exactly what a sort of the whole
+    vocabulary keeps."""
     from gh200rt.engine import sampler as sampler_module
     from gh200rt.engine.sampling_tensors import SamplingTensors
     rows, vocab = 24, 5000
     logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(1)) * scale
+    logits[3, :60] = 2.5           # ties at the k-th value stay
     top_k = torch.tensor([[0, 5, 40, 256, 0, 1][i % 6] for i in range(rows)])
-    top_p = torch.tensor([[0.9, 1.0, 0.5, 0.95, 0.99, 0.3][i % 6] for i in range(rows)])
-    t = SamplingTensors(torch.arange(rows), torch.ones(rows, 1), top_k, top_p, torch.zeros(rows), True, True, False,
-                        int(top_k.max()))
+    top_p = torch.tensor([[0.9, 1.0, 0.5, 0.95, 0.99, 0.3][i % 6] if with_top_p else 1.0 for i in range(rows)])
+    t = SamplingTensors(torch.arange(rows), torch.ones(rows, 1), top_k, top_p, torch.zeros(rows), True, with_top_p,
+                        False, int(top_k.max()))
     window = sampler_module.truncate_batch(logits.clone(), t)
     full = sampler_module._sorted_top_k_top_p(logits.clone(), t)
     assert torch.equal(torch.isinf(window), torch.isinf(full))
