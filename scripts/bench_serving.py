@@ -6,7 +6,9 @@ Modes: a Poisson arrival rate (--request-rate R) or a fixed number of requests i
 E2E latency (mean, p50, p99). --structured json constrains every request to a JSON schema (an array
 of objects with at least --output-len items, so no answer can end early and both runs generate the
 same tokens); --compare-structured runs the same prompts unconstrained and then constrained, in one
-process, and prints the cost of the grammar. Exits 1 when any request failed. Examples:
+process, and prints the cost of the grammar. --sampling chooses how every request samples: greedy (the default),
+or "sampled", llama.cpp's server defaults (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05) with a repetition
+penalty of 1.1. Exits 1 when any request failed. Examples:
 
   python scripts/bench_serving.py --base-url http://127.0.0.1:8000 --num-prompts 32 --max-concurrency 4
   python scripts/bench_serving.py --num-prompts 32 --max-concurrency 8 --compare-structured
@@ -23,6 +25,9 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
+
+SAMPLING = {"greedy": {"temperature": 0},
+            "sampled": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repetition_penalty": 1.1}}
 
 
 @dataclass
@@ -57,7 +62,7 @@ def bench_schema(min_items: int) -> dict:
 
 
 async def one_request(client: httpx.AsyncClient, args, prompt: list[int]) -> Result:
-    body = {"model": args.model, "prompt": prompt, "max_tokens": args.output_len, "temperature": 0,
+    body = {"model": args.model, "prompt": prompt, "max_tokens": args.output_len, **SAMPLING[args.sampling],
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     if args.structured == "json":
         body["structured_outputs"] = {"json": bench_schema(args.output_len)}
@@ -129,7 +134,7 @@ def report(args, results: list[Result], duration: float) -> int:
     out_tokens = sum(r.output_tokens for r in ok)
     tpots = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
     mode = f"max-concurrency {args.max_concurrency}" if args.max_concurrency else f"rate {args.request_rate}/s"
-    print(f"mode: {mode}; dataset {args.dataset}; output constraint: {args.structured}; "
+    print(f"mode: {mode}; dataset {args.dataset}; sampling {args.sampling}; output constraint: {args.structured}; "
           f"{args.num_prompts} prompts x {args.input_len}"
           f"{f' + {args.shared_prefix_len} shared' if args.dataset == 'shared-prefix' else ''} in, "
           f"{args.output_len} out; model {args.model}")
@@ -171,6 +176,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rounds", type=int, default=1, help="with --compare-structured: alternated rounds of each")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sampling", choices=tuple(SAMPLING), default="greedy",
+                    help="greedy, or llama.cpp's sampling defaults with a repetition penalty of 1.1")
     return ap
 
 
