@@ -32,8 +32,10 @@ class SampleResult:
 
 
 # On the CPU, top-k / top-p look at each row's largest WINDOW logits (a partial top-k, not a sort of
-# the vocabulary); a top-p row whose window holds less than top_p of the mass falls back to a sort.
+# the vocabulary); a top-p row whose window holds less than top_p of the mass tries the WIDE_WINDOW, then a sort
+# (at 64 rows of 49,152 ids on 2 CPUs: 4.9 ms for the largest 256, 16 ms for 4,096, 89 ms for the sort).
 WINDOW = 256
+WIDE_WINDOW = 4096
 
 
 def truncate_batch(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
@@ -46,14 +48,16 @@ def truncate_batch(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     return logits
 
 
-def _top_k_top_p(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
-    if logits.device.type != "cpu" or logits.shape[1] <= WINDOW or t.max_top_k > WINDOW:
+def _top_k_top_p(logits: torch.Tensor, t: SamplingTensors, window: int = WINDOW) -> torch.Tensor:
+    if logits.device.type != "cpu" or logits.shape[1] <= window or t.max_top_k > window:
         return _sorted_top_k_top_p(logits, t)
-    head, covered = _window_top_k_top_p(logits, t)
+    head, covered = _window_top_k_top_p(logits, t, window)
     if bool(covered.all()):
         return head
     rows = (~covered).nonzero().squeeze(1)
-    return head.index_copy(0, rows, _sorted_top_k_top_p(logits.index_select(0, rows), t.select(rows)))
+    wider = _top_k_top_p(logits.index_select(0, rows), t.select(rows), WIDE_WINDOW) if window < WIDE_WINDOW else \
+        _sorted_top_k_top_p(logits.index_select(0, rows), t.select(rows))
+    return head.index_copy(0, rows, wider)
 
 
 def _kth_largest(sorted_head: torch.Tensor, top_k: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -79,11 +83,11 @@ def _sorted_top_k_top_p(logits: torch.Tensor, t: SamplingTensors) -> torch.Tenso
     return logits
 
 
-def _window_top_k_top_p(logits: torch.Tensor, t: SamplingTensors) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k / top-p from each row's largest WINDOW logits; ``covered[r]`` is False where top-p needs more."""
+def _window_top_k_top_p(logits: torch.Tensor, t: SamplingTensors, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k / top-p from each row's largest ``window`` logits; ``covered[r]`` is False where top-p needs more."""
     neg_inf = float("-inf")
     # top-k alone needs each row's k-th largest only: the largest k of the batch's, not the window (half the time)
-    head, ids = torch.topk(logits, WINDOW if t.any_top_p else t.max_top_k, dim=-1)
+    head, ids = torch.topk(logits, window if t.any_top_p else t.max_top_k, dim=-1)
     if t.any_top_k:
         kth = _kth_largest(head, t.top_k, logits.shape[1])
         logits = logits.masked_fill(logits < kth, neg_inf)

@@ -85,14 +85,14 @@ def test_stop_ids_stay_masked_until_min_tokens():
 
 
 @pytest.mark.parametrize("with_top_p", [True, False], ids=["top-k and top-p", "top-k alone"])
-@pytest.mark.parametrize("scale", [1.0, 4.0, 12.0], ids=["flat", "peaked", "very peaked"])
+@pytest.mark.parametrize("scale", [0.05, 1.0, 4.0, 12.0], ids=["nearly uniform", "flat", "peaked", "very peaked"])
 def test_window_truncation_equals_the_full_sort(scale, with_top_p):
-    """The CPU's top-k / top-p over each row's largest logits (falling back to a sort where the window
+    """The CPU's top-k / top-p over each row's largest logits (a wider window, then a sort, where the window
     holds too little mass; top-k alone over the batch's largest k) keeps exactly what a sort of the whole
     vocabulary keeps."""
     from gh200rt.engine import sampler as sampler_module
     from gh200rt.engine.sampling_tensors import SamplingTensors
-    rows, vocab = 24, 5000
+    rows, vocab = 24, 10_000
     logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(1)) * scale
     logits[3, :60] = 2.5           # ties at the k-th value stay
     top_k = torch.tensor([[0, 5, 40, 256, 0, 1][i % 6] for i in range(rows)])
