@@ -339,7 +339,12 @@ def run(args) -> None:
     print(f"load average {os.getloadavg()[0]:.2f}; model {args.model}; host weight dtype {args.host_weight_dtype}")
     arch = read_arch(args.model)
     moe = arch.is_moe
-    print(f"{'placement':<19} {'tiers (res/str/dir)':<20} {'across':>6} {'batch':>5} {'tok/s':>9} "
+    names = args.placements.split(",") + (list(MOE_PLACEMENTS) if moe and args.placements == DEFAULT_PLACEMENTS
+                                          else [])
+    width = max(19, max(len(n) for n in names) + (len(" op-by-op") if args.layer_path != "one-call" else 0)
+                + (len(f" fused<={args.fused_decode_rows}") if args.fused_decode_rows > 1 else 0)
+                + (len(" pdl") if args.pdl != "off" else 0) + (len(" async") if args.async_scheduling != "off" else 0))
+    print(f"{'placement':<{width}} {'tiers (res/str/dir)':<20} {'across':>6} {'batch':>5} {'tok/s':>9} "
           f"{'vs resident':>11} {'copy GB/s':>9} {'wait ms/step':>12} {'roofline tok/s':>14} {'kernels/step':>12}"
           + (f" {'experts (r/s/d)':>16} {'expert MB/step':>14} {'whole layers MB':>15}" if moe else ""))
     layers = arch.num_layers
@@ -349,8 +354,6 @@ def run(args) -> None:
     layer_paths = {"one-call": [True], "op-by-op": [False], "both": [False, True]}[args.layer_path]
     async_modes = {"off": [False], "on": [True], "both": [False, True]}[args.async_scheduling]
     pdl_modes = {"off": [False], "on": [True], "both": [False, True]}[args.pdl]
-    names = args.placements.split(",") + (list(MOE_PLACEMENTS) if moe and args.placements == DEFAULT_PLACEMENTS
-                                          else [])
     for name in names:
         if name in MOE_PLACEMENTS and not moe:
             raise SystemExit(f"--placements {name}: {args.model} has no routed experts")
@@ -385,7 +388,7 @@ def run(args) -> None:
                 fused_label = f" fused<={args.fused_decode_rows}" if one_call and args.fused_decode_rows > 1 else ""
                 shown = name + ("" if one_call else " op-by-op") + fused_label + (" pdl" if pdl else "") \
                     + (" async" if ahead else "")
-                print(f"{shown:<19} {label:<20} {'on' if wrap else 'off':>6} {batch:>5} {tps:>9.1f} "
+                print(f"{shown:<{width}} {label:<20} {'on' if wrap else 'off':>6} {batch:>5} {tps:>9.1f} "
                       f"{tps / baseline[batch]:>10.2f}x {rate.copy_gbps:>9.2f} {rate.copy_wait_ms_per_step:>12.3f} "
                       f"{roof:>14.1f} {'-' if kernels.count is None else kernels.count:>12}"
                       + (f" {expert_label:>16} {rate.expert_link_bytes_per_step / 1e6:>14.2f} {whole / 1e6:>15.2f}"
