@@ -8,6 +8,9 @@ that could still grow into a stop string; when a stop string appears the text is
 from __future__ import annotations
 
 _CONTEXT_TOKENS = 5
+# pieces kept before they are joined into one: a piece is a string object (~50 bytes beside its text), so 256
+# sequences of 16,384 pieces each would hold ~200 MB; joining every 256 pieces copies the text once per 256 tokens
+_MAX_PIECES = 256
 
 
 class IncrementalDetokenizer:
@@ -64,6 +67,8 @@ class IncrementalDetokenizer:
         piece = new_text[len(prefix_text):]
         self.pieces.append(piece)
         self.length += len(piece)
+        if len(self.pieces) > _MAX_PIECES:
+            self.pieces = ["".join(self.pieces)]     # a new list: snapshots of the old one stay as they were
         self._prefix_offset, self._read_offset = self._read_offset, len(self._tokens)
         return self._find_stop(old_len) if self.stop and self.stopped_by is None else None
 

@@ -109,3 +109,28 @@ def test_random_streams_give_the_plain_strings_deltas_text_and_stops():
                 break
         assert fast.delta(final=True) == plain.delta(final=True) and fast.stopped_by == plain.stopped_by
         assert fast.text == plain.text
+
+
+def test_long_streams_join_their_pieces_and_keep_every_snapshot():
+    # past _MAX_PIECES pieces the text is joined into one; an earlier snapshot (the pieces list and a length, as
+    # outputs hold it) must keep reading its own prefix
+    import random
+    from gh200rt.engine import detokenizer
+    rng = random.Random(3)
+    tok = ByteTokenizer()
+    for stop in ([], ["zzz", "ld!"], [" STOP"]):
+        fast = IncrementalDetokenizer(tok, [0], stop=stop)
+        plain = PlainDetokenizer(tok, [0], stop, False)
+        snapshots = []
+        for i in range(3 * detokenizer._MAX_PIECES):
+            t = rng.choice([1, 2, 3, 8, 9])
+            assert fast.add_token(t) == plain.add_token(t)
+            assert fast.delta(final=False) == plain.delta(final=False)
+            if i % 97 == 0:
+                snapshots.append((fast.pieces, len(fast.pieces), fast.emitted, plain.text[:plain.emitted]))
+            if plain.stopped_by:
+                break
+        assert len(fast.pieces) <= detokenizer._MAX_PIECES
+        assert fast.delta(final=True) == plain.delta(final=True) and fast.text == plain.text
+        for pieces, count, length, want in snapshots:
+            assert "".join(pieces[:count])[:length] == want
