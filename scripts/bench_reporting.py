@@ -2,7 +2,9 @@
 detokenizing the step's token (``IncrementalDetokenizer.add_token``) and building its ``RequestOutput``
 (``RequestState.make_output``), as ``engine/stepping.py`` does after every step; and the sampler's repetition and
 frequency penalties (``engine/penalties.py``, every sequence at 1.1 and 0.2) over a [batch, vocabulary] float32
-logits table on the CPU.
+logits table on the CPU; and the step's inputs, block tables included (16-token blocks), as the eager path packs them
+(``model_runner.pack_step`` and ``step_inputs``) and as a CUDA graph's persistent buffers take them
+(``DecodeBuffers.fill``), on the CPU.
 
 On a GPU this work sits between two steps unless async scheduling hides it (docs/ASYNC_SCHEDULING.md); at batch 64
 on an H100 it was ~1 ms of a 10 ms step (docs/gpu-runs/h100-2026-11-26b). The baseline is the shortest length,
@@ -29,13 +31,18 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from gh200rt.engine.cuda_graphs.decode_buffers import DecodeBuffers  # noqa: E402
 from gh200rt.engine.detokenizer import IncrementalDetokenizer  # noqa: E402
 from gh200rt.engine.host_allocator import keep_freed_memory  # noqa: E402
 from gh200rt.engine.outputs import Logprob  # noqa: E402
+from gh200rt.engine.model_runner import pack_step, step_inputs  # noqa: E402
 from gh200rt.engine.penalties import apply_penalties  # noqa: E402
 from gh200rt.engine.request_state import RequestState  # noqa: E402
 from gh200rt.sampling_params import SamplingParams  # noqa: E402
 from gh200rt.scheduler.request import Sequence  # noqa: E402
+from gh200rt.scheduler.scheduler import ScheduledSequence, SchedulerOutput  # noqa: E402
+
+BLOCK_SIZE = 16
 
 
 class ByteTokenizer:
@@ -92,6 +99,8 @@ def requests_at(length: int, batch: int, tokenizer, logprobs: bool, draw: TokenD
             if logprobs:
                 seq.output_logprobs.append({token: Logprob(-1.0, 1)})
             detok.add_token(token)
+        seq.num_computed_tokens = seq.num_tokens - 1
+        seq.block_ids = list(range(r * 100_000, r * 100_000 + seq.num_tokens // BLOCK_SIZE + 1))
         state.seqs.append(seq)
         state.detoks.append(detok)
         state.make_output({0})
@@ -99,9 +108,12 @@ def requests_at(length: int, batch: int, tokenizer, logprobs: bool, draw: TokenD
     return states
 
 
-def time_steps(states, steps: int, vocab: int, logprobs: bool, draw: TokenDraws) -> tuple[float, float, float]:
-    """(ms per step detokenizing, building outputs, applying penalties), over ``steps`` steps of every sequence."""
-    detok_s = report_s = penalty_s = 0.0
+def time_steps(states, steps: int, vocab: int, logprobs: bool, draw: TokenDraws) -> list[float]:
+    """ms per step detokenizing, building outputs, applying penalties, packing the inputs and filling the graph
+    buffers, over ``steps`` steps of every sequence."""
+    detok_s = report_s = penalty_s = pack_s = fill_s = 0.0
+    longest = max(len(state.seqs[0].block_ids) for state in states) + steps // BLOCK_SIZE + 2
+    buffers = DecodeBuffers(len(states), longest, BLOCK_SIZE, "cpu")
     seqs = [state.seqs[0] for state in states]
     logits = torch.randn(len(seqs), vocab, generator=torch.Generator().manual_seed(0))
     apply_penalties(logits.clone(), seqs, list(range(len(seqs))))      # the first call counts the whole history
@@ -120,10 +132,23 @@ def time_steps(states, steps: int, vocab: int, logprobs: bool, draw: TokenDraws)
         penalised = logits.clone()
         t3 = time.perf_counter()
         apply_penalties(penalised, seqs, list(range(len(seqs))))
-        penalty_s += time.perf_counter() - t3
+        t4 = time.perf_counter()
+        for seq in seqs:           # the step computed one position; a full block gains the next
+            seq.num_computed_tokens = seq.num_tokens - 1
+            if seq.num_computed_tokens // BLOCK_SIZE >= len(seq.block_ids):
+                seq.block_ids.extend([seq.block_ids[-1] + 1])
+        out = SchedulerOutput([ScheduledSequence(seq, 1) for seq in seqs])
+        t5 = time.perf_counter()
+        step_inputs(pack_step(out, BLOCK_SIZE), BLOCK_SIZE)
+        t6 = time.perf_counter()
+        buffers.fill(out, len(seqs))
+        t7 = time.perf_counter()
         detok_s += t1 - t0
         report_s += t2 - t1
-    return detok_s / steps * 1e3, report_s / steps * 1e3, penalty_s / steps * 1e3
+        penalty_s += t4 - t3
+        pack_s += t6 - t5
+        fill_s += t7 - t6
+    return [total / steps * 1e3 for total in (detok_s, report_s, penalty_s, pack_s, fill_s)]
 
 
 def main() -> int:
@@ -142,16 +167,16 @@ def main() -> int:
     vocab = tokenizer.vocab_size
     print(f"batch {args.batch}, {args.steps} steps per length, tokenizer {name}, token ids "
           + ("uniform" if args.uniform else "Zipf") + (", logprobs" if args.logprobs else ""))
-    print(f"{'output so far':>13} {'detokenize ms/step':>19} {'vs shortest':>12} {'outputs ms/step':>16} "
-          f"{'vs shortest':>12} {'penalties ms/step':>18} {'vs shortest':>12}")
+    columns = ("detokenize", "outputs", "penalties", "inputs, eager", "inputs, graphs")
+    print(f"{'output so far':>13}" + "".join(f" {name + ' ms/step':>22} {'vs shortest':>11}" for name in columns))
     base = None
     for length in lengths:
         draw = TokenDraws(vocab, args.uniform, random.Random(length))
         states = requests_at(length, args.batch, tokenizer, args.logprobs, draw)
-        detok_ms, report_ms, penalty_ms = time_steps(states, args.steps, vocab, args.logprobs, draw)
-        base = (detok_ms, report_ms, penalty_ms) if base is None else base
-        print(f"{length:>13} {detok_ms:>19.3f} {detok_ms / base[0]:>11.2f}x {report_ms:>16.3f} "
-              f"{report_ms / base[1]:>11.2f}x {penalty_ms:>18.3f} {penalty_ms / base[2]:>11.2f}x", flush=True)
+        times = time_steps(states, args.steps, vocab, args.logprobs, draw)
+        base = times if base is None else base
+        print(f"{length:>13}" + "".join(f" {ms:>22.3f} {ms / first:>10.2f}x" for ms, first in zip(times, base)),
+              flush=True)
     return 0
 
 

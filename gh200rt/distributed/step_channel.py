@@ -18,13 +18,14 @@ HEADER = 11
 def send_step(state: ParallelState, step: HostStep, moves: list[PlacementMove] = ()) -> None:
     ranges = [v for i, (a, b) in step.prompt_logit_ranges.items() for v in (i, a, b)]
     lora = [v for pair in step.lora_loads + step.lora_runs for v in pair]
-    payload = step.packed + ranges + lora + [v for move in moves for v in move.encode()]
+    tail = ranges + lora + [v for move in moves for v in move.encode()]
+    payload = torch.cat([torch.from_numpy(step.packed), torch.tensor(tail, dtype=torch.int64)])
     rows = -1 if step.linear_rows is None else step.linear_rows
     header = torch.tensor([STEP, step.num_tokens, step.num_seqs, step.width, len(step.sample_rows), rows,
                            len(step.prompt_logit_ranges), len(step.lora_loads), len(step.lora_runs), len(moves),
                            len(payload)], dtype=torch.int64)
     state.broadcast_control(header)
-    state.broadcast_control(torch.tensor(payload, dtype=torch.int64))
+    state.broadcast_control(payload)
 
 
 def send_stop(state: ParallelState) -> None:
@@ -38,16 +39,16 @@ def receive_step(state: ParallelState) -> tuple[HostStep, list[PlacementMove]] |
     if command == STOP:
         return None
     assert command == STEP, header
-    payload = state.broadcast_control(torch.empty(length, dtype=torch.int64)).tolist()
+    payload = state.broadcast_control(torch.empty(length, dtype=torch.int64))
     tail = 3 * n_ranges + 2 * (n_loads + n_runs) + 4 * n_moves
-    packed, rest = payload[:length - tail], payload[length - tail:]
+    packed, rest = payload[:length - tail].numpy(), payload[length - tail:].tolist()
     ranges, rest = rest[:3 * n_ranges], rest[3 * n_ranges:]
     lora, rest = rest[:2 * (n_loads + n_runs)], rest[2 * (n_loads + n_runs):]
     pairs = [(lora[k], lora[k + 1]) for k in range(0, len(lora), 2)]
     moves = PlacementMove.decode(rest)
-    starts = packed[3 * t:3 * t + b + 1]
-    seq_lens = packed[3 * t + b + 1:3 * t + 2 * b + 1]
-    sample_rows = packed[3 * t + 2 * b + 1:3 * t + 2 * b + 1 + n_sample]
+    starts = packed[3 * t:3 * t + b + 1].tolist()
+    seq_lens = packed[3 * t + b + 1:3 * t + 2 * b + 1].tolist()
+    sample_rows = packed[3 * t + 2 * b + 1:3 * t + 2 * b + 1 + n_sample].tolist()
     prompt_ranges = {ranges[k]: (ranges[k + 1], ranges[k + 2]) for k in range(0, len(ranges), 3)}
     return HostStep(packed, t, width, [e - s for s, e in zip(starts, starts[1:])], seq_lens, sample_rows,
                     prompt_ranges, None if rows < 0 else rows, lora_loads=pairs[:n_loads],

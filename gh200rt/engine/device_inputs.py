@@ -14,10 +14,11 @@ def to_device(data: list, dtype: torch.dtype, device: torch.device) -> torch.Ten
 
 
 def array_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """``torch.from_numpy(array)`` on ``device``: through pinned memory and a non-blocking copy on a GPU."""
+    """A copy of ``array`` on ``device`` (never sharing its memory, as ``torch.tensor`` does not): through pinned
+    memory and a non-blocking copy on a GPU."""
     host = torch.from_numpy(np.ascontiguousarray(array))
     if device.type == "cpu":
-        return host
+        return host.clone()
     return host.pin_memory().to(device, non_blocking=True)
 
 

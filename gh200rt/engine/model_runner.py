@@ -17,11 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
 
-from gh200rt.engine.device_inputs import to_device
+from gh200rt.engine.device_inputs import array_to_device
 from gh200rt.engine.invariance import LOGIT_BLOCK_ROWS, linear_block_rows
 from gh200rt.engine.pooling import pool_rows
+from gh200rt.kv.block_row import block_row
 from gh200rt.models.base import AttentionMetadata
 from gh200rt.models.layers.row_blocks import in_row_blocks
 from gh200rt.scheduler.scheduler import SchedulerOutput
@@ -58,7 +60,8 @@ class StepInputs:
 class HostStep:
     """One step's inputs as host data, before they reach the device: what ``step_inputs`` unpacks, and what rank 0
     of a tensor-parallel engine sends its workers (``distributed/step_channel.py``)."""
-    packed: list[int]          # ids, positions, slots [T each], query starts [B+1], seq lens [B], sample rows, tables
+    packed: np.ndarray         # int64: ids, positions, slots [T each], query starts [B+1], seq lens [B], sample rows,
+    #                            tables [B, width]
     num_tokens: int
     width: int                 # block table width (padded with 0)
     query_lens: list[int]
@@ -107,7 +110,7 @@ def pack_step(out: SchedulerOutput, block_size: int, linear_rows: int | None = N
             prompt_ranges[i] = (flat, flat + min(end, len(seq.prompt_token_ids)) - start)
         query_lens.append(q)
         seq_lens.append(end)
-        tables.append(table)
+        tables.append(block_row(seq))
         width = max(width, len(table))
         starts.append(flat + q)
         if item.samples:
@@ -116,17 +119,20 @@ def pack_step(out: SchedulerOutput, block_size: int, linear_rows: int | None = N
             rows = pool_rows(seq.pooling, start, end, seq.num_tokens, flat)
             if rows is not None:
                 pool_ranges[i] = rows
-    # Everything the device needs, packed into one int64 host tensor: one (non-blocking, pinned) copy.
-    packed = [*ids, *positions, *slots, *starts, *seq_lens, *sample_rows]
-    for table in tables:
-        packed.extend(table)
-        packed.extend([0] * (width - len(table)))
+    # Everything the device needs, packed into one int64 host array: one (non-blocking, pinned) copy. The tables
+    # come from each sequence's int32 row (kv/block_row.py), which gains only its new blocks from step to step.
+    head = [*ids, *positions, *slots, *starts, *seq_lens, *sample_rows]
+    packed = np.zeros(len(head) + len(tables) * width, dtype=np.int64)
+    packed[:len(head)] = head
+    rows = packed[len(head):].reshape(len(tables), width)
+    for i, table in enumerate(tables):
+        rows[i, :len(table)] = table
     return HostStep(packed, len(ids), width, query_lens, seq_lens, sample_rows, prompt_ranges, linear_rows,
                     pool_ranges)
 
 
 def step_inputs(step: HostStep, block_size: int, device: torch.device | str = "cpu") -> StepInputs:
-    on_device = to_device(step.packed, torch.int64, torch.device(device))
+    on_device = array_to_device(step.packed, torch.device(device))
     t, b, width = step.num_tokens, step.num_seqs, step.width
     parts = on_device.split([t, t, t, b + 1, b, len(step.sample_rows), b * width])
     meta = AttentionMetadata(

@@ -131,6 +131,9 @@ class KVCacheManager:
             need -= self.pool.blocks[block_id].ref_count > 0
         return need
 
+    # ``request.block_ids`` only grows (``extend``) or is replaced by a new list, never edited in place:
+    # kv/block_row.py keeps its int32 copy in step by that rule
+
     def adopt_prefix(self, request: HasBlocks, block_ids: list[int], hashes: list[int]) -> None:
         """Give a fresh request shared references to already-computed blocks (prefix hit or fork)."""
         assert not request.block_ids and request.num_computed_tokens == 0

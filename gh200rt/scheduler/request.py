@@ -37,6 +37,7 @@ class Sequence:
         self.status = Status.WAITING
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []
+        self.block_row = None                     # kv.block_row.BlockRow: block_ids as int32 for the step inputs
         self.block_hashes: list[int] = []
         self.num_cached_tokens = 0                # prompt tokens reused from the prefix cache
         self.num_preemptions = 0

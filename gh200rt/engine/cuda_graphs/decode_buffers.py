@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from gh200rt.kv.block_row import block_row
 from gh200rt.models.base import AttentionMetadata
 from gh200rt.scheduler.scheduler import SchedulerOutput
 
@@ -37,6 +38,7 @@ class DecodeBuffers:
         self._host64 = torch.zeros(4, n, dtype=torch.int64, pin_memory=True) if on_gpu else self.int64
         self._host_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, pin_memory=True) \
             if on_gpu else self.block_tables
+        self._host_tables_np = self._host_tables.numpy()     # the same memory: rows are copied in as numpy
         self._copied = torch.cuda.Event() if on_gpu else None
         self._pad = torch.tensor(PAD_ROW, dtype=torch.int64)[:, None]
         self._rows = 0     # table rows and columns that may hold non-zero ids from the last fill
@@ -55,7 +57,7 @@ class DecodeBuffers:
             positions.append(p)
             slots.append(seq.block_ids[p // bs] * bs + p % bs)
             lens.append(p + 1)
-            tables.append(seq.block_ids)
+            tables.append(block_row(seq))
         width = max(len(t) for t in tables)
         if width > self.max_blocks:
             raise ValueError(f"a sequence holds {width} KV blocks but the graph buffers were sized for "
@@ -65,9 +67,10 @@ class DecodeBuffers:
         host, host_tables = self._host64, self._host_tables
         host[:, :batch] = torch.tensor([ids, positions, slots, lens], dtype=torch.int64)
         host[:, batch:bucket] = self._pad
-        host_tables[:batch, width:self._width] = 0
-        host_tables[batch:self._rows, :self._width] = 0
-        host_tables[:batch, :width] = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+        rows = self._host_tables_np
+        rows[:max(batch, self._rows), :max(width, self._width)] = 0
+        for i, table in enumerate(tables):
+            rows[i, :len(table)] = table
         self._rows, self._width = batch, width
         if self._copied is not None:
             self.int64.copy_(host, non_blocking=True)     # whole (contiguous) rows: one plain copy
