@@ -18,7 +18,7 @@ kernel to its last (the rest is the device waiting: launch gaps, host work) and 
     python scripts/bench_decode.py [--model smollm2-135m] [--batches 1,8] [--tokens 32]
         [--placements resident,stream,every-2nd,direct] [--host-weight-dtype auto] [--dtype auto]
         [--prefetch-across-steps on|off|both] [--layer-path one-call|op-by-op|both] [--fused-decode-rows N]
-        [--pdl off|on|both] [--async-scheduling off|on|both]
+        [--pdl off|on|both] [--async-scheduling off|on|both] [--context N]
         [--random-model llama3-8b [--random-model-dir DIR]] [--json PATH] [--kernel-times N] [--host-profile N]
         [--graphs]
 
@@ -26,6 +26,10 @@ kernel to its last (the rest is the device waiting: launch gaps, host work) and 
 (engine/run_ahead.py: the host's per-step work overlaps the device's); ``both`` runs each placement twice, the
 synchronous engine first (the baseline in the same run). With it, a ``--kernel-times`` profile of one ``step()``
 holds the step that call launches (the one it reports has run before the profile starts).
+
+``--context N`` gives each request a prompt of N tokens (default 4), prefilled in as many steps as the token
+budget takes before the decode steps are timed; the roofline then adds the K/V bytes each step's attention reads
+at the average position of the timed steps.
 
 ``--graphs`` instead times the decode step (the time between tokens) eager and through the bucketed
 graph path, side by side per placement and batch (each batch's bucket is captured before timing): on a
@@ -90,13 +94,29 @@ class DecodeRate:
     expert_link_bytes_per_step: float = 0.0    # routed experts copied in or read in place, per decode step
 
 
-def decode_rate(engine: LLMEngine, batch: int, tokens: int, host_profile=None) -> DecodeRate:
-    """Decode rate over the decode steps of ``batch`` requests of ``tokens`` new tokens each; ``host_profile``: a
-    ``cProfile.Profile`` to run over those steps (the rate then includes its overhead)."""
+def prompt_of(i: int, context: int) -> list[int]:
+    """Request ``i``'s prompt: four tokens, or ``context`` (its first token its own, so no two share a cached
+    prefix)."""
+    return [1 + i, 17, 42, 99] + [100 + (7 * j + i) % 900 for j in range(max(0, context - 4))]
+
+
+def prefill(engine: LLMEngine) -> None:
+    """Step until every request has its first token: a long prompt takes several steps (chunked prefill), during
+    which the requests prefilled first already decode."""
+    engine.step()
+    while engine.scheduler.waiting or any(not seq.output_token_ids and not seq.is_finished
+                                          for seq in engine.scheduler.running):
+        engine.step()
+
+
+def decode_rate(engine: LLMEngine, batch: int, tokens: int, host_profile=None, context: int = 4) -> DecodeRate:
+    """Decode rate over the decode steps of ``batch`` requests of ``tokens`` new tokens each after prompts of
+    ``context`` tokens; ``host_profile``: a ``cProfile.Profile`` to run over those steps (the rate then includes
+    its overhead)."""
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     for i in range(batch):
-        engine.add_request(f"b{batch}-{i}", None, params, prompt_token_ids=[1 + i, 17, 42, 99])
-    engine.step()  # prefill of every request (+ their first token)
+        engine.add_request(f"b{batch}-{i}", None, params, prompt_token_ids=prompt_of(i, context))
+    prefill(engine)  # prefill of every request (+ their first token)
     # with async scheduling that call launched the first decode step too: finish it untimed and leave its tokens out
     ahead = engine.rows_in_flight
     if ahead and str(engine.runner.device).startswith("cuda"):
@@ -134,7 +154,7 @@ class StepKernels:
     costliest: tuple[tuple[str, int, float], ...] = ()
 
 
-def step_kernels(engine: LLMEngine, batch: int) -> StepKernels:
+def step_kernels(engine: LLMEngine, batch: int, context: int = 4) -> StepKernels:
     """Kernels one decode step of ``batch`` requests runs: on a GPU the device kernels and copies the profiler
     records (CUDA-graph replays included), with their times; elsewhere the launches the same code issues
     (gh200rt/launch_count.py: torch ops that do work, Triton launches)."""
@@ -142,8 +162,8 @@ def step_kernels(engine: LLMEngine, batch: int) -> StepKernels:
     # fourth token), not only report the last one
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     for i in range(batch):
-        engine.add_request(f"k{batch}-{i}", None, params, prompt_token_ids=[1 + i, 17, 42, 99])
-    engine.step()  # prefill
+        engine.add_request(f"k{batch}-{i}", None, params, prompt_token_ids=prompt_of(i, context))
+    prefill(engine)
     engine.step()  # a first decode step: a graph's capture stays out of the counted one
     if str(engine.runner.device).startswith("cuda"):
         result = _profiled_step(engine)
@@ -180,13 +200,13 @@ def _profiled_step(engine: LLMEngine) -> StepKernels:
     return StepKernels(len(device), sum(us for _, _, us in costliest), span, tuple(costliest))
 
 
-def print_host_profile(engine: LLMEngine, batch: int, tokens: int, top: int) -> None:
+def print_host_profile(engine: LLMEngine, batch: int, tokens: int, top: int, context: int = 4) -> None:
     """``--host-profile``: the decode steps of another ``batch`` x ``tokens`` run under cProfile, then the ``top``
     functions by their own time per step (where the host's share of a step goes)."""
     import cProfile
     import pstats
     profile = cProfile.Profile()
-    rate = decode_rate(engine, batch, tokens, profile)
+    rate = decode_rate(engine, batch, tokens, profile, context)
     stats = pstats.Stats(profile)
     steps = max(1, tokens - 1)         # the prefill step samples each request's first token
     print(f"    host profile over {steps} steps ({batch / rate.tokens_per_second * 1e3:.3f} ms a step profiled), "
@@ -278,15 +298,17 @@ def run_graphs(args) -> None:
             json.dump(dict(model=args.random_model or args.model, rows=rows), f, indent=1)
 
 
-def roofline_tokens_per_second(engine: LLMEngine, batch: int) -> float:
+def roofline_tokens_per_second(engine: LLMEngine, batch: int, kv_tokens: float = 0.0) -> float:
     """Decode tokens/s allowed by the platform profile's bandwidths for the plan's weight bytes per step; an MoE
     model's routed experts count as the expected distinct experts a step of ``batch`` tokens touches, each at
-    its tier's cost (cost_model.expert_seconds)."""
+    its tier's cost (cost_model.expert_seconds). ``kv_tokens``: the cached positions each sequence's attention
+    reads per step on average (``--context``), whose K/V bytes count at the device's bandwidth too."""
     plan, platform = engine.plan, engine.platform
     sizes = plan.sizes
     streamed = plan.tiers.count("streamed") * sizes.host_layer_bytes
     dense_resident = sizes.fixed_memory + plan.tiers.count("resident") * sizes.resident_layer_memory
-    compute = ((dense_resident + streamed) / (platform.hbm_gbps * 1e9)
+    kv = batch * kv_tokens * sizes.kv_bytes_per_token
+    compute = ((dense_resident + streamed + kv) / (platform.hbm_gbps * 1e9)
                + plan.tiers.count("direct") * direct_layer_seconds(sizes, platform, plan.direct_scales_on_device))
     step = max(compute, streamed / (platform.link_h2d_gbps * 1e9)) + \
         expert_seconds(plan.expert_tiers, sizes, platform, batch)
@@ -299,6 +321,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--tokens", type=int, default=32, help="decode tokens per request")
+    parser.add_argument("--context", type=int, default=4,
+                        help="prompt tokens per request (default 4); above 4 the roofline adds the K/V bytes each "
+                             "step's attention reads (the average position over the timed steps)")
     parser.add_argument("--placements", default=DEFAULT_PLACEMENTS,
                         help=f"comma-separated, of {', '.join(placements(2))} (the default adds the experts-* "
                              f"ones for an MoE model)")
@@ -331,6 +356,10 @@ def main() -> None:
     parser.add_argument("--graphs", action="store_true",
                         help="time decode steps eager vs the bucketed graph path (see above)")
     args = parser.parse_args()
+    if args.context < 4:
+        parser.error(f"--context {args.context}: at least 4 (the default prompt's tokens)")
+    if args.graphs and args.context != 4:
+        parser.error("--context times decode after long prompts; --graphs times the default prompts only")
     with model_of(args) as args.model:
         (run_graphs if args.graphs else run)(args)
 
@@ -354,14 +383,19 @@ def run(args) -> None:
     layer_paths = {"one-call": [True], "op-by-op": [False], "both": [False, True]}[args.layer_path]
     async_modes = {"off": [False], "on": [True], "both": [False, True]}[args.async_scheduling]
     pdl_modes = {"off": [False], "on": [True], "both": [False, True]}[args.pdl]
+    batches = [int(b) for b in args.batches.split(",")]
+    # room for every request's prompt and tokens at the largest batch (16-token blocks), and the usual 256 at least
+    max_len = max(256, args.context + args.tokens + 16)
+    kv_blocks = max(256, max(batches) * -(-max_len // 16) + 16)
+    kv_tokens = args.context + args.tokens / 2 if args.context > 4 else 0.0
     for name in names:
         if name in MOE_PLACEMENTS and not moe:
             raise SystemExit(f"--placements {name}: {args.model} has no routed experts")
         runs = [(w, c, a, p) for c in layer_paths for w in across for a in async_modes
                 for p in (pdl_modes if c else [False])]
         for wrap, one_call, ahead, pdl in runs:
-            config = EngineConfig.from_kwargs(model=args.model, dtype=args.dtype, max_model_len=256,
-                                              num_kv_blocks=256, host_weight_dtype=args.host_weight_dtype,
+            config = EngineConfig.from_kwargs(model=args.model, dtype=args.dtype, max_model_len=max_len,
+                                              num_kv_blocks=kv_blocks, host_weight_dtype=args.host_weight_dtype,
                                               prefetch_across_steps=wrap, async_scheduling=ahead,
                                               fused_decode_rows=args.fused_decode_rows if one_call else 1,
                                               enable_pdl=pdl, **placements(layers)[name])
@@ -374,14 +408,13 @@ def run(args) -> None:
                 for layer in engine.runner.model.layers:
                     layer.decode_layer_fn = None
             label = f"{tiers.get('resident', 0)}/{tiers.get('streamed', 0)}/{tiers.get('direct', 0)}"
-            batches = [int(b) for b in args.batches.split(",")]
             warm_up(engine, batches)
             for batch in batches:
-                rate = decode_rate(engine, batch, args.tokens)
+                rate = decode_rate(engine, batch, args.tokens, context=args.context)
                 tps = rate.tokens_per_second
                 baseline.setdefault(batch, tps)
-                roof = roofline_tokens_per_second(engine, batch)
-                kernels = step_kernels(engine, batch)
+                roof = roofline_tokens_per_second(engine, batch, kv_tokens)
+                kernels = step_kernels(engine, batch, args.context)
                 experts = engine.stats().experts_per_tier
                 expert_label = f"{experts.get('resident', 0)}/{experts.get('streamed', 0)}/{experts.get('direct', 0)}"
                 whole = whole_layer_expert_bytes(engine) if moe else 0
@@ -397,10 +430,10 @@ def run(args) -> None:
                       flush=True)
                 print_step_kernels(kernels, batch / tps * 1e3, args.kernel_times)
                 if args.host_profile:
-                    print_host_profile(engine, batch, args.tokens, args.host_profile)
+                    print_host_profile(engine, batch, args.tokens, args.host_profile, args.context)
                 rows.append(dict(placement=name, tiers=label, prefetch_across_steps=wrap, one_call_layers=one_call,
                                  fused_decode_rows=args.fused_decode_rows if one_call else 1, pdl=pdl,
-                                 async_scheduling=ahead, batch=batch,
+                                 async_scheduling=ahead, batch=batch, context=args.context,
                                  tokens_per_second=tps, vs_resident=tps / baseline[batch], copy_gbps=rate.copy_gbps,
                                  roofline_tokens_per_second=roof, kernels_per_step=kernels.count,
                                  kernel_busy_ms=None if kernels.busy_us is None else kernels.busy_us / 1e3,

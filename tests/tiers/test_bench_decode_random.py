@@ -140,3 +140,20 @@ def test_a_cut_moe_shape_writes_loads_and_generates(tmp_path):
     tokens = {offload: LLM(path, dtype="float32", max_model_len=64, offload=offload).generate([[5, 6, 7]], greedy)
               [0].outputs[0].token_ids for offload in ("none", "stream")}
     assert len(tokens["none"]) == 4 and tokens["none"] == tokens["stream"], tokens
+
+
+def test_bench_decode_context_prefills_long_prompts_and_counts_their_kv_in_the_roofline(tmp_path):
+    # prompts of 300 tokens at batch 8 (2,400 positions) take more than one step's 2,048-token budget to prefill;
+    # the roofline adds the K/V bytes each step reads, so it sits below the short-prompt one of the same run
+    out_long, out_short = tmp_path / "long.json", tmp_path / "short.json"
+    common = [sys.executable, "scripts/bench_decode.py", "--random-model", "llama3-tiny", "--random-model-dir",
+              str(tmp_path / "m"), "--placements", "resident", "--batches", "8", "--tokens", "4"]
+    for extra, out in ((["--context", "300"], out_long), ([], out_short)):
+        proc = subprocess.run(common + extra + ["--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    long, short = (json.loads(p.read_text())["rows"][0] for p in (out_long, out_short))
+    assert long["context"] == 300 and short["context"] == 4 and long["tokens_per_second"] > 0
+    assert long["roofline_tokens_per_second"] < short["roofline_tokens_per_second"]
+    refused = subprocess.run(common + ["--context", "2"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--context 2: at least 4" in refused.stderr
