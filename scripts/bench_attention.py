@@ -1,6 +1,7 @@
 """CPU paged attention per layer call, against a baseline measured in the same run (calls alternated).
 
-    python scripts/bench_attention.py [--threads 1] [--reps 20] [--baseline padded | PATH]
+    python scripts/bench_attention.py [--threads 1] [--reps 20] [--only TEXT]
+                                       [--baseline padded | torch | native:DIR | PATH]
 
 ``--baseline padded`` (default): every step attended in one padded call (each decode padded to a prefill
 chunk's length, as before the split per kind) against one batched call per kind (now).
@@ -9,6 +10,9 @@ chunk's length, as before the split per kind) against one batched call per kind 
 ``--baseline torch``: this tree's torch attention (gather + SDPA) against the native CPU kernels as the model
 calls them (``models/cpu_kernels.py``: decode and multi-token groups in ``kernels/cpu/ops.c``, multi-token
 groups past ``EXTEND_MAX_KEYS`` keys left to SDPA).
+``--baseline native:DIR``: the native kernels built from another version's ``kernels/cpu`` sources against this
+tree's, both as the model calls them, e.g. ``mkdir /tmp/base && git archive REV kernels/cpu | tar -x -C /tmp/base``
+then ``--baseline native:/tmp/base/kernels/cpu``. ``--only TEXT`` keeps the cases whose name contains TEXT.
 
 SmolLM2-135M's attention shape (9 query heads, 3 KV heads, head_dim 64, blocks of 16), the pool a
 strided view of a block-major arena as in the engine (kv/arena.py). Prints the median of --reps calls
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import time
+from pathlib import Path
 
 import torch
 
@@ -70,12 +75,22 @@ def alternated(fns, q, kv, query_lens, seq_lens, tables, reps: int) -> list[tupl
     return [(sorted(t)[len(t) // 2], out) for t, out in zip(times, outs)]
 
 
-def native_kernels():
-    from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
+def native_kernels(source_dir: str | None = None):
+    """The native attention hook, of this tree or built from the C sources in ``source_dir``."""
+    from gh200rt.kernels import cpu_native
     from gh200rt.models.cpu_kernels import native_cpu_ops
-    ops = load_native_ops()
-    if ops is None:
-        raise SystemExit(f"native CPU ops unavailable: {native_ops_error()}")
+    if source_dir is None:
+        ops = cpu_native.load_native_ops()
+        if ops is None:
+            raise SystemExit(f"native CPU ops unavailable: {cpu_native.native_ops_error()}")
+    else:
+        sources, headers = cpu_native.SOURCES, cpu_native.HEADERS
+        cpu_native.SOURCES = tuple(Path(source_dir) / path.name for path in sources)
+        cpu_native.HEADERS = tuple(Path(source_dir) / path.name for path in headers)
+        try:
+            ops = cpu_native._load()
+        finally:
+            cpu_native.SOURCES, cpu_native.HEADERS = sources, headers
     attend = native_cpu_ops(ops)["attention"]
     return lambda q, kv, meta: attend(q, kv, meta, HEAD_DIM ** -0.5, KV_HEADS)
 
@@ -86,7 +101,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--baseline", default="padded",
                         help="'padded', 'torch' (against the native kernels) or the path of another version of "
-                             "gh200rt/kv/attention.py")
+                             "gh200rt/kv/attention.py, or 'native:DIR' (native kernels built from DIR's C sources "
+                             "against this tree's)")
+    parser.add_argument("--only", default="", help="run the cases whose name contains this text")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     current = this_tree
@@ -94,12 +111,16 @@ def main() -> None:
         baseline, label = one_padded_call, "one padded call"
     elif args.baseline == "torch":
         baseline, label, current = this_tree, "torch (SDPA)", native_kernels()
+    elif args.baseline.startswith("native:"):
+        baseline, label, current = native_kernels(args.baseline.removeprefix("native:")), "baseline", native_kernels()
     else:
         baseline, label = baseline_file(args.baseline), "baseline"
     name = "native" if current is not this_tree else "this tree"
     print(f"{'step':<32} {'dtype':<9} {label:>16} {name:>12} {'speed-up':>9} {'max |diff|':>10}")
     for dtype in (torch.float32, torch.bfloat16):
         for name, (query_lens, seq_lens) in CASES.items():
+            if args.only not in name:
+                continue
             gen = torch.Generator().manual_seed(0)
             needed = [-(-s // BLOCK) for s in seq_lens]
             ids = (torch.randperm(sum(needed), generator=gen) + 1).tolist()  # scattered blocks, 0 unused

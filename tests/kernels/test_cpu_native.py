@@ -158,8 +158,9 @@ def test_extend_attention_of_a_query_does_not_depend_on_its_tile():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (4, 4, 128), (8, 2, 24), (6, 3, 20)])
-@pytest.mark.parametrize("seq_lens", [[1], [17, 3, 40, 16], [64, 9, 130]])
+@pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (4, 4, 128), (16, 2, 64), (10, 2, 128), (8, 2, 24),
+                                              (6, 3, 20)])
+@pytest.mark.parametrize("seq_lens", [[1], [17, 3, 40, 16], [64, 9, 130], [200, 1, 8, 71, 129, 5, 64, 33, 16]])
 def test_decode_attention_gives_the_extend_kernels_bits(dtype, heads, kv_heads, d, seq_lens):
     """A position's attention is the same arithmetic whether it is a sequence's one new token (decode kernel) or
     the last row of a prompt chunk (multi-token kernel): a prompt whose tail is one token after a cached prefix,
