@@ -243,6 +243,15 @@ INLINE float dot(const float *a, const float *b, int64_t n) {
 #else
 #define EXT_VECTOR(head_dim) 0
 #endif
+/* With AVX-512 the vector paths put two 8-lane groups in one register: two keys' FMA chains side by side, or 16
+ * dims of a weighted sum. Every lane does what the 8-lane code does, so the bits do not depend on the width
+ * (test_cpu_native_widths.py holds the AVX-512 build to the AVX2 build's bits). */
+#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+#define WIDE 1
+#include <immintrin.h>
+#else
+#define WIDE 0
+#endif
 
 /* One query's score q . key, as lane t of ext_scores computes it: with the vector path one 8-lane FMA chain along
  * the head and the sum ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)), else dot(). Decode attention scores with it, so
@@ -401,6 +410,77 @@ INLINE void ext_scores(const float *qb, const float *key, int64_t head_dim, floa
     for (int t = 0; t < EXT_LANES; t++) dst[t] = dot(qb + t * head_dim, key, head_dim);
 }
 
+#if WIDE
+/* the 8-lane vectors at a and b in one register, a in the low half */
+INLINE __m512 pair8(const float *a, const float *b) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(a))),
+                                               _mm256_castps_pd(_mm256_loadu_ps(b)), 1));
+}
+
+/* the 8-lane vector at a in both halves */
+INLINE __m512 twice8(const float *a) {
+    return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(a))));
+}
+
+/* _mm256_hadd_ps in each half: (a0 + a1, a2 + a3, b0 + b1, b2 + b3) per 128-bit lane */
+INLINE __m512 hadd8x2(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xdd));
+}
+
+/* sum_lanes8 of each half: lanes 0-7 the low halves' sums, lanes 8-15 the high halves', the same additions */
+INLINE __m512 sum_lanes8x2(__m512 a0, __m512 a1, __m512 a2, __m512 a3, __m512 a4, __m512 a5, __m512 a6,
+                           __m512 a7) {
+    __m512 u0 = hadd8x2(hadd8x2(a0, a1), hadd8x2(a2, a3)), u1 = hadd8x2(hadd8x2(a4, a5), hadd8x2(a6, a7));
+    /* 128-bit lane i of u0 holds a0-a3's partial sums of their elements 4i .. 4i + 3, of u1 a4-a7's; s: the low
+     * halves' sums of a0-a3, the high halves' of a0-a3, the low halves' of a4-a7, the high halves' of a4-a7 */
+    __m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(u0, u1, 0x88), _mm512_shuffle_f32x4(u0, u1, 0xdd));
+    return _mm512_shuffle_f32x4(s, s, 0xd8);
+}
+
+/* ext_scores of two keys at once: dst[0 .. 8) for key0, dst[8 .. 16) for key1, each lane's bits ext_scores' */
+INLINE void ext_scores2(const float *qb, const float *key0, const float *key1, int64_t head_dim, float *dst) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    for (int64_t c = 0; c < head_dim; c += 8) {
+        __m512 k = pair8(key0 + c, key1 + c);
+        a0 = _mm512_fmadd_ps(twice8(qb + c), k, a0);
+        a1 = _mm512_fmadd_ps(twice8(qb + head_dim + c), k, a1);
+        a2 = _mm512_fmadd_ps(twice8(qb + 2 * head_dim + c), k, a2);
+        a3 = _mm512_fmadd_ps(twice8(qb + 3 * head_dim + c), k, a3);
+        a4 = _mm512_fmadd_ps(twice8(qb + 4 * head_dim + c), k, a4);
+        a5 = _mm512_fmadd_ps(twice8(qb + 5 * head_dim + c), k, a5);
+        a6 = _mm512_fmadd_ps(twice8(qb + 6 * head_dim + c), k, a6);
+        a7 = _mm512_fmadd_ps(twice8(qb + 7 * head_dim + c), k, a7);
+    }
+    _mm512_storeu_ps(dst, sum_lanes8x2(a0, a1, a2, a3, a4, a5, a6, a7));
+}
+
+/* obuf[t][d0 .. d0 + 16) += sum over keys p of probs[p][t] * value_p[d0 ..] for all 8 lanes, a register each */
+INLINE void ext_pv_tile16(float *obuf, const float *probs, const float *const *rows, int64_t keys, int64_t d0,
+                          int64_t head_dim) {
+    float *o = obuf + d0;
+    __m512 a0 = _mm512_loadu_ps(o), a1 = _mm512_loadu_ps(o + head_dim), a2 = _mm512_loadu_ps(o + 2 * head_dim),
+           a3 = _mm512_loadu_ps(o + 3 * head_dim), a4 = _mm512_loadu_ps(o + 4 * head_dim),
+           a5 = _mm512_loadu_ps(o + 5 * head_dim), a6 = _mm512_loadu_ps(o + 6 * head_dim),
+           a7 = _mm512_loadu_ps(o + 7 * head_dim);
+    for (int64_t p = 0; p < keys; p++) {
+        __m512 v = _mm512_loadu_ps(rows[p] + d0);
+        const float *w = probs + p * EXT_LANES;
+        a0 = _mm512_fmadd_ps(_mm512_set1_ps(w[0]), v, a0);
+        a1 = _mm512_fmadd_ps(_mm512_set1_ps(w[1]), v, a1);
+        a2 = _mm512_fmadd_ps(_mm512_set1_ps(w[2]), v, a2);
+        a3 = _mm512_fmadd_ps(_mm512_set1_ps(w[3]), v, a3);
+        a4 = _mm512_fmadd_ps(_mm512_set1_ps(w[4]), v, a4);
+        a5 = _mm512_fmadd_ps(_mm512_set1_ps(w[5]), v, a5);
+        a6 = _mm512_fmadd_ps(_mm512_set1_ps(w[6]), v, a6);
+        a7 = _mm512_fmadd_ps(_mm512_set1_ps(w[7]), v, a7);
+    }
+    _mm512_storeu_ps(o, a0), _mm512_storeu_ps(o + head_dim, a1), _mm512_storeu_ps(o + 2 * head_dim, a2);
+    _mm512_storeu_ps(o + 3 * head_dim, a3), _mm512_storeu_ps(o + 4 * head_dim, a4);
+    _mm512_storeu_ps(o + 5 * head_dim, a5), _mm512_storeu_ps(o + 6 * head_dim, a6);
+    _mm512_storeu_ps(o + 7 * head_dim, a7);
+}
+#endif
+
 #if defined(__AVX2__) && defined(__FMA__)
 /* obuf[t0 .. t0 + 4)[d0 .. d0 + 16) += sum over keys p of probs[p][t] * value_p[d0 ..]: 8 accumulators, the two V
  * vectors and the broadcast weight stay in registers (3 lanes x 32 dims would spill one) */
@@ -445,18 +525,56 @@ INLINE __m256 exp8(__m256 x) {
 }
 #endif
 
+#if WIDE
+/* exp8 on 16 lanes: the same operations */
+INLINE __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-87.0f));
+    __m512 big = _mm512_set1_ps(12582912.0f);
+    __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), big), big);
+    __m512 r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693145751953125f))),
+                             _mm512_mul_ps(n, _mm512_set1_ps(1.428606765330187e-06f)));
+    __m512 p = _mm512_set1_ps(1.3888889e-3f);
+    p = _mm512_add_ps(_mm512_set1_ps(8.3333338e-3f), _mm512_mul_ps(r, p));
+    p = _mm512_add_ps(_mm512_set1_ps(4.1666668e-2f), _mm512_mul_ps(r, p));
+    p = _mm512_add_ps(_mm512_set1_ps(1.6666667e-1f), _mm512_mul_ps(r, p));
+    p = _mm512_add_ps(_mm512_set1_ps(0.5f), _mm512_mul_ps(r, p));
+    p = _mm512_add_ps(_mm512_set1_ps(1.0f), _mm512_mul_ps(r, p));
+    p = _mm512_add_ps(_mm512_set1_ps(1.0f), _mm512_mul_ps(r, p));
+    __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+#endif
+
 /* probs[p][t] = exp(scale * scores[p][t] - max) for keys p <= limit[t], else 0; sum[t] their sum */
 INLINE void ext_softmax(float *probs, int64_t keys, const int32_t *limit, float scale, float *sum) {
 #if defined(__AVX2__) && defined(__FMA__)
     __m256i lim = _mm256_loadu_si256((const __m256i *)limit);
-    __m256 vscale = _mm256_set1_ps(scale), top = _mm256_set1_ps(-INFINITY), total = _mm256_setzero_ps();
+    __m256 vscale = _mm256_set1_ps(scale), total = _mm256_setzero_ps();
+    /* four running maxima over alternate keys, so no key waits on the one before (a max is exact in any order) */
+    __m256 top4[4] = {_mm256_set1_ps(-INFINITY), _mm256_set1_ps(-INFINITY), _mm256_set1_ps(-INFINITY),
+                      _mm256_set1_ps(-INFINITY)};
     for (int64_t p = 0; p < keys; p++) {
         __m256 s = _mm256_mul_ps(_mm256_loadu_ps(probs + p * EXT_LANES), vscale);
         _mm256_storeu_ps(probs + p * EXT_LANES, s);
         __m256 past = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int32_t)p), lim));
-        top = _mm256_blendv_ps(_mm256_max_ps(top, s), top, past);
+        top4[p & 3] = _mm256_blendv_ps(_mm256_max_ps(top4[p & 3], s), top4[p & 3], past);
     }
-    for (int64_t p = 0; p < keys; p++) {
+    __m256 top = _mm256_max_ps(_mm256_max_ps(top4[0], top4[1]), _mm256_max_ps(top4[2], top4[3]));
+    int64_t p = 0;
+#if WIDE
+    /* two keys' exps per register; the sum still adds key after key */
+    __m512 top2 = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(top)));
+    __m512i lim2 = _mm512_broadcast_i64x4(lim);
+    for (; p + 1 < keys; p += 2) {
+        __m512i at = _mm512_inserti64x4(_mm512_set1_epi32((int32_t)p), _mm256_set1_epi32((int32_t)(p + 1)), 1);
+        __mmask16 seen = _mm512_cmple_epi32_mask(at, lim2);
+        __m512 e = _mm512_maskz_mov_ps(seen, exp16(_mm512_sub_ps(_mm512_loadu_ps(probs + p * EXT_LANES), top2)));
+        _mm512_storeu_ps(probs + p * EXT_LANES, e);
+        total = _mm256_add_ps(total, _mm512_castps512_ps256(e));
+        total = _mm256_add_ps(total, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+    }
+#endif
+    for (; p < keys; p++) {
         __m256 past = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int32_t)p), lim));
         __m256 e = _mm256_andnot_ps(past, exp8(_mm256_sub_ps(_mm256_loadu_ps(probs + p * EXT_LANES), top)));
         _mm256_storeu_ps(probs + p * EXT_LANES, e);
@@ -484,7 +602,12 @@ INLINE void ext_softmax(float *probs, int64_t keys, const int32_t *limit, float 
 /* obuf[t] += sum over the chunk's keys of probs[p][t] * value_p, for all 8 lanes */
 INLINE void ext_weighted_sum(float *obuf, const float *probs, const float *const *rows, int64_t keys,
                              int64_t head_dim) {
-#if defined(__AVX2__) && defined(__FMA__)
+#if WIDE
+    if (EXT_VECTOR(head_dim)) {
+        for (int64_t d0 = 0; d0 < head_dim; d0 += 16) ext_pv_tile16(obuf, probs, rows, keys, d0, head_dim);
+        return;
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
     if (EXT_VECTOR(head_dim)) {
         for (int64_t d0 = 0; d0 < head_dim; d0 += 16) {
             ext_pv_tile(obuf, probs, rows, keys, 0, d0, head_dim);
@@ -506,6 +629,7 @@ INLINE int gh_extend_attention_impl(const void *q, int64_t q_tok_stride, int64_t
     int64_t group = heads / kv_heads, longest = 0, units = 0, work = 0, elem = kv_elem(kv_type, dtype);
     float k_scale = kv_type != KV_SAME ? kv_scale[0] : 1.0f, v_scale = kv_type != KV_SAME ? kv_scale[1] : 1.0f;
     int widen = dtype || kv_type;   /* K and V rows go through a float32 row, else they are read in place */
+    int64_t key_step = WIDE && EXT_VECTOR(head_dim) ? 2 : 1;
     for (int64_t b = 0; b < num_seqs; b++) {
         int64_t vectors = (query_starts[b + 1] - query_starts[b]) * group;
         int64_t tiles = (vectors + EXT_LANES - 1) / EXT_LANES;
@@ -533,7 +657,7 @@ INLINE int gh_extend_attention_impl(const void *q, int64_t q_tok_stride, int64_t
         float *obuf = malloc((size_t)(EXT_TILES * EXT_LANES * head_dim) * sizeof(float));
         float *probs = malloc((size_t)(EXT_TILES * (longest > 0 ? longest : 1) * EXT_LANES) * sizeof(float));
         float *rows_f = widen ? malloc((size_t)(EXT_CHUNK * head_dim) * sizeof(float)) : NULL;
-        float *key_f = widen ? malloc((size_t)head_dim * sizeof(float)) : NULL;
+        float *key_f = widen ? malloc((size_t)(2 * head_dim) * sizeof(float)) : NULL;
         const float *rows[EXT_CHUNK];
         FOR_PAIRS
         for (int64_t unit = 0; unit < units; unit++) {
@@ -559,16 +683,28 @@ INLINE int gh_extend_attention_impl(const void *q, int64_t q_tok_stride, int64_t
                 }
                 if (keys[u] > most) most = keys[u];
             }
-            /* each key row, once loaded, serves every tile of the unit that sees it */
-            for (int64_t p = 0; p < most; p++) {
-                int64_t at = table[p / block_size] * block_stride + (p % block_size) * slot_stride + g * head_stride;
-                if (p + KV_AHEAD < most)
-                    prefetch_row(k_cache, table, p + KV_AHEAD, block_size, block_stride, slot_stride, g * head_stride,
-                                 head_dim, elem);
-                const float *key = kv_row(key_f, k_cache, at, head_dim, dtype, kv_type, k_scale);
-                for (int64_t u = 0; u < count; u++)
-                    if (p < keys[u])
-                        ext_scores(qb + u * EXT_LANES * head_dim, key, head_dim, probs + (u * longest + p) * EXT_LANES);
+            /* each key row, once loaded, serves every tile of the unit that sees it; WIDE scores two keys at once */
+            for (int64_t p = 0; p < most; p += key_step) {
+                const float *key[2];
+                for (int64_t i = 0; i < key_step; i++) {
+                    int64_t k = p + i < most ? p + i : p;
+                    int64_t at = table[k / block_size] * block_stride + (k % block_size) * slot_stride + g * head_stride;
+                    if (k + KV_AHEAD < most)
+                        prefetch_row(k_cache, table, k + KV_AHEAD, block_size, block_stride, slot_stride,
+                                     g * head_stride, head_dim, elem);
+                    key[i] = kv_row(key_f + i * head_dim, k_cache, at, head_dim, dtype, kv_type, k_scale);
+                }
+                for (int64_t u = 0; u < count; u++) {
+                    float *dst = probs + (u * longest + p) * EXT_LANES;
+                    if (p >= keys[u]) continue;
+#if WIDE
+                    if (key_step == 2 && p + 1 < keys[u]) {
+                        ext_scores2(qb + u * EXT_LANES * head_dim, key[0], key[1], head_dim, dst);
+                        continue;
+                    }
+#endif
+                    ext_scores(qb + u * EXT_LANES * head_dim, key[0], head_dim, dst);
+                }
             }
             float sum[EXT_TILES][EXT_LANES];
             for (int64_t u = 0; u < count; u++)
