@@ -160,11 +160,15 @@ def test_extend_attention_of_a_query_does_not_depend_on_its_tile():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (4, 4, 128), (16, 2, 64), (10, 2, 128), (8, 2, 24),
                                               (6, 3, 20)])
-@pytest.mark.parametrize("seq_lens", [[1], [17, 3, 40, 16], [64, 9, 130], [200, 1, 8, 71, 129, 5, 64, 33, 16]])
+@pytest.mark.parametrize("seq_lens", [[1], [17, 3, 40, 16], [64, 9, 130], [200, 1, 8, 71, 129, 5, 64, 33, 16], [300],
+                                      [1100]])
 def test_decode_attention_gives_the_extend_kernels_bits(dtype, heads, kv_heads, d, seq_lens):
     """A position's attention is the same arithmetic whether it is a sequence's one new token (decode kernel) or
     the last row of a prompt chunk (multi-token kernel): a prompt whose tail is one token after a cached prefix,
-    or a decoded token whose block a later prompt reuses, gets a full prefill's bits (prefix-cache invariance)."""
+    or a decoded token whose block a later prompt reuses, gets a full prefill's bits (prefix-cache invariance).
+    The cases cover the decode kernel's tiles of 8 keys and chunks of 64 with their tails, groups of 1, 3, 5 and 8
+    heads (its 4-head V tiles), and both work splits: whole sequences (nine sequences on two threads) and
+    (sequence, KV head) pairs (fewer, long ones among them)."""
     q, pool, meta, _ = scattered_case([1] * len(seq_lens), seq_lens, heads, kv_heads, d, 8, dtype, seed=17)
     decode = OPS.decode_attention(q, pool, meta.block_tables, meta.seq_lens, d ** -0.5)
     extend = OPS.extend_attention(q, pool, meta.block_tables, meta.seq_lens, _query_starts([1] * len(seq_lens)),
@@ -352,12 +356,15 @@ def test_ops_give_the_same_bits_on_any_thread_count(dtype):
 
     prompts, prompt_pool, prompt_meta, _ = scattered_case([40, 3, 150, 1], [40, 3, 200, 9], 9, 3, 64, 16, dtype,
                                                           seed=13)
+    # one long sequence: its 3 KV heads as work items spread over 3 threads, against one thread
+    alone, alone_pool, alone_meta, _ = scattered_case([1], [1100], 9, 3, 64, 16, dtype, seed=14)
 
     def run():
         return (OPS.rms_norm(x, weight, 1e-5), OPS.silu_mul(gate_up), OPS.rotary(qk, cos, sin),
                 OPS.decode_attention(q, pool, meta.block_tables, meta.seq_lens, 0.125),
                 OPS.extend_attention(prompts, prompt_pool, prompt_meta.block_tables, prompt_meta.seq_lens,
-                                     _query_starts([40, 3, 150, 1]), 0.125))
+                                     _query_starts([40, 3, 150, 1]), 0.125),
+                OPS.decode_attention(alone, alone_pool, alone_meta.block_tables, alone_meta.seq_lens, 0.125))
 
     one, three = with_threads(1, run), with_threads(3, run)
     for a, b in zip(one, three):

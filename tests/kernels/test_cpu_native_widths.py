@@ -45,7 +45,7 @@ def test_the_build_is_another_library(avx2):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (4, 4, 128), (16, 2, 80)])
-@pytest.mark.parametrize("query_lens,seq_lens", [([1, 1, 1], [1, 130, 77]),
+@pytest.mark.parametrize("query_lens,seq_lens", [([1, 1, 1], [1, 130, 77]), ([1], [1100]),
                                                  ([1] * 9, [200, 1, 8, 71, 129, 5, 64, 33, 16]),
                                                  ([40, 3, 150, 1], [40, 3, 200, 9]),
                                                  ([7, 64], [71, 300])])
@@ -70,3 +70,7 @@ def test_fp8_pools_too(avx2, fp8_dtype):
     want = avx2.extend_attention(q, stored, meta.block_tables, meta.seq_lens, starts, 0.125, kv_scale)
     assert torch.equal(NATIVE.extend_attention(q, stored, meta.block_tables, meta.seq_lens, starts, 0.125, kv_scale),
                        want)
+    q, stored, widened, kv_scale, meta = fp8_case([1], [1100], torch.bfloat16, fp8_dtype, seed=33)
+    got = NATIVE.decode_attention(q, stored, meta.block_tables, meta.seq_lens, 0.125, kv_scale)
+    assert torch.equal(got, avx2.decode_attention(q, stored, meta.block_tables, meta.seq_lens, 0.125, kv_scale))
+    assert torch.equal(got, NATIVE.decode_attention(q, widened, meta.block_tables, meta.seq_lens, 0.125))
