@@ -506,43 +506,32 @@ INLINE void ext_pv_tile(float *obuf, const float *probs, const float *const *row
     _mm256_storeu_ps(o2, a20), _mm256_storeu_ps(o2 + 8, a21), _mm256_storeu_ps(o3, a30), _mm256_storeu_ps(o3 + 8, a31);
 }
 
-/* exp_f32 on 8 lanes: the same operations in the same order (so the same bits) */
-INLINE __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
-    __m256 big = _mm256_set1_ps(12582912.0f);
-    __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), big), big);
-    __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693145751953125f))),
-                             _mm256_mul_ps(n, _mm256_set1_ps(1.428606765330187e-06f)));
-    __m256 p = _mm256_set1_ps(1.3888889e-3f);
-    p = _mm256_add_ps(_mm256_set1_ps(8.3333338e-3f), _mm256_mul_ps(r, p));
-    p = _mm256_add_ps(_mm256_set1_ps(4.1666668e-2f), _mm256_mul_ps(r, p));
-    p = _mm256_add_ps(_mm256_set1_ps(1.6666667e-1f), _mm256_mul_ps(r, p));
-    p = _mm256_add_ps(_mm256_set1_ps(0.5f), _mm256_mul_ps(r, p));
-    p = _mm256_add_ps(_mm256_set1_ps(1.0f), _mm256_mul_ps(r, p));
-    p = _mm256_add_ps(_mm256_set1_ps(1.0f), _mm256_mul_ps(r, p));
-    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
+/* exp_f32 on a register of W / 32 lanes (W = 256 or 512 bits): the same operations in the same order, so the same
+ * bits; exp8 and exp16 */
+#define EXP_LANES(W, name)                                                                                          \
+    INLINE __m##W name(__m##W x) {                                                                                  \
+        x = _mm##W##_max_ps(_mm##W##_min_ps(x, _mm##W##_set1_ps(88.0f)), _mm##W##_set1_ps(-87.0f));               \
+        __m##W big = _mm##W##_set1_ps(12582912.0f);                                                                 \
+        __m##W n = _mm##W##_sub_ps(_mm##W##_add_ps(_mm##W##_mul_ps(x, _mm##W##_set1_ps(1.44269504088896341f)), big), \
+                                   big);                                                                            \
+        __m##W r = _mm##W##_sub_ps(_mm##W##_sub_ps(x, _mm##W##_mul_ps(n, _mm##W##_set1_ps(0.693145751953125f))),   \
+                                   _mm##W##_mul_ps(n, _mm##W##_set1_ps(1.428606765330187e-06f)));                   \
+        __m##W p = _mm##W##_set1_ps(1.3888889e-3f);                                                                 \
+        p = _mm##W##_add_ps(_mm##W##_set1_ps(8.3333338e-3f), _mm##W##_mul_ps(r, p));                               \
+        p = _mm##W##_add_ps(_mm##W##_set1_ps(4.1666668e-2f), _mm##W##_mul_ps(r, p));                               \
+        p = _mm##W##_add_ps(_mm##W##_set1_ps(1.6666667e-1f), _mm##W##_mul_ps(r, p));                               \
+        p = _mm##W##_add_ps(_mm##W##_set1_ps(0.5f), _mm##W##_mul_ps(r, p));                                        \
+        p = _mm##W##_add_ps(_mm##W##_set1_ps(1.0f), _mm##W##_mul_ps(r, p));                                        \
+        p = _mm##W##_add_ps(_mm##W##_set1_ps(1.0f), _mm##W##_mul_ps(r, p));                                        \
+        __m##W##i bits = _mm##W##_slli_epi32(_mm##W##_add_epi32(_mm##W##_cvttps_epi32(n), _mm##W##_set1_epi32(127)), \
+                                             23);                                                                   \
+        return _mm##W##_mul_ps(p, _mm##W##_castsi##W##_ps(bits));                                                  \
+    }
+EXP_LANES(256, exp8)
 #endif
 
 #if WIDE
-/* exp8 on 16 lanes: the same operations */
-INLINE __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-87.0f));
-    __m512 big = _mm512_set1_ps(12582912.0f);
-    __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), big), big);
-    __m512 r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693145751953125f))),
-                             _mm512_mul_ps(n, _mm512_set1_ps(1.428606765330187e-06f)));
-    __m512 p = _mm512_set1_ps(1.3888889e-3f);
-    p = _mm512_add_ps(_mm512_set1_ps(8.3333338e-3f), _mm512_mul_ps(r, p));
-    p = _mm512_add_ps(_mm512_set1_ps(4.1666668e-2f), _mm512_mul_ps(r, p));
-    p = _mm512_add_ps(_mm512_set1_ps(1.6666667e-1f), _mm512_mul_ps(r, p));
-    p = _mm512_add_ps(_mm512_set1_ps(0.5f), _mm512_mul_ps(r, p));
-    p = _mm512_add_ps(_mm512_set1_ps(1.0f), _mm512_mul_ps(r, p));
-    p = _mm512_add_ps(_mm512_set1_ps(1.0f), _mm512_mul_ps(r, p));
-    __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
-}
+EXP_LANES(512, exp16)
 #endif
 
 /* probs[p][t] = exp(scale * scores[p][t] - max) for keys p <= limit[t], else 0; sum[t] their sum */
@@ -688,7 +677,8 @@ INLINE int gh_extend_attention_impl(const void *q, int64_t q_tok_stride, int64_t
                 const float *key[2];
                 for (int64_t i = 0; i < key_step; i++) {
                     int64_t k = p + i < most ? p + i : p;
-                    int64_t at = table[k / block_size] * block_stride + (k % block_size) * slot_stride + g * head_stride;
+                    int64_t at = table[k / block_size] * block_stride + (k % block_size) * slot_stride
+                                 + g * head_stride;
                     if (k + KV_AHEAD < most)
                         prefetch_row(k_cache, table, k + KV_AHEAD, block_size, block_stride, slot_stride,
                                      g * head_stride, head_dim, elem);

@@ -12,10 +12,10 @@ import platform
 import pytest
 import torch
 
-from gh200rt.kernels import cpu_native
 from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
 from gh200rt.kernels.quant import quantize_int4, quantize_int8
 from gh200rt.kv import fp8
+from tests.kernels.native_builds import native_ops_for
 from tests.kernels.paged_cases import scattered_case
 from tests.kernels.threads import with_threads
 
@@ -28,14 +28,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def portable(tmp_path_factory):
-    patch = pytest.MonkeyPatch()
-    patch.setenv("GH200RT_CACHE_DIR", str(tmp_path_factory.mktemp("portable")))
-    patch.setattr(cpu_native, "FLAGS", tuple("-march=x86-64" if flag == "-march=native" else flag
-                                             for flag in cpu_native.FLAGS))
-    try:
-        yield cpu_native._load()
-    finally:
-        patch.undo()
+    return native_ops_for("x86-64", tmp_path_factory.mktemp("portable"))
 
 
 def close(got: torch.Tensor, want: torch.Tensor, tol: float = 1e-5):

@@ -11,9 +11,9 @@ import platform
 import pytest
 import torch
 
-from gh200rt.kernels import cpu_native
 from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
 from gh200rt.platform.cpu_features import cpu_flags
+from tests.kernels.native_builds import native_ops_for
 from tests.kernels.paged_cases import scattered_case
 from tests.kernels.test_cpu_native import _query_starts, fp8_case
 
@@ -29,14 +29,7 @@ DTYPES = [torch.float32, torch.bfloat16]
 
 @pytest.fixture(scope="module")
 def avx2(tmp_path_factory):
-    patch = pytest.MonkeyPatch()
-    patch.setenv("GH200RT_CACHE_DIR", str(tmp_path_factory.mktemp("avx2")))
-    patch.setattr(cpu_native, "FLAGS", tuple("-march=x86-64-v3" if flag == "-march=native" else flag
-                                             for flag in cpu_native.FLAGS))
-    try:
-        yield cpu_native._load()
-    finally:
-        patch.undo()
+    return native_ops_for("x86-64-v3", tmp_path_factory.mktemp("avx2"))
 
 
 def test_the_build_is_another_library(avx2):
