@@ -387,22 +387,27 @@ INLINE __m256 sum_lanes8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, 
 }
 #endif
 
+/* One step c of the tile's 8 FMA chains a0 .. a7 (W-bit registers): lane group t adds query vector t's 8 elements
+ * at c (read by qload from the rows of qb, head_dim apart) times the key's, the same operation at either width */
+#define LANE_CHAINS(W, qload, key_expr)                                                                            \
+    do {                                                                                                           \
+        __m##W k = key_expr;                                                                                       \
+        a0 = _mm##W##_fmadd_ps(qload(qb + c), k, a0);                                                              \
+        a1 = _mm##W##_fmadd_ps(qload(qb + head_dim + c), k, a1);                                                   \
+        a2 = _mm##W##_fmadd_ps(qload(qb + 2 * head_dim + c), k, a2);                                               \
+        a3 = _mm##W##_fmadd_ps(qload(qb + 3 * head_dim + c), k, a3);                                               \
+        a4 = _mm##W##_fmadd_ps(qload(qb + 4 * head_dim + c), k, a4);                                               \
+        a5 = _mm##W##_fmadd_ps(qload(qb + 5 * head_dim + c), k, a5);                                               \
+        a6 = _mm##W##_fmadd_ps(qload(qb + 6 * head_dim + c), k, a6);                                               \
+        a7 = _mm##W##_fmadd_ps(qload(qb + 7 * head_dim + c), k, a7);                                               \
+    } while (0)
+
 /* dst[t] = q[t] . key for the tile's 8 query vectors (rows of qb, head_dim apart) */
 INLINE void ext_scores(const float *qb, const float *key, int64_t head_dim, float *dst) {
 #if defined(__AVX2__) && defined(__FMA__)
     if (EXT_VECTOR(head_dim)) {
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-        for (int64_t c = 0; c < head_dim; c += 8) {
-            __m256 k = _mm256_loadu_ps(key + c);
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qb + c), k, a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qb + head_dim + c), k, a1);
-            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(qb + 2 * head_dim + c), k, a2);
-            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(qb + 3 * head_dim + c), k, a3);
-            a4 = _mm256_fmadd_ps(_mm256_loadu_ps(qb + 4 * head_dim + c), k, a4);
-            a5 = _mm256_fmadd_ps(_mm256_loadu_ps(qb + 5 * head_dim + c), k, a5);
-            a6 = _mm256_fmadd_ps(_mm256_loadu_ps(qb + 6 * head_dim + c), k, a6);
-            a7 = _mm256_fmadd_ps(_mm256_loadu_ps(qb + 7 * head_dim + c), k, a7);
-        }
+        for (int64_t c = 0; c < head_dim; c += 8) LANE_CHAINS(256, _mm256_loadu_ps, _mm256_loadu_ps(key + c));
         _mm256_storeu_ps(dst, sum_lanes8(a0, a1, a2, a3, a4, a5, a6, a7));
         return;
     }
@@ -440,17 +445,7 @@ INLINE __m512 sum_lanes8x2(__m512 a0, __m512 a1, __m512 a2, __m512 a3, __m512 a4
 /* ext_scores of two keys at once: dst[0 .. 8) for key0, dst[8 .. 16) for key1, each lane's bits ext_scores' */
 INLINE void ext_scores2(const float *qb, const float *key0, const float *key1, int64_t head_dim, float *dst) {
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    for (int64_t c = 0; c < head_dim; c += 8) {
-        __m512 k = pair8(key0 + c, key1 + c);
-        a0 = _mm512_fmadd_ps(twice8(qb + c), k, a0);
-        a1 = _mm512_fmadd_ps(twice8(qb + head_dim + c), k, a1);
-        a2 = _mm512_fmadd_ps(twice8(qb + 2 * head_dim + c), k, a2);
-        a3 = _mm512_fmadd_ps(twice8(qb + 3 * head_dim + c), k, a3);
-        a4 = _mm512_fmadd_ps(twice8(qb + 4 * head_dim + c), k, a4);
-        a5 = _mm512_fmadd_ps(twice8(qb + 5 * head_dim + c), k, a5);
-        a6 = _mm512_fmadd_ps(twice8(qb + 6 * head_dim + c), k, a6);
-        a7 = _mm512_fmadd_ps(twice8(qb + 7 * head_dim + c), k, a7);
-    }
+    for (int64_t c = 0; c < head_dim; c += 8) LANE_CHAINS(512, twice8, pair8(key0 + c, key1 + c));
     _mm512_storeu_ps(dst, sum_lanes8x2(a0, a1, a2, a3, a4, a5, a6, a7));
 }
 
@@ -760,6 +755,28 @@ INLINE int64_t slot_next(SlotWalk *w) {
     return at;
 }
 
+/* One pass of the portable path over the item's keys in order, each slot row (its span KV heads) against every
+ * head of the item: the scores (values 0: K rows) or the weighted V sums into acc (values 1: V rows) */
+INLINE void keywise_pass(int values, const float *qf, float *acc, float *scores, float *kv, const void *cache,
+                         const int32_t *table, int64_t len, int64_t block_size, int64_t block_stride,
+                         int64_t slot_stride, int64_t head_stride, int64_t g0, int64_t span, int64_t group,
+                         int64_t head_dim, float scale, int dtype, int kv_type, float kv_scale, int64_t elem) {
+    SlotWalk walk = slot_walk(table, 0, block_size, block_stride, slot_stride);
+    for (int64_t p = 0; p < len; p++) {
+        int64_t at = slot_next(&walk) + g0 * head_stride;
+        if (p + KV_AHEAD < len)
+            prefetch_row(cache, table, p + KV_AHEAD, block_size, block_stride, slot_stride, g0 * head_stride,
+                         span * head_dim, elem);
+        for (int64_t g = 0; g < span; g++) {
+            const float *row = kv_row(kv, cache, at + g * head_stride, head_dim, dtype, kv_type, kv_scale);
+            for (int64_t j = g * group; j < (g + 1) * group; j++) {
+                if (values) attn_axpy(acc + j * head_dim, scores[j * len + p], row, head_dim);
+                else scores[j * len + p] = score_dot(qf + j * head_dim, row, head_dim) * scale;
+            }
+        }
+    }
+}
+
 /* The portable path: one key at a time, every head of the item against it. */
 INLINE void decode_item_keywise(const float *qf, float *acc, float *scores, float *sums, float *kv,
                                 const void *k_cache, const void *v_cache, const int32_t *table, int64_t len,
@@ -767,18 +784,8 @@ INLINE void decode_item_keywise(const float *qf, float *acc, float *scores, floa
                                 int64_t g0, int64_t span, int64_t group, int64_t head_dim, float scale, int dtype,
                                 int kv_type, float k_scale, float v_scale, int64_t elem) {
     int64_t rows = span * group;
-    SlotWalk walk = slot_walk(table, 0, block_size, block_stride, slot_stride);
-    for (int64_t p = 0; p < len; p++) {
-        int64_t at = slot_next(&walk) + g0 * head_stride;
-        if (p + KV_AHEAD < len)
-            prefetch_row(k_cache, table, p + KV_AHEAD, block_size, block_stride, slot_stride, g0 * head_stride,
-                         span * head_dim, elem);
-        for (int64_t g = 0; g < span; g++) {
-            const float *key = kv_row(kv, k_cache, at + g * head_stride, head_dim, dtype, kv_type, k_scale);
-            for (int64_t j = g * group; j < (g + 1) * group; j++)
-                scores[j * len + p] = score_dot(qf + j * head_dim, key, head_dim) * scale;
-        }
-    }
+    keywise_pass(0, qf, acc, scores, kv, k_cache, table, len, block_size, block_stride, slot_stride, head_stride, g0,
+                 span, group, head_dim, scale, dtype, kv_type, k_scale, elem);
     for (int64_t j = 0; j < rows; j++) {
         float *s = scores + j * len, top = -INFINITY, sum = 0.0f;
         for (int64_t p = 0; p < len; p++) top = s[p] > top ? s[p] : top;
@@ -789,18 +796,8 @@ INLINE void decode_item_keywise(const float *qf, float *acc, float *scores, floa
         sums[j] = sum;
     }
     memset(acc, 0, (size_t)(rows * head_dim) * sizeof(float));
-    walk = slot_walk(table, 0, block_size, block_stride, slot_stride);
-    for (int64_t p = 0; p < len; p++) {
-        int64_t at = slot_next(&walk) + g0 * head_stride;
-        if (p + KV_AHEAD < len)
-            prefetch_row(v_cache, table, p + KV_AHEAD, block_size, block_stride, slot_stride, g0 * head_stride,
-                         span * head_dim, elem);
-        for (int64_t g = 0; g < span; g++) {
-            const float *value = kv_row(kv, v_cache, at + g * head_stride, head_dim, dtype, kv_type, v_scale);
-            for (int64_t j = g * group; j < (g + 1) * group; j++)
-                attn_axpy(acc + j * head_dim, scores[j * len + p], value, head_dim);
-        }
-    }
+    keywise_pass(1, qf, acc, scores, kv, v_cache, table, len, block_size, block_stride, slot_stride, head_stride, g0,
+                 span, group, head_dim, scale, dtype, kv_type, v_scale, elem);
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
