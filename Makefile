@@ -8,7 +8,7 @@ PY      = $(VENV)/bin/python
 PIN     = -c constraints-ci.txt
 ARGS   ?=
 
-.PHONY: install install-test serve generate test check-kernels clean
+.PHONY: install install-test serve generate test test-shuffled check-kernels clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,11 @@ test: install-test
 	$(PY) -m pytest -q tests
 	$(PY) scripts/check_kernels.py
 	$(PY) scripts/validate_gpu.py --dry-run
+
+# The suite in a random order, modules and the tests within each shuffled (the seed is printed; SEED=N repeats a
+# run): every test passes in any order. Run it before a submission that adds tests or fixtures.
+test-shuffled: install-test
+	$(PY) -m pytest -q --random-order-bucket=module $(if $(SEED),--random-order-seed=$(SEED)) tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -14,11 +14,11 @@ import time
 from datetime import timedelta
 
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from gh200rt.distributed.hosts import Rendezvous
 from gh200rt.distributed.launch import COLLECTIVE_TIMEOUT, usable_cores
 from gh200rt.distributed.sharding import TensorShard
+from gh200rt.distributed.rank_process import RankProcess
 from gh200rt.distributed.worker import run_worker
 from gh200rt.distributed.workers import _exit_reason
 from gh200rt.loader.load import read_arch
@@ -36,13 +36,8 @@ def run_ranks(config, meet: Rendezvous, timeout: timedelta = COLLECTIVE_TIMEOUT)
     if meet.own_rank is not None:                     # torchrun started this rank: it is the worker itself
         run_worker(TensorShard(meet.own_rank, n, arch), config, meet, threads, None, timeout)
         return 0
-    context = mp.get_context("spawn")
-    processes = {}
-    for rank in meet.spawn:
-        processes[rank] = context.Process(target=run_worker, name=f"gh200rt-tp-rank{rank}", daemon=True,
-                                          args=(TensorShard(rank, n, arch), config, meet, threads, os.getpid(),
-                                                timeout))
-        processes[rank].start()
+    processes = {rank: RankProcess(rank, (TensorShard(rank, n, arch), config, meet, threads, os.getpid(), timeout))
+                 for rank in meet.spawn}
     log.info("node %d: ranks %s started, meeting rank 0 at %s:%d", config.parallel.node_rank, list(processes),
              meet.master_addr, meet.master_port)
     stopping = []

@@ -62,8 +62,8 @@ def final_report(store) -> dict:
 
 def run_worker(shard: TensorShard, config, meet: Rendezvous, threads: int, parent_pid: int | None,
                timeout: timedelta) -> None:
-    """The spawn target of rank ``shard.rank`` (``workers.py`` and ``node.py`` start it; a process torchrun
-    started calls it itself, ``parent_pid`` None)."""
+    """What rank ``shard.rank`` runs (``workers.py`` and ``node.py`` start it through ``rank_process.py``; a
+    process torchrun started calls it itself, ``parent_pid`` None)."""
     from gh200rt.engine.bootstrap import execution_device, load_and_place
     from gh200rt.engine.model_runner import ModelRunner
     if parent_pid is not None:

@@ -17,14 +17,13 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from gh200rt.distributed.errors import TensorParallelError
 from gh200rt.distributed.hosts import Rendezvous, rendezvous
 from gh200rt.distributed.parallel_state import ParallelState, smallest_across_ranks
 from gh200rt.distributed.sharding import TensorShard
 from gh200rt.distributed.step_channel import send_step, send_stop
-from gh200rt.distributed.worker import run_worker
+from gh200rt.distributed.rank_process import RankProcess
 from gh200rt.engine.model_runner import HostStep
 
 POLL_SECONDS = 0.05
@@ -46,14 +45,10 @@ class TensorParallelWorkers:
         self.store = dist.TCPStore(meet.master_addr, meet.master_port, self.world_size,
                                    is_master=not meet.agent_store, wait_for_workers=False, timeout=timeout)
         self.meet = dataclasses.replace(meet, master_port=self.store.port)
-        context = mp.get_context("spawn")
-        self.processes = {}
+        self.processes: dict[int, RankProcess] = {}
         for rank in self.meet.spawn:
-            process = context.Process(
-                target=run_worker, name=f"gh200rt-tp-rank{rank}", daemon=True,
-                args=(TensorShard(rank, self.world_size, arch), config, self.meet, threads, os.getpid(), timeout))
-            process.start()
-            self.processes[rank] = process
+            self.processes[rank] = RankProcess(
+                rank, (TensorShard(rank, self.world_size, arch), config, self.meet, threads, os.getpid(), timeout))
         self.reports: dict[int, dict] = {}       # rank -> what it holds (worker.rank_report)
         self.final_reports: dict[int, dict] = {}  # rank -> its placement when it stopped (worker.final_report)
         self.state: ParallelState | None = None

@@ -5,7 +5,6 @@ ranks in float32; each rank's GGUF blocks are its half of the rows (q/k/v, gate/
 worker starts."""
 from __future__ import annotations
 
-import multiprocessing
 import shutil
 
 import numpy as np
@@ -18,6 +17,7 @@ from gh200rt.distributed.sharding import TensorShard
 from gh200rt.loader import ModelLoadError, load_model
 from gh200rt.loader.load import read_arch
 from gh200rt.sampling_params import SamplingParams
+from tests.distributed.rank_children import rank_processes_of
 from tests.distributed.tiny_tp_models import save_tp_tiny, tp_llm
 from tests.engine.real_models import assert_same_or_near_tie
 from tests.model.tiny_checkpoints import to_fp8_checkpoint
@@ -92,7 +92,7 @@ def test_a_column_slice_that_splits_a_block_is_refused(gguf_files):
         load_model(ModelConfig(model=path, dtype="float32"), shard=shard)
     with pytest.raises(ModelLoadError, match=refusal):     # the engine refuses it before it starts any worker
         tp_llm(path, 4)
-    assert not any(p.name.startswith("gh200rt-tp") for p in multiprocessing.active_children())
+    assert not rank_processes_of()
     load_model(ModelConfig(model=gguf_files["F32"], dtype="float32"), shard=shard)   # F32: no blocks to split
 
 

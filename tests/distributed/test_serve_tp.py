@@ -11,6 +11,7 @@ import pytest
 
 from gh200rt.distributed.launch import usable_cores
 from gh200rt.sampling_params import SamplingParams
+from tests.distributed.rank_children import rank_processes_of
 from tests.distributed.tiny_tp_models import save_tp_tiny, tp_llm
 
 pytestmark = pytest.mark.skipif(usable_cores() < 2, reason="two ranks need two CPU cores")
@@ -30,8 +31,7 @@ def start_server(path: str):
 
 
 def workers_of(pid: int) -> list:
-    import psutil
-    return [p for p in psutil.Process(pid).children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
+    return rank_processes_of(pid)
 
 
 def completion_tokens(server) -> list[int]:

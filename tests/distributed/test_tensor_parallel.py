@@ -3,7 +3,6 @@
 a killed worker makes generate raise naming the rank within seconds, and close leaves no worker behind."""
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import time
@@ -17,6 +16,7 @@ from gh200rt.distributed.launch import usable_cores
 from gh200rt.distributed.sharding import TensorShard
 from gh200rt.loader.load import read_arch
 from gh200rt.sampling_params import SamplingParams
+from tests.distributed.rank_children import rank_processes_of
 from tests.distributed.tiny_tp_models import TP_FAMILIES, save_tp_tiny, tp_llm
 from tests.engine.real_models import assert_same_or_near_tie
 
@@ -112,7 +112,7 @@ def test_close_stops_every_worker_and_restores_threads(checkpoints):
     print(f"close took {time.perf_counter() - started:.2f}s")
     assert [p.exitcode for p in workers.processes.values()] == [0]     # stopped by rank 0, not killed
     ours = set(workers.pids)
-    assert not ours & {p.pid for p in multiprocessing.active_children()}
+    assert not ours & {p.pid for p in rank_processes_of()}
     for pid in ours:
         assert not os.path.exists(f"/proc/{pid}") or _parent(pid) != os.getpid()
     assert torch.get_num_threads() == threads

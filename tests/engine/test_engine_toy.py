@@ -40,6 +40,28 @@ def test_batched_preempted_cached_chunked_runs_match_one_at_a_time():
             assert llm.engine.stats().num_preemptions > 0
 
 
+def test_prompt_positions_keep_their_bits_after_a_cached_prefix_and_in_chunks():
+    """The toy keeps the engine's prefix-cache invariance as the real models do (a BLAS call's row bits depend on
+    its row count: a prompt whose last token is all that is left after the cache would otherwise differ)."""
+    sampled = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2)
+    scored = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, prompt_logprobs=1)   # reads no cache
+
+    def run(llm, prompt, params=sampled):
+        out = llm.generate([prompt], params)[0]
+        return out.outputs[0].token_ids, out.outputs[0].logprobs, out.prompt_logprobs
+
+    for prompt in ([5, 17, 33, 2, 9, 41, 8, 60], [5, 17, 33, 2, 9, 41, 8, 60, 12, 3, 7]):
+        reference = run(make_llm(enable_prefix_caching=False), prompt)
+        cached = make_llm()
+        assert run(cached, prompt) == reference
+        hits = cached.engine.stats().prefix_cache_hit_tokens
+        assert run(cached, prompt) == reference                 # all but the last token from the prefix cache
+        assert cached.engine.stats().prefix_cache_hit_tokens - hits >= len(prompt) - 4
+        assert run(make_llm(max_num_batched_tokens=3), prompt) == reference
+        scores = run(make_llm(), prompt, scored)
+        assert run(make_llm(max_num_batched_tokens=3), prompt, scored) == scores
+
+
 def test_n_choices_share_prompt_blocks_and_seeded_choices_differ():
     llm = make_llm()
     p = SamplingParams(n=3, temperature=1.0, seed=3, max_tokens=6, ignore_eos=True)

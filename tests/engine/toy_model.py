@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gh200rt.models.layers.row_blocks import in_row_blocks
+
 
 @dataclass
 class ToyArch:
@@ -44,13 +46,17 @@ class ToyModel(torch.nn.Module):
                                      for _ in range(3))
 
     def forward(self, input_ids, positions, meta, kv_caches):
+        """Honours the step's ``meta.linear_rows`` as the real models do (engine/invariance.py): a BLAS call sums a
+        row in an order chosen by the call's row count (MKL's AVX2 kernels by rows mod 6), so projections of a
+        prompt position computed after a cached prefix would otherwise differ from a full prefill's in the last bit.
+        Attention is computed one query at a time over its own keys, as the native kernels do."""
         x = self.embed[input_ids] + self.pos[positions]
         cache = kv_caches[0]
         flat_k = cache[0].view(-1, self.arch.hidden)
         flat_v = cache[1].view(-1, self.arch.hidden)
-        flat_k[meta.slot_mapping] = x @ self.wk
-        flat_v[meta.slot_mapping] = x @ self.wv
-        q = x @ self.wq
+        flat_k[meta.slot_mapping] = self._project(x, self.wk, meta.linear_rows)
+        flat_v[meta.slot_mapping] = self._project(x, self.wv, meta.linear_rows)
+        q = self._project(x, self.wq, meta.linear_rows)
         out = torch.empty_like(x)
         bs = meta.block_size
         for b, (ql, sl) in enumerate(zip(meta.query_lens_list, meta.seq_lens_list)):
@@ -58,11 +64,15 @@ class ToyModel(torch.nn.Module):
             table = meta.block_tables[b, : -(-sl // bs)].long()
             slots = (table[:, None] * bs + torch.arange(bs)).reshape(-1)[:sl]
             k, v = flat_k[slots], flat_v[slots]
-            scores = q[start:start + ql] @ k.T / 4.0
-            causal = torch.arange(sl)[None, :] > (torch.arange(sl - ql, sl)[:, None])
-            scores = scores.masked_fill(causal, float("-inf"))
-            out[start:start + ql] = torch.softmax(scores, -1) @ v
+            for i in range(ql):             # query i sees keys [0, sl - ql + i]: its own shape, whatever the chunk
+                seen = sl - ql + i + 1
+                scores = q[start + i:start + i + 1] @ k[:seen].T / 4.0
+                out[start + i:start + i + 1] = torch.softmax(scores, -1) @ v[:seen]
         return x + out
+
+    @staticmethod
+    def _project(x, weight, rows):
+        return x @ weight if rows is None else in_row_blocks(lambda block: block @ weight, x, rows)
 
     def compute_logits(self, hidden):
         return (hidden @ self.embed.T).float()
