@@ -45,7 +45,9 @@ test: install-test
 # The suite in a random order, modules and the tests within each shuffled (the seed is printed; SEED=N repeats a
 # run): every test passes in any order. Run it before a submission that adds tests or fixtures.
 test-shuffled: install-test
-	$(PY) -m pytest -q --random-order-bucket=module $(if $(SEED),--random-order-seed=$(SEED)) tests
+	@seed=$${SEED:-$$($(PY) -c 'import random; print(random.randrange(1 << 20))')}; \
+	echo "test order: seed $$seed (make test-shuffled SEED=$$seed repeats it)"; \
+	$(PY) -m pytest -q --random-order-bucket=module --random-order-seed=$$seed tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info

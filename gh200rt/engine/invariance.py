@@ -2,8 +2,9 @@
 
 **Prefix-cache invariance (always, on the CPU).** A prompt position must compute the same bits however its prompt
 was split: all at once, after blocks from the prefix cache, in prefill chunks of any size, beside any other
-requests. So every step that computes a prompt position runs its linears in blocks of exactly
-``PROMPT_BLOCK_ROWS`` rows and its logits head in blocks of ``LOGIT_BLOCK_ROWS``; attention is the native
+requests. So every step that computes a prompt position runs its linears in blocks of ``PROMPT_BLOCK_ROWS`` rows
+and its logits head in blocks of ``LOGIT_BLOCK_ROWS``, or in the larger blocks each was found to give the same
+bits at (``models/layers/row_blocks.py``: probed once per linear route and process); attention is the native
 kernels' (a query's bits depend on its own row and keys only, decode and multi-token alike). A step of decodes
 only keeps each route's fastest forms (the native few-row linears, a GGUF checkpoint's blocks for one row, the
 one-call decoder layer, the bucketed decode path), whose bits are not the blocks' — so the prefix cache publishes
@@ -26,6 +27,9 @@ from gh200rt.scheduler.scheduler import SchedulerOutput
 PROMPT_BLOCK_ROWS = 64
 # Rows per logits-head call in such a step: a step samples a row per sequence, usually a few.
 LOGIT_BLOCK_ROWS = 8
+# The largest logits-head call such a step makes, where the probe finds it keeps the 8 rows' bits (prompt logprobs,
+# many sequences' prompts in one step): 256 rows of a 128k vocabulary are 128 MiB of float32 logits.
+LOGIT_MAX_BLOCK_ROWS = 256
 # Rows per linear call in every step of a batch-invariant engine: a decode step of one sequence pays for this many.
 BATCH_INVARIANT_BLOCK_ROWS = 16
 

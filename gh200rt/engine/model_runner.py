@@ -21,11 +21,11 @@ import numpy as np
 import torch
 
 from gh200rt.engine.device_inputs import array_to_device
-from gh200rt.engine.invariance import LOGIT_BLOCK_ROWS, linear_block_rows
+from gh200rt.engine.invariance import LOGIT_BLOCK_ROWS, LOGIT_MAX_BLOCK_ROWS, linear_block_rows
 from gh200rt.engine.pooling import pool_rows
 from gh200rt.kv.block_row import block_row
 from gh200rt.models.base import AttentionMetadata
-from gh200rt.models.layers.row_blocks import in_row_blocks
+from gh200rt.models.layers.row_blocks import RowBlockSizes, in_row_blocks
 from gh200rt.scheduler.scheduler import SchedulerOutput
 from gh200rt.weights.schedule import NULL_HOOKS, LayerHooks
 
@@ -164,6 +164,7 @@ class ModelRunner:
         self.lora = lora
         self.step_sender = step_sender
         self.row_blocks = torch.device(device).type == "cpu"
+        self.logit_blocks = RowBlockSizes(LOGIT_MAX_BLOCK_ROWS)   # the logits head's sizes that keep its 8 rows' bits
         self.batch_invariant = batch_invariant
         self.graphs = graphs
         self.hooks = hooks
@@ -216,4 +217,8 @@ class ModelRunner:
         """The logits of ``hidden``'s rows; in a step whose linears run in row blocks, the head's too."""
         if linear_rows is None:
             return self.model.compute_logits(hidden)
-        return in_row_blocks(self.model.compute_logits, hidden, LOGIT_BLOCK_ROWS)
+        head = getattr(getattr(self.model, "lm_head", None), "weight_ref", None)
+        route = ("logits", None if head is None else (type(head.current).__qualname__, head.dtype))
+        cuts = self.logit_blocks.cuts(route, self.model.compute_logits, hidden.shape[-1], hidden.dtype,
+                                      LOGIT_BLOCK_ROWS, hidden.shape[0]) if hidden.shape[0] else None
+        return in_row_blocks(self.model.compute_logits, hidden, LOGIT_BLOCK_ROWS, cuts)

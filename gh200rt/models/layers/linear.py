@@ -6,8 +6,11 @@ from torch import nn
 
 from gh200rt.kernels.quant import HalfWeight, PackedWeight
 from gh200rt.models.base import WeightRef
-from gh200rt.models.layers.cpu_linear import dense_linear
-from gh200rt.models.layers.row_blocks import in_row_blocks
+from gh200rt.models.layers.cpu_linear import dense_linear, onednn_available, onednn_linear
+from gh200rt.models.layers.row_blocks import RowBlockSizes, in_row_blocks
+
+# The block sizes each linear route was found to keep a row's bits at, for every RefLinear of the process.
+ROW_BLOCK_SIZES = RowBlockSizes()
 
 
 class RefLinear(nn.Module):
@@ -18,8 +21,10 @@ class RefLinear(nn.Module):
     ``linear`` (on the CPU through the native quantized linear, or the native fp16 one for a few rows, unless
     ``packed_native`` is off: ``--cpu-kernels torch``), or through ``dense_fn`` over the dense weight it hands
     back from ``dense_for`` (fp8 on the CPU). ``block_rows`` (the step's ``AttentionMetadata.linear_rows``)
-    computes the rows in calls of exactly that many (``row_blocks.py``), so a row's bits do not depend on the
-    others in the step. ``lora`` (a ``gh200rt.lora.slots.LoraLinear``, set by ``install_lora``) adds the step's
+    computes the rows in calls of exactly that many, or of the larger sizes found to give the same bits
+    (``row_blocks.py``), so a row's bits do not depend on the others in the step; a dense float32 weight's blocks
+    go to oneDNN wherever it exists, whose calls compute every row alike (MKL's AVX2 kernels do not, with few
+    output columns). ``lora`` (a ``gh200rt.lora.slots.LoraLinear``, set by ``install_lora``) adds the step's
     per-token adapter deltas to the output.
     """
 
@@ -48,7 +53,26 @@ class RefLinear(nn.Module):
             return self._linear(weight, x)
         if isinstance(weight, PackedWeight):   # dequantized once per call, not once per block
             weight = weight.block_form(x, block_rows, native=self.packed_native)
-        return in_row_blocks(lambda rows: self._linear(weight, rows), x, block_rows)
+
+        def linear(rows: torch.Tensor) -> torch.Tensor:
+            return self._block_linear(weight, rows)
+        cuts = ROW_BLOCK_SIZES.cuts(self._route(weight, x), linear, x.shape[-1], x.dtype, block_rows,
+                                    x.numel() // x.shape[-1]) if x.numel() else None
+        return in_row_blocks(linear, x, block_rows, cuts)
+
+    def _block_linear(self, weight, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(weight, torch.Tensor) and _blocks_on_onednn(x, weight, self.bias):
+            return onednn_linear(x, weight, self.bias)
+        return self._linear(weight, x)
+
+    def _route(self, weight, x: torch.Tensor) -> tuple:
+        """What decides the kernel a block runs, and so how it sums a row (``RowBlockSizes``' key)."""
+        if isinstance(weight, torch.Tensor):
+            form = ("dense", weight.dtype, tuple(weight.shape), weight.device.type, weight.is_contiguous())
+        else:
+            form = (type(weight).__qualname__, getattr(weight, "fmt", None), getattr(weight, "group_size", None),
+                    getattr(weight, "dtype", None), tuple(getattr(weight, "shape", ())))
+        return form, self.bias is not None, self.dense_fn, self.packed_native, x.dtype, x.device.type
 
     def _linear(self, weight, x: torch.Tensor) -> torch.Tensor:
         if isinstance(weight, torch.Tensor):
@@ -61,3 +85,10 @@ class RefLinear(nn.Module):
         if dense is not None:
             return self.dense_fn(x, dense, self.bias)
         return weight.linear(x, self.bias, native=self.packed_native)
+
+
+def _blocks_on_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    return (x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu"
+            and weight.device.type == "cpu" and weight.dim() == 2 and weight.is_contiguous()
+            and (bias is None or bias.dtype == torch.float32)
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)) and onednn_available())
