@@ -23,8 +23,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Gh200rt:
-    ROUTES = {"auto": {}, "fp32": dict(dtype="float32"),
-              "int8": dict(offload="direct", host_weight_dtype="int8")}
+    ROUTES = {"auto": {}, "fp32": dict(dtype="float32"), "bf16": dict(cpu_route="bf16"),
+              "fp16": dict(cpu_route="fp16"), "int8": dict(offload="direct", host_weight_dtype="int8")}
 
     def __init__(self, spec, route):
         sys.path.insert(0, ROOT)

@@ -13,6 +13,8 @@ Each route is the model as the engine runs it on that route (``platform/cpu_feat
               linear (``kernels/cpu/quant_linear.c``), fp32 activations rounded to int16 per 32 columns.
               The kernel never mixes rows, so the one prefill scored here gives each token exactly the
               logits a one-row decode of it would
+  gguf-rows-bf16  the same on the bf16 route's onednn-bf16+gguf form: bf16 activations widened to fp32 for
+              the blocks, each product rounded back to bf16
 
 The reference is ``load_model(dtype="float32")`` over the shipped Q4_1 GGUF; tests/fixtures/eval_text.txt
 is scored in one prefill (``eval_quant.score``). The lm_head and embedding follow the route's dtype.
@@ -37,7 +39,7 @@ from gh200rt.kernels.quant import quantize_int4, quantize_int8  # noqa: E402
 from gh200rt.loader import load_model  # noqa: E402
 from gh200rt.models.layers.cpu_prepack import cpu_route_form  # noqa: E402
 
-ROUTES = ("bf16", "fp16", "int8-bf16", "int4-bf16", "gguf-rows")
+ROUTES = ("bf16", "fp16", "int8-bf16", "int4-bf16", "gguf-rows", "gguf-rows-bf16")
 _LINEAR_FORMAT = {"bf16": "onednn-bf16", "fp16": "fp16", "int8-bf16": "onednn-bf16", "int4-bf16": "onednn-bf16"}
 _PACKED = {"int8-bf16": lambda w: quantize_int8(w), "int4-bf16": lambda w: quantize_int4(w.float(), 32)}
 
@@ -50,15 +52,15 @@ class _EveryRow:
         self.packed, self.ops = packed, load_native_ops()
 
     def linear(self, x, bias=None):
-        y = self.ops.quant_linear(x, self.packed)
-        return y if bias is None else y + bias
+        y = self.ops.quant_linear(x, self.packed)      # float32, from x widened to float32
+        return (y if bias is None else y + bias.float()).to(x.dtype)
 
 
-def gguf_rows_model():
-    """The float32 model with every linear on its GGUF blocks and the native quantized linear."""
+def gguf_rows_model(dtype: str = "float32"):
+    """The ``dtype`` model with every linear on its GGUF blocks and the native quantized linear."""
     from gh200rt.models.layers.cpu_prepack import gguf_blocks_form
     from gh200rt.weights.device_moves import gguf_parts, lm_head_parts
-    loaded = load_model(ModelConfig(dtype="float32"))
+    loaded = load_model(ModelConfig(dtype=dtype))
     model = loaded.model
     for i in range(len(model.layers)):
         for name, ref in model.layer_weight_refs(i).items():
@@ -77,8 +79,8 @@ def _blocks(packed, name: str):
 
 def route_model(route: str):
     """The LoadedModel as the engine computes on ``route`` (all layers resident unless packed)."""
-    if route == "gguf-rows":
-        return gguf_rows_model()
+    if route in ("gguf-rows", "gguf-rows-bf16"):
+        return gguf_rows_model("bfloat16" if route.endswith("bf16") else "float32")
     loaded = load_model(ModelConfig(dtype="float32" if route == "fp16" else "bfloat16"))
     model = loaded.model
     layers = list(range(len(model.layers)))

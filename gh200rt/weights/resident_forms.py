@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from gh200rt.models.layers.cpu_prepack import cpu_route_form
+from gh200rt.models.layers.cpu_prepack import GGUF_ROW_FORMATS, cpu_route_form
 from gh200rt.weights import forms as weight_forms
 from gh200rt.weights.device_moves import gguf_parts, linear_parts, move_to_device
 from gh200rt.weights.tiers import Tier
@@ -34,8 +34,9 @@ class ResidentForms:
             return cpu_route_form(weight, self.cpu_linear_format, self._route_parts(layer, name))
 
     def _route_parts(self, layer: int | None, name: str) -> list | None:
-        """The GGUF blocks the ``fp16+gguf`` form of a resident linear keeps (``layer`` None: the lm_head)."""
-        if self.cpu_linear_format != "fp16+gguf":
+        """The GGUF blocks the ``fp16+gguf`` / ``onednn-bf16+gguf`` form of a resident linear keeps (``layer``
+        None: the lm_head)."""
+        if self.cpu_linear_format not in GGUF_ROW_FORMATS:
             return None
         return linear_parts(self.quantized, self.model.arch.tie_word_embeddings, layer, name)
 

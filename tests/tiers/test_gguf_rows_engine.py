@@ -1,8 +1,8 @@
-"""The fp16+gguf resident form (``cpu_prepack.OneRowBlocksWeight``): on the fp16 CPU route, a GGUF checkpoint's
+"""The GGUF row forms (``cpu_prepack.OneRowBlocksWeight``): on the fp16 and bf16 CPU routes, a GGUF checkpoint's
 linears keep their Q4_1 / Q8_0 blocks for single rows (one sequence decoding, through the native quantized
-linear) beside the fp16 weight that serves batches. The route is forced here (``--cpu-route fp16``), so the test
-runs on any CPU with fbgemm and a C compiler; on an AVX2 CPU without native bf16 it is what ``--dtype auto``
-picks."""
+linear) beside the route's batch form (fp16 for ``fp16+gguf``, oneDNN's reordered bf16 for ``onednn-bf16+gguf``).
+Each route is forced here (``--cpu-route``), so the test runs wherever the route executes; ``--dtype auto`` picks
+fp16 on an AVX2 CPU without native bf16, bf16 on one with it."""
 import pytest
 import torch
 
@@ -11,45 +11,70 @@ from gh200rt.engine.engine import LLMEngine
 from gh200rt.engine.llm import LLM
 from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
 from gh200rt.kernels.quant import HalfWeight, PackedWeight, quantize_int4
-from gh200rt.models.layers.cpu_prepack import OneRowBlocksWeight, linear_formats
+from gh200rt.models.layers.cpu_prepack import OneDNNWeight, OneRowBlocksWeight, linear_formats
 from gh200rt.platform.cpu_features import route_unavailable
 from gh200rt.sampling_params import SamplingParams
+from tests.engine.real_models import assert_same_or_near_tie
 
-pytestmark = [pytest.mark.skipif(load_native_ops() is None, reason=f"no native CPU kernels: {native_ops_error()}"),
-              pytest.mark.skipif(route_unavailable("fp16") is not None,
-                                 reason=f"the fp16 route cannot execute here: {route_unavailable('fp16')}")]
+pytestmark = pytest.mark.skipif(load_native_ops() is None, reason=f"no native CPU kernels: {native_ops_error()}")
 PROMPTS = [[1, 9690, 2114, 30], [1, 504, 3458], list(range(400, 430))]
 PARAMS = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+BATCH_FORMS = {"fp16": "HalfWeight", "bf16": "OneDNNWeight"}    # route -> the form beside the blocks
+# bf16 activations pick a token other than fp32's only where fp32's top two are this close in logprob (the
+# route parity bound of tests/model/test_cpu_route_parity.py: 0.5 below fp32's best)
+BF16_TIE_GAP = 0.5
 
 
-def smollm2(**options) -> LLMEngine:
-    """SmolLM2 (the shipped Q4_1 GGUF) on the fp16 route whatever this CPU's default."""
-    return LLMEngine.from_config(EngineConfig.from_kwargs(model="smollm2-135m", cpu_route="fp16", max_model_len=256,
+@pytest.fixture(params=sorted(BATCH_FORMS))
+def route(request) -> str:
+    why_not = route_unavailable(request.param)
+    if why_not is not None:
+        pytest.skip(f"the {request.param} route cannot execute here: {why_not}")
+    return request.param
+
+
+def smollm2(route: str, **options) -> LLMEngine:
+    """SmolLM2 (the shipped Q4_1 GGUF) on ``route`` whatever this CPU's default."""
+    return LLMEngine.from_config(EngineConfig.from_kwargs(model="smollm2-135m", cpu_route=route, max_model_len=256,
                                                           **options))
 
 
+def generate(eng: LLMEngine, prompts, params=PARAMS):
+    return LLM.from_engine(eng).generate(prompts, params)
+
+
 def tokens(eng: LLMEngine, prompts) -> list[list[int]]:
-    return [list(o.outputs[0].token_ids) for o in LLM.from_engine(eng).generate(prompts, PARAMS)]
+    return [list(o.outputs[0].token_ids) for o in generate(eng, prompts)]
 
 
 @pytest.fixture(scope="module")
 def reference():
+    """fp32's outputs, one prompt at a time, with the top-2 logprobs a near tie is judged by."""
     eng = LLMEngine.from_config(EngineConfig.from_kwargs(model="smollm2-135m", dtype="float32", max_model_len=256))
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=2)
     try:
-        return [tokens(eng, [p])[0] for p in PROMPTS]
+        return [generate(eng, [p], params)[0] for p in PROMPTS]
     finally:
         eng.close()
 
 
-def test_every_linear_keeps_its_blocks_for_single_rows(reference):
-    eng = smollm2()
+def assert_close_to_fp32(route: str, reference, outputs, label: str) -> None:
+    if route == "fp16":      # fp32 activations: fp32's tokens exactly
+        assert [list(o.outputs[0].token_ids) for o in outputs] == [list(r.outputs[0].token_ids) for r in reference]
+    else:
+        assert_same_or_near_tie(reference, outputs, label, tie_gap=BF16_TIE_GAP)
+
+
+def test_every_linear_keeps_its_blocks_for_single_rows(reference, route):
+    eng = smollm2(route)
     try:
         assert linear_formats(eng.runner.model) == {"OneRowBlocksWeight": 121}   # 30 x 4 decoder linears + lm_head
         head = eng.runner.model.lm_head.weight_ref.current
         assert head.blocks.fmt == "int8" and head.blocks.shape == (49152, 576)   # the tied embedding's Q8_0 blocks
-        # one sequence at a time decodes through the blocks, three together through fp16: both give fp32's tokens
-        assert [tokens(eng, [p])[0] for p in PROMPTS] == reference
-        assert tokens(eng, PROMPTS) == reference
+        assert type(head.batch).__name__ == BATCH_FORMS[route]
+        # one sequence at a time decodes through the blocks, three together through the batch form
+        assert_close_to_fp32(route, reference, [generate(eng, [p])[0] for p in PROMPTS], f"{route}, one at a time")
+        assert_close_to_fp32(route, reference, generate(eng, PROMPTS), f"{route}, batched")
     finally:
         eng.close()
 
@@ -60,17 +85,17 @@ def blocks_bytes(model) -> int:
                if isinstance(ref.current, OneRowBlocksWeight))
 
 
-def test_the_blocks_are_booked_and_planned():
-    """The blocks sit beside the fp16 forms (which take the resident layers' booked bytes): the ledger books
+def test_the_blocks_are_booked_and_planned(route):
+    """The blocks sit beside the batch forms (which take the resident layers' booked bytes): the ledger books
     exactly the blocks the model holds, and under a budget the planner counts them, streaming layers."""
-    resident = smollm2(offload="none")
+    resident = smollm2(route, offload="none")
     blocks = blocks_bytes(resident.runner.model)
     assert blocks > 0 and resident.ledger.by_kind["cpu_route_forms"] == blocks
     assert resident.ledger.used <= resident.ledger.capacity
     kv_room = 64 * resident.store.arena.block_bytes
     budget = resident.ledger.used - resident.ledger.by_kind["kv_pool"] - blocks // 2 + kv_room
     resident.close()
-    tight = smollm2(device_memory_budget=budget)
+    tight = smollm2(route, device_memory_budget=budget)
     try:
         tiers = tight.stats().layers_per_tier
         assert tiers.get("streamed", 0) + tiers.get("direct", 0) >= 1, tiers
@@ -80,10 +105,10 @@ def test_the_blocks_are_booked_and_planned():
         tight.close()
 
 
-def test_torch_kernels_keep_the_plain_fp16_form():
-    eng = smollm2(cpu_kernels="torch")
+def test_torch_kernels_keep_the_plain_batch_form(route):
+    eng = smollm2(route, cpu_kernels="torch")
     try:
-        assert linear_formats(eng.runner.model) == {"HalfWeight": 121}
+        assert linear_formats(eng.runner.model) == {BATCH_FORMS[route]: 121}
         assert eng.ledger.by_kind["cpu_route_forms"] == 0
     finally:
         eng.close()
@@ -102,3 +127,15 @@ def test_one_row_takes_the_blocks_and_more_rows_the_batch_form():
     with pytest.raises(AssertionError):
         OneRowBlocksWeight(PackedWeight("int8", torch.zeros(8, 96, dtype=torch.int8), torch.ones(8, 3), None, 32,
                                         (8, 96)), half)
+
+
+def test_a_bf16_row_takes_the_blocks_widened_and_rounds_back():
+    gen = torch.Generator().manual_seed(0)
+    dense = torch.randn(64, 96, generator=gen)
+    blocks, reordered = quantize_int4(dense, 32), OneDNNWeight(dense.bfloat16())
+    both = OneRowBlocksWeight(blocks, reordered)
+    one, three = torch.randn(1, 96, generator=gen).bfloat16(), torch.randn(3, 96, generator=gen).bfloat16()
+    got = both.linear(one)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, blocks.linear(one.float()).bfloat16())
+    assert torch.equal(both.linear(three), reordered.linear(three))

@@ -25,6 +25,9 @@ chosen in ``platform/cpu_features.py``; the weight store applies it to every res
 * ``fp16+gguf`` (the fp16 route of a GGUF checkpoint, native kernels on) -> ``OneRowBlocksWeight``: a
   single row through the checkpoint's Q4_0 / Q4_1 / Q8_0 blocks and the native quantized linear, more
   rows through the ``HalfWeight``. A linear stored in another GGUF type keeps the plain fp16 form.
+* ``onednn-bf16+gguf`` (the bf16 route of a GGUF checkpoint, native kernels on) -> ``OneRowBlocksWeight``: a
+  single row through the blocks (the bf16 row widened to float32, the product rounded back to bf16), more rows
+  through the ``OneDNNWeight``: one sequence decoding reads a third of the bf16 bytes of a Q4 file.
 
 Only resident weights are converted: a streamed layer's slot changes every step and a direct
 layer's host slab is in the format ``--host-weight-dtype`` chose. The dense original is released
@@ -98,8 +101,13 @@ class OneRowBlocksWeight:
         return int(self.blocks.nbytes) + int(self.batch.nbytes)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        form = self.blocks if x.numel() == x.shape[-1] else self.batch
-        return form.linear(x, bias)
+        if x.numel() != x.shape[-1]:
+            return self.batch.linear(x, bias)
+        if x.dtype == torch.float32:
+            return self.blocks.linear(x, bias)
+        # a bf16 row (the bf16 route) widened to float32 goes through the native quantized linear, which reads the
+        # blocks in place (torch's bf16 int4 op would first build a reordered copy of them)
+        return self.blocks.linear(x.float(), None if bias is None else bias.float()).to(x.dtype)
 
     def __repr__(self) -> str:
         return f"OneRowBlocksWeight({self.blocks!r}, {self.batch!r})"
@@ -147,6 +155,8 @@ def gguf_blocks_form(parts: list | None):
 
 
 FP32_FORMATS = ("onednn-fp32", "onednn-fp32+native")
+# The formats that keep a GGUF checkpoint's blocks for single rows beside a batch form: format -> batch format.
+GGUF_ROW_FORMATS = {"fp16+gguf": "fp16", "onednn-bf16+gguf": "onednn-bf16"}
 
 
 def gguf_blocks_bytes(parts: list | None) -> int:
@@ -169,7 +179,7 @@ def route_form_extra_bytes(weight, fmt: str | None, gguf_parts: list | None = No
     linear); 0 for the other formats, whose forms replace the dense weight with at most its bytes."""
     if not isinstance(weight, torch.Tensor):
         return 0
-    if fmt == "fp16+gguf":
+    if fmt in GGUF_ROW_FORMATS:
         return gguf_blocks_bytes(gguf_parts)
     if fmt not in FP32_FORMATS:
         return 0
@@ -192,10 +202,11 @@ def model_route_form_bytes(model, fmt: str | None, layers, lm_head: bool = True,
 def cpu_route_form(weight: torch.Tensor, fmt: str, gguf_parts: list | None = None):
     """The resident form of ``weight`` for the route's ``fmt``; ``gguf_parts`` (the checkpoint's quantized
     tensors making up this linear, when it was a GGUF file) serve the ``fp16+gguf`` format's single rows."""
-    if fmt == "fp16+gguf":
-        half = cpu_route_form(weight, "fp16")
+    if fmt in GGUF_ROW_FORMATS:
+        batch = cpu_route_form(weight, GGUF_ROW_FORMATS[fmt])
         blocks = gguf_blocks_form(gguf_parts)
-        return OneRowBlocksWeight(blocks, half) if blocks is not None and not isinstance(half, torch.Tensor) else half
+        return OneRowBlocksWeight(blocks, batch) if blocks is not None and not isinstance(batch, torch.Tensor) \
+            else batch
     if fmt == "onednn-bf16":
         return OneDNNWeight(weight) if weight.dtype == torch.bfloat16 else weight
     if fmt == "onednn-fp32":  # only where dense_linear takes oneDNN: elsewhere F.linear's bits are the reference
@@ -251,12 +262,12 @@ def resident_linear_format(model, fmt: str | None, quantized: dict | None = None
     ``linear_format``), except that ``onednn-fp32`` falls back to dense weights (None), with a log line
     saying why, unless reordered weights give the dense bits for every shape the model reorders, and becomes
     ``onednn-fp32+native`` with the native CPU kernels (``NativeRowsWeight``); and that the fp16 route of a
-    GGUF checkpoint (``quantized`` holds its blocks) with the native CPU kernels becomes ``fp16+gguf``: single
-    rows through the blocks (``OneRowBlocksWeight``)."""
-    if fmt == "fp16" and native_kernels and quantized and \
+    GGUF checkpoint (``quantized`` holds its blocks) with the native CPU kernels becomes ``fp16+gguf``, and the
+    bf16 route's ``onednn-bf16+gguf``: single rows through the blocks (``OneRowBlocksWeight``)."""
+    if fmt in ("fp16", "onednn-bf16") and native_kernels and quantized and \
             any(hasattr(q, "ggml_type") for q in quantized.values()):
         from gh200rt.kernels.cpu_native import load_native_ops
-        return "fp16+gguf" if load_native_ops() is not None else fmt
+        return f"{fmt}+gguf" if load_native_ops() is not None else fmt
     if fmt != "onednn-fp32":
         return fmt
     shapes = sorted({(*m.weight_ref.shape, m.bias is not None) for m in model.modules()
