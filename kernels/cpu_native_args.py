@@ -54,7 +54,7 @@ class DecodeLayerArgs(ctypes.Structure):
                 ("k_cache", _P), ("v_cache", _P), ("block_stride", _I), ("slot_stride", _I), ("head_stride", _I),
                 ("block_size", _I), ("slots", _P), ("block_tables", _P), ("table_stride", _I), ("seq_lens", _P),
                 ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("hidden", _I), ("inter", _I), ("threads", _I),
-                ("kv_type", _I), ("kv_scale", _P)]
+                ("kv_type", _I), ("kv_scale", _P), ("dtype", _I)]
 
 
 def linear_threads(n: int, k: int) -> int:

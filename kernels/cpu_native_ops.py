@@ -226,8 +226,9 @@ class NativeOps:
         return self._dense_linear(self._lib.gh_f16_linear, x, weight, bias)
 
     def decode_layer(self, hidden: torch.Tensor, args: "DecodeLayerArgs", out: torch.Tensor) -> None:
-        """``out [rows, hidden]`` = one decoder layer over contiguous float32 ``hidden [rows, hidden]`` (a decode
-        step: one token per sequence), with everything else in ``args`` (kernels/cpu/decode_layer.c). The caller
+        """``out [rows, hidden]`` = one decoder layer over contiguous ``hidden [rows, hidden]`` (a decode step: one
+        token per sequence; float32, or bfloat16 with ``args.dtype`` 1), with everything else in ``args``
+        (kernels/cpu/decode_layer.c). The caller
         (gh200rt/models/cpu_decode_layer.py) builds ``args`` from what the layer-by-layer path would call."""
         if self._lib.gh_decode_layer(hidden.data_ptr(), hidden.shape[0], ctypes.addressof(args), out.data_ptr()):
             raise MemoryError(f"native decode layer: no memory for its buffers ({hidden.shape[0]} rows)")

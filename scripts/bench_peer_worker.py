@@ -53,8 +53,22 @@ class Vllm:
 
 
 class LlamaCpp:
-    def __init__(self, spec, _):
+    def __init__(self, spec, variant):
+        """``variant`` ``no-repack``: llama.cpp's weights stay in the file's layout (``use_extra_bufts`` off: no
+        AMX or CPU repacking; its AMX buffers crash decoding on some Sapphire Rapids VMs)."""
+        import llama_cpp
+        import llama_cpp.llama as llama_module
         from llama_cpp import Llama
+        if variant == "no-repack":
+            default = llama_cpp.llama_model_default_params
+
+            def without_repack():
+                params = default()
+                params.use_extra_bufts = False
+                return params
+            llama_module.llama_cpp.llama_model_default_params = without_repack
+        elif variant:
+            raise SystemExit(f"llamacpp: unknown variant {variant!r} (no-repack)")
         self.llm = Llama(model_path=spec["gguf"], n_ctx=spec["max_model_len"], n_threads=spec["threads"],
                          n_threads_batch=spec["threads"], n_batch=512, verbose=False, seed=0)
 

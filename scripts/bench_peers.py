@@ -4,7 +4,8 @@
                                    transformers] [--rows single offline served] [--threads 2] [--rounds 2]
                                   [--peer-python .venv-peers/bin/python]
 
-(``gh200rt:<route>+batch-invariant`` runs that route with ``--batch-invariant``.)
+(``gh200rt:<route>+batch-invariant`` runs that route with ``--batch-invariant``; ``llamacpp:no-repack`` keeps
+llama.cpp's weights in the file's layout, for hosts where its AMX buffers crash.)
 
 Rows (the table of issue 14):
   single   single-stream greedy decode of --single-tokens tokens, tok/s (prefill excluded)

@@ -8,8 +8,10 @@ linears' current weights takes at this row count, the KV pool, the step's slots 
 makes one call that runs exactly those entry points with exactly those arguments, so the output has the
 layer-by-layer path's bits (tests/model/test_cpu_decode_layer.py), and every tier still agrees (DESIGN
 invariant 4). Where any op would go elsewhere (an MoE layer, a prefill or mixed step, an fbgemm or oneDNN
-linear at this row count, fp8 weights, bfloat16 activations, per-head q/k norms, a KV-scale calibration, a LoRA
-linear) it returns None and the layer runs op by op.
+linear at this row count, fp8 weights, per-head q/k norms, a KV-scale calibration, a LoRA linear) it returns None
+and the layer runs op by op. bfloat16 activations (the bf16 route) take the one call where every linear is
+native at that row count: one sequence decoding a GGUF checkpoint's blocks (``OneRowBlocksWeight``), each linear's
+row widened to float32 and its output rounded back, as the op-by-op path does.
 
 What a layer's linears resolve to is cached on the layer, keyed by the row count, the thread count, each
 WeightRef's ``version`` (it changes whenever a placement repoints the ref: a streamed layer's weight is a new
@@ -39,15 +41,26 @@ _PARTS = "_native_decode_parts"  # the layer's _LayerParts
 _STEP = "_native_decode_step"     # the step's decode arguments, in the AttentionMetadata's __dict__
 
 
-def linear_args(linear, rows: int) -> LinearArgs | None:
-    """The native call ``linear`` makes for ``rows`` float32 rows now, or None where it would call elsewhere."""
+def linear_args(linear, rows: int, dtype: torch.dtype = torch.float32) -> LinearArgs | None:
+    """The native call ``linear`` makes for ``rows`` rows of ``dtype`` activations now (bfloat16: the float32 call
+    on them widened), or None where it would call elsewhere."""
     weight, bias = linear.weight_ref.current, linear.bias
     if linear.lora is not None:           # a LoRA linear adds its adapters' deltas in RefLinear.forward
         return None
     if bias is not None and (bias.dtype != torch.float32 or not bias.is_cpu or not bias.is_contiguous()):
         return None
+    if dtype != torch.float32:            # only a GGUF row form widens a bf16 row to the native quantized linear
+        if not (isinstance(weight, OneRowBlocksWeight) and rows == 1 and dtype == torch.bfloat16):
+            return None
+        return linear_args_of(linear, weight.blocks, rows)
     if isinstance(weight, OneRowBlocksWeight):
         weight = weight.blocks if rows == 1 else weight.batch
+    return linear_args_of(linear, weight, rows)
+
+
+def linear_args_of(linear, weight, rows: int) -> LinearArgs | None:
+    """``linear_args`` for ``weight``, the form ``linear``'s current weight multiplies ``rows`` rows with."""
+    bias = linear.bias
     if isinstance(weight, HalfWeight):
         if not (linear.packed_native and rows <= NATIVE_F16_MAX_ROWS and weight.native_ops() is not None):
             return None
@@ -90,15 +103,15 @@ class _LayerParts:
 
 class _LayerCall:
     """One layer's argument block for a row count and set of weights (``args`` None: not native)."""
-    __slots__ = ("parts", "key", "args", "pool")
+    __slots__ = ("parts", "key", "args", "pool", "dtype")
 
-    def __init__(self, parts: _LayerParts, key: tuple, rows: int, threads: int):
-        self.parts, self.key, self.pool = parts, key, None
+    def __init__(self, parts: _LayerParts, key: tuple, rows: int, threads: int, dtype: torch.dtype):
+        self.parts, self.key, self.pool, self.dtype = parts, key, None, dtype
         attn = parts.attn
-        linears = [linear_args(m, rows) for m in parts.linears]
+        linears = [linear_args(m, rows, dtype) for m in parts.linears]
         norms = tuple(n.weight for n in parts.norms)
         hidden = norms[0].shape[0]
-        if any(a is None for a in linears) or any(w.dtype != torch.float32 or not w.is_contiguous() or
+        if any(a is None for a in linears) or any(w.dtype != dtype or not w.is_contiguous() or
                                                   w.shape != (hidden,) for w in norms) \
                 or parts.norms[0].eps != parts.norms[1].eps:
             self.args = None
@@ -109,14 +122,16 @@ class _LayerCall:
             (hidden, width, attn.q_size, hidden, hidden, 2 * down.k, hidden), "the layer's linears do not chain"
         self.args = DecodeLayerArgs(*linears, norms[0].data_ptr(), norms[1].data_ptr(), parts.norms[0].eps,
                                     attn.scale, heads=attn.num_heads, kv_heads=attn.num_kv_heads,
-                                    head_dim=attn.head_dim, hidden=hidden, inter=linears[3].k, threads=threads)
+                                    head_dim=attn.head_dim, hidden=hidden, inter=linears[3].k, threads=threads,
+                                    dtype=int(dtype == torch.bfloat16))
 
     def set_pool(self, kv_cache: torch.Tensor) -> bool:
-        """Point the arguments at ``kv_cache`` (float32 or fp8 ``[2, blocks, block_size, kv_heads, head_dim]``, unit
+        """Point the arguments at ``kv_cache`` (the activations' dtype or fp8 ``[2, blocks, block_size, kv_heads,
+        head_dim]``, unit
         last stride: the layout ``gh_decode_attention_block`` indexes; an fp8 pool with the layer's ``kv_scale``,
         whose address is fixed); False for another pool."""
         args = self.args
-        kv_type = 0 if kv_cache.dtype == torch.float32 else FP8_KV_TYPES.get(kv_cache.dtype)
+        kv_type = 0 if kv_cache.dtype == self.dtype else FP8_KV_TYPES.get(kv_cache.dtype)
         if kv_type is None or not kv_cache.is_cpu or kv_cache.dim() != 5 \
                 or kv_cache.shape[0] != 2 or kv_cache.shape[3] != args.kv_heads \
                 or kv_cache.shape[4] != args.head_dim or kv_cache.stride(-1) != 1:
@@ -170,19 +185,21 @@ def native_decode_layer(ops: NativeOps):
         if parts is None:
             parts = layer.__dict__[_PARTS] = _LayerParts(layer)
         attn = parts.attn
-        if hidden.dtype != torch.float32 or not hidden.is_cpu or not hidden.is_contiguous() or hidden.dim() != 2 \
-                or attn.q_norm is not None or attn.calculate_kv_scales or attn.decode_block_fn is None:
+        dtype = hidden.dtype
+        if dtype not in (torch.float32, torch.bfloat16) or not hidden.is_cpu or not hidden.is_contiguous() \
+                or hidden.dim() != 2 or attn.q_norm is not None or attn.calculate_kv_scales \
+                or attn.decode_block_fn is None:
             return None
         step = _step_args(meta)
-        if step.rows != rows or rows == 0 or cos.dtype != torch.float32 or sin.dtype != torch.float32 \
+        if step.rows != rows or rows == 0 or cos.dtype != dtype or sin.dtype != dtype \
                 or not (cos.is_contiguous() and sin.is_contiguous()) or cos.numel() != rows * (attn.head_dim // 2) \
                 or sin.shape != cos.shape:
             return None
         threads = torch.get_num_threads()
-        key = parts.key(rows, threads)
+        key = (dtype, *parts.key(rows, threads))
         call = layer.__dict__.get(_CACHE)
         if call is None or call.key != key:
-            call = layer.__dict__[_CACHE] = _LayerCall(parts, key, rows, threads)
+            call = layer.__dict__[_CACHE] = _LayerCall(parts, key, rows, threads, dtype)
         args = call.args
         if args is None or ((call.pool is None or call.pool() is not kv_cache) and not call.set_pool(kv_cache)):
             return None

@@ -7,9 +7,15 @@
  * path calls, with the arguments that path passes (the per-linear thread counts among them), and the residual
  * adds are single float32 additions like torch's, so the result has the layer-by-layer path's bits: a fused
  * layer, an unfused one and any tier agree exactly (DESIGN invariant 4).
+ *
+ * bfloat16 activations (the bf16 route, dtype 1): hidden, out, the norms' weights, cos/sin, the KV pool and every
+ * buffer between the ops are bf16, as the op-by-op path keeps them; a linear (one row through a GGUF checkpoint's
+ * blocks, the only native linear that route takes) widens its input to float32 and rounds its output back, as
+ * OneRowBlocksWeight does, and a residual add rounds the float32 sum of two bf16 values, as torch's bf16 add.
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include "gh_native.h"
 
 enum { LINEAR_F32 = 0, LINEAR_QUANT = 1, LINEAR_F16 = 2 };
@@ -25,10 +31,10 @@ typedef struct {
 
 typedef struct {
     LinearArgs qkv, o, gate_up, down;
-    const float *norm1, *norm2;  /* input / post-attention RMSNorm weights [hidden] */
+    const void *norm1, *norm2;   /* input / post-attention RMSNorm weights [hidden], in the activations' dtype */
     float eps, scale;
-    const float *cos, *sin;      /* [rows, head_dim / 2] */
-    void *k_cache, *v_cache;     /* float32, or fp8 (kv_type) */
+    const void *cos, *sin;       /* [rows, head_dim / 2], in the activations' dtype */
+    void *k_cache, *v_cache;     /* the activations' dtype, or fp8 (kv_type) */
     int64_t block_stride, slot_stride, head_stride, block_size;
     const int64_t *slots;
     const int32_t *block_tables;
@@ -37,6 +43,7 @@ typedef struct {
     int64_t heads, kv_heads, head_dim, hidden, inter, threads;
     int64_t kv_type;             /* the pool's element type (ops.c: KV_SAME, or an fp8 format read with kv_scale) */
     const float *kv_scale;       /* the layer's [K scale, V scale] for an fp8 pool */
+    int64_t dtype;               /* the activations': 0 float32, 1 bfloat16 */
 } DecodeLayerArgs;
 
 static int linear(const LinearArgs *l, const float *x, int64_t rows, float *out) {
@@ -55,35 +62,72 @@ static int linear(const LinearArgs *l, const float *x, int64_t rows, float *out)
     return 0;
 }
 
-static void add(const float *a, const float *b, float *out, int64_t count) {
-    for (int64_t i = 0; i < count; i++) out[i] = a[i] + b[i];
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
 }
 
-/* out [rows, hidden] = the layer applied to hidden [rows, hidden] (both contiguous), one token per sequence.
- * Returns 0, or -1 when a buffer could not be allocated (out is then unspecified, the KV pool may hold this
- * step's K/V: the caller raises and the step is retried from its inputs). */
-int gh_decode_layer(const float *hidden, int64_t rows, const DecodeLayerArgs *a, float *out) {
+static inline uint16_t f32_to_bf16(float f) {   /* round to nearest even, as torch's .to(torch.bfloat16) */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* out = x W^T (+ bias) in the activations' dtype; wide: float32 room for [rows, max(k, n)] twice (bf16 only) */
+static int linear_in(const LinearArgs *l, const void *x, int64_t rows, void *out, int dtype, float *wide) {
+    if (!dtype) return linear(l, (const float *)x, rows, (float *)out);
+    float *xf = wide, *yf = wide + rows * (l->k > l->n ? l->k : l->n);
+    for (int64_t i = 0; i < rows * l->k; i++) xf[i] = bf16_to_f32(((const uint16_t *)x)[i]);
+    if (linear(l, xf, rows, yf)) return -1;
+    for (int64_t i = 0; i < rows * l->n; i++) ((uint16_t *)out)[i] = f32_to_bf16(yf[i]);
+    return 0;
+}
+
+static void add(const void *a, const void *b, void *out, int64_t count, int dtype) {
+    if (!dtype) {
+        for (int64_t i = 0; i < count; i++) ((float *)out)[i] = ((const float *)a)[i] + ((const float *)b)[i];
+        return;
+    }
+    for (int64_t i = 0; i < count; i++)
+        ((uint16_t *)out)[i] = f32_to_bf16(bf16_to_f32(((const uint16_t *)a)[i]) + bf16_to_f32(((const uint16_t *)b)[i]));
+}
+
+/* out [rows, hidden] = the layer applied to hidden [rows, hidden] (both contiguous, in the activations' dtype),
+ * one token per sequence. Returns 0, or -1 when a buffer could not be allocated (out is then unspecified, the KV
+ * pool may hold this step's K/V: the caller raises and the step is retried from its inputs). */
+int gh_decode_layer(const void *hidden, int64_t rows, const DecodeLayerArgs *a, void *out) {
+    int dtype = (int)a->dtype;
+    size_t esz = dtype ? 2 : 4;
     int64_t h = a->hidden, width = a->qkv.n, q_size = a->heads * a->head_dim, inter = a->inter;
-    size_t floats = (size_t)(rows * (2 * h + width + q_size + h + 2 * inter + inter));
-    float *buf = malloc(floats * sizeof(float) + 64);
+    size_t elems = (size_t)(rows * (2 * h + width + q_size + h + 2 * inter + inter));
+    int64_t widest = width > 2 * inter ? width : 2 * inter;
+    if (q_size > widest) widest = q_size;
+    if (h > widest) widest = h;
+    size_t wide_floats = dtype ? (size_t)(2 * rows * widest) : 0;
+    char *buf = malloc(elems * esz + wide_floats * sizeof(float) + 64);
     if (!buf) return -1;
-    float *normed = buf, *h1 = normed + rows * h, *qkv = h1 + rows * h, *attn = qkv + rows * width,
-          *tmp = attn + rows * q_size, *gate_up = tmp + rows * h, *act = gate_up + rows * 2 * inter;
+    char *normed = buf, *h1 = normed + rows * h * esz, *qkv = h1 + rows * h * esz, *attn = qkv + rows * width * esz,
+         *tmp = attn + rows * q_size * esz, *gate_up = tmp + rows * h * esz, *act = gate_up + rows * 2 * inter * esz;
+    float *wide = dtype ? (float *)(((uintptr_t)(act + rows * inter * esz) + 63) & ~(uintptr_t)63) : NULL;
     int rc = 0;
-    gh_rms_norm(hidden, rows, h, h, a->norm1, normed, a->eps, 0, a->threads);
-    if ((rc = linear(&a->qkv, normed, rows, qkv))) goto done;
+    gh_rms_norm(hidden, rows, h, h, a->norm1, normed, a->eps, dtype, a->threads);
+    if ((rc = linear_in(&a->qkv, normed, rows, qkv, dtype, wide))) goto done;
     if ((rc = gh_decode_attention_block(qkv, width, a->cos, a->sin, a->k_cache, a->v_cache, a->block_stride,
                                         a->slot_stride, a->head_stride, a->block_size, a->slots, a->block_tables,
                                         a->table_stride, a->seq_lens, rows, a->heads, a->kv_heads, a->head_dim,
-                                        a->scale, attn, 0, (int)a->kv_type, a->kv_scale, a->threads)))
+                                        a->scale, attn, dtype, (int)a->kv_type, a->kv_scale, a->threads)))
         goto done;
-    if ((rc = linear(&a->o, attn, rows, tmp))) goto done;
-    add(hidden, tmp, h1, rows * h);
-    gh_rms_norm(h1, rows, h, h, a->norm2, normed, a->eps, 0, a->threads);
-    if ((rc = linear(&a->gate_up, normed, rows, gate_up))) goto done;
-    gh_silu_mul(gate_up, rows, inter, act, 0, a->threads);
-    if ((rc = linear(&a->down, act, rows, tmp))) goto done;
-    add(h1, tmp, out, rows * h);
+    if ((rc = linear_in(&a->o, attn, rows, tmp, dtype, wide))) goto done;
+    add(hidden, tmp, h1, rows * h, dtype);
+    gh_rms_norm(h1, rows, h, h, a->norm2, normed, a->eps, dtype, a->threads);
+    if ((rc = linear_in(&a->gate_up, normed, rows, gate_up, dtype, wide))) goto done;
+    gh_silu_mul(gate_up, rows, inter, act, dtype, a->threads);
+    if ((rc = linear_in(&a->down, act, rows, tmp, dtype, wide))) goto done;
+    add(h1, tmp, out, rows * h, dtype);
 done:
     free(buf);
     return rc;

@@ -43,6 +43,8 @@ def model_with(form: str, name: str = "llama", dtype=torch.float32):
                     ref.current = pack_weight(weight, form)
                 elif form == "one-row-blocks":
                     ref.current = OneRowBlocksWeight(pack_weight(weight, "int4"), HalfWeight(weight.half()))
+                elif form == "bf16-one-row-blocks":     # the bf16 route of a GGUF checkpoint
+                    ref.current = OneRowBlocksWeight(pack_weight(weight.float(), "int4"), OneDNNWeight(weight))
                 elif form == "fp16":
                     ref.current = HalfWeight(weight.half())
     assert use_native_cpu_kernels(model) is None
@@ -179,12 +181,19 @@ def test_torch_kernels_drop_the_fused_path():
     compare(model, 1, expect_fused=True)
 
 
-def test_bf16_activations_go_op_by_op():
-    model = model_with("dense", dtype=torch.bfloat16)
+@pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN inner product")
+def test_bf16_activations_take_one_call_through_the_gguf_row_form():
+    """The bf16 route: one sequence decoding a GGUF checkpoint's blocks has the op-by-op bits in one call (rows
+    widened for the blocks, outputs and residual sums rounded to bf16, a bf16 pool); more sequences, and dense
+    bf16 weights, go op by op (oneDNN's linears)."""
+    model = model_with("bf16-one-row-blocks", dtype=torch.bfloat16)
+    compare(model, 1, expect_fused=True)
+    compare(model, 1, expect_fused=True, seed=1)
+    compare(model, 2, expect_fused=False)
+    compare(model_with("dense", dtype=torch.bfloat16), 1, expect_fused=False)
     gen = torch.Generator().manual_seed(0)
-    meta = decode_step(1, gen)
-    pool = torch.zeros(2, 200, BLOCK, 2, 16, dtype=torch.bfloat16)
-    _, calls = run_layer(model, 0, meta, torch.randn(1, 64, dtype=torch.bfloat16), pool, fused=True)
+    _, calls = run_layer(model, 0, decode_step(1, gen), torch.randn(1, 64, dtype=torch.bfloat16),
+                         torch.zeros(2, 200, BLOCK, 2, 16), fused=True)       # a float32 pool: op by op
     assert calls == [False]
 
 
