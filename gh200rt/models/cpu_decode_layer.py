@@ -41,26 +41,33 @@ _PARTS = "_native_decode_parts"  # the layer's _LayerParts
 _STEP = "_native_decode_step"     # the step's decode arguments, in the AttentionMetadata's __dict__
 
 
-def linear_args(linear, rows: int, dtype: torch.dtype = torch.float32) -> LinearArgs | None:
+def linear_args(linear, rows: int, dtype: torch.dtype = torch.float32,
+                widened: list | None = None) -> LinearArgs | None:
     """The native call ``linear`` makes for ``rows`` rows of ``dtype`` activations now (bfloat16: the float32 call
-    on them widened), or None where it would call elsewhere."""
+    on them widened, its bias too: the float32 copy is appended to ``widened``, which the caller keeps alive), or
+    None where it would call elsewhere."""
     weight, bias = linear.weight_ref.current, linear.bias
     if linear.lora is not None:           # a LoRA linear adds its adapters' deltas in RefLinear.forward
         return None
-    if bias is not None and (bias.dtype != torch.float32 or not bias.is_cpu or not bias.is_contiguous()):
+    if bias is not None and (bias.dtype != dtype or not bias.is_cpu or not bias.is_contiguous()):
         return None
     if dtype != torch.float32:            # only a GGUF row form widens a bf16 row to the native quantized linear
         if not (isinstance(weight, OneRowBlocksWeight) and rows == 1 and dtype == torch.bfloat16):
             return None
-        return linear_args_of(linear, weight.blocks, rows)
+        if bias is not None:              # OneRowBlocksWeight adds bias.float() to the float32 product
+            bias = bias.float()
+            if widened is None:
+                return None
+            widened.append(bias)
+        return linear_args_of(linear, weight.blocks, rows, bias)
     if isinstance(weight, OneRowBlocksWeight):
         weight = weight.blocks if rows == 1 else weight.batch
-    return linear_args_of(linear, weight, rows)
+    return linear_args_of(linear, weight, rows, bias)
 
 
-def linear_args_of(linear, weight, rows: int) -> LinearArgs | None:
-    """``linear_args`` for ``weight``, the form ``linear``'s current weight multiplies ``rows`` rows with."""
-    bias = linear.bias
+def linear_args_of(linear, weight, rows: int, bias: torch.Tensor | None) -> LinearArgs | None:
+    """``linear_args`` for ``weight``, the form ``linear``'s current weight multiplies ``rows`` rows with, and its
+    float32 ``bias``."""
     if isinstance(weight, HalfWeight):
         if not (linear.packed_native and rows <= NATIVE_F16_MAX_ROWS and weight.native_ops() is not None):
             return None
@@ -103,12 +110,13 @@ class _LayerParts:
 
 class _LayerCall:
     """One layer's argument block for a row count and set of weights (``args`` None: not native)."""
-    __slots__ = ("parts", "key", "args", "pool", "dtype")
+    __slots__ = ("parts", "key", "args", "pool", "dtype", "widened")
 
     def __init__(self, parts: _LayerParts, key: tuple, rows: int, threads: int, dtype: torch.dtype):
         self.parts, self.key, self.pool, self.dtype = parts, key, None, dtype
+        self.widened: list[torch.Tensor] = []    # float32 copies of a bf16 layer's biases, which args point at
         attn = parts.attn
-        linears = [linear_args(m, rows, dtype) for m in parts.linears]
+        linears = [linear_args(m, rows, dtype, self.widened) for m in parts.linears]
         norms = tuple(n.weight for n in parts.norms)
         hidden = norms[0].shape[0]
         if any(a is None for a in linears) or any(w.dtype != dtype or not w.is_contiguous() or

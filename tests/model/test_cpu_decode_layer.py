@@ -189,6 +189,9 @@ def test_bf16_activations_take_one_call_through_the_gguf_row_form():
     model = model_with("bf16-one-row-blocks", dtype=torch.bfloat16)
     compare(model, 1, expect_fused=True)
     compare(model, 1, expect_fused=True, seed=1)
+    biased = model_with("bf16-one-row-blocks", name="qwen2", dtype=torch.bfloat16)   # widened as the form adds it
+    assert biased.layers[0].self_attn.qkv_proj.bias.dtype == torch.bfloat16
+    compare(biased, 1, expect_fused=True)
     compare(model, 2, expect_fused=False)
     compare(model_with("dense", dtype=torch.bfloat16), 1, expect_fused=False)
     gen = torch.Generator().manual_seed(0)
