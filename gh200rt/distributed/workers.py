@@ -8,6 +8,7 @@ seconds, never a hang.
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
@@ -55,6 +56,9 @@ class TensorParallelWorkers:
         self.failed: TensorParallelError | None = None
         self.closed = False
         self._published: set[int] = set()        # LoRA adapter ids whose path the workers can read in the store
+        # a script that never closes its engine: stop the workers while the interpreter is whole, not from the
+        # process groups' destructors during finalization (which abort with the peers still connected)
+        atexit.register(self.close)
 
     @property
     def pids(self) -> list[int]:
@@ -151,6 +155,7 @@ class TensorParallelWorkers:
         if self.closed:
             return
         self.closed = True
+        atexit.unregister(self.close)
         stopping = self.state is not None and self._failure() is None
         if stopping:
             try:
