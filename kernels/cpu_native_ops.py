@@ -225,6 +225,36 @@ class NativeOps:
         """``f16_linear`` for arguments the caller has checked (``HalfWeight.linear``)."""
         return self._dense_linear(self._lib.gh_f16_linear, x, weight, bias)
 
+    def amx_available(self) -> bool:
+        """Whether this CPU and OS run AMX bf16 tiles for this process (kernels/cpu/amx_linear.c)."""
+        return bool(self._lib.gh_amx_available())
+
+    def amx_pack(self, weight: torch.Tensor) -> torch.Tensor:
+        """A bf16 ``[N, K]`` weight (unit column stride) in ``amx_linear``'s tile layout: a flat bf16 tensor."""
+        if weight.dtype != torch.bfloat16 or weight.dim() != 2 or weight.device.type != "cpu" or weight.stride(1) != 1:
+            raise ValueError(f"amx_pack takes a bf16 [N, K] CPU weight with unit column stride, got {weight.dtype} "
+                             f"{tuple(weight.shape)} on {weight.device}")
+        n, k = weight.shape
+        packed = torch.empty(self._lib.gh_amx_packed_elems(n, k), dtype=torch.bfloat16)
+        self._lib.gh_amx_pack(weight.data_ptr(), n, k, weight.stride(0), packed.data_ptr())
+        return packed
+
+    def amx_linear(self, x: torch.Tensor, packed: torch.Tensor, n: int, k: int,
+                   bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [..., K]`` bf16 times the ``[N, K]`` weight ``amx_pack`` made (+ ``bias``, float32 ``[N]``) -> bf16
+        ``[..., N]``; K a multiple of 32. A row's bits depend on that row and the weight alone: not on the
+        call's row count nor the threads (kernels/cpu/amx_linear.c)."""
+        rows = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, k)
+        if rows.stride(-1) != 1:
+            rows = rows.contiguous()
+        count = rows.shape[0]
+        out = torch.empty((count, n), dtype=torch.bfloat16)
+        if self._lib.gh_amx_linear(rows.data_ptr(), count, rows.stride(0), packed.data_ptr(), n, k,
+                                   None if bias is None else bias.data_ptr(), out.data_ptr(), n,
+                                   linear_threads(n, k)):
+            raise RuntimeError(f"native AMX linear failed ({count} rows of {k}): AMX unavailable or no memory")
+        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], n)
+
     def decode_layer(self, hidden: torch.Tensor, args: "DecodeLayerArgs", out: torch.Tensor) -> None:
         """``out [rows, hidden]`` = one decoder layer over contiguous ``hidden [rows, hidden]`` (a decode step: one
         token per sequence; float32, or bfloat16 with ``args.dtype`` 1), with everything else in ``args``

@@ -42,7 +42,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 # ---- CPU routes (tests/cpu_routes.py) ---------------------------------------------------------------------
-from tests.cpu_routes import TEST_ROUTES, portable_native_build  # noqa: E402
+from tests.cpu_routes import TEST_ROUTES, native_build  # noqa: E402
 
 _route_outcomes: dict[str, dict[str, int]] = {name: {} for name in TEST_ROUTES}
 _route_of_test: dict[str, str] = {}
@@ -76,7 +76,7 @@ def cpu_route(request):
     if why_not is not None:
         pytest.skip(f"CPU route {route.name} cannot execute here: {why_not}")
     if route.portable:
-        with portable_native_build():
+        with native_build(route.native_flags):
             yield route
     else:
         yield route

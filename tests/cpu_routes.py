@@ -1,9 +1,11 @@
 """The CPU routes the tests run on, whatever CPU runs them.
 
 Every ``--cpu-route`` (``platform/cpu_features.py``) is forced in turn, so route-dependent tests check each
-route on every host that can execute it, not only the one its CPU would pick; plus ``fp32-portable``: the fp32
-route with the native CPU ops built for the baseline x86-64 ISA, which compiles the C code's portable paths
-(no AVX2 / FMA / F16C), the paths Grace's Arm cores run. A route that cannot execute here is skipped with the
+route on every host that can execute it, not only the one its CPU would pick; plus two routes over another build
+of the native CPU ops: ``fp32-portable``, the fp32 route with the ops built for the baseline x86-64 ISA, which
+compiles the C code's portable paths (no AVX2 / FMA / F16C), the paths Grace's Arm cores run; and ``bf16-no-amx``
+on a CPU with AMX, the bf16 route with the ops built without AMX: the route a CPU with AVX-512 BF16 and no AMX
+(AMD Zen 4) takes (oneDNN's bf16 GEMM in probed row blocks, not the native AMX linear). A route that cannot execute here is skipped with the
 reason; ``pytest --cpu-routes fp32,bf16`` narrows the list (a CI lane per route). The ``cpu_route`` fixture
 (tests/conftest.py) hands tests a ``TestRoute``; the terminal summary lists what ran and what was skipped.
 """
@@ -27,7 +29,13 @@ class TestRoute:
 
     name: str             # the test id
     cpu_route: str        # the --cpu-route it forces
-    portable: bool = False
+    native_flags: tuple[str, ...] = ()   # what replaces -march=native in the native build (none: the host's build)
+    needs_flag: str = ""  # a CPU flag without which the build would be the host's own (the route is then skipped)
+
+    @property
+    def portable(self) -> bool:
+        """Whether the route runs another build of the native ops, which a test forces in its own process only."""
+        return bool(self.native_flags)
 
     @property
     def options(self) -> dict:
@@ -46,12 +54,17 @@ class TestRoute:
             return why
         if platform.machine() not in X86:
             return f"on {platform.machine()} the native build is already the portable one (the fp32 route runs it)"
+        if self.needs_flag and self.needs_flag not in cpu_flags():
+            return f"this CPU has no {self.needs_flag}: the {self.cpu_route} route already runs without it"
         from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
         return None if load_native_ops() is not None else f"native CPU ops unavailable: {native_ops_error()}"
 
 
+NO_AMX = ("-march=native", "-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8")
 TEST_ROUTES = {route.name: route for route in
-               [TestRoute(name, name) for name in ROUTES] + [TestRoute("fp32-portable", "fp32", portable=True)]}
+               [TestRoute(name, name) for name in ROUTES]
+               + [TestRoute("fp32-portable", "fp32", ("-march=x86-64",)),
+                  TestRoute("bf16-no-amx", "bf16", NO_AMX, needs_flag="amx_bf16")]}
 
 
 def expected_routes(flags: frozenset[str], machine: str) -> set[str]:
@@ -64,6 +77,8 @@ def expected_routes(flags: frozenset[str], machine: str) -> set[str]:
             expected.add("fp16")
         if {"avx512_bf16", "amx_bf16", "avx512bw"} & flags:
             expected.add("bf16")
+        if "amx_bf16" in flags:
+            expected.add("bf16-no-amx")
     return expected
 
 
@@ -72,9 +87,10 @@ def expected_here() -> set[str]:
 
 
 @contextlib.contextmanager
-def portable_native_build():
-    """Within: ``load_native_ops()`` hands out the native ops built for the baseline x86-64 ISA (cached beside the
-    native build under its own name; the flags are part of it)."""
+def native_build(flags: tuple[str, ...] = ("-march=x86-64",)):
+    """Within: ``load_native_ops()`` hands out the native ops built with ``flags`` in place of ``-march=native``
+    (default: the baseline x86-64 ISA), cached beside the native build under its own name (the flags are part
+    of it)."""
     from gh200rt.kernels import cpu_native
     from gh200rt.models import cpu_kernels
 
@@ -82,11 +98,12 @@ def portable_native_build():
         cpu_native.load_native_ops.cache_clear()
         cpu_kernels._native_ops_table.cache_clear()
     patch = pytest.MonkeyPatch()
-    patch.setattr(cpu_native, "FLAGS", tuple("-march=x86-64" if flag == "-march=native" else flag
-                                             for flag in cpu_native.FLAGS))
+    patch.setattr(cpu_native, "FLAGS", tuple(new for flag in cpu_native.FLAGS
+                                             for new in (flags if flag == "-march=native" else (flag,))))
     forget_loaded_ops()
     try:
         yield
     finally:
         patch.undo()
         forget_loaded_ops()
+

@@ -4,8 +4,11 @@ Routes (docs/BENCHMARKS.md measures each against fp32, speed and perplexity):
 
 * ``bf16``: bf16 weights and activations, linears through oneDNN over weights reordered once at
   start-up (``models/layers/cpu_prepack.py``). Chosen when the CPU has native bf16 dot products
-  (AVX-512 BF16 or AMX) and this torch's oneDNN says it can use them. For a GGUF checkpoint with the native
-  CPU kernels the resident linears also keep the file's blocks for single rows (``onednn-bf16+gguf``).
+  (AVX-512 BF16 or AMX) and this torch's oneDNN says it can use them. With the native CPU kernels on a CPU with
+  AMX the resident linears take the native AMX kernel instead (``amx-bf16``: as fast, and a row's bits do not
+  depend on the row count, so prompt steps need no row blocks). For a GGUF checkpoint with the native CPU
+  kernels the resident linears also keep the file's blocks for single rows (``onednn-bf16+gguf``,
+  ``amx-bf16+gguf``).
 * ``fp16``: float32 activations, linear weights stored as fp16 (``HalfWeight``): fbgemm's fp16 GEMM, and
   the native fp16 linear for a decode step's few rows. Chosen on CPUs without native bf16 where fbgemm runs
   (x86 with AVX2). For a GGUF

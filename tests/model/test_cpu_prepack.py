@@ -162,7 +162,7 @@ def test_fp32_probe_mismatch_keeps_dense_weights(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger=cpu_prepack.__name__):
         assert resident_linear_format(model, "onednn-fp32") is None
     assert "keep dense weights" in caplog.text and "(2048, 512, False)" in caplog.text
-    assert resident_linear_format(model, "onednn-bf16") == "onednn-bf16"  # other routes are not probed
+    assert resident_linear_format(model, "onednn-bf16", native_kernels=False) == "onednn-bf16"  # not probed
 
 
 def place(model, dtype: str, linear_format: str | None, **memory) -> WeightStore:
@@ -213,3 +213,49 @@ def test_fp16_route_converts_fp32_weights_to_half_weights():
     assert isinstance(model.layer_weight_refs(0)["mlp.gate_up_proj"].current, HalfWeight)
     assert isinstance(big.current, torch.Tensor) and big.current.dtype == torch.float32
     assert linear_formats(model) == {"HalfWeight": 12, "dense float32": 1}
+
+
+def test_the_bf16_route_takes_the_amx_form_where_amx_runs():
+    model = build_model(tiny_arch(), torch.bfloat16)
+    want = "amx-bf16" if cpu_prepack.amx_available() else "onednn-bf16"
+    assert resident_linear_format(model, "onednn-bf16") == want
+    assert resident_linear_format(model, "onednn-bf16", native_kernels=False) == "onednn-bf16"
+
+
+class CountingOps:
+    """The native ops, counting ``amx_linear`` calls."""
+
+    def __init__(self, ops):
+        self.ops, self.calls = ops, 0
+
+    def amx_linear(self, *args):
+        self.calls += 1
+        return self.ops.amx_linear(*args)
+
+
+@pytest.mark.skipif(not cpu_prepack.amx_available(), reason="this CPU or OS runs no AMX tiles")
+def test_amx_form_takes_a_prompt_steps_rows_in_one_call():
+    """Resident bf16 linears with K a multiple of 32 take the AMX form (down_proj's K of 48 keeps oneDNN's); a step
+    of prompt positions (row blocks asked for) multiplies all its rows in one call, each row with its bits alone."""
+    torch.manual_seed(0)
+    model = build_model(tiny_arch(), torch.bfloat16)
+    with torch.no_grad():
+        model.embed_tokens.normal_()
+        for i in range(3):
+            for ref in model.layer_weight_refs(i).values():
+                ref.current.normal_()
+    dense = model.layer_weight_refs(0)["mlp.gate_up_proj"].current.clone()
+    store = place(model, "bf16", "amx-bf16", offload="none")
+    assert linear_formats(model) == {"AmxWeight": 10, "OneDNNWeight": 3}  # qkv, o, gate_up x 3 + lm_head; down x 3
+    linear = model.layers[0].mlp.gate_up_proj
+    weight = linear.weight_ref.current
+    counting = CountingOps(weight.ops)
+    weight.ops = counting
+    x = torch.randn(300, 32).bfloat16()
+    with torch.inference_mode():
+        many = linear(x, 64)
+        assert counting.calls == 1
+        for row in (0, 64, 299):
+            assert torch.equal(linear(x[row:row + 1], 64)[0], many[row])
+    torch.testing.assert_close(many.float(), F.linear(x, dense).float(), atol=3e-2, rtol=2e-2)
+    store.close()

@@ -86,6 +86,10 @@ def _forms(n: int, k: int):
         forms[fmt] = (pack_weight(dense, fmt), torch.float32)
     from gh200rt.models.layers.cpu_prepack import OneDNNWeight
     forms["onednn-bf16"] = (OneDNNWeight(dense.bfloat16()), torch.bfloat16)
+    from gh200rt.models.layers.cpu_prepack import AmxWeight, amx_available
+    if amx_available() and k % 32 == 0:
+        from gh200rt.kernels.cpu_native import load_native_ops
+        forms["amx-bf16"] = (AmxWeight(dense.bfloat16(), load_native_ops()), torch.bfloat16)
     return forms
 
 

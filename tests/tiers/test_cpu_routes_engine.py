@@ -13,7 +13,7 @@ from gh200rt.kernels.quant import PackedWeight
 from gh200rt.memory.ledger import CPU_DEFAULT_KV_BYTES
 from gh200rt.models.layers import cpu_prepack
 from gh200rt.models.layers.cpu_linear import onednn_available
-from gh200rt.models.layers.cpu_prepack import OneDNNWeight, linear_formats
+from gh200rt.models.layers.cpu_prepack import AmxWeight, OneDNNWeight, amx_available, linear_formats
 from gh200rt.platform.cpu_features import route_for
 from gh200rt.sampling_params import SamplingParams
 from tests.engine.real_models import save_tiny_llama
@@ -101,7 +101,12 @@ def full_kv_pool(eng: LLMEngine) -> int:
 
 
 RESIDENT_FORMS = {"fp32": "NativeRowsWeight", "fp32-portable": "NativeRowsWeight", "fp16": "HalfWeight",
-                  "bf16": "OneDNNWeight"}
+                  "bf16": "OneDNNWeight", "bf16-no-amx": "OneDNNWeight"}
+
+
+def resident_form(route) -> str:
+    """The form a resident linear takes on ``route`` here: on the bf16 route of a CPU with AMX, the AMX tiles."""
+    return "AmxWeight" if route.name == "bf16" and amx_available() else RESIDENT_FORMS[route.name]
 
 
 def test_default_capacity_books_each_routes_forms_beside_the_full_kv_pool(wide, cpu_route):
@@ -113,7 +118,7 @@ def test_default_capacity_books_each_routes_forms_beside_the_full_kv_pool(wide, 
     eng = engine(wide, offload="none", **cpu_route.options)
     model = eng.runner.model
     assert model.dtype == cpu_route.dtype and eng.runner.kv_caches[0].dtype == cpu_route.dtype
-    assert linear_formats(model) == {RESIDENT_FORMS[cpu_route.name]: 17}
+    assert linear_formats(model) == {resident_form(cpu_route): 17}
     # the bf16 route's reordered weights replace the dense ones: only the fp32 routes' sit beside them
     beside = reordered_copies(model) if cpu_route.name.startswith("fp32") else 0
     assert eng.ledger.by_kind["cpu_route_forms"] == beside and (beside > 0) == cpu_route.name.startswith("fp32")
@@ -182,9 +187,10 @@ def test_bf16_resident_layers_are_reordered_streamed_ones_are_not(tiny):
     eng = engine(tiny, dtype="bfloat16", offload="none", layer_tiers="1-2:streamed", staging_slots=1,
                  prefetch_distance=0)
     model = eng.runner.model
-    assert all(isinstance(r.current, OneDNNWeight) for i in (0, 3) for r in model.layer_weight_refs(i).values())
+    resident = AmxWeight if amx_available() else OneDNNWeight
+    assert all(isinstance(r.current, resident) for i in (0, 3) for r in model.layer_weight_refs(i).values())
     assert all(isinstance(r.current, torch.Tensor) for i in (1, 2) for r in model.layer_weight_refs(i).values())
-    assert isinstance(model.lm_head.weight_ref.current, OneDNNWeight)
+    assert isinstance(model.lm_head.weight_ref.current, resident)
     tokens = [t for t, _ in run(eng)]
     assert all(len(t) == 6 for t in tokens)
     eng.close()
@@ -197,7 +203,7 @@ def test_int8_with_bf16_activations_streamed_equals_direct(tiny):
                       host_weight_dtype="int8")
     refs = list(direct.runner.model.layer_weight_refs(0).values())
     assert all(isinstance(r.current, PackedWeight) and r.current.fmt == "int8" for r in refs)
-    assert isinstance(direct.runner.model.lm_head.weight_ref.current, OneDNNWeight)
+    assert isinstance(direct.runner.model.lm_head.weight_ref.current, AmxWeight if amx_available() else OneDNNWeight)
     want = run(direct)
     assert run(streamed) == want
     for eng in (direct, streamed):

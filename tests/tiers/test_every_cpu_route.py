@@ -8,7 +8,7 @@ from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
 from gh200rt.engine.llm import LLM
 from gh200rt.models.layers.cpu_linear import onednn_available
-from gh200rt.models.layers.cpu_prepack import linear_formats
+from gh200rt.models.layers.cpu_prepack import amx_available, linear_formats
 from gh200rt.sampling_params import SamplingParams
 from tests.engine.real_models import save_tiny_llama
 
@@ -23,7 +23,7 @@ PLACEMENTS = {
 # the form a resident linear takes on each route (the model below has every linear large enough for oneDNN);
 # offloaded layers' linears compute from dense weights in the route's dtype
 RESIDENT_FORM = {"fp32": "NativeRowsWeight", "fp32-portable": "NativeRowsWeight", "fp16": "HalfWeight",
-                 "bf16": "OneDNNWeight"}
+                 "bf16": "OneDNNWeight", "bf16-no-amx": "OneDNNWeight"}
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_every_placement_serves_on_the_route(wide, cpu_route):
                                                              **cpu_route.options), poison=True)
         assert eng.runner.model.dtype == cpu_route.dtype
         resident_layers = LAYERS if label == "resident" else 0
-        form = RESIDENT_FORM[cpu_route.name]
+        form = "AmxWeight" if cpu_route.name == "bf16" and amx_available() else RESIDENT_FORM[cpu_route.name]
         want = {form: 4 * resident_layers + 1, dense: 4 * (LAYERS - resident_layers)}
         assert linear_formats(eng.runner.model) == {k: n for k, n in want.items() if n}, label
         outputs[label] = run(eng)

@@ -1,6 +1,7 @@
 """The GGUF row forms (``cpu_prepack.OneRowBlocksWeight``): on the fp16 and bf16 CPU routes, a GGUF checkpoint's
 linears keep their Q4_1 / Q8_0 blocks for single rows (one sequence decoding, through the native quantized
-linear) beside the route's batch form (fp16 for ``fp16+gguf``, oneDNN's reordered bf16 for ``onednn-bf16+gguf``).
+linear) beside the route's batch form (fp16 for ``fp16+gguf``, oneDNN's reordered bf16 for ``onednn-bf16+gguf``, the
+AMX tile layout for ``amx-bf16+gguf``).
 Each route is forced here (``--cpu-route``), so the test runs wherever the route executes; ``--dtype auto`` picks
 fp16 on an AVX2 CPU without native bf16, bf16 on one with it."""
 import pytest
@@ -11,26 +12,38 @@ from gh200rt.engine.engine import LLMEngine
 from gh200rt.engine.llm import LLM
 from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
 from gh200rt.kernels.quant import HalfWeight, PackedWeight, quantize_int4
-from gh200rt.models.layers.cpu_prepack import OneDNNWeight, OneRowBlocksWeight, linear_formats
-from gh200rt.platform.cpu_features import route_unavailable
+from gh200rt.models.layers.cpu_prepack import OneDNNWeight, OneRowBlocksWeight, amx_available, linear_formats
 from gh200rt.sampling_params import SamplingParams
+from tests.cpu_routes import TEST_ROUTES, native_build
 from tests.engine.real_models import assert_same_or_near_tie
 
 pytestmark = pytest.mark.skipif(load_native_ops() is None, reason=f"no native CPU kernels: {native_ops_error()}")
 PROMPTS = [[1, 9690, 2114, 30], [1, 504, 3458], list(range(400, 430))]
 PARAMS = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-BATCH_FORMS = {"fp16": "HalfWeight", "bf16": "OneDNNWeight"}    # route -> the form beside the blocks
+BATCH_FORMS = {"fp16": "HalfWeight", "bf16": "OneDNNWeight"}    # route -> the form beside the blocks (torch kernels)
 # bf16 activations pick a token other than fp32's only where fp32's top two are this close in logprob (the
 # route parity bound of tests/model/test_cpu_route_parity.py: 0.5 below fp32's best)
 BF16_TIE_GAP = 0.5
 
 
-@pytest.fixture(params=sorted(BATCH_FORMS))
+@pytest.fixture(params=["bf16", "bf16-no-amx", "fp16"])
 def route(request) -> str:
-    why_not = route_unavailable(request.param)
+    """The ``--cpu-route`` a test forces (``bf16-no-amx``: the bf16 route over a native build without AMX, as a CPU
+    with AVX-512 BF16 and no AMX runs it: oneDNN's bf16 beside the blocks)."""
+    test_route = TEST_ROUTES[request.param]
+    why_not = test_route.unavailable()
     if why_not is not None:
         pytest.skip(f"the {request.param} route cannot execute here: {why_not}")
-    return request.param
+    if test_route.portable:
+        with native_build(test_route.native_flags):
+            yield test_route.cpu_route
+    else:
+        yield test_route.cpu_route
+
+
+def native_batch_form(route: str) -> str:
+    """The form beside the blocks with the native kernels on: the AMX tile layout on the bf16 route where AMX runs."""
+    return "AmxWeight" if route == "bf16" and amx_available() else BATCH_FORMS[route]
 
 
 def smollm2(route: str, **options) -> LLMEngine:
@@ -71,7 +84,7 @@ def test_every_linear_keeps_its_blocks_for_single_rows(reference, route):
         assert linear_formats(eng.runner.model) == {"OneRowBlocksWeight": 121}   # 30 x 4 decoder linears + lm_head
         head = eng.runner.model.lm_head.weight_ref.current
         assert head.blocks.fmt == "int8" and head.blocks.shape == (49152, 576)   # the tied embedding's Q8_0 blocks
-        assert type(head.batch).__name__ == BATCH_FORMS[route]
+        assert type(head.batch).__name__ == native_batch_form(route)
         # one sequence at a time decodes through the blocks, three together through the batch form
         assert_close_to_fp32(route, reference, [generate(eng, [p])[0] for p in PROMPTS], f"{route}, one at a time")
         assert_close_to_fp32(route, reference, generate(eng, PROMPTS), f"{route}, batched")

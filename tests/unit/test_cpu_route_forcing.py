@@ -10,9 +10,10 @@ import torch
 from gh200rt.cli_args import add_engine_arguments, engine_config_from_args
 from gh200rt.config import EngineConfig, ModelConfig
 from gh200rt.kernels import cpu_native
+from gh200rt.models.layers import cpu_prepack
 from gh200rt.platform import cpu_features
 from gh200rt.platform.cpu_features import ROUTES, route_for, routes_available
-from tests.cpu_routes import TEST_ROUTES, expected_here, expected_routes, portable_native_build
+from tests.cpu_routes import TEST_ROUTES, expected_here, expected_routes, native_build
 
 
 def test_the_flag_sets_the_field():
@@ -65,7 +66,7 @@ def test_expected_routes_follow_the_cpu():
     assert expected_routes(frozenset({"avx2", "avx512f", "avx512bw", "avx512_bf16"}), x86) == \
         {"fp32", "fp32-portable", "fp16", "bf16"}                                 # Zen 4
     assert expected_routes(frozenset({"avx2", "avx512bw", "amx_bf16"}), x86) == \
-        {"fp32", "fp32-portable", "fp16", "bf16"}                                 # Sapphire Rapids
+        {"fp32", "fp32-portable", "fp16", "bf16", "bf16-no-amx"}                  # Sapphire Rapids
     assert expected_routes(frozenset({"avx2", "fma"}), x86) == {"fp32", "fp32-portable", "fp16"}   # AVX2 only
     assert expected_routes(frozenset({"fp", "asimd", "bf16", "sve2"}), "aarch64") == {"fp32"}    # Grace
 
@@ -75,7 +76,19 @@ def test_the_portable_route_loads_the_baseline_build():
     if TEST_ROUTES["fp32-portable"].unavailable() is not None:
         pytest.skip(TEST_ROUTES["fp32-portable"].unavailable())
     vector = cpu_native.load_native_ops()
-    with portable_native_build():
+    with native_build():
         portable = cpu_native.load_native_ops()
         assert "-march=x86-64" in cpu_native.FLAGS and portable._lib._name != vector._lib._name
     assert cpu_native.load_native_ops()._lib._name == vector._lib._name
+
+
+def test_the_no_amx_route_loads_a_build_without_tiles():
+    route = TEST_ROUTES["bf16-no-amx"]
+    if route.unavailable() is not None:
+        pytest.skip(route.unavailable())
+    assert cpu_native.load_native_ops().amx_available()
+    with native_build(route.native_flags):
+        built = cpu_native.load_native_ops()
+        assert "-mno-amx-tile" in cpu_native.FLAGS and not built.amx_available()
+        assert not cpu_prepack.amx_available()
+    assert cpu_native.load_native_ops().amx_available()

@@ -9,6 +9,9 @@ chosen in ``platform/cpu_features.py``; the weight store applies it to every res
   and prefill shapes it is faster than ``F.linear`` over the same bf16 tensor (which reorders the
   weight on every call) with the same arithmetic (bf16 products, fp32 accumulation; the tests
   compare the two).
+* ``amx-bf16`` (the bf16 route on a CPU with AMX, native kernels on) -> ``AmxWeight`` (``amx_weight.py``): the bf16
+  weight in the native AMX kernel's tile layout, as fast as oneDNN's and computing a row alike at every row count,
+  so prompt steps need no row blocks. A weight whose K is not a multiple of 32 keeps the ``OneDNNWeight``.
 * ``onednn-fp32`` -> ``OneDNNWeight`` over the float32 weight, for the exact fp32 route. oneDNN's
   inner product over the dense ``[N, K]`` tensor reorders the weight on every call above one row;
   the reordered copy saves that (SmolLM2-135M, one decode step on 2 AVX2 cores: ~54 -> ~32 ms at 2
@@ -27,7 +30,8 @@ chosen in ``platform/cpu_features.py``; the weight store applies it to every res
   rows through the ``HalfWeight``. A linear stored in another GGUF type keeps the plain fp16 form.
 * ``onednn-bf16+gguf`` (the bf16 route of a GGUF checkpoint, native kernels on) -> ``OneRowBlocksWeight``: a
   single row through the blocks (the bf16 row widened to float32, the product rounded back to bf16), more rows
-  through the ``OneDNNWeight``: one sequence decoding reads a third of the bf16 bytes of a Q4 file.
+  through the ``OneDNNWeight``: one sequence decoding reads a third of the bf16 bytes of a Q4 file. ``amx-bf16+gguf``
+  is the same over an ``AmxWeight``.
 
 Only resident weights are converted: a streamed layer's slot changes every step and a direct
 layer's host slab is in the format ``--host-weight-dtype`` chose. The dense original is released
@@ -40,6 +44,7 @@ import logging
 import torch
 
 from gh200rt.kernels.quant import pack_weight
+from gh200rt.models.layers.amx_weight import AmxWeight, amx_fits
 from gh200rt.models.layers.cpu_linear import (ONEDNN_MIN_ELEMENTS, native_rows, onednn_available, onednn_linear,
                                                onednn_weight)
 from gh200rt.models.layers.linear import RefLinear
@@ -109,6 +114,12 @@ class OneRowBlocksWeight:
         # blocks in place (torch's bf16 int4 op would first build a reordered copy of them)
         return self.blocks.linear(x.float(), None if bias is None else bias.float()).to(x.dtype)
 
+    def invariant_form(self):
+        """The batch form where it computes every row alike at any row count (a step of prompt positions then
+        multiplies all its rows there, one row too), else None."""
+        form = getattr(self.batch, "invariant_form", None)
+        return None if form is None else form()
+
     def __repr__(self) -> str:
         return f"OneRowBlocksWeight({self.blocks!r}, {self.batch!r})"
 
@@ -156,7 +167,7 @@ def gguf_blocks_form(parts: list | None):
 
 FP32_FORMATS = ("onednn-fp32", "onednn-fp32+native")
 # The formats that keep a GGUF checkpoint's blocks for single rows beside a batch form: format -> batch format.
-GGUF_ROW_FORMATS = {"fp16+gguf": "fp16", "onednn-bf16+gguf": "onednn-bf16"}
+GGUF_ROW_FORMATS = {"fp16+gguf": "fp16", "onednn-bf16+gguf": "onednn-bf16", "amx-bf16+gguf": "amx-bf16"}
 
 
 def gguf_blocks_bytes(parts: list | None) -> int:
@@ -209,6 +220,11 @@ def cpu_route_form(weight: torch.Tensor, fmt: str, gguf_parts: list | None = Non
             else batch
     if fmt == "onednn-bf16":
         return OneDNNWeight(weight) if weight.dtype == torch.bfloat16 else weight
+    if fmt == "amx-bf16":
+        if amx_fits(weight):
+            from gh200rt.kernels.cpu_native import load_native_ops
+            return AmxWeight(weight, load_native_ops())
+        return cpu_route_form(weight, "onednn-bf16")
     if fmt == "onednn-fp32":  # only where dense_linear takes oneDNN: elsewhere F.linear's bits are the reference
         return OneDNNWeight(weight) if onednn_weight(weight) else weight
     if fmt == "onednn-fp32+native":
@@ -263,8 +279,11 @@ def resident_linear_format(model, fmt: str | None, quantized: dict | None = None
     saying why, unless reordered weights give the dense bits for every shape the model reorders, and becomes
     ``onednn-fp32+native`` with the native CPU kernels (``NativeRowsWeight``); and that the fp16 route of a
     GGUF checkpoint (``quantized`` holds its blocks) with the native CPU kernels becomes ``fp16+gguf``, and the
-    bf16 route's ``onednn-bf16+gguf``: single rows through the blocks (``OneRowBlocksWeight``)."""
-    if fmt in ("fp16", "onednn-bf16") and native_kernels and quantized and \
+    bf16 route's ``onednn-bf16+gguf``: single rows through the blocks (``OneRowBlocksWeight``); and that the bf16
+    route on a CPU with AMX (native kernels on) becomes ``amx-bf16`` (``amx-bf16+gguf``)."""
+    if fmt == "onednn-bf16" and native_kernels and amx_available():
+        fmt = "amx-bf16"
+    if fmt in ("fp16", "onednn-bf16", "amx-bf16") and native_kernels and quantized and \
             any(hasattr(q, "ggml_type") for q in quantized.values()):
         from gh200rt.kernels.cpu_native import load_native_ops
         return f"{fmt}+gguf" if load_native_ops() is not None else fmt
@@ -283,3 +302,10 @@ def resident_linear_format(model, fmt: str | None, quantized: dict | None = None
         from gh200rt.kernels.cpu_native import load_native_ops
         return "onednn-fp32+native" if load_native_ops() is not None else fmt
     return fmt
+
+
+def amx_available() -> bool:
+    """Whether the native library runs AMX bf16 tiles here (built for this CPU, and the OS grants the tile state)."""
+    from gh200rt.kernels.cpu_native import load_native_ops
+    ops = load_native_ops()
+    return ops is not None and ops.amx_available()

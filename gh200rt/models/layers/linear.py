@@ -22,7 +22,9 @@ class RefLinear(nn.Module):
     ``packed_native`` is off: ``--cpu-kernels torch``), or through ``dense_fn`` over the dense weight it hands
     back from ``dense_for`` (fp8 on the CPU). ``block_rows`` (the step's ``AttentionMetadata.linear_rows``)
     computes the rows in calls of exactly that many, or of the larger sizes found to give the same bits
-    (``row_blocks.py``), so a row's bits do not depend on the others in the step; a dense float32 weight's blocks
+    (``row_blocks.py``), so a row's bits do not depend on the others in the step (a form whose ``invariant_form()``
+    computes every row alike at any row count, ``AmxWeight``, takes the step's rows in one call); a dense float32
+    weight's blocks
     go to oneDNN wherever it exists, whose calls compute every row alike (MKL's AVX2 kernels do not, with few
     output columns). ``lora`` (a ``gh200rt.lora.slots.LoraLinear``, set by ``install_lora``) adds the step's
     per-token adapter deltas to the output.
@@ -51,6 +53,10 @@ class RefLinear(nn.Module):
         weight = self.weight_ref.current
         if block_rows is None:
             return self._linear(weight, x)
+        invariant = getattr(weight, "invariant_form", None)
+        invariant = None if invariant is None else invariant()
+        if invariant is not None:   # computes a row alike at every row count: the step's rows in one call
+            return invariant.linear(x, self.bias)
         if isinstance(weight, PackedWeight):   # dequantized once per call, not once per block
             weight = weight.block_form(x, block_rows, native=self.packed_native)
 

@@ -1,0 +1,45 @@
+"""``AmxWeight``: a resident bf16 linear in the tile layout of the native AMX kernel (``kernels/cpu/amx_linear.c``).
+
+The bf16 route's form on CPUs with AMX (``amx-bf16``, chosen by ``cpu_prepack.resident_linear_format``). Its rows'
+bits do not depend on the call's row count, so a step that computes prompt positions multiplies all its rows in
+one call (``RefLinear`` asks ``invariant_form``) instead of the probed row blocks oneDNN needs
+(``row_blocks.py``); at SmolLM2-135M's prompt shapes it runs as fast as oneDNN's unblocked GEMM
+(docs/BENCHMARKS.md).
+"""
+from __future__ import annotations
+
+import torch
+
+AMX_K_MULTIPLE = 32  # the kernel reads activations in place, 32 bf16 columns per tile row
+
+
+def amx_fits(weight: torch.Tensor) -> bool:
+    """Whether ``weight`` can take the AMX form: bf16 ``[N, K]`` on the CPU with K a multiple of 32."""
+    return (weight.dtype == torch.bfloat16 and weight.dim() == 2 and weight.device.type == "cpu"
+            and weight.shape[1] % AMX_K_MULTIPLE == 0 and weight.shape[0] > 0)
+
+
+class AmxWeight:
+    """A bf16 ``[N, K]`` weight packed for ``NativeOps.amx_linear`` (satisfies the ``WeightRef`` contract)."""
+    __slots__ = ("packed", "ops", "shape", "dtype", "nbytes")
+
+    def __init__(self, weight: torch.Tensor, ops):
+        assert amx_fits(weight) and ops.amx_available(), (weight.dtype, tuple(weight.shape))
+        self.packed, self.ops = ops.amx_pack(weight), ops
+        self.shape, self.dtype = tuple(weight.shape), weight.dtype
+        self.nbytes = weight.nbytes  # the packed copy holds the same values (plus padding to 32 columns)
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if x.dtype != torch.bfloat16:
+            raise TypeError(f"this AmxWeight multiplies bfloat16 activations, got {x.dtype}")
+        if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+            bias = bias.float().contiguous()
+        n, k = self.shape
+        return self.ops.amx_linear(x, self.packed, n, k, bias)
+
+    def invariant_form(self) -> "AmxWeight":
+        """The form that computes every row alike at any row count: this one."""
+        return self
+
+    def __repr__(self) -> str:
+        return f"AmxWeight(shape={self.shape})"

@@ -1,0 +1,110 @@
+"""The native AMX bf16 linear (kernels/cpu/amx_linear.c) against torch, and the contract the bf16 route relies on:
+a row's bits depend on that row and the weight alone, not on the call's row count nor the thread count. Runs
+where the CPU and OS grant AMX tiles (Sapphire Rapids and later); elsewhere the build must say it has none."""
+from __future__ import annotations
+
+import platform
+
+import pytest
+import torch
+
+from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
+from tests.kernels.native_builds import native_ops_for
+from tests.kernels.threads import with_threads
+
+OPS = load_native_ops()
+pytestmark = pytest.mark.skipif(OPS is None, reason=f"native CPU ops unavailable: {native_ops_error()}")
+needs_amx = pytest.mark.skipif(OPS is None or not OPS.amx_available(), reason="this CPU or OS runs no AMX tiles")
+
+
+def reference_pack(weight: torch.Tensor) -> torch.Tensor:
+    """The tile layout written out in torch: [N/16][K/32] tiles of 16 K-pairs x 16 columns x 2, zero-padded."""
+    n, k = weight.shape
+    n_pad, k_pad = -(-n // 32) * 32, -(-k // 32) * 32
+    padded = torch.zeros(n_pad, k_pad, dtype=weight.dtype)
+    padded[:n, :k] = weight
+    tiles = padded.reshape(n_pad // 16, 16, k_pad // 32, 16, 2)      # [nt, column, kt, pair, e]
+    return tiles.permute(0, 2, 3, 1, 4).reshape(-1)
+
+
+def assert_rounded_sum(got: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """``got`` is the float32 sum (+ bias) rounded once to bf16: within one bf16 rounding of torch's float32 product,
+    plus what another float32 summation order may change (a few units of 2^-24 of the summed magnitudes)."""
+    exact = x.double() @ weight.double().t() + (0 if bias is None else bias.double())
+    magnitude = x.double().abs() @ weight.double().abs().t() + (0 if bias is None else bias.double().abs())
+    bound = exact.abs() * 2.0 ** -8 + magnitude * x.shape[-1] * 2.0 ** -24
+    assert bool(((got.double() - exact).abs() <= bound).all())
+
+
+@needs_amx
+@pytest.mark.parametrize("n,k", [(16, 32), (40, 96), (3, 64), (960, 576), (100, 1536)])
+def test_packing_is_the_tile_layout(n, k):
+    weight = torch.randn(n, k).bfloat16()
+    assert torch.equal(OPS.amx_pack(weight), reference_pack(weight))
+
+
+@needs_amx
+@pytest.mark.parametrize("n,k,bias", [(16, 32, False), (40, 96, True), (3, 64, False), (960, 576, True),
+                                      (100, 1536, False)])
+def test_matches_torch_within_a_bf16_step(n, k, bias):
+    """Each output is the float32 sum (+ bias) rounded once to bf16."""
+    gen = torch.Generator().manual_seed(n * 31 + k)
+    weight = torch.randn(n, k, generator=gen).bfloat16()
+    b = torch.randn(n, generator=gen) if bias else None
+    packed = OPS.amx_pack(weight)
+    for rows in (1, 5, 16, 17, 32, 70):
+        x = torch.randn(rows, k, generator=gen).bfloat16()
+        got = OPS.amx_linear(x, packed, n, k, b)
+        assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
+        assert_rounded_sum(got, x, weight, b)
+
+
+@needs_amx
+def test_a_rows_bits_do_not_depend_on_the_row_count_nor_the_threads():
+    n, k = 200, 576
+    gen = torch.Generator().manual_seed(7)
+    weight, b = torch.randn(n, k, generator=gen).bfloat16(), torch.randn(n, generator=gen)
+    packed = OPS.amx_pack(weight)
+    x = torch.randn(300, k, generator=gen).bfloat16()
+    alone = torch.cat([OPS.amx_linear(x[i:i + 1], packed, n, k, b) for i in range(x.shape[0])])
+    for rows in (2, 15, 16, 17, 31, 32, 33, 64, 129, 300):
+        start = 300 - rows
+        assert torch.equal(OPS.amx_linear(x[start:], packed, n, k, b), alone[start:]), rows
+    for threads in (1, 2, 3):
+        assert torch.equal(with_threads(threads, lambda: OPS.amx_linear(x, packed, n, k, b)), alone), threads
+
+
+@needs_amx
+def test_strided_rows_and_leading_dims():
+    n, k = 48, 64
+    weight = torch.randn(n, k).bfloat16()
+    packed = OPS.amx_pack(weight)
+    wide = torch.randn(2, 9, 2 * k).bfloat16()
+    view = wide[..., :k]                       # rows 2k apart
+    got = OPS.amx_linear(view, packed, n, k)
+    assert got.shape == (2, 9, n)
+    assert torch.equal(got, OPS.amx_linear(view.contiguous().reshape(-1, k), packed, n, k).reshape(2, 9, n))
+    assert OPS.amx_linear(torch.empty(0, k, dtype=torch.bfloat16), packed, n, k).shape == (0, n)
+
+
+@needs_amx
+def test_a_k_the_kernel_cannot_read_in_place_is_refused():
+    weight = torch.randn(8, 40).bfloat16()
+    packed = OPS.amx_pack(weight)   # packing pads K; the kernel reads activations in 32-column steps
+    with pytest.raises(RuntimeError, match="AMX"):
+        OPS.amx_linear(torch.randn(3, 40).bfloat16(), packed, 8, 40)
+
+
+def test_pack_refuses_other_dtypes():
+    with pytest.raises(ValueError, match="bf16"):
+        OPS.amx_pack(torch.randn(8, 32))
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the baseline build is x86-64's")
+def test_a_build_without_amx_says_so(tmp_path):
+    """The baseline x86-64 build compiles no tile code: AMX unavailable, the linear refuses, nothing faults."""
+    portable = native_ops_for("x86-64", tmp_path)
+    assert not portable.amx_available()
+    weight = torch.randn(16, 32).bfloat16()
+    with pytest.raises(RuntimeError, match="AMX unavailable"):
+        portable.amx_linear(torch.randn(2, 32).bfloat16(), portable.amx_pack(weight), 16, 32)
