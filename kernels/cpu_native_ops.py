@@ -229,31 +229,38 @@ class NativeOps:
         """Whether this CPU and OS run AMX bf16 tiles for this process (kernels/cpu/amx_linear.c)."""
         return bool(self._lib.gh_amx_available())
 
-    def amx_pack(self, weight: torch.Tensor) -> torch.Tensor:
-        """A bf16 ``[N, K]`` weight (unit column stride) in ``amx_linear``'s tile layout: a flat bf16 tensor."""
+    def amx_pack(self, weight: torch.Tensor, gated_inter: int = 0) -> torch.Tensor:
+        """A bf16 ``[N, K]`` weight (unit column stride) in ``amx_linear``'s tile layout: a flat bf16 tensor.
+        ``gated_inter``: a gated MLP's ``[gate | up]`` weight of ``N = 2 * gated_inter`` rows, packed so that
+        ``amx_linear(..., silu=True)`` can return ``silu(gate) * up`` (``gated_inter`` a multiple of 16)."""
         if weight.dtype != torch.bfloat16 or weight.dim() != 2 or weight.device.type != "cpu" or weight.stride(1) != 1:
             raise ValueError(f"amx_pack takes a bf16 [N, K] CPU weight with unit column stride, got {weight.dtype} "
                              f"{tuple(weight.shape)} on {weight.device}")
         n, k = weight.shape
+        if gated_inter and (gated_inter % 16 or n != 2 * gated_inter):
+            raise ValueError(f"a gated weight has 2 x {gated_inter} rows, a multiple of 16 each; got {n}")
         packed = torch.empty(self._lib.gh_amx_packed_elems(n, k), dtype=torch.bfloat16)
-        self._lib.gh_amx_pack(weight.data_ptr(), n, k, weight.stride(0), packed.data_ptr())
+        self._lib.gh_amx_pack(weight.data_ptr(), n, k, weight.stride(0), gated_inter, packed.data_ptr())
         return packed
 
-    def amx_linear(self, x: torch.Tensor, packed: torch.Tensor, n: int, k: int,
-                   bias: torch.Tensor | None = None) -> torch.Tensor:
-        """``x [..., K]`` bf16 times the ``[N, K]`` weight ``amx_pack`` made (+ ``bias``, float32 ``[N]``) -> bf16
-        ``[..., N]``; K a multiple of 32. A row's bits depend on that row and the weight alone: not on the
-        call's row count nor the threads (kernels/cpu/amx_linear.c)."""
+    def amx_linear(self, x: torch.Tensor, packed: torch.Tensor, n: int, k: int, bias: torch.Tensor | None = None,
+                   gated_inter: int = 0, silu: bool = False) -> torch.Tensor:
+        """``x [..., K]`` bf16 times the ``[N, K]`` weight ``amx_pack`` made with the same ``gated_inter`` (+ ``bias``,
+        float32 ``[N]``) -> bf16 ``[..., N]``; K a multiple of 32. With ``silu`` (a gated weight, no bias):
+        ``silu(gate) * up``, ``[..., gated_inter]``, with the bits of the product followed by ``silu_mul``. A row's
+        bits depend on that row and the weight alone: not on the call's row count nor the threads
+        (kernels/cpu/amx_linear.c)."""
         rows = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, k)
         if rows.stride(-1) != 1:
             rows = rows.contiguous()
-        count = rows.shape[0]
-        out = torch.empty((count, n), dtype=torch.bfloat16)
+        count, width = rows.shape[0], gated_inter if silu else n
+        out = torch.empty((count, width), dtype=torch.bfloat16)
         if self._lib.gh_amx_linear(rows.data_ptr(), count, rows.stride(0), packed.data_ptr(), n, k,
-                                   None if bias is None else bias.data_ptr(), out.data_ptr(), n,
-                                   linear_threads(n, k)):
-            raise RuntimeError(f"native AMX linear failed ({count} rows of {k}): AMX unavailable or no memory")
-        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], n)
+                                   None if bias is None else bias.data_ptr(), out.data_ptr(), width,
+                                   linear_threads(n, k), gated_inter, int(silu)):
+            raise RuntimeError(f"native AMX linear failed ({count} rows of {k}, gated {gated_inter}, silu {silu}, "
+                               f"bias {bias is not None}): AMX unavailable, arguments that do not fit, or no memory")
+        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], width)
 
     def decode_layer(self, hidden: torch.Tensor, args: "DecodeLayerArgs", out: torch.Tensor) -> None:
         """``out [rows, hidden]`` = one decoder layer over contiguous ``hidden [rows, hidden]`` (a decode step: one

@@ -56,6 +56,7 @@ def native_cpu_ops(ops: NativeOps, long_prompts_native: bool = False) -> dict:
         if gate_up.dtype not in DTYPES:
             return activation.silu_and_mul(gate_up)
         return ops.silu_mul(gate_up)
+    act.native_silu_mul = True   # GatedMLP may fuse it into the gate/up product (AmxWeight.silu_linear: its bits)
 
     def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if x.dtype not in DTYPES or cos.dtype != x.dtype:

@@ -31,7 +31,8 @@ class ResidentForms:
         if self.cpu_linear_format is None or not isinstance(weight, torch.Tensor) or weight.device.type != "cpu":
             return weight
         with torch.inference_mode():
-            return cpu_route_form(weight, self.cpu_linear_format, self._route_parts(layer, name))
+            return cpu_route_form(weight, self.cpu_linear_format, self._route_parts(layer, name),
+                                  gated=name.endswith("gate_up_proj"))
 
     def _route_parts(self, layer: int | None, name: str) -> list | None:
         """The GGUF blocks the ``fp16+gguf`` / ``onednn-bf16+gguf`` form of a resident linear keeps (``layer``

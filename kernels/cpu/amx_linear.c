@@ -11,7 +11,12 @@
  *
  * Layout: gh_amx_pack writes W [n, k] as [n_pad / 16][k_pad / 32] tiles of 16 K-pairs x 16 columns x 2 (the VNNI
  * order TDPBF16PS reads: element (pair p, column c, e) is W[c][2p + e]), zeros beyond n and k. The activations are
- * read in place (k a multiple of 32: the Python side pads other sizes).
+ * read in place (k a multiple of 32). A gated MLP's fused [gate | up] weight (n = 2 * inter, inter a multiple of
+ * 16) may be packed "gated": tile columns alternate 16 gate rows and the 16 up rows of the same outputs, so each
+ * 32-column block holds both halves of 16 outputs. Its product is stored in the weight's own column order, or,
+ * with `silu`, as silu(gate) * up: the two halves rounded to bf16 as the plain product stores them, then exactly
+ * the native SiLU op's arithmetic (ops.c's gh_silu_mul: exp_f32, silu rounded to bf16, the product rounded), so
+ * the fused call has the bits of the product followed by the op, without writing and reading the product.
  *
  * Work: columns are split over threads in 32-column blocks; each thread walks its columns in chunks whose packed
  * weights fit half of L2 (they are re-read for every 32 rows), and for each chunk all rows, 32 at a time, against
@@ -28,6 +33,7 @@
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include "exp_f32.h"
 #else
 #define HAVE_AMX 0
 #endif
@@ -61,19 +67,23 @@ int64_t gh_amx_packed_elems(int64_t n, int64_t k) {
     return n_pad * k_pad;
 }
 
-/* W [n, k] (row stride w_stride) -> out (gh_amx_packed_elems(n, k) values), the layout above */
-void gh_amx_pack(const uint16_t *w, int64_t n, int64_t k, int64_t w_stride, uint16_t *out) {
+/* W [n, k] (row stride w_stride) -> out (gh_amx_packed_elems(n, k) values), the layout above; gated_inter > 0
+ * packs a [gate | up] weight of n = 2 * gated_inter rows gated (gated_inter a multiple of 16) */
+void gh_amx_pack(const uint16_t *w, int64_t n, int64_t k, int64_t w_stride, int64_t gated_inter, uint16_t *out) {
     int64_t n_tiles = (n + 31) / 32 * 2, k_tiles = (k + AMX_PAIR_COLS - 1) / AMX_PAIR_COLS;
-    for (int64_t nt = 0; nt < n_tiles; nt++)
+    for (int64_t nt = 0; nt < n_tiles; nt++) {
+        /* the weight row of this tile's first column: gated, tile 2j holds gate rows 16j.., tile 2j + 1 up rows */
+        int64_t first = gated_inter ? (nt % 2) * gated_inter + (nt / 2) * 16 : nt * 16;
         for (int64_t kt = 0; kt < k_tiles; kt++) {
             uint16_t *tile = out + (nt * k_tiles + kt) * AMX_TILE_ELEMS;
             for (int p = 0; p < 16; p++)
                 for (int c = 0; c < 16; c++)
                     for (int e = 0; e < 2; e++) {
-                        int64_t row = nt * 16 + c, col = kt * AMX_PAIR_COLS + p * 2 + e;
+                        int64_t row = first + c, col = kt * AMX_PAIR_COLS + p * 2 + e;
                         tile[(p * 16 + c) * 2 + e] = row < n && col < k ? w[row * w_stride + col] : 0;
                     }
         }
+    }
 }
 
 #if HAVE_AMX
@@ -91,23 +101,63 @@ static inline void store_row16(uint16_t *dst, const float *acc, const float *bia
     _mm256_mask_storeu_epi16(dst, mask, (__m256i)_mm512_cvtneps_pbh(v));
 }
 
+/* float32 -> bf16 bits as ops.c's bf16_store rounds (nearest even in the bits, NaN kept quiet), 16 lanes */
+static inline __m256i bf16_bits(__m512 v) {
+    __m512i u = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+    __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), rounded, quiet));
+}
+
+/* bf16 bits widened back to float32 (exact) */
+static inline __m512 bf16_widen(__m256i bits) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+EXP_LANES(512, exp16)
+
+/* 16 outputs of silu(gate) * up from the float32 gate and up accumulators: each rounded to bf16 as store_row16
+ * stores it, then gh_silu_mul's arithmetic on the bf16 values */
+static inline void store_silu16(uint16_t *dst, const float *gate, const float *up) {
+    __m512 g = bf16_widen((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(gate)));
+    __m512 u = bf16_widen((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(up)));
+    __m512 negated = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(g), _mm512_set1_epi32(INT32_MIN)));
+    __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(negated)));
+    _mm256_storeu_si256((__m256i *)dst, bf16_bits(_mm512_mul_ps(bf16_widen(bf16_bits(silu)), u)));
+}
+
+enum { AMX_PLAIN = 0, AMX_GATED = 1, AMX_SILU = 2 };
+
 /* A finished 32 x 32 block waiting to be rounded and stored: its float32 tiles, where it goes, and the rows left */
 typedef struct {
     float acc[4][256] __attribute__((aligned(64)));
     uint16_t *y;
     const float *bias;
-    int64_t y_stride, c, n, rows, done;
+    int64_t y_stride, c, n, inter, rows, done;
+    int mode;
 } Pending;
 
-/* stores rows [p->done, until) of a pending block (each row: its 32 columns, two 16-column halves) */
+/* stores rows [p->done, until) of a pending block (each row: its 32 columns, two 16-column halves; gated, the
+ * halves go to the gate and up columns of 16 outputs, or become their silu(gate) * up) */
 static inline void drain(Pending *p, int64_t until) {
     if (until > p->rows) until = p->rows;
     int left = (int)(p->n - p->c), cols0 = left < 16 ? left : 16, cols1 = left - 16 < 16 ? left - 16 : 16;
+    int64_t to0 = p->c, to1 = p->c + 16;
+    if (p->mode != AMX_PLAIN) {   /* n = 2 * inter, inter a multiple of 16: every block is whole */
+        to0 = p->c / 2, to1 = p->inter + p->c / 2;
+        cols0 = cols1 = 16;
+    }
     for (int64_t r = p->done; r < until; r++) {
         int half = r >= AMX_ROWS, tr = (int)(r - half * AMX_ROWS);
-        uint16_t *dst = p->y + r * p->y_stride + p->c;
-        store_row16(dst, p->acc[2 * half] + tr * 16, p->bias ? p->bias + p->c : NULL, cols0);
-        if (cols1 > 0) store_row16(dst + 16, p->acc[2 * half + 1] + tr * 16, p->bias ? p->bias + p->c + 16 : NULL, cols1);
+        uint16_t *row = p->y + r * p->y_stride;
+        const float *acc0 = p->acc[2 * half] + tr * 16, *acc1 = p->acc[2 * half + 1] + tr * 16;
+        if (p->mode == AMX_SILU) {
+            store_silu16(row + to0, acc0, acc1);
+            continue;
+        }
+        store_row16(row + to0, acc0, p->bias ? p->bias + to0 : NULL, cols0);
+        if (cols1 > 0) store_row16(row + to1, acc1, p->bias ? p->bias + to1 : NULL, cols1);
     }
     if (until > p->done) p->done = until;
 }
@@ -149,7 +199,7 @@ static inline void block_32x32(const uint16_t *x, int64_t x_stride, const uint16
 /* columns [c0, c1) (32-aligned starts) for every row: chunks of columns whose packed weights stay in L2 */
 static void column_range(const uint16_t *x, int64_t rows, int64_t x_stride, const uint16_t *wp, int64_t n,
                          int64_t k_tiles, const float *bias, uint16_t *y, int64_t y_stride, int64_t c0, int64_t c1,
-                         const uint16_t *tail) {
+                         const uint16_t *tail, int64_t inter, int mode) {
     TileConfig cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
@@ -177,6 +227,8 @@ static void column_range(const uint16_t *x, int64_t rows, int64_t x_stride, cons
                 next->y_stride = y_stride;
                 next->c = c;
                 next->n = n;
+                next->inter = inter;
+                next->mode = mode;
                 next->rows = count;
                 next->done = 0;
                 Pending *swap = prev;
@@ -192,12 +244,16 @@ static void column_range(const uint16_t *x, int64_t rows, int64_t x_stride, cons
 #endif
 
 /* y [rows, n] bf16 (row stride y_stride) = x [rows, k] bf16 (row stride x_stride, k a multiple of 32) W^T (+ bias
- * float32 [n]) for W packed by gh_amx_pack. Returns 0, or -1 where AMX is unavailable (gh_amx_available) or the
- * row tail's buffer cannot be allocated. */
+ * float32 [n]) for W packed by gh_amx_pack with the same gated_inter; with `silu` (a gated weight, no bias) y is
+ * [rows, gated_inter]: silu(gate) * up. Returns 0, or -1 where AMX is unavailable (gh_amx_available), the
+ * arguments do not fit, or the row tail's buffer cannot be allocated. */
 int gh_amx_linear(const uint16_t *x, int64_t rows, int64_t x_stride, const uint16_t *wp, int64_t n, int64_t k,
-                  const float *bias, uint16_t *y, int64_t y_stride, int64_t threads) {
+                  const float *bias, uint16_t *y, int64_t y_stride, int64_t threads, int64_t gated_inter, int silu) {
 #if HAVE_AMX
     if (!gh_amx_available() || k % AMX_PAIR_COLS) return -1;
+    if (gated_inter && (gated_inter % 16 || n != 2 * gated_inter)) return -1;
+    if (silu && (!gated_inter || bias)) return -1;
+    int mode = silu ? AMX_SILU : gated_inter ? AMX_GATED : AMX_PLAIN;
     if (rows <= 0 || n <= 0) return 0;
     int64_t k_tiles = k / AMX_PAIR_COLS, full = rows / 32 * 32, blocks = (n + 31) / 32;
     uint16_t *tail = NULL;  /* the last rows (fewer than 32) zero-padded to 32 */
@@ -220,13 +276,13 @@ int gh_amx_linear(const uint16_t *x, int64_t rows, int64_t x_stride, const uint1
         int64_t b0 = blocks * t / count, b1 = blocks * (t + 1) / count;
         if (b0 < b1)
             column_range(x, rows, x_stride, wp, n, k_tiles, bias, y, y_stride, b0 * 32, b1 * 32 < n ? b1 * 32 : n,
-                         tail);
+                         tail, gated_inter, mode);
     }
     free(tail);
     return 0;
 #else
     (void)x; (void)rows; (void)x_stride; (void)wp; (void)n; (void)k; (void)bias; (void)y; (void)y_stride;
-    (void)threads;
+    (void)threads; (void)gated_inter; (void)silu;
     return -1;
 #endif
 }

@@ -51,6 +51,7 @@ static inline uint16_t bf16_store(float f) {
 }
 
 #define INLINE static inline __attribute__((always_inline))
+#include "exp_f32.h"
 
 INLINE float load(const void *p, int64_t i, int dtype) {
     return dtype ? bf16_load(((const uint16_t *)p)[i]) : ((const float *)p)[i];
@@ -176,23 +177,6 @@ INLINE const float *kv_row(float *buf, const void *cache, int64_t at, int64_t n,
 /* the float32 values of n fp8 bytes (tests: the table against torch's conversion) */
 void gh_fp8_values(const uint8_t *bytes, int64_t n, int kv_type, float *out) {
     for (int64_t i = 0; i < n; i++) out[i] = fp8_values[kv_type - 1][bytes[i]];
-}
-
-/* exp(x) for float32 in branch-free arithmetic the compiler vectorises (glibc's expf is a call per element):
- * x = n ln2 + r with |r| <= ln2 / 2, e^r by its degree-6 Taylor polynomial (error below 2 ulp), times 2^n
- * built in the exponent bits. Inputs are clamped to [-87, 88]: e^-87 stands in for an underflow to zero
- * and stays a normal float. */
-INLINE float exp_f32(float x) {
-    x = x > 88.0f ? 88.0f : x;
-    x = x < -87.0f ? -87.0f : x;
-    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* round to nearest: 1.5 * 2^23 */
-    float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-06f;
-    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.6666667e-1f + r * (4.1666668e-2f + r * (8.3333338e-3f
-              + r * 1.3888889e-3f)))));
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, 4);
-    return p * scale;
 }
 
 static void silu_rounded(float *restrict g, const float *restrict u, int64_t n, int dtype) {
@@ -511,27 +495,6 @@ INLINE void ext_pv_tile(float *obuf, const float *probs, const float *const *row
     _mm256_storeu_ps(o2, a20), _mm256_storeu_ps(o2 + 8, a21), _mm256_storeu_ps(o3, a30), _mm256_storeu_ps(o3 + 8, a31);
 }
 
-/* exp_f32 on a register of W / 32 lanes (W = 256 or 512 bits): the same operations in the same order, so the same
- * bits; exp8 and exp16 */
-#define EXP_LANES(W, name)                                                                                          \
-    INLINE __m##W name(__m##W x) {                                                                                  \
-        x = _mm##W##_max_ps(_mm##W##_min_ps(x, _mm##W##_set1_ps(88.0f)), _mm##W##_set1_ps(-87.0f));               \
-        __m##W big = _mm##W##_set1_ps(12582912.0f);                                                                 \
-        __m##W n = _mm##W##_sub_ps(_mm##W##_add_ps(_mm##W##_mul_ps(x, _mm##W##_set1_ps(1.44269504088896341f)), big), \
-                                   big);                                                                            \
-        __m##W r = _mm##W##_sub_ps(_mm##W##_sub_ps(x, _mm##W##_mul_ps(n, _mm##W##_set1_ps(0.693145751953125f))),   \
-                                   _mm##W##_mul_ps(n, _mm##W##_set1_ps(1.428606765330187e-06f)));                   \
-        __m##W p = _mm##W##_set1_ps(1.3888889e-3f);                                                                 \
-        p = _mm##W##_add_ps(_mm##W##_set1_ps(8.3333338e-3f), _mm##W##_mul_ps(r, p));                               \
-        p = _mm##W##_add_ps(_mm##W##_set1_ps(4.1666668e-2f), _mm##W##_mul_ps(r, p));                               \
-        p = _mm##W##_add_ps(_mm##W##_set1_ps(1.6666667e-1f), _mm##W##_mul_ps(r, p));                               \
-        p = _mm##W##_add_ps(_mm##W##_set1_ps(0.5f), _mm##W##_mul_ps(r, p));                                        \
-        p = _mm##W##_add_ps(_mm##W##_set1_ps(1.0f), _mm##W##_mul_ps(r, p));                                        \
-        p = _mm##W##_add_ps(_mm##W##_set1_ps(1.0f), _mm##W##_mul_ps(r, p));                                        \
-        __m##W##i bits = _mm##W##_slli_epi32(_mm##W##_add_epi32(_mm##W##_cvttps_epi32(n), _mm##W##_set1_epi32(127)), \
-                                             23);                                                                   \
-        return _mm##W##_mul_ps(p, _mm##W##_castsi##W##_ps(bits));                                                  \
-    }
 EXP_LANES(256, exp8)
 #endif
 

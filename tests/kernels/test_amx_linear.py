@@ -17,8 +17,12 @@ pytestmark = pytest.mark.skipif(OPS is None, reason=f"native CPU ops unavailable
 needs_amx = pytest.mark.skipif(OPS is None or not OPS.amx_available(), reason="this CPU or OS runs no AMX tiles")
 
 
-def reference_pack(weight: torch.Tensor) -> torch.Tensor:
-    """The tile layout written out in torch: [N/16][K/32] tiles of 16 K-pairs x 16 columns x 2, zero-padded."""
+def reference_pack(weight: torch.Tensor, gated_inter: int = 0) -> torch.Tensor:
+    """The tile layout written out in torch: [N/16][K/32] tiles of 16 K-pairs x 16 columns x 2, zero-padded; gated,
+    the weight's rows in the order gate 0-15, up 0-15, gate 16-31, up 16-31, ..."""
+    if gated_inter:
+        order = torch.arange(2 * gated_inter).reshape(2, gated_inter // 16, 16).transpose(0, 1).reshape(-1)
+        weight = weight[order]
     n, k = weight.shape
     n_pad, k_pad = -(-n // 32) * 32, -(-k // 32) * 32
     padded = torch.zeros(n_pad, k_pad, dtype=weight.dtype)
@@ -93,6 +97,51 @@ def test_a_k_the_kernel_cannot_read_in_place_is_refused():
     packed = OPS.amx_pack(weight)   # packing pads K; the kernel reads activations in 32-column steps
     with pytest.raises(RuntimeError, match="AMX"):
         OPS.amx_linear(torch.randn(3, 40).bfloat16(), packed, 8, 40)
+
+
+@needs_amx
+@pytest.mark.parametrize("inter,k", [(16, 32), (48, 96), (1536, 576)])
+def test_a_gated_weight_gives_the_products_bits_and_fuses_the_silu(inter, k):
+    """Packed gated, the product comes out in the weight's own column order with the plain packing's bits, and
+    ``silu=True`` gives exactly the native silu_mul of that product, at any row count and thread count."""
+    gen = torch.Generator().manual_seed(inter + k)
+    weight = (torch.randn(2 * inter, k, generator=gen) * 0.2).bfloat16()
+    plain, gated = OPS.amx_pack(weight), OPS.amx_pack(weight, inter)
+    assert torch.equal(gated, reference_pack(weight, inter))
+    x = torch.randn(70, k, generator=gen).bfloat16()
+    product = OPS.amx_linear(x, plain, 2 * inter, k)
+    assert torch.equal(OPS.amx_linear(x, gated, 2 * inter, k, gated_inter=inter), product)
+    want = OPS.silu_mul(product)
+    for rows in (1, 17, 70):
+        got = OPS.amx_linear(x[:rows], gated, 2 * inter, k, gated_inter=inter, silu=True)
+        assert got.shape == (rows, inter) and torch.equal(got, want[:rows]), rows
+    for threads in (1, 3):
+        assert torch.equal(with_threads(threads, lambda: OPS.amx_linear(x, gated, 2 * inter, k, gated_inter=inter,
+                                                                        silu=True)), want)
+
+
+@needs_amx
+def test_the_fused_silu_keeps_the_ops_bits_at_extremes():
+    """Large, tiny and zero pre-activations (the exp clamps, signed zeros) through both paths."""
+    inter, k = 16, 32
+    weight = torch.zeros(2 * inter, k, dtype=torch.bfloat16)
+    weight[:, 0] = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 90.0, -90.0, 200.0, -200.0, 1.0, -1.0, 3e38, -3e38,
+                                 0.5, -0.5, 88.5, -87.5] * 2, dtype=torch.bfloat16)
+    x = torch.zeros(3, k, dtype=torch.bfloat16)
+    x[:, 0] = torch.tensor([1.0, -1.0, 0.0])
+    product = OPS.amx_linear(x, OPS.amx_pack(weight), 2 * inter, k)
+    fused = OPS.amx_linear(x, OPS.amx_pack(weight, inter), 2 * inter, k, gated_inter=inter, silu=True)
+    assert torch.equal(fused.view(torch.int16), OPS.silu_mul(product).view(torch.int16))
+
+
+@needs_amx
+def test_gated_arguments_that_do_not_fit_are_refused():
+    weight = torch.randn(40, 32).bfloat16()
+    with pytest.raises(ValueError, match="gated"):
+        OPS.amx_pack(weight, 20)                  # 20 rows a half: not a multiple of 16
+    plain = OPS.amx_pack(torch.randn(32, 32).bfloat16())
+    with pytest.raises(RuntimeError, match="silu True"):
+        OPS.amx_linear(torch.randn(2, 32).bfloat16(), plain, 32, 32, silu=True)   # not packed gated
 
 
 def test_pack_refuses_other_dtypes():

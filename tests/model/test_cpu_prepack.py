@@ -228,9 +228,9 @@ class CountingOps:
     def __init__(self, ops):
         self.ops, self.calls = ops, 0
 
-    def amx_linear(self, *args):
+    def amx_linear(self, *args, **kwargs):
         self.calls += 1
-        return self.ops.amx_linear(*args)
+        return self.ops.amx_linear(*args, **kwargs)
 
 
 @pytest.mark.skipif(not cpu_prepack.amx_available(), reason="this CPU or OS runs no AMX tiles")
@@ -258,4 +258,37 @@ def test_amx_form_takes_a_prompt_steps_rows_in_one_call():
         for row in (0, 64, 299):
             assert torch.equal(linear(x[row:row + 1], 64)[0], many[row])
     torch.testing.assert_close(many.float(), F.linear(x, dense).float(), atol=3e-2, rtol=2e-2)
+    store.close()
+
+
+@pytest.mark.skipif(not cpu_prepack.amx_available(), reason="this CPU or OS runs no AMX tiles")
+def test_the_gated_mlp_fuses_the_silu_into_the_amx_product_with_the_same_bits():
+    """gate_up is packed gated (its halves of 48 rows are multiples of 16); with the native ops the MLP computes
+    silu(gate) * up in the product's call, with the bits of the product followed by the native silu_mul; with
+    torch's SiLU it does not fuse."""
+    torch.manual_seed(1)
+    model = build_model(tiny_arch(), torch.bfloat16)
+    with torch.no_grad():
+        model.embed_tokens.normal_()
+        for i in range(3):
+            for ref in model.layer_weight_refs(i).values():
+                ref.current.normal_()
+    store = place(model, "bf16", "amx-bf16", offload="none")
+    assert use_native_cpu_kernels(model) is None
+    mlp = model.layers[0].mlp
+    gate_up = mlp.gate_up_proj.weight_ref.current
+    assert gate_up.gated_inter == 48 and model.layers[0].self_attn.qkv_proj.weight_ref.current.gated_inter == 0
+    counting = CountingOps(gate_up.ops)
+    gate_up.ops = counting
+    x = torch.randn(40, 32).bfloat16()
+    with torch.inference_mode():
+        for block_rows in (None, 64):
+            calls = counting.calls
+            fused = mlp(x, block_rows)
+            assert counting.calls == calls + 1   # the SiLU came out of the product's call
+            assert torch.equal(fused, mlp.down_proj(mlp.act(mlp.gate_up_proj(x, block_rows)), block_rows))
+        mlp.act.act_fn = lambda gate_up: F.silu(gate_up[..., :48]) * gate_up[..., 48:]   # not the native op
+        calls = counting.calls
+        mlp(x)
+        assert counting.calls == calls + 1       # the product alone, then torch's SiLU
     store.close()

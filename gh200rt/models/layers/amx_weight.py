@@ -19,27 +19,51 @@ def amx_fits(weight: torch.Tensor) -> bool:
             and weight.shape[1] % AMX_K_MULTIPLE == 0 and weight.shape[0] > 0)
 
 
-class AmxWeight:
-    """A bf16 ``[N, K]`` weight packed for ``NativeOps.amx_linear`` (satisfies the ``WeightRef`` contract)."""
-    __slots__ = ("packed", "ops", "shape", "dtype", "nbytes")
+def gated_rows(weight: torch.Tensor) -> int:
+    """The ``inter`` a gated MLP's ``[gate | up]`` weight can be packed gated with (``AmxWeight``'s fused SiLU), or 0
+    where its halves are not multiples of 16 rows."""
+    half = weight.shape[0] // 2
+    return half if weight.shape[0] == 2 * half and half % 16 == 0 else 0
 
-    def __init__(self, weight: torch.Tensor, ops):
+
+class AmxWeight:
+    """A bf16 ``[N, K]`` weight packed for ``NativeOps.amx_linear`` (satisfies the ``WeightRef`` contract).
+    ``gated_inter``: a gated MLP's ``[gate | up]`` weight packed so that ``silu_linear`` returns ``silu(gate) * up``
+    in one call, with the bits of ``linear`` followed by the native ``silu_mul``."""
+    __slots__ = ("packed", "ops", "shape", "dtype", "nbytes", "gated_inter")
+
+    def __init__(self, weight: torch.Tensor, ops, gated_inter: int = 0):
         assert amx_fits(weight) and ops.amx_available(), (weight.dtype, tuple(weight.shape))
-        self.packed, self.ops = ops.amx_pack(weight), ops
+        self.packed, self.ops, self.gated_inter = ops.amx_pack(weight, gated_inter), ops, gated_inter
         self.shape, self.dtype = tuple(weight.shape), weight.dtype
         self.nbytes = weight.nbytes  # the packed copy holds the same values (plus padding to 32 columns)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if x.dtype != torch.bfloat16:
-            raise TypeError(f"this AmxWeight multiplies bfloat16 activations, got {x.dtype}")
+        self._check(x)
         if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
             bias = bias.float().contiguous()
         n, k = self.shape
-        return self.ops.amx_linear(x, self.packed, n, k, bias)
+        return self.ops.amx_linear(x, self.packed, n, k, bias, self.gated_inter)
+
+    def silu_linear(self, x: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up`` of the product (a gated weight, no bias)."""
+        self._check(x)
+        n, k = self.shape
+        return self.ops.amx_linear(x, self.packed, n, k, None, self.gated_inter, silu=True)
 
     def invariant_form(self) -> "AmxWeight":
         """The form that computes every row alike at any row count: this one."""
         return self
+
+    def silu_form(self, rows: int, block_rows: int | None) -> "AmxWeight | None":
+        """The form whose ``silu_linear`` gives this weight's product followed by ``silu_mul`` for a call of
+        ``rows`` rows (``block_rows``: RefLinear's): this one where it is packed gated."""
+        return self if self.gated_inter else None
+
+    @staticmethod
+    def _check(x: torch.Tensor) -> None:
+        if x.dtype != torch.bfloat16:
+            raise TypeError(f"this AmxWeight multiplies bfloat16 activations, got {x.dtype}")
 
     def __repr__(self) -> str:
         return f"AmxWeight(shape={self.shape})"

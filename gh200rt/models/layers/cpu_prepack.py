@@ -44,7 +44,7 @@ import logging
 import torch
 
 from gh200rt.kernels.quant import pack_weight
-from gh200rt.models.layers.amx_weight import AmxWeight, amx_fits
+from gh200rt.models.layers.amx_weight import AmxWeight, amx_fits, gated_rows
 from gh200rt.models.layers.cpu_linear import (ONEDNN_MIN_ELEMENTS, native_rows, onednn_available, onednn_linear,
                                                onednn_weight)
 from gh200rt.models.layers.linear import RefLinear
@@ -119,6 +119,14 @@ class OneRowBlocksWeight:
         multiplies all its rows there, one row too), else None."""
         form = getattr(self.batch, "invariant_form", None)
         return None if form is None else form()
+
+    def silu_form(self, rows: int, block_rows: int | None):
+        """The batch form's fused SiLU form for a call that ``linear`` (or ``RefLinear``'s blocks) sends there:
+        not one row outside a prompt step, which the blocks multiply."""
+        form = getattr(self.batch, "silu_form", None)
+        if form is None or (rows == 1 and block_rows is None):
+            return None
+        return form(rows, block_rows)
 
     def __repr__(self) -> str:
         return f"OneRowBlocksWeight({self.blocks!r}, {self.batch!r})"
@@ -210,11 +218,12 @@ def model_route_form_bytes(model, fmt: str | None, layers, lm_head: bool = True,
                for layer, name, ref in refs)
 
 
-def cpu_route_form(weight: torch.Tensor, fmt: str, gguf_parts: list | None = None):
+def cpu_route_form(weight: torch.Tensor, fmt: str, gguf_parts: list | None = None, gated: bool = False):
     """The resident form of ``weight`` for the route's ``fmt``; ``gguf_parts`` (the checkpoint's quantized
-    tensors making up this linear, when it was a GGUF file) serve the ``fp16+gguf`` format's single rows."""
+    tensors making up this linear, when it was a GGUF file) serve the ``fp16+gguf`` format's single rows;
+    ``gated``: ``weight`` is a SiLU-gated MLP's ``[gate | up]`` (the ``amx-bf16`` form then fuses the SiLU)."""
     if fmt in GGUF_ROW_FORMATS:
-        batch = cpu_route_form(weight, GGUF_ROW_FORMATS[fmt])
+        batch = cpu_route_form(weight, GGUF_ROW_FORMATS[fmt], gated=gated)
         blocks = gguf_blocks_form(gguf_parts)
         return OneRowBlocksWeight(blocks, batch) if blocks is not None and not isinstance(batch, torch.Tensor) \
             else batch
@@ -223,7 +232,7 @@ def cpu_route_form(weight: torch.Tensor, fmt: str, gguf_parts: list | None = Non
     if fmt == "amx-bf16":
         if amx_fits(weight):
             from gh200rt.kernels.cpu_native import load_native_ops
-            return AmxWeight(weight, load_native_ops())
+            return AmxWeight(weight, load_native_ops(), gated_rows(weight) if gated else 0)
         return cpu_route_form(weight, "onednn-bf16")
     if fmt == "onednn-fp32":  # only where dense_linear takes oneDNN: elsewhere F.linear's bits are the reference
         return OneDNNWeight(weight) if onednn_weight(weight) else weight
