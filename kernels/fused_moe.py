@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .compile_specs import CompileSpec, signature_of
 from .fused_moe_operands import BLOCK_K, FP32_BLOCK_K, ExpertStack, moe_align
 from .host_gemm import FMT_DENSE, FMT_INT4, FMT_SCALED
 
@@ -217,7 +218,6 @@ def reference_fused_moe(x: torch.Tensor, topk_weights: torch.Tensor, ids: torch.
 
 def compile_specs():
     """Hopper compile checks: each host format, both kernels, the decode tile (16 rows)."""
-    from .compile_specs import CompileSpec, signature_of
     aligned = ("x_ptr", "act_ptr", "out_ptr", "table_ptr", "like_ptr", "sorted_ptr", "block_expert_ptr",
                "topk_w_ptr", "I", "N", "K", "row_stride", "stride_xm", "stride_am", "stride_om")
     specs = []

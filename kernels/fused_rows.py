@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .compile_specs import CompileSpec, signature_of
 from .gemv import MAX_NORM_COLUMNS, PROLOGUE_NONE, PROLOGUE_RMS_NORM, PROLOGUE_SILU_MUL, reference_fused_gemv
 from .pdl import allow_next, pdl_launch, wait_for_previous
 
@@ -164,7 +165,6 @@ def reference_fused_rows(x: torch.Tensor, weight, bias=None, norm=None, gated: b
 
 def compile_specs():
     """Hopper compile checks: a Llama-3-8B decode layer's four fused products at 8 and 64 rows (bf16)."""
-    from .compile_specs import CompileSpec, signature_of
     fn = fused_rows_kernel
     aligned = ("x_ptr", "w_ptr", "bias_ptr", "norm_w_ptr", "res_ptr", "y_ptr", "K", "stride_xm", "stride_wn",
                "stride_rm", "stride_ym")

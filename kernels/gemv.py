@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .compile_specs import CompileSpec, signature_of
 from .host_gemm import FMT_DENSE, FMT_INT4, FMT_SCALED, reference_host_gemm, weight_operands
 from .packed_weight import PackedWeight
 from .pdl import allow_next, pdl_launch, wait_for_previous
@@ -173,7 +174,6 @@ _SPEC_WEIGHTS = (("bf16", FMT_DENSE, "*bf16", 16, 4096), ("fp32", FMT_DENSE, "*f
 def compile_specs():
     """Hopper compile checks: each weight format at its tile, K a multiple of the tile (the decode shapes), and the
     fused prologues and residual of a bf16 decode layer's products (Llama-3-8B's K)."""
-    from .compile_specs import CompileSpec, signature_of
     fn = gemv_kernel
     aligned = ("x_ptr", "w_ptr", "scale_ptr", "min_ptr", "bias_ptr", "norm_w_ptr", "res_ptr", "y_ptr", "K",
                "stride_wn")

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .compile_specs import CompileSpec, signature_of
 from .packed_weight import PackedWeight
 from .quant import reference_linear
 
@@ -249,7 +250,6 @@ _SPEC_WEIGHTS = (("fp32", FMT_DENSE, "*fp32", 32, 4096), ("bf16", FMT_DENSE, "*b
 
 def compile_specs():
     """Hopper compile checks: each weight format and scale route at decode (M=1), small batch (M=8) and M=256 tiles."""
-    from .compile_specs import CompileSpec, signature_of
     fn = host_gemm_kernel
     aligned = ("x_ptr", "w_ptr", "scale_ptr", "min_ptr", "bias_ptr", "y_ptr",
                "K", "k_packed", "stride_xm", "stride_wn", "stride_ym", "split_len")

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .compile_specs import CompileSpec, signature_of
+
 BLOCK_M, BLOCK_K, BLOCK_N = 16, 64, 64
 
 
@@ -120,7 +122,6 @@ def reference_lora_add(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: tor
 
 
 def compile_specs():
-    from .compile_specs import CompileSpec, signature_of
     specs = []
     for dtype in ("bf16", "fp16", "fp32"):
         ieee, block_r = dtype == "fp32", 32

@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .compile_specs import CompileSpec, signature_of
 from .host_gemm import TARGET_PROGRAMS
 from .paged_attention_walk import _attend_blocks, _query_group, tile_blocks, walk_compile_specs
 from .pdl import allow_next, pdl_launch, wait_for_previous
@@ -145,7 +146,6 @@ def split_paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Te
 
 
 def compile_specs():
-    from .compile_specs import CompileSpec, signature_of
     split_shapes = ((4, 128, "bf16", 16, None), (4, 128, "bf16", 16, "fp8e4nv"), (3, 64, "bf16", 16, None),
                     (3, 64, "fp16", 16, "fp8e5"), (4, 128, "fp32", 16, None), (4, 128, "bf16", 16, "PDL"))
     specs = walk_compile_specs("attn_split", paged_attention_split_kernel, split_shapes, ("part_acc_ptr",))

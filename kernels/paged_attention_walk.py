@@ -20,6 +20,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .compile_specs import CompileSpec, signature_of
+
 TILE_TOKENS = 64  # keys an iteration takes, at block size 64 or less
 MIN_DOT_ROWS = 16  # tl.dot's smallest tile side on tensor cores
 FULL_TILE = TILE_TOKENS * 128  # keys x head dim of the tile at head dim 128, where the warps change
@@ -110,7 +112,6 @@ def walk_compile_specs(name: str, fn, shapes, outputs: tuple) -> list:
     """Compile checks of a kernel that walks the pool (``fn``), one per (group, head_dim, dtype, block size,
     fp8 cache dtype, None, or "PDL": the dtype's pool with programmatic dependent launch) in ``shapes``;
     ``outputs``: its output arguments, promised 16-divisible."""
-    from .compile_specs import CompileSpec, signature_of
     aligned = ("q_ptr", "cache_ptr", "stride_qt", "stride_qh", "stride_kv", "stride_block", "stride_slot",
                "stride_head", "head_dim")
     specs = []

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .compile_specs import CompileSpec, signature_of
+
 
 @triton.jit
 def rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, H, stride_x, stride_r, stride_y, stride_ro, eps,
@@ -49,7 +51,6 @@ def reference_fused_add_rmsnorm(x, residual, weight, eps):
 
 
 def compile_specs():
-    from .compile_specs import CompileSpec, signature_of
     specs = []
     for h, dtype, has_res in ((576, "bf16", True), (4096, "bf16", True), (8192, "fp16", False)):
         constexprs = dict(HAS_RESIDUAL=has_res, BLOCK_H=triton.next_power_of_2(h))

@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .compile_specs import CompileSpec, signature_of
+
 
 @triton.jit
 def rope_kernel(x_ptr, y_ptr, pos_ptr, cache_ptr, heads, stride_xt, stride_xh, stride_yt, stride_yh,
@@ -69,7 +71,6 @@ def reference_rope(q, k, positions, cos_sin_cache):
 
 
 def compile_specs():
-    from .compile_specs import CompileSpec, signature_of
     specs = []
     for heads, d, dtype in ((9, 64, "bf16"), (32, 128, "bf16"), (8, 128, "fp16")):
         constexprs = dict(HALF=d // 2, BLOCK_H=triton.next_power_of_2(heads), BLOCK_D=d // 2)

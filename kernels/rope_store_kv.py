@@ -18,8 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .compile_specs import CompileSpec, signature_of
 from .pdl import allow_next, pdl_launch, wait_for_previous
-from .store_kv import FP8_FORMATS, _quant_constexprs, round_to_fp8_grid
+from .store_kv import FP8_FORMATS, _quant_constexprs, reference_write_kv, round_to_fp8_grid
 
 
 @triton.jit
@@ -124,7 +125,6 @@ def rope_and_store_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k
 
 def reference_rope_and_store_kv(qkv, cos, sin, kv_cache, slot_mapping, heads, kv_heads, kv_scale=None, qk_norm=None):
     """The model's torch ops: (q/k norms,) rotate q and k (float32 here), write k and v with the reference store."""
-    from .store_kv import reference_write_kv
     t, d = qkv.shape[0], kv_cache.shape[4]
     half = d // 2
     cos, sin = cos.reshape(t, 1, half).float(), sin.reshape(t, 1, half).float()
@@ -145,7 +145,6 @@ def reference_rope_and_store_kv(qkv, cos, sin, kv_cache, slot_mapping, heads, kv
 
 
 def compile_specs():
-    from .compile_specs import CompileSpec, signature_of
     specs = []
     for heads, kv_heads, d, dtype, cache, qk_norm in (
             (9, 3, 64, "bf16", torch.bfloat16, False), (32, 8, 128, "bf16", torch.bfloat16, False),

@@ -5,6 +5,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .compile_specs import CompileSpec, signature_of
+
 BLOCK = 1024
 
 
@@ -37,7 +39,6 @@ def reference_silu_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 def compile_specs():
-    from .compile_specs import CompileSpec, signature_of
     specs = []
     for dtype in ("bf16", "fp16", "fp32"):
         constexprs = dict(BLOCK=BLOCK)

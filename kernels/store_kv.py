@@ -16,6 +16,10 @@ import torch
 import triton
 import triton.language as tl
 
+from gh200rt.kv import fp8
+
+from .compile_specs import CompileSpec, signature_of
+
 # torch fp8 dtype -> (Triton type name, mantissa bits, smallest normal exponent)
 FP8_FORMATS = {torch.float8_e4m3fn: ("fp8e4nv", 3, -6), torch.float8_e5m2: ("fp8e5", 2, -14)}
 
@@ -79,7 +83,6 @@ def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapp
 
 
 def reference_write_kv(kv_cache, k, v, slot_mapping, kv_scale=None):
-    from gh200rt.kv import fp8
     if fp8.is_fp8(kv_cache.dtype):  # indexed writes have no fp8 kernel on the CPU: write the bytes
         k, v = fp8.quantize(k, kv_scale[0], kv_cache.dtype), fp8.quantize(v, kv_scale[1], kv_cache.dtype)
         kv_cache, k, v = kv_cache.view(torch.uint8), k.view(torch.uint8), v.view(torch.uint8)
@@ -91,7 +94,6 @@ def reference_write_kv(kv_cache, k, v, slot_mapping, kv_scale=None):
 
 
 def compile_specs():
-    from .compile_specs import CompileSpec, signature_of
     specs = []
     for heads, d, dtype, cache in ((3, 64, "bf16", torch.bfloat16), (8, 128, "bf16", torch.bfloat16),
                                    (8, 128, "fp32", torch.float32), (8, 128, "bf16", torch.float8_e4m3fn),

@@ -71,9 +71,9 @@ def score(loaded, ids: torch.Tensor, kv_cache_dtype: str = "auto", calculate_kv_
           ) -> tuple[torch.Tensor, float]:
     """(logits [T, V], perplexity of tokens 1..T-1), one prefill over a fresh paged KV pool of
     ``kv_cache_dtype`` (a --kv-cache-dtype value)."""
-    from gh200rt.kv.fp8 import configure_kv_scales, kv_cache_dtype as pool_dtype
+    from gh200rt.kv.fp8 import kv_cache_dtype as pool_dtype
     from gh200rt.models.base import AttentionMetadata
-    from gh200rt.models.layers.attention import SelfAttention
+    from gh200rt.models.layers.attention import SelfAttention, configure_kv_scales
     arch, t = loaded.arch, len(ids)
     blocks = -(-t // BLOCK_SIZE)
     meta = AttentionMetadata.build([t], [t], [list(range(blocks))], BLOCK_SIZE)

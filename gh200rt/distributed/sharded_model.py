@@ -23,6 +23,7 @@ from torch import nn
 
 from gh200rt.distributed.parallel_state import ParallelState
 from gh200rt.distributed.sharding import TensorShard
+from gh200rt.models.arch_config import ArchConfig
 from gh200rt.models.layers.linear import RefLinear
 from gh200rt.models.llama import LlamaForCausalLM
 from gh200rt.models.moe import SparseMoeBlock
@@ -101,3 +102,11 @@ class ShardedLlamaForCausalLM(LlamaForCausalLM):
         logits = self.state.gather_last_dim(self.lm_head(hidden).float())
         vocab = self.arch.vocab_size
         return logits[..., :vocab].contiguous() if self.state.is_first and logits.shape[-1] != vocab else logits
+
+
+def build_sharded_model(shard: TensorShard, arch: ArchConfig, dtype, device) -> ShardedLlamaForCausalLM:
+    """The uninitialised model of ``shard``'s rank for ``arch`` (which must be the one ``shard`` was made for)."""
+    if arch != shard.arch:
+        raise ValueError(f"the checkpoint's architecture changed since the ranks started: {arch} vs {shard.arch}")
+    with torch.inference_mode(False):
+        return ShardedLlamaForCausalLM(shard, dtype, device).eval()

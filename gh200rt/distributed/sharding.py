@@ -14,8 +14,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-import torch
-
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.models.layers.mlp import HF_NAMES
 from gh200rt.models.moe import MIXTRAL_EXPERT_NAMES
@@ -148,11 +146,3 @@ class TensorShard:
                         f"{block}shared_expert.up_proj.weight": (0, *cols),
                         f"{block}shared_expert.down_proj.weight": (1, *cols)})
         return out
-
-    def build_model(self, arch: ArchConfig, dtype, device):
-        """The uninitialised sharded model of ``arch`` (which must be the one this shard was made for)."""
-        from gh200rt.distributed.sharded_model import ShardedLlamaForCausalLM   # it imports this module
-        if arch != self.arch:
-            raise ValueError(f"the checkpoint's architecture changed since the ranks started: {arch} vs {self.arch}")
-        with torch.inference_mode(False):
-            return ShardedLlamaForCausalLM(self, dtype, device).eval()

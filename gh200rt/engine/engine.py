@@ -30,11 +30,12 @@ from gh200rt.engine.stats import EngineStats, iteration_tokens  # noqa: F401  (E
 from gh200rt.engine.step_cost import StepCostModel
 from gh200rt.engine.stepping import EngineSteps, LaunchedStep
 from gh200rt.engine.tier_controller import PressurePolicy, TierController
-from gh200rt.kv.fp8 import check_device_supports, configure_kv_scales, kv_cache_dtype
+from gh200rt.kv.fp8 import check_device_supports, kv_cache_dtype
 from gh200rt.kv.kv_manager import KVCacheManager
 from gh200rt.kv.pool import allocate_kv_caches, kv_bytes_per_block
 from gh200rt.lora.install import install_lora, lora_slot_bytes
 from gh200rt.memory.ledger import DeviceMemoryLedger, ledger_capacity
+from gh200rt.models.layers.attention import configure_kv_scales
 from gh200rt.planner.cost_model import copy_seconds
 from gh200rt.planner.layout import offloaded_expert_tier
 from gh200rt.scheduler.scheduler import Scheduler

@@ -57,13 +57,3 @@ def calculated_scales(k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> t
     """``[K scale, V scale]``: each tensor's largest magnitude over ``dtype``'s maximum (1.0 for all zeros)."""
     amax = torch.stack([k.detach().abs().amax(), v.detach().abs().amax()]).to(torch.float32)
     return torch.where(amax > 0, amax / torch.finfo(dtype).max, torch.ones_like(amax))
-
-
-def configure_kv_scales(model: torch.nn.Module, calculate: bool) -> int:
-    """Arm (or disarm) every attention layer of ``model`` to set its scales from the next batch it sees;
-    returns how many layers were set."""
-    from gh200rt.models.layers.attention import SelfAttention
-    layers = [m for m in model.modules() if isinstance(m, SelfAttention)]
-    for layer in layers:
-        layer.calculate_kv_scales = calculate
-    return len(layers)

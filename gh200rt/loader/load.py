@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gh200rt.distributed.sharded_model import build_sharded_model
 from gh200rt.kernels.quant import PackedWeight
 from gh200rt.loader.deferred_layers import DeferredLayers
 from gh200rt.loader.dequant import QuantizedTensor
@@ -79,7 +80,7 @@ def _load_hf_dir(directory: str, model_config, device: str, compute_device: str,
     is_fp8 = fp8_scheme(_config_json(directory), os.path.join(directory, "config.json"))
     dtype = compute_dtype(model_config.dtype, compute_device, arch.checkpoint_dtype, model_config.cpu_route)
     files = shard_files(directory)
-    model = build_model(arch, dtype, device) if shard is None else shard.build_model(arch, dtype, device)
+    model = build_model(arch, dtype, device) if shard is None else build_sharded_model(shard, arch, dtype, device)
     if shard is not None:
         arch = model.arch      # the rank's heads, KV heads and MLP width
     count, size = checkpoint_size(files)
@@ -118,7 +119,7 @@ def _load_gguf(path: str, model_config, device: str, compute_device: str, shard=
     except (ValueError, KeyError) as e:
         raise ModelLoadError(f"{path}: {e}") from e
     dtype = compute_dtype(model_config.dtype, compute_device, arch.checkpoint_dtype, model_config.cpu_route)
-    model = build_model(arch, dtype, device) if shard is None else shard.build_model(arch, dtype, device)
+    model = build_model(arch, dtype, device) if shard is None else build_sharded_model(shard, arch, dtype, device)
     writer = WeightWriter(model, path, len(gguf.tensors), gguf.total_bytes())
     quantized = gguf.read(writer, arch, dtype, shard)
     writer.finish(functools.partial(stack_name, architecture=arch.architecture))

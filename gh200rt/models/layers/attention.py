@@ -63,3 +63,12 @@ class SelfAttention(nn.Module):
         self.write_kv_fn(kv_cache, k, v, meta.slot_mapping, self.kv_scale)
         out = self.attention_fn(q, kv_cache, meta, self.scale, self.num_kv_heads, self.kv_scale)
         return self.o_proj(out.reshape(tokens, self.q_size), meta.linear_rows)
+
+
+def configure_kv_scales(model: torch.nn.Module, calculate: bool) -> int:
+    """Arm (or disarm) every attention layer of ``model`` to set its scales from the next batch it sees;
+    returns how many layers were set."""
+    layers = [m for m in model.modules() if isinstance(m, SelfAttention)]
+    for layer in layers:
+        layer.calculate_kv_scales = calculate
+    return len(layers)
