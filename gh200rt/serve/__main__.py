@@ -15,7 +15,8 @@ import time
 import uvicorn
 
 from gh200rt.serve.admission import Admission
-from gh200rt.serve.api import ServerState, create_app
+from gh200rt.serve.api import create_app
+from gh200rt.serve.state import ServerState
 from gh200rt.serve.args import parse_args, parse_cpu_list
 from gh200rt.serve.async_engine import AsyncEngine
 

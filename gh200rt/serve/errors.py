@@ -5,6 +5,8 @@ Handlers raise ``APIError``; the app turns it into ``{"error": {"message", "type
 """
 from __future__ import annotations
 
+from fastapi.responses import JSONResponse
+
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error", 503: "service_unavailable",
           500: "internal_server_error"}
@@ -31,3 +33,8 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param)
+
+
+def error_response(e: APIError) -> JSONResponse:
+    """``e`` as the HTTP response: its body, status and headers."""
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)

@@ -49,7 +49,7 @@ def _name(body: dict, key: str) -> str | None:
     return value
 
 
-def add_lora_routes(app: FastAPI, state, read_json) -> None:
+def add_lora_routes(app: FastAPI, state) -> None:
     def registry():
         engine = state.ready_engine()
         if engine.lora is None or not engine.config.lora.enable_runtime_lora_updating:
@@ -60,7 +60,7 @@ def add_lora_routes(app: FastAPI, state, read_json) -> None:
     @app.post("/v1/load_lora_adapter")
     @app.post("/load_lora_adapter")
     async def load_lora_adapter(request: Request):
-        body = await read_json(request)
+        body = await state.read_json(request)
         reg = registry()
         _fields(body, LOAD_FIELDS, "/v1/load_lora_adapter")
         name, path = _name(body, "lora_name"), _name(body, "lora_path")
@@ -84,7 +84,7 @@ def add_lora_routes(app: FastAPI, state, read_json) -> None:
     @app.post("/v1/unload_lora_adapter")
     @app.post("/unload_lora_adapter")
     async def unload_lora_adapter(request: Request):
-        body = await read_json(request)
+        body = await state.read_json(request)
         registry()
         _fields(body, UNLOAD_FIELDS, "/v1/unload_lora_adapter")
         name = _name(body, "lora_name")

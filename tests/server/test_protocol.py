@@ -148,12 +148,13 @@ class RecordingTokenizer:
 
 
 def test_add_special_tokens_is_honoured_on_completions_and_chat():
-    from gh200rt.serve.api import _tokenized, chat_token_ids
+    from gh200rt.serve.generation_routes import tokenized
+    from gh200rt.serve.tokenizer_routes import chat_token_ids
     assert parse_completion_request({"prompt": "x"}).add_special_tokens is True
     parsed = parse_completion_request({"prompt": "ab", "add_special_tokens": False})
     tok = RecordingTokenizer()
-    assert _tokenized(tok, parsed.prompts, None, parsed.add_special_tokens) == [("ab", [97, 98])]
-    assert _tokenized(tok, parsed.prompts, None, True) == [("ab", [0, 97, 98])]
+    assert tokenized(tok, parsed.prompts, None, parsed.add_special_tokens) == [("ab", [97, 98])]
+    assert tokenized(tok, parsed.prompts, None, True) == [("ab", [0, 97, 98])]
     chat, messages = parse_chat_request({"messages": [{"role": "user", "content": "hi"}]})
     assert chat.add_special_tokens is False             # the template writes the special tokens it wants
     plain = chat_token_ids(tok, messages, False, add_special_tokens=chat.add_special_tokens)
