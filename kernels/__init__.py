@@ -16,8 +16,9 @@ paged_attention_walk.py   the online-softmax walk over a token's blocks that bot
 store_kv.py         write new K/V into the pool at their slots
 rmsnorm.py, rope.py, silu_mul.py   the model runner's small fused ops
 compile_specs.py    representative Hopper compile configurations (scripts/check_kernels.py)
-cpu/ops.c, cpu_native.py   the CPU model runner's small ops as native C (RMSNorm, RoPE, KV store, decode
-                    attention, SiLU-and-mul), built once per machine and called through ctypes
+cpu/*.c, cpu_native.py   the CPU model runner's native C, built once per machine and called through ctypes:
+                    the small ops (cpu/layer_ops.c: RMSNorm, RoPE, SiLU-and-mul; kv_store.c: KV store;
+                    decode_attention.c, extend_attention.c: attention) and the linears
 cpu_native_ops.py   NativeOps: each native op as a method on torch tensors
 cpu_native_checks.py  what those methods check of their tensors and how they pass them (dtype codes, KV pool)
 cpu_native_args.py  the native linears' argument blocks (ctypes structures) and thread counts

@@ -23,9 +23,10 @@ from pathlib import Path
 from .cpu_native_ops import NativeOps
 
 SOURCES = tuple(Path(__file__).with_name("cpu") / name
-                for name in ("ops.c", "quant_linear.c", "f32_linear.c", "f16_linear.c", "decode_layer.c",
-                                                           "amx_linear.c"))
-HEADERS = tuple(Path(__file__).with_name("cpu") / name for name in ("gh_native.h", "f32_acc.h", "exp_f32.h"))
+                for name in ("layer_ops.c", "kv_store.c", "extend_attention.c", "decode_attention.c", "quant_linear.c",
+                             "f32_linear.c", "f16_linear.c", "decode_layer.c", "amx_linear.c"))
+HEADERS = tuple(Path(__file__).with_name("cpu") / name
+                for name in ("gh_native.h", "gh_ops.h", "gh_attention.h", "f32_acc.h", "exp_f32.h"))
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=c11")
 # the ops' threads: the libgomp torch has loaded (same soname), so they run on torch's own pool
 OPENMP = ("-fopenmp",)

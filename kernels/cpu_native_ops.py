@@ -18,9 +18,9 @@ from .cpu_native_checks import (FP8_KV_TYPES, _check_dense_linear, _check_pool, 
 
 
 class NativeOps:
-    """The ops of ``kernels/cpu/ops.c`` on torch tensors. Per call the Python side costs a few microseconds
-    (a new output tensor, pointers, strides), the same order as the work at decode sizes, so the checks
-    are kept to what the C code relies on."""
+    """The ops of ``kernels/cpu`` (layer_ops.c, kv_store.c, the attention kernels, the linears) on torch tensors.
+    Per call the Python side costs a few microseconds (a new output tensor, pointers, strides), the same order as
+    the work at decode sizes, so the checks are kept to what the C code relies on."""
 
     def __init__(self, library: ctypes.CDLL):
         self._lib = library

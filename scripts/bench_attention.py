@@ -8,11 +8,12 @@ chunk's length, as before the split per kind) against one batched call per kind 
 ``--baseline PATH``: the ``paged_attention`` of another version of ``gh200rt/kv/attention.py``, e.g.
 ``git show REV:gh200rt/kv/attention.py > /tmp/attention_rev.py``, against this tree's.
 ``--baseline torch``: this tree's torch attention (gather + SDPA) against the native CPU kernels as the model
-calls them (``models/cpu_kernels.py``: decode and multi-token groups in ``kernels/cpu/ops.c``, multi-token
-groups past ``EXTEND_MAX_KEYS`` keys left to SDPA).
-``--baseline native:DIR``: the native kernels built from another version's ``kernels/cpu`` sources against this
-tree's, both as the model calls them, e.g. ``mkdir /tmp/base && git archive REV kernels/cpu | tar -x -C /tmp/base``
-then ``--baseline native:/tmp/base/kernels/cpu``. ``--only TEXT`` keeps the cases whose name contains TEXT.
+calls them (``models/cpu_kernels.py``: decode and multi-token groups in ``kernels/cpu/decode_attention.c`` and
+``extend_attention.c``, multi-token groups past ``EXTEND_MAX_KEYS`` keys left to SDPA).
+``--baseline native:DIR``: the native kernels built from another version's ``kernels/cpu`` sources (every ``.c``
+file in DIR) against this tree's, both as the model calls them, e.g. ``mkdir /tmp/base && git archive REV
+kernels/cpu | tar -x -C /tmp/base`` then ``--baseline native:/tmp/base/kernels/cpu``. ``--only TEXT`` keeps the
+cases whose name contains TEXT.
 
 SmolLM2-135M's attention shape (9 query heads, 3 KV heads, head_dim 64, blocks of 16), the pool a
 strided view of a block-major arena as in the engine (kv/arena.py). Prints the median of --reps calls
@@ -84,9 +85,11 @@ def native_kernels(source_dir: str | None = None):
         if ops is None:
             raise SystemExit(f"native CPU ops unavailable: {cpu_native.native_ops_error()}")
     else:
+        # every .c file DIR holds, not this tree's names (older versions keep the small ops in one ops.c); its
+        # headers join the library's cache key as this tree's do
         sources, headers = cpu_native.SOURCES, cpu_native.HEADERS
-        cpu_native.SOURCES = tuple(Path(source_dir) / path.name for path in sources)
-        cpu_native.HEADERS = tuple(Path(source_dir) / path.name for path in headers)
+        cpu_native.SOURCES = tuple(sorted(Path(source_dir).glob("*.c")))
+        cpu_native.HEADERS = tuple(sorted(Path(source_dir).glob("*.h")))
         try:
             ops = cpu_native._load()
         finally:

@@ -2,9 +2,9 @@
 
 ``use_native_cpu_kernels(model) -> str | None`` points RMSNorm, RoPE, the KV store, decode attention,
 the attention of prompt chunks up to ``EXTEND_MAX_KEYS`` keys and SiLU-and-mul at the native ops of
-``kernels/cpu/ops.c`` (a decode-only step's RoPE, KV store and attention in one call per layer,
-``decode_block``) and float32 linears of a few rows at the native
-kernel (``cpu_linear.native_dense_linear``), gives a decode step's decoder layers one call each where every
+``kernels/cpu`` (layer_ops.c, kv_store.c, decode_attention.c and extend_attention.c; a decode-only step's
+RoPE, KV store and attention in one call per layer, ``decode_block``) and float32 linears of a few rows at the
+native kernel (``cpu_linear.native_dense_linear``), gives a decode step's decoder layers one call each where every
 op of the layer is native (``cpu_decode_layer.native_decode_layer``), and returns None, or leaves the torch
 ops in place and returns why (no C compiler, not a CPU model). At decode sizes each torch op costs
 more in dispatch than in arithmetic: one layer's ~36 small ops take about a millisecond on a 2-core

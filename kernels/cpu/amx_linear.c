@@ -15,8 +15,9 @@
  * 16) may be packed "gated": tile columns alternate 16 gate rows and the 16 up rows of the same outputs, so each
  * 32-column block holds both halves of 16 outputs. Its product is stored in the weight's own column order, or,
  * with `silu`, as silu(gate) * up: the two halves rounded to bf16 as the plain product stores them, then exactly
- * the native SiLU op's arithmetic (ops.c's gh_silu_mul: exp_f32, silu rounded to bf16, the product rounded), so
- * the fused call has the bits of the product followed by the op, without writing and reading the product.
+ * the native SiLU op's arithmetic (layer_ops.c's gh_silu_mul: exp_f32, silu rounded to bf16, the product
+ * rounded), so the fused call has the bits of the product followed by the op, without writing and reading the
+ * product.
  *
  * Work: columns are split over threads in 32-column blocks; each thread walks its columns in chunks whose packed
  * weights fit half of L2 (they are re-read for every 32 rows), and for each chunk all rows, 32 at a time, against
@@ -101,7 +102,7 @@ static inline void store_row16(uint16_t *dst, const float *acc, const float *bia
     _mm256_mask_storeu_epi16(dst, mask, (__m256i)_mm512_cvtneps_pbh(v));
 }
 
-/* float32 -> bf16 bits as ops.c's bf16_store rounds (nearest even in the bits, NaN kept quiet), 16 lanes */
+/* float32 -> bf16 bits as gh_ops.h's bf16_store rounds (nearest even in the bits, NaN kept quiet), 16 lanes */
 static inline __m256i bf16_bits(__m512 v) {
     __m512i u = _mm512_castps_si512(v);
     __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));

@@ -41,7 +41,7 @@ typedef struct {
     int64_t table_stride;
     const int64_t *seq_lens;
     int64_t heads, kv_heads, head_dim, hidden, inter, threads;
-    int64_t kv_type;             /* the pool's element type (ops.c: KV_SAME, or an fp8 format read with kv_scale) */
+    int64_t kv_type;             /* the pool's element type (gh_ops.h: KV_SAME, or an fp8 format read with kv_scale) */
     const float *kv_scale;       /* the layer's [K scale, V scale] for an fp8 pool */
     int64_t dtype;               /* the activations': 0 float32, 1 bfloat16 */
 } DecodeLayerArgs;

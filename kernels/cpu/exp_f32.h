@@ -1,6 +1,7 @@
 /* exp(x) in float32 as the native CPU ops compute it: one scalar function and its vector forms, the same operations
  * in the same order (no FMA: the library is built with -ffp-contract=off), so every lane has the scalar bits.
- * Shared by ops.c (SiLU, softmax) and amx_linear.c (the SiLU fused into the gate/up product). */
+ * Shared by layer_ops.c (SiLU), the attention kernels (softmax; exp8 and exp16 in gh_attention.h) and amx_linear.c
+ * (the SiLU fused into the gate/up product). */
 #ifndef GH_EXP_F32_H
 #define GH_EXP_F32_H
 #include <stdint.h>

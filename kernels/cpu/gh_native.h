@@ -20,6 +20,22 @@ void gh_f16_linear(const float *x, int64_t rows, int64_t x_stride, const uint16_
 void gh_rms_norm(const void *x, int64_t rows, int64_t dim, int64_t x_stride, const void *w, void *out, float eps,
                  int dtype, int64_t threads);
 void gh_silu_mul(const void *gate_up, int64_t rows, int64_t inter, void *out, int dtype, int64_t threads);
+void gh_rotary(const void *x, int64_t tokens, int64_t heads, int64_t half, int64_t tok_stride, int64_t head_stride,
+               const void *cos, const void *sin, void *out, int dtype, int64_t threads);
+void gh_write_kv(void *k_cache, void *v_cache, int64_t block_stride, int64_t slot_stride, int64_t head_stride,
+                 int64_t block_size, const void *k, const void *v, int64_t k_tok_stride, int64_t k_head_stride,
+                 int64_t v_tok_stride, int64_t v_head_stride, const int64_t *slots, int64_t tokens,
+                 int64_t kv_heads, int64_t head_dim, int64_t elem_size);
+void gh_write_kv_fp8(void *k_cache, void *v_cache, int64_t block_stride, int64_t slot_stride, int64_t head_stride,
+                     int64_t block_size, const void *k, const void *v, int64_t k_tok_stride, int64_t k_head_stride,
+                     int64_t v_tok_stride, int64_t v_head_stride, const int64_t *slots, int64_t tokens,
+                     int64_t kv_heads, int64_t head_dim, int dtype, int kv_type, const float *kv_scale);
+void gh_decode_attention(const void *q, int64_t q_seq_stride, int64_t q_head_stride, const void *k_cache,
+                         const void *v_cache, int64_t block_stride, int64_t slot_stride, int64_t head_stride,
+                         int64_t block_size, const int32_t *block_tables, int64_t table_stride,
+                         const int64_t *seq_lens, int64_t num_seqs, int64_t heads, int64_t kv_heads,
+                         int64_t head_dim, float scale, void *out, int dtype, int kv_type, const float *kv_scale,
+                         int64_t threads);
 int gh_decode_attention_block(const void *qkv, int64_t qkv_stride, const void *cos, const void *sin, void *k_cache,
                               void *v_cache, int64_t block_stride, int64_t slot_stride, int64_t head_stride,
                               int64_t block_size, const int64_t *slots, const int32_t *block_tables,

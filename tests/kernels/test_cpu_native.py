@@ -1,4 +1,5 @@
-"""The native CPU ops (kernels/cpu/ops.c) against the torch ops they replace, and their build.
+"""The native CPU ops (kernels/cpu/layer_ops.c, kv_store.c, extend_attention.c, decode_attention.c) against the
+torch ops they replace, and their build.
 
 Rotary and the KV store must give the torch ops' bits; RMSNorm, SiLU-and-mul and decode attention
 agree to float32 rounding (their sums and exp are evaluated in another order), in bf16 to one bf16
@@ -401,11 +402,11 @@ def test_build_is_cached_per_source_and_machine(tmp_path, monkeypatch):
 
 
 def test_a_broken_source_reports_the_compiler_error(tmp_path, monkeypatch):
-    broken = tmp_path / "ops.c"
+    broken = tmp_path / "layer_ops.c"
     broken.write_text("void gh_rms_norm( {\n")
     monkeypatch.setattr(cpu_native, "SOURCES", (broken,) + cpu_native.SOURCES[1:])
     monkeypatch.setenv("GH200RT_CACHE_DIR", str(tmp_path / "cache"))
-    with pytest.raises(NativeOpsError, match="failed to build ops.c"):
+    with pytest.raises(NativeOpsError, match="failed to build layer_ops.c"):
         cpu_native._build(cpu_native._compiler())
 
 

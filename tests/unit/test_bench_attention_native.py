@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_native_baseline_from_another_source_tree(tmp_path):
     sources = tmp_path / "cpu"
     shutil.copytree(ROOT / "kernels" / "cpu", sources)
-    with open(sources / "ops.c", "a") as f:
+    with open(sources / "decode_attention.c", "a") as f:
         f.write("/* the baseline's copy */\n")
     done = subprocess.run([sys.executable, "scripts/bench_attention.py", "--baseline", f"native:{sources}",
                            "--only", "8 decodes, context ~128", "--reps", "1"], cwd=ROOT, capture_output=True,
