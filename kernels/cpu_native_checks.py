@@ -13,7 +13,7 @@ DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 FP8_KV_TYPES = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
 
 
-def _code(x: torch.Tensor, *others: torch.Tensor) -> int:
+def dtype_code(x: torch.Tensor, *others: torch.Tensor) -> int:
     """The C dtype code of ``x``, checking that ``others`` match it and that all are CPU tensors."""
     code = DTYPES.get(x.dtype)
     ok = code is not None and x.is_cpu
@@ -25,34 +25,34 @@ def _code(x: torch.Tensor, *others: torch.Tensor) -> int:
     return code
 
 
-def _table_rows(block_tables: torch.Tensor) -> torch.Tensor:
+def table_rows(block_tables: torch.Tensor) -> torch.Tensor:
     """Block tables as the C code reads them: int32, unit last stride (rows may sit apart)."""
     if block_tables.dtype != torch.int32 or block_tables.stride(-1) != 1:
         return block_tables.to(torch.int32).contiguous()
     return block_tables
 
 
-def _int64(t: torch.Tensor) -> torch.Tensor:
+def as_int64(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.int64 and t.is_contiguous() else t.to(torch.int64).contiguous()
 
 
-def _paged_inputs(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+def paged_inputs(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                   seq_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """An attention call's query rows (unit last stride), block tables and sequence lengths as the C code reads
     them, after checking the pool's layout."""
     if q.stride(-1) != 1:
         q = q.contiguous()
-    _check_pool(kv_cache, q)
-    return q, _table_rows(block_tables), _int64(seq_lens)
+    check_pool(kv_cache, q)
+    return q, table_rows(block_tables), as_int64(seq_lens)
 
 
-def _pool_args(kv_cache: torch.Tensor) -> tuple[int, ...]:
+def pool_args(kv_cache: torch.Tensor) -> tuple[int, ...]:
     """K and V planes, then the block, slot and head strides (elements) and the block size."""
     strides = kv_cache.stride()
     return (kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), strides[1], strides[2], strides[3], kv_cache.shape[2])
 
 
-def _check_dense_linear(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+def check_dense_linear(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                         weight_dtype: torch.dtype) -> None:
     """What ``gh_f32_linear`` / ``gh_f16_linear`` read: float32 CPU rows, a CPU ``weight_dtype`` weight [N, K] with unit
     column stride, a float32 CPU bias [N] or none."""
@@ -66,7 +66,7 @@ def _check_dense_linear(name: str, x: torch.Tensor, weight: torch.Tensor, bias: 
                          + ("" if bias is None else f", bias {tuple(bias.shape)} {bias.dtype}"))
 
 
-def _kv_type(q: torch.Tensor, kv_cache: torch.Tensor, kv_scale: torch.Tensor | None) -> tuple[int, int | None]:
+def kv_type_args(q: torch.Tensor, kv_cache: torch.Tensor, kv_scale: torch.Tensor | None) -> tuple[int, int | None]:
     """The C code's pool element type and scale pointer: 0 and none for a pool of q's dtype, an fp8 type with the
     layer's float32 ``[K scale, V scale]`` (read at call time)."""
     if kv_cache.dtype == q.dtype:
@@ -80,7 +80,7 @@ def _kv_type(q: torch.Tensor, kv_cache: torch.Tensor, kv_scale: torch.Tensor | N
     return kind, kv_scale.data_ptr()
 
 
-def _check_pool(kv_cache: torch.Tensor, rows: torch.Tensor) -> None:
+def check_pool(kv_cache: torch.Tensor, rows: torch.Tensor) -> None:
     """The pool layout the C code indexes: [2, blocks, block_size, kv_heads, head_dim], unit last stride."""
     if kv_cache.dim() != 5 or kv_cache.shape[0] != 2 or kv_cache.stride(-1) != 1 \
             or kv_cache.shape[-1] != rows.shape[-1] or kv_cache.device.type != "cpu":

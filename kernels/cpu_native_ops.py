@@ -13,8 +13,8 @@ import ctypes
 import torch
 
 from .cpu_native_args import DecodeLayerArgs, linear_threads, quant_weight_args
-from .cpu_native_checks import (FP8_KV_TYPES, _check_dense_linear, _check_pool, _code, _int64, _kv_type, _paged_inputs,
-                                _pool_args, _table_rows)
+from .cpu_native_checks import (FP8_KV_TYPES, as_int64, check_dense_linear, check_pool, dtype_code, kv_type_args,
+                                paged_inputs, pool_args, table_rows)
 
 
 class NativeOps:
@@ -31,7 +31,7 @@ class NativeOps:
         if rows.stride(-1) != 1:
             rows = rows.contiguous()
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
-        code = _code(x, weight)
+        code = dtype_code(x, weight)
         if weight.shape != (dim,) or not weight.is_contiguous():
             raise ValueError(f"RMSNorm weight {tuple(weight.shape)} does not match rows of {dim}")
         self._lib.gh_rms_norm(rows.data_ptr(), rows.shape[0], dim, rows.stride(0), weight.data_ptr(),
@@ -44,7 +44,7 @@ class NativeOps:
         inter = rows.shape[-1] // 2
         out = rows.new_empty((*rows.shape[:-1], inter))
         self._lib.gh_silu_mul(rows.data_ptr(), rows.numel() // (2 * inter) if inter else 0, inter, out.data_ptr(),
-                              _code(rows), torch.get_num_threads())
+                              dtype_code(rows), torch.get_num_threads())
         return out
 
     def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -58,7 +58,7 @@ class NativeOps:
                              f"tokens of head size {dim} (contiguous [T, 1, D/2] expected)")
         out = x.new_empty((tokens, heads, dim))
         self._lib.gh_rotary(x.data_ptr(), tokens, heads, dim // 2, x.stride(0), x.stride(1), cos.data_ptr(),
-                            sin.data_ptr(), out.data_ptr(), _code(x, cos, sin), torch.get_num_threads())
+                            sin.data_ptr(), out.data_ptr(), dtype_code(x, cos, sin), torch.get_num_threads())
         return out
 
     def write_kv(self, kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
@@ -75,34 +75,35 @@ class NativeOps:
             k = k.contiguous()
         if v.stride(-1) != 1:
             v = v.contiguous()
-        slot_mapping = _int64(slot_mapping)
-        _check_pool(kv_cache, k)
+        slot_mapping = as_int64(slot_mapping)
+        check_pool(kv_cache, k)
         if slot_mapping.device.type != "cpu" or slot_mapping.shape[0] != k.shape[0] or v.shape != k.shape:
             raise ValueError(f"write_kv: {slot_mapping.shape[0]} slots for K {tuple(k.shape)} and V {tuple(v.shape)}")
         rows = (k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), v.stride(0), v.stride(1), slot_mapping.data_ptr(),
                 *k.shape)
         if fp8_pool:
-            self._lib.gh_write_kv_fp8(*_pool_args(kv_cache), *rows, _code(k, v), *_kv_type(k, kv_cache, kv_scale))
+            self._lib.gh_write_kv_fp8(*pool_args(kv_cache), *rows, dtype_code(k, v),
+                                      *kv_type_args(k, kv_cache, kv_scale))
         else:
-            _code(k, v, kv_cache)
-            self._lib.gh_write_kv(*_pool_args(kv_cache), *rows, kv_cache.element_size())
+            dtype_code(k, v, kv_cache)
+            self._lib.gh_write_kv(*pool_args(kv_cache), *rows, kv_cache.element_size())
 
     def decode_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                          seq_lens: torch.Tensor, scale: float, kv_scale: torch.Tensor | None = None) -> torch.Tensor:
         """``q [B, heads, D]`` (one new token per sequence, at position seq_len - 1) -> ``out [B, heads, D]``.
         ``block_tables`` int32 ``[B, W]`` must cover ``seq_lens`` (int64 ``[B]``); the caller guarantees it. The
         pool holds q's dtype, or fp8 read with ``kv_scale`` (float32 ``[K scale, V scale]``, kv/fp8.py)."""
-        q, block_tables, seq_lens = _paged_inputs(q, kv_cache, block_tables, seq_lens)
+        q, block_tables, seq_lens = paged_inputs(q, kv_cache, block_tables, seq_lens)
         num_seqs, heads, dim = q.shape
         kv_heads = kv_cache.shape[3]
         if heads % kv_heads or block_tables.shape[0] != num_seqs or seq_lens.shape[0] != num_seqs:
             raise ValueError(f"decode_attention: q {tuple(q.shape)}, {kv_heads} KV heads, block tables "
                              f"{tuple(block_tables.shape)}, seq_lens {tuple(seq_lens.shape)}")
         out = q.new_empty((num_seqs, heads, dim))
-        self._lib.gh_decode_attention(q.data_ptr(), q.stride(0), q.stride(1), *_pool_args(kv_cache),
+        self._lib.gh_decode_attention(q.data_ptr(), q.stride(0), q.stride(1), *pool_args(kv_cache),
                                       block_tables.data_ptr(), block_tables.stride(0), seq_lens.data_ptr(), num_seqs,
-                                      heads, kv_heads, dim, scale, out.data_ptr(), _code(q),
-                                      *_kv_type(q, kv_cache, kv_scale), torch.get_num_threads())
+                                      heads, kv_heads, dim, scale, out.data_ptr(), dtype_code(q),
+                                      *kv_type_args(q, kv_cache, kv_scale), torch.get_num_threads())
         return out
 
     def extend_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -112,19 +113,19 @@ class NativeOps:
         ``[B + 1]``, from 0) and the last of its ``seq_lens[b]`` positions, each seeing every key at or before it
         (K/V already in the pool) -> ``out [T, heads, D]``. ``block_tables`` int32 ``[B, W]`` must cover
         ``seq_lens`` (int64 ``[B]``); the caller guarantees it. The pool as ``decode_attention`` takes it."""
-        q, block_tables, seq_lens = _paged_inputs(q, kv_cache, block_tables, seq_lens)
+        q, block_tables, seq_lens = paged_inputs(q, kv_cache, block_tables, seq_lens)
         tokens, heads, dim = q.shape
-        query_starts = _int64(query_starts)
+        query_starts = as_int64(query_starts)
         kv_heads, num_seqs = kv_cache.shape[3], seq_lens.shape[0]
         if heads % kv_heads or block_tables.shape[0] != num_seqs or query_starts.shape[0] != num_seqs + 1:
             raise ValueError(f"extend_attention: q {tuple(q.shape)}, {kv_heads} KV heads, block tables "
                              f"{tuple(block_tables.shape)}, seq_lens {tuple(seq_lens.shape)}, query starts "
                              f"{tuple(query_starts.shape)}")
         out = q.new_empty((tokens, heads, dim))
-        if self._lib.gh_extend_attention(q.data_ptr(), q.stride(0), q.stride(1), *_pool_args(kv_cache),
+        if self._lib.gh_extend_attention(q.data_ptr(), q.stride(0), q.stride(1), *pool_args(kv_cache),
                                          block_tables.data_ptr(), block_tables.stride(0), seq_lens.data_ptr(),
                                          query_starts.data_ptr(), num_seqs, heads, kv_heads, dim, scale,
-                                         out.data_ptr(), _code(q), *_kv_type(q, kv_cache, kv_scale),
+                                         out.data_ptr(), dtype_code(q), *kv_type_args(q, kv_cache, kv_scale),
                                          torch.get_num_threads()):
             raise MemoryError("extend_attention: no memory for the tile index")
         return out
@@ -147,8 +148,8 @@ class NativeOps:
         dim = kv_cache.shape[-1]
         if qkv.stride(-1) != 1:
             qkv = qkv.contiguous()
-        code = _code(qkv, cos, sin)
-        kind, kv_scale_ptr = _kv_type(qkv, kv_cache, kv_scale)
+        code = dtype_code(qkv, cos, sin)
+        kind, kv_scale_ptr = kv_type_args(qkv, kv_cache, kv_scale)
         if width != (heads + 2 * kv_heads) * dim or kv_cache.shape[3] != kv_heads or heads % kv_heads \
                 or not (cos.is_contiguous() and sin.is_contiguous()) or cos.numel() != tokens * (dim // 2) \
                 or sin.shape != cos.shape or block_tables.shape[0] != tokens or seq_lens.shape[0] != tokens \
@@ -156,10 +157,10 @@ class NativeOps:
             raise ValueError(f"decode_attention_block: qkv {tuple(qkv.shape)}, {heads} / {kv_heads} heads, pool "
                              f"{tuple(kv_cache.shape)}, tables {tuple(cos.shape)}, block tables "
                              f"{tuple(block_tables.shape)}, seq_lens {tuple(seq_lens.shape)}")
-        _check_pool(kv_cache, qkv.view(tokens, -1, dim))
-        block_tables = _table_rows(block_tables)
-        seq_lens = _int64(seq_lens)
-        slot_mapping = _int64(slot_mapping)
+        check_pool(kv_cache, qkv.view(tokens, -1, dim))
+        block_tables = table_rows(block_tables)
+        seq_lens = as_int64(seq_lens)
+        slot_mapping = as_int64(slot_mapping)
         out = qkv.new_empty((tokens, heads, dim))
         strides = kv_cache.stride()
         if self._lib.gh_decode_attention_block(qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(),
@@ -190,7 +191,7 @@ class NativeOps:
         """``x [..., K] W^T (+ bias)`` for float32 CPU tensors, ``weight [N, K]`` read in place (any row stride,
         unit column stride), on ``torch.get_num_threads()`` threads (one for weights too small to share). A row's
         bits depend on that row and the weight's values alone (kernels/cpu/f32_linear.c)."""
-        _check_dense_linear("f32_linear", x, weight, bias, torch.float32)
+        check_dense_linear("f32_linear", x, weight, bias, torch.float32)
         return self.f32_linear_checked(x, weight, bias)
 
     def f32_linear_checked(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -218,7 +219,7 @@ class NativeOps:
         """``x [..., K] W^T (+ bias)`` for float32 CPU x and an fp16 CPU ``weight [N, K]`` read in place (any row
         stride, unit column stride): ``f32_linear``'s bits over the float32 copy of the weight
         (kernels/cpu/f16_linear.c)."""
-        _check_dense_linear("f16_linear", x, weight, bias, torch.float16)
+        check_dense_linear("f16_linear", x, weight, bias, torch.float16)
         return self.f16_linear_checked(x, weight, bias)
 
     def f16_linear_checked(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from .paged_attention_split import attention_splits, split_paged_attention
 from .pdl import allow_next, pdl_launch, wait_for_previous
-from .paged_attention_walk import _attend_blocks, _query_group, attention_warps, walk_compile_specs, walk_constexprs
+from .paged_attention_walk import attend_blocks, query_group, attention_warps, walk_compile_specs, walk_constexprs
 
 
 @triton.jit
@@ -37,9 +37,9 @@ def paged_attention_kernel(q_ptr, cache_ptr, out_ptr, tables_ptr, tok_seq_ptr, t
     wait_for_previous(USE_PDL)
     seq = tl.load(tok_seq_ptr + t)
     pos = tl.load(tok_pos_ptr + t)
-    q, q_heads, g_ok, offs_d, d_ok = _query_group(q_ptr, t, kv_head, group, head_dim, kv_scale_ptr, scale,
+    q, q_heads, g_ok, offs_d, d_ok = query_group(q_ptr, t, kv_head, group, head_dim, kv_scale_ptr, scale,
                                                   stride_qt, stride_qh, BLOCK_G, BLOCK_D, KV_FP8)
-    _, l_i, acc = _attend_blocks(q, cache_ptr, tables_ptr + seq * stride_table, kv_head, pos,
+    _, l_i, acc = attend_blocks(q, cache_ptr, tables_ptr + seq * stride_table, kv_head, pos,
                                  0, pos // BLOCK_SIZE + 1, kv_scale_ptr,
                                  stride_kv, stride_block, stride_slot, stride_head, head_dim,
                                  BLOCK_SIZE, TILE_BLOCKS, BLOCK_G, BLOCK_D, KV_FP8, DOT_PRECISION)

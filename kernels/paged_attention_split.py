@@ -27,7 +27,7 @@ import triton.language as tl
 
 from .compile_specs import CompileSpec, signature_of
 from .host_gemm import TARGET_PROGRAMS
-from .paged_attention_walk import _attend_blocks, _query_group, tile_blocks, walk_compile_specs
+from .paged_attention_walk import attend_blocks, query_group, tile_blocks, walk_compile_specs
 from .pdl import allow_next, pdl_launch, wait_for_previous
 
 MIN_PARTITION_TOKENS = 256
@@ -61,9 +61,9 @@ def paged_attention_split_kernel(q_ptr, cache_ptr, part_max_ptr, part_sum_ptr, p
     if first >= end:
         return
     seq = tl.load(tok_seq_ptr + t)
-    q, q_heads, g_ok, offs_d, d_ok = _query_group(q_ptr, t, kv_head, group, head_dim, kv_scale_ptr, scale,
+    q, q_heads, g_ok, offs_d, d_ok = query_group(q_ptr, t, kv_head, group, head_dim, kv_scale_ptr, scale,
                                                   stride_qt, stride_qh, BLOCK_G, BLOCK_D, KV_FP8)
-    m_i, l_i, acc = _attend_blocks(q, cache_ptr, tables_ptr + seq * stride_table, kv_head, pos, first, end,
+    m_i, l_i, acc = attend_blocks(q, cache_ptr, tables_ptr + seq * stride_table, kv_head, pos, first, end,
                                    kv_scale_ptr, stride_kv, stride_block, stride_slot, stride_head, head_dim,
                                    BLOCK_SIZE, TILE_BLOCKS, BLOCK_G, BLOCK_D, KV_FP8, DOT_PRECISION)
     allow_next(USE_PDL)

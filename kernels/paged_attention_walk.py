@@ -1,8 +1,8 @@
 """The walk both paged-attention kernels share (kernels/paged_attention.py, kernels/paged_attention_split.py).
 
-A program holds one KV head's whole query group for one token: ``_query_group`` loads it in float32,
+A program holds one KV head's whole query group for one token: ``query_group`` loads it in float32,
 times the softmax scale (and an fp8 pool's K scale, folded into the query: one multiply per query element
-instead of one per key element); ``_attend_blocks`` runs the online softmax over a range of the token's
+instead of one per key element); ``attend_blocks`` runs the online softmax over a range of the token's
 table blocks, keys past its position masked, and returns the un-normalised partial (an fp8 pool's V scale
 applied to the accumulator once). ``walk_constexprs`` and ``attention_warps`` size either kernel's program
 for the walk's tile; ``walk_compile_specs`` builds either kernel's compile checks.
@@ -28,7 +28,7 @@ FULL_TILE = TILE_TOKENS * 128  # keys x head dim of the tile at head dim 128, wh
 
 
 @triton.jit
-def _query_group(q_ptr, t, kv_head, group, head_dim, kv_scale_ptr, scale, stride_qt, stride_qh,
+def query_group(q_ptr, t, kv_head, group, head_dim, kv_scale_ptr, scale, stride_qt, stride_qh,
                  BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, KV_FP8: tl.constexpr):
     """q[t, group of ``kv_head``, :] in float32, times the softmax scale (and an fp8 pool's K scale), with what a
     program stores its result through: (q, its query heads, their mask, the head-dim offsets, their mask)."""
@@ -44,7 +44,7 @@ def _query_group(q_ptr, t, kv_head, group, head_dim, kv_scale_ptr, scale, stride
 
 
 @triton.jit
-def _attend_blocks(q, cache_ptr, table_ptr, kv_head, pos, first_block, end_block, kv_scale_ptr,
+def attend_blocks(q, cache_ptr, table_ptr, kv_head, pos, first_block, end_block, kv_scale_ptr,
                    stride_kv, stride_block, stride_slot, stride_head, head_dim,
                    BLOCK_SIZE: tl.constexpr, TILE_BLOCKS: tl.constexpr, BLOCK_G: tl.constexpr,
                    BLOCK_D: tl.constexpr, KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from .compile_specs import CompileSpec, signature_of
 from .pdl import allow_next, pdl_launch, wait_for_previous
-from .store_kv import FP8_FORMATS, _quant_constexprs, reference_write_kv, round_to_fp8_grid
+from .store_kv import FP8_FORMATS, quant_constexprs, reference_write_kv, round_to_fp8_grid
 
 
 @triton.jit
@@ -108,7 +108,7 @@ def rope_and_store_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k
     half = d // 2
     assert width == (heads + 2 * kv_heads) * d and qkv.stride(1) == 1 and d % 2 == 0, (qkv.shape, heads, kv_heads, d)
     assert kv_cache.shape[3] == kv_heads and kv_cache.stride(4) == 1
-    quant = _quant_constexprs(kv_cache.dtype)
+    quant = quant_constexprs(kv_cache.dtype)
     assert not quant["QUANT"] or kv_scale is not None, "an fp8 pool is written with its layer's kv_scale"
     cos, sin = cos.reshape(t, half), sin.reshape(t, half)
     assert cos.stride(1) == 1 and sin.stride(1) == 1
@@ -155,7 +155,7 @@ def compile_specs():
         cache = torch.bfloat16 if pdl else cache
         half = d // 2
         constexprs = dict(HALF=half, BLOCK_H=heads_per_iteration(heads, half), BLOCK_D=half, QK_NORM=qk_norm,
-                          USE_PDL=pdl, **_quant_constexprs(cache))
+                          USE_PDL=pdl, **quant_constexprs(cache))
         cache_type = FP8_FORMATS[cache][0] if cache in FP8_FORMATS else dtype
         types = dict(qkv_ptr=f"*{dtype}", cos_ptr=f"*{dtype}", sin_ptr=f"*{dtype}", q_ptr=f"*{dtype}",
                      q_norm_ptr=f"*{dtype}", k_norm_ptr=f"*{dtype}", eps="fp32", cache_ptr=f"*{cache_type}",

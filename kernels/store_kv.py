@@ -57,7 +57,7 @@ def store_kv_kernel(k_ptr, v_ptr, cache_ptr, slot_ptr, scale_ptr, row_elems, str
         tl.store(dst + stride_kv, v.to(cache_ptr.dtype.element_ty), mask=ok)
 
 
-def _quant_constexprs(cache_dtype: torch.dtype) -> dict:
+def quant_constexprs(cache_dtype: torch.dtype) -> dict:
     if cache_dtype not in FP8_FORMATS:
         return dict(QUANT=False, FP8_MAX=0.0, MANT_BITS=0, MIN_EXP=0)
     _, mant, min_exp = FP8_FORMATS[cache_dtype]
@@ -68,7 +68,7 @@ def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapp
              kv_scale: torch.Tensor | None = None) -> None:
     """k, v ``[T, num_kv_heads, head_dim]`` into their slots, in place: the pool's dtype, or any float
     dtype into an fp8 pool (quantized with ``kv_scale`` = [K scale, V scale], float32)."""
-    quant = _quant_constexprs(kv_cache.dtype)
+    quant = quant_constexprs(kv_cache.dtype)
     assert k.dtype == v.dtype
     assert k.dtype == kv_cache.dtype or (quant["QUANT"] and kv_scale is not None), (k.dtype, kv_cache.dtype)
     assert kv_cache.stride(4) == 1 and kv_cache.stride(3) == kv_cache.shape[4], "a slot's heads must be contiguous"
@@ -99,7 +99,7 @@ def compile_specs():
                                    (8, 128, "fp32", torch.float32), (8, 128, "bf16", torch.float8_e4m3fn),
                                    (3, 64, "fp16", torch.float8_e5m2), (8, 128, "fp32", torch.float8_e4m3fn)):
         row = heads * d
-        constexprs = dict(BLOCK=min(1024, triton.next_power_of_2(row)), **_quant_constexprs(cache))
+        constexprs = dict(BLOCK=min(1024, triton.next_power_of_2(row)), **quant_constexprs(cache))
         cache_type = FP8_FORMATS[cache][0] if cache in FP8_FORMATS else dtype
         types = dict(k_ptr=f"*{dtype}", v_ptr=f"*{dtype}", cache_ptr=f"*{cache_type}", slot_ptr="*i64",
                      scale_ptr="*fp32" if cache in FP8_FORMATS else "*i64")

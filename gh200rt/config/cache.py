@@ -3,21 +3,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gh200rt.config.flags import _help
+from gh200rt.config.flags import flag_help
 
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's values; fp8 = fp8_e4m3
 
 
 @dataclass(frozen=True)
 class CacheConfig:
-    block_size: int = field(default=16, metadata=_help("tokens per KV cache block"))
-    num_kv_blocks: int | None = field(default=None, metadata=_help(
+    block_size: int = field(default=16, metadata=flag_help("tokens per KV cache block"))
+    num_kv_blocks: int | None = field(default=None, metadata=flag_help(
         "KV cache blocks; default: what the device memory budget leaves"))
-    enable_prefix_caching: bool = field(default=True, metadata=_help("reuse KV blocks of shared prompt prefixes"))
-    kv_cache_dtype: str = field(default="auto", metadata=_help(
+    enable_prefix_caching: bool = field(default=True, metadata=flag_help("reuse KV blocks of shared prompt prefixes"))
+    kv_cache_dtype: str = field(default="auto", metadata=flag_help(
         "KV cache element type: auto (the compute dtype), fp8 / fp8_e4m3 (e4m3 with a K and a V scale per layer; "
         "half of bf16), fp8_e5m2 (wider range, one mantissa bit less)", choices=KV_CACHE_DTYPES))
-    calculate_kv_scales: bool = field(default=False, metadata=_help(
+    calculate_kv_scales: bool = field(default=False, metadata=flag_help(
         "with an fp8 KV cache, set each layer's K and V scales from the first batch (its largest magnitude over "
         "the fp8 maximum); otherwise the checkpoint's k_scale / v_scale, or 1.0"))
 

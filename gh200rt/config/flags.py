@@ -1,4 +1,4 @@
-"""What the config sections share: ``_help`` (a field's help text, which ``gh200rt.cli_args`` gives the flag it
+"""What the config sections share: ``flag_help`` (a field's help text, which ``gh200rt.cli_args`` gives the flag it
 generates for the field) and the parsers of options written as text: sizes (``parse_size``) and per-layer tier
 lists (``parse_layer_tiers``, whose tier names are ``TIERS``)."""
 from __future__ import annotations
@@ -57,5 +57,5 @@ def parse_layer_tiers(text: str | None, experts: bool = False) -> dict[int, str]
     return tiers
 
 
-def _help(text: str, **extra) -> dict:
+def flag_help(text: str, **extra) -> dict:
     return {"help": text, **extra}

@@ -3,20 +3,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gh200rt.config.flags import _help
+from gh200rt.config.flags import flag_help
 
 MAX_GRAPH_BATCH = 256
 
 
 @dataclass(frozen=True)
 class GraphConfig:
-    enforce_eager: bool | None = field(default=None, metadata=_help(
+    enforce_eager: bool | None = field(default=None, metadata=flag_help(
         "run every step eagerly (no CUDA graphs); default: decode steps replay CUDA graphs on a GPU and run "
         "eagerly on the CPU (--no-enforce-eager runs the CPU through the same bucketed, padded path)"))
-    max_graph_batch: int | None = field(default=None, metadata=_help(
+    max_graph_batch: int | None = field(default=None, metadata=flag_help(
         "largest decode batch replayed from a graph (buckets 1, 2, 4, 8, then steps of 8); larger batches run "
         f"eagerly; default: min(--max-num-seqs, {MAX_GRAPH_BATCH})"))
-    check_graph_addresses: bool = field(default=False, metadata=_help(
+    check_graph_addresses: bool = field(default=False, metadata=flag_help(
         "debug: before every replay, check that each address the graph saw at capture (input buffers, KV cache, "
         "weights, staging slots) is unchanged"))
 

@@ -3,25 +3,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gh200rt.config.flags import _help
+from gh200rt.config.flags import flag_help
 
 
 @dataclass(frozen=True)
 class LoRAConfig:
     """LoRA adapters (vLLM's flags; docs/LORA.md). ``lora_modules`` entries are ``name=path`` or vLLM's JSON form
     ``{"name": ..., "path": ..., "base_model_name": ...}``; ``modules`` reads them."""
-    enable_lora: bool = field(default=False, metadata=_help(
+    enable_lora: bool = field(default=False, metadata=flag_help(
         "serve LoRA adapters (PEFT directories) beside the base model; a request picks one by its 'model' name"))
     lora_modules: tuple[str, ...] | None = field(default=None, metadata={
         "help": "adapters to load at start: name=path or JSON {\"name\": ..., \"path\": ..., \"base_model_name\": "
                 "...}; needs --enable-lora", "nargs": "+"})
-    max_loras: int = field(default=1, metadata=_help(
+    max_loras: int = field(default=1, metadata=flag_help(
         "adapters in one step: device slots booked in the ledger (requests for further adapters wait)"))
-    max_lora_rank: int = field(default=16, metadata=_help("largest adapter rank r accepted (sizes the device slots)"))
-    max_cpu_loras: int | None = field(default=None, metadata=_help(
+    max_lora_rank: int = field(default=16, metadata=flag_help(
+        "largest adapter rank r accepted (sizes the device slots)"))
+    max_cpu_loras: int | None = field(default=None, metadata=flag_help(
         "adapters whose weights stay in host memory (least recently used ones are read again from disk when "
         "needed); default: --max-loras, and at least --max-loras"))
-    enable_runtime_lora_updating: bool = field(default=False, metadata=_help(
+    enable_runtime_lora_updating: bool = field(default=False, metadata=flag_help(
         "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING)"))
 
     def __post_init__(self):

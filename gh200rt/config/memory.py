@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gh200rt.config.flags import _help, parse_layer_tiers, parse_size
+from gh200rt.config.flags import flag_help, parse_layer_tiers, parse_size
 from gh200rt.platform.bandwidth import read_profile_file
 
 OFFLOAD_MODES = ("auto", "none", "stream", "direct", "dynamic")
@@ -15,57 +15,57 @@ DIRECT_SCALES = ("device", "host")
 
 @dataclass(frozen=True)
 class MemoryConfig:
-    device_memory_budget: str | None = field(default=None, metadata=_help(
+    device_memory_budget: str | None = field(default=None, metadata=flag_help(
         "device memory gh200rt may use, e.g. 2GiB; on CPU it stands in for HBM. "
         "Default: free device memory x --gpu-memory-utilization (on CPU: the weights plus up to 2GiB of KV cache)"))
-    gpu_memory_utilization: float = field(default=0.9, metadata=_help(
+    gpu_memory_utilization: float = field(default=0.9, metadata=flag_help(
         "fraction of free device memory to use when no budget is given"))
-    offload: str = field(default="auto", metadata=_help(
+    offload: str = field(default="auto", metadata=flag_help(
         "where weights live: auto (planner decides; dynamic where the platform makes streaming cheap), none "
         "(all resident), stream, direct, dynamic (layers move between resident and streamed as KV demand changes)",
         choices=OFFLOAD_MODES))
-    layer_tiers: str | None = field(default=None, metadata=_help(
+    layer_tiers: str | None = field(default=None, metadata=flag_help(
         "per-layer override, e.g. 0-3:streamed,7:direct; an MoE layer's routed experts: 0-23:experts=direct"))
-    moe_expert_tier: str = field(default="auto", metadata=_help(
+    moe_expert_tier: str = field(default="auto", metadata=flag_help(
         "where an MoE model's routed experts live, each on its own: resident, direct (read in place, only the "
         "experts a step routes to), stream (copied in only when routed to) or auto (the planner decides from the "
         "budget: resident while they fit, then as many resident per layer as fit and the rest direct, or streamed "
         "where the link is slow; with --offload none/stream/direct, experts follow it)", choices=MOE_EXPERT_TIERS))
-    staging_slots: int | None = field(default=None, metadata=_help("staging ring depth K; default: planner"))
-    prefetch_distance: int | None = field(default=None, metadata=_help(
+    staging_slots: int | None = field(default=None, metadata=flag_help("staging ring depth K; default: planner"))
+    prefetch_distance: int | None = field(default=None, metadata=flag_help(
         "prefetch d streamed layers ahead; default: planner"))
-    retier_interval_steps: int = field(default=8, metadata=_help(
+    retier_interval_steps: int = field(default=8, metadata=flag_help(
         "--offload dynamic: at least this many steps between two tier moves"))
-    retier_min_dwell_seconds: float = field(default=2.0, metadata=_help(
+    retier_min_dwell_seconds: float = field(default=2.0, metadata=flag_help(
         "--offload dynamic: at least this many seconds between two tier moves"))
-    retier_max_step_seconds: float | None = field(default=None, metadata=_help(
+    retier_max_step_seconds: float | None = field(default=None, metadata=flag_help(
         "--offload dynamic: a TPOT target: stream no layer that would make a step take longer, and promote "
         "layers back while steps take longer (default: KV demand alone decides)"))
-    prefetch_across_steps: bool = field(default=True, metadata=_help(
+    prefetch_across_steps: bool = field(default=True, metadata=flag_help(
         "copy the next step's first streamed layers during the tail of this one (off: each step starts its "
         "own copies)"))
-    kv_cache_min_tokens: int | None = field(default=None, metadata=_help(
+    kv_cache_min_tokens: int | None = field(default=None, metadata=flag_help(
         "KV cache capacity the planner must leave room for, in tokens"))
-    host_weight_dtype: str = field(default="auto", metadata=_help(
+    host_weight_dtype: str = field(default="auto", metadata=flag_help(
         "format of offloaded weights in host memory (fp8: e4m3 with a scale per output channel; auto keeps an "
         "FP8 or GGUF checkpoint's own quantized weights and a dense checkpoint's compute dtype, so offloading "
         "never rounds a weight)", choices=HOST_WEIGHT_DTYPES))
-    direct_scales: str = field(default="device", metadata=_help(
+    direct_scales: str = field(default="device", metadata=flag_help(
         "on a GPU, where a direct layer's quantized weights keep their scales (and int4 minimums): device (in "
         "device memory, booked against the KV cache: only the codes cross the link; int4 with groups of 32 reads "
         "a third fewer bytes) or host (beside the codes). Dense host weights have none; the CPU reads in place",
         choices=DIRECT_SCALES))
-    host_weight_cache_dir: str | None = field(default=None, metadata=_help(
+    host_weight_cache_dir: str | None = field(default=None, metadata=flag_help(
         "keep quantized host slabs (--host-weight-dtype int8, int4 or fp8 of a dense checkpoint) in this directory "
         "between runs, keyed by the checkpoint's files and the options: a restart reads them instead of quantizing "
         "again; default: quantize at every start"))
-    platform: str | None = field(default=None, metadata=_help(
+    platform: str | None = field(default=None, metadata=flag_help(
         "hardware profile for bandwidths (gh200-96g, h100-sxm, ...); default: detected"))
-    profile_file: str | None = field(default=None, metadata=_help(
+    profile_file: str | None = field(default=None, metadata=flag_help(
         "measured bandwidth profile (JSON) whose figures replace the built-in table's for the planner: the one "
         "scripts/validate_gpu.py (or scripts/numa_placement.py --profile-out) wrote on this host; default: the "
         "built-in figures of the detected profile (or --platform)"))
-    bind_threads: bool = field(default=True, metadata=_help(
+    bind_threads: bool = field(default=True, metadata=flag_help(
         "on a GPU host, run the engine's threads on the CPUs of the GPU's NUMA node (within those the process "
         "may use)"))
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gh200rt.config.flags import _help
+from gh200rt.config.flags import flag_help
 
 DEFAULT_MODEL = "smollm2-135m"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -18,42 +18,42 @@ FUSED_DECODE_MAX_ROWS = 64        # kernels/fused_rows.py's MAX_ROWS (triton is 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    model: str = field(default=DEFAULT_MODEL, metadata=_help(
+    model: str = field(default=DEFAULT_MODEL, metadata=flag_help(
         "Hugging Face directory, .gguf file, or alias (smollm2-135m)"))
-    dtype: str = field(default="auto", metadata=_help(
+    dtype: str = field(default="auto", metadata=flag_help(
         "compute dtype; auto = on CPU the fastest accurate route (bfloat16 through oneDNN with AVX-512 BF16 "
         "or AMX, else float32 activations with fp16 linear weights through fbgemm, else float32), on GPU the "
         "checkpoint's dtype; float32 is the exact reference", choices=DTYPES))
-    max_model_len: int | None = field(default=None, metadata=_help(
+    max_model_len: int | None = field(default=None, metadata=flag_help(
         "longest prompt + completion in tokens; default: the model's context length"))
-    seed: int = field(default=0, metadata=_help("seed for requests that give none"))
-    max_logprobs: int = field(default=20, metadata=_help(
+    seed: int = field(default=0, metadata=flag_help("seed for requests that give none"))
+    max_logprobs: int = field(default=20, metadata=flag_help(
         "most logprobs a request may ask for per token (logprobs, top_logprobs, prompt_logprobs; -1 in a request "
         "means the whole vocabulary and must fit this bound too); -1 = no bound (vLLM's name and default)"))
-    cpu_kernels: str = field(default="native", metadata=_help(
+    cpu_kernels: str = field(default="native", metadata=flag_help(
         "small ops of a CPU model (RMSNorm, RoPE, KV store, decode attention, SiLU) and its float32 linears of up "
         "to 8 rows: native = C loops built once per machine with the system's C compiler (torch ops where none "
         "is found), torch = torch ops and oneDNN only",
         choices=CPU_KERNELS))
-    cpu_route: str = field(default="auto", metadata=_help(
+    cpu_route: str = field(default="auto", metadata=flag_help(
         "CPU compute route: auto = detected from the CPU's features (see --dtype auto); bf16 = bf16 weights and "
         "activations through oneDNN; fp16 = float32 activations, fp16 linear weights through fbgemm (and the "
         "native fp16 linear for few rows); fp32 = the exact float32 reference. A forced route must run here "
         "(start-up says why not); ignored on a GPU", choices=CPU_ROUTES))
-    batch_invariant: bool = field(default=False, metadata=_help(
+    batch_invariant: bool = field(default=False, metadata=flag_help(
         "CPU: a request's tokens do not depend on which other requests share its steps (every step's linears in "
         "fixed blocks of rows, decodes too; slower, docs/BENCHMARKS.md); without it only prompt positions are "
         "computed alike however the prompt was split or batched (the prefix cache's guarantee)"))
-    fused_decode_rows: int = field(default=1, metadata=_help(
+    fused_decode_rows: int = field(default=1, metadata=flag_help(
         "CUDA: decode steps of up to this many sequences run each dense decoder layer in six Triton launches (the "
         "norms, SiLU-and-mul and residual adds fused into the four products; models/gpu_decode_layer.py) instead of "
         f"op by op with cuBLAS products; 1-{FUSED_DECODE_MAX_ROWS}, above 1 for bf16/fp16 models (1 = batch 1 "
         "only, its one-row products measured faster than cuBLAS on an H100); ignored on the CPU"))
-    enable_pdl: bool = field(default=False, metadata=_help(
+    enable_pdl: bool = field(default=False, metadata=flag_help(
         "CUDA, compute capability 9.0+ (Hopper): the one-call decode layers' Triton kernels use programmatic "
         "dependent launch, so each may be scheduled while the one before it drains (the launch gaps between a "
         "decode step's kernels shrink; kernels/pdl.py); ignored on the CPU"))
-    pooling_type: str = field(default="LAST", metadata=_help(
+    pooling_type: str = field(default="LAST", metadata=flag_help(
         "how /v1/embeddings and LLM.embed pool the final norm's hidden states into one vector: LAST = the last "
         "input token's (vLLM's default for decoder models), MEAN = the mean over every input token; vLLM's "
         "--override-pooler-config '{\"pooling_type\": ...}'", choices=POOLING_TYPES))

@@ -3,23 +3,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gh200rt.config.flags import _help
+from gh200rt.config.flags import flag_help
 
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    tensor_parallel_size: int = field(default=1, metadata=_help(
+    tensor_parallel_size: int = field(default=1, metadata=flag_help(
         "ranks the model is sharded over (docs/TENSOR_PARALLEL.md): this process and N-1 worker processes on this "
         "host, each holding 1/N of the attention heads, MLP and vocabulary (on the CPU each takes 1/N of the "
         "cores); dense Llama / Mistral / Qwen2 / Qwen3 safetensors checkpoints"))
-    nnodes: int = field(default=1, metadata=_help(
+    nnodes: int = field(default=1, metadata=flag_help(
         "hosts the ranks run on, tensor-parallel-size / nnodes each (docs/TENSOR_PARALLEL.md: the commands for two "
         "hosts); every host runs the same command with its own --node-rank"))
-    node_rank: int = field(default=0, metadata=_help(
+    node_rank: int = field(default=0, metadata=flag_help(
         "this host's index among --nnodes: 0 runs rank 0 (the engine and server), the others only run their ranks"))
-    master_addr: str = field(default="127.0.0.1", metadata=_help(
+    master_addr: str = field(default="127.0.0.1", metadata=flag_help(
         "address of node 0, where the ranks meet (its TCP store); with --nnodes > 1, one the other hosts reach"))
-    master_port: int | None = field(default=None, metadata=_help(
+    master_port: int | None = field(default=None, metadata=flag_help(
         "port of node 0's TCP store; default: a free port on one host, required with --nnodes > 1"))
 
     def __post_init__(self):

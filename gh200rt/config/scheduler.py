@@ -3,15 +3,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gh200rt.config.flags import _help
+from gh200rt.config.flags import flag_help
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_seqs: int = field(default=256, metadata=_help("most requests running in one step"))
-    max_num_batched_tokens: int = field(default=2048, metadata=_help(
+    max_num_seqs: int = field(default=256, metadata=flag_help("most requests running in one step"))
+    max_num_batched_tokens: int = field(default=2048, metadata=flag_help(
         "most tokens computed in one step; long prompts are prefilled in chunks of at most this"))
-    async_scheduling: bool = field(default=False, metadata=_help(
+    async_scheduling: bool = field(default=False, metadata=flag_help(
         "launch each step before the previous step's tokens reach the host (it reads them on the device), so the "
         "host detokenizes and reports a step while the next one runs; the step launched ahead is the one the "
         "scheduler would take; a stop the host learns late costs one discarded row; a tier move waits for the "

@@ -20,7 +20,7 @@ from gh200rt.distributed.launch import COLLECTIVE_TIMEOUT, usable_cores
 from gh200rt.distributed.sharding import TensorShard
 from gh200rt.distributed.rank_process import RankProcess
 from gh200rt.distributed.worker import run_worker
-from gh200rt.distributed.workers import _exit_reason
+from gh200rt.distributed.workers import exit_reason
 from gh200rt.loader.load import read_arch
 
 log = logging.getLogger("gh200rt.distributed")
@@ -49,8 +49,8 @@ def run_ranks(config, meet: Rendezvous, timeout: timedelta = COLLECTIVE_TIMEOUT)
             failed = {rank: code for rank, code in codes.items() if code not in (None, 0)}
             if failed:
                 rank, code = next(iter(failed.items()))
-                _report(meet, n, rank, _exit_reason(code))
-                log.error("rank %d failed: %s; stopping this node's ranks", rank, _exit_reason(code))
+                _report(meet, n, rank, exit_reason(code))
+                log.error("rank %d failed: %s; stopping this node's ranks", rank, exit_reason(code))
                 return 1
             if all(code == 0 for code in codes.values()):
                 return 0

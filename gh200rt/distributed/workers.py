@@ -142,7 +142,7 @@ class TensorParallelWorkers:
                 return self._fail(TensorParallelError(rank, self.store.get(f"error/{rank}").decode().strip()))
             process = self.processes.get(rank)
             if process is not None and process.exitcode is not None:
-                return self._fail(TensorParallelError(rank, _exit_reason(process.exitcode)))
+                return self._fail(TensorParallelError(rank, exit_reason(process.exitcode)))
         return None
 
     def _fail(self, error: TensorParallelError) -> TensorParallelError:
@@ -180,7 +180,7 @@ class TensorParallelWorkers:
             os.sched_setaffinity(0, self.restore_cpus)
 
 
-def _exit_reason(code: int) -> str:
+def exit_reason(code: int) -> str:
     if code < 0:
         try:
             return f"its process was killed by {signal.Signals(-code).name}"

@@ -7,47 +7,44 @@ import os
 from dataclasses import dataclass, field
 
 from gh200rt.cli_args import add_dataclass_arguments, add_engine_arguments, dataclass_from_args
+from gh200rt.config.flags import flag_help
 from gh200rt.serve.tool_parsers import PARSERS
 
 TOOL_CALL_PARSERS = tuple(PARSERS)
 
 
-def _help(text: str) -> dict:
-    return {"help": text}
-
-
 @dataclass(frozen=True)
 class ServerConfig:
-    host: str = field(default="127.0.0.1", metadata=_help("address to listen on (0.0.0.0 for all interfaces)"))
-    port: int = field(default=8000, metadata=_help("TCP port to listen on"))
-    api_key: str | None = field(default=None, metadata=_help(
+    host: str = field(default="127.0.0.1", metadata=flag_help("address to listen on (0.0.0.0 for all interfaces)"))
+    port: int = field(default=8000, metadata=flag_help("TCP port to listen on"))
+    api_key: str | None = field(default=None, metadata=flag_help(
         "require 'Authorization: Bearer KEY' (or 'X-Api-Key: KEY') on every route except /health"))
     served_model_name: tuple[str, ...] | None = field(default=None, metadata={
         "help": "model name(s) clients send; the first is the one /v1/models and responses show, the others are "
                 "aliases; default: --model", "nargs": "+"})
-    max_queued_requests: int = field(default=256, metadata=_help(
+    max_queued_requests: int = field(default=256, metadata=flag_help(
         "sequences (a request's prompts x n) that may wait beyond --max-num-seqs running ones (SGLang's name); "
         "a request that would pass the bound gets 503 with Retry-After at once"))
-    max_num_queued_reqs: int | None = field(default=None, metadata=_help(
+    max_num_queued_reqs: int | None = field(default=None, metadata=flag_help(
         "vLLM's name for the same bound, counted as vLLM counts it: sequences queued and running together; "
         "when given it replaces --max-num-seqs + --max-queued-requests"))
-    shutdown_timeout: float = field(default=30.0, metadata=_help(
+    shutdown_timeout: float = field(default=30.0, metadata=flag_help(
         "seconds SIGTERM waits for in-flight requests before exiting"))
-    allowed_origins: str = field(default="*", metadata=_help(
+    allowed_origins: str = field(default="*", metadata=flag_help(
         "CORS origins, comma-separated ('*' = any, '' = CORS off)"))
-    max_request_bytes: int = field(default=8 * 1024 * 1024, metadata=_help(
+    max_request_bytes: int = field(default=8 * 1024 * 1024, metadata=flag_help(
         "largest request body accepted; larger ones get 413"))
-    log_level: str = field(default="info", metadata=_help("uvicorn/server log level (debug, info, warning)"))
+    log_level: str = field(default="info", metadata=flag_help("uvicorn/server log level (debug, info, warning)"))
     tool_call_parser: str | None = field(default=None, metadata={
         "help": "how tool calls are read out of the model's text for \"tool_choice\": \"auto\" (hermes: Hermes/"
                 "Qwen <tool_call>; llama3_json: Llama 3.x JSON)", "choices": TOOL_CALL_PARSERS})
-    enable_auto_tool_choice: bool = field(default=False, metadata=_help(
+    enable_auto_tool_choice: bool = field(default=False, metadata=flag_help(
         "let the model decide to call tools (\"tool_choice\": \"auto\"); needs --tool-call-parser"))
-    trust_request_chat_template: bool = field(default=False, metadata=_help(
+    trust_request_chat_template: bool = field(default=False, metadata=flag_help(
         "render a chat request's own 'chat_template' (vLLM's flag); without it such a request is a 400. The "
         "sandbox keeps a template from the host, but a template can take unbounded time and memory: trust the "
         "clients first"))
-    engine_cpus: str | None = field(default=None, metadata=_help(
+    engine_cpus: str | None = field(default=None, metadata=flag_help(
         "CPUs the engine thread and the torch threads it starts run on, e.g. 0 or 0-3,8 (what vLLM's "
         "VLLM_CPU_OMP_THREADS_BIND does for its CPU backend); the HTTP side stays free to run elsewhere. "
         "Default: wherever the OS schedules them"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from gh200rt.weights.layer_slab import LayerSlab, WeightLayout, _metadata
+from gh200rt.weights.layer_slab import LayerSlab, WeightLayout, meta_form
 
 
 class ExpertSlab:
@@ -20,7 +20,7 @@ class ExpertSlab:
         """``expert_forms[e]``: expert e's linears (name -> host form), the same names and shapes for every e;
         ``slab``: their bytes already laid out by ``flat(expert_forms)`` (read back from the slab cache)."""
         names = list(expert_forms[0])
-        self.expert_layout = WeightLayout({name: _metadata(form) for name, form in expert_forms[0].items()})
+        self.expert_layout = WeightLayout({name: meta_form(form) for name, form in expert_forms[0].items()})
         self._names = names
         self.slab = slab if slab is not None else LayerSlab(self.flat(expert_forms), node, platform, device)
         starts: dict[str, int] = {}

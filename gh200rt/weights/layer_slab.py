@@ -21,7 +21,7 @@ from gh200rt.weights.slabs import allocate_slab
 Layout = list[tuple[str, str, tuple, torch.dtype, int]]
 
 
-def _metadata(form):
+def meta_form(form):
     """``form`` over storage-free (meta) tensors of the same shapes and dtypes."""
     if isinstance(form, torch.Tensor):
         return torch.empty_like(form, device="meta")
@@ -57,7 +57,7 @@ class WeightLayout:
         for name, parts in self.views(buffer).items():
             for part, view in parts.items():
                 view.copy_(weight_forms.storage_parts(self.forms[name])[part])
-        self.forms = {name: _metadata(form) for name, form in self.forms.items()}
+        self.forms = {name: meta_form(form) for name, form in self.forms.items()}
 
     def bind(self, buffer: torch.Tensor, compute_dtype: torch.dtype, stable: bool,
              wrap_dense=None) -> dict[str, object]:

@@ -6,7 +6,7 @@ setup.py installs under the ``gh200rt`` namespace (``MAPPED_FOLDERS``). An edge 
 written in the code, outside ``if TYPE_CHECKING:``; importing ``a.b.c`` also runs ``a/__init__`` and ``a/b/__init__``,
 which are not edges here (a package's ``__init__`` re-exporting its modules is not a circle of the code).
 
-``KNOWN_CIRCLES`` lists the circles still allowed while the weight formats leave ``kernels/`` (issue 43); a circle not
+No module imports another's private (``_name``) names. ``KNOWN_CIRCLES`` lists the circles still allowed while the weight formats leave ``kernels/`` (issue 43); a circle not
 listed fails with its modules, and a listed one that is gone fails too, so that the list only shrinks.
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ class _Imports(ast.NodeVisitor):
 
     def __init__(self, name: str, is_package: bool, known: set[str]):
         self.package = name if is_package else name.rpartition(".")[0]
-        self.known, self.names = known, set()
+        self.known, self.names, self.private = known, set(), []
 
     def visit_If(self, node: ast.If) -> None:
         if "TYPE_CHECKING" in ast.unparse(node.test):
@@ -74,6 +74,9 @@ class _Imports(ast.NodeVisitor):
         for alias in node.names:
             full = f"{base}.{alias.name}"
             self._add(full if full in self.known else base)
+            if alias.name.startswith("_") and not alias.name.startswith("__") and full not in self.known \
+                    and base in self.known:
+                self.private.append(f"{full} (line {node.lineno})")
 
     def _add(self, name: str) -> None:
         while name and name not in self.known:
@@ -82,16 +85,21 @@ class _Imports(ast.NodeVisitor):
             self.names.add(name)
 
 
-def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
-    """Module -> the package modules it imports (anywhere in the file)."""
+def read_imports(root: Path = ROOT) -> dict[str, _Imports]:
+    """Module -> what its import statements name."""
     modules = package_modules(root, mapped_folders(root))
     known = set(modules)
-    graph = {}
+    found = {}
     for name, path in modules.items():
         visitor = _Imports(name, path.name == "__init__.py", known)
         visitor.visit(ast.parse(path.read_text(encoding="utf-8"), str(path)))
-        graph[name] = visitor.names - {name}
-    return graph
+        found[name] = visitor
+    return found
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the package modules it imports (anywhere in the file)."""
+    return {name: imports.names - {name} for name, imports in read_imports(root).items()}
 
 
 def circles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
@@ -133,6 +141,12 @@ def test_the_package_imports_form_no_new_circle():
     assert not gone, f"circles that no longer exist: remove them from KNOWN_CIRCLES: {gone}"
 
 
+def test_no_module_imports_another_modules_private_names():
+    """A name another module imports is part of its interface: it has a public name."""
+    private = {name: imports.private for name, imports in read_imports().items() if imports.private}
+    assert not private, f"private names imported from other modules: {private}"
+
+
 def test_the_reader_sees_imports_of_every_kind(tmp_path):
     """A circle closed by an import inside a function is found; one through TYPE_CHECKING is not; relative imports
     and a mapped folder resolve."""
@@ -146,7 +160,8 @@ def test_the_reader_sees_imports_of_every_kind(tmp_path):
     (pkg / "sub" / "b.py").write_text("def f():\n    from gh200rt.kernels.k import g\n")
     (kernels / "k.py").write_text("from ..sub.a import x\nfrom typing import TYPE_CHECKING\n"
                                   "if TYPE_CHECKING:\n    from .t import T\n")
-    (kernels / "t.py").write_text("from .k import g\n")
+    (kernels / "t.py").write_text("from .k import g, _hidden, __doc__\n")
     graph = import_graph(tmp_path)
+    assert read_imports(tmp_path)["gh200rt.kernels.t"].private == ["gh200rt.kernels.k._hidden (line 1)"]
     assert graph["gh200rt.kernels.k"] == {"gh200rt.sub.a"}
     assert circles(graph) == {frozenset({"gh200rt.sub.a", "gh200rt.sub.b", "gh200rt.kernels.k"})}
