@@ -24,9 +24,9 @@ from .cpu_native_ops import NativeOps
 
 SOURCES = tuple(Path(__file__).with_name("cpu") / name
                 for name in ("layer_ops.c", "kv_store.c", "extend_attention.c", "decode_attention.c", "quant_linear.c",
-                             "f32_linear.c", "f16_linear.c", "decode_layer.c", "amx_linear.c"))
+                             "f32_linear.c", "f16_linear.c", "decode_layer.c", "amx_linear.c", "bf16_dot_linear.c"))
 HEADERS = tuple(Path(__file__).with_name("cpu") / name
-                for name in ("gh_native.h", "gh_ops.h", "gh_attention.h", "f32_acc.h", "exp_f32.h"))
+                for name in ("gh_native.h", "gh_ops.h", "gh_attention.h", "f32_acc.h", "exp_f32.h", "bf16_store.h"))
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=c11")
 # the ops' threads: the libgomp torch has loaded (same soname), so they run on torch's own pool
 OPENMP = ("-fopenmp",)
@@ -53,10 +53,12 @@ SIGNATURES = {
     "gh_amx_packed_elems": (_I, _I),
     "gh_amx_pack": (_P, _I, _I, _I, _I, _P),
     "gh_amx_linear": (_P, _I, _I, _P, _I, _I, _P, _P, _I, _I, _I, _C),
+    "gh_bf16_dot_available": (),
+    "gh_bf16_dot_linear": (_P, _I, _I, _P, _I, _I, _P, _P, _I, _I, _I, _C),
 }
 RESTYPES = {"gh_quant_linear": ctypes.c_int, "gh_decode_attention_block": ctypes.c_int, "gh_decode_layer": ctypes.c_int,
             "gh_extend_attention": ctypes.c_int, "gh_amx_available": ctypes.c_int, "gh_amx_packed_elems": _I,
-            "gh_amx_linear": ctypes.c_int}
+            "gh_amx_linear": ctypes.c_int, "gh_bf16_dot_available": ctypes.c_int, "gh_bf16_dot_linear": ctypes.c_int}
 
 _error: str | None = None
 

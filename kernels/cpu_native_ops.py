@@ -244,6 +244,10 @@ class NativeOps:
         self._lib.gh_amx_pack(weight.data_ptr(), n, k, weight.stride(0), gated_inter, packed.data_ptr())
         return packed
 
+    def bf16_dot_available(self) -> bool:
+        """Whether this build runs the AVX-512 BF16 dot-product linear (kernels/cpu/bf16_dot_linear.c)."""
+        return bool(self._lib.gh_bf16_dot_available())
+
     def amx_linear(self, x: torch.Tensor, packed: torch.Tensor, n: int, k: int, bias: torch.Tensor | None = None,
                    gated_inter: int = 0, silu: bool = False) -> torch.Tensor:
         """``x [..., K]`` bf16 times the ``[N, K]`` weight ``amx_pack`` made with the same ``gated_inter`` (+ ``bias``,
@@ -251,16 +255,28 @@ class NativeOps:
         ``silu(gate) * up``, ``[..., gated_inter]``, with the bits of the product followed by ``silu_mul``. A row's
         bits depend on that row and the weight alone: not on the call's row count nor the threads
         (kernels/cpu/amx_linear.c)."""
+        return self._tiled_linear(self._lib.gh_amx_linear, "AMX", x, packed, n, k, bias, gated_inter, silu)
+
+    def bf16_dot_linear(self, x: torch.Tensor, packed: torch.Tensor, n: int, k: int, bias: torch.Tensor | None = None,
+                        gated_inter: int = 0, silu: bool = False) -> torch.Tensor:
+        """``amx_linear``'s contract over the same packed weight, on AVX-512 BF16 dot products (CPUs without AMX; its
+        bits are not AMX's): kernels/cpu/bf16_dot_linear.c."""
+        return self._tiled_linear(self._lib.gh_bf16_dot_linear, "AVX-512 BF16", x, packed, n, k, bias, gated_inter,
+                                  silu)
+
+    @staticmethod
+    def _tiled_linear(kernel, name: str, x: torch.Tensor, packed: torch.Tensor, n: int, k: int,
+                      bias: torch.Tensor | None, gated_inter: int, silu: bool) -> torch.Tensor:
         rows = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, k)
         if rows.stride(-1) != 1:
             rows = rows.contiguous()
         count, width = rows.shape[0], gated_inter if silu else n
         out = torch.empty((count, width), dtype=torch.bfloat16)
-        if self._lib.gh_amx_linear(rows.data_ptr(), count, rows.stride(0), packed.data_ptr(), n, k,
-                                   None if bias is None else bias.data_ptr(), out.data_ptr(), width,
-                                   linear_threads(n, k), gated_inter, int(silu)):
-            raise RuntimeError(f"native AMX linear failed ({count} rows of {k}, gated {gated_inter}, silu {silu}, "
-                               f"bias {bias is not None}): AMX unavailable, arguments that do not fit, or no memory")
+        if kernel(rows.data_ptr(), count, rows.stride(0), packed.data_ptr(), n, k,
+                  None if bias is None else bias.data_ptr(), out.data_ptr(), width, linear_threads(n, k),
+                  gated_inter, int(silu)):
+            raise RuntimeError(f"native {name} linear failed ({count} rows of {k}, gated {gated_inter}, silu {silu}, "
+                               f"bias {bias is not None}): {name} unavailable, arguments that do not fit, or no memory")
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], width)
 
     def decode_layer(self, hidden: torch.Tensor, args: "DecodeLayerArgs", out: torch.Tensor) -> None:

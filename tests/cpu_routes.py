@@ -5,7 +5,7 @@ route on every host that can execute it, not only the one its CPU would pick; pl
 of the native CPU ops: ``fp32-portable``, the fp32 route with the ops built for the baseline x86-64 ISA, which
 compiles the C code's portable paths (no AVX2 / FMA / F16C), the paths Grace's Arm cores run; and ``bf16-no-amx``
 on a CPU with AMX, the bf16 route with the ops built without AMX: the route a CPU with AVX-512 BF16 and no AMX
-(AMD Zen 4) takes (oneDNN's bf16 GEMM in probed row blocks, not the native AMX linear). A route that cannot execute here is skipped with the
+(AMD Zen 4) takes (the AVX-512 BF16 dot-product linear, not the AMX one). A route that cannot execute here is skipped with the
 reason; ``pytest --cpu-routes fp32,bf16`` narrows the list (a CI lane per route). The ``cpu_route`` fixture
 (tests/conftest.py) hands tests a ``TestRoute``; the terminal summary lists what ran and what was skipped.
 """

@@ -6,7 +6,8 @@ Routes (docs/BENCHMARKS.md measures each against fp32, speed and perplexity):
   start-up (``models/layers/cpu_prepack.py``). Chosen when the CPU has native bf16 dot products
   (AVX-512 BF16 or AMX) and this torch's oneDNN says it can use them. With the native CPU kernels on a CPU with
   AMX the resident linears take the native AMX kernel instead (``amx-bf16``: as fast, and a row's bits do not
-  depend on the row count, so prompt steps need no row blocks). For a GGUF checkpoint with the native CPU
+  depend on the row count, so prompt steps need no row blocks), on one with AVX-512 BF16 and no AMX the same layout
+  on AVX-512 BF16 dot products (``dot-bf16``). For a GGUF checkpoint with the native CPU
   kernels the resident linears also keep the file's blocks for single rows (``onednn-bf16+gguf``,
   ``amx-bf16+gguf``).
 * ``fp16``: float32 activations, linear weights stored as fp16 (``HalfWeight``): fbgemm's fp16 GEMM, and

@@ -31,10 +31,9 @@
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
 #define HAVE_AMX 1
-#include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#include "exp_f32.h"
+#include "bf16_store.h"
 #else
 #define HAVE_AMX 0
 #endif
@@ -94,41 +93,6 @@ typedef struct {
     uint8_t rows[16];
 } __attribute__((packed)) TileConfig;
 
-/* 16 float32 accumulators (+ bias) rounded to bf16 and stored, the first `cols` of them */
-static inline void store_row16(uint16_t *dst, const float *acc, const float *bias, int cols) {
-    __m512 v = _mm512_loadu_ps(acc);
-    __mmask16 mask = cols >= 16 ? 0xffff : (__mmask16)((1u << cols) - 1);
-    if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bias));
-    _mm256_mask_storeu_epi16(dst, mask, (__m256i)_mm512_cvtneps_pbh(v));
-}
-
-/* float32 -> bf16 bits as gh_ops.h's bf16_store rounds (nearest even in the bits, NaN kept quiet), 16 lanes */
-static inline __m256i bf16_bits(__m512 v) {
-    __m512i u = _mm512_castps_si512(v);
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
-    __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), rounded, quiet));
-}
-
-/* bf16 bits widened back to float32 (exact) */
-static inline __m512 bf16_widen(__m256i bits) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-
-EXP_LANES(512, exp16)
-
-/* 16 outputs of silu(gate) * up from the float32 gate and up accumulators: each rounded to bf16 as store_row16
- * stores it, then gh_silu_mul's arithmetic on the bf16 values */
-static inline void store_silu16(uint16_t *dst, const float *gate, const float *up) {
-    __m512 g = bf16_widen((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(gate)));
-    __m512 u = bf16_widen((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(up)));
-    __m512 negated = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(g), _mm512_set1_epi32(INT32_MIN)));
-    __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(negated)));
-    _mm256_storeu_si256((__m256i *)dst, bf16_bits(_mm512_mul_ps(bf16_widen(bf16_bits(silu)), u)));
-}
-
-enum { AMX_PLAIN = 0, AMX_GATED = 1, AMX_SILU = 2 };
 
 /* A finished 32 x 32 block waiting to be rounded and stored: its float32 tiles, where it goes, and the rows left */
 typedef struct {
@@ -145,7 +109,7 @@ static inline void drain(Pending *p, int64_t until) {
     if (until > p->rows) until = p->rows;
     int left = (int)(p->n - p->c), cols0 = left < 16 ? left : 16, cols1 = left - 16 < 16 ? left - 16 : 16;
     int64_t to0 = p->c, to1 = p->c + 16;
-    if (p->mode != AMX_PLAIN) {   /* n = 2 * inter, inter a multiple of 16: every block is whole */
+    if (p->mode != STORE_PLAIN) {   /* n = 2 * inter, inter a multiple of 16: every block is whole */
         to0 = p->c / 2, to1 = p->inter + p->c / 2;
         cols0 = cols1 = 16;
     }
@@ -153,12 +117,12 @@ static inline void drain(Pending *p, int64_t until) {
         int half = r >= AMX_ROWS, tr = (int)(r - half * AMX_ROWS);
         uint16_t *row = p->y + r * p->y_stride;
         const float *acc0 = p->acc[2 * half] + tr * 16, *acc1 = p->acc[2 * half + 1] + tr * 16;
-        if (p->mode == AMX_SILU) {
-            store_silu16(row + to0, acc0, acc1);
+        if (p->mode == STORE_SILU) {
+            store_silu16(row + to0, _mm512_loadu_ps(acc0), _mm512_loadu_ps(acc1));
             continue;
         }
-        store_row16(row + to0, acc0, p->bias ? p->bias + to0 : NULL, cols0);
-        if (cols1 > 0) store_row16(row + to1, acc1, p->bias ? p->bias + to1 : NULL, cols1);
+        store_row16(row + to0, _mm512_loadu_ps(acc0), p->bias ? p->bias + to0 : NULL, cols0);
+        if (cols1 > 0) store_row16(row + to1, _mm512_loadu_ps(acc1), p->bias ? p->bias + to1 : NULL, cols1);
     }
     if (until > p->done) p->done = until;
 }
@@ -254,7 +218,7 @@ int gh_amx_linear(const uint16_t *x, int64_t rows, int64_t x_stride, const uint1
     if (!gh_amx_available() || k % AMX_PAIR_COLS) return -1;
     if (gated_inter && (gated_inter % 16 || n != 2 * gated_inter)) return -1;
     if (silu && (!gated_inter || bias)) return -1;
-    int mode = silu ? AMX_SILU : gated_inter ? AMX_GATED : AMX_PLAIN;
+    int mode = silu ? STORE_SILU : gated_inter ? STORE_GATED : STORE_PLAIN;
     if (rows <= 0 || n <= 0) return 0;
     int64_t k_tiles = k / AMX_PAIR_COLS, full = rows / 32 * 32, blocks = (n + 31) / 32;
     uint16_t *tail = NULL;  /* the last rows (fewer than 32) zero-padded to 32 */

@@ -1,6 +1,8 @@
-"""The native AMX bf16 linear (kernels/cpu/amx_linear.c) against torch, and the contract the bf16 route relies on:
-a row's bits depend on that row and the weight alone, not on the call's row count nor the thread count. Runs
-where the CPU and OS grant AMX tiles (Sapphire Rapids and later); elsewhere the build must say it has none."""
+"""The native tiled bf16 linears against torch — AMX (kernels/cpu/amx_linear.c) and AVX-512 BF16 dot products
+(kernels/cpu/bf16_dot_linear.c) over the same packed weight — and the contract the bf16 route relies on: a row's bits
+depend on that row and the weight alone, not on the call's row count nor the thread count. Each kernel runs where
+this build and CPU have it (AMX: Sapphire Rapids and later; the dot products: AVX-512 BF16, Zen 4 and those Xeons);
+elsewhere the build must say it has none."""
 from __future__ import annotations
 
 import platform
@@ -14,7 +16,16 @@ from tests.kernels.threads import with_threads
 
 OPS = load_native_ops()
 pytestmark = pytest.mark.skipif(OPS is None, reason=f"native CPU ops unavailable: {native_ops_error()}")
-needs_amx = pytest.mark.skipif(OPS is None or not OPS.amx_available(), reason="this CPU or OS runs no AMX tiles")
+KERNELS = {"amx": ("amx_available", "amx_linear"), "dot": ("bf16_dot_available", "bf16_dot_linear")}
+
+
+@pytest.fixture(params=sorted(KERNELS))
+def linear(request):
+    """One tiled kernel's ``NativeOps`` method, where this build runs it."""
+    available, method = KERNELS[request.param]
+    if OPS is None or not getattr(OPS, available)():
+        pytest.skip(f"this build or CPU has no {request.param} kernel")
+    return getattr(OPS, method)
 
 
 def reference_pack(weight: torch.Tensor, gated_inter: int = 0) -> torch.Tensor:
@@ -40,17 +51,15 @@ def assert_rounded_sum(got: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     assert bool(((got.double() - exact).abs() <= bound).all())
 
 
-@needs_amx
 @pytest.mark.parametrize("n,k", [(16, 32), (40, 96), (3, 64), (960, 576), (100, 1536)])
 def test_packing_is_the_tile_layout(n, k):
     weight = torch.randn(n, k).bfloat16()
     assert torch.equal(OPS.amx_pack(weight), reference_pack(weight))
 
 
-@needs_amx
 @pytest.mark.parametrize("n,k,bias", [(16, 32, False), (40, 96, True), (3, 64, False), (960, 576, True),
                                       (100, 1536, False)])
-def test_matches_torch_within_a_bf16_step(n, k, bias):
+def test_matches_torch_within_a_bf16_step(n, k, bias, linear):
     """Each output is the float32 sum (+ bias) rounded once to bf16."""
     gen = torch.Generator().manual_seed(n * 31 + k)
     weight = torch.randn(n, k, generator=gen).bfloat16()
@@ -58,50 +67,46 @@ def test_matches_torch_within_a_bf16_step(n, k, bias):
     packed = OPS.amx_pack(weight)
     for rows in (1, 5, 16, 17, 32, 70):
         x = torch.randn(rows, k, generator=gen).bfloat16()
-        got = OPS.amx_linear(x, packed, n, k, b)
+        got = linear(x, packed, n, k, b)
         assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
         assert_rounded_sum(got, x, weight, b)
 
 
-@needs_amx
-def test_a_rows_bits_do_not_depend_on_the_row_count_nor_the_threads():
+def test_a_rows_bits_do_not_depend_on_the_row_count_nor_the_threads(linear):
     n, k = 200, 576
     gen = torch.Generator().manual_seed(7)
     weight, b = torch.randn(n, k, generator=gen).bfloat16(), torch.randn(n, generator=gen)
     packed = OPS.amx_pack(weight)
     x = torch.randn(300, k, generator=gen).bfloat16()
-    alone = torch.cat([OPS.amx_linear(x[i:i + 1], packed, n, k, b) for i in range(x.shape[0])])
+    alone = torch.cat([linear(x[i:i + 1], packed, n, k, b) for i in range(x.shape[0])])
     for rows in (2, 15, 16, 17, 31, 32, 33, 64, 129, 300):
         start = 300 - rows
-        assert torch.equal(OPS.amx_linear(x[start:], packed, n, k, b), alone[start:]), rows
+        assert torch.equal(linear(x[start:], packed, n, k, b), alone[start:]), rows
     for threads in (1, 2, 3):
-        assert torch.equal(with_threads(threads, lambda: OPS.amx_linear(x, packed, n, k, b)), alone), threads
+        assert torch.equal(with_threads(threads, lambda: linear(x, packed, n, k, b)), alone), threads
 
 
-@needs_amx
-def test_strided_rows_and_leading_dims():
+def test_strided_rows_and_leading_dims(linear):
     n, k = 48, 64
     weight = torch.randn(n, k).bfloat16()
     packed = OPS.amx_pack(weight)
     wide = torch.randn(2, 9, 2 * k).bfloat16()
     view = wide[..., :k]                       # rows 2k apart
-    got = OPS.amx_linear(view, packed, n, k)
+    got = linear(view, packed, n, k)
     assert got.shape == (2, 9, n)
-    assert torch.equal(got, OPS.amx_linear(view.contiguous().reshape(-1, k), packed, n, k).reshape(2, 9, n))
-    assert OPS.amx_linear(torch.empty(0, k, dtype=torch.bfloat16), packed, n, k).shape == (0, n)
+    assert torch.equal(got, linear(view.contiguous().reshape(-1, k), packed, n, k).reshape(2, 9, n))
+    assert linear(torch.empty(0, k, dtype=torch.bfloat16), packed, n, k).shape == (0, n)
 
 
-@needs_amx
-def test_a_k_the_kernel_cannot_read_in_place_is_refused():
+def test_a_k_the_kernel_cannot_read_in_place_is_refused(linear):
     weight = torch.randn(8, 40).bfloat16()
     packed = OPS.amx_pack(weight)   # packing pads K; the kernel reads activations in 32-column steps
-    with pytest.raises(RuntimeError, match="AMX"):
-        OPS.amx_linear(torch.randn(3, 40).bfloat16(), packed, 8, 40)
+    with pytest.raises(RuntimeError, match="linear failed"):
+        linear(torch.randn(3, 40).bfloat16(), packed, 8, 40)
 
 
-@needs_amx
 @pytest.mark.parametrize("inter,k", [(16, 32), (48, 96), (1536, 576)])
-def test_a_gated_weight_gives_the_products_bits_and_fuses_the_silu(inter, k):
+def test_a_gated_weight_gives_the_products_bits_and_fuses_the_silu(inter, k, linear):
     """Packed gated, the product comes out in the weight's own column order with the plain packing's bits, and
     ``silu=True`` gives exactly the native silu_mul of that product, at any row count and thread count."""
     gen = torch.Generator().manual_seed(inter + k)
@@ -109,19 +114,18 @@ def test_a_gated_weight_gives_the_products_bits_and_fuses_the_silu(inter, k):
     plain, gated = OPS.amx_pack(weight), OPS.amx_pack(weight, inter)
     assert torch.equal(gated, reference_pack(weight, inter))
     x = torch.randn(70, k, generator=gen).bfloat16()
-    product = OPS.amx_linear(x, plain, 2 * inter, k)
-    assert torch.equal(OPS.amx_linear(x, gated, 2 * inter, k, gated_inter=inter), product)
+    product = linear(x, plain, 2 * inter, k)
+    assert torch.equal(linear(x, gated, 2 * inter, k, gated_inter=inter), product)
     want = OPS.silu_mul(product)
     for rows in (1, 17, 70):
-        got = OPS.amx_linear(x[:rows], gated, 2 * inter, k, gated_inter=inter, silu=True)
+        got = linear(x[:rows], gated, 2 * inter, k, gated_inter=inter, silu=True)
         assert got.shape == (rows, inter) and torch.equal(got, want[:rows]), rows
     for threads in (1, 3):
-        assert torch.equal(with_threads(threads, lambda: OPS.amx_linear(x, gated, 2 * inter, k, gated_inter=inter,
+        assert torch.equal(with_threads(threads, lambda: linear(x, gated, 2 * inter, k, gated_inter=inter,
                                                                         silu=True)), want)
 
 
-@needs_amx
-def test_the_fused_silu_keeps_the_ops_bits_at_extremes():
+def test_the_fused_silu_keeps_the_ops_bits_at_extremes(linear):
     """Large, tiny and zero pre-activations (the exp clamps, signed zeros) through both paths."""
     inter, k = 16, 32
     weight = torch.zeros(2 * inter, k, dtype=torch.bfloat16)
@@ -129,19 +133,18 @@ def test_the_fused_silu_keeps_the_ops_bits_at_extremes():
                                  0.5, -0.5, 88.5, -87.5] * 2, dtype=torch.bfloat16)
     x = torch.zeros(3, k, dtype=torch.bfloat16)
     x[:, 0] = torch.tensor([1.0, -1.0, 0.0])
-    product = OPS.amx_linear(x, OPS.amx_pack(weight), 2 * inter, k)
-    fused = OPS.amx_linear(x, OPS.amx_pack(weight, inter), 2 * inter, k, gated_inter=inter, silu=True)
+    product = linear(x, OPS.amx_pack(weight), 2 * inter, k)
+    fused = linear(x, OPS.amx_pack(weight, inter), 2 * inter, k, gated_inter=inter, silu=True)
     assert torch.equal(fused.view(torch.int16), OPS.silu_mul(product).view(torch.int16))
 
 
-@needs_amx
-def test_gated_arguments_that_do_not_fit_are_refused():
+def test_gated_arguments_that_do_not_fit_are_refused(linear):
     weight = torch.randn(40, 32).bfloat16()
     with pytest.raises(ValueError, match="gated"):
         OPS.amx_pack(weight, 20)                  # 20 rows a half: not a multiple of 16
     plain = OPS.amx_pack(torch.randn(32, 32).bfloat16())
     with pytest.raises(RuntimeError, match="silu True"):
-        OPS.amx_linear(torch.randn(2, 32).bfloat16(), plain, 32, 32, silu=True)   # not packed gated
+        linear(torch.randn(2, 32).bfloat16(), plain, 32, 32, silu=True)   # not packed gated
 
 
 def test_pack_refuses_other_dtypes():
@@ -151,9 +154,12 @@ def test_pack_refuses_other_dtypes():
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the baseline build is x86-64's")
 def test_a_build_without_amx_says_so(tmp_path):
-    """The baseline x86-64 build compiles no tile code: AMX unavailable, the linear refuses, nothing faults."""
+    """The baseline x86-64 build compiles no tile code: AMX and the dot products unavailable, the linears refuse,
+    nothing faults."""
     portable = native_ops_for("x86-64", tmp_path)
-    assert not portable.amx_available()
+    assert not portable.amx_available() and not portable.bf16_dot_available()
     weight = torch.randn(16, 32).bfloat16()
     with pytest.raises(RuntimeError, match="AMX unavailable"):
         portable.amx_linear(torch.randn(2, 32).bfloat16(), portable.amx_pack(weight), 16, 32)
+    with pytest.raises(RuntimeError, match="AVX-512 BF16 unavailable"):
+        portable.bf16_dot_linear(torch.randn(2, 32).bfloat16(), portable.amx_pack(weight), 16, 32)

@@ -217,7 +217,8 @@ def test_fp16_route_converts_fp32_weights_to_half_weights():
 
 def test_the_bf16_route_takes_the_amx_form_where_amx_runs():
     model = build_model(tiny_arch(), torch.bfloat16)
-    want = "amx-bf16" if cpu_prepack.amx_available() else "onednn-bf16"
+    want = "amx-bf16" if cpu_prepack.amx_available() else "dot-bf16" if cpu_prepack.bf16_dot_available() \
+        else "onednn-bf16"
     assert resident_linear_format(model, "onednn-bf16") == want
     assert resident_linear_format(model, "onednn-bf16", native_kernels=False) == "onednn-bf16"
 

@@ -101,11 +101,12 @@ def full_kv_pool(eng: LLMEngine) -> int:
 
 
 RESIDENT_FORMS = {"fp32": "NativeRowsWeight", "fp32-portable": "NativeRowsWeight", "fp16": "HalfWeight",
-                  "bf16": "OneDNNWeight", "bf16-no-amx": "OneDNNWeight"}
+                  "bf16": "OneDNNWeight", "bf16-no-amx": "Bf16DotWeight"}
 
 
 def resident_form(route) -> str:
-    """The form a resident linear takes on ``route`` here: on the bf16 route of a CPU with AMX, the AMX tiles."""
+    """The form a resident linear takes on ``route`` here: on the bf16 route of a CPU with AMX, the AMX tiles (without
+    AMX but with AVX-512 BF16, as ``bf16-no-amx`` builds it: the dot products)."""
     return "AmxWeight" if route.name == "bf16" and amx_available() else RESIDENT_FORMS[route.name]
 
 

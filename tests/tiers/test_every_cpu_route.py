@@ -23,7 +23,7 @@ PLACEMENTS = {
 # the form a resident linear takes on each route (the model below has every linear large enough for oneDNN);
 # offloaded layers' linears compute from dense weights in the route's dtype
 RESIDENT_FORM = {"fp32": "NativeRowsWeight", "fp32-portable": "NativeRowsWeight", "fp16": "HalfWeight",
-                 "bf16": "OneDNNWeight", "bf16-no-amx": "OneDNNWeight"}
+                 "bf16": "OneDNNWeight", "bf16-no-amx": "Bf16DotWeight"}
 
 
 @pytest.fixture(scope="module")

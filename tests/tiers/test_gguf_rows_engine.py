@@ -12,7 +12,8 @@ from gh200rt.engine.engine import LLMEngine
 from gh200rt.engine.llm import LLM
 from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
 from gh200rt.kernels.quant import HalfWeight, PackedWeight, quantize_int4
-from gh200rt.models.layers.cpu_prepack import OneDNNWeight, OneRowBlocksWeight, amx_available, linear_formats
+from gh200rt.models.layers.cpu_prepack import (OneDNNWeight, OneRowBlocksWeight, amx_available, bf16_dot_available,
+                                               linear_formats)
 from gh200rt.sampling_params import SamplingParams
 from tests.cpu_routes import TEST_ROUTES, native_build
 from tests.engine.real_models import assert_same_or_near_tie
@@ -29,7 +30,7 @@ BF16_TIE_GAP = 0.5
 @pytest.fixture(params=["bf16", "bf16-no-amx", "fp16"])
 def route(request) -> str:
     """The ``--cpu-route`` a test forces (``bf16-no-amx``: the bf16 route over a native build without AMX, as a CPU
-    with AVX-512 BF16 and no AMX runs it: oneDNN's bf16 beside the blocks)."""
+    with AVX-512 BF16 and no AMX runs it: the dot-product kernel beside the blocks)."""
     test_route = TEST_ROUTES[request.param]
     why_not = test_route.unavailable()
     if why_not is not None:
@@ -42,8 +43,11 @@ def route(request) -> str:
 
 
 def native_batch_form(route: str) -> str:
-    """The form beside the blocks with the native kernels on: the AMX tile layout on the bf16 route where AMX runs."""
-    return "AmxWeight" if route == "bf16" and amx_available() else BATCH_FORMS[route]
+    """The form beside the blocks with the native kernels on: on the bf16 route the AMX tile layout where AMX runs,
+    else the same layout on AVX-512 BF16 dot products where the build has them."""
+    if route == "bf16" and amx_available():
+        return "AmxWeight"
+    return "Bf16DotWeight" if route == "bf16" and bf16_dot_available() else BATCH_FORMS[route]
 
 
 def smollm2(route: str, **options) -> LLMEngine:

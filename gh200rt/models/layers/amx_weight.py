@@ -1,4 +1,6 @@
-"""``AmxWeight``: a resident bf16 linear in the tile layout of the native AMX kernel (``kernels/cpu/amx_linear.c``).
+"""``AmxWeight``: a resident bf16 linear in the tile layout of the native AMX kernel (``kernels/cpu/amx_linear.c``);
+``Bf16DotWeight``: the same layout multiplied by AVX-512 BF16 dot products on CPUs without AMX
+(``kernels/cpu/bf16_dot_linear.c``, the ``dot-bf16`` form).
 
 The bf16 route's form on CPUs with AMX (``amx-bf16``, chosen by ``cpu_prepack.resident_linear_format``). Its rows'
 bits do not depend on the call's row count, so a step that computes prompt positions multiplies all its rows in
@@ -33,7 +35,7 @@ class AmxWeight:
     __slots__ = ("packed", "ops", "shape", "dtype", "nbytes", "gated_inter")
 
     def __init__(self, weight: torch.Tensor, ops, gated_inter: int = 0):
-        assert amx_fits(weight) and ops.amx_available(), (weight.dtype, tuple(weight.shape))
+        assert amx_fits(weight) and self.runs_on(ops), (weight.dtype, tuple(weight.shape))
         self.packed, self.ops, self.gated_inter = ops.amx_pack(weight, gated_inter), ops, gated_inter
         self.shape, self.dtype = tuple(weight.shape), weight.dtype
         self.nbytes = weight.nbytes  # the packed copy holds the same values (plus padding to 32 columns)
@@ -43,13 +45,16 @@ class AmxWeight:
         if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
             bias = bias.float().contiguous()
         n, k = self.shape
-        return self.ops.amx_linear(x, self.packed, n, k, bias, self.gated_inter)
+        return self._kernel()(x, self.packed, n, k, bias, self.gated_inter)
 
     def silu_linear(self, x: torch.Tensor) -> torch.Tensor:
         """``silu(gate) * up`` of the product (a gated weight, no bias)."""
         self._check(x)
         n, k = self.shape
-        return self.ops.amx_linear(x, self.packed, n, k, None, self.gated_inter, silu=True)
+        return self._kernel()(x, self.packed, n, k, None, self.gated_inter, silu=True)
+
+    def _kernel(self):
+        return self.ops.amx_linear
 
     def invariant_form(self) -> "AmxWeight":
         """The form that computes every row alike at any row count: this one."""
@@ -61,9 +66,29 @@ class AmxWeight:
         return self if self.gated_inter else None
 
     @staticmethod
+    def runs_on(ops) -> bool:
+        return ops.amx_available()
+
+    @staticmethod
     def _check(x: torch.Tensor) -> None:
         if x.dtype != torch.bfloat16:
             raise TypeError(f"this AmxWeight multiplies bfloat16 activations, got {x.dtype}")
 
     def __repr__(self) -> str:
         return f"AmxWeight(shape={self.shape})"
+
+
+class Bf16DotWeight(AmxWeight):
+    """``AmxWeight``'s packed layout and contract, multiplied by AVX-512 BF16 dot products (``NativeOps.bf16_dot_linear``):
+    the ``dot-bf16`` form of CPUs with AVX-512 BF16 and no AMX. Its rows' bits are its own, alike at every row count."""
+    __slots__ = ()
+
+    @staticmethod
+    def runs_on(ops) -> bool:
+        return ops.bf16_dot_available()
+
+    def _kernel(self):
+        return self.ops.bf16_dot_linear
+
+    def __repr__(self) -> str:
+        return f"Bf16DotWeight(shape={self.shape})"

@@ -12,6 +12,8 @@ chosen in ``platform/cpu_features.py``; the weight store applies it to every res
 * ``amx-bf16`` (the bf16 route on a CPU with AMX, native kernels on) -> ``AmxWeight`` (``amx_weight.py``): the bf16
   weight in the native AMX kernel's tile layout, as fast as oneDNN's and computing a row alike at every row count,
   so prompt steps need no row blocks. A weight whose K is not a multiple of 32 keeps the ``OneDNNWeight``.
+* ``dot-bf16`` (the bf16 route on a CPU with AVX-512 BF16 and no AMX, native kernels on) -> ``Bf16DotWeight``: the
+  same layout and contract on AVX-512 BF16 dot products (its bits its own).
 * ``onednn-fp32`` -> ``OneDNNWeight`` over the float32 weight, for the exact fp32 route. oneDNN's
   inner product over the dense ``[N, K]`` tensor reorders the weight on every call above one row;
   the reordered copy saves that (SmolLM2-135M, one decode step on 2 AVX2 cores: ~54 -> ~32 ms at 2
@@ -44,7 +46,7 @@ import logging
 import torch
 
 from gh200rt.kernels.quant import pack_weight
-from gh200rt.models.layers.amx_weight import AmxWeight, amx_fits, gated_rows
+from gh200rt.models.layers.amx_weight import AmxWeight, Bf16DotWeight, amx_fits, gated_rows
 from gh200rt.models.layers.cpu_linear import (ONEDNN_MIN_ELEMENTS, native_rows, onednn_available, onednn_linear,
                                                onednn_weight)
 from gh200rt.models.layers.linear import RefLinear
@@ -175,7 +177,9 @@ def gguf_blocks_form(parts: list | None):
 
 FP32_FORMATS = ("onednn-fp32", "onednn-fp32+native")
 # The formats that keep a GGUF checkpoint's blocks for single rows beside a batch form: format -> batch format.
-GGUF_ROW_FORMATS = {"fp16+gguf": "fp16", "onednn-bf16+gguf": "onednn-bf16", "amx-bf16+gguf": "amx-bf16"}
+GGUF_ROW_FORMATS = {"fp16+gguf": "fp16", "onednn-bf16+gguf": "onednn-bf16", "amx-bf16+gguf": "amx-bf16",
+                    "dot-bf16+gguf": "dot-bf16"}
+TILED_FORMATS = {"amx-bf16": AmxWeight, "dot-bf16": Bf16DotWeight}   # the bf16 forms in the native tile layout
 
 
 def gguf_blocks_bytes(parts: list | None) -> int:
@@ -229,10 +233,10 @@ def cpu_route_form(weight: torch.Tensor, fmt: str, gguf_parts: list | None = Non
             else batch
     if fmt == "onednn-bf16":
         return OneDNNWeight(weight) if weight.dtype == torch.bfloat16 else weight
-    if fmt == "amx-bf16":
+    if fmt in TILED_FORMATS:
         if amx_fits(weight):
             from gh200rt.kernels.cpu_native import load_native_ops
-            return AmxWeight(weight, load_native_ops(), gated_rows(weight) if gated else 0)
+            return TILED_FORMATS[fmt](weight, load_native_ops(), gated_rows(weight) if gated else 0)
         return cpu_route_form(weight, "onednn-bf16")
     if fmt == "onednn-fp32":  # only where dense_linear takes oneDNN: elsewhere F.linear's bits are the reference
         return OneDNNWeight(weight) if onednn_weight(weight) else weight
@@ -289,10 +293,11 @@ def resident_linear_format(model, fmt: str | None, quantized: dict | None = None
     ``onednn-fp32+native`` with the native CPU kernels (``NativeRowsWeight``); and that the fp16 route of a
     GGUF checkpoint (``quantized`` holds its blocks) with the native CPU kernels becomes ``fp16+gguf``, and the
     bf16 route's ``onednn-bf16+gguf``: single rows through the blocks (``OneRowBlocksWeight``); and that the bf16
-    route on a CPU with AMX (native kernels on) becomes ``amx-bf16`` (``amx-bf16+gguf``)."""
-    if fmt == "onednn-bf16" and native_kernels and amx_available():
-        fmt = "amx-bf16"
-    if fmt in ("fp16", "onednn-bf16", "amx-bf16") and native_kernels and quantized and \
+    route on a CPU with AMX (native kernels on) becomes ``amx-bf16`` (``amx-bf16+gguf``), on one with AVX-512 BF16 and
+    no AMX ``dot-bf16`` (``dot-bf16+gguf``)."""
+    if fmt == "onednn-bf16" and native_kernels:
+        fmt = "amx-bf16" if amx_available() else "dot-bf16" if bf16_dot_available() else fmt
+    if fmt in ("fp16", "onednn-bf16", *TILED_FORMATS) and native_kernels and quantized and \
             any(hasattr(q, "ggml_type") for q in quantized.values()):
         from gh200rt.kernels.cpu_native import load_native_ops
         return f"{fmt}+gguf" if load_native_ops() is not None else fmt
@@ -318,3 +323,10 @@ def amx_available() -> bool:
     from gh200rt.kernels.cpu_native import load_native_ops
     ops = load_native_ops()
     return ops is not None and ops.amx_available()
+
+
+def bf16_dot_available() -> bool:
+    """Whether the native library runs the AVX-512 BF16 dot-product linear here (built for a CPU with AVX-512 BF16)."""
+    from gh200rt.kernels.cpu_native import load_native_ops
+    ops = load_native_ops()
+    return ops is not None and ops.bf16_dot_available()
