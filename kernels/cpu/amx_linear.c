@@ -37,15 +37,9 @@
 #else
 #define HAVE_AMX 0
 #endif
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "tiled_linear.h"
 
 #define AMX_ROWS 16          /* rows of a tile */
-#define AMX_PAIR_COLS 32     /* bf16 K elements in one A tile row (64 bytes) */
-#define AMX_TILE_ELEMS 512   /* bf16 values in one packed B tile */
-#define AMX_L2_CHUNK_BYTES (1 << 20)
 
 /* 1 when this CPU and kernel let the process use AMX tiles (asks the kernel once for the tile state), else 0 */
 int gh_amx_available(void) {
@@ -63,23 +57,23 @@ int gh_amx_available(void) {
 
 /* bf16 values gh_amx_pack writes for an [n, k] weight */
 int64_t gh_amx_packed_elems(int64_t n, int64_t k) {
-    int64_t n_pad = (n + 31) / 32 * 32, k_pad = (k + AMX_PAIR_COLS - 1) / AMX_PAIR_COLS * AMX_PAIR_COLS;
+    int64_t n_pad = (n + 31) / 32 * 32, k_pad = (k + TILE_K - 1) / TILE_K * TILE_K;
     return n_pad * k_pad;
 }
 
 /* W [n, k] (row stride w_stride) -> out (gh_amx_packed_elems(n, k) values), the layout above; gated_inter > 0
  * packs a [gate | up] weight of n = 2 * gated_inter rows gated (gated_inter a multiple of 16) */
 void gh_amx_pack(const uint16_t *w, int64_t n, int64_t k, int64_t w_stride, int64_t gated_inter, uint16_t *out) {
-    int64_t n_tiles = (n + 31) / 32 * 2, k_tiles = (k + AMX_PAIR_COLS - 1) / AMX_PAIR_COLS;
+    int64_t n_tiles = (n + 31) / 32 * 2, k_tiles = (k + TILE_K - 1) / TILE_K;
     for (int64_t nt = 0; nt < n_tiles; nt++) {
         /* the weight row of this tile's first column: gated, tile 2j holds gate rows 16j.., tile 2j + 1 up rows */
         int64_t first = gated_inter ? (nt % 2) * gated_inter + (nt / 2) * 16 : nt * 16;
         for (int64_t kt = 0; kt < k_tiles; kt++) {
-            uint16_t *tile = out + (nt * k_tiles + kt) * AMX_TILE_ELEMS;
+            uint16_t *tile = out + (nt * k_tiles + kt) * TILE_ELEMS;
             for (int p = 0; p < 16; p++)
                 for (int c = 0; c < 16; c++)
                     for (int e = 0; e < 2; e++) {
-                        int64_t row = first + c, col = kt * AMX_PAIR_COLS + p * 2 + e;
+                        int64_t row = first + c, col = kt * TILE_K + p * 2 + e;
                         tile[(p * 16 + c) * 2 + e] = row < n && col < k ? w[row * w_stride + col] : 0;
                     }
         }
@@ -133,20 +127,20 @@ static inline void drain(Pending *p, int64_t until) {
  * multiplies (stored after the loop, the rounding cost a fifth of the time); this block's tiles go to `next`. */
 static inline void block_32x32(const uint16_t *x, int64_t x_stride, const uint16_t *wp, int64_t k_tiles, int64_t c,
                                int two, Pending *prev, Pending *next) {
-    const uint16_t *b0 = wp + (c / 16) * k_tiles * AMX_TILE_ELEMS, *b1 = b0 + k_tiles * AMX_TILE_ELEMS;
+    const uint16_t *b0 = wp + (c / 16) * k_tiles * TILE_ELEMS, *b1 = b0 + k_tiles * TILE_ELEMS;
     int64_t per_step = (prev->rows + k_tiles - 1) / k_tiles;
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
     for (int64_t kt = 0; kt < k_tiles; kt++) {
-        _tile_loadd(4, x + kt * AMX_PAIR_COLS, x_stride * 2);
-        _tile_loadd(6, b0 + kt * AMX_TILE_ELEMS, 64);
+        _tile_loadd(4, x + kt * TILE_K, x_stride * 2);
+        _tile_loadd(6, b0 + kt * TILE_ELEMS, 64);
         _tile_dpbf16ps(0, 4, 6);
-        _tile_loadd(7, b1 + kt * AMX_TILE_ELEMS, 64);
+        _tile_loadd(7, b1 + kt * TILE_ELEMS, 64);
         _tile_dpbf16ps(1, 4, 7);
         if (two) {
-            _tile_loadd(5, x + AMX_ROWS * x_stride + kt * AMX_PAIR_COLS, x_stride * 2);
+            _tile_loadd(5, x + AMX_ROWS * x_stride + kt * TILE_K, x_stride * 2);
             _tile_dpbf16ps(2, 5, 6);
             _tile_dpbf16ps(3, 5, 7);
         }
@@ -161,10 +155,24 @@ static inline void block_32x32(const uint16_t *x, int64_t x_stride, const uint16
     }
 }
 
+/* One call's arguments, for the columns each thread takes (split_columns). */
+typedef struct {
+    const uint16_t *x, *wp, *tail;
+    const float *bias;
+    uint16_t *y;
+    int64_t rows, x_stride, n, k_tiles, y_stride, inter;
+    int mode;
+} AmxCall;
+
 /* columns [c0, c1) (32-aligned starts) for every row: chunks of columns whose packed weights stay in L2 */
-static void column_range(const uint16_t *x, int64_t rows, int64_t x_stride, const uint16_t *wp, int64_t n,
-                         int64_t k_tiles, const float *bias, uint16_t *y, int64_t y_stride, int64_t c0, int64_t c1,
-                         const uint16_t *tail, int64_t inter, int mode) {
+static void column_range(void *arg, int64_t c0, int64_t c1) {
+    const AmxCall *a = arg;
+    const uint16_t *x = a->x, *wp = a->wp, *tail = a->tail;
+    const float *bias = a->bias;
+    uint16_t *y = a->y;
+    int64_t rows = a->rows, x_stride = a->x_stride, n = a->n, k_tiles = a->k_tiles, y_stride = a->y_stride;
+    int64_t inter = a->inter;
+    int mode = a->mode;
     TileConfig cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
@@ -177,14 +185,13 @@ static void column_range(const uint16_t *x, int64_t rows, int64_t x_stride, cons
     if (!slots) return;
     Pending *prev = &slots[0], *next = &slots[1];
     prev->rows = prev->done = 0;
-    int64_t chunk = AMX_L2_CHUNK_BYTES / (k_tiles * AMX_PAIR_COLS * 2) / 32 * 32;
-    if (chunk < 32) chunk = 32;
+    int64_t chunk = tile_chunk_columns(k_tiles);
     for (int64_t cc = c0; cc < c1; cc += chunk) {
         int64_t ce = cc + chunk < c1 ? cc + chunk : c1;
         for (int64_t r = 0; r < rows; r += 32) {
             int64_t count = rows - r < 32 ? rows - r : 32;
             const uint16_t *a = count == 32 ? x + r * x_stride : tail;
-            int64_t a_stride = count == 32 ? x_stride : k_tiles * AMX_PAIR_COLS;
+            int64_t a_stride = count == 32 ? x_stride : k_tiles * TILE_K;
             for (int64_t c = cc; c < ce; c += 32) {
                 block_32x32(a, a_stride, wp, k_tiles, c, count > AMX_ROWS, prev, next);
                 next->y = y + r * y_stride;
@@ -215,34 +222,18 @@ static void column_range(const uint16_t *x, int64_t rows, int64_t x_stride, cons
 int gh_amx_linear(const uint16_t *x, int64_t rows, int64_t x_stride, const uint16_t *wp, int64_t n, int64_t k,
                   const float *bias, uint16_t *y, int64_t y_stride, int64_t threads, int64_t gated_inter, int silu) {
 #if HAVE_AMX
-    if (!gh_amx_available() || k % AMX_PAIR_COLS) return -1;
-    if (gated_inter && (gated_inter % 16 || n != 2 * gated_inter)) return -1;
-    if (silu && (!gated_inter || bias)) return -1;
-    int mode = silu ? STORE_SILU : gated_inter ? STORE_GATED : STORE_PLAIN;
+    int mode = tiled_store_mode(n, k, bias, gated_inter, silu);
+    if (!gh_amx_available() || mode < 0) return -1;
     if (rows <= 0 || n <= 0) return 0;
-    int64_t k_tiles = k / AMX_PAIR_COLS, full = rows / 32 * 32, blocks = (n + 31) / 32;
+    int64_t full = rows / 32 * 32;
     uint16_t *tail = NULL;  /* the last rows (fewer than 32) zero-padded to 32 */
     if (full < rows) {
         tail = calloc((size_t)(32 * k), sizeof(uint16_t));
         if (!tail) return -1;
         for (int64_t r = full; r < rows; r++) memcpy(tail + (r - full) * k, x + r * x_stride, (size_t)k * 2);
     }
-    int64_t team = threads < blocks ? threads : blocks;
-    if (team < 1) team = 1;
-#ifdef _OPENMP
-#pragma omp parallel num_threads((int)team) if (team > 1)
-#endif
-    {
-#ifdef _OPENMP
-        int64_t t = omp_get_thread_num(), count = omp_get_num_threads();
-#else
-        int64_t t = 0, count = 1;
-#endif
-        int64_t b0 = blocks * t / count, b1 = blocks * (t + 1) / count;
-        if (b0 < b1)
-            column_range(x, rows, x_stride, wp, n, k_tiles, bias, y, y_stride, b0 * 32, b1 * 32 < n ? b1 * 32 : n,
-                         tail, gated_inter, mode);
-    }
+    AmxCall call = {x, wp, tail, bias, y, rows, x_stride, n, k / TILE_K, y_stride, gated_inter, mode};
+    split_columns(n, threads, column_range, &call);
     free(tail);
     return 0;
 #else

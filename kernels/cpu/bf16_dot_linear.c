@@ -26,14 +26,9 @@
 #else
 #define HAVE_DOT 0
 #endif
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "tiled_linear.h"
 
 #define DOT_ROWS 4            /* rows sharing each loaded weight vector */
-#define DOT_TILE_ELEMS 512    /* bf16 values in one packed tile: 16 pairs x 16 columns x 2 */
-#define DOT_L2_CHUNK_BYTES (1 << 20)
 
 /* 1 when this build runs the kernel (the CPU has AVX-512 BF16), else 0 */
 int gh_bf16_dot_available(void) { return HAVE_DOT; }
@@ -46,13 +41,20 @@ typedef struct {
     int mode;
 } Output;
 
+/* One call's arguments, for the columns each thread takes (split_columns). */
+typedef struct {
+    const uint16_t *x, *wp;
+    int64_t rows, x_stride, k_tiles;
+    Output out;
+} DotCall;
+
 /* rows [0, R) of x against the 32 columns from c: the sums of tiles t0 (columns c..c+15) and t1 (c+16..) */
 static inline __attribute__((always_inline)) void dot_block(const uint16_t *x, int64_t x_stride, const uint16_t *t0,
                                                             const uint16_t *t1, int64_t k_tiles, __m512 acc[][2],
                                                             const int R) {
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t kt = 0; kt < k_tiles; kt++) {
-        const uint16_t *b0 = t0 + kt * DOT_TILE_ELEMS, *b1 = t1 + kt * DOT_TILE_ELEMS;
+        const uint16_t *b0 = t0 + kt * TILE_ELEMS, *b1 = t1 + kt * TILE_ELEMS;
         for (int p = 0; p < 16; p++) {
             __m512bh w0 = (__m512bh)_mm512_loadu_si512(b0 + p * 32), w1 = (__m512bh)_mm512_loadu_si512(b1 + p * 32);
 #pragma GCC unroll 4
@@ -99,16 +101,17 @@ static void dot_rows(const uint16_t *x, int64_t x_stride, const uint16_t *t0, co
 }
 
 /* columns [c0, c1) (32-aligned starts) for every row */
-static void dot_columns(const uint16_t *x, int64_t rows, int64_t x_stride, const uint16_t *wp, int64_t k_tiles,
-                        const Output *o, int64_t c0, int64_t c1) {
-    int64_t chunk = DOT_L2_CHUNK_BYTES / (k_tiles * 32 * 2) / 32 * 32;
-    if (chunk < 32) chunk = 32;
+static void dot_columns(void *arg, int64_t c0, int64_t c1) {
+    const DotCall *a = arg;
+    const uint16_t *x = a->x, *wp = a->wp;
+    const Output *o = &a->out;
+    int64_t rows = a->rows, x_stride = a->x_stride, k_tiles = a->k_tiles, chunk = tile_chunk_columns(k_tiles);
     for (int64_t cc = c0; cc < c1; cc += chunk) {
         int64_t ce = cc + chunk < c1 ? cc + chunk : c1;
         for (int64_t r = 0; r < rows; r += DOT_ROWS) {
             int R = rows - r < DOT_ROWS ? (int)(rows - r) : DOT_ROWS;
             for (int64_t c = cc; c < ce; c += 32) {
-                const uint16_t *t0 = wp + (c / 16) * k_tiles * DOT_TILE_ELEMS, *t1 = t0 + k_tiles * DOT_TILE_ELEMS;
+                const uint16_t *t0 = wp + (c / 16) * k_tiles * TILE_ELEMS, *t1 = t0 + k_tiles * TILE_ELEMS;
                 dot_rows(x + r * x_stride, x_stride, t0, t1, k_tiles, o, r, c, R);
             }
         }
@@ -122,26 +125,11 @@ int gh_bf16_dot_linear(const uint16_t *x, int64_t rows, int64_t x_stride, const 
                        const float *bias, uint16_t *y, int64_t y_stride, int64_t threads, int64_t gated_inter,
                        int silu) {
 #if HAVE_DOT
-    if (k % 32) return -1;
-    if (gated_inter && (gated_inter % 16 || n != 2 * gated_inter)) return -1;
-    if (silu && (!gated_inter || bias)) return -1;
+    int mode = tiled_store_mode(n, k, bias, gated_inter, silu);
+    if (mode < 0) return -1;
     if (rows <= 0 || n <= 0) return 0;
-    Output o = {y, bias, y_stride, n, gated_inter, silu ? STORE_SILU : gated_inter ? STORE_GATED : STORE_PLAIN};
-    int64_t k_tiles = k / 32, blocks = (n + 31) / 32;
-    int64_t team = threads < blocks ? threads : blocks;
-    if (team < 1) team = 1;
-#ifdef _OPENMP
-#pragma omp parallel num_threads((int)team) if (team > 1)
-#endif
-    {
-#ifdef _OPENMP
-        int64_t t = omp_get_thread_num(), count = omp_get_num_threads();
-#else
-        int64_t t = 0, count = 1;
-#endif
-        int64_t b0 = blocks * t / count, b1 = blocks * (t + 1) / count;
-        if (b0 < b1) dot_columns(x, rows, x_stride, wp, k_tiles, &o, b0 * 32, b1 * 32 < n ? b1 * 32 : n);
-    }
+    DotCall call = {x, wp, rows, x_stride, k / TILE_K, {y, bias, y_stride, n, gated_inter, mode}};
+    split_columns(n, threads, dot_columns, &call);
     return 0;
 #else
     (void)x; (void)rows; (void)x_stride; (void)wp; (void)n; (void)k; (void)bias; (void)y; (void)y_stride;

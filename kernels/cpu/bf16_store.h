@@ -7,8 +7,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 #include "exp_f32.h"
-
-enum { STORE_PLAIN = 0, STORE_GATED = 1, STORE_SILU = 2 };
+#include "tiled_linear.h"
 
 /* 16 float32 sums (+ bias) rounded to bf16 and stored, the first `cols` of them */
 static inline void store_row16(uint16_t *dst, __m512 v, const float *bias, int cols) {

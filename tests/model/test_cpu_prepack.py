@@ -81,16 +81,21 @@ def tiny_arch(hidden: int = 32, intermediate: int = 48, vocab: int = 64) -> Arch
                       rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True)
 
 
-def wide_fp32_model():
-    """qkv 1024x512, o 512x512, gate_up 2048x512, down 512x1024, tied lm_head 512x512: all go to oneDNN."""
-    torch.manual_seed(0)
-    model = build_model(tiny_arch(hidden=512, intermediate=1024, vocab=512), torch.float32)
+def random_model(arch: ArchConfig, dtype: torch.dtype, seed: int = 0):
+    """``arch``'s model with normal random embedding and linear weights (seeded)."""
+    torch.manual_seed(seed)
+    model = build_model(arch, dtype)
     with torch.no_grad():
         model.embed_tokens.normal_()
-        for i in range(3):
+        for i in range(arch.num_layers):
             for ref in model.layer_weight_refs(i).values():
                 ref.current.normal_()
     return model
+
+
+def wide_fp32_model():
+    """qkv 1024x512, o 512x512, gate_up 2048x512, down 512x1024, tied lm_head 512x512: all go to oneDNN."""
+    return random_model(tiny_arch(hidden=512, intermediate=1024, vocab=512), torch.float32)
 
 
 @needs_onednn
@@ -174,13 +179,7 @@ def place(model, dtype: str, linear_format: str | None, **memory) -> WeightStore
 
 @needs_onednn_bf16
 def test_only_resident_weights_are_converted_and_values_survive():
-    torch.manual_seed(0)
-    model = build_model(tiny_arch(), torch.bfloat16)
-    with torch.no_grad():
-        model.embed_tokens.normal_()
-        for i in range(3):
-            for ref in model.layer_weight_refs(i).values():
-                ref.current.normal_()
+    model = random_model(tiny_arch(), torch.bfloat16)
     dense = {i: {k: r.current.clone() for k, r in model.layer_weight_refs(i).items()} for i in range(3)}
     store = place(model, "bf16", "onednn-bf16", offload="none", layer_tiers="1:direct")
     kept = model.layer_weight_refs(1)["mlp.down_proj"].current    # read in place from its host slab
@@ -201,12 +200,7 @@ def test_only_resident_weights_are_converted_and_values_survive():
 
 
 def test_fp16_route_converts_fp32_weights_to_half_weights():
-    model = build_model(tiny_arch(), torch.float32)
-    with torch.no_grad():
-        for i in range(3):
-            for ref in model.layer_weight_refs(i).values():
-                ref.current.normal_()
-        model.embed_tokens.normal_()
+    model = random_model(tiny_arch(), torch.float32)
     big = model.layer_weight_refs(2)["mlp.down_proj"]
     big.current[0, 0] = 1e6  # beyond fp16's range: stays dense float32
     place(model, "fp32", "fp16", offload="none")
@@ -238,13 +232,7 @@ class CountingOps:
 def test_amx_form_takes_a_prompt_steps_rows_in_one_call():
     """Resident bf16 linears with K a multiple of 32 take the AMX form (down_proj's K of 48 keeps oneDNN's); a step
     of prompt positions (row blocks asked for) multiplies all its rows in one call, each row with its bits alone."""
-    torch.manual_seed(0)
-    model = build_model(tiny_arch(), torch.bfloat16)
-    with torch.no_grad():
-        model.embed_tokens.normal_()
-        for i in range(3):
-            for ref in model.layer_weight_refs(i).values():
-                ref.current.normal_()
+    model = random_model(tiny_arch(), torch.bfloat16)
     dense = model.layer_weight_refs(0)["mlp.gate_up_proj"].current.clone()
     store = place(model, "bf16", "amx-bf16", offload="none")
     assert linear_formats(model) == {"AmxWeight": 10, "OneDNNWeight": 3}  # qkv, o, gate_up x 3 + lm_head; down x 3
@@ -267,13 +255,7 @@ def test_the_gated_mlp_fuses_the_silu_into_the_amx_product_with_the_same_bits():
     """gate_up is packed gated (its halves of 48 rows are multiples of 16); with the native ops the MLP computes
     silu(gate) * up in the product's call, with the bits of the product followed by the native silu_mul; with
     torch's SiLU it does not fuse."""
-    torch.manual_seed(1)
-    model = build_model(tiny_arch(), torch.bfloat16)
-    with torch.no_grad():
-        model.embed_tokens.normal_()
-        for i in range(3):
-            for ref in model.layer_weight_refs(i).values():
-                ref.current.normal_()
+    model = random_model(tiny_arch(), torch.bfloat16, seed=1)
     store = place(model, "bf16", "amx-bf16", offload="none")
     assert use_native_cpu_kernels(model) is None
     mlp = model.layers[0].mlp
