@@ -16,12 +16,9 @@ paged_attention_walk.py   the online-softmax walk over a token's blocks that bot
 store_kv.py         write new K/V into the pool at their slots
 rmsnorm.py, rope.py, silu_mul.py   the model runner's small fused ops
 compile_specs.py    representative Hopper compile configurations (scripts/check_kernels.py)
-cpu/*.c, cpu_native.py   the CPU model runner's native C, built once per machine and called through ctypes:
-                    the small ops (cpu/layer_ops.c: RMSNorm, RoPE, SiLU-and-mul; kv_store.c: KV store;
-                    decode_attention.c, extend_attention.c: attention) and the linears
-cpu_native_ops.py   NativeOps: each native op as a method on torch tensors
-cpu_native_checks.py  what those methods check of their tensors and how they pass them (dtype codes, KV pool)
-cpu_native_args.py  the native linears' argument blocks (ctypes structures) and thread counts
+cpu/*.c             the CPU backend's native C (gh200rt/backends/cpu/native.py builds it once per machine and
+                    calls it through ctypes): the small ops (cpu/layer_ops.c: RMSNorm, RoPE, SiLU-and-mul;
+                    kv_store.c: KV store; decode_attention.c, extend_attention.c: attention) and the linears
 
 Importing a kernel module needs triton; the weight formats (``quant`` and the modules it names) and
 ``gguf_blocks`` import it only when a packed weight meets a CUDA tensor, so the CPU platform runs without it.

@@ -26,9 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .compile_specs import CompileSpec, signature_of
-from .fused_moe_operands import BLOCK_K, FP32_BLOCK_K, ExpertStack, moe_align
-from .host_gemm import FMT_DENSE, FMT_INT4, FMT_SCALED
+from gh200rt.kernels.compile_specs import CompileSpec, signature_of
+from gh200rt.kernels.fused_moe_operands import BLOCK_K, FP32_BLOCK_K, ExpertStack, moe_align
+from gh200rt.kernels.host_gemm import FMT_DENSE, FMT_INT4, FMT_SCALED
 
 BLOCK_N = 64
 SMALL_BLOCK_M, LARGE_BLOCK_M = 16, 64   # tl.dot needs 16 rows; 64 once experts see many rows (prefill)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .host_gemm import FMT_SCALED, weight_operands
+from gh200rt.kernels.host_gemm import FMT_SCALED, weight_operands
 
 BLOCK_K = 64
 FP32_BLOCK_K = 32   # float32 weight tiles of 64 columns spill gate_up's two accumulators on sm_90

@@ -1,6 +1,6 @@
 """``y = prologue(x) @ W.T (+ bias) (+ residual)`` for a few rows of x against a dense 16-bit W: the products of a
 decode layer at batch 2-64 with their norms, SiLU-and-mul and residual adds in the same launches
-(models/gpu_decode_layer.py), as ``gemv`` fuses them at one row.
+(backends/cuda/decode_layer.py), as ``gemv`` fuses them at one row.
 
 Each program owns ``BLOCK_N`` output channels of ``BLOCK_M`` rows across the whole K: no split over K, so the
 epilogue (bias, residual add, the cast) runs once per output, with no float32 partial buffer, no atomics and no
@@ -22,9 +22,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .compile_specs import CompileSpec, signature_of
-from .gemv import MAX_NORM_COLUMNS, PROLOGUE_NONE, PROLOGUE_RMS_NORM, PROLOGUE_SILU_MUL, reference_fused_gemv
-from .pdl import allow_next, pdl_launch, wait_for_previous
+from gh200rt.kernels.compile_specs import CompileSpec, signature_of
+from gh200rt.kernels.gemv import (MAX_NORM_COLUMNS, PROLOGUE_NONE, PROLOGUE_RMS_NORM, PROLOGUE_SILU_MUL,
+                                  reference_fused_gemv)
+from gh200rt.kernels.pdl import allow_next, pdl_launch, wait_for_previous
 
 MAX_ROWS = 64                       # rows per call; decode's batches beyond that belong to cuBLAS
 ROWS_TILE = dict(BLOCK_N=16, BLOCK_K=256, num_warps=4, DOT_16BIT=False)

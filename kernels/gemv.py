@@ -19,10 +19,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .compile_specs import CompileSpec, signature_of
-from .host_gemm import FMT_DENSE, FMT_INT4, FMT_SCALED, reference_host_gemm, weight_operands
-from .packed_weight import PackedWeight
-from .pdl import allow_next, pdl_launch, wait_for_previous
+from gh200rt.kernels.compile_specs import CompileSpec, signature_of
+from gh200rt.kernels.host_gemm import FMT_DENSE, FMT_INT4, FMT_SCALED, reference_host_gemm, weight_operands
+from gh200rt.kernels.packed_weight import PackedWeight
+from gh200rt.kernels.pdl import allow_next, pdl_launch, wait_for_previous
 
 NUM_WARPS = 4
 # (BLOCK_N, BLOCK_K in codes). On an H100 (scripts/bench_gpu_gemv.py, docs/BENCHMARKS.md) this tile was the
@@ -117,7 +117,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor | PackedWeight, bias: torch.Tenso
          gated: bool = False, residual: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """``x[..., K] @ W[N, K].T + bias`` for x holding one row; returns x's dtype. ``tile``: (BLOCK_N, BLOCK_K)
     instead of ``GEMV_TILE`` (benchmarks). Fused into the same launch (a dense or int8/fp8 W; decode's layer,
-    models/gpu_decode_layer.py): ``norm=(weight, eps)`` takes x un-normalised and RMS-normalises it first (at most
+    backends/cuda/decode_layer.py): ``norm=(weight, eps)`` takes x un-normalised and RMS-normalises it first (at most
     ``MAX_NORM_COLUMNS``); ``gated`` takes x as a ``[2K]`` gate|up row and multiplies by SiLU(gate) * up;
     ``residual`` (a row of N) is added to the product. Each rounds where the unfused kernels store. ``pdl``: launched
     with programmatic dependent launch (kernels/pdl.py; CUDA, sm_90+)."""

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 # Row counts up to which float32 activations against an fp16 weight go through the native fp16 linear
 # (kernels/cpu/f16_linear.c) instead of fbgemm's fp16 GEMM: a decode step of a few sequences, where the two cost
 # about the same per linear and the native one lets the whole decoder layer run in one native call
-# (models/cpu_decode_layer.py; docs/benchmarks/kernels.md).
+# (backends/cpu/decode_layer.py; docs/benchmarks/kernels.md).
 NATIVE_F16_MAX_ROWS = 8
 
 
@@ -55,7 +55,7 @@ class HalfWeight:
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None, native: bool = True) -> torch.Tensor:
         if x.is_cuda:
-            from .host_gemm import host_gemm
+            from gh200rt.kernels.host_gemm import host_gemm
             return host_gemm(x, self.weight, bias)
         ops = self.native_ops() if native else None
         if ops is not None and x.dtype == torch.float32 and 0 < x.numel() <= NATIVE_F16_MAX_ROWS * self.shape[1] \
@@ -71,7 +71,7 @@ class HalfWeight:
     def native_ops(self):
         """The native CPU ops when they take this weight (a CPU tensor with unit column stride), else None."""
         if self._native is None:
-            from .cpu_native import load_native_ops
+            from gh200rt.backends.cpu.native import load_native_ops
             ops = load_native_ops() if self.weight.is_cpu and self.weight.stride(-1) == 1 else None
             self._native = ops if ops is not None else False
         return self._native or None

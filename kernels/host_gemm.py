@@ -26,9 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .compile_specs import CompileSpec, signature_of
-from .packed_weight import PackedWeight
-from .quant import reference_linear
+from gh200rt.kernels.compile_specs import CompileSpec, signature_of
+from gh200rt.kernels.packed_weight import PackedWeight
+from gh200rt.kernels.quant import reference_linear
 
 FMT_DENSE, FMT_SCALED, FMT_INT4 = 0, 1, 2  # SCALED: int8 or fp8 codes times a scale per group
 # where a quantized tile meets its scales (the kernel's SCALES)
@@ -197,7 +197,7 @@ def host_gemm(x: torch.Tensor, weight: torch.Tensor | PackedWeight, bias: torch.
     if x.shape[-1] != k:
         raise ValueError(f"host_gemm: x has {x.shape[-1]} columns but the weight expects K={k}")
     if split_k is None and x.numel() == k:
-        from .gemv import gemv
+        from gh200rt.kernels.gemv import gemv
         return gemv(x, weight, bias)
     return tiled_host_gemm(x, weight, bias, split_k)
 

@@ -22,7 +22,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from .packed_formats import unpack_int4
+from gh200rt.kernels.packed_formats import unpack_int4
 
 CPU_ROUTES = ("exact", "fbgemm")
 _CPU_INT4_GROUPS = (32, 64, 128, 256)
@@ -96,8 +96,8 @@ class PackedCpuRoutes:
         """The native quantized linear (``kernels/cpu/quant_linear.c``) when it is built and takes this weight
         (decided once per weight object)."""
         if self._native is None:
-            from .cpu_native import load_native_ops
-            from .cpu_native_args import quant_linear_fits
+            from gh200rt.backends.cpu.native import load_native_ops
+            from gh200rt.backends.cpu.native_args import quant_linear_fits
             ops = load_native_ops() if self.cpu_route == "exact" else None
             self._native = ops if ops is not None and quant_linear_fits(self) else False
         return self._native or None

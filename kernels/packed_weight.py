@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from .packed_cpu_routes import CPU_ROUTES, PackedCpuRoutes
-from .packed_formats import unpack_int4
+from gh200rt.kernels.packed_cpu_routes import CPU_ROUTES, PackedCpuRoutes
+from gh200rt.kernels.packed_formats import unpack_int4
 
 
 class PackedWeight(PackedCpuRoutes):
@@ -40,7 +40,7 @@ class PackedWeight(PackedCpuRoutes):
         self._fbgemm = None
         self._bf16_scales: torch.Tensor | None = None
         self._native = None        # the native library's handle once checked, False when it does not apply
-        self._native_args = None   # kernels.cpu_native_args.QuantWeight: this weight's argument block
+        self._native_args = None   # backends.cpu.native_args.QuantWeight: this weight's argument block
 
     @property
     def nbytes(self) -> int:
@@ -85,7 +85,7 @@ class PackedWeight(PackedCpuRoutes):
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None, native: bool = True) -> torch.Tensor:
         """``native``: on the CPU, whether the native quantized linear may serve (off: torch's ops alone)."""
         if x.is_cuda:
-            from .host_gemm import host_gemm
+            from gh200rt.kernels.host_gemm import host_gemm
             return host_gemm(x, self, bias)
         return self._linear_cpu(x, bias, native)
 

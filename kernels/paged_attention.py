@@ -21,9 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .paged_attention_split import attention_splits, split_paged_attention
-from .pdl import allow_next, pdl_launch, wait_for_previous
-from .paged_attention_walk import attend_blocks, query_group, attention_warps, walk_compile_specs, walk_constexprs
+from gh200rt.kernels.paged_attention_split import attention_splits, split_paged_attention
+from gh200rt.kernels.paged_attention_walk import (attend_blocks, attention_warps, query_group, walk_compile_specs,
+                                                  walk_constexprs)
+from gh200rt.kernels.pdl import allow_next, pdl_launch, wait_for_previous
 
 
 @triton.jit

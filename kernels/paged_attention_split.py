@@ -25,10 +25,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .compile_specs import CompileSpec, signature_of
-from .host_gemm import TARGET_PROGRAMS
-from .paged_attention_walk import attend_blocks, query_group, tile_blocks, walk_compile_specs
-from .pdl import allow_next, pdl_launch, wait_for_previous
+from gh200rt.kernels.compile_specs import CompileSpec, signature_of
+from gh200rt.kernels.host_gemm import TARGET_PROGRAMS
+from gh200rt.kernels.paged_attention_walk import attend_blocks, query_group, tile_blocks, walk_compile_specs
+from gh200rt.kernels.pdl import allow_next, pdl_launch, wait_for_previous
 
 MIN_PARTITION_TOKENS = 256
 COMBINE_SPLITS_TILE = 32  # splits the combine loads per step: a [32, D] float32 tile

@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .compile_specs import CompileSpec, signature_of
+from gh200rt.kernels.compile_specs import CompileSpec, signature_of
 
 TILE_TOKENS = 64  # keys an iteration takes, at block size 64 or less
 MIN_DOT_ROWS = 16  # tl.dot's smallest tile side on tensor cores

@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .half_weight import HalfWeight
-from .packed_weight import PackedWeight
-from .quantizers import quantize_fp8, quantize_int4, quantize_int8, quantize_rows
+from gh200rt.kernels.half_weight import HalfWeight
+from gh200rt.kernels.packed_weight import PackedWeight
+from gh200rt.kernels.quantizers import quantize_fp8, quantize_int4, quantize_int8, quantize_rows
 
 __all__ = ["HOST_FORMATS", "HalfWeight", "PackedWeight", "pack_weight", "quantize_fp8", "quantize_int4",
            "quantize_int8", "reference_linear"]
@@ -33,7 +33,7 @@ def pack_weight(weight, fmt: str, workers: int = 1) -> torch.Tensor | PackedWeig
     ``PackedWeight``. A ``PackedWeight`` (e.g. an FP8 checkpoint's weight) is kept when ``fmt`` is ``auto``
     or its own format, else dequantized and converted. ``workers``: threads quantizing (``quantize_rows``).
     """
-    from .gguf_blocks import from_gguf, is_gguf_tensor
+    from gh200rt.kernels.gguf_blocks import from_gguf, is_gguf_tensor
     choices = ("auto",) + HOST_FORMATS
     if fmt not in choices:
         raise ValueError(f"host weight format {fmt!r}: choose one of {', '.join(choices)} (--host-weight-dtype)")

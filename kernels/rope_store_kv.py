@@ -18,9 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .compile_specs import CompileSpec, signature_of
-from .pdl import allow_next, pdl_launch, wait_for_previous
-from .store_kv import FP8_FORMATS, quant_constexprs, reference_write_kv, round_to_fp8_grid
+from gh200rt.kernels.compile_specs import CompileSpec, signature_of
+from gh200rt.kernels.pdl import allow_next, pdl_launch, wait_for_previous
+from gh200rt.kernels.store_kv import FP8_FORMATS, quant_constexprs, reference_write_kv, round_to_fp8_grid
 
 
 @triton.jit

@@ -16,9 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gh200rt.kernels.compile_specs import CompileSpec, signature_of
 from gh200rt.kv import fp8
-
-from .compile_specs import CompileSpec, signature_of
 
 # torch fp8 dtype -> (Triton type name, mantissa bits, smallest normal exponent)
 FP8_FORMATS = {torch.float8_e4m3fn: ("fp8e4nv", 3, -6), torch.float8_e5m2: ("fp8e5", 2, -14)}

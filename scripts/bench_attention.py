@@ -8,7 +8,7 @@ chunk's length, as before the split per kind) against one batched call per kind 
 ``--baseline PATH``: the ``paged_attention`` of another version of ``gh200rt/kv/attention.py``, e.g.
 ``git show REV:gh200rt/kv/attention.py > /tmp/attention_rev.py``, against this tree's.
 ``--baseline torch``: this tree's torch attention (gather + SDPA) against the native CPU kernels as the model
-calls them (``models/cpu_kernels.py``: decode and multi-token groups in ``kernels/cpu/decode_attention.c`` and
+calls them (``backends/cpu/ops.py``: decode and multi-token groups in ``kernels/cpu/decode_attention.c`` and
 ``extend_attention.c``, multi-token groups past ``EXTEND_MAX_KEYS`` keys left to SDPA).
 ``--baseline native:DIR``: the native kernels built from another version's ``kernels/cpu`` sources (every ``.c``
 file in DIR) against this tree's, both as the model calls them, e.g. ``mkdir /tmp/base && git archive REV
@@ -78,22 +78,22 @@ def alternated(fns, q, kv, query_lens, seq_lens, tables, reps: int) -> list[tupl
 
 def native_kernels(source_dir: str | None = None):
     """The native attention hook, of this tree or built from the C sources in ``source_dir``."""
-    from gh200rt.kernels import cpu_native
-    from gh200rt.models.cpu_kernels import native_cpu_ops
+    from gh200rt.backends.cpu import native
+    from gh200rt.backends.cpu.ops import native_cpu_ops
     if source_dir is None:
-        ops = cpu_native.load_native_ops()
+        ops = native.load_native_ops()
         if ops is None:
-            raise SystemExit(f"native CPU ops unavailable: {cpu_native.native_ops_error()}")
+            raise SystemExit(f"native CPU ops unavailable: {native.native_ops_error()}")
     else:
         # every .c file DIR holds, not this tree's names (older versions keep the small ops in one ops.c); its
         # headers join the library's cache key as this tree's do
-        sources, headers = cpu_native.SOURCES, cpu_native.HEADERS
-        cpu_native.SOURCES = tuple(sorted(Path(source_dir).glob("*.c")))
-        cpu_native.HEADERS = tuple(sorted(Path(source_dir).glob("*.h")))
+        sources, headers = native.SOURCES, native.HEADERS
+        native.SOURCES = tuple(sorted(Path(source_dir).glob("*.c")))
+        native.HEADERS = tuple(sorted(Path(source_dir).glob("*.h")))
         try:
-            ops = cpu_native._load()
+            ops = native._load()
         finally:
-            cpu_native.SOURCES, cpu_native.HEADERS = sources, headers
+            native.SOURCES, native.HEADERS = sources, headers
     attend = native_cpu_ops(ops)["attention"]
     return lambda q, kv, meta: attend(q, kv, meta, HEAD_DIM ** -0.5, KV_HEADS)
 

@@ -1,5 +1,5 @@
 """Decode step time on the CPU with the native ops (``--cpu-kernels native``) against torch's ops, and against
-the native ops called op by op (no one-call decoder layer, ``models/cpu_decode_layer.py``), measured in the
+the native ops called op by op (no one-call decoder layer, ``backends/cpu/decode_layer.py``), measured in the
 same run.
 
     python scripts/bench_cpu_kernels.py [--model smollm2-135m] [--dtypes auto,float32] [--batches 1,8,16]

@@ -335,7 +335,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write every row, with its roofline, to this JSON file")
     parser.add_argument("--layer-path", default="one-call", choices=["one-call", "op-by-op", "both"],
                         help="a decode step's decoder layers in one call where the platform has one (on CUDA six "
-                             "launches, models/gpu_decode_layer.py; on the CPU one native call), op by op, or both "
+                             "launches, backends/cuda/decode_layer.py; on the CPU one native call), op by op, or both "
                              "(each placement twice: the baseline in the same run)")
     parser.add_argument("--fused-decode-rows", type=int, default=1,
                         help="with the one-call layer path on CUDA: decode steps of up to this many sequences run "

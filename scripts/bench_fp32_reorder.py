@@ -22,14 +22,14 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from gh200rt.backends.cpu import linear as native_linear  # noqa: E402
 from gh200rt.config import EngineConfig  # noqa: E402
 from gh200rt.engine import bootstrap  # noqa: E402
 from gh200rt.engine.engine import LLMEngine  # noqa: E402
-from gh200rt.models.layers import cpu_linear  # noqa: E402
 from gh200rt.sampling_params import SamplingParams  # noqa: E402
 from scripts.bench_offline import smollm2_gguf  # noqa: E402
 
-NATIVE_ROWS = cpu_linear.NATIVE_F32_MAX_ROWS
+NATIVE_ROWS = native_linear.NATIVE_F32_MAX_ROWS
 
 
 def build(reordered: bool, max_len: int) -> LLMEngine:
@@ -67,7 +67,7 @@ def main() -> None:
           f"{linear_bytes / 1e6:.0f} MB of linear weights")
     for r in range(args.rounds):
         for mode, (name, native_rows) in modes.items():
-            cpu_linear.NATIVE_F32_MAX_ROWS = native_rows
+            native_linear.NATIVE_F32_MAX_ROWS = native_rows
             eng = engines[name]
             for b in batches:
                 for _ in range(b):
@@ -92,7 +92,7 @@ def main() -> None:
                 while eng.has_unfinished_requests():
                     eng.step()
         print(f"round {r + 1} of {args.rounds} done, load average {os.getloadavg()[0]:.1f}", flush=True)
-    cpu_linear.NATIVE_F32_MAX_ROWS = NATIVE_ROWS
+    native_linear.NATIVE_F32_MAX_ROWS = NATIVE_ROWS
     print(f"{'weights':<24} {'phase':<13} {'best ms':>8} {'median ms':>9} {'tok/s':>8} {'weight GB/s':>11}")
     for (mode, phase), ts in times.items():
         rows = int(phase.split()[-1].lstrip("b"))

@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gh200rt.models.layers import cpu_linear  # noqa: E402
+from gh200rt.models.layers import dense  # noqa: E402
 
 PROMPT = [{"role": "user", "content": "Explain in detail why the sky is blue."}]
 LLAMA_CPP_TOK_S = 89.0
@@ -47,7 +47,7 @@ ROUTES = {
 
 def gh200rt_decode(llm, ids: list[int], tokens: int, onednn: bool) -> tuple[list[int], float]:
     from gh200rt import SamplingParams
-    cpu_linear._onednn_ok = None if onednn else False  # None: probe at first use, as a fresh process does
+    dense._onednn_ok = None if onednn else False  # None: probe at first use, as a fresh process does
     one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     many = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     start = time.perf_counter()
@@ -96,7 +96,7 @@ def main():
     llms, ids = {}, None
     for name in args.routes:
         start = time.perf_counter()
-        cpu_linear._onednn_ok = False if name == "fp32-flinear" else None  # off at load too: no reordered weights
+        dense._onednn_ok = False if name == "fp32-flinear" else None  # off at load too: no reordered weights
         llms[name] = LLM(max_model_len=1024, num_kv_blocks=64, **{"dtype": "float32", **ROUTES[name]})
         print(f"gh200rt {name:<13} load {time.perf_counter() - start:6.2f} s")
         ids = ids or llms[name].tokenizer.encode(llms[name].tokenizer.apply_chat_template(PROMPT))

@@ -28,28 +28,29 @@ import time
 
 import torch
 
+from gh200rt.backends.cpu import decode_layer, native, native_checks, ops
+from gh200rt.backends.interface import forget_decode_state
 from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
-from gh200rt.kernels import cpu_native, cpu_native_checks, half_weight
-from gh200rt.models import cpu_decode_layer, cpu_kernels
+from gh200rt.kernels import half_weight
 from gh200rt.sampling_params import SamplingParams
 
 NATIVE_F16_ROWS = half_weight.NATIVE_F16_MAX_ROWS
-FP8_TYPES = dict(cpu_native_checks.FP8_KV_TYPES)
+FP8_TYPES = dict(native_checks.FP8_KV_TYPES)
 
 
 def switch(path: str, on: bool, engine: LLMEngine) -> None:
     runner, model = engine.runner, engine.runner.model
     if path == "fp16-linear":
-        half_weight.NATIVE_F16_MAX_ROWS = cpu_decode_layer.NATIVE_F16_MAX_ROWS = NATIVE_F16_ROWS if on else 0
+        half_weight.NATIVE_F16_MAX_ROWS = decode_layer.NATIVE_F16_MAX_ROWS = NATIVE_F16_ROWS if on else 0
     elif path == "fp8-kv":
-        cpu_kernels.FP8_KV_TYPES = cpu_decode_layer.FP8_KV_TYPES = FP8_TYPES if on else {}
+        ops.FP8_KV_TYPES = decode_layer.FP8_KV_TYPES = FP8_TYPES if on else {}
     elif path == "row-blocks":
         runner.row_blocks = on
     else:
         runner.batch_invariant = on
     for layer in model.layers:   # the one-call decode layer's cached arguments follow the switch
-        cpu_decode_layer.forget_decode_layer(layer)
+        forget_decode_state(layer)
 
 
 def one_round(engine: LLMEngine, batch: int, prompt: int, tokens: int, seed: int) -> tuple[float, float, list]:
@@ -88,8 +89,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    if cpu_native.load_native_ops() is None:
-        raise SystemExit(f"native CPU ops unavailable: {cpu_native.native_ops_error()}")
+    if native.load_native_ops() is None:
+        raise SystemExit(f"native CPU ops unavailable: {native.native_ops_error()}")
     options = dict(kv_cache_dtype="fp8") if args.path == "fp8-kv" else {}
     prompts = [int(p) for p in args.prompt.split(",")]
     engine = LLMEngine.from_config(EngineConfig.from_kwargs(

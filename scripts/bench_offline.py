@@ -52,8 +52,8 @@ ROUTES = {"fp32": {}, "fp32-flinear": {}, "fp16": dict(offload="direct", host_we
 
 def load_gh200rt(route: str, prompts, max_tokens: int):
     from gh200rt import LLM
-    from gh200rt.models.layers import cpu_linear
-    cpu_linear._onednn_ok = False if route == "fp32-flinear" else None  # off at load too: no reordered weights
+    from gh200rt.models.layers import dense
+    dense._onednn_ok = False if route == "fp32-flinear" else None  # off at load too: no reordered weights
     llm = LLM(model=smollm2_gguf(), num_kv_blocks=1024, **{"dtype": "float32", **ROUTES[route]})
     bench_gh200rt(llm, route, prompts[:2], max_tokens)  # warm-up
     return llm
@@ -61,8 +61,8 @@ def load_gh200rt(route: str, prompts, max_tokens: int):
 
 def bench_gh200rt(llm, route: str, prompts, max_tokens: int) -> tuple[float, int]:
     from gh200rt import SamplingParams
-    from gh200rt.models.layers import cpu_linear
-    cpu_linear._onednn_ok = False if route == "fp32-flinear" else None  # None: probe, as a fresh process does
+    from gh200rt.models.layers import dense
+    dense._onednn_ok = False if route == "fp32-flinear" else None  # None: probe, as a fresh process does
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params)
@@ -179,8 +179,8 @@ def main() -> None:
         print(f"sampler, 64 {kind} rows x 49152 vocab: {bench_sampler_step(kind):.2f} ms/step")
     if args.skip_model:
         return
-    from gh200rt.loader import load_model
     from gh200rt.config import ModelConfig
+    from gh200rt.loader import load_model
     tokenizer = load_model(ModelConfig(model=smollm2_gguf())).tokenizer
     prompts = make_prompts(tokenizer, args.requests)
     print(f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f} at start")

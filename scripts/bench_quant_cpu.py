@@ -24,10 +24,10 @@ import time
 import torch
 import torch.nn.functional as F
 
+from gh200rt.backends.cpu.prepack import OneDNNWeight
+from gh200rt.backends.cpu.routes import route_for
 from gh200rt.kernels.quant import pack_weight, quantize_int4, quantize_int8
-from gh200rt.models.layers.cpu_linear import dense_linear
-from gh200rt.models.layers.cpu_prepack import OneDNNWeight
-from gh200rt.platform.cpu_features import route_for
+from gh200rt.models.layers.dense import dense_linear
 
 HIDDEN, KV, INTER, LAYERS = 576, 192, 1536, 30
 SHAPES = [(HIDDEN + 2 * KV, HIDDEN), (HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER)]  # (out, in)

@@ -5,7 +5,7 @@ the sampling settings requests commonly use, on the CPU or, with ``--device cuda
 
 The logits are normal with a standard deviation of 3: flatter than a trained model's, so top-p keeps many ids (the
 CPU's top-p window rarely covers them: its worst case). Each setting is timed after three untimed calls, with
-freed memory kept for reuse as the engine keeps it (``engine/host_allocator.py``). The baseline is greedy, the
+freed memory kept for reuse as the engine keeps it (``backends/cpu/host_allocator.py``). The baseline is greedy, the
 cheapest, measured in the same run.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gh200rt.engine.host_allocator import keep_freed_memory  # noqa: E402
+from gh200rt.backends.cpu.host_allocator import keep_freed_memory  # noqa: E402
 from gh200rt.engine.sampler import Sampler  # noqa: E402
 from gh200rt.sampling_params import SamplingParams  # noqa: E402
 from gh200rt.scheduler.request import Sequence  # noqa: E402

@@ -1,6 +1,6 @@
 """Accuracy of every CPU compute route against the exact float32 route: perplexity and logit error on SmolLM2.
 
-Each route is the model as the engine runs it on that route (``platform/cpu_features.py``):
+Each route is the model as the engine runs it on that route (``backends/cpu/routes.py``):
 
   bf16        --dtype auto on a CPU with AVX-512 BF16 / AMX: bf16 weights and activations, linears
               through oneDNN over reordered weights (``cpu_route_form``), bf16 KV cache
@@ -34,10 +34,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import eval_quant  # noqa: E402
 
+from gh200rt.backends.cpu.prepack import cpu_route_form  # noqa: E402
 from gh200rt.config import ModelConfig  # noqa: E402
 from gh200rt.kernels.quant import quantize_int4, quantize_int8  # noqa: E402
 from gh200rt.loader import load_model  # noqa: E402
-from gh200rt.models.layers.cpu_prepack import cpu_route_form  # noqa: E402
 
 ROUTES = ("bf16", "fp16", "int8-bf16", "int4-bf16", "gguf-rows", "gguf-rows-bf16")
 _LINEAR_FORMAT = {"bf16": "onednn-bf16", "fp16": "fp16", "int8-bf16": "onednn-bf16", "int4-bf16": "onednn-bf16"}
@@ -48,7 +48,7 @@ class _EveryRow:
     """A GGUF-block weight multiplied by the native kernel at every row count (as one row at a time would be)."""
 
     def __init__(self, packed):
-        from gh200rt.kernels.cpu_native import load_native_ops
+        from gh200rt.backends.cpu.native import load_native_ops
         self.packed, self.ops = packed, load_native_ops()
 
     def linear(self, x, bias=None):
@@ -58,7 +58,7 @@ class _EveryRow:
 
 def gguf_rows_model(dtype: str = "float32"):
     """The ``dtype`` model with every linear on its GGUF blocks and the native quantized linear."""
-    from gh200rt.models.layers.cpu_prepack import gguf_blocks_form
+    from gh200rt.backends.cpu.prepack import gguf_blocks_form
     from gh200rt.weights.device_moves import gguf_parts, lm_head_parts
     loaded = load_model(ModelConfig(dtype=dtype))
     model = loaded.model

@@ -7,7 +7,7 @@ torch sees a CUDA device (name, compute capability, memory); Triton compiles and
 
 ``--stage registration`` needs gh200rt installed: the platform as gh200rt detects it (with the profile
 bandwidths the report uses as rooflines), then the three registration semantics of a host slab
-(gh200rt.platform.registration_check): ``is_pinned()``, a graph-captured non_blocking copy, and a
+(gh200rt.backends.cuda.registration_check): ``is_pinned()``, a graph-captured non_blocking copy, and a
 Triton kernel reading the slab in place. Any failure stops the validation with the reason.
 
 Exit codes: 0 all checks passed, 1 a check failed, 2 no CUDA device is visible.
@@ -102,8 +102,8 @@ def registration_stage() -> tuple[int, dict]:
     except ImportError as exc:
         checks.append(check("gh200rt_install", False, f"{exc}: install gh200rt (validate_gpu.py --wheelhouse DIR)"))
         return 1, {"checks": checks}
+    from gh200rt.backends.cuda.registration_check import check_registered_slab, failure_message
     from gh200rt.platform.detect import detect
-    from gh200rt.platform.registration_check import check_registered_slab, failure_message
     platform = detect()
     facts = {k: getattr(platform, k) for k in ("kind", "device_name", "profile", "ats", "host_numa_node",
                                                "link_h2d_gbps", "direct_read_gbps", "hbm_gbps", "peak_tflops")}

@@ -1,6 +1,6 @@
 """The CPU routes the tests run on, whatever CPU runs them.
 
-Every ``--cpu-route`` (``platform/cpu_features.py``) is forced in turn, so route-dependent tests check each
+Every ``--cpu-route`` (``backends/cpu/routes.py``) is forced in turn, so route-dependent tests check each
 route on every host that can execute it, not only the one its CPU would pick; plus two routes over another build
 of the native CPU ops: ``fp32-portable``, the fp32 route with the ops built for the baseline x86-64 ISA, which
 compiles the C code's portable paths (no AVX2 / FMA / F16C), the paths Grace's Arm cores run; and ``bf16-no-amx``
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from gh200rt.platform.cpu_features import ROUTES, cpu_flags, route_unavailable
+from gh200rt.backends.cpu.routes import ROUTES, route_unavailable
+from gh200rt.platform.cpu_features import cpu_flags
 
 X86 = ("x86_64", "AMD64")
 
@@ -56,7 +57,7 @@ class TestRoute:
             return f"on {platform.machine()} the native build is already the portable one (the fp32 route runs it)"
         if self.needs_flag and self.needs_flag not in cpu_flags():
             return f"this CPU has no {self.needs_flag}: the {self.cpu_route} route already runs without it"
-        from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
+        from gh200rt.backends.cpu.native import load_native_ops, native_ops_error
         return None if load_native_ops() is not None else f"native CPU ops unavailable: {native_ops_error()}"
 
 
@@ -91,14 +92,12 @@ def native_build(flags: tuple[str, ...] = ("-march=x86-64",)):
     """Within: ``load_native_ops()`` hands out the native ops built with ``flags`` in place of ``-march=native``
     (default: the baseline x86-64 ISA), cached beside the native build under its own name (the flags are part
     of it)."""
-    from gh200rt.kernels import cpu_native
-    from gh200rt.models import cpu_kernels
-
+    from gh200rt.backends.cpu import native, ops
     def forget_loaded_ops():
-        cpu_native.load_native_ops.cache_clear()
-        cpu_kernels._native_ops_table.cache_clear()
+        native.load_native_ops.cache_clear()
+        ops._native_ops_table.cache_clear()
     patch = pytest.MonkeyPatch()
-    patch.setattr(cpu_native, "FLAGS", tuple(new for flag in cpu_native.FLAGS
+    patch.setattr(native, "FLAGS", tuple(new for flag in native.FLAGS
                                              for new in (flags if flag == "-march=native" else (flag,))))
     forget_loaded_ops()
     try:

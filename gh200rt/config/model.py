@@ -8,7 +8,7 @@ from gh200rt.config.flags import flag_help
 DEFAULT_MODEL = "smollm2-135m"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 CPU_KERNELS = ("native", "torch")
-CPU_ROUTES = ("auto", "bf16", "fp16", "fp32")  # platform/cpu_features.py: ROUTES, and auto (detect)
+CPU_ROUTES = ("auto", "bf16", "fp16", "fp32")  # backends/cpu/routes.py: ROUTES, and auto (detect)
 # a forced route computes in one dtype: --dtype may name it or stay auto (fp16 computes in float32 with fp16
 # weights, which no --dtype names)
 _ROUTE_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
@@ -46,7 +46,7 @@ class ModelConfig:
         "computed alike however the prompt was split or batched (the prefix cache's guarantee)"))
     fused_decode_rows: int = field(default=1, metadata=flag_help(
         "CUDA: decode steps of up to this many sequences run each dense decoder layer in six Triton launches (the "
-        "norms, SiLU-and-mul and residual adds fused into the four products; models/gpu_decode_layer.py) instead of "
+        "norms, SiLU-and-mul and residual adds fused into the four products; backends/cuda/decode_layer.py) instead of "
         f"op by op with cuBLAS products; 1-{FUSED_DECODE_MAX_ROWS}, above 1 for bf16/fp16 models (1 = batch 1 "
         "only, its one-row products measured faster than cuBLAS on an H100); ignored on the CPU"))
     enable_pdl: bool = field(default=False, metadata=flag_help(

@@ -19,22 +19,20 @@ from dataclasses import dataclass
 
 import torch
 
+from gh200rt.backends import backend_for
+from gh200rt.backends.cpu.prepack import model_route_form_bytes
+from gh200rt.backends.cuda.graphs import reserve_graph_pool
 from gh200rt.config import EngineConfig
-from gh200rt.engine.cuda_graphs import reserve_graph_pool
 from gh200rt.kv.arena import DeviceArena
 from gh200rt.kv.fp8 import kv_cache_dtype
 from gh200rt.kv.pool import kv_bytes_per_block
-from gh200rt.loader.resolve import resolve_model_path
 from gh200rt.loader.load import LoadedModel, load_model
+from gh200rt.loader.resolve import resolve_model_path
 from gh200rt.lora.install import lora_slot_bytes
 from gh200rt.memory.ledger import DeviceMemoryLedger, ledger_capacity
-from gh200rt.models.cpu_kernels import use_native_cpu_kernels, use_torch_cpu_kernels
-from gh200rt.models.gpu_kernels import use_triton_kernels
-from gh200rt.models.layers.cpu_prepack import model_route_form_bytes, resident_linear_format
 from gh200rt.numa.affinity import bind_engine_threads
 from gh200rt.planner.cost_model import activation_bytes, model_sizes
 from gh200rt.planner.planner import Plan, RankShare, make_plan
-from gh200rt.platform.cpu_features import describe, route_for
 from gh200rt.platform.detect import Platform, detect
 from gh200rt.weights import forms as weight_forms
 from gh200rt.weights.device_moves import linear_parts
@@ -101,12 +99,8 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     useful_kv = config.scheduler.max_num_seqs * longest * sizes.kv_bytes_per_token
     if config.cache.num_kv_blocks is not None:     # asked for: the CPU's default budget holds them all
         useful_kv = max(useful_kv, config.cache.num_kv_blocks * config.cache.block_size * sizes.kv_bytes_per_token)
-    linear_format = None
-    if device == "cpu":
-        route = route_for(config.model.dtype, config.model.cpu_route)
-        log.info("%s", describe(route))
-        linear_format = resident_linear_format(loaded.model, route.linear_format, loaded.quantized,
-                                               native_kernels=config.model.cpu_kernels == "native")
+    backend = backend_for(device)
+    linear_format = backend.linear_format(loaded.model, loaded.quantized, config)
     # the CPU routes' extra forms beside resident weights: fp32 reordered copies, fp16+gguf blocks (layers are
     # alike: layer 0 stands for all)
     parts_of = functools.partial(linear_parts, loaded.quantized, arch.tie_word_embeddings)
@@ -151,7 +145,7 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
                            kv_dtype, device)
 
     store.apply(plan, make_arena)
-    install_kernels(loaded.model, config, device)
+    backend.install_kernels(loaded.model, config, device)
     arena = store.arena
     kv_blocks = arena.num_blocks - arena.pool.num_run_blocks
     plan = dataclasses.replace(plan, num_kv_blocks=kv_blocks, arena_weight_blocks=arena.pool.num_run_blocks)
@@ -164,23 +158,6 @@ def graph_pool_booking(config: EngineConfig, arch, dtype: str, device: str) -> i
     unbounded = DeviceMemoryLedger(capacity=1 << 62)
     reserve_graph_pool(unbounded, config, arch, dtype, device)
     return unbounded.by_kind["graph_pools"]
-
-
-def install_kernels(model: torch.nn.Module, config: EngineConfig, device: str) -> None:
-    """The model's small ops for where it runs: Triton kernels on a GPU (where triton imports), on the CPU
-    the native ops or torch's (``--cpu-kernels``)."""
-    if device != "cpu":
-        if config.model.enable_pdl and torch.cuda.get_device_capability(device)[0] < 9:
-            major, minor = torch.cuda.get_device_capability(device)
-            raise ValueError(f"--enable-pdl needs a GPU of compute capability 9.0 or newer (Hopper); "
-                             f"{torch.cuda.get_device_name(device)} is {major}.{minor}: leave it off")
-        use_triton_kernels(model, fused_decode_rows=config.model.fused_decode_rows, pdl=config.model.enable_pdl)
-    elif config.model.cpu_kernels == "torch":
-        use_torch_cpu_kernels(model)
-    else:
-        why_not = use_native_cpu_kernels(model, long_prompts_native=config.model.batch_invariant)
-        if why_not is not None:
-            log.warning("the CPU model keeps torch's small ops (slower per step): %s", why_not)
 
 
 def bind_threads_near(node: int) -> None:

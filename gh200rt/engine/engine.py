@@ -15,12 +15,12 @@ import functools
 
 import torch
 
+from gh200rt.backends import backend_for
+from gh200rt.backends.cpu.host_allocator import keep_freed_memory
+from gh200rt.backends.cuda.graphs import decode_graphs, reserve_graph_pool
 from gh200rt.config import EngineConfig
-from gh200rt.engine.bootstrap import (DTYPE_NAMES, PlacedModel, install_kernels, load_and_place, max_model_len,
-                                     size_kv_pool)
-from gh200rt.engine.cuda_graphs import decode_graphs, reserve_graph_pool
+from gh200rt.engine.bootstrap import DTYPE_NAMES, PlacedModel, load_and_place, max_model_len, size_kv_pool
 from gh200rt.engine.expert_balancer import ExpertBalancer
-from gh200rt.engine.host_allocator import keep_freed_memory
 from gh200rt.engine.model_runner import ModelRunner
 from gh200rt.engine.reports import EngineReports
 from gh200rt.engine.request_intake import RequestIntake
@@ -75,7 +75,7 @@ class LLMEngine(RequestIntake, EngineReports, EngineSteps):
         configure_kv_scales(model, config.cache.calculate_kv_scales)
         if placed is None:
             if device == "cpu":  # a placed model got its kernels in load_and_place
-                install_kernels(model, config, device)
+                backend_for(device).install_kernels(model, config, device)
             self.ledger = DeviceMemoryLedger(ledger_capacity(config.memory, None, weight_bytes))
             self.ledger.reserve("resident_weights", weight_bytes)
             reserve_graph_pool(self.ledger, config, arch, DTYPE_NAMES[dtype], device)

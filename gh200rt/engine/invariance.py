@@ -15,7 +15,7 @@ of ``BATCH_INVARIANT_BLOCK_ROWS`` rows, so a sequence's tokens do not depend on 
 decoded blocks are published again (they now hold a prefill's bits).
 
 A GPU step keeps its kernels as they are: its attention takes other kernels for decodes, short chunks and
-prompts (``models/gpu_kernels.py``), which row blocks do not make agree (docs/BENCHMARKS.md says what is left).
+prompts (``backends/cuda/ops.py``), which row blocks do not make agree (docs/BENCHMARKS.md says what is left).
 """
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ def compute_dtype(name: str, device: str, checkpoint_dtype: str, cpu_route: str 
     if name != "auto" and name not in _DTYPES:
         raise ModelLoadError(f"dtype {name!r} is not supported; choose auto, {', '.join(_DTYPES)}")
     if str(device).startswith("cpu"):
-        from gh200rt.platform.cpu_features import route_for
+        from gh200rt.backends.cpu.routes import route_for
         return route_for(name, cpu_route).dtype
     if name == "auto":
         return _DTYPES.get(checkpoint_dtype, torch.bfloat16)  # GGUF / fp32 checkpoints compute in bf16 on GPU

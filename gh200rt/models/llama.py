@@ -39,8 +39,8 @@ class DecoderLayer(nn.Module):
             GatedMLP(arch.hidden_size, arch.intermediate_size, dtype, device)
         # the checkpoint's name for the MLP block (weights named model.layers.N.<this>.*)
         self.mlp_checkpoint_name = "block_sparse_moe" if self.sparse and arch.architecture == "mixtral" else "mlp"
-        # the whole layer in one call for a decode step (native CPU ops, models/cpu_decode_layer.py; one-row steps on
-        # CUDA, models/gpu_decode_layer.py): (layer, hidden, residual, cos, sin, meta, kv_cache) with the layer's
+        # the whole layer in one call for a decode step (native CPU ops, backends/cpu/decode_layer.py; one-row steps on
+        # CUDA, backends/cuda/decode_layer.py): (layer, hidden, residual, cos, sin, meta, kv_cache) with the layer's
         # input hidden + residual (residual None: hidden) -> the layer's whole output, or None where it does not apply (the layer then runs op by op: always for an MoE layer,
         # and for a step whose linears run in fixed row blocks, as the native linears take the rows as they come)
         self.decode_layer_fn = None

@@ -44,7 +44,7 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert_gate = RefLinear(h, 1, False, dtype, device) if shared else None
         self.expert_access = NO_EXPERT_ACCESS   # the weight store stages streamed experts through it
         self.routed_tokens: torch.Tensor | None = None   # int64 [E]: (token, choice) pairs routed to each expert
-        # the fused Triton kernels where installed (models/layers/moe_fused.py); None: the grouped torch path
+        # the fused Triton kernels where installed (backends/cuda/fused_moe.py); None: the grouped torch path
         self.fused_experts_fn = None
 
     def forward(self, x: torch.Tensor, block_rows: int | None = None) -> torch.Tensor:

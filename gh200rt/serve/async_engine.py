@@ -23,8 +23,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from gh200rt.backends.cpu.host_allocator import release_freed_memory
 from gh200rt.engine.errors import EngineDeadError
-from gh200rt.engine.host_allocator import release_freed_memory
 from gh200rt.engine.outputs import RequestOutput
 from gh200rt.sampling_params import SamplingParams
 from gh200rt.serve.errors import APIError

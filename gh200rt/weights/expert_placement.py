@@ -9,7 +9,7 @@ arena, platform, slab cache) is shared: the methods here use the store's attribu
 """
 from __future__ import annotations
 
-from gh200rt.models.layers.cpu_prepack import route_form_extra_bytes
+from gh200rt.backends.cpu.prepack import route_form_extra_bytes
 from gh200rt.weights.expert_slab import ExpertSlab
 from gh200rt.weights.expert_staging import EXPERT_STAGING_SLOTS, ExpertRing, ExpertStaging
 from gh200rt.weights.layer_slab import LayerSlab

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from gh200rt.models.layers.cpu_prepack import GGUF_ROW_FORMATS, cpu_route_form
+from gh200rt.backends.cpu.prepack import GGUF_ROW_FORMATS, cpu_route_form
 from gh200rt.weights import forms as weight_forms
 from gh200rt.weights.device_moves import gguf_parts, linear_parts, move_to_device
 from gh200rt.weights.tiers import Tier

@@ -39,7 +39,7 @@ import os
 
 import torch
 
-from gh200rt.models.layers.cpu_prepack import model_route_form_bytes
+from gh200rt.backends.cpu.prepack import model_route_form_bytes
 from gh200rt.models.layers.moe_experts import NO_EXPERT_ACCESS
 from gh200rt.weights import forms as weight_forms
 from gh200rt.weights.arena_runs import ArenaRuns, NoFreeRun  # noqa: F401  (NoFreeRun: users import it here)

@@ -2,7 +2,7 @@
  * attention, the output projection and residual, RMSNorm, gate/up, SiLU-and-mul, down and residual.
  *
  * At one sequence a layer's arithmetic takes ~0.25 ms on 2 cores and the ~10 Python-level op calls around it
- * cost more than that; here the Python side (gh200rt/models/cpu_decode_layer.py) resolves the four linears'
+ * cost more than that; here the Python side (gh200rt/backends/cpu/decode_layer.py) resolves the four linears'
  * current weights to argument blocks and makes one call. Every step is the entry point the layer-by-layer
  * path calls, with the arguments that path passes (the per-linear thread counts among them), and the residual
  * adds are single float32 additions like torch's, so the result has the layer-by-layer path's bits: a fused

@@ -1,5 +1,5 @@
 /* What the native CPU sources share: the packed-weight argument block and the entry points one source calls
- * in another (all are built into one library by kernels/cpu_native.py). */
+ * in another (all are built into one library by gh200rt/backends/cpu/native.py). */
 #ifndef GH_NATIVE_H
 #define GH_NATIVE_H
 #include <stdint.h>

@@ -3,7 +3,7 @@
  * below and the static inline helpers (the OpenMP team, bf16 loads and stores, rows in either dtype, the dot
  * product, the KV pool's rows). gh_native.h declares the entry points one source calls in another.
  *
- * Built by kernels/cpu_native.py with -O3 -march=native -ffp-contract=off and called through ctypes with
+ * Built by gh200rt/backends/cpu/native.py with -O3 -march=native -ffp-contract=off and called through ctypes with
  * data pointers and element strides; the Python side checks shapes, dtypes and devices. dtype: 0 float32,
  * 1 bfloat16 (bits in uint16). Every op rounds where its torch reference rounds: in bf16 each
  * elementwise op's result is rounded to bf16 (R below), and no multiply-add is fused into an FMA

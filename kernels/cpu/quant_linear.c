@@ -14,7 +14,7 @@
  * block's codes are widened once into a per-thread int16 buffer that every row reads (the same operations
  * on the same values, so the same bits as one row alone).
  *
- * Threads: OpenMP, when built with it (kernels/cpu_native.py links the libgomp torch already loaded, so
+ * Threads: OpenMP, when built with it (gh200rt/backends/cpu/native.py links the libgomp torch already loaded, so
  * these regions run on torch's own thread pool instead of a second pool spinning against it).
  */
 #include <math.h>

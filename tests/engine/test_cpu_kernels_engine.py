@@ -2,8 +2,8 @@
 ops generate (the same greedy tokens, or a first difference at a near tie of the torch run)."""
 import pytest
 
+from gh200rt.backends.cpu.native import load_native_ops
 from gh200rt.config import EngineConfig
-from gh200rt.kernels.cpu_native import load_native_ops
 from gh200rt.models.layers import rmsnorm
 from gh200rt.models.layers.attention import SelfAttention
 from gh200rt.sampling_params import SamplingParams
@@ -26,7 +26,7 @@ def test_native_ops_are_the_cpu_default_and_match_torch(tmp_path):
     assert hooks(shared.model) == {"gh200rt.kv.attention"}
     reference = torch_llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2))
     native_llm = shared.llm(num_kv_blocks=128)
-    assert hooks(shared.model) == {"gh200rt.models.cpu_kernels"}
+    assert hooks(shared.model) == {"gh200rt.backends.cpu.ops"}
     norm = next(m for m in shared.model.modules() if isinstance(m, rmsnorm.RMSNorm))
     assert norm.norm_fn is not rmsnorm.rms_norm
     outputs = native_llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
@@ -39,7 +39,7 @@ def test_placed_engine_runs_the_native_ops_in_every_tier():
     engine = LLMEngine.from_config(EngineConfig.from_kwargs(model="smollm2-135m", dtype="float32", max_model_len=64,
                                                             offload="none", layer_tiers="1:streamed,2:direct",
                                                             num_kv_blocks=16))
-    assert all(hooks(layer) == {"gh200rt.models.cpu_kernels"} for layer in engine.runner.model.layers)
+    assert all(hooks(layer) == {"gh200rt.backends.cpu.ops"} for layer in engine.runner.model.layers)
 
 
 def test_cpu_kernels_flag_is_validated():
@@ -52,8 +52,8 @@ def test_cpu_kernels_flag_is_validated():
 def test_torch_kernels_keep_packed_weights_off_the_native_linear(tmp_path, monkeypatch):
     """--cpu-kernels torch reaches int8 / int4 host weights too: their linears run torch's ops, so a broken
     native quantized linear cannot touch that engine (and does touch the default one)."""
+    from gh200rt.backends.cpu.native_ops import NativeOps
     from gh200rt.engine.engine import LLMEngine
-    from gh200rt.kernels.cpu_native_ops import NativeOps
     path = save_tiny_llama(str(tmp_path / "tiny"), num_layers=2, hidden_size=64, intermediate_size=128)
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 

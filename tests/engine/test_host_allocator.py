@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from gh200rt.engine.host_allocator import _glibc
+from gh200rt.backends.cpu.host_allocator import _glibc
 
 PROBE = textwrap.dedent("""
     import ctypes, torch
@@ -47,7 +47,7 @@ def test_glibc_defaults_map_and_unmap_a_large_block():
 
 
 def test_keep_freed_memory_keeps_the_block_in_the_heap():
-    mapped, heap_after_free = _probe("from gh200rt.engine.host_allocator import keep_freed_memory; "
+    mapped, heap_after_free = _probe("from gh200rt.backends.cpu.host_allocator import keep_freed_memory; "
                                      "assert keep_freed_memory()")
     assert mapped < BLOCK and heap_after_free >= BLOCK
 
@@ -64,7 +64,7 @@ def test_a_cpu_engine_applies_it():
 def test_release_freed_memory_gives_the_kept_pages_back():
     code = textwrap.dedent("""
         import os, torch
-        from gh200rt.engine.host_allocator import keep_freed_memory, release_freed_memory
+        from gh200rt.backends.cpu.host_allocator import keep_freed_memory, release_freed_memory
         rss = lambda: int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
         assert keep_freed_memory()
         block = torch.ones(BLOCK // 4, dtype=torch.float32)           # touched: resident

@@ -1,11 +1,11 @@
-"""The one-row decode layer in six launches (models/gpu_decode_layer.py) compiled on CUDA: the op-by-op Triton
+"""The one-row decode layer in six launches (backends/cuda/decode_layer.py) compiled on CUDA: the op-by-op Triton
 path's logits (float32 to 1e-5; bfloat16 teacher-forced to a few units of the last place, the same greedy
 tokens), taken on every decode step, and three launches fewer per layer and step (nine op by op, where the
 residual add at a layer boundary is fused into the next norm)."""
 import pytest
 import torch
 
-from gh200rt.models.gpu_kernels import use_triton_kernels
+from gh200rt.backends.cuda.ops import use_triton_kernels
 from tests.gpu.gpu_models import Steps, tiny_arch, tiny_model
 
 pytestmark = pytest.mark.gpu

@@ -4,8 +4,9 @@ MLP uses the SiluAndMul module) give the logits of the torch path, with RoPE and
 import pytest
 import torch
 
-from gh200rt.models import gpu_kernels
-from gh200rt.models.gpu_kernels import use_torch_kernels, use_triton_kernels
+from gh200rt.backends.cuda import ops as cuda_ops
+from gh200rt.backends.cuda.ops import use_triton_kernels
+from gh200rt.backends.interface import use_torch_kernels
 from gh200rt.models.layers.attention import SelfAttention
 from gh200rt.models.layers.rmsnorm import RMSNorm
 from tests.gpu.gpu_models import Steps, tiny_arch, tiny_model
@@ -45,11 +46,11 @@ def test_triton_model_matches_torch_path(compiled_triton, dtype, qk_norm, prompt
     prompt = [(31 * i + 5) % arch.vocab_size for i in range(prompt_len)]
     ids, torch_path = Steps(model, "cuda").greedy(prompt, 5)
     assert use_triton_kernels(model) is True
-    assert all(m.attention_fn is gpu_kernels.triton_paged_attention
+    assert all(m.attention_fn is cuda_ops.triton_paged_attention
                for m in model.modules() if isinstance(m, SelfAttention))
-    assert all(m.norm_fn is gpu_kernels.triton_rms_norm and m.add_norm_fn is gpu_kernels.triton_add_rms_norm
+    assert all(m.norm_fn is cuda_ops.triton_rms_norm and m.add_norm_fn is cuda_ops.triton_add_rms_norm
                for m in model.modules() if isinstance(m, RMSNorm))
-    assert all(m.decode_block_fn is gpu_kernels.triton_decode_block   # q/k norms, RoPE and the KV store fused
+    assert all(m.decode_block_fn is cuda_ops.triton_decode_block   # q/k norms, RoPE and the KV store fused
                for m in model.modules() if isinstance(m, SelfAttention))
     triton_path = Steps(model, "cuda").forced(ids, prompt_len)
     if dtype == torch.float32:

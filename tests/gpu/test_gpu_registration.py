@@ -2,7 +2,7 @@
 and Triton's pointer check (issue 10, item 10): the same checks scripts/validate_gpu.py runs first."""
 import pytest
 
-from gh200rt.platform.registration_check import check_registered_slab, failure_message
+from gh200rt.backends.cuda.registration_check import check_registered_slab, failure_message
 
 
 def assert_all_pass(platform):

@@ -16,12 +16,11 @@ import time
 import pytest
 import torch
 
-from gh200rt.engine.cuda_graphs import GraphAddressChanged
+from gh200rt.backends.cuda.graphs import GraphAddressChanged
 from gh200rt.serve.metrics import _engine_lines
 from gh200rt.weights.tiers import Tier
 from tests.engine.real_models import save_tiny_llama
 from tests.graphs.decode_runs import BUCKETS, EVERY_2ND, LAYERS, PLACEMENTS, generate, generate_outputs, make_engine
-
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gh200rt.kernels import cpu_native
-from gh200rt.kernels.cpu_native_ops import NativeOps
+from gh200rt.backends.cpu import native
+from gh200rt.backends.cpu.native_ops import NativeOps
 
 
 def native_ops_for(march: str, cache_dir) -> NativeOps:
@@ -13,9 +13,9 @@ def native_ops_for(march: str, cache_dir) -> NativeOps:
     (``load_native_ops()``) as it was."""
     patch = pytest.MonkeyPatch()
     patch.setenv("GH200RT_CACHE_DIR", str(cache_dir))
-    patch.setattr(cpu_native, "FLAGS", tuple(f"-march={march}" if flag == "-march=native" else flag
-                                             for flag in cpu_native.FLAGS))
+    patch.setattr(native, "FLAGS", tuple(f"-march={march}" if flag == "-march=native" else flag
+                                             for flag in native.FLAGS))
     try:
-        return cpu_native._load()
+        return native._load()
     finally:
         patch.undo()

@@ -10,7 +10,7 @@ import platform
 import pytest
 import torch
 
-from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
+from gh200rt.backends.cpu.native import load_native_ops, native_ops_error
 from tests.kernels.native_builds import native_ops_for
 from tests.kernels.threads import with_threads
 

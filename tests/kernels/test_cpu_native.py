@@ -8,8 +8,8 @@ torch ops giving the same greedy tokens) are at the end."""
 import pytest
 import torch
 
-from gh200rt.kernels import cpu_native
-from gh200rt.kernels.cpu_native import NativeOpsError, load_native_ops
+from gh200rt.backends.cpu import native
+from gh200rt.backends.cpu.native import NativeOpsError, load_native_ops
 from gh200rt.kernels.half_weight import NATIVE_F16_MAX_ROWS, fbgemm_fp16_available
 from gh200rt.kernels.quant import HalfWeight
 from gh200rt.kv import fp8
@@ -22,7 +22,7 @@ from tests.kernels.paged_cases import scattered_case
 from tests.kernels.threads import with_threads
 
 OPS = load_native_ops()
-pytestmark = pytest.mark.skipif(OPS is None, reason=f"native CPU ops unavailable: {cpu_native.native_ops_error()}")
+pytestmark = pytest.mark.skipif(OPS is None, reason=f"native CPU ops unavailable: {native.native_ops_error()}")
 DTYPES = [torch.float32, torch.bfloat16]
 
 
@@ -194,15 +194,15 @@ def test_extend_hook_takes_the_multi_token_rows():
 
 def test_long_contexts_stay_with_sdpa(monkeypatch):
     """The attention adapter sends a multi-token group past ``EXTEND_MAX_KEYS`` to SDPA, shorter ones to the kernel."""
-    from gh200rt.models import cpu_kernels
-    attention = cpu_kernels.native_cpu_ops(OPS)["attention"]
+    from gh200rt.backends.cpu import ops
+    attention = ops.native_cpu_ops(OPS)["attention"]
     q, pool, meta, _ = scattered_case([6, 9], [40, 9], 9, 3, 64, 8, torch.float32, seed=16)
     sdpa = paged_attention(q, pool, meta, 0.125, 3)
     kernel = OPS.extend_attention(q, pool, meta.block_tables, meta.seq_lens, _query_starts([6, 9]), 0.125)
     assert not torch.equal(sdpa, kernel)   # the two differ in the last bits, so the route shows
-    monkeypatch.setattr(cpu_kernels, "EXTEND_MAX_KEYS", 40)
+    monkeypatch.setattr(ops, "EXTEND_MAX_KEYS", 40)
     assert torch.equal(attention(q, pool, meta, 0.125, 3), kernel)
-    monkeypatch.setattr(cpu_kernels, "EXTEND_MAX_KEYS", 39)
+    monkeypatch.setattr(ops, "EXTEND_MAX_KEYS", 39)
     assert torch.equal(attention(q, pool, meta, 0.125, 3), sdpa)
 
 
@@ -247,8 +247,8 @@ def test_attention_reads_an_fp8_pool_as_its_dequantized_copy(dtype, fp8_dtype):
 
 
 def test_the_attention_adapter_takes_fp8_pools_to_the_kernels():
-    from gh200rt.models import cpu_kernels
-    attention = cpu_kernels.native_cpu_ops(OPS)["attention"]
+    from gh200rt.backends.cpu import ops
+    attention = ops.native_cpu_ops(OPS)["attention"]
     query_lens, seq_lens = [1, 12, 1, 4], [30, 12, 9, 17]
     q, stored, widened, kv_scale, meta = fp8_case(query_lens, seq_lens, torch.float32, torch.float8_e4m3fn, seed=33)
     assert torch.equal(attention(q, stored, meta, 0.125, 3, kv_scale), attention(q, widened, meta, 0.125, 3))
@@ -385,29 +385,29 @@ def test_decode_attention_on_the_arena_pool():
 
 
 def test_build_without_a_compiler_says_why(monkeypatch):
-    monkeypatch.setattr(cpu_native, "_compiler", lambda: None)
+    monkeypatch.setattr(native, "_compiler", lambda: None)
     with pytest.raises(NativeOpsError, match="no C compiler"):
-        cpu_native._load()
+        native._load()
 
 
 def test_build_is_cached_per_source_and_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("GH200RT_CACHE_DIR", str(tmp_path))
-    cc = cpu_native._compiler()
-    first = cpu_native._build(cc)
+    cc = native._compiler()
+    first = native._build(cc)
     assert first.parent == tmp_path / "native" and first.exists()
     stamp = first.stat().st_mtime_ns
-    assert cpu_native._build(cc) == first and first.stat().st_mtime_ns == stamp  # loaded, not rebuilt
-    monkeypatch.setattr(cpu_native, "_cpu_identity", lambda: "another machine")
-    assert cpu_native._build(cc) != first
+    assert native._build(cc) == first and first.stat().st_mtime_ns == stamp  # loaded, not rebuilt
+    monkeypatch.setattr(native, "_cpu_identity", lambda: "another machine")
+    assert native._build(cc) != first
 
 
 def test_a_broken_source_reports_the_compiler_error(tmp_path, monkeypatch):
     broken = tmp_path / "layer_ops.c"
     broken.write_text("void gh_rms_norm( {\n")
-    monkeypatch.setattr(cpu_native, "SOURCES", (broken,) + cpu_native.SOURCES[1:])
+    monkeypatch.setattr(native, "SOURCES", (broken,) + native.SOURCES[1:])
     monkeypatch.setenv("GH200RT_CACHE_DIR", str(tmp_path / "cache"))
     with pytest.raises(NativeOpsError, match="failed to build layer_ops.c"):
-        cpu_native._build(cpu_native._compiler())
+        native._build(native._compiler())
 
 
 # ---- the native quantized linear (kernels/cpu/quant_linear.c) --------------------------------------------

@@ -11,7 +11,7 @@ import platform
 import pytest
 import torch
 
-from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
+from gh200rt.backends.cpu.native import load_native_ops, native_ops_error
 from gh200rt.platform.cpu_features import cpu_flags
 from tests.kernels.native_builds import native_ops_for
 from tests.kernels.paged_cases import scattered_case

@@ -134,7 +134,8 @@ def _tiny_block(scale_fp32: bool = False):
 
 
 def test_installed_block_matches_the_grouped_path_and_falls_back_for_streamed_experts():
-    from gh200rt.models.gpu_kernels import TRITON_OPS, switch_hooks
+    from gh200rt.backends.cuda.ops import TRITON_OPS
+    from gh200rt.backends.interface import switch_hooks
     from gh200rt.models.layers.moe_experts import ExpertAccess
     block = _tiny_block()
     x = torch.randn(7, H, generator=torch.Generator().manual_seed(2))
@@ -155,7 +156,8 @@ def test_installed_block_matches_the_grouped_path_and_falls_back_for_streamed_ex
 
 
 def test_a_repointed_expert_rebuilds_the_tables():
-    from gh200rt.models.gpu_kernels import TRITON_OPS, switch_hooks
+    from gh200rt.backends.cuda.ops import TRITON_OPS
+    from gh200rt.backends.interface import switch_hooks
     block = _tiny_block()
     switch_hooks(block, TRITON_OPS)
     x = torch.randn(5, H, generator=torch.Generator().manual_seed(4))

@@ -1,4 +1,4 @@
-"""The one-call decode layer (models/cpu_decode_layer.py, kernels/cpu/decode_layer.c) against the same layer run
+"""The one-call decode layer (backends/cpu/decode_layer.py, kernels/cpu/decode_layer.c) against the same layer run
 op by op on the same native ops: the same output bits and the same KV pool, for every weight form it takes,
 and None (the op-by-op path) wherever any op would go elsewhere."""
 from __future__ import annotations
@@ -6,14 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
+from gh200rt.backends.cpu.linear import NATIVE_F32_MAX_ROWS
+from gh200rt.backends.cpu.native import load_native_ops, native_ops_error
+from gh200rt.backends.cpu.ops import use_native_cpu_kernels, use_torch_cpu_kernels
+from gh200rt.backends.cpu.prepack import NativeRowsWeight, OneDNNWeight, OneRowBlocksWeight
 from gh200rt.kernels.half_weight import NATIVE_F16_MAX_ROWS
 from gh200rt.kernels.quant import HalfWeight, pack_weight
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.models.base import AttentionMetadata
-from gh200rt.models.cpu_kernels import use_native_cpu_kernels, use_torch_cpu_kernels
-from gh200rt.models.layers.cpu_linear import NATIVE_F32_MAX_ROWS, onednn_available
-from gh200rt.models.layers.cpu_prepack import NativeRowsWeight, OneDNNWeight, OneRowBlocksWeight
+from gh200rt.models.layers.dense import onednn_available
 from gh200rt.models.registry import build_model
 
 OPS = load_native_ops()

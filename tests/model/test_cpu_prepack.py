@@ -7,18 +7,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gh200rt.backends.cpu import prepack
+from gh200rt.backends.cpu.linear import NATIVE_F32_MAX_ROWS, native_dense_linear
+from gh200rt.backends.cpu.native import load_native_ops, native_ops_error
+from gh200rt.backends.cpu.ops import use_native_cpu_kernels
+from gh200rt.backends.cpu.prepack import OneDNNWeight, linear_formats, resident_linear_format
+from gh200rt.backends.cpu.routes import route_for
+from gh200rt.config import MemoryConfig
 from gh200rt.kernels.quant import HalfWeight
 from gh200rt.models.arch_config import ArchConfig
-from gh200rt.config import MemoryConfig
-from gh200rt.models.layers import cpu_prepack
-from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
-from gh200rt.models.cpu_kernels import use_native_cpu_kernels
-from gh200rt.models.layers.cpu_linear import NATIVE_F32_MAX_ROWS, dense_linear, native_dense_linear, onednn_available
-from gh200rt.models.layers.cpu_prepack import OneDNNWeight, linear_formats, resident_linear_format
+from gh200rt.models.layers.dense import dense_linear, onednn_available
 from gh200rt.models.registry import build_model
 from gh200rt.planner.cost_model import model_sizes
 from gh200rt.planner.planner import make_plan
-from gh200rt.platform.cpu_features import route_for
 from gh200rt.platform.detect import detect
 from gh200rt.weights.store import WeightStore
 
@@ -100,10 +101,10 @@ def wide_fp32_model():
 
 @needs_onednn
 def test_fp32_probe_passes_here_and_resident_weights_are_reordered(monkeypatch):
-    monkeypatch.setattr(cpu_prepack, "_probed", {})
+    monkeypatch.setattr(prepack, "_probed", {})
     model = wide_fp32_model()
     assert resident_linear_format(model, "onednn-fp32", native_kernels=False) == "onednn-fp32"
-    assert set(cpu_prepack._probed) == {(1024, 512, False), (512, 512, False), (2048, 512, False),
+    assert set(prepack._probed) == {(1024, 512, False), (512, 512, False), (2048, 512, False),
                                         (512, 1024, False)}
     embedding = model.embed_tokens.clone()
     dense = {k: r.current.clone() for k, r in model.layer_weight_refs(1).items()}
@@ -126,7 +127,7 @@ def test_fp32_native_rows_form_keeps_dense_bytes_and_the_streamed_bits(monkeypat
     ops = load_native_ops()
     if ops is None:
         pytest.skip(f"native CPU ops unavailable: {native_ops_error()}")
-    monkeypatch.setattr(cpu_prepack, "_probed", {})
+    monkeypatch.setattr(prepack, "_probed", {})
     model = wide_fp32_model()
     assert resident_linear_format(model, "onednn-fp32", native_kernels=True) == "onednn-fp32+native"
     assert use_native_cpu_kernels(model) is None
@@ -160,11 +161,11 @@ def test_fp32_small_weights_stay_dense():
 @needs_onednn
 def test_fp32_probe_mismatch_keeps_dense_weights(monkeypatch, caplog):
     exact = OneDNNWeight.linear
-    monkeypatch.setattr(cpu_prepack, "_probed", {})
+    monkeypatch.setattr(prepack, "_probed", {})
     monkeypatch.setattr(OneDNNWeight, "linear", lambda self, x, bias=None:
                         torch.nextafter(exact(self, x, bias), torch.tensor(float("inf"))))
     model = wide_fp32_model()
-    with caplog.at_level(logging.WARNING, logger=cpu_prepack.__name__):
+    with caplog.at_level(logging.WARNING, logger=prepack.__name__):
         assert resident_linear_format(model, "onednn-fp32") is None
     assert "keep dense weights" in caplog.text and "(2048, 512, False)" in caplog.text
     assert resident_linear_format(model, "onednn-bf16", native_kernels=False) == "onednn-bf16"  # not probed
@@ -211,7 +212,7 @@ def test_fp16_route_converts_fp32_weights_to_half_weights():
 
 def test_the_bf16_route_takes_the_amx_form_where_amx_runs():
     model = build_model(tiny_arch(), torch.bfloat16)
-    want = "amx-bf16" if cpu_prepack.amx_available() else "dot-bf16" if cpu_prepack.bf16_dot_available() \
+    want = "amx-bf16" if prepack.amx_available() else "dot-bf16" if prepack.bf16_dot_available() \
         else "onednn-bf16"
     assert resident_linear_format(model, "onednn-bf16") == want
     assert resident_linear_format(model, "onednn-bf16", native_kernels=False) == "onednn-bf16"
@@ -228,7 +229,7 @@ class CountingOps:
         return self.ops.amx_linear(*args, **kwargs)
 
 
-@pytest.mark.skipif(not cpu_prepack.amx_available(), reason="this CPU or OS runs no AMX tiles")
+@pytest.mark.skipif(not prepack.amx_available(), reason="this CPU or OS runs no AMX tiles")
 def test_amx_form_takes_a_prompt_steps_rows_in_one_call():
     """Resident bf16 linears with K a multiple of 32 take the AMX form (down_proj's K of 48 keeps oneDNN's); a step
     of prompt positions (row blocks asked for) multiplies all its rows in one call, each row with its bits alone."""
@@ -250,7 +251,7 @@ def test_amx_form_takes_a_prompt_steps_rows_in_one_call():
     store.close()
 
 
-@pytest.mark.skipif(not cpu_prepack.amx_available(), reason="this CPU or OS runs no AMX tiles")
+@pytest.mark.skipif(not prepack.amx_available(), reason="this CPU or OS runs no AMX tiles")
 def test_the_gated_mlp_fuses_the_silu_into_the_amx_product_with_the_same_bits():
     """gate_up is packed gated (its halves of 48 rows are multiples of 16); with the native ops the MLP computes
     silu(gate) * up in the product's call, with the bits of the product followed by the native silu_mul; with

@@ -21,8 +21,8 @@ import os
 
 import pytest
 
-from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
-from gh200rt.platform.cpu_features import route_for
+from gh200rt.backends.cpu.native import load_native_ops, native_ops_error
+from gh200rt.backends.cpu.routes import route_for
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "eval_cpu_routes.py")
 MEAN_LOGIT_ERR = {"bf16": 0.25, "fp16": 0.02, "int8-bf16": 0.5, "gguf-rows": 0.005, "gguf-rows-bf16": 0.25}

@@ -1,17 +1,17 @@
-"""The one-row decode layer in six launches (models/gpu_decode_layer.py), interpreted here: a decode step gives the
+"""The one-row decode layer in six launches (backends/cuda/decode_layer.py), interpreted here: a decode step gives the
 op-by-op Triton path's logits and KV cache, bit for bit in float32 (for Llama and Qwen3's q/k norms; bfloat16 to
 the interpreter's rounding); steps it does not apply to (a prefill, a quantized linear) run op by op."""
 import pytest
 import torch
 
+from gh200rt.backends.cuda.decode_layer import fused_decode_layer, gpu_decode_layer
+from gh200rt.backends.cuda.ops import TRITON_OPS, install_triton_kernels
 from gh200rt.kernels import gemv as gemv_module
 from gh200rt.kernels.quant import pack_weight
 from gh200rt.kv.pool import allocate_kv_caches
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.models.base import AttentionMetadata
-from gh200rt.models.gpu_decode_layer import fused_decode_layer, gpu_decode_layer
-from gh200rt.models.gpu_kernels import TRITON_OPS, install_triton_kernels
-from gh200rt.models.layers.cpu_linear import dense_linear
+from gh200rt.models.layers.dense import dense_linear
 from gh200rt.models.layers.linear import RefLinear
 from gh200rt.models.llama import LlamaForCausalLM
 

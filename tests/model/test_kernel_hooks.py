@@ -3,12 +3,13 @@ with the same results, and back to torch bit for bit."""
 import pytest
 import torch
 
+from gh200rt.backends.cuda import ops as cuda_ops
+from gh200rt.backends.cuda.ops import install_triton_kernels, use_triton_kernels
+from gh200rt.backends.interface import use_torch_kernels
 from gh200rt.kv import attention as torch_attention
 from gh200rt.kv.pool import allocate_kv_caches
-from gh200rt.models import gpu_kernels
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.models.base import AttentionMetadata
-from gh200rt.models.gpu_kernels import install_triton_kernels, use_torch_kernels, use_triton_kernels
 from gh200rt.models.layers.activation import SiluAndMul, silu_and_mul
 from gh200rt.models.layers.attention import SelfAttention
 from gh200rt.models.layers.rmsnorm import RMSNorm, rms_norm
@@ -79,14 +80,14 @@ def test_triton_kernels_match_the_torch_path(monkeypatch, qk_norm, prompt_len):
     err = (got - want).abs().max().item()
     print(f"Triton (interpreted) vs torch, qk_norm={qk_norm} prompt={prompt_len}: worst logit error {err:.2e}")
     assert err < 1e-4
-    triton_steps = ([prompt_len] if prompt_len <= gpu_kernels.TRITON_ATTENTION_MAX_QUERY else []) + [1, 1]
+    triton_steps = ([prompt_len] if prompt_len <= cuda_ops.TRITON_ATTENTION_MAX_QUERY else []) + [1, 1]
     assert kernel_calls == [t for t in triton_steps for _ in range(2)], "the long prefill keeps the torch attention"
     # every step the Triton attention takes rotates and stores in one launch (Qwen3's q/k norms in it too)
     assert fused_calls == kernel_calls
     rotary = {id(m.rotary_fn): m.rotary_fn for m in model.modules() if isinstance(m, SelfAttention)}
     assert len(rotary) == 1                       # one adapter for the model's layers
     tables = next(iter(rotary.values())).tables_built
-    assert tables == (prompt_len > gpu_kernels.TRITON_ATTENTION_MAX_QUERY), \
+    assert tables == (prompt_len > cuda_ops.TRITON_ATTENTION_MAX_QUERY), \
         "the cos|sin table is built once per step that rotates apart from the store (the long prefill), not per layer"
     use_torch_kernels(model)
     assert all(m.add_norm_fn is None for m in model.modules() if isinstance(m, RMSNorm))
@@ -97,10 +98,10 @@ def test_long_prefill_keeps_torch_attention(monkeypatch):
     calls = []
     real = torch_attention.paged_attention
     monkeypatch.setattr(torch_attention, "paged_attention", lambda *a: calls.append(a[0].shape[0]) or real(*a))
-    q = torch.randn(gpu_kernels.TRITON_ATTENTION_MAX_QUERY + 1, 4, 8)
+    q = torch.randn(cuda_ops.TRITON_ATTENTION_MAX_QUERY + 1, 4, 8)
     kv = torch.randn(2, 4, BLOCK, 2, 8)
     meta = AttentionMetadata.build([q.shape[0]], [q.shape[0]], [[1, 2]], BLOCK)
-    out = gpu_kernels.triton_paged_attention(q, kv, meta, 8 ** -0.5, 2)
+    out = cuda_ops.triton_paged_attention(q, kv, meta, 8 ** -0.5, 2)
     assert calls == [q.shape[0]] and out.shape == q.shape
 
 
@@ -109,6 +110,6 @@ def test_triton_activation_module_matches_torch(shape):
     x = torch.randn(*shape)
     act = SiluAndMul()
     want = act(x)
-    act.act_fn = gpu_kernels.triton_silu_and_mul
+    act.act_fn = cuda_ops.triton_silu_and_mul
     got = act(x)
     assert got.shape == want.shape and (got - want).abs().max().item() < 1e-5

@@ -3,11 +3,11 @@ counter itself."""
 import pytest
 import torch
 
+from gh200rt.backends.cuda.ops import install_triton_kernels
 from gh200rt.kv.pool import allocate_kv_caches
 from gh200rt.launch_count import counting_launches
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.models.base import AttentionMetadata
-from gh200rt.models.gpu_kernels import install_triton_kernels
 from gh200rt.models.llama import LlamaForCausalLM
 
 BLOCK = 16

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gh200rt.kernels.quant import pack_weight
-from gh200rt.models.layers.cpu_linear import onednn_available
+from gh200rt.models.layers.dense import onednn_available
 from gh200rt.models.layers.linear import ROW_BLOCK_SIZES, RefLinear
 from gh200rt.models.layers.row_blocks import RowBlockSizes, block_cuts, in_row_blocks, ladder, probe_sizes
 
@@ -84,11 +84,11 @@ def _forms(n: int, k: int):
     forms = {"float32": (dense, torch.float32), "bf16": (dense.bfloat16(), torch.bfloat16)}
     for fmt in ("int8", "int4", "fp16"):
         forms[fmt] = (pack_weight(dense, fmt), torch.float32)
-    from gh200rt.models.layers.cpu_prepack import OneDNNWeight
+    from gh200rt.backends.cpu.prepack import OneDNNWeight
     forms["onednn-bf16"] = (OneDNNWeight(dense.bfloat16()), torch.bfloat16)
-    from gh200rt.models.layers.cpu_prepack import AmxWeight, amx_available
+    from gh200rt.backends.cpu.prepack import AmxWeight, amx_available
     if amx_available() and k % 32 == 0:
-        from gh200rt.kernels.cpu_native import load_native_ops
+        from gh200rt.backends.cpu.native import load_native_ops
         forms["amx-bf16"] = (AmxWeight(dense.bfloat16(), load_native_ops()), torch.bfloat16)
     return forms
 

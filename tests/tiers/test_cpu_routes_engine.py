@@ -5,16 +5,16 @@ the same bits streamed (slots poisoned before every copy) as direct."""
 import pytest
 import torch
 
+from gh200rt.backends.cpu import prepack
+from gh200rt.backends.cpu.native import load_native_ops, native_ops_error
+from gh200rt.backends.cpu.prepack import AmxWeight, OneDNNWeight, amx_available, linear_formats
+from gh200rt.backends.cpu.routes import route_for
 from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
 from gh200rt.engine.llm import LLM
-from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
 from gh200rt.kernels.quant import PackedWeight
 from gh200rt.memory.ledger import CPU_DEFAULT_KV_BYTES
-from gh200rt.models.layers import cpu_prepack
-from gh200rt.models.layers.cpu_linear import onednn_available
-from gh200rt.models.layers.cpu_prepack import AmxWeight, OneDNNWeight, amx_available, linear_formats
-from gh200rt.platform.cpu_features import route_for
+from gh200rt.models.layers.dense import onednn_available
 from gh200rt.sampling_params import SamplingParams
 from tests.engine.real_models import save_tiny_llama
 
@@ -87,7 +87,7 @@ def reordered_copies(model) -> int:
     total = 0
     for ref in refs + [model.lm_head.weight_ref]:
         form = ref.current
-        if isinstance(form, cpu_prepack.NativeRowsWeight):
+        if isinstance(form, prepack.NativeRowsWeight):
             form = form.batch
         total += form.packed.nbytes if isinstance(form, OneDNNWeight) else 0
     return total
@@ -175,7 +175,7 @@ def test_float32_native_rows_agree_with_torch_kernels_closely(wide):
 @pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN inner product")
 def test_float32_probe_mismatch_keeps_dense_resident_weights(wide, monkeypatch):
     exact = OneDNNWeight.linear
-    monkeypatch.setattr(cpu_prepack, "_probed", {})
+    monkeypatch.setattr(prepack, "_probed", {})
     monkeypatch.setattr(OneDNNWeight, "linear", lambda self, x, bias=None:
                         torch.nextafter(exact(self, x, bias), torch.tensor(float("inf"))))
     eng = engine(wide, dtype="float32", offload="none")

@@ -4,11 +4,11 @@ poisoned before every copy), resident layers hold the route's own form, and on t
 compute those bits too (DESIGN invariant 4)."""
 import pytest
 
+from gh200rt.backends.cpu.prepack import amx_available, linear_formats
 from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
 from gh200rt.engine.llm import LLM
-from gh200rt.models.layers.cpu_linear import onednn_available
-from gh200rt.models.layers.cpu_prepack import amx_available, linear_formats
+from gh200rt.models.layers.dense import onednn_available
 from gh200rt.sampling_params import SamplingParams
 from tests.engine.real_models import save_tiny_llama
 

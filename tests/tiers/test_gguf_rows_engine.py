@@ -1,4 +1,4 @@
-"""The GGUF row forms (``cpu_prepack.OneRowBlocksWeight``): on the fp16 and bf16 CPU routes, a GGUF checkpoint's
+"""The GGUF row forms (``prepack.OneRowBlocksWeight``): on the fp16 and bf16 CPU routes, a GGUF checkpoint's
 linears keep their Q4_1 / Q8_0 blocks for single rows (one sequence decoding, through the native quantized
 linear) beside the route's batch form (fp16 for ``fp16+gguf``, oneDNN's reordered bf16 for ``onednn-bf16+gguf``, the
 AMX tile layout for ``amx-bf16+gguf``).
@@ -7,13 +7,13 @@ fp16 on an AVX2 CPU without native bf16, bf16 on one with it."""
 import pytest
 import torch
 
+from gh200rt.backends.cpu.native import load_native_ops, native_ops_error
+from gh200rt.backends.cpu.prepack import (OneDNNWeight, OneRowBlocksWeight, amx_available, bf16_dot_available,
+                                          linear_formats)
 from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
 from gh200rt.engine.llm import LLM
-from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
 from gh200rt.kernels.quant import HalfWeight, PackedWeight, quantize_int4
-from gh200rt.models.layers.cpu_prepack import (OneDNNWeight, OneRowBlocksWeight, amx_available, bf16_dot_available,
-                                               linear_formats)
 from gh200rt.sampling_params import SamplingParams
 from tests.cpu_routes import TEST_ROUTES, native_build
 from tests.engine.real_models import assert_same_or_near_tie

@@ -8,11 +8,11 @@ import random
 
 import pytest
 
-from gh200rt.models.layers.cpu_prepack import linear_formats
+from gh200rt.backends.cpu.prepack import linear_formats
+from gh200rt.sampling_params import SamplingParams
 from tests.model.tiny_checkpoints import save_tiny
 from tests.tiers.test_cpu_routes_engine import engine as route_engine
 from tests.tiers.test_cpu_routes_engine import run as route_run
-from gh200rt.sampling_params import SamplingParams
 from tests.tiers.test_engine_placement import engine, run
 
 PLACEMENTS = {

@@ -1,8 +1,8 @@
 """The registration check's CPU-side contract: it refuses the cpu platform and reports every failed check."""
 import pytest
 
+from gh200rt.backends.cuda.registration_check import Check, check_registered_slab, failure_message
 from gh200rt.platform.detect import detect
-from gh200rt.platform.registration_check import Check, check_registered_slab, failure_message
 
 
 def test_refuses_the_cpu_platform():

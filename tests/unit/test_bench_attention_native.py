@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
+from gh200rt.backends.cpu.native import load_native_ops, native_ops_error
 
 ROOT = Path(__file__).resolve().parents[2]
 

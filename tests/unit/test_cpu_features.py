@@ -1,9 +1,11 @@
 """CPU route selection: flags read from a cpuinfo file, and the route each kind of CPU gets."""
 import torch
 
+from gh200rt.backends.cpu import routes
+from gh200rt.backends.cpu.routes import choose_route, route_for
 from gh200rt.kernels.half_weight import fbgemm_fp16_available
 from gh200rt.platform import cpu_features
-from gh200rt.platform.cpu_features import choose_route, read_cpu_flags, route_for
+from gh200rt.platform.cpu_features import read_cpu_flags
 
 CPUINFO = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -47,6 +49,6 @@ def test_explicit_dtypes_override_detection():
     assert (exact.name, exact.dtype, exact.linear_format) == ("fp32", torch.float32, "onednn-fp32")
     assert route_for("bfloat16").dtype == torch.bfloat16
     assert route_for("float16").dtype == torch.float16 and route_for("float16").linear_format is None
-    detected = choose_route(cpu_features.cpu_flags(), cpu_features._onednn_bf16_ok(), fbgemm_fp16_available())
+    detected = choose_route(cpu_features.cpu_flags(), routes._onednn_bf16_ok(), fbgemm_fp16_available())
     assert route_for("auto") == detected
-    assert detected.name in cpu_features.describe(detected)
+    assert detected.name in routes.describe(detected)

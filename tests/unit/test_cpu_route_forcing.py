@@ -7,12 +7,10 @@ import platform
 import pytest
 import torch
 
+from gh200rt.backends.cpu import native, prepack, routes
+from gh200rt.backends.cpu.routes import ROUTES, route_for, routes_available
 from gh200rt.cli_args import add_engine_arguments, engine_config_from_args
 from gh200rt.config import EngineConfig, ModelConfig
-from gh200rt.kernels import cpu_native
-from gh200rt.models.layers import cpu_prepack
-from gh200rt.platform import cpu_features
-from gh200rt.platform.cpu_features import ROUTES, route_for, routes_available
 from tests.cpu_routes import TEST_ROUTES, expected_here, expected_routes, native_build
 
 
@@ -42,11 +40,11 @@ def test_a_route_with_its_own_dtype_or_auto_is_accepted():
 
 @pytest.mark.parametrize("name", routes_available())
 def test_a_forced_route_wins_over_detection(name):
-    assert route_for("auto", name) == cpu_features._ROUTES[name]
+    assert route_for("auto", name) == routes._ROUTES[name]
 
 
 def test_a_route_that_cannot_execute_is_refused_with_the_reason(monkeypatch):
-    monkeypatch.setattr(cpu_features, "_onednn_bf16_ok", lambda: False)
+    monkeypatch.setattr(routes, "_onednn_bf16_ok", lambda: False)
     with pytest.raises(ValueError, match=r"--cpu-route bf16: this torch's oneDNN reports no bf16 support .*; this "
                                          r"machine runs .*fp32 \(or leave --cpu-route auto\)"):
         route_for("auto", "bf16")
@@ -75,20 +73,20 @@ def test_expected_routes_follow_the_cpu():
 def test_the_portable_route_loads_the_baseline_build():
     if TEST_ROUTES["fp32-portable"].unavailable() is not None:
         pytest.skip(TEST_ROUTES["fp32-portable"].unavailable())
-    vector = cpu_native.load_native_ops()
+    vector = native.load_native_ops()
     with native_build():
-        portable = cpu_native.load_native_ops()
-        assert "-march=x86-64" in cpu_native.FLAGS and portable._lib._name != vector._lib._name
-    assert cpu_native.load_native_ops()._lib._name == vector._lib._name
+        portable = native.load_native_ops()
+        assert "-march=x86-64" in native.FLAGS and portable._lib._name != vector._lib._name
+    assert native.load_native_ops()._lib._name == vector._lib._name
 
 
 def test_the_no_amx_route_loads_a_build_without_tiles():
     route = TEST_ROUTES["bf16-no-amx"]
     if route.unavailable() is not None:
         pytest.skip(route.unavailable())
-    assert cpu_native.load_native_ops().amx_available()
+    assert native.load_native_ops().amx_available()
     with native_build(route.native_flags):
-        built = cpu_native.load_native_ops()
-        assert "-mno-amx-tile" in cpu_native.FLAGS and not built.amx_available() and built.bf16_dot_available()
-        assert not cpu_prepack.amx_available()
-    assert cpu_native.load_native_ops().amx_available()
+        built = native.load_native_ops()
+        assert "-mno-amx-tile" in native.FLAGS and not built.amx_available() and built.bf16_dot_available()
+        assert not prepack.amx_available()
+    assert native.load_native_ops().amx_available()

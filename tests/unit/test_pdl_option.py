@@ -3,11 +3,12 @@ Hopper, ignored on the CPU, and the one-call decode hooks carry it."""
 import pytest
 import torch
 
+from gh200rt.backends import backend_for
+from gh200rt.backends.cuda.decode_layer import GpuDecodeLayer, gpu_decode_layer
+from gh200rt.backends.cuda.ops import TRITON_OPS
+from gh200rt.backends.interface import switch_hooks
 from gh200rt.config import EngineConfig
-from gh200rt.engine.bootstrap import install_kernels
 from gh200rt.models.arch_config import ArchConfig
-from gh200rt.models.gpu_decode_layer import GpuDecodeLayer, gpu_decode_layer
-from gh200rt.models.gpu_kernels import TRITON_OPS, switch_hooks
 from gh200rt.models.llama import LlamaForCausalLM
 
 
@@ -20,12 +21,12 @@ def test_a_gpu_older_than_hopper_is_refused_with_its_capability(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
     with pytest.raises(ValueError, match=r"--enable-pdl needs .*9\.0.*NVIDIA A100 is 8\.0"):
-        install_kernels(tiny(), EngineConfig.from_kwargs(enable_pdl=True), "cuda")
+        backend_for("cuda").install_kernels(tiny(), EngineConfig.from_kwargs(enable_pdl=True), "cuda")
 
 
 def test_the_cpu_ignores_it():
     model = tiny()
-    install_kernels(model, EngineConfig.from_kwargs(enable_pdl=True), "cpu")
+    backend_for("cpu").install_kernels(model, EngineConfig.from_kwargs(enable_pdl=True), "cpu")
     assert not any(isinstance(layer.decode_layer_fn, GpuDecodeLayer) for layer in model.layers)
 
 

@@ -16,7 +16,7 @@ class SiluAndMul(nn.Module):
 
     def __init__(self):
         super().__init__()
-        # silu_and_mul may be swapped for the Triton kernel with the same signature (models/gpu_kernels.py)
+        # silu_and_mul may be swapped for the Triton kernel with the same signature (backends/cuda/ops.py)
         self.act_fn = silu_and_mul
 
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:

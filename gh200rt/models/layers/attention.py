@@ -28,7 +28,7 @@ class SelfAttention(nn.Module):
         # not persistent: checkpoints that carry K/V scales are read by the loader (k_scale / v_scale)
         self.register_buffer("kv_scale", torch.ones(2, dtype=torch.float32, device=device), persistent=False)
         self.calculate_kv_scales = False  # set the scales from the next batch (--calculate-kv-scales)
-        # each may be swapped for the Triton kernel with the same signature (models/gpu_kernels.py)
+        # each may be swapped for the Triton kernel with the same signature (backends/cuda/ops.py)
         self.rotary_fn = apply_rotary
         self.write_kv_fn = write_kv
         self.attention_fn = paged_attention

@@ -6,7 +6,7 @@ from torch import nn
 
 from gh200rt.kernels.quant import HalfWeight, PackedWeight
 from gh200rt.models.base import WeightRef
-from gh200rt.models.layers.cpu_linear import dense_linear, onednn_available, onednn_linear
+from gh200rt.models.layers.dense import dense_linear, onednn_available, onednn_linear
 from gh200rt.models.layers.row_blocks import RowBlockSizes, in_row_blocks
 
 # The block sizes each linear route was found to keep a row's bits at, for every RefLinear of the process.

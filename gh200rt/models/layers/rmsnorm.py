@@ -19,9 +19,9 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(size, dtype=dtype, device=device), requires_grad=False)
         self.eps = eps
-        # rms_norm may be swapped for the Triton kernel with the same signature (models/gpu_kernels.py)
+        # rms_norm may be swapped for the Triton kernel with the same signature (backends/cuda/ops.py)
         self.norm_fn = rms_norm
-        # (x, residual, weight, eps) -> (norm(residual + x), residual + x) in one kernel (models/gpu_kernels.py);
+        # (x, residual, weight, eps) -> (norm(residual + x), residual + x) in one kernel (backends/cuda/ops.py);
         # None: the add, then norm_fn
         self.add_norm_fn = None
 

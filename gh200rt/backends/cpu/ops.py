@@ -1,11 +1,11 @@
-"""Native CPU ops inside the model, through the layers' swap hooks (the CPU counterpart of gpu_kernels.py).
+"""Native CPU ops inside the model, through the layers' swap hooks (the CPU counterpart of backends/cuda/ops.py).
 
 ``use_native_cpu_kernels(model) -> str | None`` points RMSNorm, RoPE, the KV store, decode attention,
 the attention of prompt chunks up to ``EXTEND_MAX_KEYS`` keys and SiLU-and-mul at the native ops of
 ``kernels/cpu`` (layer_ops.c, kv_store.c, decode_attention.c and extend_attention.c; a decode-only step's
 RoPE, KV store and attention in one call per layer, ``decode_block``) and float32 linears of a few rows at the
-native kernel (``cpu_linear.native_dense_linear``), gives a decode step's decoder layers one call each where every
-op of the layer is native (``cpu_decode_layer.native_decode_layer``), and returns None, or leaves the torch
+native kernel (``native_linear.native_dense_linear``), gives a decode step's decoder layers one call each where every
+op of the layer is native (``decode_layer.native_decode_layer``), and returns None, or leaves the torch
 ops in place and returns why (no C compiler, not a CPU model). At decode sizes each torch op costs
 more in dispatch than in arithmetic: one layer's ~36 small ops take about a millisecond on a 2-core
 host, the native ops a fraction of that (docs/benchmarks/models.md).
@@ -24,14 +24,14 @@ import functools
 
 import torch
 
-from gh200rt.kernels.cpu_native import load_native_ops, native_ops_error
-from gh200rt.kernels.cpu_native_checks import DTYPES, FP8_KV_TYPES
-from gh200rt.kernels.cpu_native_ops import NativeOps
+from gh200rt.backends.cpu import linear as native_linear
+from gh200rt.backends.cpu.decode_layer import native_decode_layer
+from gh200rt.backends.cpu.native import load_native_ops, native_ops_error
+from gh200rt.backends.cpu.native_checks import DTYPES, FP8_KV_TYPES
+from gh200rt.backends.cpu.native_ops import NativeOps
+from gh200rt.backends.interface import TORCH_OPS, switch_hooks
 from gh200rt.kv import attention as torch_attention
-from gh200rt.models.cpu_decode_layer import native_decode_layer
-from gh200rt.models.gpu_kernels import TORCH_OPS, switch_hooks
-from gh200rt.models.layers import activation, cpu_linear, rmsnorm, rotary
-
+from gh200rt.models.layers import activation, rmsnorm, rotary
 
 # Multi-token sequences of at most this many keys take the native kernel; longer ones keep SDPA (a group of their
 # own, so a short prompt's bits never depend on a long one beside it). Its tiles re-read K and V per work item,
@@ -97,7 +97,7 @@ def native_cpu_ops(ops: NativeOps, long_prompts_native: bool = False) -> dict:
                                           scale, heads, kv_heads, kv_scale)
 
     return dict(rotary=lambda: rope, write_kv=write_kv, attention=attention, norm=norm, act=act,
-                decode_block=decode_block, dense_linear=cpu_linear.native_dense_linear(ops), decode_layer=native_decode_layer(ops))
+                decode_block=decode_block, dense_linear=native_linear.native_dense_linear(ops), decode_layer=native_decode_layer(ops))
 
 
 @functools.lru_cache(maxsize=2)

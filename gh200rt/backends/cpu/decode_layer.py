@@ -25,19 +25,20 @@ import weakref
 
 import torch
 
-from gh200rt.kernels import cpu_native_args
-from gh200rt.kernels.cpu_native_args import LINEAR_F16, LINEAR_F32, LINEAR_QUANT, DecodeLayerArgs, LinearArgs
-from gh200rt.kernels.cpu_native_checks import FP8_KV_TYPES
-from gh200rt.kernels.cpu_native_ops import NativeOps
+from gh200rt.backends.cpu import native_args
+from gh200rt.backends.cpu.linear import native_rows_weight
+from gh200rt.backends.cpu.native_args import LINEAR_F16, LINEAR_F32, LINEAR_QUANT, DecodeLayerArgs, LinearArgs
+from gh200rt.backends.cpu.native_checks import FP8_KV_TYPES
+from gh200rt.backends.cpu.native_ops import NativeOps
+from gh200rt.backends.cpu.prepack import NativeRowsWeight, OneRowBlocksWeight
+from gh200rt.backends.interface import DECODE_STATE_PREFIX
 from gh200rt.kernels.half_weight import NATIVE_F16_MAX_ROWS
 from gh200rt.kernels.packed_cpu_routes import NATIVE_MAX_ROWS
 from gh200rt.kernels.quant import HalfWeight, PackedWeight
 from gh200rt.kv.attention import batch_layout
-from gh200rt.models.layers.cpu_linear import native_rows_weight
-from gh200rt.models.layers.cpu_prepack import NativeRowsWeight, OneRowBlocksWeight
 
-_CACHE = "_native_decode_layer"   # the layer's cached _LayerCall, in its __dict__
-_PARTS = "_native_decode_parts"  # the layer's _LayerParts
+_CACHE = DECODE_STATE_PREFIX + "native_call"   # the layer's cached _LayerCall, in its __dict__
+_PARTS = DECODE_STATE_PREFIX + "native_parts"  # the layer's _LayerParts
 _STEP = "_native_decode_step"     # the step's decode arguments, in the AttentionMetadata's __dict__
 
 
@@ -73,7 +74,7 @@ def linear_args_of(linear, weight, rows: int, bias: torch.Tensor | None) -> Line
             return None
         n, k = weight.shape
         return LinearArgs(LINEAR_F16, weight.weight.data_ptr(), weight.weight.stride(0), None,
-                          None if bias is None else bias.data_ptr(), n, k, cpu_native_args.linear_threads(n, k))
+                          None if bias is None else bias.data_ptr(), n, k, native_args.linear_threads(n, k))
     if isinstance(weight, NativeRowsWeight):
         weight = weight.dense
     elif isinstance(weight, torch.Tensor):
@@ -84,11 +85,11 @@ def linear_args_of(linear, weight, rows: int, bias: torch.Tensor | None) -> Line
             return None
         n, k = weight.shape
         return LinearArgs(LINEAR_F32, weight.data_ptr(), weight.stride(0), None,
-                          None if bias is None else bias.data_ptr(), n, k, cpu_native_args.linear_threads(n, k))
+                          None if bias is None else bias.data_ptr(), n, k, native_args.linear_threads(n, k))
     if isinstance(weight, PackedWeight) and rows <= NATIVE_MAX_ROWS and weight._native_ops() is not None:
         n, k = weight.shape
-        return LinearArgs(LINEAR_QUANT, None, 0, cpu_native_args.quant_weight_args(weight).pointer,
-                          None if bias is None else bias.data_ptr(), n, k, cpu_native_args.linear_threads(n, k))
+        return LinearArgs(LINEAR_QUANT, None, 0, native_args.quant_weight_args(weight).pointer,
+                          None if bias is None else bias.data_ptr(), n, k, native_args.linear_threads(n, k))
     return None
 
 
@@ -220,9 +221,3 @@ def native_decode_layer(ops: NativeOps):
         ops.decode_layer(hidden, args, out)
         return out
     return decode_layer
-
-
-def forget_decode_layer(layer) -> None:
-    """Drop ``layer``'s cached arguments (its hooks changed)."""
-    layer.__dict__.pop(_CACHE, None)
-    layer.__dict__.pop(_PARTS, None)

@@ -1,10 +1,10 @@
-"""Triton kernels inside the model on CUDA, through the layers' swap hooks.
+"""The CUDA backend's ops: Triton kernels inside the model, through the layers' swap hooks (backends/interface.py).
 
 ``use_triton_kernels(model) -> bool``: when the model's weights are on a CUDA device and triton
 imports, points every layer's hook at the Triton kernel adapter below and returns True; otherwise
-leaves the model on its torch ops and returns False. ``use_torch_kernels(model)`` switches back.
-``install_triton_kernels(model)`` switches without looking at the device: under
-``TRITON_INTERPRET=1`` the kernels run on CPU tensors, which is how the adapters are tested here.
+leaves the model on its torch ops and returns False. ``install_triton_kernels(model)`` switches without looking
+at the device: under ``TRITON_INTERPRET=1`` the kernels run on CPU tensors, which is how the adapters are tested
+here.
 
 Hooks: ``SelfAttention.rotary_fn`` / ``write_kv_fn`` / ``attention_fn`` and ``decode_block_fn`` (q/k norms, RoPE
 and the KV store in one launch, then the attention; the three before are what a long prefill takes), ``RMSNorm.norm_fn`` /
@@ -12,9 +12,9 @@ and the KV store in one launch, then the attention; the three before are what a 
 ``SiluAndMul.act_fn`` (an MLP that calls ``silu_and_mul`` directly keeps the torch activation), and
 ``SparseMoeBlock.fused_experts_fn`` (one ``FusedExperts`` per block: it keeps the block's address tables), and
 ``DecoderLayer.decode_layer_fn``: a decode layer of one row (or up to ``fused_decode_rows``) on CUDA in six launches
-(models/gpu_decode_layer.py).
-Each adapter takes exactly what the layer passes and returns what the torch op returns. ``ops["rotary"]`` and
-``ops["moe"]`` are factories: a model's layers share one rotary adapter (the step's table, built once).
+(backends/cuda/decode_layer.py).
+``ops["rotary"]`` and ``ops["moe"]`` are factories: a model's layers share one rotary adapter (the step's table,
+built once).
 """
 from __future__ import annotations
 
@@ -22,13 +22,12 @@ import warnings
 
 import torch
 
+from gh200rt.backends.cuda.decode_layer import GpuDecodeLayer, gpu_decode_layer
+from gh200rt.backends.cuda.fused_moe import FusedExperts
+from gh200rt.backends.interface import switch_hooks
 from gh200rt.kv import attention as torch_attention
 from gh200rt.kv import fp8
-from gh200rt.models.cpu_decode_layer import forget_decode_layer
-from gh200rt.models.gpu_decode_layer import GpuDecodeLayer, gpu_decode_layer
-from gh200rt.models.layers import activation, attention, cpu_linear, linear, rmsnorm, rotary
-from gh200rt.models.layers.moe_fused import FusedExperts
-from gh200rt.models.moe import SparseMoeBlock
+from gh200rt.models.layers.dense import dense_linear
 
 # The Triton paged attention runs one program per (query token, KV head) over the token's whole
 # context, so a long uncached prompt re-reads its K/V once per token: a step in which any sequence
@@ -131,57 +130,17 @@ def triton_dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     if x.is_cuda and x.numel() == x.shape[-1] and x.dtype == weight.dtype and weight.stride(-1) == 1:
         from gh200rt.kernels.gemv import gemv
         return gemv(x, weight, bias)
-    return cpu_linear.dense_linear(x, weight, bias)
+    return dense_linear(x, weight, bias)
 
 
 TRITON_OPS = dict(rotary=TritonRotary, write_kv=triton_write_kv, attention=triton_paged_attention,
                   decode_block=triton_decode_block, norm=triton_rms_norm, add_norm=triton_add_rms_norm,
                   act=triton_silu_and_mul, moe=FusedExperts, dense_linear=triton_dense_linear,
                   decode_layer=gpu_decode_layer)
-TORCH_OPS = dict(rotary=lambda: rotary.apply_rotary, write_kv=torch_attention.write_kv,
-                 attention=torch_attention.paged_attention, norm=rmsnorm.rms_norm, act=activation.silu_and_mul,
-                 packed_native=False)
-
-
-def switch_hooks(model: torch.nn.Module, ops: dict) -> int:
-    """Point every hook in ``model`` at ``ops``; returns how many modules were switched. Linears' dense route
-    (``RefLinear.dense_fn``) follows ``ops["dense_linear"]`` (default ``dense_linear``), their packed weights'
-    native CPU kernel ``ops["packed_native"]`` (default on) and a decoder layer's one-call decode path
-    (``decode_layer_fn``) ``ops["decode_layer"]`` (default none), an MoE block's experts a new
-    ``ops["moe"]()`` (default none: the grouped torch path); none of these is counted."""
-    switched = 0
-    rotate = ops["rotary"]()        # one per model: it keeps the step's cos|sin table (TritonRotary)
-    for module in model.modules():
-        if isinstance(module, linear.RefLinear):
-            module.dense_fn = ops.get("dense_linear", cpu_linear.dense_linear)
-            module.packed_native = ops.get("packed_native", True)
-            continue
-        if isinstance(module, SparseMoeBlock):
-            fused = ops.get("moe")
-            module.fused_experts_fn = fused() if fused is not None else None
-        if hasattr(module, "decode_layer_fn"):  # a decoder layer: its one-call decode path, where the ops have one
-            module.decode_layer_fn = ops.get("decode_layer")
-            forget_decode_layer(module)
-            continue
-        if isinstance(module, attention.SelfAttention):
-            module.rotary_fn, module.write_kv_fn, module.attention_fn = rotate, ops["write_kv"], ops["attention"]
-            module.decode_block_fn = ops.get("decode_block")
-        elif isinstance(module, rmsnorm.RMSNorm):
-            module.norm_fn, module.add_norm_fn = ops["norm"], ops.get("add_norm")
-        elif isinstance(module, activation.SiluAndMul):
-            module.act_fn = ops["act"]
-        else:
-            continue
-        switched += 1
-    return switched
 
 
 def install_triton_kernels(model: torch.nn.Module) -> int:
     return switch_hooks(model, TRITON_OPS)
-
-
-def use_torch_kernels(model: torch.nn.Module) -> int:
-    return switch_hooks(model, TORCH_OPS)
 
 
 def use_triton_kernels(model: torch.nn.Module, fused_decode_rows: int = 1, pdl: bool = False) -> bool:

@@ -1,6 +1,6 @@
 """The native CPU library (``kernels/cpu/*.c``): compiled once per machine, loaded through ctypes.
 
-``load_native_ops()`` returns a ``NativeOps`` handle (``cpu_native_ops.py``: the ops on torch tensors) or None with
+``load_native_ops()`` returns a ``NativeOps`` handle (``native_ops.py``: the ops on torch tensors) or None with
 the reason in ``native_ops_error()``: it needs a C compiler (``$CC``, else ``cc``/``gcc``/``clang``) on a Linux or
 macOS host. The library is built with ``-march=native`` into ``$GH200RT_CACHE_DIR`` (default ``~/.cache/gh200rt``)
 under a name that hashes the source, the compiler's version, the flags and this CPU's model and features, so a
@@ -20,12 +20,15 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .cpu_native_ops import NativeOps
+import gh200rt.kernels
+from gh200rt.backends.cpu.native_ops import NativeOps
 
-SOURCES = tuple(Path(__file__).with_name("cpu") / name
+# the C sources live with the kernels (kernels/cpu/, installed as gh200rt/kernels/cpu/)
+C_SOURCE_DIR = Path(gh200rt.kernels.__file__).with_name("cpu")
+SOURCES = tuple(C_SOURCE_DIR / name
                 for name in ("layer_ops.c", "kv_store.c", "extend_attention.c", "decode_attention.c", "quant_linear.c",
                              "f32_linear.c", "f16_linear.c", "decode_layer.c", "amx_linear.c", "bf16_dot_linear.c"))
-HEADERS = tuple(Path(__file__).with_name("cpu") / name
+HEADERS = tuple(C_SOURCE_DIR / name
                 for name in ("gh_native.h", "gh_ops.h", "gh_attention.h", "f32_acc.h", "exp_f32.h", "bf16_store.h",
                              "tiled_linear.h"))
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=c11")

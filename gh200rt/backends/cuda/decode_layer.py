@@ -1,5 +1,5 @@
 """A decoder layer of a decode step on CUDA in six launches instead of nine (``DecoderLayer.decode_layer_fn`` with
-the Triton kernels on, models/gpu_kernels.py):
+the Triton kernels on, backends/cuda/ops.py):
 
     qkv = gemv(hidden, W_qkv, norm=input_layernorm)         # the RMSNorm fused before the product
     att = rope_and_store_kv, paged_attention                # SelfAttention.decode_block_fn's two launches
@@ -61,7 +61,7 @@ def fused_decode_layer(layer, hidden: torch.Tensor, residual: torch.Tensor | Non
     """``layer(hidden + residual, ...)`` (``residual`` None: ``hidden``: the input as ``forward_deferred`` takes it)
     for up to ``max_rows`` rows in the six launches above, or None where they do not apply. A residual comes only
     after a layer that ran op by op; its add is then a launch of its own."""
-    from gh200rt.kernels.gemv import MAX_NORM_COLUMNS   # triton is an extra: imported once this runs
+    from gh200rt.kernels.gemv import MAX_NORM_COLUMNS  # triton is an extra: imported once this runs
     attn, mlp = layer.self_attn, layer.mlp
     block_size = kv_cache.shape[2]
     rows = hidden.shape[0]

@@ -2,7 +2,7 @@
 structures, which weights the native quantized linear takes, and how many threads a native linear runs on.
 
 A packed weight's ``QuantWeight`` is built once and kept on the weight (``quant_weight_args``); the one-call decode
-layer (gh200rt/models/cpu_decode_layer.py) fills a ``DecodeLayerArgs`` of four ``LinearArgs``.
+layer (gh200rt/backends/cpu/decode_layer.py) fills a ``DecodeLayerArgs`` of four ``LinearArgs``.
 """
 from __future__ import annotations
 

@@ -3,8 +3,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gh200rt.models.layers import cpu_linear
-from gh200rt.models.layers.cpu_linear import ONEDNN_MIN_ELEMENTS, dense_linear, uses_onednn
+from gh200rt.models.layers import dense
+from gh200rt.models.layers.dense import ONEDNN_MIN_ELEMENTS, dense_linear, uses_onednn
 from gh200rt.models.layers.linear import RefLinear
 
 K = 512
@@ -36,7 +36,7 @@ def test_dense_linear_matches_f_linear(dtype, tol, with_bias):
 
 def test_float32_takes_onednn_where_torch_has_it():
     w, x = torch.randn(N, K), torch.randn(3, K)
-    assert uses_onednn(x, w, None) == cpu_linear.onednn_available()
+    assert uses_onednn(x, w, None) == dense.onednn_available()
     assert not uses_onednn(x, torch.randn(N - 1, K), None)        # small weights: F.linear is cheaper
     assert not uses_onednn(x.bfloat16(), w.bfloat16(), None)
     assert not uses_onednn(x, torch.randn(K, N).T, None)          # a transposed view
@@ -58,17 +58,17 @@ def test_same_weight_bytes_give_the_same_bits_wherever_they_sit():
 def test_failed_probe_falls_back_to_f_linear(monkeypatch):
     def broken(*args):
         raise RuntimeError("could not create a primitive descriptor")
-    monkeypatch.setattr(cpu_linear, "_onednn_ok", None)
-    monkeypatch.setattr(cpu_linear, "onednn_linear", broken)
+    monkeypatch.setattr(dense, "_onednn_ok", None)
+    monkeypatch.setattr(dense, "onednn_linear", broken)
     w, x = torch.randn(N, K), torch.randn(3, K)
     assert torch.equal(dense_linear(x, w), F.linear(x, w))
-    assert cpu_linear._onednn_ok is False
+    assert dense._onednn_ok is False
 
 
 def test_wrong_answers_fail_the_probe(monkeypatch):
-    monkeypatch.setattr(cpu_linear, "_onednn_ok", None)
-    monkeypatch.setattr(cpu_linear, "onednn_linear", lambda x, w, b: F.linear(x, w, b) + 1e-3)
-    assert not cpu_linear.onednn_available()
+    monkeypatch.setattr(dense, "_onednn_ok", None)
+    monkeypatch.setattr(dense, "onednn_linear", lambda x, w, b: F.linear(x, w, b) + 1e-3)
+    assert not dense.onednn_available()
 
 
 def test_ref_linear_reads_the_ref_every_call():
@@ -82,7 +82,7 @@ def test_ref_linear_reads_the_ref_every_call():
     assert torch.allclose(layer(x), F.linear(x, w2, bias), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.skipif(not cpu_linear.onednn_available(), reason="this torch has no oneDNN inner product")
+@pytest.mark.skipif(not dense.onednn_available(), reason="this torch has no oneDNN inner product")
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_one_row_computes_as_the_first_of_two_whatever_the_second(with_bias):
     """The one-row rule: a single row runs as the first of two (the second zero); rows do not mix, so it gets

@@ -14,10 +14,10 @@ changes (``WeightStore.plan_version``). DESIGN.md invariant 3: the addresses a g
 recorded at capture (``addresses.py``) and, with ``--check-graph-addresses``, checked before
 every replay.
 """
-from gh200rt.engine.cuda_graphs.addresses import GraphAddressChanged
-from gh200rt.engine.cuda_graphs.buckets import bucket_for, graph_buckets
-from gh200rt.engine.cuda_graphs.decode_buffers import DecodeBuffers
-from gh200rt.engine.cuda_graphs.runner import DecodeGraphRunner, decode_graphs, graphs_missing, reserve_graph_pool
+from gh200rt.backends.cuda.graphs.addresses import GraphAddressChanged
+from gh200rt.backends.cuda.graphs.buckets import bucket_for, graph_buckets
+from gh200rt.backends.cuda.graphs.decode_buffers import DecodeBuffers
+from gh200rt.backends.cuda.graphs.runner import DecodeGraphRunner, decode_graphs, graphs_missing, reserve_graph_pool
 
 __all__ = ["DecodeBuffers", "DecodeGraphRunner", "GraphAddressChanged", "bucket_for", "decode_graphs", "graph_buckets",
            "graphs_missing",

@@ -1,7 +1,7 @@
 """A SparseMoeBlock's routed experts through the fused Triton kernels (kernels/fused_moe.py).
 
 ``FusedExperts`` is one block's ``fused_experts_fn`` (installed with the other Triton kernels by
-models/gpu_kernels.py, so only on a GPU or under the interpreter): ``(block, x, weights, ids, block_rows)`` ->
+backends/cuda/ops.py, so only on a GPU or under the interpreter): ``(block, x, weights, ids, block_rows)`` ->
 the experts' summed output ``[T, H]``, or None when the kernels cannot serve the layer now and the block runs
 ``grouped_experts`` instead:
 

@@ -1,8 +1,8 @@
 """``NativeOps``: the native CPU ops on torch tensors, one method per C function (``load_native_ops()`` in
-``cpu_native.py`` builds and loads the library and hands out the handle).
+``native.py`` builds and loads the library and hands out the handle).
 
 Each wrapper takes torch tensors, checks what the C code assumes (CPU, dtype, the strides it reads: the checks are in
-``cpu_native_checks.py``) and passes data pointers and element strides. ctypes releases the GIL for the call. Every
+``native_checks.py``) and passes data pointers and element strides. ctypes releases the GIL for the call. Every
 op runs on up to ``torch.get_num_threads()`` threads of torch's own OpenMP pool (the C code keeps one for small
 work); the bits do not depend on the count.
 """
@@ -12,9 +12,9 @@ import ctypes
 
 import torch
 
-from .cpu_native_args import DecodeLayerArgs, linear_threads, quant_weight_args
-from .cpu_native_checks import (FP8_KV_TYPES, as_int64, check_dense_linear, check_pool, dtype_code, kv_type_args,
-                                paged_inputs, pool_args, table_rows)
+from gh200rt.backends.cpu.native_args import DecodeLayerArgs, linear_threads, quant_weight_args
+from gh200rt.backends.cpu.native_checks import (FP8_KV_TYPES, as_int64, check_dense_linear, check_pool, dtype_code,
+                                                kv_type_args, paged_inputs, pool_args, table_rows)
 
 
 class NativeOps:
@@ -195,7 +195,7 @@ class NativeOps:
         return self.f32_linear_checked(x, weight, bias)
 
     def f32_linear_checked(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """``f32_linear`` for arguments the caller has checked (``cpu_linear.native_rows``): a decode step makes
+        """``f32_linear`` for arguments the caller has checked (``backends.cpu.linear.native_rows``): a decode step makes
         ~120 of these calls, so the Python around the kernel is kept to one output tensor and the call."""
         return self._dense_linear(self._lib.gh_f32_linear, x, weight, bias)
 
@@ -283,7 +283,7 @@ class NativeOps:
         """``out [rows, hidden]`` = one decoder layer over contiguous ``hidden [rows, hidden]`` (a decode step: one
         token per sequence; float32, or bfloat16 with ``args.dtype`` 1), with everything else in ``args``
         (kernels/cpu/decode_layer.c). The caller
-        (gh200rt/models/cpu_decode_layer.py) builds ``args`` from what the layer-by-layer path would call."""
+        (gh200rt/backends/cpu/decode_layer.py) builds ``args`` from what the layer-by-layer path would call."""
         if self._lib.gh_decode_layer(hidden.data_ptr(), hidden.shape[0], ctypes.addressof(args), out.data_ptr()):
             raise MemoryError(f"native decode layer: no memory for its buffers ({hidden.shape[0]} rows)")
 

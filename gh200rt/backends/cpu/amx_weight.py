@@ -2,7 +2,7 @@
 ``Bf16DotWeight``: the same layout multiplied by AVX-512 BF16 dot products on CPUs without AMX
 (``kernels/cpu/bf16_dot_linear.c``, the ``dot-bf16`` form).
 
-The bf16 route's form on CPUs with AMX (``amx-bf16``, chosen by ``cpu_prepack.resident_linear_format``). Its rows'
+The bf16 route's form on CPUs with AMX (``amx-bf16``, chosen by ``prepack.resident_linear_format``). Its rows'
 bits do not depend on the call's row count, so a step that computes prompt positions multiplies all its rows in
 one call (``RefLinear`` asks ``invariant_form``) instead of the probed row blocks oneDNN needs
 (``row_blocks.py``); at SmolLM2-135M's prompt shapes it runs as fast as oneDNN's unblocked GEMM

@@ -1,7 +1,7 @@
 """Resident CPU linear weights converted once, at start-up, into the form the CPU route multiplies fastest.
 
 ``cpu_route_form(weight, linear_format)`` is the form a resident dense weight takes for the route
-chosen in ``platform/cpu_features.py``; the weight store applies it to every resident linear
+chosen in ``backends/cpu/routes.py``; the weight store applies it to every resident linear
 (decoder layers and the lm_head):
 
 * ``onednn-bf16`` -> ``OneDNNWeight``: the bf16 weight reordered into oneDNN's blocked layout
@@ -19,10 +19,10 @@ chosen in ``platform/cpu_features.py``; the weight store applies it to every res
   the reordered copy saves that (SmolLM2-135M, one decode step on 2 AVX2 cores: ~54 -> ~32 ms at 2
   rows, docs/benchmarks/models.md). Streamed and direct layers keep computing from dense bytes, so
   this form is used only where it gives ``dense_linear``'s bits: on weights ``dense_linear`` sends to
-  oneDNN, with the one-row rule of ``cpu_linear``, and only after ``resident_linear_format`` found
+  oneDNN, with the one-row rule of ``dense_linear``, and only after ``resident_linear_format`` found
   reordered == dense bit for bit for the model's shapes at start-up (DESIGN invariant 4).
 * ``onednn-fp32+native`` (the fp32 route with the native CPU kernels) -> ``NativeRowsWeight``: up to
-  ``cpu_linear.NATIVE_F32_MAX_ROWS`` rows through the native float32 kernel over the dense weight,
+  ``backends.cpu.linear.NATIVE_F32_MAX_ROWS`` rows through the native float32 kernel over the dense weight,
   more through the reordered copy: the two routes ``native_dense_linear`` takes for a streamed or
   direct layer, so the bits agree. It holds both copies (twice the resident linear bytes).
 * ``fp16`` -> ``HalfWeight`` (float32 activations: the native fp16 linear up to ``NATIVE_F16_MAX_ROWS`` rows,
@@ -45,10 +45,10 @@ import logging
 
 import torch
 
+from gh200rt.backends.cpu.amx_weight import AmxWeight, Bf16DotWeight, amx_fits, gated_rows
+from gh200rt.backends.cpu.linear import native_rows
 from gh200rt.kernels.quant import pack_weight
-from gh200rt.models.layers.amx_weight import AmxWeight, Bf16DotWeight, amx_fits, gated_rows
-from gh200rt.models.layers.cpu_linear import (ONEDNN_MIN_ELEMENTS, native_rows, onednn_available, onednn_linear,
-                                               onednn_weight)
+from gh200rt.models.layers.dense import ONEDNN_MIN_ELEMENTS, onednn_available, onednn_linear, onednn_weight
 from gh200rt.models.layers.linear import RefLinear
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ PROBE_ROWS = (2, 3, 7, 33, 129)
 
 class OneDNNWeight:
     """A bf16 or float32 ``[N, K]`` weight in oneDNN's reordered layout (satisfies the ``WeightRef`` contract).
-    A float32 one multiplies under ``cpu_linear``'s one-row rule, as dense float32 weights do."""
+    A float32 one multiplies under ``dense_linear``'s one-row rule, as dense float32 weights do."""
     __slots__ = ("packed", "shape", "dtype", "nbytes")
 
     def __init__(self, weight: torch.Tensor):
@@ -163,8 +163,8 @@ class NativeRowsWeight:
 def gguf_blocks_form(parts: list | None):
     """The GGUF blocks that make up one linear (``parts``: the loader's quantized tensors, in row order) as one
     ``PackedWeight`` the native quantized linear takes, or None (no parts, another format, no native library)."""
-    from gh200rt.kernels.cpu_native import load_native_ops
-    from gh200rt.kernels.cpu_native_args import quant_linear_fits
+    from gh200rt.backends.cpu.native import load_native_ops
+    from gh200rt.backends.cpu.native_args import quant_linear_fits
     from gh200rt.weights.forms import concat_rows
     if not parts or any(not hasattr(p, "ggml_type") for p in parts) or load_native_ops() is None:
         return None
@@ -185,7 +185,7 @@ TILED_FORMATS = {"amx-bf16": AmxWeight, "dot-bf16": Bf16DotWeight}   # the bf16 
 def gguf_blocks_bytes(parts: list | None) -> int:
     """Bytes ``gguf_blocks_form(parts)`` holds, from the parts' types and shapes (nothing is packed); 0 where it
     makes no blocks form."""
-    from gh200rt.kernels.cpu_native import load_native_ops
+    from gh200rt.backends.cpu.native import load_native_ops
     from gh200rt.kernels.gguf_blocks import GGML_Q8_0, packed_nbytes
     if not parts or any(not hasattr(p, "ggml_type") for p in parts) or load_native_ops() is None:
         return 0
@@ -235,13 +235,13 @@ def cpu_route_form(weight: torch.Tensor, fmt: str, gguf_parts: list | None = Non
         return OneDNNWeight(weight) if weight.dtype == torch.bfloat16 else weight
     if fmt in TILED_FORMATS:
         if amx_fits(weight):
-            from gh200rt.kernels.cpu_native import load_native_ops
+            from gh200rt.backends.cpu.native import load_native_ops
             return TILED_FORMATS[fmt](weight, load_native_ops(), gated_rows(weight) if gated else 0)
         return cpu_route_form(weight, "onednn-bf16")
     if fmt == "onednn-fp32":  # only where dense_linear takes oneDNN: elsewhere F.linear's bits are the reference
         return OneDNNWeight(weight) if onednn_weight(weight) else weight
     if fmt == "onednn-fp32+native":
-        from gh200rt.kernels.cpu_native import load_native_ops
+        from gh200rt.backends.cpu.native import load_native_ops
         ops = load_native_ops()
         assert ops is not None, "resident_linear_format picks onednn-fp32+native only with the native library"
         return NativeRowsWeight(weight, OneDNNWeight(weight), ops) if onednn_weight(weight) else weight
@@ -299,7 +299,7 @@ def resident_linear_format(model, fmt: str | None, quantized: dict | None = None
         fmt = "amx-bf16" if amx_available() else "dot-bf16" if bf16_dot_available() else fmt
     if fmt in ("fp16", "onednn-bf16", *TILED_FORMATS) and native_kernels and quantized and \
             any(hasattr(q, "ggml_type") for q in quantized.values()):
-        from gh200rt.kernels.cpu_native import load_native_ops
+        from gh200rt.backends.cpu.native import load_native_ops
         return f"{fmt}+gguf" if load_native_ops() is not None else fmt
     if fmt != "onednn-fp32":
         return fmt
@@ -313,20 +313,20 @@ def resident_linear_format(model, fmt: str | None, quantized: dict | None = None
                     "ones bit for bit", differing)
         return None
     if native_kernels:
-        from gh200rt.kernels.cpu_native import load_native_ops
+        from gh200rt.backends.cpu.native import load_native_ops
         return "onednn-fp32+native" if load_native_ops() is not None else fmt
     return fmt
 
 
 def amx_available() -> bool:
     """Whether the native library runs AMX bf16 tiles here (built for this CPU, and the OS grants the tile state)."""
-    from gh200rt.kernels.cpu_native import load_native_ops
+    from gh200rt.backends.cpu.native import load_native_ops
     ops = load_native_ops()
     return ops is not None and ops.amx_available()
 
 
 def bf16_dot_available() -> bool:
     """Whether the native library runs the AVX-512 BF16 dot-product linear here (built for a CPU with AVX-512 BF16)."""
-    from gh200rt.kernels.cpu_native import load_native_ops
+    from gh200rt.backends.cpu.native import load_native_ops
     ops = load_native_ops()
     return ops is not None and ops.bf16_dot_available()

@@ -1,4 +1,4 @@
-"""What the native CPU ops (``cpu_native_ops.py``) check of their tensor arguments, and how they hand them to C.
+"""What the native CPU ops (``native_ops.py``) check of their tensor arguments, and how they hand them to C.
 
 The C dtype codes (``DTYPES``, ``FP8_KV_TYPES``), the KV pool's layout and element type, block tables as int32 rows
 and lengths as int64, the pool's planes and strides as arguments, and the dense linears' operands. The underscored
