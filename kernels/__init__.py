@@ -3,13 +3,6 @@
 host_gemm.py        y = x @ W.T for decode-sized M, W dense (bf16/fp16/fp32) or packed, read in place
 fused_moe.py        an MoE layer's routed experts: gate_up + SiLU-and-mul, down + routing weights
 fused_moe_operands.py  what those kernels read: pairs sorted and aligned by expert, the experts' address table
-quant.py            ``pack_weight``: a linear weight's host form (--host-weight-dtype); the reference linear
-packed_formats.py   the int8 / int4 / fp8 layouts and int4 nibble packing
-packed_weight.py    PackedWeight: a quantized weight over its storage
-packed_cpu_routes.py  how a PackedWeight multiplies on the CPU (native, torch's weight-only ops, fbgemm)
-half_weight.py      HalfWeight: the fp16 host format
-quantizers.py       dense -> int8 / int4 / fp8 (in row blocks on threads)
-gguf_blocks.py      lossless import of GGUF Q8_0 / Q4_0 / Q4_1 blocks
 paged_attention.py  causal attention over the paged KV pool (decode and prefix-cached prefill)
 paged_attention_split.py  its split-K (flash-decoding) route: per-split partials and their combine
 paged_attention_walk.py   the online-softmax walk over a token's blocks that both attention kernels share
@@ -20,6 +13,5 @@ cpu/*.c             the CPU backend's native C (gh200rt/backends/cpu/native.py b
                     calls it through ctypes): the small ops (cpu/layer_ops.c: RMSNorm, RoPE, SiLU-and-mul;
                     kv_store.c: KV store; decode_attention.c, extend_attention.c: attention) and the linears
 
-Importing a kernel module needs triton; the weight formats (``quant`` and the modules it names) and
-``gguf_blocks`` import it only when a packed weight meets a CUDA tensor, so the CPU platform runs without it.
+Importing a kernel module needs triton; the weight formats they read are in gh200rt/formats/.
 """

@@ -19,9 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
+from gh200rt.formats.packed_weight import PackedWeight
 from gh200rt.kernels.compile_specs import CompileSpec, signature_of
 from gh200rt.kernels.host_gemm import FMT_DENSE, FMT_INT4, FMT_SCALED, reference_host_gemm, weight_operands
-from gh200rt.kernels.packed_weight import PackedWeight
 from gh200rt.kernels.pdl import allow_next, pdl_launch, wait_for_previous
 
 NUM_WARPS = 4

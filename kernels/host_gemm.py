@@ -1,7 +1,7 @@
 """``y = x @ W.T (+ bias)`` for decode-sized M, reading W once from wherever it lives (host or HBM).
 
 W is a dense bf16/fp16/fp32 ``[N, K]`` tensor or a ``PackedWeight`` (int8 per channel/group, fp8 e4m3
-per channel, int4 per group with scale and minimum; see packed_formats.py). int8 and fp8 take the same route
+per channel, int4 per group with scale and minimum; see gh200rt/formats/packed_layout.py). int8 and fp8 take the same route
 (``FMT_SCALED``): the load's element type decides the upcast. Every load is upcast to float32 before
 arithmetic (the Triton interpreter gets bf16 math wrong, and fp32 accumulation is what we want on the
 GPU anyway). The weight tile is contiguous along K, so with 16-byte aligned rows the loads are 128-bit.
@@ -26,9 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
+from gh200rt.formats.pack import reference_linear
+from gh200rt.formats.packed_weight import PackedWeight
 from gh200rt.kernels.compile_specs import CompileSpec, signature_of
-from gh200rt.kernels.packed_weight import PackedWeight
-from gh200rt.kernels.quant import reference_linear
 
 FMT_DENSE, FMT_SCALED, FMT_INT4 = 0, 1, 2  # SCALED: int8 or fp8 codes times a scale per group
 # where a quantized tile meets its scales (the kernel's SCALES)

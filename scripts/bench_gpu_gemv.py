@@ -42,9 +42,9 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("bench_gpu_gemv: needs a CUDA GPU; nothing measured", file=sys.stderr)
         return 2
+    from gh200rt.formats.pack import pack_weight
     from gh200rt.kernels.gemv import GEMV_TILE, gemv
     from gh200rt.kernels.host_gemm import reference_host_gemm, tiled_host_gemm
-    from gh200rt.kernels.quant import pack_weight
     bounds = measured_bounds()
     print(f"{torch.cuda.get_device_name()}: link (pinned H2D copy) {bounds['link']:.1f} GB/s, "
           f"HBM (device copy) {bounds['hbm']:.0f} GB/s")

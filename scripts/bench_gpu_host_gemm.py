@@ -162,8 +162,8 @@ def main() -> int:
         print("bench_gpu_host_gemm: needs a CUDA GPU (it times Triton kernels reading pinned host memory and "
               "HBM); nothing measured", file=sys.stderr)
         return 2
+    from gh200rt.formats.pack import pack_weight
     from gh200rt.kernels.host_gemm import host_gemm, reference_host_gemm
-    from gh200rt.kernels.quant import pack_weight
     rev = args.baseline or default_baseline()
     base_gemm, base_quant = load_baseline(rev) if rev is not None else (None, None)
     bounds = measured_bounds()

@@ -84,8 +84,8 @@ def main() -> int:
     if not 2 <= args.rows <= (64 if args.fused else 16):
         parser.error(f"--rows {args.rows}: choose 2-16, or 2-64 with --fused (one row is bench_gpu_gemv.py's, more "
                      f"is a prefill's)")
+    from gh200rt.formats.pack import pack_weight
     from gh200rt.kernels.host_gemm import reference_host_gemm, tiled_host_gemm
-    from gh200rt.kernels.quant import pack_weight
     bounds = measured_bounds()
     print(f"{torch.cuda.get_device_name()}: link (pinned H2D copy) {bounds['link']:.1f} GB/s, "
           f"HBM (device copy) {bounds['hbm']:.0f} GB/s; M = {args.rows}")

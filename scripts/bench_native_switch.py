@@ -28,21 +28,20 @@ import time
 
 import torch
 
-from gh200rt.backends.cpu import decode_layer, native, native_checks, ops
+from gh200rt.backends.cpu import decode_layer, half_linear, native, native_checks, ops
 from gh200rt.backends.interface import forget_decode_state
 from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
-from gh200rt.kernels import half_weight
 from gh200rt.sampling_params import SamplingParams
 
-NATIVE_F16_ROWS = half_weight.NATIVE_F16_MAX_ROWS
+NATIVE_F16_ROWS = half_linear.NATIVE_F16_MAX_ROWS
 FP8_TYPES = dict(native_checks.FP8_KV_TYPES)
 
 
 def switch(path: str, on: bool, engine: LLMEngine) -> None:
     runner, model = engine.runner, engine.runner.model
     if path == "fp16-linear":
-        half_weight.NATIVE_F16_MAX_ROWS = decode_layer.NATIVE_F16_MAX_ROWS = NATIVE_F16_ROWS if on else 0
+        half_linear.NATIVE_F16_MAX_ROWS = decode_layer.NATIVE_F16_MAX_ROWS = NATIVE_F16_ROWS if on else 0
     elif path == "fp8-kv":
         ops.FP8_KV_TYPES = decode_layer.FP8_KV_TYPES = FP8_TYPES if on else {}
     elif path == "row-blocks":

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from gh200rt.backends.cpu.prepack import OneDNNWeight
 from gh200rt.backends.cpu.routes import route_for
-from gh200rt.kernels.quant import pack_weight, quantize_int4, quantize_int8
+from gh200rt.formats.pack import pack_weight, quantize_int4, quantize_int8
 from gh200rt.models.layers.dense import dense_linear
 
 HIDDEN, KV, INTER, LAYERS = 576, 192, 1536, 30
@@ -53,7 +53,7 @@ def _without_native(weights) -> list:
     """Packed weights that take torch's path (what a machine without a C compiler runs)."""
     out = list(weights)
     for p in out:
-        p._native = False
+        p.derived["native"] = False
     return out
 
 

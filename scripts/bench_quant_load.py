@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gh200rt.kernels.quantizers import quantize_fp8, quantize_int4, quantize_int8, quantize_rows  # noqa: E402
+from gh200rt.formats.quantizers import quantize_fp8, quantize_int4, quantize_int8, quantize_rows  # noqa: E402
 from scripts.random_checkpoint import SHAPES  # noqa: E402
 
 WHOLE = {"int8": quantize_int8, "int4": quantize_int4, "fp8": quantize_fp8}

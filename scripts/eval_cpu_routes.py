@@ -36,7 +36,7 @@ import eval_quant  # noqa: E402
 
 from gh200rt.backends.cpu.prepack import cpu_route_form  # noqa: E402
 from gh200rt.config import ModelConfig  # noqa: E402
-from gh200rt.kernels.quant import quantize_int4, quantize_int8  # noqa: E402
+from gh200rt.formats.pack import quantize_int4, quantize_int8  # noqa: E402
 from gh200rt.loader import load_model  # noqa: E402
 
 ROUTES = ("bf16", "fp16", "int8-bf16", "int4-bf16", "gguf-rows", "gguf-rows-bf16")

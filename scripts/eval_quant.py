@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from gh200rt.kernels.quant import pack_weight, quantize_int4, quantize_int8
+from gh200rt.formats.pack import pack_weight, quantize_int4, quantize_int8
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EVAL_TEXT = os.path.join(ROOT, "tests", "fixtures", "eval_text.txt")
@@ -120,11 +120,11 @@ def main() -> None:
                         choices=list(VARIANTS))
     parser.add_argument("--native-all-rows", action="store_true",
                         help="int8 / int4 linears through the native quantized kernel at every row count (decode "
-                             "takes it up to kernels.packed_cpu_routes.NATIVE_MAX_ROWS rows; a whole-text prefill would not)")
+                             "takes it up to backends.cpu.packed_linear.NATIVE_MAX_ROWS rows; a whole-text prefill would not)")
     args = parser.parse_args()
     if args.native_all_rows:
-        from gh200rt.kernels import packed_cpu_routes
-        packed_cpu_routes.NATIVE_MAX_ROWS = 1 << 30
+        from gh200rt.backends.cpu import packed_linear
+        packed_linear.NATIVE_MAX_ROWS = 1 << 30
     start = time.time()
     loaded = load_reference()
     rows = evaluate(loaded, text_ids(loaded), args.formats)

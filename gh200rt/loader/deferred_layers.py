@@ -62,7 +62,7 @@ class DeferredLayers:
         checkpoint tensor's rows written into its linear's stacked result (every row is quantized on its own, so
         this is bit-identical to quantizing the model's dense copy), without writing the dense copy. The whole
         layer's row blocks share one pool of ``workers`` threads (``quantize_stacked``)."""
-        from gh200rt.kernels.quantizers import quantize_stacked
+        from gh200rt.formats.quantizers import quantize_stacked
         parts: dict[str, list] = {}
         with torch.inference_mode():
             for tensor, data in self._read(layer):

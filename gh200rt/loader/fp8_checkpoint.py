@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from gh200rt.kernels.quant import PackedWeight
-from gh200rt.kernels.quantizers import fp8_from_checkpoint
+from gh200rt.formats.pack import PackedWeight
+from gh200rt.formats.quantizers import fp8_from_checkpoint
 from gh200rt.loader.errors import ModelLoadError
 
 SUPPORTED = "quant_method fp8 (no weight_block_size), compressed-tensors (8-bit float weights, strategy tensor or " \

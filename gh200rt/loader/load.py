@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gh200rt.distributed.sharded_model import build_sharded_model
-from gh200rt.kernels.quant import PackedWeight
+from gh200rt.formats.pack import PackedWeight
 from gh200rt.loader.deferred_layers import DeferredLayers
 from gh200rt.loader.dequant import QuantizedTensor
 from gh200rt.loader.errors import ModelLoadError

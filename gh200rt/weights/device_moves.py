@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from gh200rt.kernels.quant import PackedWeight
+from gh200rt.formats.pack import PackedWeight
 from gh200rt.models.layers.linear import RefLinear
 from gh200rt.models.llama import FUSED_SHARDS
 

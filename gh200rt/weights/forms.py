@@ -5,7 +5,7 @@
   placement computes what all-resident computes, and a layer promoted back to HBM holds the
   checkpoint's weights, not a rounding of them); on a GPU it keeps a quantized checkpoint's own
   weights (``GGUF``: GGUF Q8_0 / Q4_0 / Q4_1 blocks or an FP8 checkpoint's fp8 weights, lossless).
-- ``fp32`` / ``bf16`` / ``fp16`` / ``int8`` / ``int4`` / ``fp8`` convert at load (``kernels.quant.pack_weight``);
+- ``fp32`` / ``bf16`` / ``fp16`` / ``int8`` / ``int4`` / ``fp8`` convert at load (``formats.pack.pack_weight``);
   ``fp8`` of an FP8 checkpoint takes its fp8 weights as they are.
 
 ``host_form`` returns a dense tensor or a ``PackedWeight``; ``storage_parts`` lists the tensors a
@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gh200rt.kernels.quant import PackedWeight, pack_weight
-from gh200rt.kernels.quantizers import empty_packed
+from gh200rt.formats.pack import PackedWeight, pack_weight
+from gh200rt.formats.quantizers import empty_packed
 
 GGUF = "gguf"
 _DTYPE_FORMATS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from gh200rt.kernels.packed_weight import PackedWeight
+from gh200rt.formats.packed_weight import PackedWeight
 from gh200rt.planner.cost_model import SLAB_ALIGN
 from gh200rt.weights import forms as weight_forms
 from gh200rt.weights.device_view import device_view, direct_weight, prepare_slab_for_device

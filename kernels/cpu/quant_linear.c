@@ -1,4 +1,4 @@
-/* y = x W^T for a weight-only quantized W (kernels/quant.py's PackedWeight int8 / int4: GGUF Q8_0 / Q4_0 /
+/* y = x W^T for a weight-only quantized W (gh200rt/formats/pack.py's PackedWeight int8 / int4: GGUF Q8_0 / Q4_0 /
  * Q4_1 without loss) and float32 activations, reading the packed bytes directly.
  *
  * Integer dot products, the way llama.cpp multiplies its blocks, but with 16-bit activations: each row of x

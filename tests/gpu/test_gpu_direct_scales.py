@@ -7,7 +7,7 @@ import torch
 from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
 from gh200rt.engine.llm import LLM
-from gh200rt.kernels.quant import PackedWeight
+from gh200rt.formats.pack import PackedWeight
 from gh200rt.sampling_params import SamplingParams
 from tests.engine.real_models import save_tiny_llama
 

@@ -3,8 +3,8 @@ against the float32 reference, the output poisoned first so an unwritten channel
 import pytest
 import torch
 
+from gh200rt.formats.pack import pack_weight
 from gh200rt.kernels.gemv import gemv, reference_gemv
-from gh200rt.kernels.quant import pack_weight
 
 pytestmark = pytest.mark.gpu
 SHAPES = [(6144, 4096), (4096, 14336), (1000, 4096)]

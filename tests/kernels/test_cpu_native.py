@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from gh200rt.backends.cpu import native
+from gh200rt.backends.cpu.half_linear import NATIVE_F16_MAX_ROWS, fbgemm_form, fbgemm_fp16_available
 from gh200rt.backends.cpu.native import NativeOpsError, load_native_ops
-from gh200rt.kernels.half_weight import NATIVE_F16_MAX_ROWS, fbgemm_fp16_available
-from gh200rt.kernels.quant import HalfWeight
+from gh200rt.formats.pack import HalfWeight
 from gh200rt.kv import fp8
 from gh200rt.kv.arena import DeviceArena
 from gh200rt.kv.attention import paged_attention, write_kv
@@ -413,7 +413,7 @@ def test_a_broken_source_reports_the_compiler_error(tmp_path, monkeypatch):
 # ---- the native quantized linear (kernels/cpu/quant_linear.c) --------------------------------------------
 
 def _packed(fmt, n, k, group, seed=0):
-    from gh200rt.kernels.quant import quantize_int4, quantize_int8
+    from gh200rt.formats.pack import quantize_int4, quantize_int8
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
     return quantize_int4(w, group) if fmt == "int4" else quantize_int8(w, group)
 
@@ -460,7 +460,7 @@ def test_native_dequantize_gives_the_torch_bits(fmt):
 
 
 def test_quant_linear_refuses_what_it_cannot_read():
-    from gh200rt.kernels.quant import quantize_fp8, quantize_int4
+    from gh200rt.formats.pack import quantize_fp8, quantize_int4
     with pytest.raises(ValueError, match="groups of a multiple of 32"):
         OPS.quant_linear(torch.randn(1, 48), quantize_int4(torch.randn(8, 48), 16))
     with pytest.raises(ValueError, match="int8 / int4"):
@@ -468,8 +468,8 @@ def test_quant_linear_refuses_what_it_cannot_read():
 
 
 def test_packed_weights_use_the_native_linear_up_to_its_row_limit():
-    from gh200rt.kernels.packed_cpu_routes import NATIVE_MAX_ROWS
-    from gh200rt.kernels.quant import quantize_int4
+    from gh200rt.backends.cpu.packed_linear import NATIVE_MAX_ROWS
+    from gh200rt.formats.pack import quantize_int4
     weight = quantize_int4(torch.randn(48, 128, generator=torch.Generator().manual_seed(6)), 32)
     bias = torch.randn(48)
     x = torch.randn(NATIVE_MAX_ROWS + 3, 128, generator=torch.Generator().manual_seed(7))
@@ -563,7 +563,7 @@ def test_half_weight_takes_the_native_linear_for_a_few_rows():
     assert torch.equal(half.linear(few, bias), OPS.f16_linear(few, half.weight, bias))
     assert torch.equal(half.linear(x[0], bias), OPS.f16_linear(x[:1], half.weight, bias)[0])   # a bare vector
     if fbgemm_fp16_available():
-        fbgemm = torch.ops.quantized.linear_dynamic_fp16(x, half._fbgemm_form()) + bias
+        fbgemm = torch.ops.quantized.linear_dynamic_fp16(x, fbgemm_form(half)) + bias
         assert torch.equal(half.linear(x, bias), fbgemm)
         assert torch.equal(half.linear(few, bias, native=False), fbgemm[:NATIVE_F16_MAX_ROWS])
 

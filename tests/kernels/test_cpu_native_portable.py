@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gh200rt.backends.cpu.native import load_native_ops, native_ops_error
-from gh200rt.kernels.quant import quantize_int4, quantize_int8
+from gh200rt.formats.pack import quantize_int4, quantize_int8
 from gh200rt.kv import fp8
 from tests.kernels.native_builds import native_ops_for
 from tests.kernels.paged_cases import scattered_case

@@ -5,9 +5,9 @@ Marked ``gpu``: skipped here, run by the GPU test matrix (scripts/validate_gpu.p
 import pytest
 import torch
 
+from gh200rt.formats.pack import quantize_fp8, quantize_int4, quantize_int8
 from gh200rt.kernels import host_gemm as host_gemm_module
 from gh200rt.kernels.host_gemm import host_gemm, reference_host_gemm
-from gh200rt.kernels.quant import quantize_fp8, quantize_int4, quantize_int8
 
 pytestmark = pytest.mark.gpu
 

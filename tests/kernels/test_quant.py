@@ -11,8 +11,8 @@ pytest.importorskip("gguf")  # the reference GGUF reader: a bare GPU host need n
 from gguf import GGMLQuantizationType, GGUFReader  # noqa: E402
 from gguf.quants import dequantize, quantize  # noqa: E402
 
-from gh200rt.kernels.gguf_blocks import packed_nbytes
-from gh200rt.kernels.quant import PackedWeight, pack_weight, quantize_int4, quantize_int8, reference_linear
+from gh200rt.formats.gguf_blocks import packed_nbytes
+from gh200rt.formats.pack import PackedWeight, pack_weight, quantize_int4, quantize_int8, reference_linear
 
 
 def smollm2_gguf() -> str:

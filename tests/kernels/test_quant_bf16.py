@@ -3,7 +3,7 @@ against dequantize-then-matmul in float32, and the same bits from a weight in an
 import pytest
 import torch
 
-from gh200rt.kernels.quant import quantize_int4, quantize_int8, reference_linear
+from gh200rt.formats.pack import quantize_int4, quantize_int8, reference_linear
 
 N, K = 96, 256
 
@@ -41,4 +41,4 @@ def test_bf16_route_is_taken_and_caches_nothing_for_changing_storage():
     assert torch.equal(moving.linear(x), y)  # same bytes, same bits, wherever they sit
     slot["scale"].mul_(2)                     # the slot's contents change: the output follows them
     assert torch.allclose(moving.linear(x).float(), 2 * y.float(), rtol=2e-2, atol=1e-3)
-    assert moving._bf16_scales is None
+    assert "bf16_scales" not in moving.derived

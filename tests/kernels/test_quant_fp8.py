@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gh200rt.kernels.packed_formats import FP8_MAX
-from gh200rt.kernels.quant import PackedWeight, pack_weight, quantize_fp8
-from gh200rt.kernels.quantizers import fp8_from_checkpoint
+from gh200rt.formats.pack import PackedWeight, pack_weight, quantize_fp8
+from gh200rt.formats.packed_layout import FP8_MAX
+from gh200rt.formats.quantizers import fp8_from_checkpoint
 
 
 def test_quantize_fp8_rounds_each_row_to_the_e4m3_grid():

@@ -3,8 +3,8 @@ whole weight gives, for every format, odd row counts and groups that do not divi
 import pytest
 import torch
 
-from gh200rt.kernels.quant import pack_weight, quantize_fp8, quantize_int4, quantize_int8
-from gh200rt.kernels.quantizers import quantize_rows
+from gh200rt.formats.pack import pack_weight, quantize_fp8, quantize_int4, quantize_int8
+from gh200rt.formats.quantizers import quantize_rows
 
 WHOLE = {"int8": quantize_int8, "int4": quantize_int4, "fp8": quantize_fp8}
 
@@ -30,7 +30,7 @@ def test_pack_weight_passes_its_workers_on():
 @pytest.mark.parametrize("shape", [(96, 64), (40, 200)])
 def test_empty_packed_has_the_layout_of_a_quantized_weight(fmt, shape):
     """What the slab cache compares a stored slab with, computed from the shape without quantizing."""
-    from gh200rt.kernels.quantizers import empty_packed
+    from gh200rt.formats.quantizers import empty_packed
     real = quantize_rows(torch.randn(*shape), fmt, workers=2, rows=16)
     empty = empty_packed(fmt, shape)
 
@@ -45,7 +45,7 @@ def test_empty_packed_has_the_layout_of_a_quantized_weight(fmt, shape):
 def test_stacked_tensors_equal_one_call_over_their_concatenation(fmt, workers):
     """A fused linear (q, k, v of different heights; a second group beside it) quantized block by block into one
     result: the same bytes as quantizing the concatenated weight, and torch's thread count as it was."""
-    from gh200rt.kernels.quantizers import quantize_stacked
+    from gh200rt.formats.quantizers import quantize_stacked
     torch.manual_seed(1)
     qkv = [(torch.randn(n, 96) * 0.05).to(torch.bfloat16) for n in (70, 17, 17)]
     down = [(torch.randn(33, 64) * 0.05).to(torch.bfloat16)]
@@ -60,7 +60,7 @@ def test_stacked_tensors_equal_one_call_over_their_concatenation(fmt, workers):
 
 
 def test_a_failing_block_restores_torch_threads(monkeypatch):
-    from gh200rt.kernels import quantizers
+    from gh200rt.formats import quantizers
     threads = torch.get_num_threads()
 
     def broken(block):

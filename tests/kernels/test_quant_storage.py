@@ -3,8 +3,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gh200rt.kernels import half_weight, quant
-from gh200rt.kernels.quant import HalfWeight, pack_weight, quantize_int4, quantize_int8, reference_linear
+from gh200rt.backends.cpu import half_linear
+from gh200rt.formats import pack
+from gh200rt.formats.pack import HalfWeight, pack_weight, quantize_int4, quantize_int8, reference_linear
 
 N, K = 48, 192
 
@@ -81,11 +82,11 @@ def test_fp16_linear_takes_non_contiguous_and_bf16_inputs():
 
 def test_fp16_without_fbgemm_widens_the_weight(monkeypatch):
     half = pack_weight(torch.randn(N, K), "fp16")
-    x, bias = torch.randn(half_weight.NATIVE_F16_MAX_ROWS + 1, K), torch.randn(N)   # beyond the native fp16 linear
-    monkeypatch.setattr(half_weight, "_fbgemm_fp16_ok", False)
+    x, bias = torch.randn(half_linear.NATIVE_F16_MAX_ROWS + 1, K), torch.randn(N)   # beyond the native fp16 linear
+    monkeypatch.setattr(half_linear, "_fbgemm_fp16_ok", False)
     assert torch.equal(half.linear(x, bias), F.linear(x, half.weight.float(), bias))
     assert torch.equal(half.linear(x[:3], bias, native=False), F.linear(x[:3], half.weight.float(), bias))
-    assert half._fbgemm is None
+    assert "fbgemm" not in half.derived
 
 
 def test_fp16_pack_weight_and_its_errors():
@@ -96,7 +97,7 @@ def test_fp16_pack_weight_and_its_errors():
     assert set(half.tensors()) == {"weight"} and half.tensors()["weight"].dtype == torch.float16
     with pytest.raises(ValueError, match="float16's range"):
         pack_weight(torch.full((4, 4), 1e6), "fp16")
-    assert "fp16" in quant.HOST_FORMATS
+    assert "fp16" in pack.HOST_FORMATS
 
 
 @pytest.mark.gpu

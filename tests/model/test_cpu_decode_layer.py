@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gh200rt.backends.cpu.half_linear import NATIVE_F16_MAX_ROWS
 from gh200rt.backends.cpu.linear import NATIVE_F32_MAX_ROWS
 from gh200rt.backends.cpu.native import load_native_ops, native_ops_error
 from gh200rt.backends.cpu.ops import use_native_cpu_kernels, use_torch_cpu_kernels
 from gh200rt.backends.cpu.prepack import NativeRowsWeight, OneDNNWeight, OneRowBlocksWeight
-from gh200rt.kernels.half_weight import NATIVE_F16_MAX_ROWS
-from gh200rt.kernels.quant import HalfWeight, pack_weight
+from gh200rt.formats.pack import HalfWeight, pack_weight
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.models.base import AttentionMetadata
 from gh200rt.models.layers.dense import onednn_available

@@ -14,7 +14,7 @@ from gh200rt.backends.cpu.ops import use_native_cpu_kernels
 from gh200rt.backends.cpu.prepack import OneDNNWeight, linear_formats, resident_linear_format
 from gh200rt.backends.cpu.routes import route_for
 from gh200rt.config import MemoryConfig
-from gh200rt.kernels.quant import HalfWeight
+from gh200rt.formats.pack import HalfWeight
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.models.layers.dense import dense_linear, onednn_available
 from gh200rt.models.registry import build_model

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from gh200rt.config import EngineConfig, ModelConfig
 from gh200rt.engine.engine import LLMEngine
 from gh200rt.engine.llm import LLM
-from gh200rt.kernels.quant import PackedWeight
+from gh200rt.formats.pack import PackedWeight
 from gh200rt.loader import ModelLoadError, load_model
 from gh200rt.models.layers.attention import SelfAttention
 from gh200rt.sampling_params import SamplingParams

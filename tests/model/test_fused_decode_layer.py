@@ -6,8 +6,8 @@ import torch
 
 from gh200rt.backends.cuda.decode_layer import fused_decode_layer, gpu_decode_layer
 from gh200rt.backends.cuda.ops import TRITON_OPS, install_triton_kernels
+from gh200rt.formats.pack import pack_weight
 from gh200rt.kernels import gemv as gemv_module
-from gh200rt.kernels.quant import pack_weight
 from gh200rt.kv.pool import allocate_kv_caches
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.models.base import AttentionMetadata

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from gh200rt.kernels.quant import pack_weight
+from gh200rt.formats.pack import pack_weight
 from gh200rt.models.layers.dense import onednn_available
 from gh200rt.models.layers.linear import ROW_BLOCK_SIZES, RefLinear
 from gh200rt.models.layers.row_blocks import RowBlockSizes, block_cuts, in_row_blocks, ladder, probe_sizes

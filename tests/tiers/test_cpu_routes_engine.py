@@ -12,7 +12,7 @@ from gh200rt.backends.cpu.routes import route_for
 from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
 from gh200rt.engine.llm import LLM
-from gh200rt.kernels.quant import PackedWeight
+from gh200rt.formats.pack import PackedWeight
 from gh200rt.memory.ledger import CPU_DEFAULT_KV_BYTES
 from gh200rt.models.layers.dense import onednn_available
 from gh200rt.sampling_params import SamplingParams

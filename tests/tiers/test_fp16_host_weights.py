@@ -3,7 +3,7 @@ the same fp16 bytes (the staging slots are poisoned before each copy), at half t
 from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
 from gh200rt.engine.llm import LLM
-from gh200rt.kernels.quant import HalfWeight
+from gh200rt.formats.pack import HalfWeight
 from gh200rt.sampling_params import SamplingParams
 from tests.engine.real_models import save_tiny_llama
 

@@ -13,7 +13,7 @@ from gh200rt.backends.cpu.prepack import (OneDNNWeight, OneRowBlocksWeight, amx_
 from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
 from gh200rt.engine.llm import LLM
-from gh200rt.kernels.quant import HalfWeight, PackedWeight, quantize_int4
+from gh200rt.formats.pack import HalfWeight, PackedWeight, quantize_int4
 from gh200rt.sampling_params import SamplingParams
 from tests.cpu_routes import TEST_ROUTES, native_build
 from tests.engine.real_models import assert_same_or_near_tie

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gh200rt.config import EngineConfig, MemoryConfig
-from gh200rt.kernels.quant import pack_weight
+from gh200rt.formats.pack import pack_weight
 from gh200rt.plan import main as plan_main
 from gh200rt.weights.forms import GGUF, resolve_host_format
 from gh200rt.weights.tiers import Tier

@@ -2,8 +2,8 @@
 import torch
 
 from gh200rt.backends.cpu import routes
+from gh200rt.backends.cpu.half_linear import fbgemm_fp16_available
 from gh200rt.backends.cpu.routes import choose_route, route_for
-from gh200rt.kernels.half_weight import fbgemm_fp16_available
 from gh200rt.platform import cpu_features
 from gh200rt.platform.cpu_features import read_cpu_flags
 

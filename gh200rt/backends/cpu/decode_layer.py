@@ -25,16 +25,16 @@ import weakref
 
 import torch
 
-from gh200rt.backends.cpu import native_args
+from gh200rt.backends.cpu import half_linear, native_args, packed_linear
+from gh200rt.backends.cpu.half_linear import NATIVE_F16_MAX_ROWS
 from gh200rt.backends.cpu.linear import native_rows_weight
 from gh200rt.backends.cpu.native_args import LINEAR_F16, LINEAR_F32, LINEAR_QUANT, DecodeLayerArgs, LinearArgs
 from gh200rt.backends.cpu.native_checks import FP8_KV_TYPES
 from gh200rt.backends.cpu.native_ops import NativeOps
+from gh200rt.backends.cpu.packed_linear import NATIVE_MAX_ROWS
 from gh200rt.backends.cpu.prepack import NativeRowsWeight, OneRowBlocksWeight
 from gh200rt.backends.interface import DECODE_STATE_PREFIX
-from gh200rt.kernels.half_weight import NATIVE_F16_MAX_ROWS
-from gh200rt.kernels.packed_cpu_routes import NATIVE_MAX_ROWS
-from gh200rt.kernels.quant import HalfWeight, PackedWeight
+from gh200rt.formats.pack import HalfWeight, PackedWeight
 from gh200rt.kv.attention import batch_layout
 
 _CACHE = DECODE_STATE_PREFIX + "native_call"   # the layer's cached _LayerCall, in its __dict__
@@ -70,7 +70,7 @@ def linear_args_of(linear, weight, rows: int, bias: torch.Tensor | None) -> Line
     """``linear_args`` for ``weight``, the form ``linear``'s current weight multiplies ``rows`` rows with, and its
     float32 ``bias``."""
     if isinstance(weight, HalfWeight):
-        if not (linear.packed_native and rows <= NATIVE_F16_MAX_ROWS and weight.native_ops() is not None):
+        if not (linear.packed_native and rows <= NATIVE_F16_MAX_ROWS and half_linear.native_ops(weight) is not None):
             return None
         n, k = weight.shape
         return LinearArgs(LINEAR_F16, weight.weight.data_ptr(), weight.weight.stride(0), None,
@@ -86,7 +86,7 @@ def linear_args_of(linear, weight, rows: int, bias: torch.Tensor | None) -> Line
         n, k = weight.shape
         return LinearArgs(LINEAR_F32, weight.data_ptr(), weight.stride(0), None,
                           None if bias is None else bias.data_ptr(), n, k, native_args.linear_threads(n, k))
-    if isinstance(weight, PackedWeight) and rows <= NATIVE_MAX_ROWS and weight._native_ops() is not None:
+    if isinstance(weight, PackedWeight) and rows <= NATIVE_MAX_ROWS and packed_linear.native_ops(weight) is not None:
         n, k = weight.shape
         return LinearArgs(LINEAR_QUANT, None, 0, native_args.quant_weight_args(weight).pointer,
                           None if bias is None else bias.data_ptr(), n, k, native_args.linear_threads(n, k))

@@ -64,10 +64,10 @@ def linear_threads(n: int, k: int) -> int:
 
 def quant_weight_args(weight) -> QuantWeight:
     """``weight``'s cached ``QuantWeight`` (kept on the weight, whose tensors it points into)."""
-    args = getattr(weight, "_native_args", None)
+    args = weight.derived.get("native_args")
     if args is None:
         args = QuantWeight(weight)
-        weight._native_args = args
+        weight.derived["native_args"] = args
     return args
 
 

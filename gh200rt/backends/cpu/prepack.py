@@ -45,9 +45,10 @@ import logging
 
 import torch
 
+from gh200rt.backends.cpu import half_linear
 from gh200rt.backends.cpu.amx_weight import AmxWeight, Bf16DotWeight, amx_fits, gated_rows
 from gh200rt.backends.cpu.linear import native_rows
-from gh200rt.kernels.quant import pack_weight
+from gh200rt.formats.pack import pack_weight
 from gh200rt.models.layers.dense import ONEDNN_MIN_ELEMENTS, onednn_available, onednn_linear, onednn_weight
 from gh200rt.models.layers.linear import RefLinear
 
@@ -186,7 +187,7 @@ def gguf_blocks_bytes(parts: list | None) -> int:
     """Bytes ``gguf_blocks_form(parts)`` holds, from the parts' types and shapes (nothing is packed); 0 where it
     makes no blocks form."""
     from gh200rt.backends.cpu.native import load_native_ops
-    from gh200rt.kernels.gguf_blocks import GGML_Q8_0, packed_nbytes
+    from gh200rt.formats.gguf_blocks import GGML_Q8_0, packed_nbytes
     if not parts or any(not hasattr(p, "ggml_type") for p in parts) or load_native_ops() is None:
         return 0
     sizes = [packed_nbytes(p) for p in parts]
@@ -250,7 +251,7 @@ def cpu_route_form(weight: torch.Tensor, fmt: str, gguf_parts: list | None = Non
             half = pack_weight(weight, "fp16")
         except ValueError:  # beyond fp16's range: this weight stays dense
             return weight
-        half._fbgemm_form()  # build fbgemm's packed copy now, not inside the first request
+        half_linear.fbgemm_form(half)  # build fbgemm's packed copy now, not inside the first request
         return half
     raise ValueError(f"unknown CPU linear format {fmt!r}")
 

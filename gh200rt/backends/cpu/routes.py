@@ -78,7 +78,7 @@ def route_unavailable(name: str) -> str | None:
     if name == "bf16" and not _onednn_bf16_ok():
         return "this torch's oneDNN reports no bf16 support on this CPU (x86 needs AVX-512, Arm bf16 instructions)"
     if name == "fp16":
-        from gh200rt.kernels.half_weight import fbgemm_fp16_available
+        from gh200rt.backends.cpu.half_linear import fbgemm_fp16_available
         if not fbgemm_fp16_available():
             return "this torch has no working fbgemm fp16 GEMM (fbgemm runs on x86 CPUs with AVX2)"
     return None
@@ -101,7 +101,7 @@ def route_for(dtype_flag: str, cpu_route: str = "auto") -> CpuRoute:
                              f"--cpu-route auto)")
         return _ROUTES[cpu_route]
     if dtype_flag == "auto":
-        from gh200rt.kernels.half_weight import fbgemm_fp16_available
+        from gh200rt.backends.cpu.half_linear import fbgemm_fp16_available
         return choose_route(cpu_flags(), _onednn_bf16_ok(), fbgemm_fp16_available())
     if dtype_flag == "bfloat16":
         return _ROUTES["bf16"] if _onednn_bf16_ok() else CpuRoute("bf16", torch.bfloat16, None)

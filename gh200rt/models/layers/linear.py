@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gh200rt.kernels.quant import HalfWeight, PackedWeight
+from gh200rt.formats.pack import HalfWeight, PackedWeight
 from gh200rt.models.base import WeightRef
 from gh200rt.models.layers.dense import dense_linear, onednn_available, onednn_linear
 from gh200rt.models.layers.row_blocks import RowBlockSizes, in_row_blocks

@@ -2,8 +2,8 @@
 plain-torch reference every form's linear is checked against.
 
 ``HOST_FORMATS`` (``--host-weight-dtype``): ``fp32`` / ``bf16`` give a dense tensor, ``fp16`` a ``HalfWeight``
-(``half_weight.py``), ``int8`` / ``int4`` / ``fp8`` a ``PackedWeight``: the layouts in ``packed_formats.py``, the
-weight in ``packed_weight.py``, its CPU routes in ``packed_cpu_routes.py``, the quantizers in ``quantizers.py``.
+(``half_weight.py``), ``int8`` / ``int4`` / ``fp8`` a ``PackedWeight``: the layouts in ``packed_layout.py``, the
+weight in ``packed_weight.py``, the quantizers in ``quantizers.py`` (how each multiplies: its backend's module).
 
 ``PackedWeight``, ``HalfWeight`` and ``quantize_int8`` / ``quantize_int4`` / ``quantize_fp8`` are re-exported here,
 where most of their callers import them from.
@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gh200rt.kernels.half_weight import HalfWeight
-from gh200rt.kernels.packed_weight import PackedWeight
-from gh200rt.kernels.quantizers import quantize_fp8, quantize_int4, quantize_int8, quantize_rows
+from gh200rt.formats.half_weight import HalfWeight
+from gh200rt.formats.packed_weight import PackedWeight
+from gh200rt.formats.quantizers import quantize_fp8, quantize_int4, quantize_int8, quantize_rows
 
 __all__ = ["HOST_FORMATS", "HalfWeight", "PackedWeight", "pack_weight", "quantize_fp8", "quantize_int4",
            "quantize_int8", "reference_linear"]
@@ -33,7 +33,7 @@ def pack_weight(weight, fmt: str, workers: int = 1) -> torch.Tensor | PackedWeig
     ``PackedWeight``. A ``PackedWeight`` (e.g. an FP8 checkpoint's weight) is kept when ``fmt`` is ``auto``
     or its own format, else dequantized and converted. ``workers``: threads quantizing (``quantize_rows``).
     """
-    from gh200rt.kernels.gguf_blocks import from_gguf, is_gguf_tensor
+    from gh200rt.formats.gguf_blocks import from_gguf, is_gguf_tensor
     choices = ("auto",) + HOST_FORMATS
     if fmt not in choices:
         raise ValueError(f"host weight format {fmt!r}: choose one of {', '.join(choices)} (--host-weight-dtype)")

@@ -1,19 +1,26 @@
-"""``PackedWeight``: an int8 / int4 / fp8 weight over its storage (the layouts: ``packed_formats.py``).
+"""``PackedWeight``: an int8 / int4 / fp8 weight over its storage (the layouts: ``packed_layout.py``).
 
-It satisfies the ``WeightRef`` contract (``linear(x, bias)``, ``nbytes``): on CUDA ``linear`` calls ``host_gemm``,
-on the CPU the routes of ``packed_cpu_routes.py``. ``tensors()`` / ``with_tensors()`` let a placement move the
-storage (host slab, staging slot) and rebuild the same weight over it.
+It satisfies the ``WeightRef`` contract (``linear(x, bias)``, ``nbytes``): ``linear`` is the backend's of ``x``'s
+device (``backend_linear.py``: on CUDA ``host_gemm``, on the CPU the routes of ``backends/cpu/packed_linear.py``).
+``tensors()`` / ``with_tensors()`` let a placement move the storage (host slab, staging slot) and rebuild the same
+weight over it. ``derived`` holds what a backend derives from the storage and keeps (torch's int4 layout, an fbgemm
+packed matrix, the native library's argument block), by name; a weight whose storage changes between calls
+(``stable=False``) keeps none of the storage-derived ones.
 """
 from __future__ import annotations
 
 import torch
 
-from gh200rt.kernels.packed_cpu_routes import CPU_ROUTES, PackedCpuRoutes
-from gh200rt.kernels.packed_formats import unpack_int4
+from gh200rt.formats.backend_linear import backend_linear
+from gh200rt.formats.packed_layout import unpack_int4
+
+# How the CPU multiplies an int8 weight: exactly (the native quantized linear, torch's weight-only ops), or through
+# fbgemm's dynamic int8 linear, which also quantizes activations (faster, less accurate: a comparison point).
+CPU_ROUTES = ("exact", "fbgemm")
 
 
-class PackedWeight(PackedCpuRoutes):
-    """A quantized ``[N, K]`` weight (``packed_formats.py`` describes the layout)."""
+class PackedWeight:
+    """A quantized ``[N, K]`` weight (``packed_layout.py`` describes the layout)."""
 
     def __init__(self, fmt: str, qweight: torch.Tensor, scale: torch.Tensor,
                  minimum: torch.Tensor | None, group_size: int, shape: tuple[int, int], cpu_route: str = "exact",
@@ -36,17 +43,12 @@ class PackedWeight(PackedCpuRoutes):
         self.fmt, self.qweight, self.scale, self.minimum = fmt, qweight, scale, minimum
         self.group_size, self.shape = group_size, (n, k)
         self.cpu_route, self.stable = cpu_route, stable
-        self._cpu_int4: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._fbgemm = None
-        self._bf16_scales: torch.Tensor | None = None
-        self._native = None        # the native library's handle once checked, False when it does not apply
-        self._native_args = None   # backends.cpu.native_args.QuantWeight: this weight's argument block
+        self.derived: dict[str, object] = {}
 
     @property
     def nbytes(self) -> int:
         parts = [self.qweight, self.scale] + ([self.minimum] if self.minimum is not None else [])
-        if self._cpu_int4 is not None:
-            parts += list(self._cpu_int4)
+        parts += list(self.derived.get("cpu_int4", ()))
         return sum(t.nbytes for t in parts)
 
     @property
@@ -84,10 +86,17 @@ class PackedWeight(PackedCpuRoutes):
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None, native: bool = True) -> torch.Tensor:
         """``native``: on the CPU, whether the native quantized linear may serve (off: torch's ops alone)."""
-        if x.is_cuda:
-            from gh200rt.kernels.host_gemm import host_gemm
-            return host_gemm(x, self, bias)
-        return self._linear_cpu(x, bias, native)
+        return backend_linear(x.device.type, "packed").linear(self, x, bias, native)
+
+    def dense_for(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The dense weight a layer multiplies ``x`` by instead, where the backend has no faster exact route (fp8
+        with float32 activations on the CPU), else None."""
+        return backend_linear(x.device.type, "packed").dense_for(self, x)
+
+    def block_form(self, x: torch.Tensor, rows: int, native: bool = True):
+        """What each block of ``rows`` rows of ``x`` multiplies when a call runs in row blocks
+        (models/layers/row_blocks.py): this weight, or its dense form made once for the whole call."""
+        return backend_linear(x.device.type, "packed").block_form(self, x, rows, native)
 
     def __repr__(self) -> str:
         return f"PackedWeight({self.fmt}, shape={self.shape}, group_size={self.group_size}, nbytes={self.nbytes})"

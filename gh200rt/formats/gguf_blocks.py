@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gh200rt.kernels.packed_formats import pack_int4
-from gh200rt.kernels.packed_weight import PackedWeight
+from gh200rt.formats.packed_layout import pack_int4
+from gh200rt.formats.packed_weight import PackedWeight
 
 GGML_Q4_0, GGML_Q4_1, GGML_Q8_0 = 2, 3, 8
 _BLOCK = 32

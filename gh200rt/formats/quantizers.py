@@ -8,8 +8,8 @@ from contextlib import contextmanager
 
 import torch
 
-from gh200rt.kernels.packed_formats import FP8_MAX, INT4_DEFAULT_GROUP, pack_int4
-from gh200rt.kernels.packed_weight import PackedWeight
+from gh200rt.formats.packed_layout import FP8_MAX, INT4_DEFAULT_GROUP, pack_int4
+from gh200rt.formats.packed_weight import PackedWeight
 
 
 def _grouped(w: torch.Tensor, group_size: int) -> torch.Tensor:
