@@ -1,5 +1,5 @@
 """Host quantization at load: one decoder layer's linears per host format, as one call over each weight (the
-former way) and in blocks of rows on 1..N threads (``kernels.quantizers.quantize_rows``, what the weight store
+former way) and in blocks of rows on 1..N threads (``formats.quantizers.quantize_rows``, what the weight store
 does), with the bf16 GB/s taken in and the time a whole model of that shape would take.
 
     python scripts/bench_quant_load.py [--shape llama3-8b] [--formats int8,int4,fp8] [--workers 2,4] [--reps 3]

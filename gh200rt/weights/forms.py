@@ -98,7 +98,7 @@ def empty_host_form(dense: torch.Tensor, fmt: str):
 def host_form(dense: torch.Tensor, fmt: str, gguf_parts: list | None = None, workers: int = 1):
     """What a slab stores for one linear: ``dense`` is the loaded weight, ``gguf_parts`` the checkpoint's
     quantized tensors that make it up (in row order), when the checkpoint was a GGUF file or FP8; ``workers``:
-    threads that quantize (``kernels.quantizers.quantize_rows``)."""
+    threads that quantize (``formats.quantizers.quantize_rows``)."""
     if gguf_parts and (fmt == GGUF or (fmt == "fp8" and all(isinstance(p, PackedWeight) for p in gguf_parts))):
         return concat_rows([pack_weight(part, "auto") for part in gguf_parts])
     if fmt == GGUF:
