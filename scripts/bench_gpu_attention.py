@@ -103,7 +103,7 @@ def main() -> None:
     require_cuda()
     import triton.testing
 
-    from gh200rt.kernels.paged_attention import attention_splits, paged_attention
+    from gh200rt.kernels.triton.paged_attention import attention_splits, paged_attention
     baseline, rev = None, args.baseline or default_baseline()
     if rev is not None:
         import importlib

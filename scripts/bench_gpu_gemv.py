@@ -1,4 +1,4 @@
-"""Time decode's one-row products on a GPU: gemv (kernels/gemv.py) per tile shape against cuBLAS and host_gemm.
+"""Time decode's one-row products on a GPU: gemv (kernels/triton/gemv.py) per tile shape against cuBLAS and host_gemm.
 
     python scripts/bench_gpu_gemv.py [--json PATH] [--quick]
 
@@ -43,8 +43,9 @@ def main() -> int:
         print("bench_gpu_gemv: needs a CUDA GPU; nothing measured", file=sys.stderr)
         return 2
     from gh200rt.formats.pack import pack_weight
-    from gh200rt.kernels.gemv import GEMV_TILE, gemv
-    from gh200rt.kernels.host_gemm import reference_host_gemm, tiled_host_gemm
+    from gh200rt.kernels.triton.gemv import GEMV_TILE, gemv
+    from gh200rt.kernels.triton.host_gemm import tiled_host_gemm
+    from gh200rt.kernels.triton.weight_operands import reference_host_gemm
     bounds = measured_bounds()
     print(f"{torch.cuda.get_device_name()}: link (pinned H2D copy) {bounds['link']:.1f} GB/s, "
           f"HBM (device copy) {bounds['hbm']:.0f} GB/s")

@@ -5,7 +5,7 @@ against a baseline revision of the kernel, and resident bf16 weights against cuB
 
 (a) The DIRECT tier: each layer's weight (int8 and fp8 per channel, int4 in groups of 32, bf16) in pinned host
 memory, read over the link by this tree's ``host_gemm`` and by the baseline's (``git show
-REV:kernels/host_gemm.py`` with the ``kernels/*.py`` beside it, imported by path; default: the merge-base of
+REV:kernels/triton/host_gemm.py`` with the ``kernels/*.py`` beside it, imported by path; default: the merge-base of
 HEAD and ``main``, else ``.baseline/kernels/`` holding those files, for a copy of the tree without its git history;
 a directory holding them also works), and by this tree's with the scales and
 minimums in HBM (the codes alone cross the link). GB/s are the bytes read from host memory per second, next
@@ -154,7 +154,7 @@ def pinned(weight):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--baseline", help="git revision (or directory) of the baseline kernels/host_gemm.py "
+    parser.add_argument("--baseline", help="git revision (or directory) of the baseline kernels/triton/host_gemm.py "
                                            "(default: the merge-base of HEAD and main)")
     parser.add_argument("--json", help="also write every row, with the measured bounds, to this JSON file")
     args = parser.parse_args()
@@ -163,7 +163,8 @@ def main() -> int:
               "HBM); nothing measured", file=sys.stderr)
         return 2
     from gh200rt.formats.pack import pack_weight
-    from gh200rt.kernels.host_gemm import host_gemm, reference_host_gemm
+    from gh200rt.kernels.triton.host_gemm import host_gemm
+    from gh200rt.kernels.triton.weight_operands import reference_host_gemm
     rev = args.baseline or default_baseline()
     base_gemm, base_quant = load_baseline(rev) if rev is not None else (None, None)
     bounds = measured_bounds()

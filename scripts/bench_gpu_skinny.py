@@ -43,7 +43,7 @@ parser.add_argument("--layers", default=",".join(LLAMA3_8B), help=f"of {', '.joi
 parser.add_argument("--deeper", action="store_true", help="also every variant with 4 pipeline stages")
 parser.add_argument("--json", help="write every row here")
 parser.add_argument("--fused", action="store_true",
-                    help="resident bf16: kernels/fused_rows.py (no K split, the decode layer's fused products) at "
+                    help="resident bf16: kernels/triton/fused_rows.py (no K split, the decode layer's fused products) at "
                          "every tile of its SWEEP_TILES instead of the tiled kernel's variants, against cuBLAS; --rows up "
                          "to 64 then")
 
@@ -51,7 +51,7 @@ parser.add_argument("--fused", action="store_true",
 def tiled_variant(x: torch.Tensor, weight, block_n: int, block_k: int, stages: int, split):
     """host_gemm's tiled kernel over ``weight`` at one tile, pipeline depth and K split (``tiled_host_gemm``'s
     launch with these instead of ``tile_config``'s)."""
-    from gh200rt.kernels import host_gemm as hg
+    from gh200rt.kernels.triton import host_gemm as hg
     n, k = weight.shape
     m = x.shape[0]
     fmt, w, scale, minimum, group = hg.weight_operands(weight, x)
@@ -85,7 +85,8 @@ def main() -> int:
         parser.error(f"--rows {args.rows}: choose 2-16, or 2-64 with --fused (one row is bench_gpu_gemv.py's, more "
                      f"is a prefill's)")
     from gh200rt.formats.pack import pack_weight
-    from gh200rt.kernels.host_gemm import reference_host_gemm, tiled_host_gemm
+    from gh200rt.kernels.triton.host_gemm import tiled_host_gemm
+    from gh200rt.kernels.triton.weight_operands import reference_host_gemm
     bounds = measured_bounds()
     print(f"{torch.cuda.get_device_name()}: link (pinned H2D copy) {bounds['link']:.1f} GB/s, "
           f"HBM (device copy) {bounds['hbm']:.0f} GB/s; M = {args.rows}")
@@ -118,7 +119,7 @@ def main() -> int:
                 print(f"{layer:<8} {weights:<5} {where:<20} tiled {bn}x{bk} s{stages} k{split}: {exc}", flush=True)
 
     def fused_sweep(layer, weights, where, x, dense, nbytes, bound, want):
-        from gh200rt.kernels.fused_rows import SWEEP_TILES, block_rows, fused_rows
+        from gh200rt.kernels.triton.fused_rows import SWEEP_TILES, block_rows, fused_rows
         for bn, bk, warps, dot_16bit in SWEEP_TILES[block_rows(args.rows)]:
             label = f"fused_rows {bn}x{bk} w{warps}" + (" bf16-dot" if dot_16bit else "")
             tile = dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, DOT_16BIT=dot_16bit)

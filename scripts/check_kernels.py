@@ -22,7 +22,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from gh200rt.kernels.compile_specs import all_specs  # noqa: E402
+from gh200rt.kernels.triton.compile_specs import all_specs  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 SHARED_LIMIT = 232448  # bytes of shared memory one block may use on sm_90 (227 KiB, opted in)
@@ -65,7 +65,7 @@ def check(spec) -> tuple[bool, str]:
     regs, spills = ptxas_report(ptx)
     shared = compiled.metadata.shared
     widest = widest_global_load(ptx)
-    # a kernel launched with programmatic dependent launch must wait for the previous one (kernels/pdl.py)
+    # a kernel launched with programmatic dependent launch must wait for the previous one (kernels/triton/pdl.py)
     unordered = spec.constexprs.get("USE_PDL", False) and "griddepcontrol.wait" not in ptx
     ok = spills == 0 and widest >= spec.min_load_bits and shared <= SHARED_LIMIT and not unordered
     row = f"{spec.name:<16} {spec.label:<56} {regs:>5} {spills:>7} {shared:>7} {widest:>5}-bit"

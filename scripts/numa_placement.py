@@ -123,7 +123,7 @@ def read_gpu_copy(buf) -> float:
 
 def read_gpu_direct(buf) -> float:
     """A Triton kernel sums host memory in place (ATS on GH200; the mapped pointer on x86)."""
-    from gh200rt.kernels.host_read import sum_host_bytes
+    from gh200rt.kernels.triton.host_read import sum_host_bytes
     buf.register_cuda(mapped=True) if not buf.cuda_registered else None
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -141,7 +141,7 @@ def _gpu_platform():
 def read_gpu_host_gemm(buf) -> float:
     """host_gemm reads the buffer in place as a bf16 ``[N, 4096]`` weight for one token (decode's GEMV):
     the bytes the DIRECT tier moves per layer, through the kernel that moves them."""
-    from gh200rt.kernels.host_gemm import host_gemm
+    from gh200rt.kernels.triton.host_gemm import host_gemm
     from gh200rt.weights.device_view import device_view, prepare_slab_for_device
     platform = _gpu_platform()
     if not buf.cuda_registered:

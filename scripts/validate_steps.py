@@ -132,7 +132,7 @@ def speed_steps(py: str, out: Path, cache: Path) -> list[Step]:
     """``--kit speed``: decode speed against the rooflines, before and after, in one run: the kernel compile check,
     the kernels' gpu tests, paged attention (split-K against one pass, FlashInfer where installed), and
     Llama-3-8B-shaped decode per placement with kernels per step and the costliest ones (bf16 streamed; bf16
-    resident at batch 1, 8 and 64 with the decoder layers fused (kernels/fused_rows.py above one row, timed per tile
+    resident at batch 1, 8 and 64 with the decoder layers fused (kernels/triton/fused_rows.py above one row, timed per tile
     first; with and without programmatic dependent launch) and op by op;
     resident with synchronous and async scheduling; int4 direct with its scales in HBM). The third H100 run met the
     streamed and direct goals; ``bench_decode.py --placements direct-host-scales`` times the scales in host memory,

@@ -13,7 +13,7 @@ CPU_ROUTES = ("auto", "bf16", "fp16", "fp32")  # backends/cpu/routes.py: ROUTES,
 # weights, which no --dtype names)
 _ROUTE_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 POOLING_TYPES = ("LAST", "MEAN")  # engine/pooling.py; vLLM's PoolerConfig.pooling_type names
-FUSED_DECODE_MAX_ROWS = 64        # kernels/fused_rows.py's MAX_ROWS (triton is an extra: not imported here)
+FUSED_DECODE_MAX_ROWS = 64        # kernels/triton/fused_rows.py's MAX_ROWS (triton is an extra: not imported here)
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class ModelConfig:
     enable_pdl: bool = field(default=False, metadata=flag_help(
         "CUDA, compute capability 9.0+ (Hopper): the one-call decode layers' Triton kernels use programmatic "
         "dependent launch, so each may be scheduled while the one before it drains (the launch gaps between a "
-        "decode step's kernels shrink; kernels/pdl.py); ignored on the CPU"))
+        "decode step's kernels shrink; kernels/triton/pdl.py); ignored on the CPU"))
     pooling_type: str = field(default="LAST", metadata=flag_help(
         "how /v1/embeddings and LLM.embed pool the final norm's hidden states into one vector: LAST = the last "
         "input token's (vLLM's default for decoder models), MEAN = the mean over every input token; vLLM's "

@@ -10,13 +10,14 @@ the whole fp8 range and nothing in it saturates). Values beyond ``scale x fp8 ma
 (as vLLM's kernels do); they never become NaN.
 
 The torch functions here are the CPU path and the references of the Triton kernels
-(kernels/store_kv.py, kernels/paged_attention.py).
+(kernels/triton/store_kv.py, kernels/triton/paged_attention.py).
 """
 from __future__ import annotations
 
 import torch
 
 from gh200rt.config import KV_CACHE_DTYPES
+
 FP8_KV_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 

@@ -10,7 +10,7 @@ Contract:
   booked in the ledger as ``lora_slots``. Between steps ``begin_step`` copies the step's adapters into slots.
 - A step's per-token slot index travels as a ``LoraStep`` (``step.py``) that the model runner sets on the one
   ``LoraBatch`` the LoRA linears were given at install; every ``RefLinear`` with a ``lora`` adds
-  ``(x @ A_slot^T) @ B_slot^T * scale_slot`` per token (``kernels/lora_sgmv.py``). Tokens of the base model have
+  ``(x @ A_slot^T) @ B_slot^T * scale_slot`` per token (``kernels/triton/lora_sgmv.py``). Tokens of the base model have
   slot -1 and get nothing added.
 - The scheduler admits at most ``--max-loras`` distinct adapters among running sequences; the prefix cache salts
   a sequence's block hashes with its adapter id, so KV is never shared across adapters.

@@ -1,6 +1,6 @@
 """The torch path of the batched LoRA matmul (the CPU's): per slot, one shrink and one expand over all its rows.
 
-Same contract as the Triton kernels in ``kernels/lora_sgmv.py`` (tested against the same per-token reference):
+Same contract as the Triton kernels in ``kernels/triton/lora_sgmv.py`` (tested against the same per-token reference):
 ``y[t] += (x[t] @ A[s]^T) @ B[s]^T * scale[s]`` for the rows of each slot ``s``; other rows are left alone.
 
 ``block_rows`` (``--batch-invariant``): each slot's shrink and expand run on blocks of exactly that many of its

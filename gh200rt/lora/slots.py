@@ -42,7 +42,7 @@ class LoraLinear:
             return y
         if self.batch.use_triton:
             assert block_rows is None, "batch-invariant steps run on the CPU (torch path) only"
-            from gh200rt.kernels.lora_sgmv import lora_add_triton
+            from gh200rt.kernels.triton.lora_sgmv import lora_add_triton
             return lora_add_triton(x.contiguous(), y.contiguous(), self.a, self.b, self.batch.scales_device, step.segs,
                                    step.max_len)
         return lora_add_grouped(x, y, self.a, self.b, self.batch.scales, step.groups, block_rows)

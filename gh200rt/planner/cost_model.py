@@ -227,7 +227,7 @@ def direct_layer_seconds(sizes: ModelSizes, platform: Platform, scales_on_device
         sizes.host_scale_bytes / (platform.hbm_gbps * 1e9)
 
 
-# host_gemm (kernels/host_gemm.py) reads a weight once per M-tile of at most this many rows.
+# host_gemm (kernels/triton/host_gemm.py) reads a weight once per M-tile of at most this many rows.
 HOST_GEMM_ROWS_PER_READ = 64
 
 

@@ -88,7 +88,7 @@ class HostDenseWeight:
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         # the kernel reads each weight byte once per 64 rows of x: ideal for decode; a long prefill
         # re-reads the weight over the link once per 64 tokens (correct, but link-bound)
-        from gh200rt.kernels import host_gemm as host_gemm_module
+        from gh200rt.kernels.triton import host_gemm as host_gemm_module
         return host_gemm_module.host_gemm(x, self.view, bias)
 
     def __repr__(self) -> str:

@@ -65,7 +65,7 @@ class UpcastWeight:
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.tensor.is_cuda:
-            from gh200rt.kernels import host_gemm as host_gemm_module
+            from gh200rt.kernels.triton import host_gemm as host_gemm_module
             return host_gemm_module.host_gemm(x, self.tensor, bias)
         return F.linear(x, self.tensor.to(x.dtype), bias)
 

@@ -80,7 +80,7 @@ def batch_decode(model, rows: int, steps: int, fused_rows: int, pdl: bool = Fals
 
 @pytest.mark.parametrize("rows", [2, 8])
 def test_fused_rows_decode_steps_match_op_by_op_in_fewer_launches(rows):
-    """``--fused-decode-rows``: a batch's decode steps run each layer in six launches (kernels/fused_rows.py for the
+    """``--fused-decode-rows``: a batch's decode steps run each layer in six launches (kernels/triton/fused_rows.py for the
     products) with the op-by-op path's greedy tokens and logits to a few units of bf16's last place."""
     arch = tiny_arch()
     model = tiny_model(arch, torch.bfloat16, "cuda")

@@ -4,11 +4,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gh200rt.kernels import host_gemm as host_gemm_module
-from gh200rt.weights.device_view import (HostDenseWeight, device_address, device_view, direct_weight,
-                                        prepare_slab_for_device)
+from gh200rt.kernels.triton import host_gemm as host_gemm_module
 from gh200rt.models.layers.linear import RefLinear
 from gh200rt.numa.alloc import allocate
+from gh200rt.weights.device_view import (HostDenseWeight, device_address, device_view, direct_weight,
+                                         prepare_slab_for_device)
 from tests.gpu.gpu_models import Steps, direct_layers, tiny_arch, tiny_model
 
 PROMPT = [11, 42, 7, 199, 3, 58, 121]

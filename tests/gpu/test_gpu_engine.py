@@ -58,7 +58,7 @@ def test_gpu_placements_generate_what_all_resident_generates(tiny_dir, label):
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_direct_tier_reads_through_host_gemm_for_every_compute_dtype(tiny_dir, dtype, monkeypatch):
-    from gh200rt.kernels import host_gemm as host_gemm_module
+    from gh200rt.kernels.triton import host_gemm as host_gemm_module
     from gh200rt.weights.device_view import HostDenseWeight
     calls = []
     real = host_gemm_module.host_gemm
@@ -108,7 +108,7 @@ def test_dynamic_tiers_on_a_gpu_move_layers_between_steps_and_keep_the_tokens(ti
 
 
 def test_fused_decode_rows_under_cuda_graphs_generate_what_op_by_op_layers_generate(tiny_dir):
-    """``--fused-decode-rows 8`` in bf16: the graphs of buckets 1-8 capture the fused layers (kernels/fused_rows.py)
+    """``--fused-decode-rows 8`` in bf16: the graphs of buckets 1-8 capture the fused layers (kernels/triton/fused_rows.py)
     and generate the op-by-op layers' tokens (a differing token must be a near tie)."""
     options = dict(dtype="bfloat16", max_model_len=128, num_kv_blocks=64)
     outputs = {}

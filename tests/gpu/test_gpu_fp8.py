@@ -12,8 +12,8 @@ from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
 from gh200rt.engine.llm import LLM
 from gh200rt.formats.pack import PackedWeight
-from gh200rt.kernels.paged_attention import paged_attention, reference_paged_attention
-from gh200rt.kernels.store_kv import reference_write_kv, write_kv
+from gh200rt.kernels.triton.paged_attention import paged_attention, reference_paged_attention
+from gh200rt.kernels.triton.store_kv import reference_write_kv, write_kv
 from gh200rt.sampling_params import SamplingParams
 from tests.engine.real_models import assert_same_or_near_tie, save_tiny_llama
 from tests.kernels.test_kv_fp8 import EDGES, FP8, fp8_case, grid_and_ties

@@ -37,8 +37,8 @@ def split_between_hbm_and_host(weights):
 @pytest.mark.parametrize("tokens", [1, 3, 17, 64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_moe_on_cuda_matches_reference(compiled_triton, fmt, tokens, dtype):
-    from gh200rt.kernels.fused_moe import fused_moe, reference_fused_moe
-    from gh200rt.kernels.fused_moe_operands import expert_stack
+    from gh200rt.kernels.triton.fused_moe import fused_moe, reference_fused_moe
+    from gh200rt.kernels.triton.fused_moe_operands import expert_stack
     x, weights, ids, gate_up, down = make_case(fmt, tokens, num_experts=8, top_k=2, seed=tokens, empty_expert=3,
                                                dtype=dtype)
     x, weights, ids = x.cuda(), weights.cuda(), ids.cuda()
@@ -54,8 +54,8 @@ def test_fused_moe_on_cuda_matches_reference(compiled_triton, fmt, tokens, dtype
 
 def test_fused_moe_captures_in_a_cuda_graph(compiled_triton):
     """Sort-and-align and both kernels read nothing back on the host: a graph replays them on new routing."""
-    from gh200rt.kernels.fused_moe import fused_moe
-    from gh200rt.kernels.fused_moe_operands import expert_stack
+    from gh200rt.kernels.triton.fused_moe import fused_moe
+    from gh200rt.kernels.triton.fused_moe_operands import expert_stack
     x, weights, ids, gate_up, down = make_case("int8", 4, num_experts=8, top_k=2, seed=1)
     x, weights, ids = x.cuda(), weights.cuda(), ids.cuda()
     gate_up, down = split_between_hbm_and_host(gate_up), split_between_hbm_and_host(down)

@@ -4,7 +4,7 @@ tile bench_gpu_skinny sweeps, and inside a CUDA graph."""
 import pytest
 import torch
 
-from gh200rt.kernels.fused_rows import SWEEP_TILES, block_rows, fused_rows, reference_fused_rows
+from gh200rt.kernels.triton.fused_rows import SWEEP_TILES, block_rows, fused_rows, reference_fused_rows
 
 pytestmark = pytest.mark.gpu
 # (N, K, fusion) of a decode layer's four products

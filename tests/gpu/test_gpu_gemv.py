@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from gh200rt.formats.pack import pack_weight
-from gh200rt.kernels.gemv import gemv, reference_gemv
+from gh200rt.kernels.triton.gemv import gemv, reference_gemv
 
 pytestmark = pytest.mark.gpu
 SHAPES = [(6144, 4096), (4096, 14336), (1000, 4096)]

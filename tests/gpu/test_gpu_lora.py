@@ -10,7 +10,7 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_compiled_kernels_match_reference(compiled_triton, dtype, name):
-    from gh200rt.kernels.lora_sgmv import lora_add_triton, reference_lora_add
+    from gh200rt.kernels.triton.lora_sgmv import lora_add_triton, reference_lora_add
     from gh200rt.lora.step import lora_step
     x, y, a, b, scales, token_slots = (t.cuda() for t in case(RUNS[name], dtype, k=4096, n=1000, r=48))
     want = reference_lora_add(x.cpu(), y.cpu(), a.cpu(), b.cpu(), scales.cpu(), token_slots.cpu())
@@ -24,8 +24,8 @@ def test_compiled_kernels_match_reference(compiled_triton, dtype, name):
 
 
 def test_engine_mixed_batch_matches_merged_transformers(compiled_triton, tmp_path_factory):
-    from tests.lora.test_lora_parity import GREEDY, PROMPTS, hf_greedy, make_llm, tokens_and_logprobs
     from tests.lora.peft_files import merged_model, write_peft_adapter
+    from tests.lora.test_lora_parity import GREEDY, PROMPTS, hf_greedy, make_llm, tokens_and_logprobs
     from tests.model.tiny_checkpoints import save_tiny
     root = tmp_path_factory.mktemp("gpu-lora")
     hf = save_tiny("llama3-gqa-untied", str(root / "model"))

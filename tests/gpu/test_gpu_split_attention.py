@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from gh200rt.kernels.paged_attention import attention_splits, paged_attention, reference_paged_attention
+from gh200rt.kernels.triton.paged_attention import attention_splits, paged_attention, reference_paged_attention
 from gh200rt.models.base import AttentionMetadata
 
 pytestmark = pytest.mark.gpu

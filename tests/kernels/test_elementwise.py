@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from gh200rt.kernels.rmsnorm import fused_add_rmsnorm, reference_fused_add_rmsnorm
-from gh200rt.kernels.rope import apply_rope, build_cos_sin_cache, reference_rope
-from gh200rt.kernels.silu_mul import reference_silu_mul, silu_mul
-from gh200rt.kernels.store_kv import reference_write_kv, write_kv
+from gh200rt.kernels.triton.rmsnorm import fused_add_rmsnorm, reference_fused_add_rmsnorm
+from gh200rt.kernels.triton.rope import apply_rope, build_cos_sin_cache, reference_rope
+from gh200rt.kernels.triton.silu_mul import reference_silu_mul, silu_mul
+from gh200rt.kernels.triton.store_kv import reference_write_kv, write_kv
 
 pytestmark = pytest.mark.interpreter
 

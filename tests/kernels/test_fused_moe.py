@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from gh200rt.formats.pack import HalfWeight, quantize_fp8, quantize_int4, quantize_int8
-from gh200rt.kernels.fused_moe import fused_moe, reference_fused_moe
-from gh200rt.kernels.fused_moe_operands import expert_stack, moe_align
+from gh200rt.kernels.triton.fused_moe import fused_moe, reference_fused_moe
+from gh200rt.kernels.triton.fused_moe_operands import expert_stack, moe_align
 from gh200rt.models.layers.moe_experts import route
 
 pytestmark = pytest.mark.interpreter

@@ -4,7 +4,7 @@ K, in both 16-bit dtypes."""
 import pytest
 import torch
 
-from gh200rt.kernels.fused_rows import MAX_ROWS, block_rows, fused_rows, reference_fused_rows
+from gh200rt.kernels.triton.fused_rows import MAX_ROWS, block_rows, fused_rows, reference_fused_rows
 
 pytestmark = pytest.mark.interpreter
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from gh200rt.kernels.gemv import GEMV_TILE, gemv, reference_gemv
+from gh200rt.kernels.triton.gemv import GEMV_TILE, gemv, reference_gemv
 from tests.kernels.test_host_gemm import FORMATS, make_weight
 
 pytestmark = pytest.mark.interpreter
@@ -57,8 +57,8 @@ def test_tile_gives_every_thread_whole_128_bit_loads():
 
 def unfused(x, weight, norm, gated, residual, tile):
     """The unfused kernels' way: RMSNorm, SiLU-mul, the product, the residual add (``fused_add_rmsnorm``'s sum)."""
-    from gh200rt.kernels.rmsnorm import fused_add_rmsnorm
-    from gh200rt.kernels.silu_mul import silu_mul
+    from gh200rt.kernels.triton.rmsnorm import fused_add_rmsnorm
+    from gh200rt.kernels.triton.silu_mul import silu_mul
     if norm is not None:
         x, _ = fused_add_rmsnorm(x, None, norm[0], norm[1])
     if gated:
@@ -76,7 +76,7 @@ def test_fused_prologue_and_residual_match_the_unfused_kernels(dtype, fmt, fusio
     """A decode layer's products with the RMSNorm before, the SiLU-mul before or the residual add after fused into
     the launch give the unfused kernels' bits (each rounds where those store), at a K that ends inside a tile
     and an N that ends inside one; in float32 also the torch reference's values."""
-    from gh200rt.kernels.gemv import reference_fused_gemv
+    from gh200rt.kernels.triton.gemv import reference_fused_gemv
     gen = torch.Generator().manual_seed(len(fusion) * 7 + (fmt == "int8"))
     n, k = 37, 200
     weight = (torch.randn(n, k, generator=gen) * 0.1).to(dtype) if fmt == "dense" else make_weight("int8", n, k, gen)

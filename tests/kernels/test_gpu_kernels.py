@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from gh200rt.formats.pack import quantize_fp8, quantize_int4, quantize_int8
-from gh200rt.kernels import host_gemm as host_gemm_module
-from gh200rt.kernels.host_gemm import host_gemm, reference_host_gemm
+from gh200rt.kernels.triton import host_gemm as host_gemm_module
+from gh200rt.kernels.triton.host_gemm import host_gemm
+from gh200rt.kernels.triton.weight_operands import reference_host_gemm
 
 pytestmark = pytest.mark.gpu
 

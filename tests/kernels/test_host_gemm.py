@@ -3,8 +3,9 @@ import pytest
 import torch
 
 from gh200rt.formats.pack import quantize_fp8, quantize_int4, quantize_int8
-from gh200rt.kernels.host_gemm import (FMT_INT4, FMT_SCALED, MIN_ROW_BYTES, MIN_TILE_BYTES, PER_CHANNEL, PER_ELEMENT,
-                                       PER_TILE, host_gemm, reference_host_gemm, scale_mode, tile_config)
+from gh200rt.kernels.triton.host_gemm import (MIN_ROW_BYTES, MIN_TILE_BYTES, PER_CHANNEL, PER_ELEMENT, PER_TILE,
+                                              host_gemm, scale_mode, tile_config)
+from gh200rt.kernels.triton.weight_operands import FMT_INT4, FMT_SCALED, reference_host_gemm
 
 pytestmark = pytest.mark.interpreter
 

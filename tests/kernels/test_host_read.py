@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from gh200rt.kernels.host_read import reference_sum_words, sum_words
+from gh200rt.kernels.triton.host_read import reference_sum_words, sum_words
 
 
 @pytest.mark.parametrize("n_words", [1, 1000, 1024 * 8 + 3, 40_000])
@@ -15,7 +15,7 @@ def test_sum_words_matches_reference(n_words):
 
 @pytest.mark.gpu
 def test_sum_host_buffer_in_place():
-    from gh200rt.kernels.host_read import sum_host_bytes
+    from gh200rt.kernels.triton.host_read import sum_host_bytes
     from gh200rt.numa.alloc import allocate
     buf = allocate(8 << 20, node=0)
     buf.tensor.view(torch.int64)[:] = torch.arange((8 << 20) // 8)

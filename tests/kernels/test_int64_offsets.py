@@ -13,7 +13,7 @@ SCRIPT = textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from gh200rt.kernels.compile_specs import all_specs
+    from gh200rt.kernels.triton.compile_specs import all_specs
     wanted = set(sys.argv[1:])
     done = set()
     for spec in all_specs():

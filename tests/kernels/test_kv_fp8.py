@@ -4,8 +4,8 @@ them back through the layer's scales, at every block-size edge."""
 import pytest
 import torch
 
-from gh200rt.kernels.paged_attention import paged_attention, reference_paged_attention
-from gh200rt.kernels.store_kv import reference_write_kv, write_kv
+from gh200rt.kernels.triton.paged_attention import paged_attention, reference_paged_attention
+from gh200rt.kernels.triton.store_kv import reference_write_kv, write_kv
 from gh200rt.kv import attention as torch_attention
 from gh200rt.kv import fp8
 from tests.kernels.test_paged_attention import TILE_EDGE_QUERY_LENS, TILE_EDGE_SEQ_LENS, build_case

@@ -3,7 +3,7 @@ reference: mixed slots and base tokens (-1), segments of one row, shapes that ar
 import pytest
 import torch
 
-from gh200rt.kernels.lora_sgmv import lora_add_triton, reference_lora_add
+from gh200rt.kernels.triton.lora_sgmv import lora_add_triton, reference_lora_add
 from gh200rt.lora.grouped import lora_add_grouped
 from gh200rt.lora.step import NO_SLOT, lora_step
 
@@ -81,7 +81,7 @@ os.environ.pop("TRITON_INTERPRET", None)
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from gh200rt.kernels.compile_specs import all_specs
+from gh200rt.kernels.triton.compile_specs import all_specs
 for spec in all_specs():
     if spec.name.startswith("lora_"):
         out = triton.compile(ASTSource(spec.fn, spec.signature, spec.constexprs), target=GPUTarget("cuda", 90, 32),

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from gh200rt.kernels.paged_attention import paged_attention, reference_paged_attention
-from gh200rt.kernels.store_kv import write_kv
+from gh200rt.kernels.triton.paged_attention import paged_attention, reference_paged_attention
+from gh200rt.kernels.triton.store_kv import write_kv
 from tests.kernels.paged_cases import scattered_case
 
 pytestmark = pytest.mark.interpreter

@@ -103,7 +103,7 @@ def test_fp16_pack_weight_and_its_errors():
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 8])
 def test_fp16_on_cuda_reads_the_fp16_tensor_through_host_gemm(monkeypatch, m):
-    from gh200rt.kernels import host_gemm as host_gemm_module
+    from gh200rt.kernels.triton import host_gemm as host_gemm_module
     calls = []
     real = host_gemm_module.host_gemm
     monkeypatch.setattr(host_gemm_module, "host_gemm", lambda x, w, b=None: calls.append(w) or real(x, w, b))

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from gh200rt.kernels.rope_store_kv import heads_per_iteration, reference_rope_and_store_kv, rope_and_store_kv
+from gh200rt.kernels.triton.rope_store_kv import heads_per_iteration, reference_rope_and_store_kv, rope_and_store_kv
 
 pytestmark = pytest.mark.interpreter
 

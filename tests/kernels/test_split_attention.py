@@ -5,9 +5,9 @@ import dataclasses
 import pytest
 import torch
 
-from gh200rt.kernels import paged_attention as attention_module
-from gh200rt.kernels import paged_attention_split as split_module
-from gh200rt.kernels.paged_attention import attention_splits, paged_attention, reference_paged_attention
+from gh200rt.kernels.triton import paged_attention as attention_module
+from gh200rt.kernels.triton import paged_attention_split as split_module
+from gh200rt.kernels.triton.paged_attention import attention_splits, paged_attention, reference_paged_attention
 from tests.kernels.test_kv_fp8 import FP8, fp8_case
 from tests.kernels.test_paged_attention import build_case
 

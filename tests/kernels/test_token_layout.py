@@ -1,7 +1,7 @@
 """The Triton attention's per-token (sequence, position) layout, built on the device, equals the host lists."""
 import pytest
 
-from gh200rt.kernels.paged_attention import token_layout
+from gh200rt.kernels.triton.paged_attention import token_layout
 from gh200rt.models.base import AttentionMetadata
 
 

@@ -7,7 +7,7 @@ import torch
 from gh200rt.backends.cuda.decode_layer import fused_decode_layer, gpu_decode_layer
 from gh200rt.backends.cuda.ops import TRITON_OPS, install_triton_kernels
 from gh200rt.formats.pack import pack_weight
-from gh200rt.kernels import gemv as gemv_module
+from gh200rt.kernels.triton import gemv as gemv_module
 from gh200rt.kv.pool import allocate_kv_caches
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.models.base import AttentionMetadata
@@ -139,7 +139,7 @@ def run_batch(model, dtype, decode_layer, rows: int = 3):
 def test_a_multi_row_decode_step_runs_fused_with_the_op_by_op_values(monkeypatch, dtype):
     """Three sequences decode through the fused rows products (``max_rows`` 4): the op-by-op path's logits and KV
     cache to rounding (the products sum in another order), the same greedy tokens; the prompt step runs op by op."""
-    from gh200rt.kernels import fused_rows as rows_module
+    from gh200rt.kernels.triton import fused_rows as rows_module
     model = tiny_model(False, dtype)
     want_logits, want_kv = run_batch(model, dtype, None)
     calls = []

@@ -65,8 +65,8 @@ def test_a_cpu_model_keeps_its_torch_ops():
 @pytest.mark.parametrize("qk_norm", [False, True], ids=["llama", "qwen3-qk-norm"])
 @pytest.mark.parametrize("prompt_len", [5, 20], ids=["short-prefill", "long-prefill"])
 def test_triton_kernels_match_the_torch_path(monkeypatch, qk_norm, prompt_len):
-    from gh200rt.kernels import paged_attention as attention_kernel
-    from gh200rt.kernels import rope_store_kv
+    from gh200rt.kernels.triton import paged_attention as attention_kernel
+    from gh200rt.kernels.triton import rope_store_kv
     model = tiny_model(qk_norm)
     want = run_steps(model, prompt_len)
     kernel_calls, fused_calls = [], []

@@ -4,7 +4,7 @@ which form its batch mates select (invariance of batched, chunked and one-at-a-t
 import pytest
 import torch
 
-from gh200rt.kernels.paged_attention import reference_paged_attention
+from gh200rt.kernels.triton.paged_attention import reference_paged_attention
 from gh200rt.kv import attention
 from gh200rt.kv.attention import paged_attention, write_kv
 from gh200rt.models.base import AttentionMetadata

@@ -27,7 +27,7 @@ def test_threshold_is_where_rereads_cost_more_than_one_copy():
 
 
 def test_host_gemm_tile_matches_the_cost_model():
-    from gh200rt.kernels.host_gemm import tile_config
+    from gh200rt.kernels.triton.host_gemm import tile_config
     assert tile_config(4096)["BLOCK_M"] == HOST_GEMM_ROWS_PER_READ
 
 

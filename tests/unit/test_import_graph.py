@@ -6,8 +6,7 @@ setup.py installs under the ``gh200rt`` namespace (``MAPPED_FOLDERS``). An edge 
 written in the code, outside ``if TYPE_CHECKING:``; importing ``a.b.c`` also runs ``a/__init__`` and ``a/b/__init__``,
 which are not edges here (a package's ``__init__`` re-exporting its modules is not a circle of the code).
 
-No module imports another's private (``_name``) names. ``KNOWN_CIRCLES`` lists the circles still allowed while the Triton kernels are regrouped (issue 43); a circle not
-listed fails with its modules, and a listed one that is gone fails too, so that the list only shrinks.
+No module imports another's private (``_name``) names. A circle fails with its modules.
 """
 from __future__ import annotations
 
@@ -15,11 +14,6 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-
-KNOWN_CIRCLES = {
-    # the one-row dispatch of host_gemm calls the GEMV, which takes host_gemm's operand layout
-    frozenset({"gh200rt.kernels.gemv", "gh200rt.kernels.host_gemm"}),
-}
 
 
 def mapped_folders(root: Path) -> tuple[str, ...]:
@@ -131,12 +125,9 @@ def circles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
     return found
 
 
-def test_the_package_imports_form_no_new_circle():
+def test_the_package_imports_form_no_circle():
     found = circles(import_graph())
-    new = [sorted(c) for c in found - KNOWN_CIRCLES]
-    gone = [sorted(c) for c in KNOWN_CIRCLES - found]
-    assert not new, f"import circles (an import inside a function counts): {new}"
-    assert not gone, f"circles that no longer exist: remove them from KNOWN_CIRCLES: {gone}"
+    assert not found, f"import circles (an import inside a function counts): {sorted(sorted(c) for c in found)}"
 
 
 def test_no_module_imports_another_modules_private_names():

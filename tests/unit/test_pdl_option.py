@@ -1,4 +1,4 @@
-"""``--enable-pdl`` (programmatic dependent launch, kernels/pdl.py): refused with the reason on a GPU older than
+"""``--enable-pdl`` (programmatic dependent launch, kernels/triton/pdl.py): refused with the reason on a GPU older than
 Hopper, ignored on the CPU, and the one-call decode hooks carry it."""
 import pytest
 import torch

@@ -1,5 +1,5 @@
 """Run by test_triton_mode.py in its own pytest session: prints how the session's Triton kernels run."""
-from gh200rt.kernels.host_read import sum_words_kernel
+from gh200rt.kernels.triton.host_read import sum_words_kernel
 
 
 def test_print_kernel_type():

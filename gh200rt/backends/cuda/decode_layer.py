@@ -14,11 +14,11 @@ then; it has since moved into the next layer's input norm on the op-by-op path t
 the unfused kernel stores, so a layer gives the op-by-op Triton path's bits (tests/model/test_fused_decode_layer.py).
 
 A step of 2 to ``max_rows`` sequences (``--fused-decode-rows``, default 1) takes the same six launches with
-``fused_rows`` (kernels/fused_rows.py: tensor-core tiles, no split over K) for the GEMVs, bf16/fp16 only; at batch 8
+``fused_rows`` (kernels/triton/fused_rows.py: tensor-core tiles, no split over K) for the GEMVs, bf16/fp16 only; at batch 8
 the op-by-op layer is 9 launches of which cuBLAS's products and split-K reductions are 6. Its products sum in
 another order than cuBLAS's, so it agrees with the op-by-op path to rounding, not bit for bit.
 
-With ``pdl`` (``--enable-pdl``) the six launches use programmatic dependent launch (kernels/pdl.py): each may be
+With ``pdl`` (``--enable-pdl``) the six launches use programmatic dependent launch (kernels/triton/pdl.py): each may be
 scheduled while the one before it drains, and waits for it before touching memory, so the step keeps its values
 and loses the launch gaps between them.
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-# several rows multiply on tensor cores over TF32 operands (kernels/fused_rows.py): exact for 16-bit values only
+# several rows multiply on tensor cores over TF32 operands (kernels/triton/fused_rows.py): exact for 16-bit values only
 MULTI_ROW_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -41,7 +41,7 @@ MULTI_ROW_DTYPES = (torch.bfloat16, torch.float16)
 class GpuDecodeLayer:
     """The hook for decode steps of up to ``max_rows`` rows: CUDA activations only (the Triton kernels on CPU
     tensors under the interpreter keep the op-by-op path, as ``triton_dense_linear`` does). ``pdl``: the layer's
-    launches use programmatic dependent launch (kernels/pdl.py; sm_90+)."""
+    launches use programmatic dependent launch (kernels/triton/pdl.py; sm_90+)."""
     max_rows: int = 1
     pdl: bool = False
 
@@ -61,7 +61,7 @@ def fused_decode_layer(layer, hidden: torch.Tensor, residual: torch.Tensor | Non
     """``layer(hidden + residual, ...)`` (``residual`` None: ``hidden``: the input as ``forward_deferred`` takes it)
     for up to ``max_rows`` rows in the six launches above, or None where they do not apply. A residual comes only
     after a layer that ran op by op; its add is then a launch of its own."""
-    from gh200rt.kernels.gemv import MAX_NORM_COLUMNS  # triton is an extra: imported once this runs
+    from gh200rt.kernels.triton.gemv import MAX_NORM_COLUMNS  # triton is an extra: imported once this runs
     attn, mlp = layer.self_attn, layer.mlp
     block_size = kv_cache.shape[2]
     rows = hidden.shape[0]
@@ -73,8 +73,8 @@ def fused_decode_layer(layer, hidden: torch.Tensor, residual: torch.Tensor | Non
     weights = [_dense_weight(linear, hidden) for linear in linears]
     if any(w is None for w in weights) or any(linear.bias is not None for linear in linears[1:]):
         return None
-    from gh200rt.kernels.paged_attention import paged_attention
-    from gh200rt.kernels.rope_store_kv import rope_and_store_kv
+    from gh200rt.kernels.triton.paged_attention import paged_attention
+    from gh200rt.kernels.triton.rope_store_kv import rope_and_store_kv
     product = _one_row_product if rows == 1 else _rows_product
     w_qkv, w_o, w_gate_up, w_down = weights
     if residual is not None:
@@ -91,12 +91,12 @@ def fused_decode_layer(layer, hidden: torch.Tensor, residual: torch.Tensor | Non
 
 
 def _one_row_product(x, weight, bias=None, **fused):
-    from gh200rt.kernels.gemv import gemv
+    from gh200rt.kernels.triton.gemv import gemv
     return gemv(x, weight, bias, **fused)
 
 
 def _rows_product(x, weight, bias=None, **fused):
-    from gh200rt.kernels.fused_rows import fused_rows
+    from gh200rt.kernels.triton.fused_rows import fused_rows
     return fused_rows(x, weight, bias, **fused)
 
 

@@ -7,7 +7,7 @@ import torch
 
 
 def linear(weight, x: torch.Tensor, bias: torch.Tensor | None = None, native: bool = True) -> torch.Tensor:
-    from gh200rt.kernels.host_gemm import host_gemm
+    from gh200rt.kernels.triton.host_gemm import host_gemm
     return host_gemm(x, weight.weight if weight.fmt == "fp16" else weight, bias)
 
 

@@ -1,4 +1,4 @@
-"""A SparseMoeBlock's routed experts through the fused Triton kernels (kernels/fused_moe.py).
+"""A SparseMoeBlock's routed experts through the fused Triton kernels (kernels/triton/fused_moe.py).
 
 ``FusedExperts`` is one block's ``fused_experts_fn`` (installed with the other Triton kernels by
 backends/cuda/ops.py, so only on a GPU or under the interpreter): ``(block, x, weights, ids, block_rows)`` ->
@@ -39,7 +39,7 @@ class FusedExperts:
 
     def __call__(self, block, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                  block_rows: int | None) -> torch.Tensor | None:
-        from gh200rt.kernels.fused_moe import SMALL_BLOCK_M, fused_moe
+        from gh200rt.kernels.triton.fused_moe import SMALL_BLOCK_M, fused_moe
         why = self.why_not(block, x.device)
         if why is not None:
             if why not in self._logged:
@@ -51,7 +51,7 @@ class FusedExperts:
                          block_m=SMALL_BLOCK_M if block_rows is not None else None)
 
     def _stacks_for(self, block, device: torch.device):
-        from gh200rt.kernels.fused_moe_operands import expert_stack
+        from gh200rt.kernels.triton.fused_moe_operands import expert_stack
         refs = block.expert_refs()
         key = (device, *(ref.version for expert in refs for ref in expert.values()))
         if key != self._key:

@@ -37,7 +37,7 @@ TRITON_ATTENTION_MAX_QUERY = 16
 
 
 def triton_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    from gh200rt.kernels.rmsnorm import fused_add_rmsnorm
+    from gh200rt.kernels.triton.rmsnorm import fused_add_rmsnorm
     rows = x.reshape(-1, x.shape[-1])
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
@@ -58,7 +58,7 @@ class TritonRotary:
         self.tables_built = 0
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        from gh200rt.kernels.rope import rotate
+        from gh200rt.kernels.triton.rope import rotate
         if cos is not self._cos:
             tokens = x.shape[0]
             self._table = torch.cat((cos, sin), dim=-1).reshape(tokens, -1)
@@ -75,7 +75,7 @@ def triton_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
 
 def triton_write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
                     kv_scale: torch.Tensor | None = None) -> None:
-    from gh200rt.kernels.store_kv import write_kv
+    from gh200rt.kernels.triton.store_kv import write_kv
     if not fp8.is_fp8(kv_cache.dtype):  # an fp8 pool quantizes from the activations' dtype in the kernel
         k, v = k.to(kv_cache.dtype), v.to(kv_cache.dtype)
     write_kv(kv_cache, k, v, slot_mapping, kv_scale)
@@ -87,7 +87,7 @@ def triton_paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale:
     # the kernel walks a block per step with tl.arange(block_size): powers of two only
     if max(meta.query_lens_list) > TRITON_ATTENTION_MAX_QUERY or block_size & (block_size - 1):
         return torch_attention.paged_attention(q, kv_cache, meta, scale, num_kv_heads, kv_scale)
-    from gh200rt.kernels.paged_attention import paged_attention
+    from gh200rt.kernels.triton.paged_attention import paged_attention
     return paged_attention(q, kv_cache, meta, scale, num_kv_heads, kv_scale)
 
 
@@ -101,8 +101,8 @@ def triton_decode_block(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     if max(meta.query_lens_list) > TRITON_ATTENTION_MAX_QUERY or block_size & (block_size - 1) \
             or qkv.stride(1) != 1:
         return None
-    from gh200rt.kernels.paged_attention import paged_attention
-    from gh200rt.kernels.rope_store_kv import rope_and_store_kv
+    from gh200rt.kernels.triton.paged_attention import paged_attention
+    from gh200rt.kernels.triton.rope_store_kv import rope_and_store_kv
     q = rope_and_store_kv(qkv, cos, sin, kv_cache, meta.slot_mapping, heads, kv_heads, kv_scale, qk_norm)
     return paged_attention(q, kv_cache, meta, scale, kv_heads, kv_scale)
 
@@ -110,7 +110,7 @@ def triton_decode_block(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 def triton_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                         eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(norm(residual + x), residual + x)`` in one launch (``RMSNorm.add_norm_fn``)."""
-    from gh200rt.kernels.rmsnorm import fused_add_rmsnorm
+    from gh200rt.kernels.triton.rmsnorm import fused_add_rmsnorm
     shape = x.shape
     rows, res = x.reshape(-1, shape[-1]), residual.reshape(-1, shape[-1])
     normed, summed = fused_add_rmsnorm(rows if rows.stride(-1) == 1 else rows.contiguous(),
@@ -119,7 +119,7 @@ def triton_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
 
 
 def triton_silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    from gh200rt.kernels.silu_mul import silu_mul
+    from gh200rt.kernels.triton.silu_mul import silu_mul
     out = silu_mul(gate_up.reshape(-1, gate_up.shape[-1]))
     return out.reshape(*gate_up.shape[:-1], out.shape[-1])
 
@@ -128,7 +128,7 @@ def triton_dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     """One row against a CUDA weight: the GEMV (one launch, measured faster than cuBLAS at M = 1 on an H100:
     docs/BENCHMARKS.md); anything else: ``dense_linear`` (cuBLAS)."""
     if x.is_cuda and x.numel() == x.shape[-1] and x.dtype == weight.dtype and weight.stride(-1) == 1:
-        from gh200rt.kernels.gemv import gemv
+        from gh200rt.kernels.triton.gemv import gemv
         return gemv(x, weight, bias)
     return dense_linear(x, weight, bias)
 

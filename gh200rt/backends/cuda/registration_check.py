@@ -57,7 +57,7 @@ def _is_pinned(slab) -> Check:
 def _triton_reads_in_place(slab, platform) -> Check:
     import torch
 
-    from gh200rt.kernels.host_read import sum_words
+    from gh200rt.kernels.triton.host_read import sum_words
     from gh200rt.weights.device_view import device_view
     n_words = slab.nbytes // 8
     try:
@@ -105,9 +105,9 @@ def check_registered_slab(platform=None, nbytes: int = SLAB_BYTES) -> list[Check
     """Register a ``nbytes`` gh200rt.numa slab as the placement does and run the three checks."""
     import torch
 
-    from gh200rt.weights.device_view import prepare_slab_for_device
     from gh200rt.numa.alloc import allocate
     from gh200rt.platform.detect import detect
+    from gh200rt.weights.device_view import prepare_slab_for_device
     platform = platform or detect()
     if platform.kind == "cpu" or not torch.cuda.is_available():
         raise ValueError("check_registered_slab needs a CUDA device: on the cpu platform nothing is registered")

@@ -1,4 +1,4 @@
-"""What the fused MoE kernels (kernels/fused_moe.py) read besides the activations: the step's (token, choice)
+"""What the fused MoE kernels (kernels/triton/fused_moe.py) read besides the activations: the step's (token, choice)
 pairs sorted and aligned into expert blocks, and each projection's experts as a table of addresses.
 
 ``moe_align`` (torch, no host sync) sorts the step's ``T*k`` (token, choice) pairs by expert id (stably: token
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gh200rt.kernels.host_gemm import FMT_SCALED, weight_operands
+from gh200rt.kernels.triton.weight_operands import FMT_SCALED, weight_operands
 
 BLOCK_K = 64
 FP32_BLOCK_K = 32   # float32 weight tiles of 64 columns spill gate_up's two accumulators on sm_90

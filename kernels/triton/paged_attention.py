@@ -9,10 +9,10 @@ prefix-cached context take the same route: correct for any query length, and eff
 decode; long uncached prompts are better served by a tiled prefill kernel (not written yet).
 Online softmax in float32; every load is upcast first. An fp8 pool (e4m3 / e5m2) is dequantized
 with the layer's ``kv_scale`` = [K scale, V scale]: the K scale is folded into the query, the V scale
-into each program's accumulator (the walk both kernels share: kernels/paged_attention_walk.py).
+into each program's accumulator (the walk both kernels share: kernels/triton/paged_attention_walk.py).
 
 With ``num_splits`` S > 1 (``attention_splits`` picks S when the caller does not) each token's context
-is cut into S shares walked in parallel and combined: the split-K route, kernels/paged_attention_split.py.
+is cut into S shares walked in parallel and combined: the split-K route, kernels/triton/paged_attention_split.py.
 S = 1 launches the single-pass kernel here alone, with no scratch and no combine.
 """
 from __future__ import annotations
@@ -21,10 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
-from gh200rt.kernels.paged_attention_split import attention_splits, split_paged_attention
-from gh200rt.kernels.paged_attention_walk import (attend_blocks, attention_warps, query_group, walk_compile_specs,
-                                                  walk_constexprs)
-from gh200rt.kernels.pdl import allow_next, pdl_launch, wait_for_previous
+from gh200rt.kernels.triton.paged_attention_split import attention_splits, split_paged_attention
+from gh200rt.kernels.triton.paged_attention_walk import (attend_blocks, attention_warps, query_group,
+                                                         walk_compile_specs, walk_constexprs)
+from gh200rt.kernels.triton.pdl import allow_next, pdl_launch, wait_for_previous
 
 
 @triton.jit
@@ -76,7 +76,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale: float,
                     kv_scale: torch.Tensor | None = None, num_splits: int | None = None,
                     pdl: bool = False) -> torch.Tensor:
     """``num_splits``: None picks it with ``attention_splits``; an int forces it (1: the single-pass kernel).
-    ``pdl``: launched with programmatic dependent launch (kernels/pdl.py)."""
+    ``pdl``: launched with programmatic dependent launch (kernels/triton/pdl.py)."""
     t, num_heads, head_dim = q.shape
     assert kv_cache.shape[3] == num_kv_heads and kv_cache.shape[4] == head_dim and num_heads % num_kv_heads == 0
     kv_fp8 = kv_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)

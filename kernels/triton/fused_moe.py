@@ -1,6 +1,6 @@
 """The routed experts of an MoE layer in three device steps: sort-and-align, gate_up with SiLU-and-mul, down.
 
-``moe_align`` (kernels/fused_moe_operands.py) sorts the step's ``T*k`` (token, choice) pairs by expert and pads
+``moe_align`` (kernels/triton/fused_moe_operands.py) sorts the step's ``T*k`` (token, choice) pairs by expert and pads
 each expert's run to blocks of ``BLOCK_M`` rows; a program takes one block, all of one expert, and the experts'
 weights are read through an ``ExpertStack``'s table of per-expert addresses (same module).
 
@@ -26,9 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
-from gh200rt.kernels.compile_specs import CompileSpec, signature_of
-from gh200rt.kernels.fused_moe_operands import BLOCK_K, FP32_BLOCK_K, ExpertStack, moe_align
-from gh200rt.kernels.host_gemm import FMT_DENSE, FMT_INT4, FMT_SCALED
+from gh200rt.kernels.triton.compile_specs import CompileSpec, signature_of
+from gh200rt.kernels.triton.fused_moe_operands import BLOCK_K, FP32_BLOCK_K, ExpertStack, moe_align
+from gh200rt.kernels.triton.weight_operands import FMT_DENSE, FMT_INT4, FMT_SCALED
 
 BLOCK_N = 64
 SMALL_BLOCK_M, LARGE_BLOCK_M = 16, 64   # tl.dot needs 16 rows; 64 once experts see many rows (prefill)

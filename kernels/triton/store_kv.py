@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gh200rt.kernels.compile_specs import CompileSpec, signature_of
+from gh200rt.kernels.triton.compile_specs import CompileSpec, signature_of
 from gh200rt.kv import fp8
 
 # torch fp8 dtype -> (Triton type name, mantissa bits, smallest normal exponent)

@@ -26,11 +26,11 @@ import torch
 import triton
 import triton.language as tl
 
-from gh200rt.formats.pack import reference_linear
 from gh200rt.formats.packed_weight import PackedWeight
-from gh200rt.kernels.compile_specs import CompileSpec, signature_of
+from gh200rt.kernels.triton.compile_specs import CompileSpec, signature_of
+from gh200rt.kernels.triton.gemv import gemv
+from gh200rt.kernels.triton.weight_operands import FMT_DENSE, FMT_INT4, FMT_SCALED, weight_operands
 
-FMT_DENSE, FMT_SCALED, FMT_INT4 = 0, 1, 2  # SCALED: int8 or fp8 codes times a scale per group
 # where a quantized tile meets its scales (the kernel's SCALES)
 SCALES_NONE, PER_CHANNEL, PER_TILE, PER_ELEMENT = (tl.constexpr(mode) for mode in range(4))
 TARGET_PROGRAMS = 132 * 4  # H100/GH200 SM count x programs resident per SM
@@ -135,21 +135,6 @@ def host_gemm_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, y_ptr,
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
 
 
-def weight_operands(weight, placeholder: torch.Tensor | None = None):
-    """(FMT, codes or dense weight, scale, minimum, group size) of a dense tensor, ``HalfWeight``,
-    ``HostDenseWeight`` or ``PackedWeight``; arguments a format does not read are ``placeholder`` (default: the weight itself)."""
-    if isinstance(weight, PackedWeight):
-        fmt = FMT_INT4 if weight.fmt == "int4" else FMT_SCALED
-        minimum = weight.minimum if weight.minimum is not None else weight.scale
-        return fmt, weight.qweight, weight.scale, minimum, weight.group_size
-    if isinstance(weight, torch.Tensor):
-        dense = weight
-    else:   # HalfWeight (``tensors``) or a dense view of host memory (``storage``): one tensor
-        (dense,) = (weight.tensors() if hasattr(weight, "tensors") else weight.storage()).values()
-    unused = dense if placeholder is None else placeholder
-    return FMT_DENSE, dense, unused, unused, dense.shape[1]
-
-
 def scale_mode(fmt: int, group_size: int, k: int, weight_bits: int) -> tl.constexpr:
     """Where the kernel applies the scales of a weight with ``weight_bits``-bit codes (module docstring)."""
     if fmt == FMT_DENSE:
@@ -197,7 +182,6 @@ def host_gemm(x: torch.Tensor, weight: torch.Tensor | PackedWeight, bias: torch.
     if x.shape[-1] != k:
         raise ValueError(f"host_gemm: x has {x.shape[-1]} columns but the weight expects K={k}")
     if split_k is None and x.numel() == k:
-        from gh200rt.kernels.gemv import gemv
         return gemv(x, weight, bias)
     return tiled_host_gemm(x, weight, bias, split_k)
 
@@ -229,14 +213,6 @@ def tiled_host_gemm(x: torch.Tensor, weight: torch.Tensor | PackedWeight, bias: 
         k_per_split // 2 if fmt == FMT_INT4 else k_per_split,  # in the units of a weight row (bytes for int4)
         FMT=fmt, SCALES=scales, HAS_BIAS=bias is not None, ATOMIC=atomic, **cfg)
     return y.to(x.dtype).reshape(*lead, n)
-
-
-def reference_host_gemm(x: torch.Tensor, weight: torch.Tensor | PackedWeight,
-                        bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Plain torch in float32."""
-    if isinstance(weight, PackedWeight):
-        return reference_linear(x, weight, bias)
-    return torch.nn.functional.linear(x.float(), weight.float(), None if bias is None else bias.float())
 
 
 # (label, FMT, weight type, code bits, group size with K = 4096: what scale_mode then picks)

@@ -1,8 +1,8 @@
-"""Split-K (flash-decoding) paged attention: the route ``paged_attention`` (kernels/paged_attention.py) takes
+"""Split-K (flash-decoding) paged attention: the route ``paged_attention`` (kernels/triton/paged_attention.py) takes
 when a token's context is cut into ``num_splits`` S > 1 shares.
 
 The grid is (token, KV head, split): split ``s`` walks the ``s``-th of S contiguous, equal shares of the
-token's own context blocks, each share at least one walk tile (kernels/paged_attention_walk.py), and writes
+token's own context blocks, each share at least one walk tile (kernels/triton/paged_attention_walk.py), and writes
 its un-normalised float32 partial (max, sum, accumulator); a second kernel combines a token's splits per
 query head with the usual rescaling. The shares are cut on the device from the token's own length, whatever
 the block table's padded width, so the grid depends on shapes only: a CUDA graph captured once replays
@@ -25,10 +25,10 @@ import torch
 import triton
 import triton.language as tl
 
-from gh200rt.kernels.compile_specs import CompileSpec, signature_of
-from gh200rt.kernels.host_gemm import TARGET_PROGRAMS
-from gh200rt.kernels.paged_attention_walk import attend_blocks, query_group, tile_blocks, walk_compile_specs
-from gh200rt.kernels.pdl import allow_next, pdl_launch, wait_for_previous
+from gh200rt.kernels.triton.compile_specs import CompileSpec, signature_of
+from gh200rt.kernels.triton.host_gemm import TARGET_PROGRAMS
+from gh200rt.kernels.triton.paged_attention_walk import attend_blocks, query_group, tile_blocks, walk_compile_specs
+from gh200rt.kernels.triton.pdl import allow_next, pdl_launch, wait_for_previous
 
 MIN_PARTITION_TOKENS = 256
 COMBINE_SPLITS_TILE = 32  # splits the combine loads per step: a [32, D] float32 tile

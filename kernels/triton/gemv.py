@@ -20,9 +20,9 @@ import triton
 import triton.language as tl
 
 from gh200rt.formats.packed_weight import PackedWeight
-from gh200rt.kernels.compile_specs import CompileSpec, signature_of
-from gh200rt.kernels.host_gemm import FMT_DENSE, FMT_INT4, FMT_SCALED, reference_host_gemm, weight_operands
-from gh200rt.kernels.pdl import allow_next, pdl_launch, wait_for_previous
+from gh200rt.kernels.triton.compile_specs import CompileSpec, signature_of
+from gh200rt.kernels.triton.pdl import allow_next, pdl_launch, wait_for_previous
+from gh200rt.kernels.triton.weight_operands import FMT_DENSE, FMT_INT4, FMT_SCALED, reference_host_gemm, weight_operands
 
 NUM_WARPS = 4
 # (BLOCK_N, BLOCK_K in codes). On an H100 (scripts/bench_gpu_gemv.py, docs/BENCHMARKS.md) this tile was the
@@ -35,7 +35,7 @@ MAX_NORM_COLUMNS = 16384   # a fused norm holds the whole row in registers: 128 
 @triton.jit
 def _input_tile(x_ptr, norm_w_ptr, offs_k, k_ok, K, inv_rms, PROLOGUE: tl.constexpr):
     """x[offs_k] in float32, through the prologue: 1 RMS-normalised with the norm's weight, 2 SiLU(gate) * up of a
-    gate|up row; either rounded to x's dtype as the unfused kernel stored it (kernels/rmsnorm.py, silu_mul.py)."""
+    gate|up row; either rounded to x's dtype as the unfused kernel stored it (kernels/triton/rmsnorm.py, silu_mul.py)."""
     if PROLOGUE == 2:
         gate = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
         up = tl.load(x_ptr + K + offs_k, mask=k_ok, other=0.0).to(tl.float32)
@@ -107,7 +107,7 @@ def gemv_kernel(x_ptr, w_ptr, scale_ptr, min_ptr, bias_ptr, norm_w_ptr, res_ptr,
         y = y * tl.load(scale_ptr + offs_n.to(tl.int64) * stride_sn, mask=n_ok, other=0.0)
     if HAS_BIAS:
         y += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-    if HAS_RESIDUAL:    # the product rounded as stored, then the residual add in float32 (kernels/rmsnorm.py)
+    if HAS_RESIDUAL:    # the product rounded as stored, then the residual add in float32 (kernels/triton/rmsnorm.py)
         y = y.to(y_ptr.dtype.element_ty).to(tl.float32) + tl.load(res_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
 
@@ -120,7 +120,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor | PackedWeight, bias: torch.Tenso
     backends/cuda/decode_layer.py): ``norm=(weight, eps)`` takes x un-normalised and RMS-normalises it first (at most
     ``MAX_NORM_COLUMNS``); ``gated`` takes x as a ``[2K]`` gate|up row and multiplies by SiLU(gate) * up;
     ``residual`` (a row of N) is added to the product. Each rounds where the unfused kernels store. ``pdl``: launched
-    with programmatic dependent launch (kernels/pdl.py; CUDA, sm_90+)."""
+    with programmatic dependent launch (kernels/triton/pdl.py; CUDA, sm_90+)."""
     n, k = weight.shape
     width = 2 * k if gated else k
     if x.shape[-1] != width:

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gh200rt.kernels.compile_specs import CompileSpec, signature_of
+from gh200rt.kernels.triton.compile_specs import CompileSpec, signature_of
 
 BLOCK_M, BLOCK_K, BLOCK_N = 16, 64, 64
 

@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gh200rt.kernels.compile_specs import CompileSpec, signature_of
+from gh200rt.kernels.triton.compile_specs import CompileSpec, signature_of
 
 BLOCK = 1024
 

@@ -31,7 +31,7 @@ def signature_of(fn, types: dict, constexprs: dict) -> dict:
 
 # The modules whose ``compile_specs()`` scripts/check_kernels.py compiles, by name: imported when asked for, so
 # this module (which every kernel module imports for CompileSpec) imports none of them.
-KERNEL_MODULES = tuple(f"gh200rt.kernels.{name}" for name in (
+KERNEL_MODULES = tuple(f"gh200rt.kernels.triton.{name}" for name in (
     "host_gemm", "gemv", "fused_rows", "fused_moe", "paged_attention", "paged_attention_split", "store_kv",
     "rope_store_kv", "rmsnorm", "rope", "silu_mul", "lora_sgmv"))
 

@@ -9,7 +9,7 @@ GPU, as host_gemm's tiles, which measured at cuBLAS's speed) or, with ``DOT_16BI
 themselves (half the shared-memory reads and registers; the benchmark times both). Either way the products of
 16-bit values are exact, which is why W must be bf16 or fp16: a float32 W would lose bits to TF32. The prologue rounds where the unfused kernels store (an RMS-normalised row, SiLU(gate) * up), and the
 residual add takes the product rounded to x's dtype, so each launch computes what the op-by-op kernels compute up
-to float32 summation order: the RMS of a row is summed across K tiles here, in one pass in kernels/rmsnorm.py.
+to float32 summation order: the RMS of a row is summed across K tiles here, in one pass in kernels/triton/rmsnorm.py.
 
 ``ROWS_TILE`` is a first choice, not a measured one: ``scripts/bench_gpu_skinny.py --fused`` times it against
 cuBLAS and other tiles (docs/BENCHMARKS.md). On an H100 at eight rows the tiled kernel without a K split ran at
@@ -22,10 +22,10 @@ import torch
 import triton
 import triton.language as tl
 
-from gh200rt.kernels.compile_specs import CompileSpec, signature_of
-from gh200rt.kernels.gemv import (MAX_NORM_COLUMNS, PROLOGUE_NONE, PROLOGUE_RMS_NORM, PROLOGUE_SILU_MUL,
-                                  reference_fused_gemv)
-from gh200rt.kernels.pdl import allow_next, pdl_launch, wait_for_previous
+from gh200rt.kernels.triton.compile_specs import CompileSpec, signature_of
+from gh200rt.kernels.triton.gemv import (MAX_NORM_COLUMNS, PROLOGUE_NONE, PROLOGUE_RMS_NORM, PROLOGUE_SILU_MUL,
+                                         reference_fused_gemv)
+from gh200rt.kernels.triton.pdl import allow_next, pdl_launch, wait_for_previous
 
 MAX_ROWS = 64                       # rows per call; decode's batches beyond that belong to cuBLAS
 ROWS_TILE = dict(BLOCK_N=16, BLOCK_K=256, num_warps=4, DOT_16BIT=False)
@@ -101,7 +101,7 @@ def fused_rows_kernel(x_ptr, w_ptr, bias_ptr, norm_w_ptr, res_ptr, y_ptr, M, N, 
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     out_mask = m_ok[:, None] & n_ok[None, :]
-    if HAS_RESIDUAL:    # the product rounded as stored, then the residual add in float32 (kernels/rmsnorm.py)
+    if HAS_RESIDUAL:    # the product rounded as stored, then the residual add in float32 (kernels/triton/rmsnorm.py)
         residual = tl.load(res_ptr + offs_m.to(tl.int64)[:, None] * stride_rm + offs_n[None, :], mask=out_mask,
                            other=0.0)
         acc = acc.to(y_ptr.dtype.element_ty).to(tl.float32) + residual.to(tl.float32)
@@ -130,7 +130,7 @@ def fused_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     dtype. ``norm=(weight, eps)``: x's rows are RMS-normalised first (K at most ``MAX_NORM_COLUMNS``); ``gated``: x is
     ``[M, 2K]`` gate|up rows multiplied as SiLU(gate) * up; ``residual`` ``[M, N]`` is added to the product.
     ``tile``: ``ROWS_TILE``'s keys, for benchmarks (``DOT_16BIT`` where the GPU compiles it: the interpreter's
-    16-bit dot is numpy's). ``pdl``: launched with programmatic dependent launch (kernels/pdl.py)."""
+    16-bit dot is numpy's). ``pdl``: launched with programmatic dependent launch (kernels/triton/pdl.py)."""
     n, k = weight.shape
     width = 2 * k if gated else k
     if x.dim() != 2 or x.shape[-1] != width:

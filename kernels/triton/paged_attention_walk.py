@@ -1,4 +1,4 @@
-"""The walk both paged-attention kernels share (kernels/paged_attention.py, kernels/paged_attention_split.py).
+"""The walk both paged-attention kernels share (kernels/triton/paged_attention.py, kernels/triton/paged_attention_split.py).
 
 A program holds one KV head's whole query group for one token: ``query_group`` loads it in float32,
 times the softmax scale (and an fp8 pool's K scale, folded into the query: one multiply per query element
@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from gh200rt.kernels.compile_specs import CompileSpec, signature_of
+from gh200rt.kernels.triton.compile_specs import CompileSpec, signature_of
 
 TILE_TOKENS = 64  # keys an iteration takes, at block size 64 or less
 MIN_DOT_ROWS = 16  # tl.dot's smallest tile side on tensor cores

@@ -3,7 +3,7 @@
 ``rope_and_store_kv(qkv[T, (H + 2*Hkv) * D], cos[T, 1, D/2], sin[T, 1, D/2], kv_cache, slot_mapping, heads,
 kv_heads, kv_scale) -> q[T, H, D]``: q's heads rotated (rotate-half layout) into a new tensor, k's heads rotated
 and v's heads copied into their pool slots (``slot_mapping``; a negative slot is a padding row and is not
-written), an fp8 pool quantized with ``kv_scale`` exactly as kernels/store_kv.py does. ``cos``/``sin`` are the
+written), an fp8 pool quantized with ``kv_scale`` exactly as kernels/triton/store_kv.py does. ``cos``/``sin`` are the
 step's rows (already indexed by position, ``RotaryEmbedding.tables``), so no position table is built or read.
 
 ``qk_norm`` (Qwen3) normalises each q and k head first, with the layer's q_norm / k_norm weights.
@@ -18,9 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from gh200rt.kernels.compile_specs import CompileSpec, signature_of
-from gh200rt.kernels.pdl import allow_next, pdl_launch, wait_for_previous
-from gh200rt.kernels.store_kv import FP8_FORMATS, quant_constexprs, reference_write_kv, round_to_fp8_grid
+from gh200rt.kernels.triton.compile_specs import CompileSpec, signature_of
+from gh200rt.kernels.triton.pdl import allow_next, pdl_launch, wait_for_previous
+from gh200rt.kernels.triton.store_kv import FP8_FORMATS, quant_constexprs, reference_write_kv, round_to_fp8_grid
 
 
 @triton.jit
@@ -102,7 +102,7 @@ def rope_and_store_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k
                       slot_mapping: torch.Tensor, heads: int, kv_heads: int, kv_scale: torch.Tensor | None = None,
                       qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None, pdl: bool = False) -> torch.Tensor:
     """``qk_norm`` = (q weight [D], k weight [D], eps): Qwen3's per-head RMSNorm of q and k before the rotation.
-    ``pdl``: launched with programmatic dependent launch (kernels/pdl.py)."""
+    ``pdl``: launched with programmatic dependent launch (kernels/triton/pdl.py)."""
     t, width = qkv.shape
     d = kv_cache.shape[4]
     half = d // 2
