@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gh200rt.backends.cpu.host_allocator import keep_freed_memory  # noqa: E402
-from gh200rt.backends.cuda.graphs.decode_buffers import DecodeBuffers  # noqa: E402
+from gh200rt.engine.decode_graphs.decode_buffers import DecodeBuffers  # noqa: E402
 from gh200rt.engine.detokenizer import IncrementalDetokenizer  # noqa: E402
 from gh200rt.engine.model_runner import pack_step, step_inputs  # noqa: E402
 from gh200rt.engine.outputs import Logprob  # noqa: E402

@@ -2,8 +2,8 @@
 
 ``cpu/``: the CPU route's Python (the route choice, resident weight forms, the native C library's loading and
 calls, the one-call decode layer, the host allocator); ``cuda/``: the CUDA route's (the Triton ops, the fused decode
-layer and MoE glue, CUDA graphs, the host-registration check). Their kernels are in the top-level ``kernels/``
-(``kernels/cpu/*.c``, ``kernels/*.py`` Triton). ``interface.py`` holds what both fill in: the layers' swap hooks
+layer and MoE glue, CUDA graph capture, the host-registration check). Their kernels are in the top-level ``kernels/``
+(``kernels/cpu/*.c``, ``kernels/triton/*.py``). ``interface.py`` holds what both fill in: the layers' swap hooks
 and the torch ops behind them.
 
 Each backend's ``backend.py`` answers the engine's two questions, ``linear_format(loaded, config)`` (the form its

@@ -21,8 +21,8 @@ import torch
 
 from gh200rt.backends import backend_for
 from gh200rt.backends.cpu.prepack import model_route_form_bytes
-from gh200rt.backends.cuda.graphs import reserve_graph_pool
 from gh200rt.config import EngineConfig
+from gh200rt.engine.decode_graphs import reserve_graph_pool
 from gh200rt.kv.arena import DeviceArena
 from gh200rt.kv.fp8 import kv_cache_dtype
 from gh200rt.kv.pool import kv_bytes_per_block

@@ -17,9 +17,9 @@ import torch
 
 from gh200rt.backends import backend_for
 from gh200rt.backends.cpu.host_allocator import keep_freed_memory
-from gh200rt.backends.cuda.graphs import decode_graphs, reserve_graph_pool
 from gh200rt.config import EngineConfig
 from gh200rt.engine.bootstrap import DTYPE_NAMES, PlacedModel, load_and_place, max_model_len, size_kv_pool
+from gh200rt.engine.decode_graphs import decode_graphs, reserve_graph_pool
 from gh200rt.engine.expert_balancer import ExpertBalancer
 from gh200rt.engine.model_runner import ModelRunner
 from gh200rt.engine.reports import EngineReports

@@ -100,3 +100,15 @@ class PackedWeight:
 
     def __repr__(self) -> str:
         return f"PackedWeight({self.fmt}, shape={self.shape}, group_size={self.group_size}, nbytes={self.nbytes})"
+
+
+def concat_rows(parts: list[PackedWeight]) -> PackedWeight:
+    """One packed weight stacking ``parts`` along the output dimension (a fused qkv or gate_up)."""
+    first = parts[0]
+    if any(p.fmt != first.fmt or p.group_size != first.group_size or p.shape[1] != first.shape[1] for p in parts):
+        raise ValueError("cannot fuse packed weights of different formats or group sizes: "
+                         + ", ".join(repr(p) for p in parts))
+    tensors = {name: torch.cat([p.tensors()[name] for p in parts]) for name in first.tensors()}
+    rows = sum(p.shape[0] for p in parts)
+    return PackedWeight(first.fmt, tensors["qweight"], tensors["scale"], tensors.get("minimum"),
+                        first.group_size, (rows, first.shape[1]))

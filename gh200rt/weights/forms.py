@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from gh200rt.formats.pack import PackedWeight, pack_weight
+from gh200rt.formats.packed_weight import concat_rows
 from gh200rt.formats.quantizers import empty_packed
 
 GGUF = "gguf"
@@ -71,18 +72,6 @@ class UpcastWeight:
 
     def __repr__(self) -> str:
         return f"UpcastWeight({list(self.tensor.shape)}, {self.tensor.dtype}, at 0x{self.tensor.data_ptr():x})"
-
-
-def concat_rows(parts: list[PackedWeight]) -> PackedWeight:
-    """One packed weight stacking ``parts`` along the output dimension (a fused qkv or gate_up)."""
-    first = parts[0]
-    if any(p.fmt != first.fmt or p.group_size != first.group_size or p.shape[1] != first.shape[1] for p in parts):
-        raise ValueError("cannot fuse packed weights of different formats or group sizes: "
-                         + ", ".join(repr(p) for p in parts))
-    tensors = {name: torch.cat([p.tensors()[name] for p in parts]) for name in first.tensors()}
-    rows = sum(p.shape[0] for p in parts)
-    return PackedWeight(first.fmt, tensors["qweight"], tensors["scale"], tensors.get("minimum"),
-                        first.group_size, (rows, first.shape[1]))
 
 
 QUANTIZED_HOST_FORMATS = ("int8", "int4", "fp8")   # host formats that quantize a dense weight at load

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from gh200rt.backends.cpu.prepack import GGUF_ROW_FORMATS, cpu_route_form
-from gh200rt.weights import forms as weight_forms
+from gh200rt.formats.packed_weight import concat_rows
 from gh200rt.weights.device_moves import gguf_parts, linear_parts, move_to_device
 from gh200rt.weights.tiers import Tier
 
@@ -24,7 +24,7 @@ class ResidentForms:
             for name, ref in self.model.layer_weight_refs(layer).items():
                 parts = gguf_parts(self.quantized, layer, name)
                 if parts:
-                    ref.current = weight_forms.concat_rows(parts)
+                    ref.current = concat_rows(parts)
 
     def _resident_form(self, weight, layer: int | None, name: str):
         """The CPU route's form of a resident linear (``layer`` None: the lm_head)."""

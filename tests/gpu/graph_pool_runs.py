@@ -19,7 +19,7 @@ MIN_MOVES = 20
 def recapture_over_a_live_block() -> None:
     """A block allocated during a capture outlives its graph (as a workspace allocated lazily on the capture
     stream does); once every graph is dropped, further captures into the runner's pool must still work."""
-    from gh200rt.backends.cuda.graphs.capture import CudaCapture
+    from gh200rt.backends.cuda.graph_capture import CudaCapture
     from gh200rt.weights.schedule import NULL_HOOKS
     capture = CudaCapture(torch.device("cuda"))
     x = torch.arange(4096, device="cuda", dtype=torch.float32)

@@ -74,7 +74,7 @@ def test_compiled_splits_read_an_fp8_pool(compiled_triton, batch):
 
 
 def test_split_decode_replays_in_a_cuda_graph_with_new_lengths_and_tables(compiled_triton):
-    """Persistent buffers as backends/cuda/graphs/decode_buffers.py holds them: the host lists fixed at the
+    """Persistent buffers as engine/decode_graphs/decode_buffers.py holds them: the host lists fixed at the
     capacity, the device tensors refilled before each replay."""
     batch, capacity = 2, 8192
     width = capacity // BLOCK

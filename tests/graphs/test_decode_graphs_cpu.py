@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 
-from gh200rt.backends.cuda.graphs import GraphAddressChanged
+from gh200rt.engine.decode_graphs import GraphAddressChanged
 from gh200rt.serve.metrics import _engine_lines
 from gh200rt.weights.tiers import Tier
 from tests.engine.real_models import save_tiny_llama

@@ -3,9 +3,9 @@ store's padding rows, the address record, the config switches."""
 import pytest
 import torch
 
-from gh200rt.backends.cuda.graphs import DecodeBuffers, GraphAddressChanged, bucket_for, graph_buckets
-from gh200rt.backends.cuda.graphs.addresses import check_addresses
 from gh200rt.config import EngineConfig, GraphConfig
+from gh200rt.engine.decode_graphs import DecodeBuffers, GraphAddressChanged, bucket_for, graph_buckets
+from gh200rt.engine.decode_graphs.addresses import check_addresses
 from gh200rt.kv.attention import write_kv
 from gh200rt.sampling_params import SamplingParams
 from gh200rt.scheduler.request import Sequence
@@ -90,7 +90,7 @@ def test_address_check_names_what_moved():
 
 
 def test_the_graph_pool_is_booked_before_the_kv_cache_on_a_gpu_only():
-    from gh200rt.backends.cuda.graphs import reserve_graph_pool
+    from gh200rt.engine.decode_graphs import reserve_graph_pool
     from gh200rt.memory.ledger import DeviceMemoryLedger
     from gh200rt.models.arch_config import ArchConfig
     from gh200rt.planner.cost_model import graph_pool_bytes
@@ -107,9 +107,9 @@ def test_the_graph_pool_is_booked_before_the_kv_cache_on_a_gpu_only():
 
 
 def test_what_a_gpu_setup_lacks_for_capture(monkeypatch):
-    from gh200rt.backends.cuda.graphs import graphs_missing, runner
     from gh200rt.backends.cuda.ops import TRITON_OPS
     from gh200rt.backends.interface import switch_hooks
+    from gh200rt.engine.decode_graphs import graphs_missing, runner
     from tests.gpu.gpu_models import tiny_arch, tiny_model
     model = tiny_model(tiny_arch(num_layers=2), torch.float32, "cpu")
     assert graphs_missing(model, "cpu") is None
@@ -131,7 +131,7 @@ class GrowingCapture:
         self.growth, self.pool_bytes, self.dropped = list(growth), 0, 0
 
     def capture(self, step, hooks):
-        from gh200rt.backends.cuda.graphs.capture import CapturedStep
+        from gh200rt.backends.cuda.graph_capture import CapturedStep
         grown = self.growth.pop(0)
         self.pool_bytes += grown
         return CapturedStep(step, None, grown)
@@ -145,7 +145,7 @@ class GrowingCapture:
 
 
 def _runner_with(capture, booked: int, budget: int, plan_version):
-    from gh200rt.backends.cuda.graphs.runner import DecodeGraphRunner
+    from gh200rt.engine.decode_graphs.runner import DecodeGraphRunner
     from gh200rt.memory.ledger import DeviceMemoryLedger
     ledger = DeviceMemoryLedger(budget)
     ledger.reserve("graph_pools", booked)
@@ -199,7 +199,7 @@ def test_a_graph_dropped_for_not_fitting_beside_others_keeps_their_pool_and_its_
 def test_addresses_record_the_storage_a_wrapper_reads_not_the_wrapper():
     from types import SimpleNamespace
 
-    from gh200rt.backends.cuda.graphs.addresses import graph_addresses
+    from gh200rt.engine.decode_graphs.addresses import graph_addresses
     from gh200rt.weights.forms import UpcastWeight
     slot = torch.zeros(8, 4, dtype=torch.bfloat16)
     ref = SimpleNamespace(current=UpcastWeight(slot))
@@ -220,9 +220,9 @@ def test_an_moe_model_captures_only_with_every_layer_in_the_fused_kernels():
     capture needs them in every MoE layer, over weights they can read and no streamed experts."""
     from types import SimpleNamespace
 
-    from gh200rt.backends.cuda.graphs import graphs_missing, reserve_graph_pool
     from gh200rt.backends.cuda.ops import TRITON_OPS
     from gh200rt.backends.interface import switch_hooks
+    from gh200rt.engine.decode_graphs import graphs_missing, reserve_graph_pool
     from gh200rt.memory.ledger import DeviceMemoryLedger
     from gh200rt.models.arch_config import ArchConfig
     from gh200rt.models.layers.moe_experts import ExpertAccess

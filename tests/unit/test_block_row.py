@@ -6,7 +6,7 @@ import random
 import numpy as np
 import torch
 
-from gh200rt.backends.cuda.graphs.decode_buffers import DecodeBuffers
+from gh200rt.engine.decode_graphs.decode_buffers import DecodeBuffers
 from gh200rt.engine.model_runner import pack_step
 from gh200rt.kv.block_row import BlockRow, block_row
 from gh200rt.sampling_params import SamplingParams

@@ -49,6 +49,7 @@ from gh200rt.backends.cpu import half_linear
 from gh200rt.backends.cpu.amx_weight import AmxWeight, Bf16DotWeight, amx_fits, gated_rows
 from gh200rt.backends.cpu.linear import native_rows
 from gh200rt.formats.pack import pack_weight
+from gh200rt.formats.packed_weight import concat_rows
 from gh200rt.models.layers.dense import ONEDNN_MIN_ELEMENTS, onednn_available, onednn_linear, onednn_weight
 from gh200rt.models.layers.linear import RefLinear
 
@@ -166,7 +167,6 @@ def gguf_blocks_form(parts: list | None):
     ``PackedWeight`` the native quantized linear takes, or None (no parts, another format, no native library)."""
     from gh200rt.backends.cpu.native import load_native_ops
     from gh200rt.backends.cpu.native_args import quant_linear_fits
-    from gh200rt.weights.forms import concat_rows
     if not parts or any(not hasattr(p, "ggml_type") for p in parts) or load_native_ops() is None:
         return None
     try:

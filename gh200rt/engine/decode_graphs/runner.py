@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-from gh200rt.backends.cuda.graphs.addresses import Addresses, check_addresses, graph_addresses
-from gh200rt.backends.cuda.graphs.buckets import bucket_for, graph_buckets
-from gh200rt.backends.cuda.graphs.capture import CapturedStep, make_capture
-from gh200rt.backends.cuda.graphs.decode_buffers import DecodeBuffers
+from gh200rt.backends.cuda.graph_capture import CapturedStep, make_capture
+from gh200rt.engine.decode_graphs.addresses import Addresses, check_addresses, graph_addresses
+from gh200rt.engine.decode_graphs.buckets import bucket_for, graph_buckets
+from gh200rt.engine.decode_graphs.decode_buffers import DecodeBuffers
 from gh200rt.kv import attention as torch_attention
 from gh200rt.memory.ledger import LedgerOverCommit
 from gh200rt.models.layers.attention import SelfAttention
