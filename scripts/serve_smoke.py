@@ -229,7 +229,7 @@ def smoke(model: str, load_timeout: float, stop_timeout: float) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
-    from scripts.random_checkpoint import add_random_model_arguments, model_of
+    from gh200rt.bench.random_model import add_random_model_arguments, model_of
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m", help="what the server loads (--model of gh200rt.serve)")
     add_random_model_arguments(parser)

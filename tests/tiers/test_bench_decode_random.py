@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gh200rt.loader.load import read_arch
 from gh200rt.models.arch_config import ArchConfig
-from scripts.random_checkpoint import SHAPES, config_of, layer_shapes, write_random_checkpoint
+from gh200rt.bench.random_model import SHAPES, config_of, layer_shapes, write_random_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 

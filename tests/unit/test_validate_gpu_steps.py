@@ -53,17 +53,21 @@ def test_install_is_offline_and_keeps_the_hosts_torch(tmp_path):
         assert "-e" not in step.argv and "--editable" not in step.argv, "a regular install: numa/ and kernels/ map"
 
 
-def test_dry_run_catches_a_missing_option_value_and_script():
+def test_dry_run_catches_a_missing_option_value_script_and_subcommand():
     drifted = [Step("decode", [PY, "scripts/bench_decode.py", "--quick"], 10),
                Step("bandwidth", [PY, "scripts/numa_placement.py", "--readers", "gpu-warp-drive"], 10,
                     values=("gpu-warp-drive",)),
                Step("gone", [PY, "scripts/bench_everything.py"], 10),
-               Step("tests", [PY, "-m", "pytest", "-q", "--no-such-pytest-option", "tests"], 10)]
+               Step("tests", [PY, "-m", "pytest", "-q", "--no-such-pytest-option", "tests"], 10),
+               Step("skinny", [PY, "-m", "gh200rt.bench", "kernel", "skinny", "--quick"], 10),
+               Step("warp", [PY, "-m", "gh200rt.bench", "kernel", "warp-drive"], 10)]
     problems = "\n".join(dry_run_problems(drifted, PY))
     assert "decode: scripts/bench_decode.py has no option --quick" in problems
     assert "bandwidth: scripts/numa_placement.py does not offer 'gpu-warp-drive'" in problems
     assert "gone: scripts/bench_everything.py does not exist" in problems
     assert "tests: -m pytest has no option --no-such-pytest-option" in problems
+    assert "skinny: -m gh200rt.bench kernel skinny has no option --quick" in problems
+    assert "warp: -m gh200rt.bench kernel warp-drive does not exist: " in problems
 
 
 def test_a_step_past_its_cap_is_ended_with_what_it_started(tmp_path):

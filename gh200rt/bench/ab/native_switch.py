@@ -17,9 +17,9 @@ Paths (``--path``):
   steps do not change; the prefill column is its cost.
 * ``batch-invariant``: every step in row blocks (``--batch-invariant``; off: the default, prompt steps only).
 
-    python scripts/bench_native_switch.py --path fp16-linear [--batches 1,2,4,8] [--prompt 4] [--tokens 32]
-    python scripts/bench_native_switch.py --path fp8-kv --dtype float32 --batches 1,8 --prompt 500
-    python scripts/bench_native_switch.py --path row-blocks --batches 1,8 --prompt 40,300 --tokens 8
+    python -m gh200rt.bench ab native-switch --path fp16-linear [--batches 1,2,4,8] [--prompt 4] [--tokens 32]
+    python -m gh200rt.bench ab native-switch --path fp8-kv --dtype float32 --batches 1,8 --prompt 500
+    python -m gh200rt.bench ab native-switch --path row-blocks --batches 1,8 --prompt 40,300 --tokens 8
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ import time
 
 import torch
 
+from gh200rt.bench.rounds import alternate
 from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
 from gh200rt.kernels import cpu_native, cpu_native_checks, half_weight
@@ -75,8 +76,15 @@ def one_round(engine: LLMEngine, batch: int, prompt: int, tokens: int, seed: int
     return prefill, step, [produced[i] for i in ids]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def with_path(args, engine: LLMEngine, on: bool, batch: int, prompt: int):
+    """A round (its index seeds the prompts) of ``one_round`` with the path switched ``on`` or off."""
+    def measure(r: int):
+        switch(args.path, on, engine)
+        return one_round(engine, batch, prompt, args.tokens, seed=1000 * r + batch)
+    return measure
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--path", choices=["fp16-linear", "fp8-kv", "row-blocks", "batch-invariant"], required=True)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--dtype", default="auto")
@@ -86,7 +94,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32, help="decode tokens timed per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+
+
+def run(args) -> int:
     torch.set_num_threads(args.threads)
     if cpu_native.load_native_ops() is None:
         raise SystemExit(f"native CPU ops unavailable: {cpu_native.native_ops_error()}")
@@ -103,14 +113,10 @@ def main() -> None:
     try:
         for prompt in prompts:
             for batch in (int(b) for b in args.batches.split(",")):
-                best = {False: (float("inf"), float("inf")), True: (float("inf"), float("inf"))}
-                tokens = {}
-                for r in range(args.rounds):
-                    for on in (False, True):
-                        switch(args.path, on, engine)
-                        prefill, step, tokens[on] = one_round(engine, batch, prompt, args.tokens,
-                                                              seed=1000 * r + batch)
-                        best[on] = (min(best[on][0], prefill), min(best[on][1], step))
+                runs = alternate({on: with_path(args, engine, on, batch, prompt) for on in (False, True)},
+                                 args.rounds)
+                best = {on: (min(p for p, _, _ in done), min(s for _, s, _ in done)) for on, done in runs.items()}
+                tokens = {on: done[-1][2] for on, done in runs.items()}
                 same = sum(a == b for a, b in zip(tokens[False], tokens[True]))
                 print(f"{batch:>5} {prompt:>6} {best[False][0]:>10.3f} s {best[True][0]:>9.3f} s "
                       f"{best[True][0] / best[False][0]:>6.2f}x {best[False][1] * 1e3:>7.1f} ms "
@@ -118,6 +124,4 @@ def main() -> None:
     finally:
         switch(args.path, args.path != "batch-invariant", engine)
         engine.close()
-
-if __name__ == "__main__":
-    main()
+    return 0

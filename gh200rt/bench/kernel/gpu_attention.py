@@ -2,13 +2,13 @@
 (the single pass, the baseline) and FlashInfer's paged decode where ``import flashinfer`` works, each next to
 the HBM bandwidth a large device-to-device copy reaches in the same run. FlashInfer may compile its kernel at the first call of a row, outside the timing.
 
-    python scripts/bench_gpu_attention.py [--batches 1,8,32,64] [--contexts 512,2048,8192]
+    python -m gh200rt.bench kernel gpu-attention [--batches 1,8,32,64] [--contexts 512,2048,8192]
         [--table-tokens 0] [--warmup-ms 10] [--rep-ms 40] [--baseline REV|DIR] [--json PATH]
 
-``--baseline`` adds another tree's kernel (a git revision, or a directory holding its ``kernels/*.py``, for a
+``--baseline`` adds another tree's kernel (a git revision, or a directory holding its ``kernels/`` files, for a
 copy of the tree without git history: ``git archive REV kernels | tar -x -C DIR/..``), one split and its own
 split choice, timed in the same run: the before of a kernel change. Without it, ``.baseline/attention/kernels``
-is used where it holds a ``paged_attention.py``.
+is used where it holds a ``paged_attention.py`` (under ``triton/`` or not).
 
 Llama-3-8B's decode shape: 32 query heads, 8 KV heads, head_dim 128, bf16 K/V in blocks of 16; every
 sequence of a row holds ``context`` tokens in blocks scattered through one pool sized for the largest row.
@@ -27,25 +27,21 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # bench_gpu_host_gemm's baseline loader
+from gh200rt.bench import baseline
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK, DTYPE = 32, 8, 128, 16, torch.bfloat16
 COPY_BYTES = 1 << 30
-
-
-BASELINE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".baseline", "attention",
-                            "kernels")
+BASELINE_DIR = baseline.CHECKOUT / ".baseline" / "attention" / "kernels"
 
 
 def default_baseline() -> str | None:
     """``BASELINE_DIR`` where it holds a paged_attention.py (a tree that travelled without git history), else None."""
-    return BASELINE_DIR if os.path.isfile(os.path.join(BASELINE_DIR, "paged_attention.py")) else None
+    return str(BASELINE_DIR) if baseline.holds_kernels(BASELINE_DIR, ("paged_attention",)) else None
 
 
 def require_cuda() -> None:
     if not torch.cuda.is_available():
-        raise SystemExit("bench_gpu_attention.py measures compiled kernels on a CUDA GPU; this machine has none "
+        raise SystemExit("kernel gpu-attention measures compiled kernels on a CUDA GPU; this machine has none "
                          "(the kernels' correctness on the CPU is tests/kernels/test_split_attention.py)")
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise SystemExit("TRITON_INTERPRET is set: Triton would interpret the kernels; unset it to benchmark them")
@@ -89,8 +85,7 @@ def flashinfer_decode(pool: torch.Tensor, meta, batch: int, context: int):
     return lambda q: run(q, kv)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batches", default="1,8,32,64")
     parser.add_argument("--contexts", default="512,2048,8192", help="tokens per sequence")
     parser.add_argument("--table-tokens", type=int, default=0,
@@ -99,17 +94,16 @@ def main() -> None:
     parser.add_argument("--rep-ms", type=float, default=40)
     parser.add_argument("--baseline", help="git revision or kernels/ directory of a kernel to time beside this one")
     parser.add_argument("--json", help="also write every row to this JSON file")
-    args = parser.parse_args()
+
+
+def run(args) -> int:
     require_cuda()
     import triton.testing
 
     from gh200rt.kernels.paged_attention import attention_splits, paged_attention
-    baseline, rev = None, args.baseline or default_baseline()
+    baseline_kernel, rev = None, args.baseline or default_baseline()
     if rev is not None:
-        import importlib
-
-        from bench_gpu_host_gemm import load_baseline_package
-        baseline = importlib.import_module(f"{load_baseline_package(rev)}.paged_attention").paged_attention
+        baseline_kernel = baseline.kernel_module(baseline.kernels_package(rev), "paged_attention").paged_attention
         print(f"baseline kernel: {rev}")
     batches = [int(b) for b in args.batches.split(",")]
     contexts = [int(c) for c in args.contexts.split(",")]
@@ -132,9 +126,9 @@ def main() -> None:
             single = paged_attention(q, pool, meta, scale, KV_HEADS, num_splits=1)  # builds the layout, compiles
             routes = {"1 split": lambda: paged_attention(q, pool, meta, scale, KV_HEADS, num_splits=1),
                       "auto": lambda: paged_attention(q, pool, meta, scale, KV_HEADS)}
-            if baseline is not None:
-                routes["baseline 1 split"] = lambda: baseline(q, pool, meta, scale, KV_HEADS, num_splits=1)
-                routes["baseline auto"] = lambda: baseline(q, pool, meta, scale, KV_HEADS)
+            if baseline_kernel is not None:
+                routes["baseline 1 split"] = lambda: baseline_kernel(q, pool, meta, scale, KV_HEADS, num_splits=1)
+                routes["baseline auto"] = lambda: baseline_kernel(q, pool, meta, scale, KV_HEADS)
             reference_decode = flashinfer_decode(pool, meta, batch, context)
             if reference_decode is not None:
                 routes["flashinfer"] = lambda: reference_decode(q)
@@ -156,7 +150,4 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump(dict(device=device, copy_gbps=copy_gbps, shape=dict(heads=HEADS, kv_heads=KV_HEADS,
                       head_dim=HEAD_DIM, block_size=BLOCK, dtype=str(DTYPE)), argv=sys.argv[1:], rows=rows), f, indent=1)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,7 +1,7 @@
 """The sampler's time per step (``Sampler.launch(...).result()``) at decode batches, one row per sequence, for
 the sampling settings requests commonly use, on the CPU or, with ``--device cuda``, the GPU.
 
-    python scripts/bench_sampler.py [--batches 1,8,64] [--vocab 49152] [--reps 20] [--device cpu]
+    python -m gh200rt.bench kernel sampler [--batches 1,8,64] [--vocab 49152] [--reps 20] [--device cpu]
 
 The logits are normal with a standard deviation of 3: flatter than a trained model's, so top-p keeps many ids (the
 CPU's top-p window rarely covers them: its worst case). Each setting is timed after three untimed calls, with
@@ -11,18 +11,15 @@ cheapest, measured in the same run.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from gh200rt.engine.host_allocator import keep_freed_memory  # noqa: E402
-from gh200rt.engine.sampler import Sampler  # noqa: E402
-from gh200rt.sampling_params import SamplingParams  # noqa: E402
-from gh200rt.scheduler.request import Sequence  # noqa: E402
+from gh200rt.bench.commands import UsageError
+from gh200rt.engine.host_allocator import keep_freed_memory
+from gh200rt.engine.sampler import Sampler
+from gh200rt.sampling_params import SamplingParams
+from gh200rt.scheduler.request import Sequence
 
 SETTINGS = {
     "greedy": dict(temperature=0),
@@ -57,19 +54,20 @@ def time_setting(sampler: Sampler, logits: torch.Tensor, seqs: list[Sequence], r
     return total / reps * 1e3
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batches", default="1,8,64")
     parser.add_argument("--vocab", type=int, default=49152, help="SmolLM2's 49,152 by default; Llama 3's is 128,256")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--device", default="cpu")
-    args = parser.parse_args()
+
+
+def run(args) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     if min(batches) < 1 or args.vocab < 2 or args.reps < 1:
-        parser.error("--batches values and --reps must be at least 1, --vocab at least 2")
+        raise UsageError("--batches values and --reps must be at least 1, --vocab at least 2")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA GPU here")
+        raise UsageError("--device cuda: no CUDA GPU here")
     keep_freed_memory()
     print(f"sampler ms per step on {args.device} ({torch.get_num_threads()} threads), vocabulary {args.vocab}")
     print(f"{'setting':<30}" + "".join(f"{f'batch {b}':>12}{'vs greedy':>10}" for b in batches))
@@ -83,7 +81,3 @@ def main() -> int:
             cells += f"{ms:>12.3f}{ms / greedy[batch]:>9.1f}x"
         print(f"{name:<30}{cells}", flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

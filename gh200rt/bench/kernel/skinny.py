@@ -1,7 +1,7 @@
 """Time decode's few-row products (batch 2-8) on a GPU: host_gemm's tiled kernel per tile, pipeline depth and
 K split, against cuBLAS (resident bf16) and against the kernel's own choice (weights in host memory).
 
-    python scripts/bench_gpu_skinny.py [--rows 8] [--formats bf16,int8,int4] [--layers qkv,o,gate_up,down]
+    python -m gh200rt.bench kernel skinny [--rows 8] [--formats bf16,int8,int4] [--layers qkv,o,gate_up,down]
         [--deeper] [--fused] [--json PATH]
 
 On an H100 (docs/BENCHMARKS.md) resident decode at batch 8 ran at 0.64-0.70 of its roofline, cuBLAS reaching
@@ -27,25 +27,27 @@ import torch.nn.functional as F
 import triton
 from triton.runtime.errors import OutOfResources
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gpu_host_gemm import LLAMA3_8B, measured_bounds, pinned, print_fastest, timed  # noqa: E402
+from gh200rt.bench.commands import UsageError
+from gh200rt.bench.kernel.gpu_bounds import LLAMA3_8B, measured_bounds, pinned, print_fastest
+from gh200rt.bench.rounds import timed
 
 # (BLOCK_N, BLOCK_K, num_stages, split): split "auto" is choose_split_k's, 1 none
 VARIANTS = list(itertools.product((32, 64, 128), (64, 128, 256), (3,), ("auto", 1)))
 DEEPER = [(bn, bk, 4, split) for bn, bk, _, split in VARIANTS]   # --stages 4 too
 FORMATS = ("bf16", "int8", "int4")
 
-parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-parser.add_argument("--rows", type=int, default=8, help="rows of x (2-16)")
-parser.add_argument("--formats", default=",".join(FORMATS),
-                    help="of bf16 (resident in HBM), int8, int4 (codes in host memory, scales in HBM)")
-parser.add_argument("--layers", default=",".join(LLAMA3_8B), help=f"of {', '.join(LLAMA3_8B)}")
-parser.add_argument("--deeper", action="store_true", help="also every variant with 4 pipeline stages")
-parser.add_argument("--json", help="write every row here")
-parser.add_argument("--fused", action="store_true",
-                    help="resident bf16: kernels/fused_rows.py (no K split, the decode layer's fused products) at "
-                         "every tile of its SWEEP_TILES instead of the tiled kernel's variants, against cuBLAS; --rows up "
-                         "to 64 then")
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rows", type=int, default=8, help="rows of x (2-16)")
+    parser.add_argument("--formats", default=",".join(FORMATS),
+                        help="of bf16 (resident in HBM), int8, int4 (codes in host memory, scales in HBM)")
+    parser.add_argument("--layers", default=",".join(LLAMA3_8B), help=f"of {', '.join(LLAMA3_8B)}")
+    parser.add_argument("--deeper", action="store_true", help="also every variant with 4 pipeline stages")
+    parser.add_argument("--json", help="write every row here")
+    parser.add_argument("--fused", action="store_true",
+                        help="resident bf16: kernels/fused_rows.py (no K split, the decode layer's fused products) at "
+                             "every tile of its SWEEP_TILES instead of the tiled kernel's variants, against cuBLAS; --rows up "
+                             "to 64 then")
 
 
 def tiled_variant(x: torch.Tensor, weight, block_n: int, block_k: int, stages: int, split):
@@ -76,14 +78,13 @@ def tiled_variant(x: torch.Tensor, weight, block_n: int, block_k: int, stages: i
     return run
 
 
-def main() -> int:
-    args = parser.parse_args()
+def run(args) -> int:
     if not torch.cuda.is_available():
-        print("bench_gpu_skinny: needs a CUDA GPU; nothing measured", file=sys.stderr)
+        print("kernel skinny: needs a CUDA GPU; nothing measured", file=sys.stderr)
         return 2
     if not 2 <= args.rows <= (64 if args.fused else 16):
-        parser.error(f"--rows {args.rows}: choose 2-16, or 2-64 with --fused (one row is bench_gpu_gemv.py's, more "
-                     f"is a prefill's)")
+        raise UsageError(f"--rows {args.rows}: choose 2-16, or 2-64 with --fused (one row is kernel gemv's, more "
+                         f"is a prefill's)")
     from gh200rt.kernels.host_gemm import reference_host_gemm, tiled_host_gemm
     from gh200rt.kernels.quant import pack_weight
     bounds = measured_bounds()
@@ -105,7 +106,7 @@ def main() -> int:
     formats = args.formats.split(",")
     unknown = [f for f in formats if f not in FORMATS] + [n for n in args.layers.split(",") if n not in LLAMA3_8B]
     if unknown:
-        parser.error(f"unknown --formats/--layers value(s) {unknown}")
+        raise UsageError(f"unknown --formats/--layers value(s) {unknown}")
 
     def sweep(layer, weights, where, x, weight, nbytes, bound, want):
         for bn, bk, stages, split in variants:
@@ -150,7 +151,3 @@ def main() -> int:
         Path(args.json).write_text(json.dumps(dict(device=torch.cuda.get_device_name(), rows_of_x=args.rows,
                                                    bounds_gb_s=bounds, rows=rows), indent=1))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

