@@ -40,7 +40,7 @@ import httpx
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_serving  # noqa: E402
-from bench_offline import smollm2_gguf  # noqa: E402
+from gh200rt.bench.models import smollm2_gguf  # noqa: E402
 
 WORKER = os.path.join(HERE, "bench_peer_worker.py")
 DEFAULT_ENGINES = ["gh200rt:auto", "gh200rt:fp32", "vllm:float32", "vllm:bfloat16", "llamacpp", "transformers"]

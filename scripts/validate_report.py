@@ -4,7 +4,7 @@ the platform profile gh200rt detected (HARDWARE.md figures, or a measured profil
 
 - pinned H2D copy GB/s (numa_placement ``gpu-copy-h2d``) against the profile's ``link_h2d_gbps``;
 - direct-read GB/s through host_gemm (``gpu-host-gemm``) against ``direct_read_gbps``;
-- decode tokens/s per placement (bench_decode) against the roofline bench_decode computes from the same
+- decode tokens/s per placement (``latency``) against the roofline ``latency`` computes from the same
   profile for the plan's bytes per step.
 
 It also lists every failing gpu test with its first error line (the tests step's junit XML), each request

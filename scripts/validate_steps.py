@@ -91,7 +91,7 @@ def install_steps(py: str, wheelhouse: Path) -> list[Step]:
 
 
 def validation_steps(py: str, out: Path, cache: Path) -> list[Step]:
-    decode = [py, "scripts/bench_decode.py", "--batches", "1,8"]
+    decode = bench(py, "latency") + ["--batches", "1,8"]
     llama = ["--random-model", "llama3-8b", "--random-model-dir", str(cache / "llama3-8b-random")]
     return [
         Step("registration preflight", [py, "scripts/gpu_preflight.py", "--stage", "registration", "--json",
@@ -123,7 +123,7 @@ def validation_steps(py: str, out: Path, cache: Path) -> list[Step]:
              also=(tuple(server_argv(py, "MODEL", 8000)), tuple(bench_argv(py, "http://127.0.0.1:8000", 49152)))),
         # dynamic tiers with CUDA graphs (on by default on a GPU): every tier move recaptures the decode graphs
         Step("dynamic tiers with graphs, Llama-3-8B shape",
-             [py, "scripts/bench_dynamic.py", *llama, "--engines", "dynamic", "--quiet-seconds", "2",
+             bench(py, "tiers") + [*llama, "--engines", "dynamic", "--quiet-seconds", "2",
               "--burst-requests", "24", "--burst-seconds", "0.5", "--quiet-tokens", "8", "--burst-tokens", "32",
               "--require-moves", "--json", str(out / "dynamic_graphs.json")], 55, values=("llama3-8b",)),
     ]
@@ -144,10 +144,10 @@ def speed_steps(py: str, out: Path, cache: Path) -> list[Step]:
     resident at batch 1, 8 and 64 with the decoder layers fused (kernels/fused_rows.py above one row, timed per tile
     first; with and without programmatic dependent launch) and op by op;
     resident with synchronous and async scheduling; int4 direct with its scales in HBM). The third H100 run met the
-    streamed and direct goals; ``bench_decode.py --placements direct-host-scales`` times the scales in host memory,
+    streamed and direct goals; ``latency --placements direct-host-scales`` times the scales in host memory,
     ``python -m gh200rt.bench kernel host-gemm`` host_gemm against its baseline kernel."""
-    decode = [py, "scripts/bench_decode.py", "--tokens", "16", "--random-model", "llama3-8b",
-              "--random-model-dir", str(cache / "llama3-8b-random")]
+    decode = bench(py, "latency") + ["--tokens", "16", "--random-model", "llama3-8b",
+                                     "--random-model-dir", str(cache / "llama3-8b-random")]
     return [
         Step("kernel compile check", [py, "scripts/check_kernels.py"], 40),
         Step("decode kernels' gpu tests", [py, "-m", "pytest", "-q", "-rs", "-m", "gpu", "-p", "no:cacheprovider",

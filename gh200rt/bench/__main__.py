@@ -9,6 +9,12 @@ import sys
 from gh200rt.bench.commands import Command, default_prog, dispatch
 
 COMMANDS = {
+    "latency": Command("gh200rt.bench.latency", "decode tokens/s per weight placement and batch (--prefill: prompt "
+                                                "processing time)"),
+    "throughput": Command("gh200rt.bench.throughput", "offline LLM.generate against transformers (--engine-served: "
+                                                      "the served workload on the engine alone)"),
+    "tiers": Command("gh200rt.bench.tiers", "static resident, streamed and dynamic tiers on one bursty trace"),
+    "tp": Command("gh200rt.bench.tp", "tensor parallelism on the CPU: step time and its share in collectives"),
     "kernel": Command("gh200rt.bench.kernel", "one kernel or op timed against its bound or baseline"),
     "ab": Command("gh200rt.bench.ab", "a path switched off and on in alternate rounds of one process"),
 }

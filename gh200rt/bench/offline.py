@@ -1,7 +1,4 @@
-"""Offline throughput: gh200rt's LLM.generate vs transformers, same requests, same run.
-
-  python scripts/bench_offline.py [--requests 64] [--max-tokens 32] [--hf-sequential 8] [--rounds 2]
-                                  [--threads N] [--routes fp32 fp32-flinear fp16]
+"""``throughput``: offline throughput, gh200rt's LLM.generate vs transformers, same requests, same run.
 
 Prints tokens/s for (1) gh200rt LLM.generate over all requests, per route (fp32: the default, all
 resident, linears through oneDNN over weights reordered at start-up; fp32-flinear: dense weights with oneDNN
@@ -19,7 +16,6 @@ Second figure: scheduler + input preparation time per step with 256 running deco
 """
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import time
@@ -27,6 +23,7 @@ import time
 import torch
 
 from gh200rt.bench.models import smollm2_gguf
+from gh200rt.bench.rounds import alternate
 
 GOAL_SCHED_MS = 2.0
 
@@ -156,16 +153,7 @@ def bench_sampler_step(kind: str, rows: int = 64, vocab: int = 49152, steps: int
     return (time.perf_counter() - t0) / steps * 1000
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=64)
-    ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--hf-sequential", type=int, default=8, help="requests transformers runs one at a time")
-    ap.add_argument("--skip-model", action="store_true", help="only the scheduler figure")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--routes", nargs="+", default=["fp32"], choices=list(ROUTES))
-    args = ap.parse_args()
+def run_offline(args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -175,19 +163,17 @@ def main() -> None:
         print(f"sampler, 64 {kind} rows x 49152 vocab: {bench_sampler_step(kind):.2f} ms/step")
     if args.skip_model:
         return
-    from gh200rt.loader import load_model
     from gh200rt.config import ModelConfig
+    from gh200rt.loader import load_model
     tokenizer = load_model(ModelConfig(model=smollm2_gguf())).tokenizer
     prompts = make_prompts(tokenizer, args.requests)
     print(f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f} at start")
     llms = {route: load_gh200rt(route, prompts, args.max_tokens) for route in args.routes}
     model = load_hf()
-    rates: dict[str, list[float]] = {route: [] for route in [*args.routes, "static"]}
-    for _ in range(args.rounds):
-        for route, llm in llms.items():
-            rate, _ = bench_gh200rt(llm, route, prompts, args.max_tokens)
-            rates[route].append(rate)
-        rates["static"].append(bench_hf_static_batch(model, prompts, args.max_tokens))
+    candidates = {route: (lambda _round, route=route, llm=llm: bench_gh200rt(llm, route, prompts, args.max_tokens)[0])
+                  for route, llm in llms.items()}
+    candidates["static"] = lambda _round: bench_hf_static_batch(model, prompts, args.max_tokens)
+    rates = alternate(candidates, args.rounds)
     seq = bench_hf_sequential(model, prompts[:args.hf_sequential], args.max_tokens)
     print(f"load average {os.getloadavg()[0]:.1f} at end")
     static = max(rates["static"])
@@ -201,7 +187,3 @@ def main() -> None:
         print(f"  ratio vs one at a time: {ours / seq:.2f}x (floor 5x) {'OK' if ours / seq >= 5 else 'BELOW FLOOR'}")
         print(f"  ratio vs static batch:  {ours / static:.2f}x (goal 1.5x) "
               f"{'OK' if ours / static >= 1.5 else 'below goal'}")
-
-
-if __name__ == "__main__":
-    main()
