@@ -102,9 +102,10 @@ def validation_steps(py: str, out: Path, cache: Path) -> list[Step]:
                                      str(out / "gpu_tests.xml"), "tests"], 95,
              outputs={"junit": out / "gpu_tests.xml"}),
         Step("kernel compile check", [py, "scripts/check_kernels.py"], 45),
-        Step("bandwidth", [py, "scripts/numa_placement.py", "--readers", BANDWIDTH_READERS, "--sizes-mib", "64",
-                           "256", "1024", "--repeats", "3", "--no-plot", "--out", str(out / "bandwidth"),
-                           "--profile-out", str(out / "measured_profile.json")], 40,
+        Step("bandwidth", bench(py, "bandwidth") + ["--readers", BANDWIDTH_READERS, "--sizes-mib", "64", "256",
+                                                    "1024", "--repeats", "3", "--no-plot", "--out",
+                                                    str(out / "bandwidth"), "--profile-out",
+                                                    str(out / "measured_profile.json")], 40,
              values=tuple(BANDWIDTH_READERS.split(",")),
              outputs={"bandwidth": out / "bandwidth" / "numa_placement.json",
                       "profile": out / "measured_profile.json"}),
@@ -116,7 +117,7 @@ def validation_steps(py: str, out: Path, cache: Path) -> list[Step]:
                                str(out / "decode_llama3_8b.json")], 100,
              values=("llama3-8b",), outputs={"decode": out / "decode_llama3_8b.json"}),
         # python -m gh200rt.serve from the install, outside the checkout: sampled, streamed, structured and n=2
-        # requests and a short bench_serving run; any failed request fails the step
+        # requests and a short `python -m gh200rt.bench serve` run; any failed request fails the step
         Step("serve smoke Llama-3-8B shape", [py, "scripts/serve_smoke.py", *llama, "--json",
                                               str(out / "serve_smoke.json")], 70, values=("llama3-8b",),
              outputs={"serve": out / "serve_smoke.json"},

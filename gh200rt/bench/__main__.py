@@ -13,8 +13,16 @@ COMMANDS = {
                                                 "processing time)"),
     "throughput": Command("gh200rt.bench.throughput", "offline LLM.generate against transformers (--engine-served: "
                                                       "the served workload on the engine alone)"),
+    "serve": Command("gh200rt.bench.serve", "load generator over HTTP (OpenAI /v1/completions): TTFT, TPOT, ITL"),
     "tiers": Command("gh200rt.bench.tiers", "static resident, streamed and dynamic tiers on one bursty trace"),
+    "peers": Command("gh200rt.bench.peers", "gh200rt against vLLM, llama.cpp and transformers (--routes: every "
+                                            "gh200rt route against transformers)"),
+    "stress": Command("gh200rt.bench.stress", "a soak of mixed load, then proof the server let go of everything "
+                                              "(--overload: N requests at once)"),
+    "bandwidth": Command("gh200rt.bench.bandwidth", "host memory read bandwidth per NUMA placement and reader"),
     "tp": Command("gh200rt.bench.tp", "tensor parallelism on the CPU: step time and its share in collectives"),
+    "accuracy": Command("gh200rt.bench.accuracy", "perplexity and logit error per CPU route (--routes) or host "
+                                                  "weight format (--formats)"),
     "kernel": Command("gh200rt.bench.kernel", "one kernel or op timed against its bound or baseline"),
     "ab": Command("gh200rt.bench.ab", "a path switched off and on in alternate rounds of one process"),
 }

@@ -56,9 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     if args.engine_served:
-        args.requests, args.threads = args.requests or 48, args.threads or 1
+        args.requests = 48 if args.requests is None else args.requests
+        args.threads = 1 if args.threads is None else args.threads
         run_engine_served(args)
     else:
-        args.requests = args.requests or 64
+        args.requests = 64 if args.requests is None else args.requests
         run_offline(args)
     return 0

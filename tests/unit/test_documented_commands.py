@@ -4,9 +4,9 @@ this process, and each ``python scripts/X.py`` (and any other mention of scripts
 
 A command ends where its inline code span closes (lines may break inside it), else at the end of its line (a
 trailing backslash continues it), at ``;``, ``&&``, `` # `` or a table's `` | ``. ``NAME=value`` prefixes are the environment, not arguments.
-Placeholders (``<tree>``, ``REV``, ``DIR``: anything in angle brackets or in capitals) stand for a value that
-parses; ``...`` stands for arguments left out; ``[--flag]`` is an optional flag, written; ``a|b`` alternatives
-are checked by their first.
+Placeholders (``<tree>``, ``REV``, ``DIR``: anything in angle brackets or in capitals) and ``...`` stand for a
+value that parses or for arguments left out; ``[--flag]`` is an optional flag, written; ``a|b`` alternatives are
+checked by their first.
 """
 from __future__ import annotations
 
@@ -22,12 +22,12 @@ from gh200rt.bench.__main__ import COMMANDS
 from gh200rt.bench.commands import resolve
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMAND = re.compile(r"\bpython3?\s+(-m\s+gh200rt\.bench\b|(?:[^\s`]*/)?scripts/[\w.]+\.py\b)")
+COMMAND = re.compile(r"\bpython3?\s+(-m\s+gh200rt\.bench(?![\w.])|(?:[^\s`]*/)?scripts/[\w.]+\.py\b)")
 SCRIPT_MENTION = re.compile(r"\bscripts/(\w+\.py)\b")
 END = re.compile(r"`|;|&&|\s#\s|\s\|\s")
 PLACEHOLDER = re.compile(r"<[^<>]*>")
 METAVAR = re.compile(r"[A-Z][A-Z_]*")
-VALUES = ("1", "x")          # what a placeholder is tried as: a number, then a word
+VALUES = ("1", "x", None)    # what a placeholder is tried as: a number, a word, nothing
 
 
 @dataclass(frozen=True)
@@ -67,26 +67,31 @@ def quoted_commands(path: Path, root: Path = ROOT) -> list[Quoted]:
 
 
 def arguments(text: str) -> list[str | None]:
-    """The arguments of a quoted command; None where a placeholder stands for a value."""
+    """The arguments of a quoted command; None where a placeholder stands for a value or for arguments left out."""
     words = shlex.split(PLACEHOLDER.sub(" PLACEHOLDER ", text.replace("\\|", "|")))
     out: list[str | None] = []
     for word in words:
         word = word.strip("[]")
-        if word in ("", "...", "…"):
+        if word == "":
             continue
-        word = word.split("|")[0] if word.startswith("-") or "|" in word else word
-        out.append(None if METAVAR.fullmatch(word) else word)
+        word = word.split("|")[0] if "|" in word else word
+        out.append(None if METAVAR.fullmatch(word) or word in ("...", "…") else word)
     return out
 
 
 def parse_problem(argv: list[str | None]) -> str | None:
-    """None when some choice of placeholder values parses with the subcommand's parser, else argparse's message."""
+    """None when some choice of placeholder values parses with the subcommand's parser, else argparse's message (of
+    the first choice). The entry point named alone (``python -m gh200rt.bench <subcommand>``) is prose, not a
+    command."""
     holes = [i for i, a in enumerate(argv) if a is None]
-    message = ""
+    messages = []
     for values in itertools.product(VALUES, repeat=len(holes)):
         filled = list(argv)
         for i, value in zip(holes, values):
             filled[i] = value
+        filled = [a for a in filled if a is not None]
+        if not filled:
+            return None
         err = io.StringIO()
         try:
             with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
@@ -96,8 +101,8 @@ def parse_problem(argv: list[str | None]) -> str | None:
         except SystemExit as exit_:
             if exit_.code == 0:        # --help
                 return None
-            message = err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else f"exit {exit_.code}"
-    return message
+            messages.append(err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else f"exit {exit_.code}")
+    return messages[0]
 
 
 def problems(root: Path = ROOT) -> list[str]:
@@ -136,7 +141,9 @@ def test_it_finds_a_wrong_command_and_a_moved_script(tmp_path):
         "| row | `python -m gh200rt.bench kernel quant-load --shape REV --workers 2` | 1.0 |\n"
         "`python scripts/validate_gpu.py --dry-run` and `python scripts/bench_peers.py --rows single`\n"
         "\n```\npython -m gh200rt.bench kernel sampler --batches 8   # fenced\n```\nSee (`python -m\n"
-        "gh200rt.bench kernel sampler --vocab\nlarge`).\n")
+        "gh200rt.bench kernel sampler --vocab\nlarge`).\n"
+        "Fine: `python -m gh200rt.bench` alone, `python -m gh200rt.bench kernel sampler --device ... --reps N`,\n"
+        "`python -m gh200rt.bench.peer_worker ENGINE SPEC OUT` (a module of its own).\n")
     (tmp_path / "docs" / "gpu-runs" / "old.md").write_text("python scripts/bench_decode.py --quick\n")
     found = problems(tmp_path)
     assert len(found) == 5, found

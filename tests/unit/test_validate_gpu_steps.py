@@ -55,7 +55,7 @@ def test_install_is_offline_and_keeps_the_hosts_torch(tmp_path):
 
 def test_dry_run_catches_a_missing_option_value_script_and_subcommand():
     drifted = [Step("decode", [PY, "-m", "gh200rt.bench", "latency", "--quick"], 10),
-               Step("bandwidth", [PY, "scripts/numa_placement.py", "--readers", "gpu-warp-drive"], 10,
+               Step("bandwidth", [PY, "-m", "gh200rt.bench", "bandwidth", "--readers", "gpu-warp-drive"], 10,
                     values=("gpu-warp-drive",)),
                Step("gone", [PY, "scripts/bench_everything.py"], 10),
                Step("tests", [PY, "-m", "pytest", "-q", "--no-such-pytest-option", "tests"], 10),
@@ -63,7 +63,7 @@ def test_dry_run_catches_a_missing_option_value_script_and_subcommand():
                Step("warp", [PY, "-m", "gh200rt.bench", "kernel", "warp-drive"], 10)]
     problems = "\n".join(dry_run_problems(drifted, PY))
     assert "decode: -m gh200rt.bench latency has no option --quick" in problems
-    assert "bandwidth: scripts/numa_placement.py does not offer 'gpu-warp-drive'" in problems
+    assert "bandwidth: -m gh200rt.bench bandwidth does not offer 'gpu-warp-drive'" in problems
     assert "gone: scripts/bench_everything.py does not exist" in problems
     assert "tests: -m pytest has no option --no-such-pytest-option" in problems
     assert "skinny: -m gh200rt.bench kernel skinny has no option --quick" in problems
@@ -91,7 +91,7 @@ def test_report_puts_each_figure_next_to_its_roofline(tmp_path):
                            "--batches", "2", "--tokens", "2", "--json", str(decode)], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    bandwidth = tmp_path / "numa_placement.json"  # numa_placement.py's format, GPU readers as on an H100 host
+    bandwidth = tmp_path / "numa_placement.json"  # bench bandwidth's format, GPU readers as on an H100 host
     bandwidth.write_text(json.dumps({"results": [
         {"reader": "gpu-copy-h2d", "placement": "local-bind", "bytes": 1 << 30, "median_gbps": 48.0},
         {"reader": "gpu-copy-h2d", "placement": "local-bind", "bytes": 64 << 20, "median_gbps": 30.0},
@@ -163,7 +163,7 @@ def test_the_new_steps_run_what_the_first_gpu_run_found_broken(tmp_path):
     assert dynamic[dynamic.index("--random-model") + 1] == "llama3-8b" and "--require-moves" in dynamic
     serve = steps["serve smoke Llama-3-8B shape"]
     assert serve.argv[1] == "scripts/serve_smoke.py" and str(tmp_path / "cache" / "llama3-8b-random") in serve.argv
-    assert serve.also[0][1:3] == ("-m", "gh200rt.serve") and "scripts/bench_serving.py" in serve.also[1]
+    assert serve.also[0][1:3] == ("-m", "gh200rt.serve") and serve.also[1][1:4] == ("-m", "gh200rt.bench", "serve")
     bandwidth = steps["bandwidth"]
     assert bandwidth.argv[bandwidth.argv.index("--profile-out") + 1] == str(bandwidth.outputs["profile"])
     assert steps["gpu and gh200 tests"].outputs["junit"] == tmp_path / "out" / "gpu_tests.xml"
@@ -172,10 +172,10 @@ def test_the_new_steps_run_what_the_first_gpu_run_found_broken(tmp_path):
 def test_dry_run_checks_the_commands_a_step_starts():
     step = Step("serve", [PY, "scripts/serve_smoke.py", "--json", "x"], 10,
                 also=((PY, "-m", "gh200rt.serve", "--model", "m", "--no-such-server-flag", "1"),
-                      (PY, "scripts/bench_serving.py", "--base-url", "u", "--warp-factor", "9")))
+                      (PY, "-m", "gh200rt.bench", "serve", "--base-url", "u", "--warp-factor", "9")))
     problems = "\n".join(dry_run_problems([step], PY))
     assert "serve: -m gh200rt.serve has no option --no-such-server-flag" in problems
-    assert "serve: scripts/bench_serving.py has no option --warp-factor" in problems
+    assert "serve: -m gh200rt.bench serve has no option --warp-factor" in problems
     assert "--model" not in problems and "--json" not in problems
 
 
@@ -243,7 +243,7 @@ def test_report_puts_kernel_timings_next_to_their_bounds(tmp_path):
     gemm.write_text(json.dumps({"bounds_gb_s": {"link": 50.0, "hbm": 3000.0}, "rows": [
         {"layer": "o", "m": 1, "weights": "int4", "read_from": "host", "kernel": "this tree", "gb_s": 40.0,
          "bound": "link"}]}))
-    skinny = tmp_path / "skinny_fused.json"   # a row as bench_gpu_skinny.py --fused records it
+    skinny = tmp_path / "skinny_fused.json"   # a row as kernel skinny --fused records it
     skinny.write_text(json.dumps({"device": "H100", "rows_of_x": 8, "bounds_gb_s": {"link": 50.0, "hbm": 3000.0},
                                   "rows": [{"layer": "down", "m": 8, "weights": "bf16", "read_from": "HBM",
                                             "kernel": "fused_rows 16x256 w4", "us": 50.0, "bytes": 117440512,

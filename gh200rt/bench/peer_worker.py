@@ -1,7 +1,12 @@
-"""One engine's share of scripts/bench_peers.py, run in a process of its own (and, for the peers, with
-the Python of the environment they are installed in).
+"""One engine's share of ``python -m gh200rt.bench peers``, run in a process of its own (and, for the peers, with
+the Python of the environment they are installed in, which has no gh200rt).
 
-    python scripts/bench_peer_worker.py ENGINE SPEC.json OUT.json
+    python -m gh200rt.bench.peer_worker gh200rt:ROUTE SPEC.json OUT.json      # gh200rt's own interpreter
+    PEER_PYTHON gh200rt/bench/peer_worker.py ENGINE SPEC.json OUT.json        # a peer's, by path
+    PEER_PYTHON gh200rt/bench/peer_worker.py --write-hf GGUF DIR
+
+Run by path under the peers' interpreter, this file imports nothing but the standard library at its top (an
+engine's own package is imported by its class), and nothing of gh200rt but inside ``Gh200rt``.
 
 ENGINE is ``gh200rt:<route>[+batch-invariant]`` (``auto``, ``fp32``, ``int8``), ``vllm:<dtype>`` (``float32``, ``bfloat16``),
 ``llamacpp`` or ``transformers``. SPEC.json holds the model paths, the token-id prompts, the thread count and
@@ -9,8 +14,9 @@ which rows to run; OUT.json receives ``{"single": tok/s, "offline": tok/s, "load
 Every engine decodes greedily with EOS ignored, so each produces exactly the tokens asked for.
 
 single-stream decode: one prompt, (N - 1) / (time(N tokens) - fastest time(1 token)), best of the rounds.
-offline: all prompts submitted at once (each round its own prompts, so no round hits a prefix cache) (llama.cpp has no batch API in its Python binding: one after
-another; transformers: one left-padded static batch), output tokens / wall time, best of the rounds.
+offline: all prompts submitted at once (each round its own prompts, so no round hits a prefix cache) (llama.cpp has
+no batch API in its Python binding: one after another; transformers: one left-padded static batch), output tokens /
+wall time, best of the rounds.
 """
 from __future__ import annotations
 
@@ -19,15 +25,12 @@ import os
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 class Gh200rt:
     ROUTES = {"auto": {}, "fp32": dict(dtype="float32"), "bf16": dict(cpu_route="bf16"),
               "fp16": dict(cpu_route="fp16"), "int8": dict(offload="direct", host_weight_dtype="int8")}
 
     def __init__(self, spec, route):
-        sys.path.insert(0, ROOT)
         from gh200rt import LLM
         route, _, mode = route.partition("+")
         self.llm = LLM(model=spec["gguf"], max_model_len=spec["max_model_len"], num_kv_blocks=spec["kv_blocks"],

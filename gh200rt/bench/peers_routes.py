@@ -1,7 +1,7 @@
-"""Single-stream greedy decode of SmolLM2-135M on the CPU: every gh200rt route next to transformers,
-measured in one run, with llama.cpp's figure quoted alongside.
+"""``peers --routes``: single-stream greedy decode of SmolLM2-135M on the CPU, every gh200rt route next to
+transformers, measured in one run, with llama.cpp's figure quoted alongside.
 
-    python scripts/bench_model.py [--tokens 48] [--rounds 3] [--threads N] [--routes fp32 fp16 ...]
+    python -m gh200rt.bench peers --routes [fp32 fp16 ...] [--tokens 48] [--rounds 3] [--threads N]
 
 Routes (each an ``LLM`` over the shipped Q4_1 GGUF, activations in float32 unless named):
   fp32          all weights resident in fp32: the default (linears through oneDNN, resident weights reordered)
@@ -20,16 +20,13 @@ quoted, not measured here.
 """
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from gh200rt.models.layers import cpu_linear  # noqa: E402
+from gh200rt.bench.rounds import alternate
+from gh200rt.models.layers import cpu_linear
 
 PROMPT = [{"role": "user", "content": "Explain in detail why the sky is blue."}]
 LLAMA_CPP_TOK_S = 89.0
@@ -80,13 +77,7 @@ def load_transformers():
     return model, time.perf_counter() - start
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, default=48)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--routes", nargs="+", default=list(ROUTES), choices=list(ROUTES))
-    args = parser.parse_args()
+def run_routes(args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     from gh200rt import LLM
@@ -103,17 +94,16 @@ def main():
     reference, hf_load = load_transformers()
     print(f"transformers          load {hf_load:6.2f} s")
 
-    rates: dict[str, list[float]] = {name: [] for name in [*args.routes, "transformers"]}
-    tokens: dict[str, list[int]] = {}
     for name, llm in llms.items():  # warm-up: first use builds any cached CPU layouts
         gh200rt_decode(llm, ids, 4, name != "fp32-flinear")
     transformers_decode(reference, ids, 4)
-    for _ in range(args.rounds):
-        for name, llm in llms.items():
-            tokens[name], rate = gh200rt_decode(llm, ids, args.tokens, name != "fp32-flinear")
-            rates[name].append(rate)
-        tokens["transformers"], rate = transformers_decode(reference, ids, args.tokens)
-        rates["transformers"].append(rate)
+    candidates = {name: (lambda _round, name=name, llm=llm: gh200rt_decode(llm, ids, args.tokens,
+                                                                           name != "fp32-flinear"))
+                  for name, llm in llms.items()}
+    candidates["transformers"] = lambda _round: transformers_decode(reference, ids, args.tokens)
+    runs = alternate(candidates, args.rounds)
+    tokens = {name: done[-1][0] for name, done in runs.items()}
+    rates = {name: [rate for _, rate in done] for name, done in runs.items()}
 
     hf = max(rates["transformers"])
     print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at end")
@@ -127,7 +117,3 @@ def main():
     if "fp32" in rates:
         print(f"goal (issue 2): >= 2x transformers with the default fp32 route: "
               f"{'met' if max(rates['fp32']) >= 2 * hf else 'not met'} ({max(rates['fp32']) / hf:.2f}x)")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,30 +1,16 @@
-"""Perplexity and logit error of SmolLM2 with fp16 / int8 / int4 / fp8 host weights and an fp8 KV cache
-against the unquantized model.
-
-The reference is gh200rt's own SmolLM2-135M-Instruct (``load_model`` on the shipped Q4_1 GGUF,
-computed in float32: the "unquantized" model we can have offline). Every decoder linear weight
-(fused qkv, o, fused gate/up, down) is then repointed, through its ``WeightRef``, to a
-``HalfWeight`` / ``PackedWeight`` made from the dense float32 tensor, and the fixed text
-tests/fixtures/eval_text.txt is scored in one prefill pass over a paged KV pool. The KV variants
-(``fp8-kv`` ...) keep the weights and store the pool in fp8: with the layers' scales at 1.0 (what
-``--kv-cache-dtype fp8`` does without scales in the checkpoint) or set from the text itself (the
-first batch, as ``--calculate-kv-scales`` does); ``fp8+fp8-kv`` quantizes both.
-
-Usage: ``python scripts/eval_quant.py [--formats fp16 int8 int4 int4-g128 int8-fbgemm fp8 fp8-kv ...]``
-"""
+"""``accuracy --formats``: perplexity and logit error of SmolLM2 with each host weight format and KV cache dtype
+against the unquantized model (also the library tests/kernels/test_quant_model.py scores with)."""
 from __future__ import annotations
 
-import argparse
 import math
-import os
 import time
+from pathlib import Path
 
 import torch
 
 from gh200rt.kernels.quant import pack_weight, quantize_int4, quantize_int8
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EVAL_TEXT = os.path.join(ROOT, "tests", "fixtures", "eval_text.txt")
+EVAL_TEXT = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "eval_text.txt"   # in a checkout
 BLOCK_SIZE = 16
 FORMATS = {"fp16": lambda w: pack_weight(w, "fp16"), "int8": lambda w: quantize_int8(w),
            "int4": lambda w: quantize_int4(w, 32),
@@ -89,7 +75,9 @@ def score(loaded, ids: torch.Tensor, kv_cache_dtype: str = "auto", calculate_kv_
     return logits, math.exp(nll.item())
 
 
-def text_ids(loaded, text_path: str = EVAL_TEXT, max_tokens: int | None = None) -> torch.Tensor:
+def text_ids(loaded, text_path: str | Path = EVAL_TEXT, max_tokens: int | None = None) -> torch.Tensor:
+    if not Path(text_path).is_file():
+        raise SystemExit(f"the eval text {text_path} is not here: run accuracy from a gh200rt checkout")
     with open(text_path, encoding="utf-8") as f:
         return torch.tensor(loaded.tokenizer.encode(f.read())[:max_tokens], dtype=torch.int64)
 
@@ -114,20 +102,15 @@ def evaluate(loaded, ids: torch.Tensor, formats: list[str]) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--formats", nargs="+", default=["fp16", "int8", "int4", "int4-g128"],
-                        choices=list(VARIANTS))
-    parser.add_argument("--native-all-rows", action="store_true",
-                        help="int8 / int4 linears through the native quantized kernel at every row count (decode "
-                             "takes it up to kernels.packed_cpu_routes.NATIVE_MAX_ROWS rows; a whole-text prefill would not)")
-    args = parser.parse_args()
+def run_formats(args) -> None:
+    """The table of ``accuracy --formats``: every variant against the reference, on the whole text (or
+    ``--max-tokens``)."""
     if args.native_all_rows:
         from gh200rt.kernels import packed_cpu_routes
         packed_cpu_routes.NATIVE_MAX_ROWS = 1 << 30
     start = time.time()
     loaded = load_reference()
-    rows = evaluate(loaded, text_ids(loaded), args.formats)
+    rows = evaluate(loaded, text_ids(loaded, max_tokens=args.max_tokens), args.formats)
     print("| format | tokens | perplexity | ppl change | max abs logit err | mean abs logit err | top-1 agreement |"
           " weight bytes vs bf16 |")
     print("|---|---|---|---|---|---|---|---|")
@@ -137,7 +120,3 @@ def main() -> None:
               f" {r['max_logit_err']:.4f} | {r['mean_logit_err']:.4f} | {100 * r['top1_agree']:.1f}% |"
               f" {r['bytes_ratio']:.3f} |")
     print(f"({time.time() - start:.0f} s)")
-
-
-if __name__ == "__main__":
-    main()

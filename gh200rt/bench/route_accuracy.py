@@ -1,43 +1,16 @@
-"""Accuracy of every CPU compute route against the exact float32 route: perplexity and logit error on SmolLM2.
-
-Each route is the model as the engine runs it on that route (``platform/cpu_features.py``):
-
-  bf16        --dtype auto on a CPU with AVX-512 BF16 / AMX: bf16 weights and activations, linears
-              through oneDNN over reordered weights (``cpu_route_form``), bf16 KV cache
-  fp16        --dtype auto on an AVX2 CPU without native bf16: fp32 activations, fp16 linear weights (fbgemm)
-  int8-bf16   --offload direct --host-weight-dtype int8 on the bf16 route: per-channel int8 decoder
-              weights, bf16 activations (torch's weight-only op)
-  int4-bf16   the same with int4 groups of 32 (GGUF Q4_1's own grid)
-  gguf-rows   the single-row half of --dtype auto's fp16+gguf form on an AVX2 CPU (one sequence decoding):
-              every linear multiplies the GGUF file's own Q4_1 / Q8_0 blocks through the native quantized
-              linear (``kernels/cpu/quant_linear.c``), fp32 activations rounded to int16 per 32 columns.
-              The kernel never mixes rows, so the one prefill scored here gives each token exactly the
-              logits a one-row decode of it would
-  gguf-rows-bf16  the same on the bf16 route's onednn-bf16+gguf form: bf16 activations widened to fp32 for
-              the blocks, each product rounded back to bf16
-
-The reference is ``load_model(dtype="float32")`` over the shipped Q4_1 GGUF; tests/fixtures/eval_text.txt
-is scored in one prefill (``eval_quant.score``). The lm_head and embedding follow the route's dtype.
-
-Usage: ``python scripts/eval_cpu_routes.py [--routes bf16 fp16 int8-bf16 int4-bf16] [--max-tokens N]``
-"""
+"""``accuracy --routes``: every CPU compute route as the engine runs it, scored against the exact float32 route
+(also the library tests/model/test_cpu_route_parity.py bounds)."""
 from __future__ import annotations
 
-import argparse
-import os
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import eval_quant  # noqa: E402
-
-from gh200rt.config import ModelConfig  # noqa: E402
-from gh200rt.kernels.quant import quantize_int4, quantize_int8  # noqa: E402
-from gh200rt.loader import load_model  # noqa: E402
-from gh200rt.models.layers.cpu_prepack import cpu_route_form  # noqa: E402
+from gh200rt.bench import quant_accuracy
+from gh200rt.config import ModelConfig
+from gh200rt.kernels.quant import quantize_int4, quantize_int8
+from gh200rt.loader import load_model
+from gh200rt.models.layers.cpu_prepack import cpu_route_form
 
 ROUTES = ("bf16", "fp16", "int8-bf16", "int4-bf16", "gguf-rows", "gguf-rows-bf16")
 _LINEAR_FORMAT = {"bf16": "onednn-bf16", "fp16": "fp16", "int8-bf16": "onednn-bf16", "int4-bf16": "onednn-bf16"}
@@ -85,7 +58,7 @@ def route_model(route: str):
     model = loaded.model
     layers = list(range(len(model.layers)))
     if route in _PACKED:  # decoder linears packed (as a direct host slab holds them), lm_head reordered
-        for ref in eval_quant.weight_refs(model):
+        for ref in quant_accuracy.weight_refs(model):
             ref.current = _PACKED[route](ref.current.float())
         layers = []
     refs = [ref for i in layers for ref in model.layer_weight_refs(i).values()] + [model.lm_head.weight_ref]
@@ -106,21 +79,18 @@ def compare(ref_logits: torch.Tensor, ref_ppl: float, logits: torch.Tensor, ppl:
 
 
 def evaluate_routes(routes: list[str], max_tokens: int | None = None) -> tuple[dict, dict[str, dict]]:
-    reference = eval_quant.load_reference()
-    ids = eval_quant.text_ids(reference, max_tokens=max_tokens)
-    ref_logits, ref_ppl = eval_quant.score(reference, ids)
+    reference = quant_accuracy.load_reference()
+    ids = quant_accuracy.text_ids(reference, max_tokens=max_tokens)
+    ref_logits, ref_ppl = quant_accuracy.score(reference, ids)
     results = {}
     for route in routes:
-        logits, ppl = eval_quant.score(route_model(route), ids)
+        logits, ppl = quant_accuracy.score(route_model(route), ids)
         results[route] = compare(ref_logits, ref_ppl, logits, ppl)
     return dict(ppl=ref_ppl, tokens=len(ids)), results
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--routes", nargs="+", default=list(ROUTES), choices=ROUTES)
-    parser.add_argument("--max-tokens", type=int, default=None)
-    args = parser.parse_args()
+def run_routes(args) -> None:
+    """The table of ``accuracy --routes``."""
     start = time.time()
     ref, results = evaluate_routes(args.routes, args.max_tokens)
     print("| route | tokens | perplexity | ppl change | max abs logit err | mean abs logit err | top-1 agreement |"
@@ -132,7 +102,3 @@ def main() -> None:
               f"{r['max_logit_err']:.4f} | {r['mean_logit_err']:.4f} | {100 * r['top1_agree']:.1f}% | "
               f"{r['worst_flip_margin']:.3f} |")
     print(f"({time.time() - start:.0f} s, {torch.get_num_threads()} threads)")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,50 +1,19 @@
-"""Soak: a mixed load for a while, then proof that the server let go of everything (issue 27).
-
-    python scripts/soak.py                                  # 10 minutes on the default server (SmolLM2, CPU)
-    python scripts/soak.py --duration 60 --concurrency 8 --json soak.json
-    python scripts/soak.py --url http://127.0.0.1:8000     # a server already running
-    python scripts/soak.py --duration 10 --server-args "--model DIR --max-model-len 512"
-
-Without --url it starts ``python -m gh200rt.serve`` from this checkout on a free port (--server-args
-are passed on; none: the default server) and stops it at the end. --concurrency clients each loop
-over the kinds of scripts/soak_load.py (plain and streamed, chat and completions, aborts,
-disconnects, structured outputs, seeded repeats, n=2) until --duration has passed. Every
---sample-interval seconds it reads /metrics: the server's RSS, KV blocks in use, running / waiting
-sequences, admitted sequences, pending requests and asyncio tasks.
-
-At the end the load stops, the server gets --settle seconds to drain, and the run passes when: no
-request failed or was refused; every seeded repeat gave the same text; every finished structured
-answer matched its schema; no KV block is in use, nothing runs, waits, is admitted or pending; the
-event loop has no more tasks than when idle before the load; the median RSS of the last third of
-the samples after --warmup is within --rss-tolerance of the first third's; /health answers 200.
-It prints each figure next to its bound and exits 1 when any bound is missed.
-"""
+"""``stress``: a soak, a mixed load for a while, then proof that the server let go of everything (issue 27); the
+bounds it holds the server to are ``stress``'s (``verdict``)."""
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 import json
-import os
 import random
 import re
-import shlex
-import signal
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import httpx
 
-import httpx  # noqa: E402
-
-from scripts.serve_smoke import free_port, stop, wait_healthy  # noqa: E402
-from scripts.soak_load import KINDS, OffSchema, SeedMismatch, Tally, client_loop, send_one  # noqa: E402
+from gh200rt.bench.server import ServerStartFailed, served
+from gh200rt.bench.soak_load import KINDS, OffSchema, SeedMismatch, Tally, client_loop, send_one
 
 GAUGES = {"rss": "process_resident_memory_bytes", "kv_used": "gh200rt_kv_blocks_used",
           "running": "gh200rt_num_requests_running", "waiting": "gh200rt_num_requests_waiting",
@@ -179,61 +148,8 @@ def report(run: dict, rows) -> None:
         print(f"{figure:<{width}}  {value:<34} {bound:<36} {'yes' if met else 'NO'}")
 
 
-def start_server(args) -> tuple[subprocess.Popen, str, Path]:
-    port = free_port()
-    log_path = Path(tempfile.mkstemp(prefix="gh200rt-soak-", suffix=".log")[1])
-    argv = [sys.executable, "-m", args.server_module, "--port", str(port), "--log-level", "warning",
-            *shlex.split(args.server_args)]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)})
-    print(f"server pid {proc.pid}: {' '.join(argv[1:])}; log {log_path}", flush=True)
-    return proc, f"http://127.0.0.1:{port}", log_path
-
-
-class ServerStartFailed(RuntimeError):
-    """The started server never became healthy; the message holds the reason and its log's tail."""
-
-
-@contextlib.contextmanager
-def served(args):
-    """The URL a run loads: ``--url``, or a server started from this checkout, healthy, stopped on leaving."""
-    if args.url:
-        yield args.url.rstrip("/")
-        return
-    proc, url, log_path = start_server(args)
-    try:
-        with httpx.Client(base_url=url, timeout=10) as client:
-            unhealthy = wait_healthy(client, proc, args.load_timeout)
-        if unhealthy:
-            raise ServerStartFailed(f"{unhealthy}\n{log_path.read_text()[-3000:]}")
-        yield url
-    finally:
-        print(f"server: {stop(proc, 30.0)}", flush=True)
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", help="a running server (default: start one from this checkout)")
-    p.add_argument("--server-module", default="gh200rt.serve", help="the module the started server runs")
-    p.add_argument("--server-args", default="", help="flags for the started server (one string)")
-    p.add_argument("--duration", type=float, default=600.0, help="seconds of load")
-    p.add_argument("--concurrency", type=int, default=8, help="clients sending at once")
-    p.add_argument("--seed", type=int, default=0, help="seed of the clients' choices")
-    p.add_argument("--sample-interval", type=float, default=5.0, help="seconds between /metrics samples")
-    p.add_argument("--warmup", type=float, help="seconds of load before RSS counts (default: a fifth of "
-                                                "--duration, at most 60)")
-    p.add_argument("--rss-tolerance", type=float, default=0.05, help="RSS drift allowed, as a fraction")
-    p.add_argument("--settle", type=float, default=60.0, help="seconds the server gets to drain at the end")
-    p.add_argument("--load-timeout", type=float, default=600.0, help="seconds for a started server to be healthy")
-    p.add_argument("--json", type=Path, help="also write the figures and every sample here")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def run_soak(args) -> int:
     args.warmup = min(args.duration / 5, 60.0) if args.warmup is None else args.warmup
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # a SIGTERM still stops the server (served's finally)
     try:
         with served(args) as url:
             run = asyncio.run(soak(args, url))
@@ -249,7 +165,3 @@ def main(argv: list[str] | None = None) -> int:
     ok = all(met for *_, met in rows)
     print("soak: " + ("passed" if ok else "FAILED"))
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

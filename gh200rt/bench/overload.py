@@ -1,38 +1,18 @@
-"""Overload (issue 27): N concurrent requests at once, and what became of each.
-
-    python scripts/overload.py                                   # 500 at the default server (SmolLM2, CPU)
-    python scripts/overload.py --server-args "--max-queued-requests 64" --prompt-words 120 --max-tokens 64
-    python scripts/overload.py --url http://127.0.0.1:8000
-
---requests requests leave together: a quarter each streamed chat, plain chat, streamed completion,
-plain completion, every one ``ignore_eos`` with --max-tokens, so a complete answer has exactly that
-many tokens. Each must end as a complete answer (200: one finish_reason, usage, ``[DONE]`` for a
-stream) or a clean refusal (503 with ``Retry-After``, a JSON error body, sent before any stream
-starts); any other status, broken body or transport error is a failure. Afterwards the server must
-drain to nothing held (admitted sequences, pending requests, KV blocks, running, waiting), keep no
-more asyncio tasks than before, and answer /health 200. Prints the counts, latencies (p50 / p99 /
-max) of each outcome, the Retry-After values, preemptions and the server's RSS before, at the end of
-the burst and 2 s after it drained; exits 1 on any failure. tests/server/test_overload_toy.py runs the
-same burst in CI against a small toy server.
-"""
+"""``stress --overload``: N concurrent requests at once, and what became of each (issue 27)."""
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import re
 import statistics
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import h11
+import httpx
 
-import h11  # noqa: E402
-import httpx  # noqa: E402
+from gh200rt.bench.server import ServerStartFailed, served
 
 DRAINED = ("admitted_sequences", "num_requests_pending", "num_requests_running", "num_requests_waiting",
            "kv_blocks_used")
@@ -188,17 +168,7 @@ def measure(url: str, args) -> bool:
             and after["server_tasks"] <= before["server_tasks"])
 
 
-def main(argv: list[str] | None = None) -> int:
-    from scripts.soak import ServerStartFailed, served
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", help="a running server (default: start one from this checkout)")
-    p.add_argument("--server-module", default="gh200rt.serve", help="the module the started server runs")
-    p.add_argument("--server-args", default="", help="flags for the started server (one string)")
-    p.add_argument("--requests", type=int, default=500)
-    p.add_argument("--max-tokens", type=int, default=32, help="tokens of every answer (ignore_eos)")
-    p.add_argument("--prompt-words", type=int, default=2, help="words after each prompt's number")
-    p.add_argument("--load-timeout", type=float, default=600.0, help="seconds for a started server to be healthy")
-    args = p.parse_args(argv)
+def run_overload(args) -> int:
     try:
         with served(args) as url:
             ok = measure(url, args)
@@ -207,7 +177,3 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print("overload: " + ("passed" if ok else "FAILED"))
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,10 +7,10 @@ measures bandwidth over sizes from 1 MiB to 1 GiB (repeats: median, min-max), wr
 and a PNG plot (when matplotlib is installed), and prints a table with each figure next to the
 machine's published limit (../shared HARDWARE.md figures) where one is known.
 
-    python scripts/numa_placement.py --list      # what would run here, and why the rest is skipped
-    python scripts/numa_placement.py --quick     # under a minute
-    python scripts/numa_placement.py --out results/numa --repeats 7
-    python scripts/numa_placement.py --readers gpu-copy-h2d,gpu-host-gemm --sizes-mib 64 256 1024
+    python -m gh200rt.bench bandwidth --list      # what would run here, and why the rest is skipped
+    python -m gh200rt.bench bandwidth --quick     # under a minute
+    python -m gh200rt.bench bandwidth --out results/numa --repeats 7
+    python -m gh200rt.bench bandwidth --readers gpu-copy-h2d,gpu-host-gemm --sizes-mib 64 256 1024 \
         --profile-out results/profile.json   # also a measured profile for the planner (--profile-file)
 
 ``--profile-out`` writes the GPU readers' figures (largest buffer on the GPU's node) as a measured profile
@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from gh200rt.bench.commands import UsageError
 from gh200rt.numa.alloc import allocate
 from gh200rt.numa.topology import Topology, read_topology
 
@@ -193,7 +194,7 @@ def write_profile(report: dict, path: Path) -> bool:
     """The measured profile of this host from ``report``; False (and why) when no GPU reader ran."""
     from gh200rt.platform.bandwidth import profile_from_bandwidth_report, write_measured_profile
     platform = _gpu_platform()
-    command = "scripts/numa_placement.py " + " ".join(sys.argv[1:])
+    command = "python -m gh200rt.bench " + " ".join(sys.argv[1:])
     profile = profile_from_bandwidth_report(report, platform.profile, platform.device_name, command)
     measured = {k: v for k, v in profile.items() if k.endswith("_gbps")}
     if not measured:
@@ -206,8 +207,7 @@ def write_profile(report: dict, path: Path) -> bool:
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--list", action="store_true", help="show what would run here and why the rest is skipped")
     parser.add_argument("--quick", action="store_true", help="3 sizes up to 64 MiB, 3 repeats (under a minute)")
     parser.add_argument("--sizes-mib", type=int, nargs="+", help="buffer sizes in MiB (default 1..1024)")
@@ -219,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("results/numa"), help="where the JSON and PNG go")
     parser.add_argument("--profile-out", type=Path, help="also write a measured profile (--profile-file) from the "
                                                          "gpu-copy-h2d and gpu-host-gemm figures here")
-    args = parser.parse_args(argv)
+
+
+def run(args) -> int:
 
     topo = read_topology()
     kind = machine_kind(topo)
@@ -229,12 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     reader_fns, skipped_readers = readers()
     wanted = args.readers.split(",")
     if unknown := sorted(set(wanted) - set(READERS)):
-        parser.error(f"unknown reader(s) {', '.join(unknown)}; choose from {', '.join(READERS)}")
+        raise UsageError(f"unknown reader(s) {', '.join(unknown)}; choose from {', '.join(READERS)}")
     reader_fns = {name: fn for name, fn in reader_fns.items() if name in wanted}
     sizes = [s * MIB for s in args.sizes_mib] if args.sizes_mib else (QUICK_SIZES if args.quick else FULL_SIZES)
     repeats = args.repeats if args.repeats is not None else (3 if args.quick else 5)
     if repeats < 1 or any(s <= 0 for s in sizes):
-        parser.error("--repeats and --sizes-mib must be positive")
+        raise UsageError("--repeats and --sizes-mib must be positive")
 
     print(f"machine: {kind}; local node {gpu_node}; nodes {list(topo.node_ids)}")
     print("will run: " + ", ".join(f"{r} x {p.name}" for r in reader_fns for p in chosen))
@@ -272,7 +274,3 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError as exc:
             print(f"no plot: {exc} (pip install matplotlib, or pass --no-plot); the measurements are in the JSON")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,9 @@
 """gh200rt against vLLM's CPU backend, llama.cpp and transformers on the same prompts, in one run (issue 14).
 
-    python scripts/bench_peers.py [--engines gh200rt:auto gh200rt:fp32 vllm:float32 vllm:bfloat16 llamacpp
+    python -m gh200rt.bench peers [--engines gh200rt:auto gh200rt:fp32 vllm:float32 vllm:bfloat16 llamacpp
                                    transformers] [--rows single offline served] [--threads 2] [--rounds 2]
                                   [--peer-python .venv-peers/bin/python]
+    python -m gh200rt.bench peers --routes [fp32 fp16 ...] [--tokens 48] [--rounds 3] [--threads N]
 
 (``gh200rt:<route>+batch-invariant`` runs that route with ``--batch-invariant``; ``llamacpp:no-repack`` keeps
 llama.cpp's weights in the file's layout, for hosts where its AMX buffers crash.)
@@ -13,15 +14,18 @@ Rows (the table of issue 14):
            tokens, submitted at once: output tok/s (each round its own tokens, same lengths: no prefix
            cache hits from an earlier round or the warm-up)
   served   --served-requests requests of 128 random tokens in / 64 out at concurrency 8 against the
-           engine's OpenAI server, measured by scripts/bench_serving.py: output tok/s, TPOT p50, TTFT p50
+           engine's OpenAI server, measured by ``python -m gh200rt.bench serve``: output tok/s, TPOT p50, TTFT p50
 
-Each engine runs in its own process (scripts/bench_peer_worker.py), the peers with --peer-python (an
+Each engine runs in its own process (gh200rt/bench/peer_worker.py), the peers with --peer-python (an
 environment of their own: see docs/BENCHMARKS.md for the pip commands). An engine whose package does not
 import there is skipped with the reason. vLLM and transformers read the GGUF dequantized to a Hugging
 Face directory (written once, by transformers' GGUF reader, under --work-dir); gh200rt and llama.cpp
 read the GGUF itself. Everyone decodes greedily with EOS ignored and computes on cores 0..threads-1 (vLLM's
 OpenMP threads, gh200rt's engine thread). Engines run one after another, so
 on a shared machine compare figures from the same run only (rerun a few times, take the median).
+
+``--routes`` instead decodes one stream in this process on every gh200rt route given (all by default) next to
+transformers, rounds interleaved, with llama.cpp's figure quoted (gh200rt/bench/peers_routes.py says how).
 """
 from __future__ import annotations
 
@@ -37,18 +41,21 @@ import time
 
 import httpx
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import bench_serving  # noqa: E402
-from gh200rt.bench.models import smollm2_gguf  # noqa: E402
+from gh200rt.bench import peers_routes, serve
+from gh200rt.bench.models import smollm2_gguf
 
-WORKER = os.path.join(HERE, "bench_peer_worker.py")
+# run by path under --peer-python, whose environment has no gh200rt: the worker imports only the standard library
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_worker.py")
 DEFAULT_ENGINES = ["gh200rt:auto", "gh200rt:fp32", "vllm:float32", "vllm:bfloat16", "llamacpp", "transformers"]
 IMPORTS = {"vllm": "vllm", "llamacpp": "llama_cpp", "transformers": "transformers"}
 
 
-def python_for(engine: str, peer_python: str) -> str:
-    return sys.executable if engine.startswith("gh200rt") else peer_python
+def worker_command(engine: str, peer_python: str) -> list[str]:
+    """The worker of ``engine``: gh200rt's as a module of this interpreter's gh200rt, a peer's by path under the
+    peers' interpreter."""
+    if engine.startswith("gh200rt"):
+        return [sys.executable, "-m", "gh200rt.bench.peer_worker"]
+    return [peer_python, WORKER]
 
 
 def missing_reason(engine: str, peer_python: str) -> str | None:
@@ -97,14 +104,14 @@ def bind_to(threads: int):
     return lambda: os.sched_setaffinity(0, cores)
 
 
-def run_worker(engine: str, spec: dict, python: str, timeout: float) -> dict:
+def run_worker(engine: str, spec: dict, worker: list[str], timeout: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
         with open(spec_path, "w", encoding="utf-8") as f:
             json.dump(spec, f)
         env = engine_env(spec["threads"])
         bind = bind_to(spec["threads"]) if engine.startswith("gh200rt") else None
-        proc = subprocess.run([python, WORKER, engine, spec_path, out_path], capture_output=True, text=True,
+        proc = subprocess.run([*worker, engine, spec_path, out_path], capture_output=True, text=True,
                               timeout=timeout, env=env, preexec_fn=bind)
         if proc.returncode != 0:
             return {"error": (proc.stderr or proc.stdout).strip()[-600:]}
@@ -147,12 +154,14 @@ def served(engine: str, args, gguf: str, hf: str | None, port: int) -> dict:
             time.sleep(2)
         else:
             return {"error": "server did not start in time"}
-        ns = bench_serving.parser().parse_args([
+        load = argparse.ArgumentParser()
+        serve.add_arguments(load)
+        ns = load.parse_args([
             "--base-url", f"http://127.0.0.1:{port}", "--num-prompts", str(args.served_requests), "--input-len", "128",
             "--output-len", "64", "--max-concurrency", "8"])
         warm = argparse.Namespace(**{**vars(ns), "num_prompts": 2, "output_len": 4})
-        asyncio.run(bench_serving.run(warm))
-        results, duration = asyncio.run(bench_serving.run(ns))
+        asyncio.run(serve.load(warm))
+        results, duration = asyncio.run(serve.load(ns))
         ok = [r for r in results if r.ok]
         tpots = sorted((r.e2e - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1)
         ttfts = sorted(r.ttft for r in ok)
@@ -189,23 +198,43 @@ def print_table(engines: list[str], results: dict[str, dict], rows: list[str]) -
                 print(f"{e}: {key}: {results[e][key]}")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--engines", nargs="+", default=DEFAULT_ENGINES)
-    ap.add_argument("--rows", nargs="+", default=["single", "offline", "served"],
-                    choices=["single", "offline", "served"])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--requests", type=int, default=64)
-    ap.add_argument("--offline-tokens", type=int, default=32)
-    ap.add_argument("--single-tokens", type=int, default=64)
-    ap.add_argument("--served-requests", type=int, default=48)
-    ap.add_argument("--peer-python", default=os.environ.get("PEER_PYTHON", ".venv-peers/bin/python"),
-                    help="interpreter of the peers' own environment (default: $PEER_PYTHON, else .venv-peers/ "
-                         "beside the checkout, see docs/benchmarks/peers.md)")
-    ap.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "gh200rt-bench-peers"))
-    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per engine")
-    args = ap.parse_args()
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--engines", nargs="+", default=DEFAULT_ENGINES)
+    which.add_argument("--routes", nargs="*", choices=list(peers_routes.ROUTES),
+                       help="instead: single-stream decode of these gh200rt routes (none named: all) next to "
+                            "transformers, in this process")
+    parser.add_argument("--rows", nargs="+", default=["single", "offline", "served"],
+                        choices=["single", "offline", "served"])
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads of every engine (default 2; --routes: torch's choice)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per engine or route (default 2; --routes: 3)")
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--offline-tokens", type=int, default=32)
+    parser.add_argument("--single-tokens", type=int, default=64)
+    parser.add_argument("--served-requests", type=int, default=48)
+    parser.add_argument("--tokens", type=int, default=48, help="--routes: greedy tokens per decode")
+    parser.add_argument("--peer-python", default=os.environ.get("PEER_PYTHON", ".venv-peers/bin/python"),
+                        help="interpreter of the peers' own environment (default: $PEER_PYTHON, else .venv-peers/ "
+                             "beside the checkout, see docs/benchmarks/peers.md)")
+    parser.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "gh200rt-bench-peers"))
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per engine")
+
+
+def run(args) -> int:
+    if args.routes is not None:
+        args.routes = args.routes or list(peers_routes.ROUTES)
+        args.rounds = 3 if args.rounds is None else args.rounds
+        peers_routes.run_routes(args)
+        return 0
+    args.threads = 2 if args.threads is None else args.threads
+    args.rounds = 2 if args.rounds is None else args.rounds
+    run_engines(args)
+    return 0
+
+
+def run_engines(args) -> None:
+    """Every engine of ``--engines`` in its own process (and behind its server), then the table."""
     os.makedirs(args.work_dir, exist_ok=True)
     gguf = smollm2_gguf()
     prompts = random_prompts(args.requests, 80, 150)
@@ -225,7 +254,7 @@ def main() -> None:
             results[engine] = {"skipped": available[engine]}
             continue
         start = time.time()
-        results[engine] = run_worker(engine, spec, python_for(engine, args.peer_python), args.timeout) \
+        results[engine] = run_worker(engine, spec, worker_command(engine, args.peer_python), args.timeout) \
             if spec["rows"] else {}
         if "served" in args.rows:
             got = served(engine, args, gguf, hf, 18700 + i)
@@ -238,7 +267,3 @@ def main() -> None:
         print(f"{e}: first 16 greedy tokens of 4 prompts identical to gh200rt:fp32 for {sum(same)} of {len(same)}")
     print(f"load average {os.getloadavg()[0]:.1f} at end")
     print_table(args.engines, results, args.rows)
-
-
-if __name__ == "__main__":
-    main()

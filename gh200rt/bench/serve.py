@@ -10,8 +10,8 @@ process, and prints the cost of the grammar. --sampling chooses how every reques
 or "sampled", llama.cpp's server defaults (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05) with a repetition
 penalty of 1.1. Exits 1 when any request failed. Examples:
 
-  python scripts/bench_serving.py --base-url http://127.0.0.1:8000 --num-prompts 32 --max-concurrency 4
-  python scripts/bench_serving.py --num-prompts 32 --max-concurrency 8 --compare-structured
+  python -m gh200rt.bench serve --base-url http://127.0.0.1:8000 --num-prompts 32 --max-concurrency 4
+  python -m gh200rt.bench serve --num-prompts 32 --max-concurrency 8 --compare-structured
 """
 from __future__ import annotations
 
@@ -20,11 +20,13 @@ import asyncio
 import json
 import random
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 
 import httpx
+
+from gh200rt.bench.commands import UsageError
+from gh200rt.bench.rounds import alternate
 
 SAMPLING = {"greedy": {"temperature": 0},
             "sampled": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repetition_penalty": 1.1}}
@@ -95,7 +97,9 @@ async def one_request(client: httpx.AsyncClient, args, prompt: list[int]) -> Res
     return result
 
 
-async def run(args) -> tuple[list[Result], float]:
+async def load(args) -> tuple[list[Result], float]:
+    """Every prompt sent as the mode says: (each request's result, the seconds from the first send to the last
+    answer)."""
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     limits = httpx.Limits(max_connections=max(args.max_concurrency or 0, 64))
     async with httpx.AsyncClient(base_url=args.base_url, headers=headers, timeout=args.timeout,
@@ -155,63 +159,57 @@ def report(args, results: list[Result], duration: float) -> int:
     return len(results) - len(ok)
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base-url", default="http://127.0.0.1:8000")
-    ap.add_argument("--model", default=None, help="model name to send; default: the first of /v1/models")
-    ap.add_argument("--api-key", default=None)
-    ap.add_argument("--num-prompts", type=int, default=32)
-    ap.add_argument("--input-len", type=int, default=64, help="random tokens per prompt")
-    ap.add_argument("--output-len", type=int, default=32)
-    ap.add_argument("--dataset", choices=("random", "shared-prefix"), default="random")
-    ap.add_argument("--shared-prefix-len", type=int, default=256)
-    ap.add_argument("--vocab-size", type=int, default=49152, help="range of random token ids")
-    ap.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second")
-    ap.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most")
-    ap.add_argument("--baseline", action="store_true", help="first measure one request alone, as a baseline")
-    ap.add_argument("--structured", choices=("none", "json"), default="none",
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000")
+    parser.add_argument("--model", default=None, help="model name to send; default: the first of /v1/models")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--num-prompts", type=int, default=32)
+    parser.add_argument("--input-len", type=int, default=64, help="random tokens per prompt")
+    parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--dataset", choices=("random", "shared-prefix"), default="random")
+    parser.add_argument("--shared-prefix-len", type=int, default=256)
+    parser.add_argument("--vocab-size", type=int, default=49152, help="range of random token ids")
+    parser.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second")
+    parser.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most")
+    parser.add_argument("--baseline", action="store_true", help="first measure one request alone, as a baseline")
+    parser.add_argument("--structured", choices=("none", "json"), default="none",
                     help="constrain every request to a JSON schema (structured_outputs)")
-    ap.add_argument("--compare-structured", action="store_true",
+    parser.add_argument("--compare-structured", action="store_true",
                     help="run unconstrained, then JSON-constrained, on the same prompts; report the slowdown")
-    ap.add_argument("--rounds", type=int, default=1, help="with --compare-structured: alternated rounds of each")
-    ap.add_argument("--timeout", type=float, default=600.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--sampling", choices=tuple(SAMPLING), default="greedy",
+    parser.add_argument("--rounds", type=int, default=1, help="with --compare-structured: alternated rounds of each")
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sampling", choices=tuple(SAMPLING), default="greedy",
                     help="greedy, or llama.cpp's sampling defaults with a repetition penalty of 1.1")
-    return ap
 
 
-def main() -> int:
-    ap = parser()
-    args = ap.parse_args()
+def run(args) -> int:
     if args.num_prompts < 1 or args.input_len < 1 or args.output_len < 1:
-        ap.error("--num-prompts, --input-len and --output-len must be at least 1")
+        raise UsageError("--num-prompts, --input-len and --output-len must be at least 1")
     args.single_stream_tps = 0.0
     if args.baseline:
         solo = argparse.Namespace(**{**vars(args), "num_prompts": 1, "max_concurrency": 1, "dataset": "random",
                                      "request_rate": float("inf")})
-        results, duration = asyncio.run(run(solo))
+        results, duration = asyncio.run(load(solo))
         args.model = solo.model
         args.single_stream_tps = sum(r.output_tokens for r in results if r.ok) / duration
     if not args.compare_structured:
-        results, duration = asyncio.run(run(args))
+        results, duration = asyncio.run(load(args))
         return 1 if report(args, results, duration) else 0
     warm = argparse.Namespace(**{**vars(args), "num_prompts": min(4, args.num_prompts), "structured": "json"})
-    asyncio.run(run(warm))                         # first-request costs (allocation, lazy set-up) hit neither side
-    rates: dict[str, list[float]] = {"none": [], "json": []}
-    failed = 0
-    for _ in range(args.rounds):                   # alternated, so load drifting over time hits both alike
-        for structured in ("none", "json"):
+    asyncio.run(load(warm))                        # first-request costs (allocation, lazy set-up) hit neither side
+
+    def constrained(structured: str):
+        def measure(_round: int) -> tuple[float, int]:
             args.structured = structured
-            results, duration = asyncio.run(run(args))
-            failed += report(args, results, duration)
-            rates[structured].append(sum(r.output_tokens for r in results if r.ok) / duration)
+            results, duration = asyncio.run(load(args))
+            failed = report(args, results, duration)
             print()
-    none, json_ = statistics.mean(rates["none"]), statistics.mean(rates["json"])
+            return sum(r.output_tokens for r in results if r.ok) / duration, failed
+        return measure
+    rounds = alternate({"none": constrained("none"), "json": constrained("json")}, args.rounds)
+    failed = sum(f for runs in rounds.values() for _, f in runs)
+    none, json_ = (statistics.mean(rate for rate, _ in rounds[s]) for s in ("none", "json"))
     print(f"constrained vs unconstrained output tokens/s over {args.rounds} alternated round(s): {json_:.1f} vs "
           f"{none:.1f} ({100 * (1 - json_ / none):+.1f}% slower with the JSON grammar)")
     return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""The soak's mixed load (scripts/soak.py): one client loop that sends, in an order drawn from its seed,
+"""The soak's mixed load (``stress``): one client loop that sends, in an order drawn from its seed,
 each kind of request users send, and tallies how each ended.
 
 Kinds: a plain completion or chat; a streamed one (usage last, one finish_reason, ``[DONE]``); an
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from scripts.serve_smoke import SCHEMA
+from gh200rt.bench.server import SCHEMA
 
 PROMPTS = ["The quick brown fox", "Write a short poem about the sea.", "List three prime numbers:",
            "Explain what a KV cache is.", "Once upon a time", "The capital of France is", "def fibonacci(n):",
