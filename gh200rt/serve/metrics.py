@@ -3,7 +3,7 @@
 Counters and histograms are updated from the asyncio loop (request side); engine gauges come
 from the latest ``EngineStats`` snapshot the engine thread publishes, so /metrics never touches
 the single-threaded engine itself. The server's own gauges (admission, event-loop tasks, resident
-memory) are what a soak test watches for leaks (``scripts/soak.py``).
+memory) are what a soak test watches for leaks (``python -m gh200rt.bench stress``).
 """
 from __future__ import annotations
 

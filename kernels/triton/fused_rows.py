@@ -11,7 +11,7 @@ themselves (half the shared-memory reads and registers; the benchmark times both
 residual add takes the product rounded to x's dtype, so each launch computes what the op-by-op kernels compute up
 to float32 summation order: the RMS of a row is summed across K tiles here, in one pass in kernels/triton/rmsnorm.py.
 
-``ROWS_TILE`` is a first choice, not a measured one: ``scripts/bench_gpu_skinny.py --fused`` times it against
+``ROWS_TILE`` is a first choice, not a measured one: ``python -m gh200rt.bench kernel skinny --fused`` times it against
 cuBLAS and other tiles (docs/BENCHMARKS.md). On an H100 at eight rows the tiled kernel without a K split ran at
 cuBLAS's speed on qkv (0.56 of HBM) and 0.64 against 0.70 on down with 32-channel tiles (half the SMs' worth of
 programs there: 16-channel tiles double them).
@@ -32,7 +32,7 @@ ROWS_TILE = dict(BLOCK_N=16, BLOCK_K=256, num_warps=4, DOT_16BIT=False)
 # the widest K tile of each M tile that compiles for sm_90 without spills at 4 warps (scripts/check_kernels.py:
 # 32 or 64 rows x 256 columns spill)
 WIDEST_K_TILE = {16: 256, 32: 128, 64: 128}
-# (BLOCK_N, BLOCK_K, num_warps, DOT_16BIT) per M tile that scripts/bench_gpu_skinny.py --fused times: each compiles
+# (BLOCK_N, BLOCK_K, num_warps, DOT_16BIT) per M tile that python -m gh200rt.bench kernel skinny --fused times: each compiles
 # without spills for a decode layer's three fusions (wider K tiles than WIDEST_K_TILE take 8 warps)
 SWEEP_TILES = {
     16: [(16, 256, 4, False), (16, 256, 4, True), (32, 256, 4, False), (32, 256, 4, True), (16, 128, 4, False),

@@ -10,7 +10,7 @@ decode sizes (10-100 us per product) is a real share of the time. Quantized code
 spanning K) scale the reduced sum instead. Every load is upcast to float32 before arithmetic (the interpreter
 gets bf16 math wrong; fp32 accumulation is what we want on the GPU anyway).
 
-``scripts/bench_gpu_gemv.py`` times it against cuBLAS (resident) and ``host_gemm`` (host memory) per tile shape;
+``python -m gh200rt.bench kernel gemv`` times it against cuBLAS (resident) and ``host_gemm`` (host memory) per tile shape;
 ``GEMV_TILE`` is the shape that measured best on an H100 (docs/BENCHMARKS.md).
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from gh200rt.kernels.triton.pdl import allow_next, pdl_launch, wait_for_previous
 from gh200rt.kernels.triton.weight_operands import FMT_DENSE, FMT_INT4, FMT_SCALED, reference_host_gemm, weight_operands
 
 NUM_WARPS = 4
-# (BLOCK_N, BLOCK_K in codes). On an H100 (scripts/bench_gpu_gemv.py, docs/BENCHMARKS.md) this tile was the
+# (BLOCK_N, BLOCK_K in codes). On an H100 (python -m gh200rt.bench kernel gemv, docs/BENCHMARKS.md) this tile was the
 # fastest or within noise of it for every format and Llama-3-8B product, in HBM and in host memory.
 GEMV_TILE = (8, 512)
 PROLOGUE_NONE, PROLOGUE_RMS_NORM, PROLOGUE_SILU_MUL = 0, 1, 2   # gemv_kernel's PROLOGUE

@@ -158,7 +158,7 @@ def tile_config(m: int, weight_bits: int = 16, group_size: int | None = None) ->
     else:
         # K tiles of FEW_ROW_K_BYTES of each weight row, N tiles of 32 rows for 4-bit codes: on an H100 at M = 8
         # int4 g32 from host memory ran at 0.36-0.38 of the link with 64x64 tiles (32 bytes of a row per step)
-        # and 0.72-0.89 with 32x256 (scripts/bench_gpu_skinny.py, docs/gpu-runs/h100-2026-11-26b). The x tile
+        # and 0.72-0.89 with 32x256 (python -m gh200rt.bench kernel skinny, docs/gpu-runs/h100-2026-11-26b). The x tile
         # stays within MAX_X_TILE elements: 64 float32 rows x 256 over three stages outgrow shared memory.
         use_dot, block_m = True, min(64, max(16, triton.next_power_of_2(m)))
         block_n = 64 if weight_bits >= 8 else 32

@@ -17,7 +17,7 @@ multiplies the programs up to that target, but never cuts the longest context th
 into shares under ``MIN_PARTITION_TOKENS``: a shorter share would spend more on its partial's write
 and combine than its parallelism saves. Batch 64 x 8 KV heads already fills the target, so it keeps
 one split and pays no combine. This is a first guess to be tuned by measurement
-(scripts/bench_gpu_attention.py).
+(python -m gh200rt.bench kernel gpu-attention).
 """
 from __future__ import annotations
 

@@ -5,21 +5,15 @@ the full text; we allow 1% and require 95% top-1 agreement, loose enough for oth
 rounding, tight enough that a wrong scale, group or channel order (which costs tens of percent)
 fails. Loads the real model with gh200rt's loader (~30 s) and scores the first 256 tokens.
 """
-import importlib.util
-import os
-
 import pytest
 import torch
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "eval_quant.py")
+from gh200rt.bench import quant_accuracy
 
 
 @pytest.fixture(scope="module")
 def eval_quant():
-    spec = importlib.util.spec_from_file_location("eval_quant", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return quant_accuracy
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """Each fast CPU route stays within a bound of the exact float32 route on SmolLM2 (first 128 eval tokens).
 
-Bounds, against what scripts/eval_cpu_routes.py measured on the full 757-token text and on these
+Bounds, against what `python -m gh200rt.bench accuracy --routes` measured on the full 757-token text and on these
 128 tokens (docs/BENCHMARKS.md):
 - the route's greedy choice may differ from fp32's only at near-ties: the fp32 logit of the token
   the route picks is at most 0.5 below fp32's best (measured worst: 0.095). A layout or scale bug
@@ -14,34 +14,28 @@ Bounds, against what scripts/eval_cpu_routes.py measured on the full 757-token t
 - gguf-rows (one sequence decoding on the fp16+gguf form: the GGUF blocks' exact weights, activations
   rounded to int16 per 32 columns) measures 0.0009 (fp16's weight rounding: 0.0037): bound 0.005.
 - gguf-rows-bf16 (the same on the bf16 route's onednn-bf16+gguf form: bf16 activations) keeps bf16's bounds.
-int4-bf16 (measured in the script, within the bf16 bounds) is left out to keep the suite short.
+int4-bf16 (measured by `accuracy --routes`, within the bf16 bounds) is left out to keep the suite short.
 """
-import importlib.util
-import os
-
 import pytest
 
 from gh200rt.backends.cpu.native import load_native_ops, native_ops_error
 from gh200rt.backends.cpu.routes import route_for
+from gh200rt.bench import quant_accuracy, route_accuracy
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "eval_cpu_routes.py")
 MEAN_LOGIT_ERR = {"bf16": 0.25, "fp16": 0.02, "int8-bf16": 0.5, "gguf-rows": 0.005, "gguf-rows-bf16": 0.25}
 PPL_CHANGE = {"bf16": 0.02, "fp16": 0.02, "int8-bf16": 0.03, "gguf-rows": 0.02, "gguf-rows-bf16": 0.02}
 
 
 @pytest.fixture(scope="module")
 def routes():
-    spec = importlib.util.spec_from_file_location("eval_cpu_routes", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    reference = module.eval_quant.load_reference()
-    ids = module.eval_quant.text_ids(reference, max_tokens=128)
-    ref_logits, ref_ppl = module.eval_quant.score(reference, ids)
+    reference = quant_accuracy.load_reference()
+    ids = quant_accuracy.text_ids(reference, max_tokens=128)
+    ref_logits, ref_ppl = quant_accuracy.score(reference, ids)
     del reference
 
     def measure(route):
-        logits, ppl = module.eval_quant.score(module.route_model(route), ids)
-        return module.compare(ref_logits, ref_ppl, logits, ppl)
+        logits, ppl = quant_accuracy.score(route_accuracy.route_model(route), ids)
+        return route_accuracy.compare(ref_logits, ref_ppl, logits, ppl)
     return measure
 
 

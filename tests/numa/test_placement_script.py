@@ -7,7 +7,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, "scripts/numa_placement.py", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "gh200rt.bench", "bandwidth", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
 
 
@@ -37,7 +37,7 @@ def test_bad_repeats_is_a_usage_error(tmp_path):
 
 def test_without_matplotlib_the_measurements_are_kept(tmp_path):
     from tests.blocked_imports import run_without
-    proc = run_without({"matplotlib"}, "scripts/numa_placement.py", "--sizes-mib", "1", "--repeats", "1",
+    proc = run_without({"matplotlib"}, "gh200rt.bench", "bandwidth", "--sizes-mib", "1", "--repeats", "1",
                        "--readers", "cpu-threads", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "no plot: No module named 'matplotlib'" in proc.stdout

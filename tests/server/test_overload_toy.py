@@ -4,7 +4,8 @@ sequences are preempted). Every request gets a complete answer or a clean 503 wi
 before any stream starts; nothing else, nothing lost. Afterwards the server is healthy, holds nothing
 (no admitted sequence, pending request, KV block or extra task) and its RSS is back near its idle size.
 
-The burst and the checks of each answer are scripts/overload.py's (which measures the same against the
+The burst and the checks of each answer are `python -m gh200rt.bench stress --overload`'s (which measures the same
+against the
 default server). The first burst is the warm-up: it brings the server's allocators to their high-water
 mark for 500 connections; idle RSS is taken after it, and the second burst must come back within
 RSS_TOLERANCE of it. A burst arrives before any sequence finished, so its refusals carry the unmeasured
@@ -19,7 +20,7 @@ import pytest
 httpx = pytest.importorskip("httpx")  # the test extra: a bare GPU host need not have it
 psutil = pytest.importorskip("psutil")
 
-from scripts.overload import Answer, burst  # noqa: E402
+from gh200rt.bench.overload import Answer, burst  # noqa: E402
 from tests.server.conftest import TOY_ARGS  # noqa: E402
 from tests.server.helpers import ServerProcess, metric_in, settled_metrics  # noqa: E402
 

@@ -1,6 +1,6 @@
 """scripts/serve_smoke.py, the validation kit's serve step: it starts `python -m gh200rt.serve` outside the
-checkout, sends sampled, streamed, structured and n=2 requests and a bench_serving run, fails when any
-request fails, and leaves no server behind: not on success, not on failure, not when killed on its cap."""
+checkout, sends sampled, streamed, structured and n=2 requests and a `python -m gh200rt.bench serve` run, fails
+when any request fails, and leaves no server behind: not on success, not on failure, not when killed on its cap."""
 import json
 import os
 import signal
@@ -80,8 +80,8 @@ def test_a_stopped_step_leaves_no_server(byte_llama, how):
         proc.stdout.close()
 
 
-def test_bench_serving_exits_1_when_requests_fail():
-    proc = subprocess.run([PY, "scripts/bench_serving.py", "--base-url", "http://127.0.0.1:9", "--model", "m",
+def test_bench_serve_exits_1_when_requests_fail():
+    proc = subprocess.run([PY, "-m", "gh200rt.bench", "serve", "--base-url", "http://127.0.0.1:9", "--model", "m",
                            "--num-prompts", "2", "--timeout", "5"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120, env={**os.environ, "NO_PROXY": "*"})
     assert proc.returncode == 1 and "(failed: 2)" in proc.stdout

@@ -1,7 +1,7 @@
-"""scripts/soak.py, briefly, so it cannot rot: 10 s of its mixed load against `python -m gh200rt.serve` over the
-byte-level tiny Llama (structured outputs need a real tokenizer) passes with every figure in bounds; 3 s
-against a server that holds only 2 sequences fails, naming the 503s. RSS cannot settle in 10 s (the
-allocators are still growing to their high-water mark), so the smoke run's RSS bound is loose; the real
+"""`python -m gh200rt.bench stress` (the soak), briefly, so it cannot rot: 10 s of its mixed load against
+`python -m gh200rt.serve` over the byte-level tiny Llama (structured outputs need a real tokenizer) passes with every
+figure in bounds; 3 s against a server that holds only 2 sequences fails, naming the 503s. RSS cannot settle in
+10 s (the allocators are still growing to their high-water mark), so the smoke run's RSS bound is loose; the real
 figures come from the 10-minute run (docs/benchmarks/serving.md)."""
 import json
 import subprocess
@@ -23,8 +23,8 @@ def byte_llama(tmp_path_factory):
 
 
 def soak(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "scripts/soak.py", "--sample-interval", "0.5", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=240)
+    return subprocess.run([sys.executable, "-m", "gh200rt.bench", "stress", "--sample-interval", "0.5", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
 
 
 def test_a_short_soak_passes_with_every_figure_in_bounds(byte_llama, tmp_path):

@@ -1,14 +1,14 @@
-"""bench_decode --random-model: a model of an exact published shape with random weights written on the host,
-run through the real engine per placement, with each row's roofline in the JSON."""
+"""`python -m gh200rt.bench latency --random-model`: a model of an exact published shape with random weights
+written on the host, run through the real engine per placement, with each row's roofline in the JSON."""
 import json
 import math
 import subprocess
 import sys
 from pathlib import Path
 
+from gh200rt.bench.random_model import SHAPES, config_of, layer_shapes, write_random_checkpoint
 from gh200rt.loader.load import read_arch
 from gh200rt.models.arch_config import ArchConfig
-from scripts.random_checkpoint import SHAPES, config_of, layer_shapes, write_random_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ def test_written_directory_loads_with_its_shape_and_is_reused(tmp_path):
 
 def test_bench_decode_random_model_writes_rows_with_rooflines(tmp_path):
     out = tmp_path / "decode.json"
-    proc = subprocess.run([sys.executable, "scripts/bench_decode.py", "--random-model", "llama3-tiny",
+    proc = subprocess.run([sys.executable, "-m", "gh200rt.bench", "latency", "--random-model", "llama3-tiny",
                            "--random-model-dir", str(tmp_path / "m"), "--placements", "resident,direct",
                            "--batches", "1", "--tokens", "3", "--json", str(out), "--host-profile", "4",
                            "--kernel-times", "4"], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -51,7 +51,7 @@ def test_bench_decode_moe_counts_the_routed_experts_bytes(tmp_path):
     """An MoE model's experts-* placements: at batch 1 a step touches k=4 of the 16 experts of each layer, so
     the routed experts' bytes per step are a quarter of what streaming whole layers would move."""
     out = tmp_path / "decode.json"
-    proc = subprocess.run([sys.executable, "scripts/bench_decode.py", "--random-model", "qwen3-moe-tiny",
+    proc = subprocess.run([sys.executable, "-m", "gh200rt.bench", "latency", "--random-model", "qwen3-moe-tiny",
                            "--random-model-dir", str(tmp_path / "m"), "--placements",
                            "resident,experts-direct,experts-stream", "--batches", "1", "--tokens", "3",
                            "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -67,7 +67,7 @@ def test_bench_decode_moe_counts_the_routed_experts_bytes(tmp_path):
 
 def test_bench_decode_graphs_times_eager_and_the_bucketed_path_side_by_side(tmp_path):
     out = tmp_path / "graphs.json"
-    proc = subprocess.run([sys.executable, "scripts/bench_decode.py", "--random-model", "llama3-tiny",
+    proc = subprocess.run([sys.executable, "-m", "gh200rt.bench", "latency", "--random-model", "llama3-tiny",
                            "--random-model-dir", str(tmp_path / "m"), "--placements", "resident,stream",
                            "--batches", "1,3", "--tokens", "3", "--dtype", "float32", "--graphs", "--json", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -81,9 +81,9 @@ def test_bench_decode_graphs_times_eager_and_the_bucketed_path_side_by_side(tmp_
 
 def test_warm_up_captures_every_timed_batchs_graph_before_timing(tmp_path):
     """On the CPU the bucketed graph path (--no-enforce-eager) captures lazily exactly as CUDA graphs do."""
+    from gh200rt.bench.decode_rate import decode_rate, warm_up
     from gh200rt.config import EngineConfig
     from gh200rt.engine.engine import LLMEngine
-    from scripts.bench_decode import decode_rate, warm_up
     path = write_random_checkpoint("llama3-tiny", str(tmp_path / "m"))
     engine = LLMEngine.from_config(EngineConfig.from_kwargs(model=path, dtype="float32", max_model_len=64,
                                                             num_kv_blocks=64, enforce_eager=False))
@@ -146,8 +146,8 @@ def test_bench_decode_context_prefills_long_prompts_and_counts_their_kv_in_the_r
     # prompts of 300 tokens at batch 8 (2,400 positions) take more than one step's 2,048-token budget to prefill;
     # the roofline adds the K/V bytes each step reads, so it sits below the short-prompt one of the same run
     out_long, out_short = tmp_path / "long.json", tmp_path / "short.json"
-    common = [sys.executable, "scripts/bench_decode.py", "--random-model", "llama3-tiny", "--random-model-dir",
-              str(tmp_path / "m"), "--placements", "resident", "--batches", "8", "--tokens", "4"]
+    common = [sys.executable, "-m", "gh200rt.bench", "latency", "--random-model", "llama3-tiny",
+              "--random-model-dir", str(tmp_path / "m"), "--placements", "resident", "--batches", "8", "--tokens", "4"]
     for extra, out in ((["--context", "300"], out_long), ([], out_short)):
         proc = subprocess.run(common + extra + ["--json", str(out)], cwd=ROOT, capture_output=True, text=True,
                               timeout=300)

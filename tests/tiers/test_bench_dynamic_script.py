@@ -1,4 +1,4 @@
-"""scripts/bench_dynamic.py on a random checkpoint of a published shape (the validation kit runs it on the
+"""`python -m gh200rt.bench tiers` on a random checkpoint of a published shape (the validation kit runs it on the
 Llama-3-8B shape with CUDA graphs): each engine's row counts its tier moves and graph captures, and
 --require-moves fails a trace that moved nothing."""
 import json
@@ -12,7 +12,7 @@ SHORT = ["--engines", "dynamic", "--quiet-seconds", "1", "--burst-requests", "6"
 
 
 def run(tmp_path, *extra):
-    return subprocess.run([sys.executable, "scripts/bench_dynamic.py", "--random-model", "llama3-tiny",
+    return subprocess.run([sys.executable, "-m", "gh200rt.bench", "tiers", "--random-model", "llama3-tiny",
                            "--random-model-dir", str(tmp_path / "m"), *SHORT, *extra], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
 

@@ -1,5 +1,5 @@
 """A measured profile (--profile-file): written from a bandwidth report by the functions the validation kit's
-bandwidth step runs (scripts/numa_placement.py --profile-out), read back by the planner, whose figures and
+bandwidth step runs (python -m gh200rt.bench bandwidth --profile-out), read back by the planner, whose figures and
 Plan.explain() then follow it; a bad file is a clear error naming the file."""
 import json
 import os
@@ -20,7 +20,7 @@ from gh200rt.serve.args import parse_args
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = "tests/fixtures/llama31_70b"
-# numa_placement.py's JSON as an H100 host writes it (GPU readers, three sizes, two placements)
+# bench bandwidth's JSON as an H100 host writes it (GPU readers, three sizes, two placements)
 REPORT = {"machine": "x86-cuda", "results": [
     {"reader": "gpu-copy-h2d", "placement": "local-bind", "bytes": 64 << 20, "median_gbps": 18.5},
     {"reader": "gpu-copy-h2d", "placement": "local-bind", "bytes": 1 << 30, "median_gbps": 20.04},
@@ -29,7 +29,7 @@ REPORT = {"machine": "x86-cuda", "results": [
 
 
 def written_profile(tmp_path) -> Path:
-    profile = profile_from_bandwidth_report(REPORT, "h100-sxm", "NVIDIA H100 80GB HBM3", "numa_placement.py (test)")
+    profile = profile_from_bandwidth_report(REPORT, "h100-sxm", "NVIDIA H100 80GB HBM3", "bench bandwidth (test)")
     return write_measured_profile(tmp_path / "measured_profile.json", profile)
 
 
@@ -106,9 +106,9 @@ def test_a_bad_profile_file_is_a_usage_error_of_the_server(tmp_path):
 def test_numa_placement_writes_no_profile_without_a_gpu_reader(tmp_path):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
-        pytest.skip("a GPU is present: numa_placement.py measures it and writes the profile")
-    proc = subprocess.run([sys.executable, "scripts/numa_placement.py", "--readers", "cpu-threads", "--sizes-mib", "1",
-                           "--repeats", "1", "--no-plot", "--out", str(tmp_path), "--profile-out",
+        pytest.skip("a GPU is present: bandwidth measures it and writes the profile")
+    proc = subprocess.run([sys.executable, "-m", "gh200rt.bench", "bandwidth", "--readers", "cpu-threads",
+                           "--sizes-mib", "1", "--repeats", "1", "--no-plot", "--out", str(tmp_path), "--profile-out",
                            str(tmp_path / "p.json")], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})  # this checkout's gh200rt, not an install
     assert proc.returncode == 1 and "no profile written" in proc.stderr

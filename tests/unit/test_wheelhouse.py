@@ -12,13 +12,13 @@ from packaging.utils import canonicalize_name
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
-from wheelhouse import (ROOT, Downloader, HostPackages, applies, excluded, host_from_freeze,  # noqa: E402
-                        parse_freeze, platform_args, resolve, root_requirements, target_environment)
+from wheelhouse import (ROOT, Downloader, HostPackages, applies, excluded, host_from_freeze, parse_freeze,  # noqa: E402
+                        platform_args, resolve, root_requirements, target_environment)
 
 SOURCES = ("gh200rt", "numa", "kernels", "scripts", "tests")
 HOST_STACK = {"torch", "triton", "cuda-bindings", "cuda-pathfinder", "pip"}  # the GPU host's own, and pip
-# Other serving engines scripts/bench_peers.py compares against, and kernel libraries a GPU benchmark times beside
-# ours where they are installed (bench_gpu_attention.py: FlashInfer): installed by hand for that comparison, never
+# Other serving engines `python -m gh200rt.bench peers` compares against, and kernel libraries a GPU benchmark times
+# beside ours where they are installed (kernel gpu-attention: FlashInfer): installed by hand for that comparison, never
 # needed by the runtime, the tests or the validation benchmarks.
 PEER_ENGINES = {"vllm", "llama_cpp", "flashinfer"}
 

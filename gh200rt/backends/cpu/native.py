@@ -6,7 +6,8 @@ macOS host. The library is built with ``-march=native`` into ``$GH200RT_CACHE_DI
 under a name that hashes the source, the compiler's version, the flags and this CPU's model and features, so a
 shared home directory never hands one machine's build to another; later processes load it in milliseconds. No
 torch headers are involved, so a build takes about a second. ``SIGNATURES`` gives every C function's ctypes
-argument types.
+argument types. ``build_library(sources, headers)`` builds and loads other sources the same way (a benchmark's
+baseline: another tree's ``kernels/cpu``).
 """
 from __future__ import annotations
 
@@ -87,8 +88,8 @@ def _cpu_identity() -> str:
         return platform.processor() + platform.machine()
 
 
-def _build(cc: str) -> Path:
-    source = b"\0".join(path.read_bytes() for path in SOURCES + HEADERS)
+def _build(cc: str, sources: tuple[Path, ...], headers: tuple[Path, ...]) -> Path:
+    source = b"\0".join(path.read_bytes() for path in sources + headers)
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256(b"\0".join([source, version.encode(), " ".join(FLAGS + OPENMP).encode(),
                                       _cpu_identity().encode()])).hexdigest()[:16]
@@ -99,7 +100,7 @@ def _build(cc: str) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         built = Path(tmp) / target.name
-        command = [cc, *FLAGS, "-o", str(built), *map(str, SOURCES), "-lm"]
+        command = [cc, *FLAGS, "-o", str(built), *map(str, sources), "-lm"]
         done = subprocess.run(command[:1] + list(OPENMP) + command[1:], capture_output=True, text=True, timeout=300)
         if done.returncode != 0:  # a compiler without OpenMP: the quantized linears run on one thread
             done = subprocess.run(command, capture_output=True, text=True, timeout=300)
@@ -110,17 +111,24 @@ def _build(cc: str) -> Path:
     return target
 
 
-def _load() -> "NativeOps":
+def build_library(sources: tuple[Path, ...], headers: tuple[Path, ...]) -> "NativeOps":
+    """The library built from ``sources`` (``headers`` join its cache key), loaded: this tree's ``SOURCES`` and
+    ``HEADERS``, or another tree's ``kernels/cpu`` to time against. Raises NativeOpsError (or OSError) saying why
+    not."""
     if platform.system() not in ("Linux", "Darwin"):
         raise NativeOpsError(f"native CPU ops are built on Linux and macOS only, not {platform.system()}")
     cc = _compiler()
     if cc is None:
         raise NativeOpsError("no C compiler found (set $CC or install gcc/clang)")
-    library = ctypes.CDLL(str(_build(cc)))
+    library = ctypes.CDLL(str(_build(cc, sources, headers)))
     for name, argtypes in SIGNATURES.items():
         getattr(library, name).argtypes = argtypes
         getattr(library, name).restype = RESTYPES.get(name)
     return NativeOps(library)
+
+
+def _load() -> "NativeOps":
+    return build_library(SOURCES, HEADERS)
 
 
 @functools.lru_cache(maxsize=1)

@@ -148,8 +148,8 @@ def fbgemm_form(weight):
     if "fbgemm" in weight.derived:
         return weight.derived["fbgemm"]
     n = weight.shape[0]
-    # The route (a comparison point for scripts/bench_quant_cpu.py and eval_quant.py; no engine flag selects
-    # it) needs torch's quantized tensors, which torch has deprecated: quiet the warning per call, and say
+    # The route (a comparison point for the benchmarks `kernel quant-cpu` and `accuracy --formats`; no engine flag
+    # selects it) needs torch's quantized tensors, which torch has deprecated: quiet the warning per call, and say
     # what to use once they are gone.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*deprecated")
