@@ -392,22 +392,21 @@ def test_build_without_a_compiler_says_why(monkeypatch):
 
 def test_build_is_cached_per_source_and_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("GH200RT_CACHE_DIR", str(tmp_path))
-    cc = native._compiler()
-    first = native._build(cc)
+    cc, sources = native._compiler(), (native.SOURCES, native.HEADERS)
+    first = native._build(cc, *sources)
     assert first.parent == tmp_path / "native" and first.exists()
     stamp = first.stat().st_mtime_ns
-    assert native._build(cc) == first and first.stat().st_mtime_ns == stamp  # loaded, not rebuilt
+    assert native._build(cc, *sources) == first and first.stat().st_mtime_ns == stamp  # loaded, not rebuilt
     monkeypatch.setattr(native, "_cpu_identity", lambda: "another machine")
-    assert native._build(cc) != first
+    assert native._build(cc, *sources) != first
 
 
 def test_a_broken_source_reports_the_compiler_error(tmp_path, monkeypatch):
     broken = tmp_path / "layer_ops.c"
     broken.write_text("void gh_rms_norm( {\n")
-    monkeypatch.setattr(native, "SOURCES", (broken,) + native.SOURCES[1:])
     monkeypatch.setenv("GH200RT_CACHE_DIR", str(tmp_path / "cache"))
     with pytest.raises(NativeOpsError, match="failed to build layer_ops.c"):
-        native._build(native._compiler())
+        native.build_library((broken,) + native.SOURCES[1:], native.HEADERS)
 
 
 # ---- the native quantized linear (kernels/cpu/quant_linear.c) --------------------------------------------
