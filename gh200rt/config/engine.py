@@ -27,6 +27,9 @@ class EngineConfig:
         if self.lora.enable_lora and self.graphs.enforce_eager is False:
             raise ValueError("--enable-lora runs every step eagerly (decode graphs do not hold the per-token adapter "
                              "inputs yet): drop --no-enforce-eager")
+        if self.cache.kv_offloading_size is not None and self.parallel.tensor_parallel_size > 1:
+            raise ValueError("--kv-offloading-size with --tensor-parallel-size > 1 is not supported yet (each rank "
+                             "would keep its own heads' share of every block): drop one of the two")
 
     @property
     def max_graph_batch(self) -> int:

@@ -21,6 +21,7 @@ from gh200rt.config import EngineConfig
 from gh200rt.engine.bootstrap import DTYPE_NAMES, PlacedModel, load_and_place, max_model_len, size_kv_pool
 from gh200rt.engine.decode_graphs import decode_graphs, reserve_graph_pool
 from gh200rt.engine.expert_balancer import ExpertBalancer
+from gh200rt.engine.host_kv_tier import make_host_tier
 from gh200rt.engine.model_runner import ModelRunner
 from gh200rt.engine.reports import EngineReports
 from gh200rt.engine.request_intake import RequestIntake
@@ -31,7 +32,7 @@ from gh200rt.engine.step_cost import StepCostModel
 from gh200rt.engine.stepping import EngineSteps, LaunchedStep
 from gh200rt.engine.tier_controller import PressurePolicy, TierController
 from gh200rt.kv.fp8 import check_device_supports, kv_cache_dtype
-from gh200rt.kv.kv_manager import KVCacheManager
+from gh200rt.kv.kv_manager import HASH_FNS, KVCacheManager
 from gh200rt.kv.pool import allocate_kv_caches, kv_bytes_per_block
 from gh200rt.lora.install import install_lora, lora_slot_bytes
 from gh200rt.memory.ledger import DeviceMemoryLedger, ledger_capacity
@@ -92,6 +93,7 @@ class LLMEngine(RequestIntake, EngineReports, EngineSteps):
         on_cpu = torch.device(device).type == "cpu"
         # a CPU decode step computes with other kernels than a prefill unless batch-invariant (engine/invariance.py)
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching,
+                                 hash_fn=HASH_FNS[config.cache.prefix_caching_hash_algo],
                                  pool=arena.pool if arena else None,
                                  publish_decoded_blocks=config.model.batch_invariant or not on_cpu)
         self.lora = install_lora(model, arch, config.lora, dtype, device, self.ledger, getattr(model, "shard", None)) \
@@ -101,6 +103,10 @@ class LLMEngine(RequestIntake, EngineReports, EngineSteps):
         caches = arena.kv_caches() if arena else \
             allocate_kv_caches(arch.num_layers, num_blocks, bs, arch.num_kv_heads, arch.head_dim, kv_dtype, device)
         self.graphs = decode_graphs(model, caches, config, self.max_model_len, device, self.store, self.ledger)
+        self.host_tier = make_host_tier(config, caches, device,
+                                        self.platform.host_numa_node if self.platform is not None else None)
+        if self.host_tier is not None:
+            self.kv.attach_host_tier(self.host_tier, config.cache.kv_offloading_write_policy)
         self.parallel = parallel
         if parallel is None:
             make_runner = ModelRunner
@@ -171,6 +177,8 @@ class LLMEngine(RequestIntake, EngineReports, EngineSteps):
             self.graphs.close()
         if self.store is not None:
             self.store.close()
+        if self.host_tier is not None:
+            self.host_tier.close()
 
     def check_health(self) -> None:
         """Raise ``EngineDeadError`` where the engine cannot step any more (a tensor-parallel worker died or failed,

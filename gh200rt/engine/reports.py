@@ -70,4 +70,5 @@ class EngineReports:
                            self.iteration_tokens.snapshot(),
                            self.config.lora.max_loras if self.lora is not None else None,
                            adapter_names(self.scheduler.running), adapter_names(self.scheduler.waiting),
-                           self.steps_launched_ahead, self.rows_discarded)
+                           self.steps_launched_ahead, self.rows_discarded,
+                           self.host_tier.report() if self.host_tier is not None else None)

@@ -38,6 +38,7 @@ class EngineStats:
     waiting_lora_adapters: tuple[str, ...] = ()   # adapters of the waiting requests, each once, in queue order
     steps_launched_ahead: int = 0    # --async-scheduling: steps launched before the previous step's tokens reached the host
     rows_discarded: int = 0          # rows of those steps whose sequence had stopped in the step before
+    kv_host: object = None           # the host KV tier's kv.offload.HostTierReport, None with the tier off
 
 
 def adapter_names(seqs) -> tuple[str, ...]:

@@ -76,7 +76,11 @@ class EngineSteps:
         # what a running request waits per token; a graph capture is one-off (after a tier move, it
         # must not read as slow steps that call for the next move)
         captured = self.graphs.capture_seconds - capturing if self.graphs is not None else 0.0
-        self._step_seconds += time.perf_counter() - started - captured
+        seconds = time.perf_counter() - started - captured
+        self._step_seconds += seconds
+        if self.host_tier is not None and current.out.scheduled and not self._runs_ahead \
+                and all(item.computes_prompt for item in current.out.scheduled):
+            self.host_tier.observe_prompt_step(seconds, current.out.num_batched_tokens)
         return outputs
 
     def _settle_in_flight(self) -> None:
@@ -94,6 +98,7 @@ class EngineSteps:
             metrics = self.requests[item.seq.group_id].metrics
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
         self.iteration_tokens.observe(out.num_batched_tokens)
+        self.kv.run_host_loads()         # blocks found in the host KV tier reach their device blocks first
         logits = self.runner.run(out) if fed is None else self.runner.run(out, fed)
         self._step_tokens += out.num_batched_tokens
         self._step_rows += len(out.scheduled)

@@ -14,12 +14,17 @@ the pool in LRU order. ``set_reserve(count)`` keeps the ``count`` highest blocks
 promotions go: the streamed layers' runs) for last: the free list is split at that boundary, and
 allocation takes the lower part (LRU) before the reserve (LRU), so under slack the reserve stays
 free and a promotion finds its window; under pressure the KV cache uses it like any other block.
+A block whose bytes a copy to the host KV tier still reads is not reused before the copy ends: allocation asks
+``reuse_guard(block_id, wait)`` (kv/offload.py ``claim``) of every free block it takes, passes over one that is
+busy for the next free block, and waits only when no other is free; a run of weights waits for its blocks.
+``on_free_cached`` hears of every published block whose last reference is dropped (the write-back policy's store).
 Pure Python and hardware-agnostic: ids only, no tensors.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Callable
 
 
 @dataclass
@@ -29,6 +34,7 @@ class KVBlock:
     block_hash: int | None = None
     token_ids: tuple[int, ...] | None = None      # stored to confirm a hash hit exactly
     parent: tuple[int, int] | None = None          # (block_id, epoch) of the block before it in its chain
+    parent_hash: int | None = None                 # that block's hash (None: the chain's root)
     epoch: int = 0                                 # bumped whenever the block gets new contents
 
 
@@ -47,6 +53,8 @@ class BlockPool:
         self.num_evictions = 0
         self._num_cached_free = 0                   # free blocks that still hold a hash (kept O(1) for stats)
         self.runs: dict[int, int] = {}              # start -> length of every run resident weights hold
+        self.reuse_guard: Callable[[int, bool], bool] | None = None
+        self.on_free_cached: Callable[[KVBlock], None] | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -90,15 +98,26 @@ class BlockPool:
     def allocate(self, count: int) -> list[int]:
         if count > self.num_free:
             raise RuntimeError(f"asked for {count} KV blocks, {self.num_free} free")
-        ids = []
-        for _ in range(count):
-            block_id, _ = (self._free if self._free else self._spare).popitem(last=False)
+        ids, busy = [], []
+        while len(ids) < count:
+            if self._free or self._spare:
+                block_id, _ = (self._free if self._free else self._spare).popitem(last=False)
+                if self.reuse_guard is not None and not self.reuse_guard(block_id, False):
+                    busy.append(block_id)            # a copy still reads it: the next free block instead
+                    continue
+            else:                                    # every free block left is being copied: wait for the first
+                block_id = busy.pop(0)
+                self.reuse_guard(block_id, True)
             block = self.blocks[block_id]
             self._num_cached_free -= block.block_hash is not None
             self._evict(block)
             block.ref_count = 1
             block.epoch += 1
             ids.append(block_id)
+        for block_id in reversed(busy):              # back where they were, first in line
+            free = self._list_of(block_id)
+            free[block_id] = None
+            free.move_to_end(block_id, last=False)
         return ids
 
     def _evict(self, block: KVBlock) -> None:
@@ -106,7 +125,7 @@ class BlockPool:
             if self.cached.get(block.block_hash) == block.block_id:
                 del self.cached[block.block_hash]
             self.num_evictions += 1
-        block.block_hash = block.token_ids = block.parent = None
+        block.block_hash = block.token_ids = block.parent = block.parent_hash = None
 
     def touch(self, block_id: int) -> None:
         """Take one more reference (a prefix hit or a fork); revives a free cached block."""
@@ -125,6 +144,8 @@ class BlockPool:
             if block.ref_count == 0:
                 self._list_of(block_id)[block_id] = None
                 self._num_cached_free += block.block_hash is not None
+                if block.block_hash is not None and self.on_free_cached is not None:
+                    self.on_free_cached(block)
 
     @property
     def num_run_blocks(self) -> int:
@@ -150,6 +171,8 @@ class BlockPool:
         assert all(self._is_free(b) for b in range(start, start + count)) and start + count <= self.num_blocks, \
             f"blocks [{start}, {start + count}) are not all free"
         for block_id in range(start, start + count):
+            if self.reuse_guard is not None:
+                self.reuse_guard(block_id, True)    # weights overwrite it: a copy still reading it ends first
             del self._list_of(block_id)[block_id]
             block = self.blocks[block_id]
             self._num_cached_free -= block.block_hash is not None
@@ -170,12 +193,13 @@ class BlockPool:
         self.set_reserve(self._reserve_count)
 
     def register(self, block_id: int, block_hash: int, token_ids: tuple[int, ...],
-                 parent: tuple[int, int] | None) -> bool:
+                 parent: tuple[int, int] | None, parent_hash: int | None = None) -> bool:
         """Publish a full, computed block under its chained hash. False if the hash is taken."""
         block = self.blocks[block_id]
         if block.block_hash is not None or block_hash in self.cached:
             return False
         block.block_hash, block.token_ids, block.parent = block_hash, token_ids, parent
+        block.parent_hash = parent_hash
         self.cached[block_hash] = block_id
         self._num_cached_free += block.ref_count == 0
         return True

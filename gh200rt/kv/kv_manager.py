@@ -10,24 +10,56 @@ base model, mixed with vLLM's per-request ``cache_salt`` string when one is sent
 under one adapter or salt are never found by another. Without ``publish_decoded_blocks`` only blocks of prompt
 positions are published: on the CPU a decode step computes with other kernels than a prefill
 (engine/invariance.py), and a cached block must hold what a prefill of its tokens computes.
+
+With a host KV tier (``offload``: kv/offload.py) published blocks are also copied to host memory, as they are
+published (write-through) or when their last reference goes (write-back), and a lookup that ends in the device pool
+continues there (``find_host_prefix``): the blocks it finds get device blocks like computed ones
+(``adopt_host_prefix``, then ``start_host_loads`` once the request's blocks are allocated), and are copied in before
+the step that reads them (``run_host_loads``). They hold the bytes the device pool held, so a request computes the
+same bits whichever tier its prefix came from.
 """
 from __future__ import annotations
 
 import hashlib
+from array import array
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from gh200rt.kv.block_pool import BlockPool
+
+HashFn = Callable[[int | None, tuple[int, ...]], int]
 
 
 def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
     return hash((parent_hash, token_ids))
 
 
-def chain_root(salt: int) -> tuple[int | None, tuple[int, int] | None]:
+def sha256_chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+    """``chain_hash`` by sha256 (``--prefix-caching-hash-algo sha256``): the same in every process and after a
+    restart, so blocks can be found by another process (64 bits of the digest)."""
+    digest = hashlib.sha256(b"\0" if parent_hash is None else b"\1" + parent_hash.to_bytes(8, "little"))
+    digest.update(array("q", token_ids).tobytes())
+    return int.from_bytes(digest.digest()[:8], "little")
+
+
+HASH_FNS: dict[str, HashFn] = {"builtin": chain_hash, "sha256": sha256_chain_hash}
+
+
+def chain_root(salt: int, hash_fn: HashFn = chain_hash) -> tuple[int | None, tuple[int, int] | None]:
     """(parent hash, parent identity) of a chain's first block: none for salt 0, else a root no block id has, so
-    a lookup confirms the salt exactly, as it confirms tokens and parents."""
-    return (None, None) if not salt else (hash(("salt", salt)), (-1, salt))
+    a lookup confirms the salt exactly, as it confirms tokens and parents (a token id is never negative, so the
+    root's hash is no block's)."""
+    return (None, None) if not salt else (hash_fn(None, (-1, salt >> 32, salt & 0xFFFFFFFF)), (-1, salt))
+
+
+def host_parent(parent_hash: int | None, parent: tuple[int, int] | None) -> tuple[str, int]:
+    """The host tier's key for a block's parent (``host_tier.ParentKey``) from the device pool's: the chain's salt
+    for a first block, else the parent block's hash (the host tier has no device identities)."""
+    if parent is None:
+        return ("salt", 0)
+    if parent[0] == -1:
+        return ("salt", parent[1])
+    return ("hash", parent_hash)
 
 
 def salt_of(adapter_id: int, salt: str | None) -> int:
@@ -41,6 +73,7 @@ def salt_of(adapter_id: int, salt: str | None) -> int:
 
 class HasBlocks(Protocol):
     block_ids: list[int]
+    host_blocks: list              # host-tier blocks adopted and not yet given device blocks (pinned there)
     block_hashes: list[int]        # chained hashes of the request's published full blocks
     num_computed_tokens: int
     prompt_token_ids: list[int]    # read only when decoded blocks are not published
@@ -60,7 +93,7 @@ class PrefixCacheStats:
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 hash_fn: Callable[[int | None, tuple[int, ...]], int] = chain_hash, pool: BlockPool | None = None,
+                 hash_fn: HashFn = chain_hash, pool: BlockPool | None = None,
                  publish_decoded_blocks: bool = True):
         """``pool``: the device arena's pool (some of its blocks may hold weights); else a pool of ``num_blocks``.
         ``publish_decoded_blocks``: publish full blocks that hold generated tokens too (else prompt blocks only)."""
@@ -70,6 +103,22 @@ class KVCacheManager:
         self.publish_decoded_blocks = publish_decoded_blocks
         self.hash_fn = hash_fn
         self.stats = PrefixCacheStats()
+        self.offload = None               # the host KV tier's offloader (attach_host_tier)
+        self._write_through = True
+        self._pending_loads: list = []     # (host block, device block id) to copy before the next step
+
+    def attach_host_tier(self, offload, write_policy: str = "write_through") -> None:
+        """Keep published blocks in ``offload``'s host tier too (``write_through``: as they are published;
+        ``write_back``: when their last reference goes) and look there after the device pool."""
+        self.offload = offload
+        self._write_through = write_policy == "write_through"
+        self.pool.reuse_guard = offload.claim
+        if not self._write_through:
+            self.pool.on_free_cached = self._store_block
+
+    def _store_block(self, block) -> None:
+        self.offload.store(block.block_id, block.block_hash, block.token_ids,
+                           host_parent(block.parent_hash, block.parent))
 
     @property
     def num_free_blocks(self) -> int:
@@ -88,7 +137,7 @@ class KVCacheManager:
         bs = self.block_size
         hits: list[int] = []
         hashes: list[int] = []
-        parent_hash, parent = chain_root(salt)
+        parent_hash, parent = chain_root(salt, self.hash_fn)
         for start in self._reusable_block_starts(len(token_ids)):
             chunk = tuple(token_ids[start:start + bs])
             h = self.hash_fn(parent_hash, chunk)
@@ -110,7 +159,7 @@ class KVCacheManager:
 
     def prefix_hashes(self, token_ids: list[int], salt: int = 0) -> list[int]:
         """The chained hashes of the blocks a prefix hit may cover (``find_cached_prefix``'s keys)."""
-        hashes, parent_hash = [], chain_root(salt)[0]
+        hashes, parent_hash = [], chain_root(salt, self.hash_fn)[0]
         for start in self._reusable_block_starts(len(token_ids)):
             parent_hash = self.hash_fn(parent_hash, tuple(token_ids[start:start + self.block_size]))
             hashes.append(parent_hash)
@@ -168,16 +217,81 @@ class KVCacheManager:
             num_full = min(num_full, len(request.prompt_token_ids) // bs)
         while len(request.block_hashes) < num_full:
             i = len(request.block_hashes)
-            if i:
-                parent_hash, parent = request.block_hashes[-1], self.pool.identity(request.block_ids[i - 1])
-            else:
-                parent_hash, parent = chain_root(getattr(request, "cache_salt", 0))
+            parent_hash, parent = self._parent_of(request, i)
             chunk = tuple(tokens[i * bs:(i + 1) * bs])
             h = self.hash_fn(parent_hash, chunk)
-            self.pool.register(request.block_ids[i], h, chunk, parent)
+            published = self.pool.register(request.block_ids[i], h, chunk, parent, parent_hash)
+            if published and self.offload is not None and self._write_through:
+                self.offload.store(request.block_ids[i], h, chunk, host_parent(parent_hash, parent))
             request.block_hashes.append(h)
 
+    def _parent_of(self, request: HasBlocks, i: int) -> tuple[int | None, tuple[int, int] | None]:
+        """(hash, device identity) of the block before block ``i`` of ``request``'s chain."""
+        if i:
+            return request.block_hashes[i - 1], self.pool.identity(request.block_ids[i - 1])
+        return chain_root(getattr(request, "cache_salt", 0), self.hash_fn)
+
+    # ---- the host tier ---------------------------------------------------------------------------
+    def find_host_prefix(self, request: HasBlocks, hashes: list[int]) -> list:
+        """The host tier's blocks that continue ``request``'s prefix past the device pool's ``hashes`` (its hit),
+        pinned there; none when a load would cost more than the recompute (``KVOffloader.worth_loading``)."""
+        if self.offload is None or not self.enable_prefix_caching:
+            return []
+        tokens, bs = request.all_token_ids, self.block_size
+        starts = self._reusable_block_starts(len(tokens))[len(hashes):]
+        if not starts:
+            return []
+        salt = getattr(request, "cache_salt", 0)
+        parent_hash = hashes[-1] if hashes else chain_root(salt, self.hash_fn)[0]
+        parent = ("hash", parent_hash) if hashes else ("salt", salt)
+        chain = []
+        for start in starts:
+            chunk = tuple(tokens[start:start + bs])
+            parent_hash = self.hash_fn(parent_hash, chunk)
+            chain.append((parent_hash, chunk))
+        stats = self.offload.index.stats
+        stats.queries += 1
+        stats.queried_tokens += len(chain) * bs
+        found = self.offload.index.lookup_chain(chain, parent)
+        if found and not self.offload.worth_loading(bs):
+            self.offload.index.unpin(found)
+            return []
+        if found:
+            stats.hits += 1
+            stats.hit_tokens += len(found) * bs
+        return [(block, h) for block, (h, _) in zip(found, chain)]
+
+    def adopt_host_prefix(self, request: HasBlocks, found: list) -> None:
+        """Count ``find_host_prefix``'s blocks as computed: ``allocate`` gives them device blocks, and
+        ``start_host_loads`` (after it) schedules their copies, or ``free`` lets go of them."""
+        request.host_blocks = list(found)
+        request.num_computed_tokens += len(found) * self.block_size
+
+    def start_host_loads(self, request: HasBlocks) -> None:
+        """Publish the device blocks ``allocate`` gave a request's host-tier blocks, and queue their loads."""
+        found = getattr(request, "host_blocks", None)
+        if not found:
+            return
+        first = len(request.block_hashes)
+        for j, (block, h) in enumerate(found):
+            i = first + j
+            parent_hash, parent = self._parent_of(request, i)
+            self.pool.register(request.block_ids[i], h, block.token_ids, parent, parent_hash)
+            request.block_hashes.append(h)
+            self._pending_loads.append((block, request.block_ids[i]))
+        request.host_blocks = []
+
+    def run_host_loads(self) -> None:
+        """Copy the queued host-tier blocks into their device blocks: before the step that reads them."""
+        if self._pending_loads:
+            pending, self._pending_loads = self._pending_loads, []
+            self.offload.load(pending)
+
     def free(self, request: HasBlocks) -> None:
+        found = getattr(request, "host_blocks", None)
+        if found:                                   # adopted, never given device blocks: let go of them
+            self.offload.index.unpin([block for block, _ in found])
+            request.host_blocks = []
         self.pool.release(request.block_ids[::-1])
         request.block_ids = []
         request.block_hashes = []

@@ -39,6 +39,7 @@ class Sequence:
         self.block_ids: list[int] = []
         self.block_row = None                     # kv.block_row.BlockRow: block_ids as int32 for the step inputs
         self.block_hashes: list[int] = []
+        self.host_blocks: list = []                # host KV tier blocks adopted, waiting for device blocks
         self.num_cached_tokens = 0                # prompt tokens reused from the prefix cache
         self.num_preemptions = 0
         self.share_prompt_from: "Sequence | None" = None

@@ -5,7 +5,8 @@ sequences. Running sequences go first (decodes and unfinished prefill chunks, ol
 then waiting ones in arrival order; a prompt longer than the remaining budget is prefilled in
 chunks over several steps. When the pool has no block for a running sequence, the newest
 running sequence is preempted by recompute: its blocks are freed and it waits at the head of
-the queue to recompute prompt + generated tokens later. No preemption happens in a step that
+the queue to recompute prompt + generated tokens later (what of them the prefix cache or its host tier still holds is
+reused, not recomputed). No preemption happens in a step that
 admits new sequences. Running sequences use at most ``max_loras`` distinct LoRA adapters (``seq.lora_id``,
 0 = none): a waiting sequence of another adapter is passed over, keeping its place, until one frees up.
 Hardware-agnostic: only token counts and block ids.
@@ -115,6 +116,7 @@ class Scheduler:
                 self.kv.free(seq)
                 seq.num_computed_tokens = 0
                 break
+            self.kv.start_host_loads(seq)
             self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)
@@ -150,8 +152,11 @@ class Scheduler:
         block_ids, hashes = self.kv.find_cached_prefix(seq.all_token_ids, seq.cache_salt)
         if block_ids:
             self.kv.adopt_prefix(seq, block_ids, hashes)
-            if not seq.output_token_ids and seq.num_preemptions == 0:
-                seq.num_cached_tokens = seq.num_computed_tokens
+        found = self.kv.find_host_prefix(seq, hashes)     # the host KV tier, where the device pool's hit ends
+        if found:
+            self.kv.adopt_host_prefix(seq, found)
+        if seq.num_computed_tokens and not seq.output_token_ids and seq.num_preemptions == 0:
+            seq.num_cached_tokens = seq.num_computed_tokens
 
     def _preempt(self, seq: Sequence) -> None:
         self.kv.free(seq)

@@ -80,6 +80,38 @@ class ServerMetrics:
         return "\n".join(lines) + "\n"
 
 
+# The host KV tier's series (--kv-offloading-size): name -> (report field, kind, help)
+HOST_TIER_SERIES = {
+    "kv_host_blocks_total": ("blocks_total", "gauge", "Blocks the host KV tier holds room for."),
+    "kv_host_blocks_used": ("blocks_used", "gauge", "Host KV tier blocks holding a stored block."),
+    "kv_host_queries_total": ("queries", "counter", "Lookups that continued in the host KV tier past the device "
+                                                    "pool's hit."),
+    "kv_host_hits_total": ("hits", "counter", "Host KV tier lookups that found at least one block."),
+    "kv_host_queried_tokens_total": ("queried_tokens", "counter", "Prompt tokens looked up in the host KV tier."),
+    "kv_host_hit_tokens_total": ("hit_tokens", "counter", "Prompt tokens loaded from the host KV tier instead of "
+                                                          "recomputed."),
+    "kv_host_stored_blocks_total": ("stored_blocks", "counter", "Blocks copied into the host KV tier."),
+    "kv_host_loaded_blocks_total": ("loaded_blocks", "counter", "Blocks copied back from the host KV tier."),
+    "kv_host_dropped_stores_total": ("dropped_stores", "counter", "Stores dropped: the device block was reused "
+                                                                  "first, or no host block was free."),
+    "kv_host_evicted_blocks_total": ("evicted_blocks", "counter", "Host KV tier blocks evicted (least recently "
+                                                                  "used) for newer ones."),
+    "kv_host_stored_bytes_total": ("stored_bytes", "counter", "Bytes copied into the host KV tier."),
+    "kv_host_loaded_bytes_total": ("loaded_bytes", "counter", "Bytes copied back from the host KV tier."),
+    "kv_host_load_seconds_total": ("load_seconds", "counter", "Seconds steps waited for host KV tier loads."),
+}
+
+
+def host_tier_lines(report) -> list[str]:
+    """The host KV tier's series, none with the tier off."""
+    if report is None:
+        return []
+    lines = []
+    for name, (attr, kind, help_text) in HOST_TIER_SERIES.items():
+        lines += _series(name, kind, help_text, [("", getattr(report, attr))])
+    return lines
+
+
 def _engine_lines(s, num_pending: int) -> list[str]:
     """Gauges and counters from the latest EngineStats snapshot (zeros before the model is loaded)."""
     get = lambda name, default=0: getattr(s, name, default) if s is not None else default  # noqa: E731
@@ -117,6 +149,7 @@ def _engine_lines(s, num_pending: int) -> list[str]:
         lines += _series(name, "gauge", help_text, [("", value)])
     for name, (value, help_text) in counters.items():
         lines += _series(name, "counter", help_text, [("", value)])
+    lines += host_tier_lines(get("kv_host", None))
     tiers = get("layers_per_tier", None) or {}
     lines += _series("weight_layers", "gauge", "Decoder layers per weight tier (resident, streamed, direct).",
                      [(f'{{tier="{t}"}}', tiers.get(t, 0)) for t in (*TIERS, *sorted(set(tiers) - set(TIERS)))])

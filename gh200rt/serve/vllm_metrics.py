@@ -110,6 +110,14 @@ def vllm_lines(m, model_name: str, cache_info: dict | None = None) -> list[str]:
         ("prefix_cache_queries_total", "counter", "Prefix cache lookups.", get("prefix_cache_lookups")),
         ("prefix_cache_hits_total", "counter", "Prefix cache lookups that hit.", get("prefix_cache_hits")),
     ]
+    host = get("kv_host", None)
+    if host is not None:   # the host KV tier is vLLM's external prefix cache (a KV connector's), counted in tokens
+        series += [("external_prefix_cache_queries_total", "counter",
+                    "External prefix cache queries from KV connector cross-instance cache sharing, in terms of "
+                    "number of queried tokens.", host.queried_tokens),
+                   ("external_prefix_cache_hits_total", "counter",
+                    "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number "
+                    "of cached tokens.", host.hit_tokens)]
     lines = []
     for name, kind, help_text, value in series:
         lines += [f"# HELP vllm:{name} {help_text}", f"# TYPE vllm:{name} {kind}", f"vllm:{name}{{{labels}}} {value}"]

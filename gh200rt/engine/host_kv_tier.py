@@ -1,0 +1,81 @@
+"""The host KV tier's size and its offloader, made once at start-up (``--kv-offloading-size``).
+
+The tier takes host memory beside the host weights, which are placed by then: what the process can still get is what
+the kernel reports available (the GPU's NUMA node on a GPU host, the whole machine on the CPU platform), less a
+margin for the process's own growth (activations, a server's buffers). ``auto`` takes half of what is left after
+the margin; a size asked for beyond it is refused with the size that fits. On a GPU host the tier is pinned (the
+copies run asynchronously); on the CPU platform it is plain memory, touched only as blocks are stored.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import torch
+
+from gh200rt.config import EngineConfig
+from gh200rt.kv.offload import KVOffloader, PoolBlocks
+from gh200rt.weights.slabs import node_available_bytes
+
+log = logging.getLogger(__name__)
+
+MARGIN_BYTES = 2 << 30        # host memory left to the process itself
+AUTO_SHARE = 0.5              # of what is left after the margin, what ``auto`` takes
+
+
+def host_available_bytes(numa_node: int | None, meminfo: str = "/proc/meminfo") -> int | None:
+    """Memory the process can still get: ``numa_node``'s (a GPU host: the node nearest the GPU), else the machine's
+    ``MemAvailable``; None when unknown."""
+    if numa_node is not None:
+        found = node_available_bytes(numa_node)
+        if found is not None:
+            return found
+    try:
+        text = Path(meminfo).read_text()
+    except OSError:
+        return None
+    match = re.search(r"^MemAvailable:\s+(\d+) kB", text, re.M)
+    return int(match.group(1)) * 1024 if match else None
+
+
+def host_tier_blocks(config: EngineConfig, block_bytes: int, available: int | None) -> int:
+    """Blocks of ``block_bytes`` the host tier gets (0: off); refuses a size that does not fit, naming one that does."""
+    cache = config.cache
+    if cache.kv_offloading_size is None:
+        return 0
+    room = None if available is None else max(0, available - MARGIN_BYTES)
+    if cache.kv_offloading_auto:
+        if room is None:
+            raise ValueError("--kv-offloading-size auto: this system does not say how much host memory is "
+                             "available; give a size (e.g. --kv-offloading-size 4)")
+        nbytes = int(room * AUTO_SHARE)
+    else:
+        nbytes = cache.kv_offloading_bytes
+        if room is not None and nbytes > room:
+            raise ValueError(f"--kv-offloading-size {cache.kv_offloading_size}: the host KV tier would take "
+                             f"{nbytes / 2**30:.2f} GiB, but host memory has {available / 2**30:.2f} GiB available "
+                             f"after the model's host weights, of which {MARGIN_BYTES / 2**30:.0f} GiB stay with the "
+                             f"process; give at most {room / 2**30:.2f} GiB (--kv-offloading-size "
+                             f"{room / 2**30:.2f}) or auto")
+    blocks = nbytes // block_bytes
+    if blocks < 1:
+        raise ValueError(f"--kv-offloading-size {cache.kv_offloading_size}: {nbytes} bytes hold no KV block of "
+                         f"{block_bytes} bytes (every layer's K and V for --block-size {cache.block_size} tokens); "
+                         f"give at least {block_bytes / 2**20:.2f} MiB")
+    return blocks
+
+
+def make_host_tier(config: EngineConfig, kv_caches: list[torch.Tensor], device: str,
+                   numa_node: int | None = None) -> KVOffloader | None:
+    """The host tier's offloader for these device KV caches, or None with the tier off."""
+    if config.cache.kv_offloading_size is None:
+        return None
+    blocks = PoolBlocks(kv_caches)
+    on_gpu = torch.device(device).type == "cuda"
+    block_bytes = blocks.nbytes_per_block
+    num = host_tier_blocks(config, block_bytes, host_available_bytes(numa_node if on_gpu else None))
+    offload = KVOffloader(blocks, num, pin_memory=on_gpu)
+    log.info("host KV tier: %d blocks of %d tokens (%.2f GiB of host memory%s), %s", num, config.cache.block_size,
+             offload.nbytes / 2**30, ", pinned" if on_gpu else "", config.cache.kv_offloading_write_policy)
+    return offload

@@ -1,0 +1,248 @@
+"""``KVOffloader``: the bytes of the host KV tier, and the copies between it and the device pool.
+
+Stores run on a copy thread of their own, so a step never waits for one: the engine thread queues a store (a block
+and the host slot ``HostBlockIndex.reserve`` gave it) and returns. A device block is never reused while a store reads
+it: the pool asks ``claim`` before it hands a free block out, which drops a store that has not started (the block is
+then simply not in the host tier) and says no for one that is running (the pool takes another free block, or waits
+for the copy when no other is free). On CUDA a store first waits for an event recorded when it was queued, so it
+reads what the step that computed the block wrote, and copies on its own stream into pinned memory.
+
+Loads run on the engine thread before the step that reads their blocks (``load``): on the CPU a copy, on CUDA a
+copy on the current stream (ordered before the step's kernels, outside any captured graph).
+
+A copy that fails (out of memory, a dead thread) is logged once; the tier then stores nothing more, and a request
+whose blocks are not found recomputes them: nothing is lost or corrupted, only the time the tier would save.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from gh200rt.kv.host_tier import HostBlock, HostBlockIndex
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StoreJob:
+    block_id: int
+    slot: int
+    block_hash: int
+    ready: object = None          # torch.cuda.Event recorded when queued (CUDA), else None
+    running: bool = False
+    cancelled: bool = False
+
+
+@dataclass(frozen=True)
+class HostTierReport:
+    """The host KV tier between steps, for /metrics (``EngineStats.kv_host``)."""
+    blocks_total: int
+    blocks_used: int
+    queries: int
+    hits: int
+    queried_tokens: int
+    hit_tokens: int
+    stored_blocks: int
+    loaded_blocks: int
+    dropped_stores: int
+    evicted_blocks: int
+    stored_bytes: int
+    loaded_bytes: int
+    load_seconds: float
+
+
+@dataclass
+class OffloadCounters:
+    stored_bytes: int = 0
+    loaded_bytes: int = 0
+    store_seconds: float = 0.0
+    load_seconds: float = 0.0     # the engine thread's time in loads (what a step waited for them)
+
+
+class PoolBlocks:
+    """Device block ``b``'s K and V of every layer as the host tier copies them: ``[layers, 2, block_size, kv_heads,
+    head_dim]``, one copy per layer (the per-layer caches are strided views, of the device arena or not)."""
+
+    def __init__(self, kv_caches: list[torch.Tensor]):
+        first = kv_caches[0]
+        self.caches = kv_caches
+        self.shape = (len(kv_caches), 2, *first.shape[2:])
+        self.dtype = first.dtype
+        self.device = first.device
+
+    @property
+    def nbytes_per_block(self) -> int:
+        count = 1
+        for size in self.shape:
+            count *= size
+        return count * self.dtype.itemsize
+
+    def read(self, block_id: int, out: torch.Tensor, non_blocking: bool = False) -> None:
+        for layer, cache in enumerate(self.caches):
+            out[layer].copy_(cache[:, block_id], non_blocking=non_blocking)
+
+    def write(self, block_id: int, src: torch.Tensor, non_blocking: bool = False) -> None:
+        for layer, cache in enumerate(self.caches):
+            cache[:, block_id].copy_(src[layer], non_blocking=non_blocking)
+
+
+class KVOffloader:
+    def __init__(self, blocks: PoolBlocks, num_host_blocks: int, pin_memory: bool = False):
+        self.blocks = blocks
+        self.device = blocks.device
+        self.index = HostBlockIndex(num_host_blocks)
+        # pages are touched as blocks are stored (pinned memory is touched when pinned)
+        self.host = torch.empty((num_host_blocks, *blocks.shape), dtype=blocks.dtype, pin_memory=pin_memory)
+        self.block_bytes = self.host[0].nbytes
+        self.counters = OffloadCounters()
+        self.failed: str | None = None
+        # what a block costs to load and a token to recompute, as measured (a load is worth it where it is cheaper)
+        self.load_seconds_per_block = self._time_host_copy()
+        self.recompute_seconds_per_token: float | None = None
+        self._jobs: dict[int, StoreJob] = {}      # device block id -> its store, queued or running
+        self._queue: deque[StoreJob] = deque()
+        self._cond = threading.Condition()
+        self._closing = False
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._thread = threading.Thread(target=self._run, name="gh200rt-kv-store", daemon=True)
+        self._thread.start()
+
+    @property
+    def nbytes(self) -> int:
+        return self.host.nbytes
+
+    def _time_host_copy(self) -> float:
+        """A first estimate of one block's load: a copy of a host block, timed (loads as they run refine it)."""
+        scratch = torch.empty_like(self.host[0])
+        started = time.perf_counter()
+        scratch.copy_(self.host[0])
+        return time.perf_counter() - started
+
+    def worth_loading(self, block_size: int) -> bool:
+        """Whether a block found in the host tier is loaded rather than recomputed: its load (measured) costs less
+        than its ``block_size`` tokens of prompt (measured on the engine's prompt steps; until one is timed, yes).
+        Both grow with the blocks, so the answer holds for a hit of any length."""
+        per_token = self.recompute_seconds_per_token
+        return per_token is None or self.load_seconds_per_block < block_size * per_token
+
+    def observe_prompt_step(self, seconds: float, tokens: int) -> None:
+        """A step that computed ``tokens`` prompt tokens (and nothing else) took ``seconds``."""
+        if tokens > 0:
+            rate = seconds / tokens
+            old = self.recompute_seconds_per_token
+            self.recompute_seconds_per_token = rate if old is None else 0.8 * old + 0.2 * rate
+
+    def report(self) -> HostTierReport:
+        s, c = self.index.stats, self.counters
+        return HostTierReport(self.index.num_blocks, self.index.num_ready, s.queries, s.hits, s.queried_tokens,
+                              s.hit_tokens, s.stored_blocks, s.loaded_blocks, s.dropped_stores, s.evicted_blocks,
+                              c.stored_bytes, c.loaded_bytes, c.load_seconds)
+
+    # ---- stores ---------------------------------------------------------------------------------
+    def store(self, block_id: int, block_hash: int, token_ids: tuple[int, ...], parent) -> None:
+        """Queue a copy of device block ``block_id`` (published as ``block_hash``) into the host tier."""
+        if self.failed is not None:
+            return
+        slot = self.index.reserve(block_hash, token_ids, parent)
+        if slot is None:
+            return
+        ready = None
+        if self._stream is not None:
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.device))
+        job = StoreJob(block_id, slot, block_hash, ready)
+        with self._cond:
+            previous = self._jobs.get(block_id)
+            assert previous is None or previous.running, previous   # a queued store is claimed before reuse
+            self._jobs[block_id] = job
+            self._queue.append(job)
+            self._cond.notify_all()
+
+    def claim(self, block_id: int, wait: bool = False) -> bool:
+        """May device block ``block_id`` be overwritten now? A queued store of it is dropped; a running one makes
+        the answer no (``wait``: wait for it instead)."""
+        with self._cond:
+            job = self._jobs.get(block_id)
+            if job is None:
+                return True
+            if not job.running:
+                job.cancelled = True
+                del self._jobs[block_id]
+            elif not wait:
+                return False
+            else:
+                self._cond.wait_for(lambda: self._jobs.get(block_id) is not job)
+                return True
+        self.index.finish_store(job.block_hash, job.slot, stored=False)
+        return True
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._queue or self._closing)
+                if not self._queue:
+                    return
+                job = self._queue.popleft()
+                if job.cancelled:
+                    continue
+                job.running = True
+            stored = self._copy_out(job)
+            with self._cond:
+                if self._jobs.get(job.block_id) is job:
+                    del self._jobs[job.block_id]
+                self._cond.notify_all()
+            self.index.finish_store(job.block_hash, job.slot, stored)
+
+    def _copy_out(self, job: StoreJob) -> bool:
+        if self.failed is not None:
+            return False
+        started = time.perf_counter()
+        try:
+            if self._stream is None:
+                self.blocks.read(job.block_id, self.host[job.slot])
+            else:
+                with torch.cuda.stream(self._stream):
+                    self._stream.wait_event(job.ready)
+                    self.blocks.read(job.block_id, self.host[job.slot], non_blocking=True)
+                self._stream.synchronize()
+        except Exception as err:     # noqa: BLE001 - any failure degrades the tier to recompute, never the step
+            self.failed = f"{type(err).__name__}: {err}"
+            log.warning("the host KV tier stops storing blocks (requests recompute what it would hold): a copy to "
+                        "host memory failed: %s", self.failed)
+            return False
+        self.counters.store_seconds += time.perf_counter() - started
+        self.counters.stored_bytes += self.block_bytes
+        return True
+
+    def wait_for_stores(self) -> None:
+        """Until every queued store has run (tests, shutdown)."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._queue and not self._jobs)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(timeout=10)
+
+    # ---- loads ----------------------------------------------------------------------------------
+    def load(self, pairs: list[tuple[HostBlock, int]]) -> None:
+        """Copy each host block into its device block (before the step that reads them), and let go of them."""
+        if not pairs:
+            return
+        started = time.perf_counter()
+        try:
+            for block, block_id in pairs:
+                self.blocks.write(block_id, self.host[block.slot], non_blocking=self._stream is not None)
+        finally:
+            self.index.unpin([block for block, _ in pairs])
+        seconds = time.perf_counter() - started
+        self.counters.load_seconds += seconds
+        self.counters.loaded_bytes += len(pairs) * self.block_bytes
+        self.load_seconds_per_block = 0.8 * self.load_seconds_per_block + 0.2 * seconds / len(pairs)
+        self.index.stats.loaded_blocks += len(pairs)

@@ -1,0 +1,96 @@
+"""The host KV tier in the engine: blocks evicted from a small device pool come back from host memory with the bits
+a device hit gives, on every CPU route; preempted requests reuse what the tier kept; an fp8 pool too; and a tier
+that does not fit, or with tensor parallelism, is refused with what to do."""
+import random
+
+import pytest
+
+from gh200rt.config import EngineConfig
+from gh200rt.engine.host_kv_tier import MARGIN_BYTES, host_tier_blocks
+from gh200rt.sampling_params import SamplingParams
+from tests.engine.real_models import SharedModel, assert_same_or_near_tie, save_tiny_llama
+from tests.engine.route_engines import route_llm
+
+
+def conversations(vocab: int, count: int, system: int = 40, seed: int = 0) -> list[list[int]]:
+    """``count`` first turns of 52 tokens, the first ``system`` of them shared."""
+    rng = random.Random(seed)
+    shared = [rng.randrange(3, vocab) for _ in range(system)]
+    return [shared + [rng.randrange(3, vocab) for _ in range(52 - system)] for _ in range(count)]
+
+
+def talk(llm, firsts: list[list[int]], turns: int, max_tokens: int = 4) -> list[tuple]:
+    """Each conversation in turn, ``turns`` times: the next prompt is the last one, its answer and a new message."""
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=1)
+    rng = random.Random(1)
+    prompts, seen = [list(p) for p in firsts], []
+    for _ in range(turns):
+        for i, prompt in enumerate(prompts):
+            out = llm.generate([prompt], params)[0].outputs[0]
+            seen.append((tuple(out.token_ids), tuple(tuple(sorted(d.items())) for d in out.logprobs)))
+            prompts[i] = prompt + list(out.token_ids) + [rng.randrange(3, 100) for _ in range(6)]
+    return seen
+
+
+def test_blocks_back_from_host_memory_give_a_device_hits_bits(cpu_route):
+    firsts = conversations(1000, count=3, system=0)
+    with route_llm(cpu_route, max_model_len=128, num_kv_blocks=64) as llm:
+        want = talk(llm, firsts, turns=2, max_tokens=2)
+        assert llm.engine.stats().prefix_cache_hit_tokens >= 3 * 48     # every second turn hit on the device
+    # 8 blocks hold two conversations: by their second turns the first two conversations' blocks were reused, and
+    # are in host memory
+    with route_llm(cpu_route, max_model_len=128, num_kv_blocks=8, kv_offloading_size="64MiB") as llm:
+        got = talk(llm, firsts, turns=2, max_tokens=2)
+        host = llm.engine.stats().kv_host
+    assert got == want, f"{cpu_route.name}: tokens or logprobs differ with the host KV tier"
+    assert host.hit_tokens >= 2 * 48 and host.loaded_blocks >= 6, host
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return SharedModel(save_tiny_llama(str(tmp_path_factory.mktemp("tiny"))))
+
+
+def test_preempted_requests_come_back_through_the_host_tier(tiny):
+    prompts = conversations(256, count=12)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    want = tiny.llm(num_kv_blocks=128, max_model_len=96).generate(prompts, params)
+    llm = tiny.llm(num_kv_blocks=14, max_model_len=96, kv_offloading_size="16MiB")
+    got = llm.generate(prompts, params)
+    stats = llm.engine.stats()
+    assert stats.num_preemptions > 0, "the small pool did not force a preemption"
+    assert stats.kv_host.hit_tokens > 0 and stats.kv_host.stored_blocks > 0, stats.kv_host
+    assert_same_or_near_tie(want, got, "preempted through the host tier")
+
+
+def test_an_fp8_pool_through_host_memory_keeps_its_bits(tiny):
+    firsts = conversations(256, count=5)
+    want = talk(tiny.llm(num_kv_blocks=64, max_model_len=128, kv_cache_dtype="fp8"), firsts, turns=2)
+    llm = tiny.llm(num_kv_blocks=8, max_model_len=128, kv_cache_dtype="fp8", kv_offloading_size="8MiB",
+                   kv_offloading_write_policy="write_back")
+    assert talk(llm, firsts, turns=2) == want
+    assert llm.engine.stats().kv_host.loaded_blocks > 0
+
+
+def test_a_tier_larger_than_host_memory_is_refused_with_the_size_that_fits():
+    config = EngineConfig.from_kwargs(kv_offloading_size="64")
+    available = MARGIN_BYTES + (10 << 30)
+    with pytest.raises(ValueError, match=r"64: the host KV tier would take 64\.00 GiB, but host memory has 12\.00 "
+                                         r"GiB available .* give at most 10\.00 GiB \(--kv-offloading-size 10\.00\)"):
+        host_tier_blocks(config, 1 << 20, available)
+    assert host_tier_blocks(EngineConfig.from_kwargs(kv_offloading_size="10"), 1 << 20, available) == 10 << 10
+    assert host_tier_blocks(EngineConfig.from_kwargs(kv_offloading_size="auto"), 1 << 20, available) == 5 << 10
+    assert host_tier_blocks(EngineConfig.from_kwargs(), 1 << 20, available) == 0
+    with pytest.raises(ValueError, match="hold no KV block of 1048576 bytes .* give at least 1.00 MiB"):
+        host_tier_blocks(EngineConfig.from_kwargs(kv_offloading_size="512KiB"), 1 << 20, available)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(kv_offloading_size="4", tensor_parallel_size=2), "not supported yet .* drop one of the two"),
+    (dict(kv_offloading_size="4", kv_offloading_backend="lmcache"), "LMCache is not part of gh200rt"),
+    (dict(kv_offloading_size="4", enable_prefix_caching=False), "needs prefix caching"),
+    (dict(kv_offloading_size="lots"), "cannot read 'lots'; give GiB"),
+])
+def test_what_the_tier_cannot_do_is_refused(options, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig.from_kwargs(**options)
