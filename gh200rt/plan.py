@@ -18,6 +18,7 @@ from pathlib import Path
 
 from gh200rt.cli_args import add_dataclass_arguments, dataclass_from_args
 from gh200rt.config import CacheConfig, MemoryConfig, ParallelConfig, SchedulerConfig
+from gh200rt.engine.host_kv_tier import host_available_bytes, host_tier_blocks
 from gh200rt.loader.fp8_checkpoint import fp8_scheme
 from gh200rt.memory.ledger import ledger_capacity
 from gh200rt.models.arch_config import ArchConfig
@@ -78,12 +79,31 @@ def main(argv: list[str] | None = None) -> int:
     kv = args.dtype if cache.kv_cache_dtype == "auto" else cache.kv_cache_dtype
     print(f"weights: resident layers {resident}, offloaded layers {host} in host memory; KV cache {kv}")
     print(plan.explain())
+    if cache.kv_offloading_size is not None:
+        try:
+            print(host_tier_line(cache, sizes, plan, platform.host_numa_node if on_gpu else None))
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     if plan.dynamic:
         print(dynamic_table(plan, args.batch))
         if n > 1:
             print(f"note: with {n} ranks, rank 0 decides each tier move and every rank makes it, into the same "
                   "arena blocks, before the same step")
     return 0
+
+
+def host_tier_line(cache: CacheConfig, sizes, plan: Plan, numa_node: int | None) -> str:
+    """Host memory beside the host weights: what the host KV tier (``--kv-offloading-size``) takes, as the engine
+    would size it now (the weights are not placed yet: what they will take comes off what is available)."""
+    block_bytes = sizes.kv_bytes_per_token * cache.block_size
+    available = host_available_bytes(numa_node)
+    left = None if available is None else max(0, available - plan.host_weight_bytes)
+    blocks = host_tier_blocks(cache, block_bytes, left)
+    return (f"host memory: weights {plan.host_weight_bytes / 2**30:.2f} GiB, KV tier {blocks * block_bytes / 2**30:.2f} "
+            f"GiB ({blocks} blocks of {cache.block_size} tokens: {blocks * cache.block_size} tokens of history"
+            f"{', auto' if cache.kv_offloading_auto else ''}); available now "
+            + (f"{available / 2**30:.2f} GiB" if available is not None else "unknown"))
 
 
 def dynamic_table(plan: Plan, batch: int) -> str:

@@ -15,6 +15,8 @@ COMMANDS = {
                                                       "the served workload on the engine alone)"),
     "serve": Command("gh200rt.bench.serve", "load generator over HTTP (OpenAI /v1/completions): TTFT, TPOT, ITL"),
     "tiers": Command("gh200rt.bench.tiers", "static resident, streamed and dynamic tiers on one bursty trace"),
+    "multi-turn": Command("gh200rt.bench.multi_turn", "conversations that come back, with the host KV tier off and "
+                                                      "on: TTFT of later turns"),
     "peers": Command("gh200rt.bench.peers", "gh200rt against vLLM, llama.cpp and transformers (--routes: every "
                                             "gh200rt route against transformers)"),
     "stress": Command("gh200rt.bench.stress", "a soak of mixed load, then proof the server let go of everything "

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from gh200rt.config import EngineConfig
+from gh200rt.config import CacheConfig, EngineConfig
 from gh200rt.kv.offload import KVOffloader, PoolBlocks
 from gh200rt.weights.slabs import node_available_bytes
 
@@ -39,9 +39,9 @@ def host_available_bytes(numa_node: int | None, meminfo: str = "/proc/meminfo") 
     return int(match.group(1)) * 1024 if match else None
 
 
-def host_tier_blocks(config: EngineConfig, block_bytes: int, available: int | None) -> int:
-    """Blocks of ``block_bytes`` the host tier gets (0: off); refuses a size that does not fit, naming one that does."""
-    cache = config.cache
+def host_tier_blocks(cache: CacheConfig, block_bytes: int, available: int | None) -> int:
+    """Blocks of ``block_bytes`` the host tier gets (0: off); refuses a size that does not fit, naming one that does.
+    ``available``: host memory the process can still get, the host weights already taken from it."""
     if cache.kv_offloading_size is None:
         return 0
     room = None if available is None else max(0, available - MARGIN_BYTES)
@@ -74,7 +74,7 @@ def make_host_tier(config: EngineConfig, kv_caches: list[torch.Tensor], device: 
     blocks = PoolBlocks(kv_caches)
     on_gpu = torch.device(device).type == "cuda"
     block_bytes = blocks.nbytes_per_block
-    num = host_tier_blocks(config, block_bytes, host_available_bytes(numa_node if on_gpu else None))
+    num = host_tier_blocks(config.cache, block_bytes, host_available_bytes(numa_node if on_gpu else None))
     offload = KVOffloader(blocks, num, pin_memory=on_gpu)
     log.info("host KV tier: %d blocks of %d tokens (%.2f GiB of host memory%s), %s", num, config.cache.block_size,
              offload.nbytes / 2**30, ", pinned" if on_gpu else "", config.cache.kv_offloading_write_policy)

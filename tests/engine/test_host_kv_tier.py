@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from gh200rt.config import EngineConfig
+from gh200rt.config import CacheConfig, EngineConfig
 from gh200rt.engine.host_kv_tier import MARGIN_BYTES, host_tier_blocks
 from gh200rt.sampling_params import SamplingParams
 from tests.engine.real_models import SharedModel, assert_same_or_near_tie, save_tiny_llama
@@ -77,12 +77,12 @@ def test_a_tier_larger_than_host_memory_is_refused_with_the_size_that_fits():
     available = MARGIN_BYTES + (10 << 30)
     with pytest.raises(ValueError, match=r"64: the host KV tier would take 64\.00 GiB, but host memory has 12\.00 "
                                          r"GiB available .* give at most 10\.00 GiB \(--kv-offloading-size 10\.00\)"):
-        host_tier_blocks(config, 1 << 20, available)
-    assert host_tier_blocks(EngineConfig.from_kwargs(kv_offloading_size="10"), 1 << 20, available) == 10 << 10
-    assert host_tier_blocks(EngineConfig.from_kwargs(kv_offloading_size="auto"), 1 << 20, available) == 5 << 10
-    assert host_tier_blocks(EngineConfig.from_kwargs(), 1 << 20, available) == 0
+        host_tier_blocks(config.cache, 1 << 20, available)
+    assert host_tier_blocks(CacheConfig(kv_offloading_size="10"), 1 << 20, available) == 10 << 10
+    assert host_tier_blocks(CacheConfig(kv_offloading_size="auto"), 1 << 20, available) == 5 << 10
+    assert host_tier_blocks(CacheConfig(), 1 << 20, available) == 0
     with pytest.raises(ValueError, match="hold no KV block of 1048576 bytes .* give at least 1.00 MiB"):
-        host_tier_blocks(EngineConfig.from_kwargs(kv_offloading_size="512KiB"), 1 << 20, available)
+        host_tier_blocks(CacheConfig(kv_offloading_size="512KiB"), 1 << 20, available)
 
 
 @pytest.mark.parametrize("options, message", [
@@ -94,3 +94,15 @@ def test_a_tier_larger_than_host_memory_is_refused_with_the_size_that_fits():
 def test_what_the_tier_cannot_do_is_refused(options, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig.from_kwargs(**options)
+
+
+def test_the_plan_shows_the_tier_beside_the_host_weights(capsys, monkeypatch):
+    from gh200rt import plan
+    monkeypatch.setattr(plan, "host_available_bytes", lambda node: MARGIN_BYTES + (200 << 30))
+    model = ["--model", "tests/fixtures/llama31_70b_fp8", "--platform", "gh200-96g", "--offload", "stream"]
+    assert plan.main([*model, "--kv-offloading-size", "8"]) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    per_block = 2 * 8 * 128 * 80 * 2 * 16                 # bf16 K+V of 80 layers x 8 KV heads x 128, 16 tokens
+    assert line.startswith("host memory: weights ") and f"KV tier 8.00 GiB ({(8 << 30) // per_block} blocks" in line
+    assert plan.main([*model, "--kv-offloading-size", "1000"]) == 2
+    assert "give at most" in capsys.readouterr().err

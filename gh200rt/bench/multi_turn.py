@@ -1,0 +1,135 @@
+"""``multi-turn``: conversations that come back, with the host KV tier off and on in the same run.
+
+N conversations of T turns over one shared system prompt: each turn's prompt is the last prompt, its answer and a
+new user message, so everything but the new message was computed before. Every turn submits the N conversations'
+next prompts together. The device KV pool holds ``--pool-fraction`` of the conversations' final length (at least
+one conversation), so by its next turn most of a conversation's blocks were reused on the device: without the tier
+its history is recomputed, with it the history is loaded from host memory.
+
+Reports per engine: TTFT p50 / p99 of turn 1 and of later turns (from the turn's submission to each request's
+first token), output tok/s, the tokens the device pool and the host tier supplied, bytes stored and loaded,
+preemptions; and turn >= 2 TTFT p50 without the tier over with it. The same prompts and outputs go to both engines
+(greedy), so they compute the same tokens.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import time
+
+import torch
+
+from gh200rt.bench.models import smollm2_gguf
+from gh200rt.config import EngineConfig
+from gh200rt.engine.engine import LLMEngine
+from gh200rt.sampling_params import SamplingParams
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="model path or alias (default: SmolLM2-135M GGUF)")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--conversations", type=int, default=8)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--system-tokens", type=int, default=512, help="the shared system prompt")
+    parser.add_argument("--user-tokens", type=int, default=128, help="each turn's new message")
+    parser.add_argument("--output-tokens", type=int, default=32)
+    parser.add_argument("--pool-fraction", type=float, default=0.25,
+                        help="the device KV pool holds this share of the conversations' final KV")
+    parser.add_argument("--kv-offloading-size", default="1", help="the host tier, as the engine flag takes it")
+    parser.add_argument("--write-policy", default="write_through", choices=("write_through", "write_back"))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--order", default="off,on", help="the engines in the order they run (e.g. on,off)")
+
+
+def conversation_plan(args) -> tuple[list[list[int]], list[list[list[int]]]]:
+    """The first prompts, and each turn's new user messages per conversation (answers come from the engine)."""
+    rng = random.Random(0)
+    system = [rng.randrange(100, 49000) for _ in range(args.system_tokens)]
+    firsts = [system + [rng.randrange(100, 49000) for _ in range(args.user_tokens)]
+              for _ in range(args.conversations)]
+    messages = [[[rng.randrange(100, 49000) for _ in range(args.user_tokens)] for _ in range(args.conversations)]
+                for _ in range(args.turns - 1)]
+    return firsts, messages
+
+
+def run_turn(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, tag: str):
+    """Submit ``prompts`` together; (TTFT seconds per request, answers, output tokens)."""
+    start = time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"{tag}-{i}", None, params, prompt_token_ids=prompt)
+    ttft: dict[int, float] = {}
+    answers: dict[int, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            i = int(out.request_id.rsplit("-", 1)[1])
+            if i not in ttft and out.outputs[0].token_ids:
+                ttft[i] = time.perf_counter() - start
+            if out.finished:
+                answers[i] = list(out.outputs[0].token_ids)
+    return [ttft[i] for i in range(len(prompts))], [answers[i] for i in range(len(prompts))]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run_engine(args, tier: bool, firsts, messages) -> dict:
+    bs = 16
+    final = args.system_tokens + args.turns * (args.user_tokens + args.output_tokens)
+    per_conversation = -(-final // bs)
+    blocks = max(per_conversation + 1, int(args.pool_fraction * args.conversations * per_conversation))
+    options = dict(model=args.model or smollm2_gguf(), dtype=args.dtype, max_model_len=final + bs,
+                   num_kv_blocks=blocks, max_num_seqs=args.conversations)
+    if tier:
+        options.update(kv_offloading_size=args.kv_offloading_size, kv_offloading_write_policy=args.write_policy)
+    engine = LLMEngine.from_config(EngineConfig.from_kwargs(**options))
+    params = SamplingParams(temperature=0, max_tokens=args.output_tokens, ignore_eos=True)
+    try:
+        run_turn(engine, [firsts[0][:64]], SamplingParams(temperature=0, max_tokens=2), "warm")
+        prompts, ttfts, tokens = [list(p) for p in firsts], [], 0
+        started = time.perf_counter()
+        for turn in range(args.turns):
+            times, answers = run_turn(engine, prompts, params, f"t{turn}")
+            ttfts.append(times)
+            tokens += sum(len(a) for a in answers)
+            if turn + 1 < args.turns:
+                prompts = [p + a + m for p, a, m in zip(prompts, answers, messages[turn])]
+        wall = time.perf_counter() - started
+        stats = engine.stats()
+    finally:
+        engine.close()
+    later = [t for times in ttfts[1:] for t in times]
+    host = stats.kv_host
+    return dict(label="tier on" if tier else "tier off", blocks=blocks, per_conversation=per_conversation,
+                ttft1=(percentile(ttfts[0], 0.5), percentile(ttfts[0], 0.99)),
+                ttft_later=(percentile(later, 0.5), percentile(later, 0.99)) if later else (float("nan"),) * 2,
+                tok_s=tokens / wall, device_hit_tokens=stats.prefix_cache_hit_tokens,
+                host_hit_tokens=host.hit_tokens if host else 0, stored=host.stored_bytes if host else 0,
+                loaded=host.loaded_bytes if host else 0, preemptions=stats.num_preemptions)
+
+
+def run(args) -> int:
+    torch.set_num_threads(args.threads)
+    firsts, messages = conversation_plan(args)
+    results = {}
+    for name in args.order.split(","):
+        if name not in ("off", "on"):
+            raise SystemExit(f"--order: 'off' and 'on', comma-separated; got {args.order!r}")
+        results[name] = run_engine(args, name == "on", firsts, messages)
+    first = next(iter(results.values()))
+    print(f"{args.conversations} conversations x {args.turns} turns: system {args.system_tokens} + "
+          f"{args.user_tokens} per message, {args.output_tokens} out; device pool {first['blocks']} blocks "
+          f"({args.pool_fraction:g} of {args.conversations} x {first['per_conversation']}); dtype {args.dtype}, "
+          f"{args.threads} thread(s), load average {os.getloadavg()[0]:.1f}")
+    print(f"{'engine':<9} {'TTFT t1 p50':>11} {'p99':>7} {'TTFT t2+ p50':>12} {'p99':>7} {'tok/s':>7} "
+          f"{'device hit tok':>14} {'host hit tok':>12} {'MB stored':>9} {'MB loaded':>9} {'preempted':>9}")
+    for r in results.values():
+        print(f"{r['label']:<9} {r['ttft1'][0]:11.3f} {r['ttft1'][1]:7.3f} {r['ttft_later'][0]:12.3f} "
+              f"{r['ttft_later'][1]:7.3f} {r['tok_s']:7.1f} {r['device_hit_tokens']:14d} {r['host_hit_tokens']:12d} "
+              f"{r['stored'] / 1e6:9.1f} {r['loaded'] / 1e6:9.1f} {r['preemptions']:9d}")
+    if "off" in results and "on" in results:
+        print(f"turn >= 2 TTFT p50: {results['off']['ttft_later'][0] / results['on']['ttft_later'][0]:.2f}x lower "
+              f"with the host tier; output tok/s {results['on']['tok_s'] / results['off']['tok_s']:.2f}x")
+    return 0
