@@ -104,7 +104,8 @@ class LLMEngine(RequestIntake, EngineReports, EngineSteps):
             allocate_kv_caches(arch.num_layers, num_blocks, bs, arch.num_kv_heads, arch.head_dim, kv_dtype, device)
         self.graphs = decode_graphs(model, caches, config, self.max_model_len, device, self.store, self.ledger)
         self.host_tier = make_host_tier(config, caches, device,
-                                        self.platform.host_numa_node if self.platform is not None else None)
+                                        self.platform.host_numa_node if self.platform is not None else None,
+                                        arena.blocks() if arena else None)
         if self.host_tier is not None:
             self.kv.attach_host_tier(self.host_tier, config.cache.kv_offloading_write_policy)
         self.parallel = parallel

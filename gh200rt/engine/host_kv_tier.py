@@ -67,11 +67,12 @@ def host_tier_blocks(cache: CacheConfig, block_bytes: int, available: int | None
 
 
 def make_host_tier(config: EngineConfig, kv_caches: list[torch.Tensor], device: str,
-                   numa_node: int | None = None) -> KVOffloader | None:
-    """The host tier's offloader for these device KV caches, or None with the tier off."""
+                   numa_node: int | None = None, block_major: torch.Tensor | None = None) -> KVOffloader | None:
+    """The host tier's offloader for these device KV caches (``block_major``: the device arena's blocks, where the
+    caches are views of it), or None with the tier off."""
     if config.cache.kv_offloading_size is None:
         return None
-    blocks = PoolBlocks(kv_caches)
+    blocks = PoolBlocks(kv_caches, block_major)
     on_gpu = torch.device(device).type == "cuda"
     block_bytes = blocks.nbytes_per_block
     num = host_tier_blocks(config.cache, block_bytes, host_available_bytes(numa_node if on_gpu else None))

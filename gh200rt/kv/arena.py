@@ -39,9 +39,13 @@ class DeviceArena:
     def nbytes(self) -> int:
         return self.buffer.nbytes
 
+    def blocks(self) -> torch.Tensor:
+        """The arena as ``[num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]`` (block-major)."""
+        return self.buffer.view(self.dtype).view(self.shape)
+
     def kv_caches(self) -> list[torch.Tensor]:
         """Layer i's paged KV cache, ``[2, num_blocks, block_size, num_kv_heads, head_dim]``, over the arena."""
-        blocks = self.buffer.view(self.dtype).view(self.shape)
+        blocks = self.blocks()
         return [blocks[:, layer].transpose(0, 1) for layer in range(self.shape[1])]
 
     def blocks_for(self, nbytes: int) -> int:

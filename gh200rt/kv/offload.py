@@ -16,6 +16,7 @@ whose blocks are not found recomputes them: nothing is lost or corrupted, only t
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -26,6 +27,17 @@ import torch
 from gh200rt.kv.host_tier import HostBlock, HostBlockIndex
 
 log = logging.getLogger(__name__)
+
+STORE_BATCH = 64       # stores the copy thread takes at once: one gather and one scatter on the CPU
+
+
+def lower_thread_priority(niceness: int = 10) -> None:
+    """Run the calling thread after the engine's: on the CPU platform the copies share the cores a step computes
+    on, and a step's parallel regions wait for the slowest thread (Linux: a thread has a nice value of its own)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
+    except (AttributeError, OSError):   # not Linux, or not permitted: copies run at the engine's priority
+        pass
 
 
 @dataclass
@@ -65,15 +77,24 @@ class OffloadCounters:
 
 
 class PoolBlocks:
-    """Device block ``b``'s K and V of every layer as the host tier copies them: ``[layers, 2, block_size, kv_heads,
-    head_dim]``, one copy per layer (the per-layer caches are strided views, of the device arena or not)."""
+    """The device pool's blocks as the host tier copies them: block ``b`` is ``[layers, 2, block_size, kv_heads,
+    head_dim]``, every layer's K and V. ``block_major``: the device arena's buffer viewed as ``[blocks, layers, 2,
+    block_size, kv_heads, head_dim]`` (one block is contiguous there), else the per-layer caches are gathered.
 
-    def __init__(self, kv_caches: list[torch.Tensor]):
+    On the CPU a batch of arena blocks moves as rows of bytes through NumPy, on the calling thread alone: torch's
+    ops would start parallel regions of their own from the copy thread, on the cores the step computes on. On a GPU
+    each block is one contiguous copy to or from pinned memory, on the caller's stream."""
+
+    def __init__(self, kv_caches: list[torch.Tensor], block_major: torch.Tensor | None = None):
         first = kv_caches[0]
         self.caches = kv_caches
+        self.block_major = block_major
         self.shape = (len(kv_caches), 2, *first.shape[2:])
         self.dtype = first.dtype
         self.device = first.device
+        self.host: torch.Tensor | None = None
+        self._rows = None          # (device, host) blocks as rows of bytes (NumPy), for the CPU's copies
+        assert block_major is None or tuple(block_major.shape[1:]) == self.shape, (block_major.shape, self.shape)
 
     @property
     def nbytes_per_block(self) -> int:
@@ -82,13 +103,48 @@ class PoolBlocks:
             count *= size
         return count * self.dtype.itemsize
 
-    def read(self, block_id: int, out: torch.Tensor, non_blocking: bool = False) -> None:
-        for layer, cache in enumerate(self.caches):
-            out[layer].copy_(cache[:, block_id], non_blocking=non_blocking)
+    def bind_host(self, host: torch.Tensor) -> None:
+        """The host blocks ``[n, *shape]`` the copies go to and come from."""
+        self.host = host
+        if self.device.type == "cpu" and self.block_major is not None:
+            as_rows = lambda t: t.reshape(t.shape[0], -1).view(torch.uint8).numpy()   # noqa: E731
+            self._rows = (as_rows(self.block_major), as_rows(host))
 
-    def write(self, block_id: int, src: torch.Tensor, non_blocking: bool = False) -> None:
-        for layer, cache in enumerate(self.caches):
-            cache[:, block_id].copy_(src[layer], non_blocking=non_blocking)
+    def read_many(self, block_ids: list[int], slots: list[int], non_blocking: bool = False) -> None:
+        """Host block ``slots[i]`` = device block ``block_ids[i]``."""
+        host = self.host
+        if self._rows is not None:
+            device_rows, host_rows = self._rows
+            host_rows[slots] = device_rows[block_ids]
+        elif self.device.type == "cpu":      # as bytes: torch's index ops on the CPU do not take fp8
+            ids = torch.tensor(block_ids)
+            gathered = torch.stack([cache.view(torch.uint8).index_select(1, ids) for cache in self.caches])
+            host.view(torch.uint8).index_copy_(0, torch.tensor(slots), gathered.permute(2, 0, 1, 3, 4, 5))
+        else:
+            for block_id, slot in zip(block_ids, slots):
+                if self.block_major is not None:
+                    host[slot].copy_(self.block_major[block_id], non_blocking=non_blocking)
+                else:
+                    for layer, cache in enumerate(self.caches):
+                        host[slot, layer].copy_(cache[:, block_id], non_blocking=non_blocking)
+
+    def write_many(self, slots: list[int], block_ids: list[int], non_blocking: bool = False) -> None:
+        """Device block ``block_ids[i]`` = host block ``slots[i]``."""
+        host = self.host
+        if self._rows is not None:
+            device_rows, host_rows = self._rows
+            device_rows[block_ids] = host_rows[slots]
+        elif self.device.type == "cpu":
+            ids, src = torch.tensor(block_ids), host.view(torch.uint8).index_select(0, torch.tensor(slots))
+            for layer, cache in enumerate(self.caches):
+                cache.view(torch.uint8).index_copy_(1, ids, src[:, layer].transpose(0, 1))
+        else:
+            for block_id, slot in zip(block_ids, slots):
+                if self.block_major is not None:
+                    self.block_major[block_id].copy_(host[slot], non_blocking=non_blocking)
+                else:
+                    for layer, cache in enumerate(self.caches):
+                        cache[:, block_id].copy_(host[slot, layer], non_blocking=non_blocking)
 
 
 class KVOffloader:
@@ -98,6 +154,7 @@ class KVOffloader:
         self.index = HostBlockIndex(num_host_blocks)
         # pages are touched as blocks are stored (pinned memory is touched when pinned)
         self.host = torch.empty((num_host_blocks, *blocks.shape), dtype=blocks.dtype, pin_memory=pin_memory)
+        blocks.bind_host(self.host)
         self.block_bytes = self.host[0].nbytes
         self.counters = OffloadCounters()
         self.failed: str | None = None
@@ -118,9 +175,10 @@ class KVOffloader:
 
     def _time_host_copy(self) -> float:
         """A first estimate of one block's load: a copy of a host block, timed (loads as they run refine it)."""
-        scratch = torch.empty_like(self.host[0])
+        host = self.host.view(torch.uint8)
+        scratch = torch.empty_like(host[:1])
         started = time.perf_counter()
-        scratch.copy_(self.host[0])
+        scratch.index_copy_(0, torch.tensor([0]), host.index_select(0, torch.tensor([0])))
         return time.perf_counter() - started
 
     def worth_loading(self, block_size: int) -> bool:
@@ -182,33 +240,42 @@ class KVOffloader:
         return True
 
     def _run(self) -> None:
+        if self._stream is None:
+            lower_thread_priority()
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._queue or self._closing)
                 if not self._queue:
                     return
-                job = self._queue.popleft()
-                if job.cancelled:
-                    continue
-                job.running = True
-            stored = self._copy_out(job)
+                batch = []
+                while self._queue and len(batch) < STORE_BATCH:
+                    job = self._queue.popleft()
+                    if not job.cancelled:
+                        job.running = True
+                        batch.append(job)
+            if not batch:
+                continue
+            stored = self._copy_out(batch)
             with self._cond:
-                if self._jobs.get(job.block_id) is job:
-                    del self._jobs[job.block_id]
+                for job in batch:
+                    if self._jobs.get(job.block_id) is job:
+                        del self._jobs[job.block_id]
                 self._cond.notify_all()
-            self.index.finish_store(job.block_hash, job.slot, stored)
+            for job in batch:
+                self.index.finish_store(job.block_hash, job.slot, stored)
 
-    def _copy_out(self, job: StoreJob) -> bool:
+    def _copy_out(self, batch: list[StoreJob]) -> bool:
         if self.failed is not None:
             return False
         started = time.perf_counter()
+        ids, slots = [job.block_id for job in batch], [job.slot for job in batch]
         try:
             if self._stream is None:
-                self.blocks.read(job.block_id, self.host[job.slot])
+                self.blocks.read_many(ids, slots)
             else:
                 with torch.cuda.stream(self._stream):
-                    self._stream.wait_event(job.ready)
-                    self.blocks.read(job.block_id, self.host[job.slot], non_blocking=True)
+                    self._stream.wait_event(batch[-1].ready)    # recorded last: the steps before it are done too
+                    self.blocks.read_many(ids, slots, non_blocking=True)
                 self._stream.synchronize()
         except Exception as err:     # noqa: BLE001 - any failure degrades the tier to recompute, never the step
             self.failed = f"{type(err).__name__}: {err}"
@@ -216,7 +283,7 @@ class KVOffloader:
                         "host memory failed: %s", self.failed)
             return False
         self.counters.store_seconds += time.perf_counter() - started
-        self.counters.stored_bytes += self.block_bytes
+        self.counters.stored_bytes += len(batch) * self.block_bytes
         return True
 
     def wait_for_stores(self) -> None:
@@ -237,8 +304,8 @@ class KVOffloader:
             return
         started = time.perf_counter()
         try:
-            for block, block_id in pairs:
-                self.blocks.write(block_id, self.host[block.slot], non_blocking=self._stream is not None)
+            self.blocks.write_many([block.slot for block, _ in pairs], [block_id for _, block_id in pairs],
+                                   non_blocking=self._stream is not None)
         finally:
             self.index.unpin([block for block, _ in pairs])
         seconds = time.perf_counter() - started

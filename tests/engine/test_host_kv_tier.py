@@ -47,8 +47,13 @@ def test_blocks_back_from_host_memory_give_a_device_hits_bits(cpu_route):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return SharedModel(save_tiny_llama(str(tmp_path_factory.mktemp("tiny"))))
+def tiny_path(tmp_path_factory):
+    return save_tiny_llama(str(tmp_path_factory.mktemp("tiny")))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_path):
+    return SharedModel(tiny_path)
 
 
 def test_preempted_requests_come_back_through_the_host_tier(tiny):
@@ -106,3 +111,14 @@ def test_the_plan_shows_the_tier_beside_the_host_weights(capsys, monkeypatch):
     assert line.startswith("host memory: weights ") and f"KV tier 8.00 GiB ({(8 << 30) // per_block} blocks" in line
     assert plan.main([*model, "--kv-offloading-size", "1000"]) == 2
     assert "give at most" in capsys.readouterr().err
+
+
+def test_the_multi_turn_benchmark_runs_the_tier_off_and_on(tiny_path, capsys):
+    from gh200rt.bench.__main__ import main
+    assert main(["multi-turn", "--model", tiny_path, "--dtype", "float32", "--conversations", "4", "--turns", "3",
+                 "--system-tokens", "32", "--user-tokens", "16", "--output-tokens", "2"]) == 0
+    out = capsys.readouterr().out
+    off, on = (line.split() for line in out.splitlines() if line.startswith("tier "))
+    assert (off[:2], on[:2]) == (["tier", "off"], ["tier", "on"])
+    assert int(off[-4]) == 0 < int(on[-4])           # host hit tokens: none without the tier, some with it
+    assert "turn >= 2 TTFT p50: " in out

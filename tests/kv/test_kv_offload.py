@@ -20,11 +20,11 @@ class GatedBlocks(PoolBlocks):
         super().__init__(caches)
         self.held, self.running, self.release = set(), threading.Event(), threading.Event()
 
-    def read(self, block_id, out, non_blocking=False):
-        if block_id in self.held:
+    def read_many(self, block_ids, slots, non_blocking=False):
+        if self.held.intersection(block_ids):
             self.running.set()
             assert self.release.wait(10)
-        super().read(block_id, out, non_blocking)
+        super().read_many(block_ids, slots, non_blocking)
 
 
 def caches(num_blocks=6, layers=3):
@@ -58,6 +58,21 @@ def test_a_stored_block_loads_back_bit_for_bit(offload):
     o.load([(block, 5)])
     assert all(torch.equal(c[:, 5], w) for c, w in zip(kv, want))
     assert block.pins == 0 and o.counters.loaded_bytes == o.block_bytes == sum(w.nbytes for w in want)
+
+
+def test_block_major_and_per_layer_pools_move_the_same_bytes(offload):
+    arena = torch.randn(6, 3, 2, 4, 2, 8, generator=torch.Generator().manual_seed(1))
+    per_layer = [arena[:, layer].transpose(0, 1) for layer in range(3)]
+    want = arena[[1, 4]].clone()
+    for blocks in (PoolBlocks(per_layer), PoolBlocks(per_layer, block_major=arena)):
+        o = offload(blocks)
+        o.store(1, 10, (1,), ROOT)
+        o.store(4, 11, (2,), ("hash", 10))
+        o.wait_for_stores()
+        found = o.index.lookup_chain([(10, (1,)), (11, (2,))], ROOT)
+        arena[[0, 5]] = 0.0
+        o.load([(found[0], 5), (found[1], 0)])
+        assert torch.equal(arena[5], want[0]) and torch.equal(arena[0], want[1])
 
 
 def test_a_queued_store_is_dropped_when_its_block_is_reused(offload):
@@ -120,7 +135,7 @@ def test_a_run_of_weights_waits_for_a_store_of_its_blocks(offload):
 
 def test_a_failed_copy_degrades_to_recompute_with_a_warning(offload, caplog):
     class Broken(PoolBlocks):
-        def read(self, block_id, out, non_blocking=False):
+        def read_many(self, block_ids, slots, non_blocking=False):
             raise RuntimeError("out of host memory")
     o = offload(Broken(caches()))
     with caplog.at_level(logging.WARNING, logger="gh200rt.kv.offload"):
