@@ -8,7 +8,8 @@ for the copy when no other is free). On CUDA a store first waits for an event re
 reads what the step that computed the block wrote, and copies on its own stream into pinned memory.
 
 Loads run on the engine thread before the step that reads their blocks (``load``): on the CPU a copy, on CUDA a
-copy on the current stream (ordered before the step's kernels, outside any captured graph).
+copy on the current stream (ordered before the step's kernels, outside any captured graph), whose host blocks stay
+held (no store may take them) until an event recorded after it has passed.
 
 A copy that fails (out of memory, a dead thread) is logged once; the tier then stores nothing more, and a request
 whose blocks are not found recomputes them: nothing is lost or corrupted, only the time the tier would save.
@@ -166,6 +167,7 @@ class KVOffloader:
         self._cond = threading.Condition()
         self._closing = False
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._loads_in_flight: list[tuple[object, list[HostBlock]]] = []   # (CUDA event, host blocks it reads)
         self._thread = threading.Thread(target=self._run, name="gh200rt-kv-store", daemon=True)
         self._thread.start()
 
@@ -298,16 +300,30 @@ class KVOffloader:
         self._thread.join(timeout=10)
 
     # ---- loads ----------------------------------------------------------------------------------
+    def _release_finished_loads(self) -> None:
+        """Let go of the host blocks of asynchronous loads (CUDA) that have run."""
+        while self._loads_in_flight and self._loads_in_flight[0][0].query():
+            self.index.unpin(self._loads_in_flight.pop(0)[1])
+
     def load(self, pairs: list[tuple[HostBlock, int]]) -> None:
         """Copy each host block into its device block (before the step that reads them), and let go of them."""
         if not pairs:
             return
+        self._release_finished_loads()
         started = time.perf_counter()
+        held = [block for block, _ in pairs]
         try:
             self.blocks.write_many([block.slot for block, _ in pairs], [block_id for _, block_id in pairs],
                                    non_blocking=self._stream is not None)
-        finally:
-            self.index.unpin([block for block, _ in pairs])
+        except BaseException:
+            self.index.unpin(held)
+            raise
+        if self._stream is None:
+            self.index.unpin(held)
+        else:           # the copies are queued on the stream: their host blocks stay held until they have run
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(self.device))
+            self._loads_in_flight.append((done, held))
         seconds = time.perf_counter() - started
         self.counters.load_seconds += seconds
         self.counters.loaded_bytes += len(pairs) * self.block_bytes
