@@ -1,18 +1,7 @@
-"""``throughput``: offline throughput, gh200rt's LLM.generate vs transformers, same requests, same run.
-
-Prints tokens/s for (1) gh200rt LLM.generate over all requests, per route (fp32: the default, all
-resident, linears through oneDNN over weights reordered at start-up; fp32-flinear: dense weights with oneDNN
-off, i.e. F.linear;
-fp16: --offload direct --host-weight-dtype fp16; auto: the CPU's default route, bf16 through oneDNN
-with AVX-512 BF16 / AMX; int8-bf16: int8 weights, bf16 activations), (2) transformers generating the requests one at
-a time (the first --hf-sequential of them; a rate, so a subset is a fair sample), (3) transformers
-generating all requests as one left-padded static batch; then the ratios against the floor (5x
-one-at-a-time) and the goal (1.5x static batching). Both sides decode greedily for exactly
---max-tokens tokens from the same fp32 weights (the SmolLM2 GGUF, dequantized). The gh200rt routes
-and the static batch are interleaved over --rounds rounds (the machine is shared); best round wins.
-
-Second figure: scheduler + input preparation time per step with 256 running decode requests
-(no model), against the 2 ms goal.
+"""The offline half of ``throughput``: gh200rt's ``LLM.generate`` per route against transformers one request at a
+time and as one static batch, same requests, same run, rounds interleaved; and the scheduler's input preparation per
+step with 256 running decode requests. What each figure is and its goal: ``throughput.py``'s docstring (the
+subcommand's ``--help``).
 """
 from __future__ import annotations
 

@@ -90,14 +90,21 @@ def test_a_queued_store_is_dropped_when_its_block_is_reused(offload):
     assert o.index.stats.dropped_stores == 1 and o.index.stats.stored_blocks == 1
 
 
-def test_the_pool_passes_over_a_block_a_store_still_reads(offload):
-    blocks = GatedBlocks(caches())
-    blocks.held.add(0)
+def store_running(offload, num_blocks: int, block_id: int):
+    """A pool of ``num_blocks`` guarded by an offloader whose store of ``block_id`` is running (and held there until
+    ``blocks.release`` is set): (blocks, offloader, pool)."""
+    blocks = GatedBlocks(caches(num_blocks=num_blocks))
+    blocks.held.add(block_id)
     o = offload(blocks)
-    pool = BlockPool(6)
+    pool = BlockPool(num_blocks)
     pool.reuse_guard = o.claim
-    o.store(0, 10, (1,), ROOT)
+    o.store(block_id, 10, (1,), ROOT)
     assert blocks.running.wait(10)
+    return blocks, o, pool
+
+
+def test_the_pool_passes_over_a_block_a_store_still_reads(offload):
+    blocks, o, pool = store_running(offload, 6, 0)
     assert not o.claim(0)                    # running: not now
     assert pool.allocate(1) == [1]           # the next free block instead
     assert pool.free_order()[0] == 0         # block 0 keeps its place, first in line
@@ -107,27 +114,15 @@ def test_the_pool_passes_over_a_block_a_store_still_reads(offload):
 
 
 def test_with_no_other_free_block_the_pool_waits_for_the_copy(offload):
-    blocks = GatedBlocks(caches(num_blocks=2))
-    blocks.held.add(1)
-    o = offload(blocks)
-    pool = BlockPool(2)
-    pool.reuse_guard = o.claim
+    blocks, o, pool = store_running(offload, 2, 1)
     assert pool.allocate(1) == [0]
-    o.store(1, 10, (1,), ROOT)
-    assert blocks.running.wait(10)
     threading.Timer(0.2, blocks.release.set).start()
     assert pool.allocate(1) == [1]           # returned once the store ended
     assert [b.token_ids for b in o.index.lookup_chain([(10, (1,))], ROOT)] == [(1,)]
 
 
 def test_a_run_of_weights_waits_for_a_store_of_its_blocks(offload):
-    blocks = GatedBlocks(caches(num_blocks=4))
-    blocks.held.add(3)
-    o = offload(blocks)
-    pool = BlockPool(4)
-    pool.reuse_guard = o.claim
-    o.store(3, 10, (1,), ROOT)
-    assert blocks.running.wait(10)
+    blocks, o, pool = store_running(offload, 4, 3)
     threading.Timer(0.2, blocks.release.set).start()
     assert pool.take_run(2) == 2             # blocks 2-3, after block 3's copy finished
     assert o.index.stats.stored_blocks == 1
