@@ -51,10 +51,11 @@ def dataclass_from_args(cls, args: argparse.Namespace):
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     from gh200rt.config import (CacheConfig, GraphConfig, LoRAConfig, MemoryConfig, ModelConfig, ParallelConfig,
-                                SchedulerConfig)
+                                SchedulerConfig, SpeculativeConfig)
     for cls, title in ((ModelConfig, "model"), (CacheConfig, "KV cache"), (SchedulerConfig, "scheduler"),
                        (MemoryConfig, "memory placement"), (GraphConfig, "CUDA graphs"),
-                       (ParallelConfig, "parallelism"), (LoRAConfig, "LoRA adapters")):
+                       (ParallelConfig, "parallelism"), (LoRAConfig, "LoRA adapters"),
+                       (SpeculativeConfig, "speculative decoding")):
         add_dataclass_arguments(parser, cls, title)
 
 

@@ -17,6 +17,8 @@ COMMANDS = {
     "tiers": Command("gh200rt.bench.tiers", "static resident, streamed and dynamic tiers on one bursty trace"),
     "multi-turn": Command("gh200rt.bench.multi_turn", "conversations that come back, with the host KV tier off and "
                                                       "on: TTFT of later turns"),
+    "speculative": Command("gh200rt.bench.speculative", "decoding with and without speculative decoding on an "
+                                                        "input-grounded workload: tok/s and acceptance"),
     "peers": Command("gh200rt.bench.peers", "gh200rt against vLLM, llama.cpp and transformers (--routes: every "
                                             "gh200rt route against transformers)"),
     "stress": Command("gh200rt.bench.stress", "a soak of mixed load, then proof the server let go of everything "

@@ -6,7 +6,8 @@ so flags and config never drift. Invalid values raise ``ValueError`` naming the 
 
 One module per section: ``model.py`` (``ModelConfig``), ``cache.py`` (``CacheConfig``), ``scheduler.py``
 (``SchedulerConfig``), ``memory.py`` (``MemoryConfig``), ``graphs.py`` (``GraphConfig``), ``parallel.py``
-(``ParallelConfig``), ``lora.py`` (``LoRAConfig``); ``engine.py`` composes them into ``EngineConfig``, and
+(``ParallelConfig``), ``lora.py`` (``LoRAConfig``), ``speculative.py`` (``SpeculativeConfig``); ``engine.py``
+composes them into ``EngineConfig``, and
 ``flags.py`` holds what they share (help metadata, the size and layer-tier parsers). Every public name is
 imported from here: ``from gh200rt.config import EngineConfig``.
 """
@@ -19,10 +20,12 @@ from gh200rt.config.memory import HOST_WEIGHT_DTYPES, MOE_EXPERT_TIERS, OFFLOAD_
 from gh200rt.config.model import CPU_KERNELS, CPU_ROUTES, DEFAULT_MODEL, DTYPES, POOLING_TYPES, ModelConfig
 from gh200rt.config.parallel import ParallelConfig
 from gh200rt.config.scheduler import SchedulerConfig
+from gh200rt.config.speculative import SpeculativeConfig, SpeculativeMethod, read_speculative_config
 
 __all__ = [
     "CPU_KERNELS", "CPU_ROUTES", "DEFAULT_MODEL", "DTYPES", "HOST_WEIGHT_DTYPES", "KV_CACHE_DTYPES", "MAX_GRAPH_BATCH",
     "MOE_EXPERT_TIERS", "OFFLOAD_MODES", "POOLING_TYPES", "TIERS",
     "CacheConfig", "EngineConfig", "GraphConfig", "LoRAConfig", "MemoryConfig", "ModelConfig", "ParallelConfig",
-    "SchedulerConfig", "parse_layer_tiers", "parse_size",
+    "SchedulerConfig", "SpeculativeConfig", "SpeculativeMethod", "parse_layer_tiers", "parse_size",
+    "read_speculative_config",
 ]

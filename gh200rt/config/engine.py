@@ -11,6 +11,7 @@ from gh200rt.config.memory import MemoryConfig
 from gh200rt.config.model import ModelConfig
 from gh200rt.config.parallel import ParallelConfig
 from gh200rt.config.scheduler import SchedulerConfig
+from gh200rt.config.speculative import SpeculativeConfig
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class EngineConfig:
     graphs: GraphConfig = field(default_factory=GraphConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     lora: LoRAConfig = field(default_factory=LoRAConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     def __post_init__(self):
         if self.lora.enable_lora and self.graphs.enforce_eager is False:
@@ -49,7 +51,8 @@ class EngineConfig:
     def from_kwargs(cls, **kwargs) -> "EngineConfig":
         """Flat keyword arguments (as ``LLM(...)`` takes them) -> nested config; unknown names raise."""
         parts = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "memory": MemoryConfig,
-                 "graphs": GraphConfig, "parallel": ParallelConfig, "lora": LoRAConfig}
+                 "graphs": GraphConfig, "parallel": ParallelConfig, "lora": LoRAConfig,
+                 "speculative": SpeculativeConfig}
         values: dict[str, dict] = {name: {} for name in parts}
         owners = {f: name for name, klass in parts.items() for f in klass.__dataclass_fields__}
         for key, value in kwargs.items():

@@ -40,6 +40,7 @@ from gh200rt.models.layers.attention import configure_kv_scales
 from gh200rt.planner.cost_model import copy_seconds
 from gh200rt.planner.layout import offloaded_expert_tier
 from gh200rt.scheduler.scheduler import Scheduler
+from gh200rt.speculative.speculator import Speculator
 from gh200rt.structured import GrammarMatchers
 from gh200rt.weights.schedule import NULL_HOOKS
 
@@ -143,8 +144,11 @@ class LLMEngine(RequestIntake, EngineReports, EngineSteps):
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.iteration_tokens = iteration_tokens()
-        # async scheduling where every input id of a step is this process's (not rank 0 of a tensor-parallel engine)
-        self._runs_ahead = config.scheduler.async_scheduling and parallel is None
+        spec = config.speculative.method
+        self.speculator = Speculator(spec) if spec is not None else None
+        # async scheduling where every input id of a step is this process's (not rank 0 of a tensor-parallel engine),
+        # and drafts are not made from the tokens so far (they are on the host once a step is taken in)
+        self._runs_ahead = config.scheduler.async_scheduling and parallel is None and self.speculator is None
         self._in_flight: LaunchedStep | None = None
         self.steps_launched_ahead = 0
         self.rows_discarded = 0

@@ -103,7 +103,7 @@ def pack_step(out: SchedulerOutput, block_size: int, linear_rows: int | None = N
             positions.append(start)
             slots.append(table[start // block_size] * block_size + start % block_size)
         else:
-            ids.extend(seq.all_token_ids[start:end])
+            ids.extend(item.token_ids())
             positions.extend(range(start, end))
             slots.extend(table[p // block_size] * block_size + p % block_size for p in range(start, end))
         if seq.params.prompt_logprobs is not None and start < len(seq.prompt_token_ids):
@@ -113,8 +113,8 @@ def pack_step(out: SchedulerOutput, block_size: int, linear_rows: int | None = N
         tables.append(block_row(seq))
         width = max(width, len(table))
         starts.append(flat + q)
-        if item.samples:
-            sample_rows.append(flat + q - 1)
+        if item.samples:        # the last token's row, and each drafted token's after it
+            sample_rows.extend(range(flat + q - 1 - len(item.draft_token_ids), flat + q))
         elif seq.pooling is not None:
             rows = pool_rows(seq.pooling, start, end, seq.num_tokens, flat)
             if rows is not None:

@@ -71,4 +71,5 @@ class EngineReports:
                            self.config.lora.max_loras if self.lora is not None else None,
                            adapter_names(self.scheduler.running), adapter_names(self.scheduler.waiting),
                            self.steps_launched_ahead, self.rows_discarded,
-                           self.host_tier.report() if self.host_tier is not None else None)
+                           self.host_tier.report() if self.host_tier is not None else None,
+                           self.speculator.stats.copy() if self.speculator is not None else None)

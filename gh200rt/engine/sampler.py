@@ -29,6 +29,8 @@ class SampleResult:
     token_ids: list[int]
     logprobs: list[TokenLogprobs | None]     # per row; None when the request asked for none
     chosen_logprobs: list[float]
+    # a verification step's (speculative/verify.py): tokens each verified sequence emits, from its first row on
+    emitted: list[int] | None = None
 
 
 # On the CPU, top-k / top-p look at each row's largest WINDOW logits (a partial top-k, not a sort of
@@ -147,30 +149,19 @@ class Sampler:
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence],
                 in_flight: tuple[list[int], torch.Tensor] | None = None) -> torch.Tensor:
-        ahead = set(in_flight[0]) if in_flight is not None else set()
-        banned = {i: ids for i, s in enumerate(seqs) if (ids := banned_until_min_tokens(s, i in ahead))}
-        if banned:
-            mask_ids(logits, list(banned), list(banned.values()))
-        penalised = [i for i, s in enumerate(seqs) if needs_penalties(s)]
-        if penalised:
-            apply_penalties(logits, seqs, penalised, in_flight)
+        apply_output_rules(logits, seqs, in_flight)
         random_rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
         if not random_rows:
             return greedy_tokens(logits)
-        every_row = len(random_rows) == len(seqs)     # then no row is greedy, and no row need be picked out
-        t = SamplingTensors.build(seqs, random_rows, logits.device)
-        scaled = truncate_batch((logits if every_row else logits.index_select(0, t.random_rows)) / t.temperature, t)
-        cdf = torch.softmax(scaled, dim=-1).cumsum_(dim=-1)
-        # u in (0, 1] scaled to the row's total: the first index whose cdf reaches it has probability > 0
-        target = self._uniforms(seqs, random_rows, logits.device).unsqueeze(1) * cdf[:, -1:]
-        drawn = torch.searchsorted(cdf, target).squeeze(1).clamp_(max=cdf.shape[1] - 1)
-        if every_row:
+        t, probs = target_probs(logits, seqs, random_rows)
+        drawn = draw(probs, self.uniforms(seqs, random_rows, logits.device))
+        if len(random_rows) == len(seqs):
             return drawn
         return greedy_tokens(logits).index_copy_(0, t.random_rows, drawn)
 
-    def _uniforms(self, seqs: list[Sequence], rows: list[int], device: torch.device) -> torch.Tensor:
-        """One uniform number in (0, 1] per row: the engine's generator for unseeded rows, the sequence's
-        own for seeded ones."""
+    def uniforms(self, seqs: list[Sequence], rows: list[int], device: torch.device) -> torch.Tensor:
+        """One uniform number in (0, 1] per row: the engine's generator for unseeded rows, the sequence's own for
+        seeded ones."""
         u = torch.zeros(len(rows), device=device)
         seeded = [j for j, i in enumerate(rows) if seqs[i].seed is not None]
         if len(seeded) < len(rows):
@@ -178,6 +169,33 @@ class Sampler:
         for j in seeded:
             u[j:j + 1].uniform_(generator=seqs[rows[j]].generator_on(device))
         return 1.0 - u
+
+
+def apply_output_rules(logits: torch.Tensor, seqs: list[Sequence],
+                       in_flight: tuple[list[int], torch.Tensor] | None = None) -> None:
+    """What a row's output so far decides, in place: min_tokens' banned ids, then the penalties."""
+    ahead = set(in_flight[0]) if in_flight is not None else set()
+    banned = {i: ids for i, s in enumerate(seqs) if (ids := banned_until_min_tokens(s, i in ahead))}
+    if banned:
+        mask_ids(logits, list(banned), list(banned.values()))
+    penalised = [i for i, s in enumerate(seqs) if needs_penalties(s)]
+    if penalised:
+        apply_penalties(logits, seqs, penalised, in_flight)
+
+
+def target_probs(logits: torch.Tensor, seqs: list[Sequence], rows: list[int]) -> tuple[SamplingTensors, torch.Tensor]:
+    """The distributions ``rows`` (those that draw at random) draw from: temperature, then top-k, top-p, min-p."""
+    t = SamplingTensors.build(seqs, rows, logits.device)
+    every_row = len(rows) == len(seqs)     # then no row is greedy, and no row need be picked out
+    scaled = truncate_batch((logits if every_row else logits.index_select(0, t.random_rows)) / t.temperature, t)
+    return t, torch.softmax(scaled, dim=-1)
+
+
+def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One id per row of ``probs`` [R, V] (not necessarily normalised), at ``u`` [R] in (0, 1]: u scaled to the row's
+    total, the first index whose cumulative sum reaches it (it has probability > 0)."""
+    cdf = probs.cumsum(dim=-1)
+    return torch.searchsorted(cdf, u.unsqueeze(1) * cdf[:, -1:]).squeeze(1).clamp_(max=cdf.shape[1] - 1)
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
@@ -217,27 +235,32 @@ class PendingSample:
     host in flight. ``tokens`` (int64 [R]) is what a step launched before ``result()`` reads as its input ids."""
 
     def __init__(self, tokens: torch.Tensor, host: torch.Tensor, landed, raw_logprobs: torch.Tensor | None,
-                 seqs: list[Sequence], want: list[int], k: int):
+                 seqs: list[Sequence], want: list[int], k: int, num_emitted: int = 0):
         """``raw_logprobs``: the rows of ``want``, kept only where a row pinned its own logprob token ids (read at
-        ``result``)."""
+        ``result``); ``num_emitted``: how many emitted counts follow the tokens in ``host``."""
         self.tokens = tokens
         self._host, self._landed = host, landed
         self._raw_logprobs, self._seqs, self._want, self._k = raw_logprobs, seqs, want, k
+        self._num_emitted = num_emitted
 
     @classmethod
     def launch(cls, tokens: torch.Tensor, raw_logprobs: torch.Tensor | None, seqs: list[Sequence],
-               want: list[int]) -> "PendingSample":
+               want: list[int], emitted: torch.Tensor | None = None) -> "PendingSample":
         """Token ids, and the logprobs asked for, packed into one tensor whose host copy starts now. ``raw_logprobs``
-        holds the rows of ``want``, in that order."""
+        holds the rows of ``want``, in that order; ``emitted`` (int64, a verification step's) goes with them."""
+        counts = [] if emitted is None else [emitted]
         if raw_logprobs is None:
-            return cls(tokens, *to_host(tokens), None, seqs, want, 0)
+            if emitted is None:
+                return cls(tokens, *to_host(tokens), None, seqs, want, 0)
+            return cls(tokens, *to_host(torch.cat([tokens, emitted])), None, seqs, want, 0, len(emitted))
         chosen = tokens if len(want) == len(seqs) else tokens.index_select(0, to_device(want, torch.int64,
                                                                                         tokens.device))
         k = max(_top_wanted(seqs[i]) for i in want)
         packed = pack_logprobs(raw_logprobs, chosen, k)
         pinned = any(seqs[i].params.logprob_token_ids for i in want)    # read at result(): keep the logprobs
-        return cls(tokens, *to_host(torch.cat([tokens.double(), packed.flatten()])), raw_logprobs if pinned else None,
-                   seqs, want, k)
+        host = torch.cat([tokens.double(), *(c.double() for c in counts), packed.flatten()])
+        return cls(tokens, *to_host(host), raw_logprobs if pinned else None, seqs, want, k,
+                   0 if emitted is None else len(emitted))
 
     def wait(self) -> None:
         """Until the copy has landed: the step's kernels, the sampler's last, have all run."""
@@ -248,21 +271,23 @@ class PendingSample:
         """The host's view, once the copy has landed (waits for it)."""
         self.wait()
         seqs, want, k = self._seqs, self._want, self._k
-        if not want:
-            return SampleResult(self._host.tolist(), [None] * len(seqs), [0.0] * len(seqs))
         host = self._host.tolist()
+        r, e = len(seqs), self._num_emitted
+        emitted = [int(x) for x in host[r:r + e]] if e else None
+        if not want:
+            return SampleResult([int(x) for x in host[:r]], [None] * r, [0.0] * r, emitted)
         token_ids = [int(x) for x in host[:len(seqs)]]
         width = 2 + 2 * k
         row_logprobs: list[TokenLogprobs | None] = [None] * len(seqs)
         chosen_logprobs = [0.0] * len(seqs)
         for j, i in enumerate(want):
-            row = host[len(seqs) + j * width:len(seqs) + (j + 1) * width]
+            row = host[r + e + j * width:r + e + (j + 1) * width]
             row_logprobs[i] = unpack_logprobs(row, token_ids[i], k, _top_wanted(seqs[i]))
             chosen_logprobs[i] = row[0]
         for j, i in enumerate(want):
             if seqs[i].params.logprob_token_ids:
                 row_logprobs[i].update(pinned_logprobs(self._raw_logprobs[j], seqs[i].params.logprob_token_ids))
-        return SampleResult(token_ids, row_logprobs, chosen_logprobs)
+        return SampleResult(token_ids, row_logprobs, chosen_logprobs, emitted)
 
 
 def _top_wanted(seq: Sequence) -> int:

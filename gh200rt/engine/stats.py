@@ -39,6 +39,7 @@ class EngineStats:
     steps_launched_ahead: int = 0    # --async-scheduling: steps launched before the previous step's tokens reached the host
     rows_discarded: int = 0          # rows of those steps whose sequence had stopped in the step before
     kv_host: object = None           # the host KV tier's kv.offload.HostTierReport, None with the tier off
+    spec_decode: object = None       # speculative decoding's SpecDecodeStats (a copy), None with it off
 
 
 def adapter_names(seqs) -> tuple[str, ...]:

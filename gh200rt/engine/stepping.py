@@ -5,7 +5,10 @@ is counted) and later completed (``_complete``: its tokens reach the host, seque
 and each request's ``RequestOutput`` is built). Without async scheduling one ``step()`` does both in turn. With it
 (``run_ahead.py``) a call launches the next step before completing the one in flight, so the host's work on a
 step overlaps the device's on the next; each call still reports exactly one step. An embedding request
-(``PoolingParams``) is prefilled in the same steps and answered once, pooled (engine/pooling.py).
+(``PoolingParams``) is prefilled in the same steps and answered once, pooled (engine/pooling.py). With speculative
+decoding the engine drafts before it schedules (``speculative/speculator.py``), a step's drafted positions are
+verified instead of sampled (``speculative/verify.py``), and each sequence takes in the tokens verification emits,
+one by one, its KV progress following the drafts it kept.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from gh200rt.engine.run_ahead import FedTokens, plan_run_ahead, reads_its_output
 from gh200rt.engine.sampler import PendingSample
 from gh200rt.scheduler.request import Sequence
 from gh200rt.scheduler.scheduler import SchedulerOutput
+from gh200rt.speculative.verify import launch_verification
 
 
 @dataclass
@@ -33,6 +37,8 @@ class LaunchedStep:
     out: SchedulerOutput
     # a step launched ahead whose sampling waits for the previous step's tokens on the host (a grammar, bad words)
     deferred_logits: torch.Tensor | None = None
+    # a verifying step's (speculative decoding): tokens drafted per sequence of ``sampling``
+    drafted: list[int] | None = None
 
 
 
@@ -59,6 +65,8 @@ class EngineSteps:
         self._steps += 1
         current, self._in_flight = self._in_flight, None
         if current is None:
+            if self.speculator is not None:
+                self.speculator.propose(self.scheduler.running)
             out = self.scheduler.schedule()
             if out.is_empty:
                 return []
@@ -92,7 +100,8 @@ class EngineSteps:
     def _launch(self, out: SchedulerOutput, fed: FedTokens | None = None) -> LaunchedStep:
         """Run the model on ``out`` and sample, without waiting for the device; count the step's progress."""
         now = time.perf_counter()
-        sampling = [item.seq for item in out.scheduled if item.samples]
+        groups = [(item.seq, item.draft_token_ids) for item in out.scheduled if item.samples]
+        sampling = [seq for seq, _ in groups]
         prompt_chunks = {i: (item.seq, item.seq.num_computed_tokens) for i, item in enumerate(out.scheduled)}
         for item in out.scheduled:
             metrics = self.requests[item.seq.group_id].metrics
@@ -106,6 +115,10 @@ class EngineSteps:
         if fed is not None and any(reads_its_output_on_the_host(item.seq) for item in out.scheduled if item.fed):
             return LaunchedStep(sampling, prompt_chunks, logits.prompt_logits, logits.pooled, None, out,
                                 deferred_logits=logits.sample_logits)
+        if any(drafts for _, drafts in groups):
+            sample = launch_verification(self.sampler, logits.sample_logits, groups)
+            return LaunchedStep(sampling, prompt_chunks, logits.prompt_logits, logits.pooled, sample, out,
+                                drafted=[len(drafts) for _, drafts in groups])
         sample = self.sampler.launch(logits.sample_logits, sampling, None if fed is None else fed.in_flight()) \
             if sampling else None
         return LaunchedStep(sampling, prompt_chunks, logits.prompt_logits, logits.pooled, sample, out)
@@ -132,7 +145,9 @@ class EngineSteps:
             if seq.index == 0 and state.prompt_logprobs is not None and len(state.prompt_logprobs) == start + 1:
                 state.prompt_logprobs.extend(prompt_logprobs_for_chunk(chunk_logits, seq.prompt_token_ids, start,
                                                                        seq.params.prompt_logprobs))
-        if step.sample is not None:
+        if step.sample is not None and step.drafted is not None:
+            self._take_verified(step, touched)
+        elif step.sample is not None:
             result = step.sample.result()
             stamp = time.perf_counter()
             for seq, token, lp, chosen in zip(step.sampling, result.token_ids, result.logprobs,
@@ -150,6 +165,31 @@ class EngineSteps:
             if state.finished:
                 del self.requests[group_id]
         return outputs
+
+    def _take_verified(self, step: LaunchedStep, touched: dict[str, set[int]]) -> None:
+        """Append what verification emitted for each sequence, token by token (a stop ends it there): before each
+        token after the first, the drafted token before it, computed in this step and kept, counts as computed."""
+        result = step.sample.result()
+        stamp = time.perf_counter()
+        row = 0
+        for seq, drafted, emitted in zip(step.sampling, step.drafted, result.emitted):
+            first, row = row, row + drafted + 1
+            if seq.is_finished:              # aborted while its step was in flight
+                self.rows_discarded += drafted + 1
+                continue
+            seq.first_token_time = seq.first_token_time or stamp
+            seq.last_token_time = stamp
+            for j in range(first, first + emitted):
+                if j > first:
+                    seq.num_computed_tokens += 1
+                self._advance(seq, result.token_ids[j], result.logprobs[j], result.chosen_logprobs[j])
+                if seq.is_finished:
+                    break
+            if drafted:
+                self.speculator.record(drafted, emitted - 1)
+            if not seq.is_finished:
+                self.kv.publish_full_blocks(seq)
+            touched.setdefault(seq.group_id, set()).add(seq.index)
 
     def _pool(self, pooled: dict, prompt_chunks: dict) -> list[EmbeddingRequestOutput]:
         """Add this step's pooled rows to their embedding requests; answer and free those whose input is all in."""

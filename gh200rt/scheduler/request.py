@@ -40,6 +40,7 @@ class Sequence:
         self.block_row = None                     # kv.block_row.BlockRow: block_ids as int32 for the step inputs
         self.block_hashes: list[int] = []
         self.host_blocks: list = []                # host KV tier blocks adopted, waiting for device blocks
+        self.spec_drafts: list[int] = []           # tokens drafted for the next step (speculative decoding)
         self.num_cached_tokens = 0                # prompt tokens reused from the prefix cache
         self.num_preemptions = 0
         self.share_prompt_from: "Sequence | None" = None

@@ -3,7 +3,9 @@
 Each step spends at most ``max_num_batched_tokens`` tokens over at most ``max_num_seqs`` running
 sequences. Running sequences go first (decodes and unfinished prefill chunks, oldest first),
 then waiting ones in arrival order; a prompt longer than the remaining budget is prefilled in
-chunks over several steps. When the pool has no block for a running sequence, the newest
+chunks over several steps. A decoding sequence that drafted tokens (speculative decoding: ``seq.spec_drafts``)
+computes them after its last token in the same step, as many as the budget and the pool allow (drafts go before
+preemption). When the pool has no block for a running sequence, the newest
 running sequence is preempted by recompute: its blocks are freed and it waits at the head of
 the queue to recompute prompt + generated tokens later (what of them the prefix cache or its host tier still holds is
 reused, not recomputed). No preemption happens in a step that
@@ -27,20 +29,29 @@ class ScheduledSequence:
     # a decode of the token the previous step sampled, launched before that token reached the host: its input id is
     # read on the device (engine/run_ahead.py), so ``seq`` does not hold it yet
     fed: bool = False
+    # drafted tokens computed after the sequence's last one (counted in ``num_new_tokens``), verified by the sampler
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def computes_prompt(self) -> bool:
-        """True unless this step decodes one token after the prompt (a recompute of generated tokens counts as
-        prompt: it is prefilled)."""
-        return not self.fed and (self.num_new_tokens > 1
+        """True unless this step decodes one token after the prompt, drafts after it or not (a recompute of
+        generated tokens counts as prompt: it is prefilled)."""
+        return not self.fed and (self.num_new_tokens - len(self.draft_token_ids) > 1
                                  or self.seq.num_computed_tokens < len(self.seq.prompt_token_ids))
 
     @property
     def samples(self) -> bool:
-        """True when this step computes the sequence's last uncomputed token (its logits sample); never for an
-        embedding sequence (it pools instead)."""
-        return self.fed or (self.seq.pooling is None
-                            and self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens)
+        """True when this step computes the sequence's last uncomputed token (its logits sample, and each drafted
+        token's after it); never for an embedding sequence (it pools instead)."""
+        return self.fed or (self.seq.pooling is None and self.seq.num_computed_tokens + self.num_new_tokens
+                            - len(self.draft_token_ids) == self.seq.num_tokens)
+
+    def token_ids(self) -> list[int]:
+        """The input ids this step computes for the sequence (not for a fed one)."""
+        start = self.seq.num_computed_tokens
+        if not self.draft_token_ids:
+            return self.seq.all_token_ids[start:start + self.num_new_tokens]
+        return self.seq.all_token_ids[start:] + self.draft_token_ids
 
 
 @dataclass
@@ -83,7 +94,11 @@ class Scheduler:
         while running and budget > 0:
             seq = running.pop(0)
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            while not self.kv.allocate(seq, num_new):
+            drafts = seq.spec_drafts[:budget - 1] if num_new == 1 else []
+            while not self.kv.allocate(seq, num_new + len(drafts)):
+                if drafts:
+                    drafts = []              # the pool is short: verify nothing rather than preempt
+                    continue
                 victim = running.pop() if running else seq
                 self._preempt(victim)
                 out.preempted.append(victim)
@@ -91,8 +106,8 @@ class Scheduler:
                     break
             if seq.status is Status.RUNNING:
                 kept.append(seq)
-                out.scheduled.append(ScheduledSequence(seq, num_new))
-                budget -= num_new
+                out.scheduled.append(ScheduledSequence(seq, num_new + len(drafts), draft_token_ids=drafts))
+                budget -= num_new + len(drafts)
         self.running = kept + running            # sequences left over (no budget) keep their place
         if not out.preempted:
             budget = self.admit_waiting(out, budget)
@@ -167,10 +182,11 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def step_done(self, out: SchedulerOutput) -> None:
-        """Advance KV progress of everything computed this step and publish its full blocks."""
+        """Advance KV progress of everything computed this step and publish its full blocks (drafted positions
+        count once verification keeps them: ``engine/stepping.py``)."""
         for item in out.scheduled:
             seq = item.seq
-            seq.num_computed_tokens += item.num_new_tokens
+            seq.num_computed_tokens += item.num_new_tokens - len(item.draft_token_ids)
             self.kv.publish_full_blocks(seq)
 
     def finish(self, seq: Sequence) -> None:

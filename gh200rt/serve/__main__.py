@@ -105,6 +105,11 @@ def run_server(server_config, engine_config, build_engine) -> int:
         log.info("platform: %s", describe_platform(getattr(engine, "platform", None)))
         log.info("model %s loaded in %.1fs; plan:\n%s", engine_config.model.model, time.monotonic() - start,
                  describe_engine(engine))
+        speculator = getattr(engine, "speculator", None)
+        if speculator is not None:
+            note = " (--async-scheduling is off with it: drafts are made from the tokens so far, on the host)" \
+                if engine_config.scheduler.async_scheduling else ""
+            log.info("speculative decoding: %s%s", speculator.method.describe(), note)
         return engine
 
     max_num_seqs = engine_config.scheduler.max_num_seqs

@@ -118,9 +118,21 @@ def vllm_lines(m, model_name: str, cache_info: dict | None = None) -> list[str]:
                    ("external_prefix_cache_hits_total", "counter",
                     "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number "
                     "of cached tokens.", host.hit_tokens)]
+    spec = get("spec_decode", None)
+    if spec is not None:   # vLLM's speculative decoding counters
+        series += [("spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts.", spec.num_drafts),
+                   ("spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.",
+                    spec.num_draft_tokens),
+                   ("spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens.",
+                    spec.num_accepted_tokens)]
     lines = []
     for name, kind, help_text, value in series:
         lines += [f"# HELP vllm:{name} {help_text}", f"# TYPE vllm:{name} {kind}", f"vllm:{name}{{{labels}}} {value}"]
+    if spec is not None:
+        lines += ["# HELP vllm:spec_decode_num_accepted_tokens_per_pos Accepted tokens per draft position.",
+                  "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter"]
+        lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos{{{labels},position="{j}"}} {n}'
+                  for j, n in enumerate(spec.accepted_per_pos)]
     # every waiting request waits for capacity (KV blocks or a batch slot): nothing is deferred for other reasons
     lines += ["# HELP vllm:num_requests_waiting_by_reason Number of requests waiting, by the reason they wait.",
               "# TYPE vllm:num_requests_waiting_by_reason gauge",

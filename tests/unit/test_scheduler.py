@@ -115,3 +115,32 @@ def test_n_choices_wait_for_and_share_the_prompt_owner():
     assert plan(out) == [("o", 1), ("s", 1)]
     assert sibling.block_ids[:3] == owner.block_ids[:3]
     assert all(kv.pool.blocks[b].ref_count == 2 for b in owner.block_ids[:3])
+
+
+
+def test_drafted_tokens_fit_the_budget():
+    sched = Scheduler(KVCacheManager(4, 4), max_num_seqs=8, max_num_batched_tokens=4)
+    a = seq("a", 3)
+    sched.add(a)
+    run_step(sched, sched.schedule())                 # a: 3 prompt tokens, one sampled: 4 tokens, 3 computed
+    a.spec_drafts = [5, 6, 7, 8]
+    out = sched.schedule()
+    assert plan(out) == [("a", 4)] and out.scheduled[0].draft_token_ids == [5, 6, 7]   # the budget holds 3
+    item = out.scheduled[0]
+    assert item.samples and not item.computes_prompt and item.token_ids() == [7, 5, 6, 7]
+    sched.step_done(out)
+    assert a.num_computed_tokens == 4                 # drafted positions count once verification keeps them
+
+
+def test_drafts_give_way_when_the_pool_is_short():
+    sched = Scheduler(KVCacheManager(3, 4), max_num_seqs=8, max_num_batched_tokens=16)
+    a, b = seq("a", 2), seq("b", 7)
+    sched.add(a)
+    run_step(sched, sched.schedule())
+    sched.add(b)
+    run_step(sched, sched.schedule())                 # a holds 1 block, b 2: the pool is full
+    a.spec_drafts = [5, 6, 7]                         # they would need a fourth block
+    out = sched.schedule()
+    assert [(i.seq.seq_id, i.num_new_tokens, i.draft_token_ids) for i in out.scheduled] == [("a", 1, []),
+                                                                                            ("b", 1, [])]
+    assert not out.preempted                          # the drafts went, nobody was preempted

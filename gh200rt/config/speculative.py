@@ -1,0 +1,122 @@
+"""``SpeculativeConfig``: speculative decoding, set with vLLM's ``--speculative-config`` JSON (docs/SPECULATIVE.md).
+
+The flag (or ``LLM(speculative_config=...)``, a dict or its JSON) is read into ``SpeculativeMethod``: every key vLLM
+documents that gh200rt honours is taken, every other key is refused with the list of those it knows, so a setting is
+never accepted and then ignored.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from gh200rt.config.flags import flag_help
+
+# vLLM's method names; the built ones first. ``mtp`` is for models that ship multi-token-prediction layers.
+BUILT_METHODS = ("ngram",)
+PLANNED_METHODS = ("draft_model", "eagle3", "suffix", "mtp")
+KNOWN_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model",
+              "draft_tensor_parallel_size", "disable_by_batch_size")
+NGRAM_DEFAULT_LOOKUP = 5           # vLLM's prompt_lookup_min / _max when neither is given
+
+
+@dataclass(frozen=True)
+class SpeculativeMethod:
+    """One ``--speculative-config``, read and checked."""
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_min: int = NGRAM_DEFAULT_LOOKUP
+    prompt_lookup_max: int = NGRAM_DEFAULT_LOOKUP
+    model: str | None = None
+    # drafting stops while this many requests or more are running (vLLM's key); None: always drafts
+    disable_by_batch_size: int | None = None
+
+    def describe(self) -> str:
+        where = f", lookup {self.prompt_lookup_min}-{self.prompt_lookup_max} tokens" if self.method == "ngram" else ""
+        return f"{self.method}, k={self.num_speculative_tokens}{where}"
+
+
+def _int_key(values: dict, key: str, minimum: int, default: int | None = None) -> int | None:
+    value = values.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"--speculative-config: {key} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"--speculative-config: {key} must be at least {minimum}, got {value}")
+    return value
+
+
+def read_speculative_config(text: str | dict) -> SpeculativeMethod:
+    """``text`` (JSON, or a dict) -> ``SpeculativeMethod``; ``ValueError`` that says what to write otherwise."""
+    if isinstance(text, dict):
+        values = dict(text)
+    else:
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--speculative-config is not JSON ({e.msg}); write e.g. "
+                             "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'") from None
+        if not isinstance(values, dict):
+            raise ValueError("--speculative-config must be a JSON object such as "
+                             "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'")
+    unknown = sorted(set(values) - set(KNOWN_KEYS))
+    if unknown:
+        raise ValueError(f"--speculative-config: {', '.join(unknown)} not supported; the keys gh200rt reads are "
+                         f"{', '.join(KNOWN_KEYS)}")
+    method = values.get("method")
+    if method is None:             # vLLM infers it from "model": "ngram" is the n-gram proposer, a path a draft model
+        model = values.get("model")
+        method = "ngram" if model in ("ngram", "[ngram]") else ("draft_model" if model else None)
+        if method == "ngram":
+            values.pop("model")
+    if method == "[ngram]":
+        method = "ngram"
+    if method is None:
+        raise ValueError("--speculative-config needs \"method\" (ngram), e.g. "
+                         "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'")
+    if method in PLANNED_METHODS:
+        raise ValueError(f"--speculative-config: method {method!r} is not available in gh200rt yet; use "
+                         f"{' or '.join(BUILT_METHODS)} (prompt lookup over the prompt and output so far)")
+    if method not in BUILT_METHODS:
+        raise ValueError(f"--speculative-config: unknown method {method!r}; choose one of "
+                         f"{', '.join(BUILT_METHODS)}")
+    k = values.get("num_speculative_tokens")
+    if k is None:
+        raise ValueError("--speculative-config needs num_speculative_tokens (drafted tokens per step, e.g. 4)")
+    if k == "auto":
+        raise ValueError("--speculative-config: num_speculative_tokens \"auto\" is not available yet; give a number "
+                         "of tokens (3 to 5 suit prompt lookup)")
+    k = _int_key(values, "num_speculative_tokens", 0)
+    if values.get("model") is not None and method == "ngram":
+        raise ValueError("--speculative-config: method ngram drafts from the prompt and output; drop \"model\"")
+    tp = _int_key(values, "draft_tensor_parallel_size", 1)
+    if tp not in (None, 1):
+        raise ValueError(f"--speculative-config: draft_tensor_parallel_size {tp} applies to a draft model; "
+                         f"method {method} drafts on the host (drop the key or set it to 1)")
+    low = _int_key(values, "prompt_lookup_min", 1)
+    high = _int_key(values, "prompt_lookup_max", 1)
+    low, high = (low or high or NGRAM_DEFAULT_LOOKUP), (high or low or NGRAM_DEFAULT_LOOKUP)
+    if low > high:
+        raise ValueError(f"--speculative-config: prompt_lookup_min ({low}) is larger than prompt_lookup_max ({high})")
+    return SpeculativeMethod(method, k, low, high, None, _int_key(values, "disable_by_batch_size", 1))
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    speculative_config: str | None = field(default=None, metadata=flag_help(
+        "speculative decoding, as vLLM's JSON: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+        "\"prompt_lookup_max\": 4}' drafts the tokens that followed the latest earlier occurrence of the output's "
+        "last 1-4 tokens (prompt lookup) and verifies them in one step; off unless given"))
+
+    def __post_init__(self):
+        if isinstance(self.speculative_config, dict):     # LLM(speculative_config={...}): kept as its JSON
+            object.__setattr__(self, "speculative_config", json.dumps(self.speculative_config))
+        self.method    # noqa: B018 -- read once here, so a bad value is refused at start-up
+
+    @property
+    def method(self) -> SpeculativeMethod | None:
+        """The settings read from the flag; None when speculative decoding is off (or k is 0)."""
+        if self.speculative_config is None:
+            return None
+        method = read_speculative_config(self.speculative_config)
+        return method if method.num_speculative_tokens > 0 else None

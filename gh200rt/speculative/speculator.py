@@ -1,0 +1,72 @@
+"""``Speculator``: the engine's drafting. Before a step is scheduled it drafts up to k tokens for each running
+sequence that decodes (``Sequence.spec_drafts``), never more than the sequence may still produce: a step emits at
+most k + 1 tokens, within ``max_tokens`` and the context; the scheduler takes what fits its token budget and the KV
+pool. It also counts what verification accepted (vLLM's ``spec_decode_*`` series)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gh200rt.config.speculative import SpeculativeMethod
+from gh200rt.scheduler.request import Sequence
+from gh200rt.speculative.ngram import NgramProposer
+
+
+@dataclass
+class SpecDecodeStats:
+    num_drafts: int = 0                 # sequences' steps that verified at least one drafted token
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)   # [k]: drafts accepted at each position
+
+    def copy(self) -> "SpecDecodeStats":
+        return SpecDecodeStats(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
+                               list(self.accepted_per_pos))
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens a verifying step emits per sequence on average (accepted drafts + the target's own)."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+
+def draft_room(seq: Sequence, k: int) -> int:
+    """How many tokens ``seq`` may draft: a step then emits at most that many + 1, within max_tokens and the
+    context."""
+    room = seq.max_model_len - seq.num_tokens - 1
+    if seq.params.max_tokens is not None:
+        room = min(room, seq.params.max_tokens - len(seq.output_token_ids) - 1)
+    return max(0, min(k, room))
+
+
+class Speculator:
+    def __init__(self, method: SpeculativeMethod):
+        self.method = method
+        self.k = method.num_speculative_tokens
+        self.proposer = NgramProposer(method.prompt_lookup_min, method.prompt_lookup_max)
+        self.stats = SpecDecodeStats(accepted_per_pos=[0] * self.k)
+
+    def propose(self, running: list[Sequence]) -> None:
+        """Set ``spec_drafts`` of every running sequence (empty where it does not draft this step)."""
+        limit = self.method.disable_by_batch_size
+        drafting = limit is None or len(running) < limit
+        for seq in running:
+            seq.spec_drafts = []
+            if not drafting or seq.pooling is not None or seq.num_tokens - seq.num_computed_tokens != 1:
+                continue
+            room = draft_room(seq, self.k)
+            if room:
+                seq.spec_drafts = self.proposer.propose(seq, room)
+        if self.proposer.num_histories > 2 * len(running) + 16:      # sequences that left keep none for long
+            self.proposer.retain({seq.seq_id for seq in running})
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """One sequence's verification: ``accepted`` of its ``drafted`` tokens kept."""
+        s = self.stats
+        s.num_drafts += 1
+        s.num_draft_tokens += drafted
+        s.num_accepted_tokens += accepted
+        for j in range(accepted):
+            s.accepted_per_pos[j] += 1

@@ -1,0 +1,59 @@
+"""``--speculative-config``: vLLM's JSON read into settings; every value gh200rt cannot honour refused with what to
+write instead."""
+import json
+
+import pytest
+
+from gh200rt.cli_args import add_engine_arguments
+from gh200rt.config import EngineConfig, SpeculativeConfig, read_speculative_config
+
+
+def test_vllms_ngram_json_is_read_with_its_defaults():
+    m = read_speculative_config('{"method": "ngram", "num_speculative_tokens": 3}')
+    assert (m.method, m.num_speculative_tokens, m.prompt_lookup_min, m.prompt_lookup_max) == ("ngram", 3, 5, 5)
+    m = read_speculative_config({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})
+    assert (m.prompt_lookup_min, m.prompt_lookup_max) == (3, 3)        # one bound given: the other follows it
+    m = read_speculative_config({"model": "[ngram]", "num_speculative_tokens": 2, "prompt_lookup_min": 2,
+                                 "prompt_lookup_max": 4, "disable_by_batch_size": 8})
+    assert (m.method, m.prompt_lookup_min, m.prompt_lookup_max, m.disable_by_batch_size) == ("ngram", 2, 4, 8)
+
+
+def test_the_flag_and_the_llm_keyword_give_the_same_config():
+    import argparse
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    text = '{"method": "ngram", "num_speculative_tokens": 4}'
+    args = parser.parse_args(["--speculative-config", text])
+    assert args.speculative_config == text
+    by_kwargs = EngineConfig.from_kwargs(speculative_config=json.loads(text))
+    assert by_kwargs.speculative.method == SpeculativeConfig(text).method
+
+
+def test_zero_tokens_turns_speculation_off():
+    assert SpeculativeConfig('{"method": "ngram", "num_speculative_tokens": 0}').method is None
+    assert SpeculativeConfig().method is None
+
+
+@pytest.mark.parametrize("value, words", [
+    ("{not json", "is not JSON"),
+    ("[1, 2]", "JSON object"),
+    ({"method": "medusa", "num_speculative_tokens": 2}, "unknown method 'medusa'"),
+    ({"method": "eagle3", "model": "x", "num_speculative_tokens": 2}, "not available in gh200rt yet"),
+    ({"method": "draft_model", "model": "x", "num_speculative_tokens": 2}, "not available in gh200rt yet"),
+    ({"model": "/some/draft", "num_speculative_tokens": 2}, "'draft_model' is not available"),
+    ({"num_speculative_tokens": 2}, "needs \"method\""),
+    ({"method": "ngram"}, "needs num_speculative_tokens"),
+    ({"method": "ngram", "num_speculative_tokens": -1}, "at least 0, got -1"),
+    ({"method": "ngram", "num_speculative_tokens": 2.5}, "must be an integer"),
+    ({"method": "ngram", "num_speculative_tokens": "auto"}, "\"auto\" is not available yet"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
+     "prompt_lookup_min (4) is larger than prompt_lookup_max (2)"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 0}, "at least 1"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "speculative_token_tree": "[(0,)]"},
+     "speculative_token_tree not supported"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 2}, "drafts on the host"),
+])
+def test_bad_settings_are_refused_with_what_to_do(value, words):
+    with pytest.raises(ValueError) as e:
+        EngineConfig.from_kwargs(speculative_config=value)
+    assert words in str(e.value)

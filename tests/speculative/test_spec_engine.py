@@ -1,0 +1,180 @@
+"""Speculative decoding in the engine, with what else a request asks for: every case generates the same tokens with
+and without n-gram drafts (``--batch-invariant``: a verified position's bits are a decoded one's), drafts were
+verified and kept in each, and what the engine keeps (KV progress, prefix-cache blocks, grammar state) follows the
+accepted tokens only."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gh200rt.lora.request import LoRARequest
+from gh200rt.sampling_params import SamplingParams
+from gh200rt.structured import Constraint
+from tests.engine.real_models import SharedModel, save_tiny_llama
+from tests.lora.peft_files import write_peft_adapter
+from tests.model.tiny_checkpoints import save_tiny
+from tests.server.byte_llama import save_byte_llama
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+
+
+def looping_prompts(count: int, seed: int = 0, vocab: int = 256) -> list[list[int]]:
+    """Prompts that repeat a short phrase: the tiny random model goes on repeating, so lookups find drafts."""
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(count):
+        phrase = [rng.randrange(3, vocab) for _ in range(rng.randrange(3, 6))]
+        prompts.append([rng.randrange(3, vocab) for _ in range(rng.randrange(2, 9))] + phrase * 4)
+    return prompts
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return SharedModel(save_tiny_llama(str(tmp_path_factory.mktemp("tiny-spec"))))
+
+
+def run_both(model: SharedModel, prompts, params, **options):
+    """(outputs without speculation, outputs with it, the speculator's stats)."""
+    options = {"batch_invariant": True, "max_model_len": 128, "num_kv_blocks": 64, **options}
+    want = model.llm(**options).generate(prompts, params)
+    llm = model.llm(speculative_config=NGRAM, **options)
+    got = llm.generate(prompts, params)
+    return want, got, llm
+
+
+def same(want, got) -> None:
+    for w, g in zip(want, got):
+        assert len(w.outputs) == len(g.outputs)
+        for a, b in zip(w.outputs, g.outputs):
+            assert (b.token_ids, b.finish_reason, b.stop_reason, b.text) == \
+                (a.token_ids, a.finish_reason, a.stop_reason, a.text)
+            assert b.logprobs == a.logprobs and b.cumulative_logprob == a.cumulative_logprob
+
+
+def kept_drafts(llm, at_least: int = 4) -> None:
+    stats = llm.engine.speculator.stats
+    assert stats.num_accepted_tokens >= at_least and stats.num_draft_tokens > stats.num_accepted_tokens, stats
+
+
+def test_plain_greedy_with_logprobs(tiny):
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=3, prompt_logprobs=1)
+    want, got, llm = run_both(tiny, looping_prompts(6), params)
+    same(want, got)
+    kept_drafts(llm, 20)
+    assert [w.prompt_logprobs for w in want] == [g.prompt_logprobs for g in got]
+    s = llm.engine.speculator.stats
+    assert s.accepted_per_pos[0] >= s.accepted_per_pos[-1] and sum(s.accepted_per_pos) == s.num_accepted_tokens
+
+
+def test_penalties_count_the_drafts_before_each_position(tiny):
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, repetition_penalty=1.05,
+                            frequency_penalty=0.05, presence_penalty=0.05)
+    want, got, llm = run_both(tiny, looping_prompts(4, seed=1), params)
+    same(want, got)
+    kept_drafts(llm, 1)
+
+
+def test_stops_min_tokens_bad_words_and_logit_bias(tiny):
+    prompts = looping_prompts(4, seed=2)
+    plain = tiny.llm(batch_invariant=True, max_model_len=128).generate(
+        prompts, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    looped = [o.outputs[0].token_ids for o in plain]
+    cases = [
+        SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[looped[0][5]]),
+        SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, stop=[plain[1].outputs[0].text[4:9]]),
+        SamplingParams(temperature=0, max_tokens=20, min_tokens=12, stop_token_ids=[looped[2][3]]),
+        SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, bad_words=[plain[3].outputs[0].text[:3]],
+                       logit_bias={looped[3][1]: -3.0}),
+    ]
+    for params in cases:
+        want, got, llm = run_both(tiny, prompts, params)
+        same(want, got)
+        kept_drafts(llm, 1)
+
+
+def test_drafts_never_run_past_max_tokens_or_the_context(tiny):
+    prompts = looping_prompts(3, seed=3)
+    for max_tokens in (1, 2, 3):
+        want, got, _ = run_both(tiny, prompts, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+        same(want, got)
+        assert all(len(o.outputs[0].token_ids) == max_tokens for o in got)
+    longest = max(len(p) for p in prompts)
+    want, got, _ = run_both(tiny, prompts, SamplingParams(temperature=0, max_tokens=None, ignore_eos=True),
+                            max_model_len=longest + 6)
+    same(want, got)
+    assert all(len(p) + len(o.outputs[0].token_ids) == longest + 6 for p, o in zip(prompts, got))
+
+
+def test_chunked_prefill_preemption_and_async_scheduling(tiny):
+    prompts = looping_prompts(8, seed=4)
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    for options in ({"max_num_batched_tokens": 8}, {"num_kv_blocks": 10, "block_size": 8, "max_model_len": 64},
+                    {"async_scheduling": True}):
+        want, got, llm = run_both(tiny, prompts, params, **options)
+        same(want, got)
+        kept_drafts(llm)
+        if "num_kv_blocks" in options:
+            assert llm.engine.stats().num_preemptions > 0
+
+
+def test_only_accepted_tokens_reach_the_prefix_cache(tiny):
+    """Batch-invariant engines publish decoded blocks: a second request over the first's prompt and output reuses
+    them, and its tokens equal a fresh engine's, so no block held a rejected draft's KV."""
+    first = looping_prompts(1, seed=5)[0]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    llm = tiny.llm(batch_invariant=True, max_model_len=128, num_kv_blocks=64, block_size=4,
+                   speculative_config=NGRAM)
+    answer = llm.generate([first], params)[0].outputs[0].token_ids
+    kept_drafts(llm)
+    second = first + list(answer) + [7, 8, 9]
+    got = llm.generate([second], params)[0]
+    assert got.num_cached_tokens >= len(first) + 32
+    fresh = tiny.llm(batch_invariant=True, max_model_len=128, enable_prefix_caching=False).generate([second], params)
+    assert got.outputs[0].token_ids == fresh[0].outputs[0].token_ids
+
+
+def test_several_choices_and_seeds_sample_from_the_target(tiny):
+    prompts = looping_prompts(2, seed=6)
+    params = SamplingParams(temperature=0.5, top_k=3, max_tokens=16, ignore_eos=True, n=3, seed=11)
+    llm = tiny.llm(max_model_len=128, speculative_config=NGRAM)
+    first = llm.generate(prompts, params)
+    again = llm.generate(prompts, params)
+    assert all(len(o.outputs) == 3 and all(len(c.token_ids) == 16 for c in o.outputs) for o in first)
+    assert [[c.token_ids for c in o.outputs] for o in first] == [[c.token_ids for c in o.outputs] for o in again]
+    kept_drafts(llm, 1)
+
+
+def test_moe_model(tmp_path):
+    path = str(tmp_path / "moe")
+    save_tiny("qwen3-moe-norm", path)
+    from tests.model.tiny_checkpoints import VOCAB
+    want, got, llm = run_both(SharedModel(path), looping_prompts(4, seed=7, vocab=VOCAB),
+                              SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    same(want, got)
+    kept_drafts(llm)
+
+
+def test_lora_adapters(tmp_path):
+    hf = save_tiny("llama3-gqa-untied", str(tmp_path / "model"))
+    adapter = write_peft_adapter(str(tmp_path / "a"), hf, r=4, alpha=8, seed=1)
+    model = SharedModel(str(tmp_path / "model"))
+    options = dict(enable_lora=True, lora_modules=(f"a={adapter}",), max_lora_rank=8)
+    prompts = looping_prompts(3, seed=8, vocab=200)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    lora = LoRARequest("a", 1, adapter)
+    want = model.llm(batch_invariant=True, **options).generate(prompts, params, lora_request=lora)
+    llm = model.llm(batch_invariant=True, speculative_config=NGRAM, **options)
+    got = llm.generate(prompts, params, lora_request=lora)
+    same(want, got)
+    kept_drafts(llm, 1)
+
+
+def test_a_grammar_masks_every_verified_position(tmp_path):
+    model = SharedModel(save_byte_llama(str(tmp_path)))
+    schema = {"type": "object", "required": ["k"], "properties": {"k": {"enum": ["abcabcabc", "abd"]}}}
+    prompts = ["abcabcabc abcabcabc {\"k\": \"abcabcabc\"} {\"k\": \"abc", "xyz xyz xyz {"]
+    params = SamplingParams(temperature=0, max_tokens=40, structured_output=Constraint.json_schema(schema))
+    want, got, llm = run_both(model, prompts, params)
+    same(want, got)
+    kept_drafts(llm, 1)
