@@ -29,6 +29,14 @@ class EngineConfig:
         if self.lora.enable_lora and self.graphs.enforce_eager is False:
             raise ValueError("--enable-lora runs every step eagerly (decode graphs do not hold the per-token adapter "
                              "inputs yet): drop --no-enforce-eager")
+        method = self.speculative.method
+        if method is not None and method.method == "draft_model":
+            if self.parallel.tensor_parallel_size > 1:
+                raise ValueError("a draft model with --tensor-parallel-size > 1 is not supported yet (the draft would "
+                                 "run unsharded on rank 0): use the ngram method, or drop tensor parallelism")
+            if self.cache.kv_offloading_size is not None:
+                raise ValueError("a draft model with --kv-offloading-size is not supported yet (the host tier keeps "
+                                 "the target's KV only): use the ngram method, or drop the host KV tier")
         if self.cache.kv_offloading_size is not None and self.parallel.tensor_parallel_size > 1:
             raise ValueError("--kv-offloading-size with --tensor-parallel-size > 1 is not supported yet (each rank "
                              "would keep its own heads' share of every block): drop one of the two")

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from gh200rt.config.flags import flag_help
 
 # vLLM's method names; the built ones first. ``mtp`` is for models that ship multi-token-prediction layers.
-BUILT_METHODS = ("ngram",)
-PLANNED_METHODS = ("draft_model", "eagle3", "suffix", "mtp")
+BUILT_METHODS = ("ngram", "draft_model")
+PLANNED_METHODS = ("eagle3", "suffix", "mtp")
 KNOWN_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model",
               "draft_tensor_parallel_size", "disable_by_batch_size")
 NGRAM_DEFAULT_LOOKUP = 5           # vLLM's prompt_lookup_min / _max when neither is given
@@ -31,7 +31,8 @@ class SpeculativeMethod:
     disable_by_batch_size: int | None = None
 
     def describe(self) -> str:
-        where = f", lookup {self.prompt_lookup_min}-{self.prompt_lookup_max} tokens" if self.method == "ngram" else ""
+        where = f", lookup {self.prompt_lookup_min}-{self.prompt_lookup_max} tokens" if self.method == "ngram" else \
+            f", draft {self.model}"
         return f"{self.method}, k={self.num_speculative_tokens}{where}"
 
 
@@ -72,11 +73,12 @@ def read_speculative_config(text: str | dict) -> SpeculativeMethod:
     if method == "[ngram]":
         method = "ngram"
     if method is None:
-        raise ValueError("--speculative-config needs \"method\" (ngram), e.g. "
+        raise ValueError("--speculative-config needs \"method\" (ngram or draft_model), e.g. "
                          "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'")
     if method in PLANNED_METHODS:
-        raise ValueError(f"--speculative-config: method {method!r} is not available in gh200rt yet; use "
-                         f"{' or '.join(BUILT_METHODS)} (prompt lookup over the prompt and output so far)")
+        raise ValueError(f"--speculative-config: method {method!r} is not available in gh200rt yet; use ngram "
+                         f"(prompt lookup over the prompt and output so far) or draft_model (a smaller model of the "
+                         f"target's family)")
     if method not in BUILT_METHODS:
         raise ValueError(f"--speculative-config: unknown method {method!r}; choose one of "
                          f"{', '.join(BUILT_METHODS)}")
@@ -89,16 +91,20 @@ def read_speculative_config(text: str | dict) -> SpeculativeMethod:
     k = _int_key(values, "num_speculative_tokens", 0)
     if values.get("model") is not None and method == "ngram":
         raise ValueError("--speculative-config: method ngram drafts from the prompt and output; drop \"model\"")
+    if method == "draft_model" and not values.get("model"):
+        raise ValueError("--speculative-config: method draft_model needs \"model\": the draft's Hugging Face "
+                         "directory, .gguf file or alias")
     tp = _int_key(values, "draft_tensor_parallel_size", 1)
     if tp not in (None, 1):
-        raise ValueError(f"--speculative-config: draft_tensor_parallel_size {tp} applies to a draft model; "
-                         f"method {method} drafts on the host (drop the key or set it to 1)")
+        raise ValueError(f"--speculative-config: draft_tensor_parallel_size {tp}: the draft runs unsharded beside "
+                         f"the target for now (drop the key or set it to 1)")
     low = _int_key(values, "prompt_lookup_min", 1)
     high = _int_key(values, "prompt_lookup_max", 1)
     low, high = (low or high or NGRAM_DEFAULT_LOOKUP), (high or low or NGRAM_DEFAULT_LOOKUP)
     if low > high:
         raise ValueError(f"--speculative-config: prompt_lookup_min ({low}) is larger than prompt_lookup_max ({high})")
-    return SpeculativeMethod(method, k, low, high, None, _int_key(values, "disable_by_batch_size", 1))
+    return SpeculativeMethod(method, k, low, high, values.get("model") if method == "draft_model" else None,
+                             _int_key(values, "disable_by_batch_size", 1))
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from gh200rt.numa.affinity import bind_engine_threads
 from gh200rt.planner.cost_model import activation_bytes, model_sizes
 from gh200rt.planner.planner import Plan, RankShare, make_plan
 from gh200rt.platform.detect import Platform, detect
+from gh200rt.speculative.draft_model import DraftModel, load_draft
 from gh200rt.weights import forms as weight_forms
 from gh200rt.weights.device_moves import linear_parts
 from gh200rt.weights.slab_cache import SlabCache
@@ -53,6 +54,7 @@ class PlacedModel:
     store: WeightStore
     ledger: DeviceMemoryLedger
     device: str
+    draft: DraftModel | None = None     # speculative decoding's draft model, resident and booked in the ledger
 
 
 def max_model_len(config: EngineConfig, arch) -> int:
@@ -82,6 +84,7 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     defer = config.memory.host_weight_dtype in weight_forms.QUANTIZED_HOST_FORMATS
     loaded = load_model(config.model, device="cpu", compute_device=device, shard=shard, defer_layer_linears=defer)
     arch, dtype = loaded.arch, DTYPE_NAMES[loaded.dtype]
+    draft = speculative_draft(config, loaded.tokenizer, arch, loaded.dtype, device)
     fmt = weight_forms.resolve_host_format(config.memory.host_weight_dtype, device == "cpu", loaded.dtype,
                                            bool(loaded.quantized))
     # an FP8 checkpoint's resident layers keep their fp8 weights on a GPU (WeightStore)
@@ -110,7 +113,8 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     # a step's working memory beside weights and KV: activations, and on a GPU the decode graphs' pool, which the
     # ledger books before the store; the planner counts both, or the minimum it names would be refused
     lora_bytes = lora_slot_bytes(config.lora, arch, loaded.dtype)
-    working = activations + graph_pool_booking(config, arch, dtype, device) + lora_bytes
+    draft_bytes = draft.weight_bytes if draft is not None else 0
+    working = activations + graph_pool_booking(config, arch, dtype, device) + lora_bytes + draft_bytes
     capacity = ledger_capacity(config.memory, free, sizes.all_resident_bytes + working, useful_kv)
     plan = make_plan(sizes, platform, config.memory, capacity, config.cache.block_size,
                      activation_bytes=working, max_model_len=longest,
@@ -121,6 +125,7 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     ledger = DeviceMemoryLedger(capacity)
     reserve_graph_pool(ledger, config, arch, dtype, device)
     ledger.reserve("lora_slots", lora_bytes)
+    ledger.reserve("draft_weights", draft_bytes)
     cache = None
     if config.memory.host_weight_cache_dir and fmt in weight_forms.QUANTIZED_HOST_FORMATS:
         cache = SlabCache(config.memory.host_weight_cache_dir, resolve_model_path(config.model.model), fmt,
@@ -132,15 +137,19 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     block_size = config.cache.block_size
     kv_dtype = kv_cache_dtype(config.cache.kv_cache_dtype, loaded.dtype)
     per_block = kv_bytes_per_block(arch.num_layers, block_size, arch.num_kv_heads, arch.head_dim, kv_dtype)
+    # a draft model's KV cache has the pool's blocks: each KV block costs both
+    draft_per_block = draft.kv_bytes_per_block(block_size, kv_dtype) if draft is not None else 0
 
     def make_arena(run_bytes: list[int]) -> DeviceArena:
         ledger.reserve("activations", activations)
         runs = sum(max(1, -(-nbytes // per_block)) for nbytes in run_bytes)
         ledger.reserve("arena_weights", runs * per_block)
-        kv_blocks = size_kv_pool(ledger, config.cache.num_kv_blocks, per_block, block_size, longest)
+        kv_blocks = size_kv_pool(ledger, config.cache.num_kv_blocks, per_block + draft_per_block, block_size,
+                                 longest)
         ledger.release("arena_weights", runs * per_block)   # the store books each run as it takes it
-        ledger.release("kv_pool", kv_blocks * per_block)
+        ledger.release("kv_pool", kv_blocks * (per_block + draft_per_block))
         ledger.reserve("kv_pool", (kv_blocks + runs) * per_block)
+        ledger.reserve("draft_kv", kv_blocks * draft_per_block)
         return DeviceArena(kv_blocks + runs, arch.num_layers, block_size, arch.num_kv_heads, arch.head_dim,
                            kv_dtype, device)
 
@@ -149,7 +158,16 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     arena = store.arena
     kv_blocks = arena.num_blocks - arena.pool.num_run_blocks
     plan = dataclasses.replace(plan, num_kv_blocks=kv_blocks, arena_weight_blocks=arena.pool.num_run_blocks)
-    return PlacedModel(loaded, platform, plan, store, ledger, device)
+    return PlacedModel(loaded, platform, plan, store, ledger, device, draft)
+
+
+def speculative_draft(config: EngineConfig, tokenizer, arch, dtype: torch.dtype, device: str) -> DraftModel | None:
+    """The draft model of ``--speculative-config`` method draft_model (checked against the target's tokenizer and
+    architecture), loaded on ``device`` in ``dtype``; None otherwise."""
+    method = config.speculative.method
+    if method is None or method.method != "draft_model":
+        return None
+    return load_draft(method, tokenizer, arch, dtype, config, device)
 
 
 def graph_pool_booking(config: EngineConfig, arch, dtype: str, device: str) -> int:

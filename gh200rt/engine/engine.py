@@ -18,7 +18,8 @@ import torch
 from gh200rt.backends import backend_for
 from gh200rt.backends.cpu.host_allocator import keep_freed_memory
 from gh200rt.config import EngineConfig
-from gh200rt.engine.bootstrap import DTYPE_NAMES, PlacedModel, load_and_place, max_model_len, size_kv_pool
+from gh200rt.engine.bootstrap import (DTYPE_NAMES, PlacedModel, load_and_place, max_model_len, size_kv_pool,
+                                      speculative_draft)
 from gh200rt.engine.decode_graphs import decode_graphs, reserve_graph_pool
 from gh200rt.engine.expert_balancer import ExpertBalancer
 from gh200rt.engine.host_kv_tier import make_host_tier
@@ -40,6 +41,7 @@ from gh200rt.models.layers.attention import configure_kv_scales
 from gh200rt.planner.cost_model import copy_seconds
 from gh200rt.planner.layout import offloaded_expert_tier
 from gh200rt.scheduler.scheduler import Scheduler
+from gh200rt.speculative.draft_model import DraftProposer
 from gh200rt.speculative.speculator import Speculator
 from gh200rt.structured import GrammarMatchers
 from gh200rt.weights.schedule import NULL_HOOKS
@@ -78,15 +80,24 @@ class LLMEngine(RequestIntake, EngineReports, EngineSteps):
         if placed is None:
             if device == "cpu":  # a placed model got its kernels in load_and_place
                 backend_for(device).install_kernels(model, config, device)
-            self.ledger = DeviceMemoryLedger(ledger_capacity(config.memory, None, weight_bytes))
+            draft = speculative_draft(config, tokenizer, arch, dtype, device)
+            draft_bytes = draft.weight_bytes if draft is not None else 0
+            self.ledger = DeviceMemoryLedger(ledger_capacity(config.memory, None, weight_bytes + draft_bytes))
             self.ledger.reserve("resident_weights", weight_bytes)
+            self.ledger.reserve("draft_weights", draft_bytes)
             reserve_graph_pool(self.ledger, config, arch, DTYPE_NAMES[dtype], device)
             self.ledger.reserve("lora_slots", lora_slot_bytes(config.lora, arch, dtype))
             per_block = kv_bytes_per_block(arch.num_layers, bs, arch.num_kv_heads, arch.head_dim, kv_dtype)
-            num_blocks = size_kv_pool(self.ledger, config.cache.num_kv_blocks, per_block, bs, self.max_model_len)
+            draft_per_block = draft.kv_bytes_per_block(bs, kv_dtype) if draft is not None else 0
+            num_blocks = size_kv_pool(self.ledger, config.cache.num_kv_blocks, per_block + draft_per_block, bs,
+                                      self.max_model_len)
+            self.ledger.release("kv_pool", num_blocks * (per_block + draft_per_block))
+            self.ledger.reserve("kv_pool", num_blocks * per_block)
+            self.ledger.reserve("draft_kv", num_blocks * draft_per_block)
         else:
             self.ledger = placed.ledger
             num_blocks = placed.plan.num_kv_blocks
+            draft = placed.draft
         self.store = placed.store if placed else None
         self.plan = placed.plan if placed else None
         self.platform = placed.platform if placed else None
@@ -145,7 +156,8 @@ class LLMEngine(RequestIntake, EngineReports, EngineSteps):
         self.generation_tokens = 0
         self.iteration_tokens = iteration_tokens()
         spec = config.speculative.method
-        self.speculator = Speculator(spec) if spec is not None else None
+        proposer = DraftProposer(draft, num_blocks, bs, kv_dtype, device, self.sampler) if draft is not None else None
+        self.speculator = Speculator(spec, self.kv, proposer) if spec is not None else None
         # async scheduling where every input id of a step is this process's (not rank 0 of a tensor-parallel engine),
         # and drafts are not made from the tokens so far (they are on the host once a step is taken in)
         self._runs_ahead = config.scheduler.async_scheduling and parallel is None and self.speculator is None

@@ -15,9 +15,10 @@ from gh200rt.config import MemoryConfig
 # kv_pool and arena_weights split one device arena: blocks move between them as layers change tier;
 # cpu_route_forms: what the CPU routes' forms of resident linears hold beside their own bytes (the fp32 routes'
 # reordered copies, the fp16+gguf route's GGUF blocks); lora_slots: the --max-loras LoRA adapter slots;
-# direct_scales: the quantization scales of DIRECT layers kept in device memory (--direct-scales device)
+# direct_scales: the quantization scales of DIRECT layers kept in device memory (--direct-scales device);
+# draft_weights / draft_kv: speculative decoding's draft model and its KV cache (the pool's blocks)
 KINDS = ("resident_weights", "arena_weights", "staging_ring", "kv_pool", "activations", "graph_pools", "direct_scales",
-         "cpu_route_forms", "lora_slots")
+         "cpu_route_forms", "lora_slots", "draft_weights", "draft_kv")
 CPU_DEFAULT_KV_BYTES = 2 << 30
 
 

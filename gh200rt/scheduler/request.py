@@ -41,6 +41,8 @@ class Sequence:
         self.block_hashes: list[int] = []
         self.host_blocks: list = []                # host KV tier blocks adopted, waiting for device blocks
         self.spec_drafts: list[int] = []           # tokens drafted for the next step (speculative decoding)
+        self.spec_draft_probs = None               # a draft model's distributions they were drawn from ([k, V])
+        self.draft_computed = 0                    # positions whose draft-model KV is valid
         self.num_cached_tokens = 0                # prompt tokens reused from the prefix cache
         self.num_preemptions = 0
         self.share_prompt_from: "Sequence | None" = None

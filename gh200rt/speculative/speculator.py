@@ -1,7 +1,9 @@
 """``Speculator``: the engine's drafting. Before a step is scheduled it drafts up to k tokens for each running
 sequence that decodes (``Sequence.spec_drafts``), never more than the sequence may still produce: a step emits at
 most k + 1 tokens, within ``max_tokens`` and the context; the scheduler takes what fits its token budget and the KV
-pool. It also counts what verification accepted (vLLM's ``spec_decode_*`` series)."""
+pool. A draft model writes its KV at the drafted positions, so their blocks are allocated before it runs, where the
+pool keeps a block per running sequence beside them (drafting never causes a preemption the step would not have had).
+It also counts what verification accepted (vLLM's ``spec_decode_*`` series)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -42,25 +44,41 @@ def draft_room(seq: Sequence, k: int) -> int:
 
 
 class Speculator:
-    def __init__(self, method: SpeculativeMethod):
+    """``draft``: a ``draft_model.DraftProposer`` for the draft_model method; ``kv``: the engine's
+    ``KVCacheManager`` (a draft model's positions are allocated before it drafts)."""
+
+    def __init__(self, method: SpeculativeMethod, kv=None, draft=None):
         self.method = method
         self.k = method.num_speculative_tokens
-        self.proposer = NgramProposer(method.prompt_lookup_min, method.prompt_lookup_max)
+        self.kv = kv
+        self.draft = draft
+        self.ngram = NgramProposer(method.prompt_lookup_min, method.prompt_lookup_max) if draft is None else None
         self.stats = SpecDecodeStats(accepted_per_pos=[0] * self.k)
 
     def propose(self, running: list[Sequence]) -> None:
         """Set ``spec_drafts`` of every running sequence (empty where it does not draft this step)."""
         limit = self.method.disable_by_batch_size
         drafting = limit is None or len(running) < limit
+        wanted = []
         for seq in running:
-            seq.spec_drafts = []
+            seq.spec_drafts, seq.spec_draft_probs = [], None
             if not drafting or seq.pooling is not None or seq.num_tokens - seq.num_computed_tokens != 1:
                 continue
             room = draft_room(seq, self.k)
-            if room:
-                seq.spec_drafts = self.proposer.propose(seq, room)
-        if self.proposer.num_histories > 2 * len(running) + 16:      # sequences that left keep none for long
-            self.proposer.retain({seq.seq_id for seq in running})
+            if room and self.ngram is not None:
+                seq.spec_drafts = self.ngram.propose(seq, room)
+            elif room and self._room_in_pool(seq, room, len(running)):
+                wanted.append((seq, room))
+        if wanted:
+            self.draft.propose(wanted)
+        if self.ngram is not None and self.ngram.num_histories > 2 * len(running) + 16:   # those that left keep none
+            self.ngram.retain({seq.seq_id for seq in running})
+
+    def _room_in_pool(self, seq: Sequence, room: int, running: int) -> bool:
+        """Allocate the blocks of ``seq``'s next 1 + ``room`` positions if the pool keeps a block per running
+        sequence beside them."""
+        need = self.kv.blocks_needed(seq.num_computed_tokens + 1 + room) - len(seq.block_ids)
+        return need <= 0 or (self.kv.num_free_blocks - need >= running and self.kv.allocate(seq, 1 + room))
 
     def record(self, drafted: int, accepted: int) -> None:
         """One sequence's verification: ``accepted`` of its ``drafted`` tokens kept."""

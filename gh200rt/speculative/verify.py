@@ -86,12 +86,38 @@ def apply_draft_grammar_masks(logits: torch.Tensor, groups: list[tuple[Sequence,
     logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
 
 
+def draft_distributions(views: list[PositionView], random_rows: list[int], groups, starts: list[int],
+                        draft: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[len(random_rows), V]: the distribution each random row's draft was drawn from (a draft model's row, or a
+    point mass at the draft); zero on a last row, which holds no draft."""
+    device = draft.device
+    q = torch.zeros(len(random_rows), vocab, device=device)
+    where = {id(seq): g for g, (seq, _) in enumerate(groups)}
+    point = []
+    for j, i in enumerate(random_rows):
+        seq = views[i].seq
+        g = where[id(seq)]
+        position = i - starts[g]
+        if position >= len(groups[g][1]):
+            continue
+        if seq.spec_draft_probs is not None:
+            q[j] = seq.spec_draft_probs[position]
+        else:
+            point.append(j)
+    if point:
+        index = torch.tensor(point, device=device)
+        rows = torch.tensor(random_rows, device=device).index_select(0, index)
+        q.index_put_((index, draft.index_select(0, rows)), torch.ones(len(point), device=device))
+    return q
+
+
 @torch.inference_mode()       # the model's logits are inference tensors: the processors update them in place
 def launch_verification(sampler: Sampler, logits: torch.Tensor,
                         groups: list[tuple[Sequence, list[int]]]) -> PendingSample:
     """Verify every group's drafts (``groups``: (sequence, its drafted tokens) in row order; ``logits``: [sum of
-    (drafts + 1), V]). Row r of the result's tokens is the token emitted at that position where the sequence gets
-    that far; ``emitted[g]`` (1 to k + 1) is how many group g emits."""
+    (drafts + 1), V]). A sequence's ``spec_draft_probs`` ([>= drafts, V], a draft model's) are the distributions its
+    drafts were drawn from; without them a draft is a point mass. Row r of the result's tokens is the token emitted
+    at that position where the sequence gets that far; ``emitted[g]`` (1 to k + 1) is how many group g emits."""
     device = logits.device
     views: list[PositionView] = []
     starts: list[int] = []
@@ -131,8 +157,10 @@ def launch_verification(sampler: Sampler, logits: torch.Tensor,
     if random_rows:
         t, probs = target_probs(processed, views, random_rows)
         u = sampler.uniforms(views, random_rows, device)       # a draft row's tests its draft, a last row's draws
-        p_draft = probs.gather(1, draft.index_select(0, t.random_rows).unsqueeze(1)).squeeze(1)
-        accepted.index_copy_(0, t.random_rows, (u <= p_draft) & drafted.index_select(0, t.random_rows))
+        q = draft_distributions(views, random_rows, groups, starts, draft, probs.shape[1])
+        d = draft.index_select(0, t.random_rows).unsqueeze(1)
+        ratio = probs.gather(1, d).squeeze(1) / q.gather(1, d).squeeze(1).clamp_min(1e-30)
+        accepted.index_copy_(0, t.random_rows, (u <= ratio) & drafted.index_select(0, t.random_rows))
     # the first row of each group whose draft is not kept (row k, which holds none, at the latest)
     first_rejected = torch.full((len(groups),), _NEVER, dtype=torch.int64, device=device).scatter_reduce_(
         0, group, torch.where(accepted, _NEVER, pos), "amin")
@@ -148,7 +176,7 @@ def launch_verification(sampler: Sampler, logits: torch.Tensor,
             rows_final = final_row.index_select(0, random_groups)
             dist = probs.index_select(0, rows)
             rejected = drafted.index_select(0, rows_final).unsqueeze(1)
-            residual = dist.scatter(1, draft.index_select(0, rows_final).unsqueeze(1), 0.0)
+            residual = (dist - q.index_select(0, rows)).clamp_min_(0.0)
             # p(d) = 1 is always kept, so a residual has mass; a rounding that empties it falls back to p
             dist = torch.where(rejected & (residual.sum(dim=1, keepdim=True) > 0), residual, dist)
             draw_u = u.index_select(0, in_random.index_select(0, last.index_select(0, random_groups)))

@@ -18,6 +18,16 @@ def test_vllms_ngram_json_is_read_with_its_defaults():
     assert (m.method, m.prompt_lookup_min, m.prompt_lookup_max, m.disable_by_batch_size) == ("ngram", 2, 4, 8)
 
 
+def test_a_draft_model_is_named_by_its_path_with_or_without_method():
+    m = read_speculative_config({"model": "/models/draft", "num_speculative_tokens": 3})
+    assert (m.method, m.model, m.num_speculative_tokens) == ("draft_model", "/models/draft", 3)
+    draft = {"method": "draft_model", "model": "d", "num_speculative_tokens": 2}
+    with pytest.raises(ValueError, match="tensor-parallel-size > 1 is not supported yet"):
+        EngineConfig.from_kwargs(speculative_config=draft, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="kv-offloading-size is not supported yet"):
+        EngineConfig.from_kwargs(speculative_config=draft, kv_offloading_size="1")
+
+
 def test_the_flag_and_the_llm_keyword_give_the_same_config():
     import argparse
     parser = argparse.ArgumentParser()
@@ -39,8 +49,9 @@ def test_zero_tokens_turns_speculation_off():
     ("[1, 2]", "JSON object"),
     ({"method": "medusa", "num_speculative_tokens": 2}, "unknown method 'medusa'"),
     ({"method": "eagle3", "model": "x", "num_speculative_tokens": 2}, "not available in gh200rt yet"),
-    ({"method": "draft_model", "model": "x", "num_speculative_tokens": 2}, "not available in gh200rt yet"),
-    ({"model": "/some/draft", "num_speculative_tokens": 2}, "'draft_model' is not available"),
+    ({"method": "draft_model", "num_speculative_tokens": 2}, "method draft_model needs \"model\""),
+    ({"method": "draft_model", "model": "x", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 2},
+     "the draft runs unsharded"),
     ({"num_speculative_tokens": 2}, "needs \"method\""),
     ({"method": "ngram"}, "needs num_speculative_tokens"),
     ({"method": "ngram", "num_speculative_tokens": -1}, "at least 0, got -1"),
@@ -51,7 +62,6 @@ def test_zero_tokens_turns_speculation_off():
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 0}, "at least 1"),
     ({"method": "ngram", "num_speculative_tokens": 2, "speculative_token_tree": "[(0,)]"},
      "speculative_token_tree not supported"),
-    ({"method": "ngram", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 2}, "drafts on the host"),
 ])
 def test_bad_settings_are_refused_with_what_to_do(value, words):
     with pytest.raises(ValueError) as e:

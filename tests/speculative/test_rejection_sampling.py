@@ -96,3 +96,31 @@ def test_seeded_sequences_repeat_their_draws():
         result = launch_verification(Sampler(seed=99), ROWS.repeat(64, 1), group).result()
         runs.append((result.token_ids, result.emitted))
     assert runs[0] == runs[1]
+
+
+def test_a_draft_models_drafts_are_corrected_to_the_target():
+    """Drafts drawn from a draft model's own distributions q: kept with min(1, p / q), else replaced from
+    max(p - q, 0); the emitted tokens are still p's."""
+    params = SamplingParams(temperature=1.0)
+    p0, p1 = target(ROWS[0], params), target(ROWS[1], params)
+    q = torch.tensor([[0.05, 0.05, 0.4, 0.3, 0.1, 0.1], [0.3, 0.1, 0.1, 0.1, 0.2, 0.2]])
+    generator = torch.Generator().manual_seed(3)
+    sampler = Sampler(seed=5)
+    firsts, seconds, batch = [], [], 1500
+    for _ in range(4):
+        group = []
+        drafted = torch.stack([torch.multinomial(q[0], batch, True, generator=generator),
+                               torch.multinomial(q[1], batch, True, generator=generator)], dim=1).tolist()
+        for seq, drafts in zip(seqs(batch, params), drafted):
+            seq.spec_draft_probs = q
+            group.append((seq, drafts))
+        result = launch_verification(sampler, ROWS.repeat(batch, 1), group).result()
+        for g, ((_, drafts), emitted) in enumerate(zip(group, result.emitted)):
+            tokens = result.token_ids[g * 3:g * 3 + emitted]
+            firsts.append(tokens[0])
+            if len(tokens) > 1:
+                assert tokens[0] == drafts[0]
+                seconds.append(tokens[1])
+    assert chi_square(torch.bincount(torch.tensor(firsts), minlength=V).double(), p0.double()) < CRITICAL_DF5
+    assert len(seconds) > 1000
+    assert chi_square(torch.bincount(torch.tensor(seconds), minlength=V).double(), p1.double()) < CRITICAL_DF5

@@ -30,8 +30,13 @@ def looping_prompts(count: int, seed: int = 0, vocab: int = 256) -> list[list[in
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return SharedModel(save_tiny_llama(str(tmp_path_factory.mktemp("tiny-spec"))))
+def tiny_path(tmp_path_factory):
+    return save_tiny_llama(str(tmp_path_factory.mktemp("tiny-spec")))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_path):
+    return SharedModel(tiny_path)
 
 
 def run_both(model: SharedModel, prompts, params, **options):
@@ -178,3 +183,74 @@ def test_a_grammar_masks_every_verified_position(tmp_path):
     want, got, llm = run_both(model, prompts, params)
     same(want, got)
     kept_drafts(llm, 1)
+
+
+# ---- draft_model ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def drafts(tmp_path_factory):
+    """Paths of drafts for the tiny target: a one-layer model of its family, and one with another vocabulary."""
+    root = tmp_path_factory.mktemp("drafts")
+    return {"small": save_tiny_llama(str(root / "small"), num_layers=1),
+            "other_vocab": save_tiny_llama(str(root / "other"), vocab_size=320, num_layers=1)}
+
+
+def draft_config(path: str, k: int = 3) -> dict:
+    return {"method": "draft_model", "model": path, "num_speculative_tokens": k}
+
+
+def test_a_draft_model_keeps_greedy_output_and_is_booked(tiny, drafts, tiny_path):
+    prompts = looping_prompts(5, seed=9)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=2)
+    want = tiny.llm(batch_invariant=True, max_model_len=128).generate(prompts, params)
+    for draft in (drafts["small"], tiny_path):           # a weaker draft, and the target itself
+        llm = tiny.llm(batch_invariant=True, max_model_len=128, speculative_config=draft_config(draft))
+        same(want, llm.generate(prompts, params))
+        stats = llm.engine.speculator.stats
+        assert stats.num_draft_tokens > 20, stats
+        if draft == tiny_path:                           # drafting with the target itself: (nearly) all kept
+            assert stats.acceptance_rate > 0.9, stats
+    ledger = llm.engine.ledger.by_kind
+    assert ledger["draft_weights"] > 0 and ledger["draft_kv"] == llm.engine.speculator.draft.kv_bytes > 0
+
+
+def test_a_placed_engine_books_the_draft_before_its_kv_pool(tiny_path, drafts):
+    """Through ``load_and_place``: the draft's weights and KV are booked before the pool takes what is left, and
+    its KV cache has the pool's blocks."""
+    from gh200rt.engine.llm import LLM
+    llm = LLM(tiny_path, dtype="float32", max_model_len=128, speculative_config=draft_config(drafts["small"]))
+    try:
+        engine = llm.engine
+        out = llm.generate(looping_prompts(2, seed=11), SamplingParams(temperature=0, max_tokens=8))
+        assert all(len(o.outputs[0].token_ids) == 8 for o in out)
+        ledger = engine.ledger
+        assert ledger.by_kind["draft_weights"] > 0
+        assert ledger.by_kind["draft_kv"] == engine.speculator.draft.kv_bytes
+        assert engine.speculator.draft.kv_caches[0].shape[1] == engine.plan.num_kv_blocks
+        assert ledger.used <= ledger.capacity
+    finally:
+        llm.engine.close()
+
+
+def test_a_draft_model_through_preemption_chunks_and_sampling(tiny, drafts):
+    prompts = looping_prompts(6, seed=10)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    for options in ({"num_kv_blocks": 12, "block_size": 8, "max_model_len": 64}, {"max_num_batched_tokens": 8}):
+        want = tiny.llm(batch_invariant=True, **options).generate(prompts, params)
+        llm = tiny.llm(batch_invariant=True, speculative_config=draft_config(drafts["small"], 4), **options)
+        same(want, llm.generate(prompts, params))
+        if "num_kv_blocks" in options:
+            assert llm.engine.stats().num_preemptions > 0
+    sampled = SamplingParams(temperature=0.8, max_tokens=12, ignore_eos=True, n=2, seed=3)
+    llm = tiny.llm(max_model_len=128, speculative_config=draft_config(drafts["small"]))
+    first, again = llm.generate(prompts[:2], sampled), llm.generate(prompts[:2], sampled)
+    assert [[c.token_ids for c in o.outputs] for o in first] == [[c.token_ids for c in o.outputs] for o in again]
+    assert llm.engine.speculator.stats.num_draft_tokens > 0
+
+
+def test_a_draft_that_cannot_serve_is_refused_with_what_to_do(tiny, drafts, tmp_path):
+    with pytest.raises(ValueError, match="vocabulary of 320 tokens, the target 256"):
+        tiny.llm(speculative_config=draft_config(drafts["other_vocab"]))
+    with pytest.raises(ValueError, match="draft model '.*nowhere' not found"):
+        tiny.llm(speculative_config=draft_config(str(tmp_path / "nowhere")))

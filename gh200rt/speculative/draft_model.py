@@ -1,0 +1,166 @@
+"""The ``draft_model`` method: a smaller model with the target's vocabulary drafts k tokens by decoding them itself.
+
+The draft is resident on the engine's device, its weights and its KV cache booked in the device-memory ledger
+before the target's KV pool takes what is left (``engine/bootstrap.py``). Its KV cache has the target pool's
+blocks, same ids: a sequence's block table serves both models, so the draft needs no allocator of its own, and a
+drafted position's blocks are the ones its verification writes. A sequence keeps ``draft_computed``, the positions
+whose draft KV is valid; a step first catches the draft up on what it has not seen (the token verification emitted,
+a whole prompt the first time), then decodes k - 1 more positions, one token per sequence per pass. What the draft
+computes never decides an output token, only which drafts verification sees: its KV may be stale where another
+sequence's prefix-cache blocks were adopted, which costs acceptance, never correctness. The pool's ids past its KV
+blocks belong to resident weights' runs (kv/arena.py) and have no draft KV: a sequence holding such an id (a run a
+tier move gave back) does not draft.
+
+For a sequence that samples, the draft samples from its own distribution at the request's temperature (no top-k/p)
+and keeps that row (``spec_draft_probs``), which rejection sampling needs; for a greedy one it takes its argmax.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from gh200rt.backends import backend_for
+from gh200rt.config.model import ModelConfig
+from gh200rt.config.speculative import SpeculativeMethod
+from gh200rt.engine.model_runner import HostStep, ModelRunner
+from gh200rt.engine.sampler import Sampler, draw, greedy_tokens
+from gh200rt.kv.block_row import block_row
+from gh200rt.kv.pool import allocate_kv_caches, kv_bytes_per_block
+from gh200rt.loader.errors import ModelLoadError
+from gh200rt.loader.load import load_model
+from gh200rt.loader.resolve import resolve_model_path
+from gh200rt.scheduler.request import Sequence
+
+PROBE = "The quick brown fox: 0123456789 {\"key\": [1, 2]}\n\tdef f(x): return x ** 2  # café, 東京"
+
+
+@dataclass
+class DraftModel:
+    """A loaded draft: its model (on the engine's device), architecture and the bytes its weights take there."""
+    model: torch.nn.Module
+    arch: object
+    weight_bytes: int
+
+    def kv_bytes_per_block(self, block_size: int, kv_dtype: torch.dtype) -> int:
+        a = self.arch
+        return kv_bytes_per_block(a.num_layers, block_size, a.num_kv_heads, a.head_dim, kv_dtype)
+
+
+def check_vocabulary(draft_tokenizer, draft_arch, tokenizer, arch, path: str) -> None:
+    """A draft must speak the target's token ids: the same vocabulary size and the same ids for a probe text."""
+    if draft_arch.vocab_size != arch.vocab_size:
+        raise ValueError(f"--speculative-config: the draft model {path} has a vocabulary of {draft_arch.vocab_size} "
+                         f"tokens, the target {arch.vocab_size}; a draft must use the target's tokenizer (a smaller "
+                         f"model of the same family)")
+    ours = tokenizer.encode(PROBE, add_special_tokens=False)
+    theirs = draft_tokenizer.encode(PROBE, add_special_tokens=False)
+    if list(ours) != list(theirs):
+        raise ValueError(f"--speculative-config: the draft model {path} tokenizes text differently from the target "
+                         f"(its vocabulary has the same size but other ids); use a draft of the target's family")
+
+
+def load_draft(method: SpeculativeMethod, tokenizer, arch, dtype: torch.dtype, config, device: str) -> DraftModel:
+    """Load ``method.model`` in ``dtype`` onto ``device``, checked against the target's vocabulary, with the
+    backend's kernels installed (``config``: the engine's)."""
+    try:
+        resolve_model_path(method.model)
+    except (FileNotFoundError, ValueError, ModelLoadError) as e:
+        raise ValueError(f"--speculative-config: draft model {method.model!r} not found ({e}); give a Hugging Face "
+                         f"directory, a .gguf file or an alias") from None
+    names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+    model_config = ModelConfig(model=method.model, dtype=names.get(dtype, "auto"), cpu_route=config.model.cpu_route)
+    loaded = load_model(model_config, device=device)
+    check_vocabulary(loaded.tokenizer, loaded.arch, tokenizer, arch, method.model)
+    backend_for(device).install_kernels(loaded.model, config, device)
+    return DraftModel(loaded.model.eval(), loaded.arch, loaded.weight_bytes)
+
+
+def pack_draft_step(rows: list[tuple[Sequence, int, list[int]]], block_size: int) -> HostStep:
+    """The draft's step over ``rows``: (sequence, first position, the ids at that position on); every row samples
+    its last position."""
+    ids, positions, slots, query_lens, seq_lens, tables, sample_rows = [], [], [], [], [], [], []
+    starts = [0]
+    for seq, start, tokens in rows:
+        table = seq.block_ids
+        end = start + len(tokens)
+        ids += tokens
+        positions += range(start, end)
+        slots += [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+        query_lens.append(len(tokens))
+        seq_lens.append(end)
+        tables.append(block_row(seq))
+        starts.append(starts[-1] + len(tokens))
+        sample_rows.append(starts[-1] - 1)
+    width = max(len(t) for t in tables)
+    head = [*ids, *positions, *slots, *starts, *seq_lens, *sample_rows]
+    packed = np.zeros(len(head) + len(tables) * width, dtype=np.int64)
+    packed[:len(head)] = head
+    table_rows = packed[len(head):].reshape(len(tables), width)
+    for i, table in enumerate(tables):
+        table_rows[i, :len(table)] = table
+    return HostStep(packed, len(ids), width, query_lens, seq_lens, sample_rows, {}, None)
+
+
+class DraftProposer:
+    """Drafts with a ``DraftModel`` over KV caches of the target pool's blocks."""
+
+    def __init__(self, draft: DraftModel, num_blocks: int, block_size: int, kv_dtype: torch.dtype, device: str,
+                 sampler: Sampler):
+        a = draft.arch
+        self.draft = draft
+        self.block_size = block_size
+        self.kv_caches = allocate_kv_caches(a.num_layers, num_blocks, block_size, a.num_kv_heads, a.head_dim,
+                                            kv_dtype, device)
+        self.runner = ModelRunner(draft.model, self.kv_caches, block_size, device)
+        self.sampler = sampler
+        self.num_blocks = num_blocks
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(c.numel() * c.element_size() for c in self.kv_caches)
+
+    @torch.inference_mode()
+    def propose(self, wanted: list[tuple[Sequence, int]]) -> None:
+        """Set ``spec_drafts`` (and ``spec_draft_probs`` for sampling sequences) of each (sequence, how many tokens
+        it may draft); the target's block table already covers the positions drafted."""
+        wanted = [(seq, room) for seq, room in wanted if max(seq.block_ids) < self.num_blocks]
+        if not wanted:
+            return
+        rows = []
+        for seq, _ in wanted:
+            start = min(seq.draft_computed, seq.num_computed_tokens)
+            rows.append((seq, start, seq.all_token_ids[start:]))
+            seq.spec_drafts, seq.spec_draft_probs = [], []
+        active = list(wanted)
+        for step in range(max(room for _, room in wanted)):
+            logits = self.runner.execute(pack_draft_step(rows, self.block_size)).sample_logits
+            tokens, probs = self._choose(logits, [seq for seq, _ in active])
+            for (seq, _), (_, start, ids), token, row in zip(active, rows, tokens, probs):
+                seq.draft_computed = start + len(ids)
+                seq.spec_drafts.append(token)
+                if row is not None:
+                    seq.spec_draft_probs.append(row)
+            kept = [i for i, (seq, room) in enumerate(active) if room > step + 1]
+            active = [active[i] for i in kept]
+            rows = [(seq, seq.num_tokens - 1 + step + 1, [seq.spec_drafts[-1]]) for seq, _ in active]
+            if not active:
+                break
+        for seq, _ in wanted:
+            seq.spec_draft_probs = torch.stack(seq.spec_draft_probs) if seq.spec_draft_probs else None
+
+    def _choose(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list]:
+        """Each row's draft token: the argmax for a greedy request, else a draw from the draft's distribution at the
+        request's temperature (its probabilities kept)."""
+        tokens = greedy_tokens(logits)
+        random_rows = [i for i, seq in enumerate(seqs) if not seq.params.greedy]
+        probs: list = [None] * len(seqs)
+        if random_rows:
+            index = torch.tensor(random_rows, device=logits.device)
+            temperature = torch.tensor([[seqs[i].params.temperature] for i in random_rows], device=logits.device)
+            q = torch.softmax(logits.index_select(0, index).float() / temperature, dim=-1)
+            tokens = tokens.index_copy(0, index, draw(q, self.sampler.uniforms(seqs, random_rows, logits.device)))
+            for j, i in enumerate(random_rows):
+                probs[i] = q[j]
+        return tokens.tolist(), probs
