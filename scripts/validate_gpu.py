@@ -7,6 +7,7 @@ wheelhouse made on a networked machine by scripts/wheelhouse.py (``--have FREEZE
     python scripts/validate_gpu.py --wheelhouse wheelhouse --out report/
     python scripts/validate_gpu.py --dry-run        # what would run; fails if a script or option drifted
     python scripts/validate_gpu.py --kit speed --wheelhouse wheelhouse --out report/   # decode speed instead
+    python scripts/validate_gpu.py --kit wave --wheelhouse wheelhouse --out report/    # this wave's GPU paths
 
 Steps (each under a time cap; the caps add up to 9 minutes):
  1. device preflight (scripts/gpu_preflight.py): a CUDA device, Triton compiles a kernel, cuda-bindings;
@@ -48,9 +49,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from validate_report import write_report  # noqa: E402
 from validate_steps import (DEVICE_PREFLIGHT_CAP_S, ROOT, Step, dry_run_problems, install_steps,  # noqa: E402
-                            skip_reason, speed_steps, validation_steps)
+                            skip_reason, speed_steps, validation_steps, wave_steps)
 
-KITS = {"validate": validation_steps, "speed": speed_steps}
+KITS = {"validate": validation_steps, "speed": speed_steps, "wave": wave_steps}
 
 BUDGET_S = 540
 
@@ -119,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kit", choices=sorted(KITS), default="validate",
                         help="validate: the steps above; speed: decode speed against the rooflines (kernel compile "
                              "check, the decode kernels' gpu tests, paged attention and host_gemm timings, "
-                             "Llama-3-8B decode per placement with kernels per step)")
+                             "Llama-3-8B decode per placement with kernels per step); wave: this wave's GPU paths "
+                             "(the host KV tier, speculative decoding) with their figures")
     parser.add_argument("--dry-run", action="store_true", help="check every script and option a step uses, "
                                                                "print the steps, run nothing")
     args = parser.parse_args(argv)

@@ -77,6 +77,22 @@ def kernel_figures(report: dict | None) -> list[dict]:
     return figures
 
 
+def speculative_figures(report: dict | None) -> list[dict]:
+    """``python -m gh200rt.bench speculative --json``: tok/s with speculation next to the same run's without."""
+    engines = (report or {}).get("engines", {})
+    off, on = engines.get("off"), engines.get("on")
+    if not off or not on:
+        return []
+    figures = []
+    for key, label in (("single_tok_s", "single stream"), ("batched_tok_s", f"batch {report.get('batch')}")):
+        figures.append({"what": f"speculative decoding ({report.get('speculative_config')}), weights "
+                                f"{report.get('offload')}, {label} (acceptance {on['acceptance']:.2f})",
+                        "measured": on[key], "unit": "tok/s", "roofline": off[key],
+                        "roofline_source": "the same tasks without speculation, same run",
+                        "fraction": on[key] / off[key] if off[key] else 0.0})
+    return figures
+
+
 def collect_figures(results: list[dict], platform: dict) -> list[dict]:
     figures = []
     for r in results:
@@ -88,6 +104,8 @@ def collect_figures(results: list[dict], platform: dict) -> list[dict]:
                 figures += decode_figures(data)
             elif kind == "kernel":
                 figures += kernel_figures(data)
+            elif kind == "speculative":
+                figures += speculative_figures(data)
     return figures
 
 

@@ -217,3 +217,30 @@ def _command_problems(name: str, argv: list[str], values: tuple[str, ...], py: s
         problems += [f"{name}: pytest does not know the marker {m!r}" for m in ("gpu", "gh200")
                      if f"@pytest.mark.{m}:" not in markers]
     return problems
+
+
+# the gpu tests of this wave's features (the host KV tier, speculative decoding)
+WAVE_TESTS = ("tests/gpu/test_gpu_kv_offload.py", "tests/gpu/test_gpu_speculative.py")
+
+
+def wave_steps(py: str, out: Path, cache: Path) -> list[Step]:
+    """``--kit wave``: this wave's GPU paths, each with its figure against the same run's baseline: their gpu
+    tests; speculative decoding off and on (n-gram on an input-grounded workload) with SmolLM2 resident and with
+    every layer streamed (the link-bound step it turns into several tokens); multi-turn conversations with the host
+    KV tier off and on."""
+    speculative = bench(py, "speculative") + ["--model", "smollm2-135m", "--prompts", "8", "--output-tokens", "128",
+                                              "--batch", "8"]
+    return [
+        Step("this wave's gpu tests", [py, "-m", "pytest", "-q", "-rs", "-m", "gpu", "-p", "no:cacheprovider",
+                                       "--timeout", "120", "--junit-xml", str(out / "gpu_tests.xml"), *WAVE_TESTS],
+             90, outputs={"junit": out / "gpu_tests.xml"}),
+        Step("speculative decoding, SmolLM2 resident",
+             speculative + ["--offload", "none", "--json", str(out / "speculative_resident.json")], 60,
+             outputs={"speculative": out / "speculative_resident.json"}, needs_module=SMOLLM2),
+        Step("speculative decoding, SmolLM2 streamed",
+             speculative + ["--offload", "stream", "--json", str(out / "speculative_streamed.json")], 90,
+             values=("stream",), outputs={"speculative": out / "speculative_streamed.json"}, needs_module=SMOLLM2),
+        Step("host KV tier, multi-turn SmolLM2", bench(py, "multi-turn") + ["--model", "smollm2-135m",
+                                                                             "--conversations", "8", "--turns", "4"],
+             90, needs_module=SMOLLM2),
+    ]

@@ -6,7 +6,9 @@ The texts are gh200rt's own source files, so the workload ships with the package
 chat prompts run on an engine without speculation and on one with ``--speculative-config``, greedy, alone one after
 another (single stream) and ``--batch`` at a time; tokens/s counts output tokens over wall time, prefill included.
 Reports the speed-up, the acceptance rate (accepted / drafted tokens), the tokens a verifying step emits per
-sequence, and whether both engines produced the same tokens (greedy speculation must).
+sequence, and whether both engines produced the same tokens (greedy speculation must). ``--offload stream`` streams
+every layer's weights into staging slots (on a GPU: the link-bound step speculation is for); ``--json`` writes the
+figures for the GPU validation kit.
 """
 from __future__ import annotations
 
@@ -42,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=8, help="requests in flight in the batched run")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--offload", default="none", choices=("none", "stream"),
+                        help="the target's weights: resident, or every layer streamed (the engine's --offload)")
+    parser.add_argument("--json", default=None, help="also write the figures here")
     parser.add_argument("--order", default="off,on", help="the engines in the order they run (e.g. on,off)")
 
 
@@ -65,7 +70,7 @@ def timed(llm: LLM, prompts: list[list[int]], params: SamplingParams, batch: int
 
 def run_engine(args, speculative: bool, chats) -> dict:
     options = dict(model=args.model or smollm2_gguf(), dtype=args.dtype, max_model_len=args.max_model_len,
-                   max_num_seqs=max(args.batch, 1))
+                   max_num_seqs=max(args.batch, 1), offload=args.offload)
     if speculative:
         options["speculative_config"] = json.loads(args.speculative_config)
     llm = LLM(**options)
@@ -92,8 +97,8 @@ def run(args) -> int:
         results[name] = run_engine(args, name == "on", chats)
     first = next(iter(results.values()))
     print(f"{args.prompts} input-grounded tasks ({first['prompt_tokens']} prompt tokens), {args.output_tokens} output "
-          f"tokens each, greedy; batch {args.batch}; dtype {args.dtype}, {args.threads} thread(s), load average "
-          f"{os.getloadavg()[0]:.1f}; speculation: {args.speculative_config}")
+          f"tokens each, greedy; batch {args.batch}; dtype {args.dtype}, weights {args.offload}, {args.threads} "
+          f"thread(s), load average {os.getloadavg()[0]:.1f}; speculation: {args.speculative_config}")
     print(f"{'engine':<9} {'single tok/s':>12} {f'batch-{args.batch} tok/s':>14} {'acceptance':>10} "
           f"{'tokens/step':>11}")
     for r in results.values():
@@ -106,4 +111,12 @@ def run(args) -> int:
         same = off["outputs"] == on["outputs"] and off["batched_outputs"] == on["batched_outputs"]
         print(f"speed-up: single stream {on['single'] / off['single']:.2f}x, batch {args.batch} "
               f"{on['batched'] / off['batched']:.2f}x; greedy outputs {'identical' if same else 'DIFFER'}")
+    if args.json:
+        figures = {name: {"single_tok_s": r["single"], "batched_tok_s": r["batched"],
+                          "acceptance": r["stats"].acceptance_rate if r["stats"] else None,
+                          "tokens_per_step": r["stats"].mean_accepted_length if r["stats"] else None}
+                   for name, r in results.items()}
+        with open(args.json, "w") as f:
+            json.dump({"offload": args.offload, "batch": args.batch, "speculative_config": args.speculative_config,
+                       "engines": figures}, f, indent=1)
     return 0

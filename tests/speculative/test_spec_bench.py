@@ -1,17 +1,29 @@
 """``python -m gh200rt.bench speculative`` runs both engines on the same tasks and reports the speed-up, the
 acceptance and whether greedy outputs agree (a tiny random model with a chat template stands in for SmolLM2)."""
+import json
 import re
+import sys
+from pathlib import Path
 
 from gh200rt.bench.__main__ import main
 from tests.model.tiny_checkpoints import save_tiny
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from validate_report import speculative_figures  # noqa: E402
+
 
 def test_the_benchmark_reports_both_engines_and_their_agreement(tmp_path, capsys):
-    save_tiny("llama3-gqa-untied", str(tmp_path))
-    assert main(["speculative", "--model", str(tmp_path), "--dtype", "float32", "--prompts", "2", "--output-tokens",
-                 "16", "--batch", "2", "--max-chars", "100", "--max-model-len", "256"]) == 0
+    save_tiny("llama3-gqa-untied", str(tmp_path / "model"))
+    figures = tmp_path / "speculative.json"
+    assert main(["speculative", "--model", str(tmp_path / "model"), "--dtype", "float32", "--prompts", "2",
+                 "--output-tokens", "16", "--batch", "2", "--max-chars", "100", "--max-model-len", "256",
+                 "--json", str(figures)]) == 0
     text = capsys.readouterr().out
     assert re.search(r"^spec off +[0-9.]+ +[0-9.]+ +- +-$", text, re.M), text
     assert re.search(r"^spec on +[0-9.]+ +[0-9.]+ +[01]\.[0-9]{2} +[1-5]\.[0-9]{2}$", text, re.M), text
     assert re.search(r"^speed-up: single stream [0-9.]+x, batch 2 [0-9.]+x; greedy outputs (identical|DIFFER)$",
                      text, re.M), text
+    # the GPU validation kit's report reads the same figures: with speculation, next to the run without
+    rows = speculative_figures(json.loads(figures.read_text()))
+    assert [r["unit"] for r in rows] == ["tok/s", "tok/s"] and all(r["roofline"] > 0 for r in rows)
+    assert "single stream" in rows[0]["what"] and "batch 2" in rows[1]["what"]

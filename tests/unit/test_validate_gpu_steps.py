@@ -7,12 +7,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from validate_report import decode_figures, write_report  # noqa: E402
 from validate_steps import (DEVICE_PREFLIGHT_CAP_S, SMOLLM2, Step, dry_run_problems, install_steps,  # noqa: E402
-                            skip_reason, speed_steps, validation_steps)
+                            skip_reason, speed_steps, validation_steps, wave_steps)
 
 PY = sys.executable
 STEP_NAMES = ("registration preflight", "gpu and gh200 tests", "kernel compile check", "bandwidth", "decode SmolLM2",
@@ -39,7 +41,7 @@ def test_steps_run_compiled_kernels_not_the_interpreter(monkeypatch):
 
 
 def test_caps_fit_nine_minutes(tmp_path):
-    for kit in (validation_steps, speed_steps):
+    for kit in (validation_steps, speed_steps, wave_steps):
         steps = install_steps(PY, tmp_path) + kit(PY, tmp_path, tmp_path)
         assert DEVICE_PREFLIGHT_CAP_S + sum(s.cap_s for s in steps) <= 9 * 60, kit.__name__
     assert load_script().BUDGET_S <= 9 * 60
@@ -227,11 +229,12 @@ def test_a_skipped_step_does_not_fail_the_run(tmp_path):
     assert json.loads((tmp_path / "report.json").read_text())["ok"] is True
 
 
-def test_dry_run_of_the_speed_kit_passes():
-    proc = subprocess.run([PY, "scripts/validate_gpu.py", "--kit", "speed", "--dry-run"], cwd=ROOT,
+@pytest.mark.parametrize("kit, steps", [("speed", speed_steps), ("wave", wave_steps)])
+def test_dry_run_of_the_other_kits_passes(kit, steps):
+    proc = subprocess.run([PY, "scripts/validate_gpu.py", "--kit", kit, "--dry-run"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    names = [s.name for s in speed_steps(PY, Path("out"), Path("cache"))]
+    names = [s.name for s in steps(PY, Path("out"), Path("cache"))]
     assert all(f"\n{name} (cap " in proc.stdout for name in names)
     assert f"all {len(names)} steps can be called" in proc.stdout
 
