@@ -3,7 +3,8 @@
 Only rows that sample (the last token of a sequence that completes its prompt or decodes) go
 through ``compute_logits``, plus every prompt position of sequences that asked for
 ``prompt_logprobs``; an embedding sequence's pooled rows (``engine/pooling.py``) come back summed instead. Inputs are built from host lists in one pass (no per-token tensors) and reach
-the device in one copy (through pinned memory on a GPU), so preparing a step never waits on it.
+the device in one copy (through pinned memory on a GPU), so preparing a step never waits on it. A sequence that
+verifies drafted tokens (speculative decoding) enters as one decode row per position, every row sampling.
 The runner drives the weight store's hooks around every decoder layer (``forward``): the staging
 ring waits for and prefetches weights there, while the model itself stays pure. Decode-only steps go
 through ``graphs`` (a ``DecodeGraphRunner``: bucketed, padded, replayed from CUDA graphs) when given. On the
@@ -98,6 +99,22 @@ def pack_step(out: SchedulerOutput, block_size: int, linear_rows: int | None = N
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + q
         flat = starts[-1]
         table = seq.block_ids
+        if item.draft_token_ids:
+            # a verifying sequence's positions go in as decode rows of their own, each attending to the keys up
+            # to its position (attention writes every row's K/V before any row reads): the step stays decode-only
+            # and takes the decode kernels, and each row computes what decoding that position computes
+            row = block_row(seq)
+            for j, token in enumerate(item.token_ids()):
+                ids.append(token)
+                positions.append(start + j)
+                slots.append(table[(start + j) // block_size] * block_size + (start + j) % block_size)
+                query_lens.append(1)
+                seq_lens.append(start + j + 1)
+                tables.append(row)
+                sample_rows.append(flat + j)
+                starts.append(flat + j + 1)
+            width = max(width, len(table))
+            continue
         if q == 1:
             ids.append(0 if item.fed else seq.all_token_ids[start])     # a fed id is written on the device
             positions.append(start)
@@ -113,8 +130,8 @@ def pack_step(out: SchedulerOutput, block_size: int, linear_rows: int | None = N
         tables.append(block_row(seq))
         width = max(width, len(table))
         starts.append(flat + q)
-        if item.samples:        # the last token's row, and each drafted token's after it
-            sample_rows.extend(range(flat + q - 1 - len(item.draft_token_ids), flat + q))
+        if item.samples:
+            sample_rows.append(flat + q - 1)
         elif seq.pooling is not None:
             rows = pool_rows(seq.pooling, start, end, seq.num_tokens, flat)
             if rows is not None:
