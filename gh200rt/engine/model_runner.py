@@ -136,16 +136,22 @@ def pack_step(out: SchedulerOutput, block_size: int, linear_rows: int | None = N
             rows = pool_rows(seq.pooling, start, end, seq.num_tokens, flat)
             if rows is not None:
                 pool_ranges[i] = rows
-    # Everything the device needs, packed into one int64 host array: one (non-blocking, pinned) copy. The tables
-    # come from each sequence's int32 row (kv/block_row.py), which gains only its new blocks from step to step.
+    return HostStep(pack_arrays(ids, positions, slots, starts, seq_lens, sample_rows, tables, width), len(ids), width,
+                    query_lens, seq_lens, sample_rows, prompt_ranges, linear_rows, pool_ranges)
+
+
+def pack_arrays(ids: list[int], positions: list[int], slots: list[int], starts: list[int], seq_lens: list[int],
+                sample_rows: list[int], tables: list, width: int) -> np.ndarray:
+    """Everything the device needs for a step, packed into one int64 host array in the order ``step_inputs``
+    unpacks it: one (non-blocking, pinned) copy. The tables come from each sequence's int32 row
+    (kv/block_row.py), which gains only its new blocks from step to step; they are padded with 0 to ``width``."""
     head = [*ids, *positions, *slots, *starts, *seq_lens, *sample_rows]
     packed = np.zeros(len(head) + len(tables) * width, dtype=np.int64)
     packed[:len(head)] = head
     rows = packed[len(head):].reshape(len(tables), width)
     for i, table in enumerate(tables):
         rows[i, :len(table)] = table
-    return HostStep(packed, len(ids), width, query_lens, seq_lens, sample_rows, prompt_ranges, linear_rows,
-                    pool_ranges)
+    return packed
 
 
 def step_inputs(step: HostStep, block_size: int, device: torch.device | str = "cpu") -> StepInputs:

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from gh200rt.backends import backend_for
 from gh200rt.config.model import ModelConfig
 from gh200rt.config.speculative import SpeculativeMethod
-from gh200rt.engine.model_runner import HostStep, ModelRunner
+from gh200rt.engine.model_runner import HostStep, ModelRunner, pack_arrays
 from gh200rt.engine.sampler import Sampler, draw, greedy_tokens
 from gh200rt.kv.block_row import block_row
 from gh200rt.kv.pool import allocate_kv_caches, kv_bytes_per_block
@@ -94,13 +93,8 @@ def pack_draft_step(rows: list[tuple[Sequence, int, list[int]]], block_size: int
         starts.append(starts[-1] + len(tokens))
         sample_rows.append(starts[-1] - 1)
     width = max(len(t) for t in tables)
-    head = [*ids, *positions, *slots, *starts, *seq_lens, *sample_rows]
-    packed = np.zeros(len(head) + len(tables) * width, dtype=np.int64)
-    packed[:len(head)] = head
-    table_rows = packed[len(head):].reshape(len(tables), width)
-    for i, table in enumerate(tables):
-        table_rows[i, :len(table)] = table
-    return HostStep(packed, len(ids), width, query_lens, seq_lens, sample_rows, {}, None)
+    return HostStep(pack_arrays(ids, positions, slots, starts, seq_lens, sample_rows, tables, width), len(ids), width,
+                    query_lens, seq_lens, sample_rows, {}, None)
 
 
 class DraftProposer:
