@@ -220,7 +220,8 @@ def _command_problems(name: str, argv: list[str], values: tuple[str, ...], py: s
 
 
 # the gpu tests of this wave's features (the host KV tier, speculative decoding)
-WAVE_TESTS = ("tests/gpu/test_gpu_kv_offload.py", "tests/gpu/test_gpu_speculative.py")
+WAVE_TESTS = ("tests/gpu/test_gpu_kv_offload.py", "tests/gpu/test_gpu_speculative.py",
+              "tests/gpu/test_gpu_deepseek.py")
 
 
 def wave_steps(py: str, out: Path, cache: Path) -> list[Step]:

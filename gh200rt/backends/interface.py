@@ -1,8 +1,9 @@
 """What every backend fills in: the layers' swap hooks, and the torch ops that fill them by default.
 
 A model's layers call their small ops through hooks (``SelfAttention.rotary_fn`` / ``write_kv_fn`` /
-``attention_fn`` / ``decode_block_fn``, ``RMSNorm.norm_fn`` / ``add_norm_fn``, ``SiluAndMul.act_fn``,
-``SparseMoeBlock.fused_experts_fn``, ``DecoderLayer.decode_layer_fn``, and a linear's dense route and native packed
+``attention_fn`` / ``decode_block_fn``, ``LatentAttention``'s first three from ``ops["latent_attention"]`` where a
+backend's kernels take its one-plane pool and 576-wide rows, else the torch ops, ``RMSNorm.norm_fn`` /
+``add_norm_fn``, ``SiluAndMul.act_fn``, ``SparseMoeBlock.fused_experts_fn``, ``DecoderLayer.decode_layer_fn``, and a linear's dense route and native packed
 route, ``RefLinear.dense_fn`` / ``packed_native``). A backend is a table of ops for those hooks
 (``backends/cuda/ops.py``: Triton; ``backends/cpu/ops.py``: the native C ops); ``switch_hooks(model, ops)`` points
 every hook of a model at one table, and ``TORCH_OPS`` is the table of plain torch ops that every backend falls back
@@ -15,6 +16,7 @@ import torch
 from gh200rt.kv import attention as torch_attention
 from gh200rt.models.layers import activation, attention, linear, rmsnorm, rotary
 from gh200rt.models.layers.dense import dense_linear
+from gh200rt.models.layers.mla import LatentAttention
 from gh200rt.models.moe import SparseMoeBlock
 
 # A backend's one-call decode layer keeps what it resolved of a layer in the layer's __dict__ under names with this
@@ -24,6 +26,8 @@ DECODE_STATE_PREFIX = "_decode_layer_state_"
 TORCH_OPS = dict(rotary=lambda: rotary.apply_rotary, write_kv=torch_attention.write_kv,
                  attention=torch_attention.paged_attention, norm=rmsnorm.rms_norm, act=activation.silu_and_mul,
                  packed_native=False)
+# a latent attention layer's (rotary, write_kv, attention) where a backend names none of its own
+TORCH_LATENT_OPS = (rotary.apply_rotary, torch_attention.write_kv, torch_attention.paged_attention)
 
 
 def forget_decode_state(layer: torch.nn.Module) -> None:
@@ -55,6 +59,8 @@ def switch_hooks(model: torch.nn.Module, ops: dict) -> int:
         if isinstance(module, attention.SelfAttention):
             module.rotary_fn, module.write_kv_fn, module.attention_fn = rotate, ops["write_kv"], ops["attention"]
             module.decode_block_fn = ops.get("decode_block")
+        elif isinstance(module, LatentAttention):
+            module.rotary_fn, module.write_kv_fn, module.attention_fn = ops.get("latent_attention", TORCH_LATENT_OPS)
         elif isinstance(module, rmsnorm.RMSNorm):
             module.norm_fn, module.add_norm_fn = ops["norm"], ops.get("add_norm")
         elif isinstance(module, activation.SiluAndMul):

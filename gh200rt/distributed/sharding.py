@@ -27,6 +27,10 @@ Slice = tuple[int, int, int]
 def check_shardable(arch: ArchConfig, world_size: int) -> None:
     """Raise ValueError, naming the sizes and the values that work, where ``arch`` cannot be split N ways."""
     flag = f"--tensor-parallel-size {world_size}"
+    if arch.is_mla and world_size > 1:
+        raise ValueError(f"{flag}: gh200rt does not split {arch.architecture}'s latent attention over ranks yet; "
+                         "serve it with --tensor-parallel-size 1 (its experts can live in host memory: "
+                         "--moe-expert-tier)")
     sizes = {"attention heads": arch.num_heads, "intermediate size": arch.intermediate_size}
     if arch.is_moe:
         sizes["expert intermediate size"] = arch.moe_intermediate_size

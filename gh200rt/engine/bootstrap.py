@@ -25,7 +25,7 @@ from gh200rt.config import EngineConfig
 from gh200rt.engine.decode_graphs import reserve_graph_pool
 from gh200rt.kv.arena import DeviceArena
 from gh200rt.kv.fp8 import kv_cache_dtype
-from gh200rt.kv.pool import kv_bytes_per_block
+from gh200rt.kv.pool import arch_kv_bytes_per_block
 from gh200rt.loader.load import LoadedModel, load_model
 from gh200rt.loader.resolve import resolve_model_path
 from gh200rt.lora.install import lora_slot_bytes
@@ -136,7 +136,7 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
                         slab_cache=cache, deferred=loaded.deferred)
     block_size = config.cache.block_size
     kv_dtype = kv_cache_dtype(config.cache.kv_cache_dtype, loaded.dtype)
-    per_block = kv_bytes_per_block(arch.num_layers, block_size, arch.num_kv_heads, arch.head_dim, kv_dtype)
+    per_block = arch_kv_bytes_per_block(arch, block_size, kv_dtype)
     # a draft model's KV cache has the pool's blocks: each KV block costs both
     draft_per_block = draft.kv_bytes_per_block(block_size, kv_dtype) if draft is not None else 0
 
@@ -150,8 +150,8 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
         ledger.release("kv_pool", kv_blocks * (per_block + draft_per_block))
         ledger.reserve("kv_pool", (kv_blocks + runs) * per_block)
         ledger.reserve("draft_kv", kv_blocks * draft_per_block)
-        return DeviceArena(kv_blocks + runs, arch.num_layers, block_size, arch.num_kv_heads, arch.head_dim,
-                           kv_dtype, device)
+        return DeviceArena(kv_blocks + runs, arch.num_layers, block_size, arch.kv_cache_heads, arch.kv_cache_dim,
+                           kv_dtype, device, arch.kv_planes)
 
     store.apply(plan, make_arena)
     backend.install_kernels(loaded.model, config, device)

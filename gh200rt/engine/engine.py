@@ -34,7 +34,7 @@ from gh200rt.engine.stepping import EngineSteps, LaunchedStep
 from gh200rt.engine.tier_controller import PressurePolicy, TierController
 from gh200rt.kv.fp8 import check_device_supports, kv_cache_dtype
 from gh200rt.kv.kv_manager import HASH_FNS, KVCacheManager
-from gh200rt.kv.pool import allocate_kv_caches, kv_bytes_per_block
+from gh200rt.kv.pool import allocate_arch_kv_caches, arch_kv_bytes_per_block
 from gh200rt.lora.install import install_lora, lora_slot_bytes
 from gh200rt.memory.ledger import DeviceMemoryLedger, ledger_capacity
 from gh200rt.models.layers.attention import configure_kv_scales
@@ -87,7 +87,7 @@ class LLMEngine(RequestIntake, EngineReports, EngineSteps):
             self.ledger.reserve("draft_weights", draft_bytes)
             reserve_graph_pool(self.ledger, config, arch, DTYPE_NAMES[dtype], device)
             self.ledger.reserve("lora_slots", lora_slot_bytes(config.lora, arch, dtype))
-            per_block = kv_bytes_per_block(arch.num_layers, bs, arch.num_kv_heads, arch.head_dim, kv_dtype)
+            per_block = arch_kv_bytes_per_block(arch, bs, kv_dtype)
             draft_per_block = draft.kv_bytes_per_block(bs, kv_dtype) if draft is not None else 0
             num_blocks = size_kv_pool(self.ledger, config.cache.num_kv_blocks, per_block + draft_per_block, bs,
                                       self.max_model_len)
@@ -113,7 +113,7 @@ class LLMEngine(RequestIntake, EngineReports, EngineSteps):
         self.scheduler = Scheduler(self.kv, config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens,
                                    config.lora.max_loras if self.lora is not None else None)
         caches = arena.kv_caches() if arena else \
-            allocate_kv_caches(arch.num_layers, num_blocks, bs, arch.num_kv_heads, arch.head_dim, kv_dtype, device)
+            allocate_arch_kv_caches(arch, num_blocks, bs, kv_dtype, device)
         self.graphs = decode_graphs(model, caches, config, self.max_model_len, device, self.store, self.ledger)
         self.host_tier = make_host_tier(config, caches, device,
                                         self.platform.host_numa_node if self.platform is not None else None,

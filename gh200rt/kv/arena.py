@@ -23,10 +23,11 @@ from gh200rt.kv.block_pool import BlockPool
 
 class DeviceArena:
     def __init__(self, num_blocks: int, num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str = "cpu"):
-        self.shape = (num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim)
+                 dtype: torch.dtype, device: torch.device | str = "cpu", planes: int = 2):
+        """``planes``: K and V (2), or latent attention's one (kv/pool.py)."""
+        self.shape = (num_blocks, num_layers, planes, block_size, num_kv_heads, head_dim)
         self.dtype = dtype
-        self.block_bytes = num_layers * 2 * block_size * num_kv_heads * head_dim * dtype.itemsize
+        self.block_bytes = num_layers * planes * block_size * num_kv_heads * head_dim * dtype.itemsize
         self.buffer = torch.zeros(num_blocks * self.block_bytes, dtype=torch.uint8, device=device)
         self.pool = BlockPool(num_blocks)
         self._take_at: int | None = None
@@ -40,11 +41,11 @@ class DeviceArena:
         return self.buffer.nbytes
 
     def blocks(self) -> torch.Tensor:
-        """The arena as ``[num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]`` (block-major)."""
+        """The arena as ``[num_blocks, num_layers, planes, block_size, num_kv_heads, head_dim]`` (block-major)."""
         return self.buffer.view(self.dtype).view(self.shape)
 
     def kv_caches(self) -> list[torch.Tensor]:
-        """Layer i's paged KV cache, ``[2, num_blocks, block_size, num_kv_heads, head_dim]``, over the arena."""
+        """Layer i's paged KV cache, ``[planes, num_blocks, block_size, num_kv_heads, head_dim]``, over the arena."""
         blocks = self.blocks()
         return [blocks[:, layer].transpose(0, 1) for layer in range(self.shape[1])]
 

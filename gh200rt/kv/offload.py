@@ -78,9 +78,10 @@ class OffloadCounters:
 
 
 class PoolBlocks:
-    """The device pool's blocks as the host tier copies them: block ``b`` is ``[layers, 2, block_size, kv_heads,
-    head_dim]``, every layer's K and V. ``block_major``: the device arena's buffer viewed as ``[blocks, layers, 2,
-    block_size, kv_heads, head_dim]`` (one block is contiguous there), else the per-layer caches are gathered.
+    """The device pool's blocks as the host tier copies them: block ``b`` is ``[layers, planes, block_size, kv_heads,
+    head_dim]``, every layer's K and V (or latent rows). ``block_major``: the device arena's buffer viewed as
+    ``[blocks, layers, planes, block_size, kv_heads, head_dim]`` (one block is contiguous there), else the per-layer
+    caches are gathered.
 
     On the CPU a batch of arena blocks moves as rows of bytes through NumPy, on the calling thread alone: torch's
     ops would start parallel regions of their own from the copy thread, on the cores the step computes on. On a GPU
@@ -90,7 +91,7 @@ class PoolBlocks:
         first = kv_caches[0]
         self.caches = kv_caches
         self.block_major = block_major
-        self.shape = (len(kv_caches), 2, *first.shape[2:])
+        self.shape = (len(kv_caches), *first.shape[:1], *first.shape[2:])
         self.dtype = first.dtype
         self.device = first.device
         self.host: torch.Tensor | None = None

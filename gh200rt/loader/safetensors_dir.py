@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 
 from gh200rt.loader.errors import ModelLoadError
-from gh200rt.loader.weight_writer import WeightWriter
+from gh200rt.loader.weight_writer import FULL_PRECISION_SUFFIXES, WeightWriter
 
 
 def shard_files(directory: str) -> list[str]:
@@ -99,6 +99,8 @@ def load_safetensors(files: list[str], writer: WeightWriter, dtype: torch.dtype,
                     writer.write(name, fp8.dense(name, tensor, dtype))
                 elif tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
                     raise _unscaled_fp8(path, name, tensor.dtype)
+                elif name.endswith(FULL_PRECISION_SUFFIXES):
+                    writer.write(name, tensor)
                 else:
                     writer.write(name, tensor.to(dtype))
 

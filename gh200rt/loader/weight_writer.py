@@ -2,6 +2,7 @@
 missing, unexpected, partly merged or mis-shaped weights."""
 from __future__ import annotations
 
+import logging
 import sys
 
 import torch
@@ -9,8 +10,18 @@ from tqdm import tqdm
 
 from gh200rt.loader.errors import ModelLoadError
 
+log = logging.getLogger(__name__)
+
 # names some checkpoints carry that hold nothing the model needs
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# tensors kept in the precision the checkpoint stores (float32 in DeepSeek-V3's): the model holds them in float32
+FULL_PRECISION_SUFFIXES = (".e_score_correction_bias",)
+
+
+def mtp_prefixes(arch) -> tuple[str, ...]:
+    """Checkpoint prefixes of the multi-token-prediction layers a DeepSeek-V3 checkpoint ships after its decoder
+    layers (``model.layers.61.`` for V3): loaded past, not run, until a speculative method uses them."""
+    return tuple(f"model.layers.{arch.num_layers + i}." for i in range(arch.num_nextn_predict_layers))
 
 
 class WeightWriter:
@@ -18,6 +29,8 @@ class WeightWriter:
         self.destinations: dict[str, torch.Tensor] = model.weight_destinations()
         self.fused_names: dict[str, str] = model.fused_names()
         self.tied = model.arch.tie_word_embeddings
+        self.skipped_prefixes = mtp_prefixes(model.arch)
+        self.skipped: list[str] = []
         self.source = source
         self.written: set[str] = set()
         self.unexpected: list[str] = []
@@ -33,6 +46,9 @@ class WeightWriter:
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         dest = self.destinations.get(name)
+        if dest is None and self.skipped_prefixes and name.startswith(self.skipped_prefixes):
+            self.skipped.append(name)
+            return
         if dest is None:
             if not name.endswith(_IGNORED_SUFFIXES) and not (self.tied and name == "lm_head.weight"):
                 self.unexpected.append(name)
@@ -60,6 +76,9 @@ class WeightWriter:
         """Raise ``ModelLoadError`` naming every missing, partly merged or unexpected weight; ``source_name`` maps a
         missing weight's name to the file's name for it (a GGUF expert stack holds many), each named once."""
         self.progress.close()
+        if self.skipped:
+            log.info("%s: skipped the %d weights of the multi-token-prediction layer (%s); gh200rt does not run it "
+                     "yet", self.source, len(self.skipped), ", ".join(p.rstrip(".") for p in self.skipped_prefixes))
         missing = [n for n in self.destinations if n not in self.written]
         problems = []
         if missing:

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral")
-MOE_ARCHITECTURES = ("qwen2_moe", "qwen3_moe", "mixtral")
+from gh200rt.models.deepseek_config import deepseek_fields
+
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3")
+MOE_ARCHITECTURES = ("qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3")
 # GGUF files name architectures their own way: general.architecture -> ours (a ``llama`` file with experts is
 # Mixtral, see ``_moe_from_gguf``)
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
@@ -13,7 +15,7 @@ GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", 
 # architecture, whatever the original norm_topk_prob was) and whether they are applied in float32
 _GGUF_ROUTING = {"qwen2moe": (False, False), "qwen3moe": (True, False), "llama": (True, True)}
 _GGUF_SOFTMAX_GATING = 1
-_ROPE_TYPES = (None, "default", "linear", "llama3")
+_ROPE_TYPES = (None, "default", "linear", "llama3", "yarn")
 
 
 def _unsupported(name) -> ValueError:
@@ -34,7 +36,7 @@ def _rope_from_hf(cfg: dict) -> tuple[float, dict | None]:
         if kind in (None, "default"):
             scaling = None
         elif kind not in _ROPE_TYPES:
-            raise ValueError(f"rope scaling type {kind!r} is not supported; supported: linear, llama3")
+            raise ValueError(f"rope scaling type {kind!r} is not supported; supported: linear, llama3, yarn")
         else:
             scaling = {k: v for k, v in scaling.items() if k != "rope_theta"} | {"rope_type": kind}
     return float(theta if theta is not None else 10000.0), scaling
@@ -114,6 +116,20 @@ class ArchConfig:
     decoder_sparse_step: int = 1                # layer i is sparse when (i + 1) % step == 0 ...
     mlp_only_layers: tuple[int, ...] = ()       # ... and i is not listed here
     routing_weights_fp32: bool = False          # scale expert outputs in float32 (Mixtral) or the hidden dtype
+    # DeepSeekMoE routing (models/layers/moe_experts.py: route_grouped): sigmoid scores, a per-expert correction bias
+    # for the choice, the best topk_group of n_group expert groups, weights times routed_scaling_factor
+    scoring_func: str = "softmax"
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    # multi-head latent attention (DeepSeek-V3; kv_lora_rank 0: none; models/layers/mla.py). head_dim is the rotary
+    # part of a query/key head (qk_rope_head_dim), as transformers has it
+    q_lora_rank: int = 0                        # 0: one q_proj instead of q_a_proj / q_a_layernorm / q_b_proj
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = False               # rotary pairs stored interleaved (x0, x1), (x2, x3) ...
+    num_nextn_predict_layers: int = 0           # multi-token-prediction layers a checkpoint ships (not run yet)
 
     def __post_init__(self):
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -130,6 +146,18 @@ class ArchConfig:
                 raise ValueError(f"mlp_only_layers {outside} are not layers of a {self.num_layers}-layer model")
         elif self.architecture in MOE_ARCHITECTURES:
             raise ValueError(f"{self.architecture} needs num_experts > 0")
+        if self.scoring_func not in ("softmax", "sigmoid"):
+            raise ValueError(f"scoring_func {self.scoring_func!r} is not supported; gh200rt routes with softmax or "
+                             "sigmoid scores")
+        if self.num_experts and (self.n_group < 1 or self.num_experts % self.n_group
+                                 or not 1 <= self.topk_group <= self.n_group
+                                 or self.num_experts_per_tok > self.topk_group * self.num_experts // self.n_group):
+            raise ValueError(f"n_group {self.n_group} / topk_group {self.topk_group} do not fit {self.num_experts} "
+                             f"experts and {self.num_experts_per_tok} per token: n_group must divide the experts, "
+                             "topk_group be in 1..n_group and its groups hold num_experts_per_tok experts")
+        if self.kv_lora_rank and (self.qk_nope_head_dim <= 0 or self.v_head_dim <= 0 or self.head_dim % 2):
+            raise ValueError(f"latent attention needs positive qk_nope_head_dim ({self.qk_nope_head_dim}) and "
+                             f"v_head_dim ({self.v_head_dim}) and an even qk_rope_head_dim ({self.head_dim})")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_attention_heads {self.num_heads} is not a multiple of "
                              f"num_key_value_heads {self.num_kv_heads}")
@@ -141,6 +169,24 @@ class ArchConfig:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def kv_planes(self) -> int:
+        """Planes of a layer's paged KV pool: K and V, or one for latent attention (its keys are its values)."""
+        return 1 if self.is_mla else 2
+
+    @property
+    def kv_cache_heads(self) -> int:
+        return 1 if self.is_mla else self.num_kv_heads
+
+    @property
+    def kv_cache_dim(self) -> int:
+        """Values per token and head in the KV pool: a head, or the latent and the rotary key (576 for DeepSeek-V3)."""
+        return self.kv_lora_rank + self.head_dim if self.is_mla else self.head_dim
 
     @property
     def is_moe(self) -> bool:
@@ -163,6 +209,9 @@ class ArchConfig:
             model_type = archs[0] if archs else None
         if model_type not in SUPPORTED_ARCHITECTURES:
             raise _unsupported(model_type)
+        if model_type == "deepseek_v3":
+            theta, scaling = _rope_from_hf(cfg)
+            return cls(**deepseek_fields(cfg, theta, scaling))
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         theta, scaling = _rope_from_hf(cfg)

@@ -16,6 +16,7 @@ from gh200rt.models.arch_config import ArchConfig
 from gh200rt.models.base import AttentionMetadata, WeightRef, dense_weight
 from gh200rt.models.layers.attention import SelfAttention
 from gh200rt.models.layers.linear import RefLinear
+from gh200rt.models.layers.mla import LatentAttention
 from gh200rt.models.layers.mlp import GatedMLP
 from gh200rt.models.layers.rmsnorm import RMSNorm
 from gh200rt.models.layers.rotary import RotaryEmbedding
@@ -32,7 +33,8 @@ class DecoderLayer(nn.Module):
     def __init__(self, arch: ArchConfig, dtype: torch.dtype, device, index: int = 0):
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
-        self.self_attn = SelfAttention(arch, dtype, device)
+        self.latent = arch.is_mla
+        self.self_attn = LatentAttention(arch, dtype, device) if self.latent else SelfAttention(arch, dtype, device)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
         self.sparse = arch.is_moe_layer(index)
         self.mlp = SparseMoeBlock(arch, dtype, device) if self.sparse else \
@@ -55,7 +57,7 @@ class DecoderLayer(nn.Module):
         given the same way: the residual add at a layer boundary is left to the next layer's input norm (or the
         model's final norm), which fuses it into the norm's launch where the Triton kernels run (the same value either
         way: the fused kernel rounds the sum before it normalises, as the separate add stores it)."""
-        if self.decode_layer_fn is not None and not self.sparse and meta.linear_rows is None:
+        if self.decode_layer_fn is not None and not (self.sparse or self.latent) and meta.linear_rows is None:
             out = self.decode_layer_fn(self, hidden, residual, cos, sin, meta, kv_cache)
             if out is not None:
                 return out, None
@@ -107,8 +109,11 @@ class LlamaForCausalLM(nn.Module):
     def layer_weight_refs(self, index: int) -> dict[str, WeightRef]:
         """Every linear weight of decoder layer ``index`` (an MoE layer's router, experts and shared expert too)."""
         layer = self.layers[index]
-        refs = {"self_attn.qkv_proj": layer.self_attn.qkv_proj.weight_ref,
-                "self_attn.o_proj": layer.self_attn.o_proj.weight_ref}
+        if layer.latent:
+            refs = {f"self_attn.{name}": ref for name, ref in layer.self_attn.weight_refs().items()}
+        else:
+            refs = {"self_attn.qkv_proj": layer.self_attn.qkv_proj.weight_ref,
+                    "self_attn.o_proj": layer.self_attn.o_proj.weight_ref}
         refs.update({f"mlp.{name}": ref for name, ref in layer.mlp.weight_refs().items()})
         return refs
 
@@ -135,7 +140,7 @@ class LlamaForCausalLM(nn.Module):
         out = {}
         for i, layer in enumerate(self.layers):
             prefix = f"model.layers.{i}."
-            for part in FUSED_SHARDS["self_attn.qkv_proj"]:
+            for part in () if layer.latent else FUSED_SHARDS["self_attn.qkv_proj"]:
                 for kind in ("weight", "bias"):
                     out[f"{prefix}{part}.{kind}"] = f"{prefix}self_attn.qkv_proj.{kind}"
             out.update(layer.mlp.fused_names(f"{prefix}{layer.mlp_checkpoint_name}."))
@@ -152,6 +157,10 @@ class LlamaForCausalLM(nn.Module):
             attn = layer.self_attn
             dest[prefix + "input_layernorm.weight"] = layer.input_layernorm.weight.data
             dest[prefix + "post_attention_layernorm.weight"] = layer.post_attention_layernorm.weight.data
+            dest.update(layer.mlp.checkpoint_destinations(f"{prefix}{layer.mlp_checkpoint_name}."))
+            if layer.latent:
+                dest.update(attn.checkpoint_destinations(prefix + "self_attn."))
+                continue
             dest[prefix + "self_attn.o_proj.weight"] = dense_weight(attn.o_proj.weight_ref, prefix + "o_proj")
             qkv = dense_weight(attn.qkv_proj.weight_ref, prefix + "self_attn.qkv_proj")
             start = 0
@@ -160,7 +169,6 @@ class LlamaForCausalLM(nn.Module):
                 if attn.qkv_proj.bias is not None:
                     dest[f"{prefix}{part}.bias"] = attn.qkv_proj.bias.data[start:start + size]
                 start += size
-            dest.update(layer.mlp.checkpoint_destinations(f"{prefix}{layer.mlp_checkpoint_name}."))
             if attn.q_norm is not None:
                 dest[prefix + "self_attn.q_norm.weight"] = attn.q_norm.weight.data
                 dest[prefix + "self_attn.k_norm.weight"] = attn.k_norm.weight.data

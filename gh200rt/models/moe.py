@@ -2,7 +2,9 @@
 
 Families (``ArchConfig``): Qwen3-MoE (softmax top-k, renormalised when ``norm_topk_prob``), Qwen2-MoE
 (the same, plus a shared expert scaled by ``sigmoid(shared_expert_gate(x))``), Mixtral (softmax over the
-top-k logits: the renormalised form; routing weights applied in float32).
+top-k logits: the renormalised form; routing weights applied in float32), DeepSeek-V3 (sigmoid scores with a
+correction bias for the choice, group-limited, weights times ``routed_scaling_factor`` applied in float32, plus
+ungated shared experts: ``route_grouped``).
 
 Weights. Every expert is a ``GatedMLP`` with its own two WeightRefs (``experts.E.gate_up_proj`` ``[2I, H]``,
 ``experts.E.down_proj`` ``[H, I]``), so the weight store places, streams and converts each one as it does
@@ -12,7 +14,8 @@ expert's gate_up before every expert's down, so a layer slab, staging slot or ar
 one stride (what a grouped kernel reads).
 
 Checkpoint names: Qwen ``mlp.gate``, ``mlp.experts.E.{gate,up,down}_proj``, ``mlp.shared_expert.*``,
-``mlp.shared_expert_gate``; Mixtral ``block_sparse_moe.gate``, ``block_sparse_moe.experts.E.{w1,w3,w2}``.
+``mlp.shared_expert_gate``; Mixtral ``block_sparse_moe.gate``, ``block_sparse_moe.experts.E.{w1,w3,w2}``;
+DeepSeek-V3 ``mlp.gate`` with ``mlp.gate.e_score_correction_bias``, ``mlp.shared_experts.*``.
 """
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ from gh200rt.models.arch_config import ArchConfig
 from gh200rt.models.base import WeightRef, dense_weight
 from gh200rt.models.layers.linear import RefLinear
 from gh200rt.models.layers.mlp import HF_NAMES, GatedMLP
-from gh200rt.models.layers.moe_experts import NO_EXPERT_ACCESS, grouped_experts, route
+from gh200rt.models.layers.moe_experts import (NO_EXPERT_ACCESS, grouped_experts, route, route_grouped,
+                                               row_stable_sigmoid)
 
 MIXTRAL_EXPERT_NAMES = ("w1", "w3", "w2")   # gate, up, down
 
@@ -41,7 +45,14 @@ class SparseMoeBlock(nn.Module):
         self.experts = nn.ModuleList(GatedMLP(h, i, dtype, device, gate_up[j], down[j]) for j in range(e))
         shared = arch.shared_expert_intermediate_size
         self.shared_expert = GatedMLP(h, shared, dtype, device) if shared else None
-        self.shared_expert_gate = RefLinear(h, 1, False, dtype, device) if shared else None
+        # Qwen2-MoE scales its shared expert by a gate; DeepSeek's shared experts add as they are
+        gated = shared and arch.architecture == "qwen2_moe"
+        self.shared_expert_gate = RefLinear(h, 1, False, dtype, device) if gated else None
+        self.shared_name = "shared_expert" if arch.architecture == "qwen2_moe" else "shared_experts"
+        self.grouped = arch.scoring_func == "sigmoid"
+        if self.grouped:
+            self.n_group, self.topk_group, self.scaling = arch.n_group, arch.topk_group, arch.routed_scaling_factor
+            self.register_buffer("correction_bias", torch.zeros(e, dtype=torch.float32, device=device))
         self.expert_access = NO_EXPERT_ACCESS   # the weight store stages streamed experts through it
         self.routed_tokens: torch.Tensor | None = None   # int64 [E]: (token, choice) pairs routed to each expert
         # the fused Triton kernels where installed (backends/cuda/fused_moe.py); None: the grouped torch path
@@ -50,7 +61,12 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor, block_rows: int | None = None) -> torch.Tensor:
         """``block_rows``: every linear, each expert's included, on blocks of exactly that many rows, so a token's
         bits do not depend on which other tokens share the step or an expert (layers/row_blocks.py)."""
-        weights, ids = route(self.gate(x, block_rows), self.top_k, self.renormalize)
+        logits = self.gate(x, block_rows)
+        if self.grouped:
+            weights, ids = route_grouped(logits, self.correction_bias, self.top_k, self.n_group, self.topk_group,
+                                         self.renormalize, self.scaling)
+        else:
+            weights, ids = route(logits, self.top_k, self.renormalize)
         self._count(ids)
         out = None
         if self.fused_experts_fn is not None:
@@ -59,8 +75,11 @@ class SparseMoeBlock(nn.Module):
             experts = self.experts
             out = grouped_experts(x, weights, ids, self.num_experts, lambda e, rows: experts[e](rows, block_rows),
                                   self.scale_fp32, self.expert_access)
-        if self.shared_expert is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x, block_rows)) * self.shared_expert(x, block_rows)
+        if self.shared_expert_gate is not None:
+            gate = row_stable_sigmoid(self.shared_expert_gate(x, block_rows).float()).to(x.dtype)
+            out = out + gate * self.shared_expert(x, block_rows)
+        elif self.shared_expert is not None:
+            out = out + self.shared_expert(x, block_rows)
         return out
 
     def _count(self, ids: torch.Tensor) -> None:
@@ -83,6 +102,7 @@ class SparseMoeBlock(nn.Module):
             refs.update({f"experts.{e}.{part}": expert.weight_refs()[part] for e, expert in enumerate(self.experts)})
         if self.shared_expert is not None:
             refs.update({f"shared_expert.{n}": r for n, r in self.shared_expert.weight_refs().items()})
+        if self.shared_expert_gate is not None:
             refs["shared_expert_gate"] = self.shared_expert_gate.weight_ref
         return refs
 
@@ -97,9 +117,12 @@ class SparseMoeBlock(nn.Module):
         for e, expert in enumerate(self.experts):
             dest.update(expert.checkpoint_destinations(f"{block}experts.{e}.", self.expert_names))
         if self.shared_expert is not None:
-            dest.update(self.shared_expert.checkpoint_destinations(f"{block}shared_expert."))
+            dest.update(self.shared_expert.checkpoint_destinations(f"{block}{self.shared_name}."))
+        if self.shared_expert_gate is not None:
             dest[f"{block}shared_expert_gate.weight"] = dense_weight(self.shared_expert_gate.weight_ref,
                                                                      block + "shared_expert_gate")
+        if self.grouped:
+            dest[f"{block}gate.e_score_correction_bias"] = self.correction_bias
         return dest
 
     def fused_names(self, block: str) -> dict[str, str]:
@@ -107,5 +130,5 @@ class SparseMoeBlock(nn.Module):
         for e in range(self.num_experts):
             out.update(GatedMLP.fused_names(f"{block}experts.{e}.", self.expert_names))
         if self.shared_expert is not None:
-            out.update(GatedMLP.fused_names(f"{block}shared_expert."))
+            out.update(GatedMLP.fused_names(f"{block}{self.shared_name}."))
         return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from gh200rt.models.arch_config import SUPPORTED_ARCHITECTURES, ArchConfig
+from gh200rt.models.deepseek import DeepseekV3ForCausalLM
 from gh200rt.models.llama import LlamaForCausalLM
 from gh200rt.models.mixtral import MixtralForCausalLM
 from gh200rt.models.qwen import Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM
@@ -16,6 +17,7 @@ MODEL_CLASSES = {
     "qwen2_moe": Qwen2MoeForCausalLM,
     "qwen3_moe": Qwen3MoeForCausalLM,
     "mixtral": MixtralForCausalLM,
+    "deepseek_v3": DeepseekV3ForCausalLM,
 }
 assert set(MODEL_CLASSES) == set(SUPPORTED_ARCHITECTURES)
 

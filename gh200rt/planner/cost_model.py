@@ -28,7 +28,7 @@ class ModelSizes:
     fixed_bytes: int         # always on the device: embedding, lm_head (once if tied), norms, biases, RoPE tables,
                              # KV cache scales
     head_bytes: int          # the lm_head matrix, read every step
-    kv_bytes_per_token: int  # all layers, K and V
+    kv_bytes_per_token: int  # all layers, K and V (latent attention: its one latent row)
     num_layers: int
     host_layer_bytes: int    # one decoder layer's linear weights in the host format (slab / staging slot)
     # what the CPU routes' resident forms hold beside those bytes (the fp32 routes' reordered copies, the fp16+gguf
@@ -83,12 +83,13 @@ def expected_distinct_experts(num_experts: int, top_k: int, tokens: int) -> floa
 
 def layer_linear_shapes(arch: ArchConfig, active: bool = False) -> list[tuple[int, int]]:
     """[out, in] of the fused linears a decoder layer's tier governs, of its largest kind, in the order of its
-    WeightRefs (a slab's layout): qkv, o, then a dense MLP's gate_up and down, or an MoE layer's router and the
-    shared expert's gate_up, down and gate. Routed experts are placed on their own (``expert_linear_shapes``).
+    WeightRefs (a slab's layout): qkv, o (latent attention: q_a, q_b, kv_a, kv_b, o), then a dense MLP's gate_up
+    and down, or an MoE layer's router and the shared expert's gate_up, down and gate. Routed experts are placed on their own (``expert_linear_shapes``).
     A model that mixes dense and MoE layers is planned as if every layer were its largest kind. ``active``:
     the linears one token multiplies, the k routed experts it picks included (for FLOPs)."""
     h = arch.hidden_size
-    attention = [(arch.q_size + 2 * arch.kv_size, h), (h, arch.q_size)]
+    attention = latent_attention_shapes(arch) if arch.is_mla else [(arch.q_size + 2 * arch.kv_size, h),
+                                                                    (h, arch.q_size)]
     dense = [(2 * arch.intermediate_size, h), (h, arch.intermediate_size)]
     if not arch.is_moe:
         return attention + dense
@@ -98,10 +99,30 @@ def layer_linear_shapes(arch: ArchConfig, active: bool = False) -> list[tuple[in
     return attention + sparse + (expert_linear_shapes(arch) * arch.num_experts_per_tok if active else [])
 
 
+def latent_attention_shapes(arch: ArchConfig) -> list[tuple[int, int]]:
+    """A latent attention layer's linears (models/layers/mla.py), in its WeightRefs' order."""
+    h, heads, rank, rope = arch.hidden_size, arch.num_heads, arch.kv_lora_rank, arch.head_dim
+    q_in = arch.q_lora_rank or h
+    return ([(arch.q_lora_rank, h)] if arch.q_lora_rank else []) + [
+        (heads * (arch.qk_nope_head_dim + rope), q_in), (rank + rope, h),
+        (heads * (arch.qk_nope_head_dim + arch.v_head_dim), rank), (h, heads * arch.v_head_dim)]
+
+
+def attention_activation_width(arch: ArchConfig) -> int:
+    """Values per token an attention layer holds at once: q, k, v; latent attention's query, latent row, absorbed
+    query and output (both ``kv_lora_rank + rope`` wide per head) and values."""
+    if not arch.is_mla:
+        return arch.q_size + 2 * arch.kv_size
+    heads, latent = arch.num_heads, arch.kv_cache_dim
+    return heads * (arch.qk_nope_head_dim + arch.head_dim) + latent + 2 * heads * latent + heads * arch.v_head_dim
+
+
 def _sparse_mlp_shapes(arch: ArchConfig) -> list[tuple[int, int]]:
-    """An MoE layer's MLP linears besides its routed experts: the router and the shared expert."""
+    """An MoE layer's MLP linears besides its routed experts: the router and the shared expert (Qwen2-MoE's with
+    its gate)."""
     h, shared = arch.hidden_size, arch.shared_expert_intermediate_size
-    return [(arch.num_experts, h)] + ([(2 * shared, h), (h, shared), (1, h)] if shared else [])
+    gate = [(1, h)] if arch.architecture == "qwen2_moe" else []
+    return [(arch.num_experts, h)] + ([(2 * shared, h), (h, shared)] + gate if shared else [])
 
 
 def expert_linear_shapes(arch: ArchConfig) -> list[tuple[int, int]]:
@@ -160,8 +181,10 @@ def model_sizes(arch: ArchConfig, dtype: str = "bf16", kv_dtype: str | None = No
     wb, kvb = DTYPE_BYTES[dtype], {**DTYPE_BYTES, **FP8_KV_BYTES}[kv_dtype]
     shapes = layer_linear_shapes(arch)
     linear_params = sum(n * k for n, k in layer_linear_shapes(arch, active=True))
-    layer_small = 2 * arch.hidden_size + (arch.q_size + 2 * arch.kv_size if arch.attention_bias else 0) \
-        + (2 * arch.head_dim if arch.qk_norm else 0)  # norms, qkv bias, q/k norms: stay on the device
+    # norms, qkv bias, q/k norms (latent attention: its q_a and kv_a norms): stay on the device
+    layer_small = 2 * arch.hidden_size + (arch.q_size + 2 * arch.kv_size if arch.attention_bias and not arch.is_mla
+                                          else 0) \
+        + (2 * arch.head_dim if arch.qk_norm else 0) + (arch.q_lora_rank + arch.kv_lora_rank if arch.is_mla else 0)
     head = (arch.vocab_size if vocab_rows is None else vocab_rows) * arch.hidden_size
     embeds = head * (1 if arch.tie_word_embeddings else 2) + arch.hidden_size
     rope_tables = 2 * arch.max_position_embeddings * (arch.head_dim // 2) * 4  # float32 cos and sin
@@ -178,7 +201,8 @@ def model_sizes(arch: ArchConfig, dtype: str = "bf16", kv_dtype: str | None = No
                        expert_bytes=_expert_span([p for s in expert for p in host_weight_parts(resident_format or dtype, s)]),
                        host_expert_bytes=_expert_span([p for s in expert for p in host_weight_parts(host_format or dtype, s)]))
     return ModelSizes(linear_params + layer_small, resident, fixed, head * wb,
-                      2 * arch.kv_size * kvb * arch.num_layers, arch.num_layers, aligned_total(parts),
+                      arch.kv_planes * arch.kv_cache_heads * arch.kv_cache_dim * kvb * arch.num_layers,
+                      arch.num_layers, aligned_total(parts),
                       host_scale_bytes=scales, **experts)
 
 
@@ -191,7 +215,7 @@ def activation_bytes(arch: ArchConfig, max_num_batched_tokens: int, max_num_seqs
     """Peak working memory of one step: the widest per-token intermediates (hidden, qkv, gate_up, attention
     output, residual) for every batched token, plus float32 logits for every sampled row."""
     wb = DTYPE_BYTES[dtype]
-    per_token = (3 * arch.hidden_size + arch.q_size + 2 * arch.kv_size + mlp_activation_width(arch)) * wb
+    per_token = (3 * arch.hidden_size + attention_activation_width(arch) + mlp_activation_width(arch)) * wb
     return max_num_batched_tokens * per_token + max_num_seqs * arch.vocab_size * 4
 
 
@@ -199,7 +223,7 @@ def graph_pool_bytes(arch: ArchConfig, buckets: list[int], dtype: str) -> int:
     """Device memory the decode graphs' shared pool needs: the largest bucket's step intermediates (the pool
     reuses them across captures) plus every graph's output, which stays allocated (logits are outside)."""
     wb = DTYPE_BYTES[dtype]
-    per_token = (3 * arch.hidden_size + arch.q_size + 2 * arch.kv_size + mlp_activation_width(arch)) * wb
+    per_token = (3 * arch.hidden_size + attention_activation_width(arch) + mlp_activation_width(arch)) * wb
     return max(buckets) * per_token + sum(buckets) * arch.hidden_size * wb
 
 

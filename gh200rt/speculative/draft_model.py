@@ -26,7 +26,7 @@ from gh200rt.config.speculative import SpeculativeMethod
 from gh200rt.engine.model_runner import HostStep, ModelRunner, pack_arrays
 from gh200rt.engine.sampler import Sampler, draw, greedy_tokens
 from gh200rt.kv.block_row import block_row
-from gh200rt.kv.pool import allocate_kv_caches, kv_bytes_per_block
+from gh200rt.kv.pool import allocate_arch_kv_caches, arch_kv_bytes_per_block
 from gh200rt.loader.errors import ModelLoadError
 from gh200rt.loader.load import load_model
 from gh200rt.loader.resolve import resolve_model_path
@@ -43,8 +43,7 @@ class DraftModel:
     weight_bytes: int
 
     def kv_bytes_per_block(self, block_size: int, kv_dtype: torch.dtype) -> int:
-        a = self.arch
-        return kv_bytes_per_block(a.num_layers, block_size, a.num_kv_heads, a.head_dim, kv_dtype)
+        return arch_kv_bytes_per_block(self.arch, block_size, kv_dtype)
 
 
 def check_vocabulary(draft_tokenizer, draft_arch, tokenizer, arch, path: str) -> None:
@@ -105,8 +104,7 @@ class DraftProposer:
         a = draft.arch
         self.draft = draft
         self.block_size = block_size
-        self.kv_caches = allocate_kv_caches(a.num_layers, num_blocks, block_size, a.num_kv_heads, a.head_dim,
-                                            kv_dtype, device)
+        self.kv_caches = allocate_arch_kv_caches(a, num_blocks, block_size, kv_dtype, device)
         self.runner = ModelRunner(draft.model, self.kv_caches, block_size, device)
         self.sampler = sampler
         self.num_blocks = num_blocks

@@ -12,6 +12,7 @@ import torch
 
 from gh200rt.backends.cpu.prepack import GGUF_ROW_FORMATS, cpu_route_form
 from gh200rt.formats.packed_weight import concat_rows
+from gh200rt.models.layers.mla import ABSORBED_WEIGHTS
 from gh200rt.weights.device_moves import gguf_parts, linear_parts, move_to_device
 from gh200rt.weights.tiers import Tier
 
@@ -28,7 +29,8 @@ class ResidentForms:
 
     def _resident_form(self, weight, layer: int | None, name: str):
         """The CPU route's form of a resident linear (``layer`` None: the lm_head)."""
-        if self.cpu_linear_format is None or not isinstance(weight, torch.Tensor) or weight.device.type != "cpu":
+        if self.cpu_linear_format is None or not isinstance(weight, torch.Tensor) or weight.device.type != "cpu" \
+                or name in ABSORBED_WEIGHTS:
             return weight
         with torch.inference_mode():
             return cpu_route_form(weight, self.cpu_linear_format, self._route_parts(layer, name),

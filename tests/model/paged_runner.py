@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from gh200rt.engine.model_runner import forward
+from gh200rt.kv.pool import allocate_arch_kv_caches
 from gh200rt.models.base import AttentionMetadata
 from gh200rt.weights.schedule import NULL_HOOKS
 
@@ -17,8 +18,7 @@ class PagedRunner:
         dtype = dtype or model.dtype
         self.model = model
         self.block_size = block_size
-        self.caches = [torch.zeros(2, num_blocks, block_size, arch.num_kv_heads, arch.head_dim, dtype=dtype)
-                       for _ in range(arch.num_layers)]
+        self.caches = allocate_arch_kv_caches(arch, num_blocks, block_size, dtype)
         # deliberately not starting at block 0 and not in order, so block tables matter
         self.table = list(range(num_blocks - 1, 0, -1))
 

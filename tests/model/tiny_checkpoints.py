@@ -36,13 +36,37 @@ MOE_FAMILIES = {
                                       num_local_experts=8)),
 }
 MOE_SIZES = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, num_hidden_layers=4)
+YARN_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+             "beta_fast": 32, "beta_slow": 1, "mscale": 0.8, "mscale_all_dim": 0.7}
+# DeepSeek-V3 families (tests/model/test_deepseek_parity.py): latent attention of rank 32 with 16 rotary and 32
+# non-rotary dimensions per query/key head and values of 24, experts of width 32 routed group-limited with a
+# correction bias, the first layer dense
+_DEEPSEEK = dict(num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, qk_rope_head_dim=16,
+                 qk_nope_head_dim=32, v_head_dim=24, moe_intermediate_size=32, n_shared_experts=1,
+                 first_k_dense_replace=1, num_hidden_layers=3, tie_word_embeddings=False)
+DEEPSEEK_FAMILIES = {
+    # V3's shape: q through a low-rank q_a/q_b, YaRN, interleaved rotary pairs, 8 experts in 4 groups, best 2 groups
+    "deepseek-v3": ("DeepseekV3Config", dict(_DEEPSEEK, q_lora_rank=48, rope_parameters=YARN_ROPE,
+                                             n_routed_experts=8, n_group=4, topk_group=2, num_experts_per_tok=2,
+                                             routed_scaling_factor=2.5)),
+    # V2-Lite-like attention: one q_proj, plain RoPE in rotate-half layout; no renormalisation
+    "deepseek-v3-plain-q": ("DeepseekV3Config", dict(_DEEPSEEK, q_lora_rank=None, rope_interleave=False,
+                                                     n_routed_experts=8, n_group=2, topk_group=1,
+                                                     num_experts_per_tok=3, norm_topk_prob=False,
+                                                     routed_scaling_factor=1.0)),
+    # Kimi-K2's routing: one group (no group limit), many experts, a larger k, scaling 2.827
+    "kimi-k2": ("DeepseekV3Config", dict(_DEEPSEEK, q_lora_rank=48, n_routed_experts=12, n_group=1, topk_group=1,
+                                         num_experts_per_tok=4, routed_scaling_factor=2.827)),
+}
 VOCAB = 256
 
 
 def make_hf_model(family: str, seed: int = 0, **overrides):
     """``overrides``: config fields replacing the family's (e.g. ``mlp_only_layers=[]``)."""
     import transformers
-    if family in MOE_FAMILIES:
+    if family in DEEPSEEK_FAMILIES:
+        class_name, kwargs = DEEPSEEK_FAMILIES[family]
+    elif family in MOE_FAMILIES:
         class_name, kwargs = MOE_FAMILIES[family]
         sizes = {k: v for k, v in MOE_SIZES.items() if class_name != "MixtralConfig" or k in (
             "num_experts_per_tok", "num_hidden_layers")}
@@ -63,6 +87,9 @@ def make_hf_model(family: str, seed: int = 0, **overrides):
                 p.uniform_(0.5, 1.5)
             else:
                 p.normal_(0.0, 0.15)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):   # steers the choice: zero would test nothing
+                b.normal_(0.0, 0.1)
     return model
 
 

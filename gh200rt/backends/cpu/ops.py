@@ -97,6 +97,7 @@ def native_cpu_ops(ops: NativeOps, long_prompts_native: bool = False) -> dict:
                                           scale, heads, kv_heads, kv_scale)
 
     return dict(rotary=lambda: rope, write_kv=write_kv, attention=attention, norm=norm, act=act,
+                latent_attention=(rope, write_kv, attention),
                 decode_block=decode_block, dense_linear=native_linear.native_dense_linear(ops), decode_layer=native_decode_layer(ops))
 
 

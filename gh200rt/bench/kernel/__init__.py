@@ -13,6 +13,8 @@ COMMANDS = {
                                                                    "pass, a baseline revision and FlashInfer"),
     "cpu-attention": Command("gh200rt.bench.kernel.cpu_attention", "CPU paged attention per layer call against a "
                                                                    "baseline (padded, torch, another tree's)"),
+    "mla-attention": Command("gh200rt.bench.kernel.mla_attention", "CPU latent attention decode: the absorbed form "
+                                                                   "against the expanded one (DeepSeek-V3's shape)"),
     "cpu-kernels": Command("gh200rt.bench.kernel.cpu_kernels", "CPU decode step: native ops in one call per layer, "
                                                                "op by op, and torch's ops"),
     "quant-cpu": Command("gh200rt.bench.kernel.quant_cpu", "CPU weight-only matmul at decode shapes: GB/s per host "

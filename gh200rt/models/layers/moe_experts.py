@@ -54,6 +54,46 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Te
     return weights, ids
 
 
+# Elements per sigmoid call of ``row_stable_sigmoid``: under torch's parallel grain (32768), so one thread computes it
+SIGMOID_CALL_ELEMENTS = 16384
+
+
+def row_stable_sigmoid(logits: torch.Tensor) -> torch.Tensor:
+    """``sigmoid(logits [T, E])`` with every element's bits independent of T. torch's CPU kernel computes the body of
+    a tensor in vectors and its tail element by element, whose ``exp`` rounds differently: the same logit would get
+    other bits in a step of other size, and a prompt position other routing weights however its prompt was split
+    (engine/invariance.py). Rows padded to a multiple of 64 columns, in calls of whole rows under the parallel grain,
+    send every element through the vector path."""
+    tokens, experts = logits.shape
+    if logits.device.type != "cpu" or tokens == 0:
+        return logits.sigmoid()
+    width = -(-experts // 64) * 64
+    padded = logits.new_zeros(tokens, width)
+    padded[:, :experts] = logits
+    rows = max(1, SIGMOID_CALL_ELEMENTS // width)
+    return torch.cat([block.sigmoid() for block in padded.split(rows)])[:, :experts]
+
+
+def route_grouped(logits: torch.Tensor, correction_bias: torch.Tensor, top_k: int, n_group: int, topk_group: int,
+                  renormalize: bool, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3's routing (transformers' ``DeepseekV3TopkRouter``, op for op): sigmoid scores in float32
+    (``row_stable_sigmoid``); the choice reads them plus ``correction_bias`` [E], within the ``topk_group`` best of
+    ``n_group`` groups (a group scores the sum of its two best); the weights are the chosen experts' own scores, renormalised to sum to 1 when
+    ``renormalize``, times ``scaling``."""
+    scores = row_stable_sigmoid(logits.float())
+    choice = scores + correction_bias
+    tokens, experts = choice.shape
+    group_scores = choice.view(tokens, n_group, experts // n_group).topk(2, dim=-1)[0].sum(dim=-1)
+    groups = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False)[1]
+    group_mask = torch.zeros_like(group_scores).scatter_(1, groups, 1)
+    keep = group_mask.unsqueeze(-1).expand(tokens, n_group, experts // n_group).reshape(tokens, experts)
+    ids = torch.topk(choice.masked_fill(~keep.bool(), float("-inf")), k=top_k, dim=-1, sorted=False)[1]
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * scaling, ids
+
+
 def group_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, list[int]]:
     """``order`` (int64 [T*k]): the flat (token, choice) pairs sorted by expert id, stably (token order within
     an expert's run); ``counts[e]``: the length of expert e's run."""

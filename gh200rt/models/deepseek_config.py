@@ -1,0 +1,50 @@
+"""The ``ArchConfig`` fields of a DeepSeek-V3 ``config.json`` (also Kimi-K2's, which is the same architecture).
+
+DeepSeek names its fields its own way (``n_routed_experts``, ``first_k_dense_replace``, ``kv_lora_rank`` ...); this
+maps them onto gh200rt's, and refuses what the model code does not compute (another scoring function or top-k
+method) with the value it found and what it supports.
+"""
+from __future__ import annotations
+
+# DeepSeek-V3's router: sigmoid scores, a correction bias that steers the choice only ("noaux_tc", auxiliary-loss-free
+# balancing), the best topk_group of n_group expert groups by the sum of each group's two best scores
+SCORING_FUNCS = ("sigmoid",)
+TOPK_METHODS = (None, "noaux_tc")
+
+
+def deepseek_fields(cfg: dict, rope_theta: float, rope_scaling: dict | None) -> dict:
+    """``ArchConfig`` keyword arguments for a ``deepseek_v3`` config (KeyError names a required field)."""
+    scoring = cfg.get("scoring_func", "sigmoid")
+    if scoring not in SCORING_FUNCS:
+        raise ValueError(f"scoring_func {scoring!r} is not supported for deepseek_v3; gh200rt routes DeepSeek-V3 "
+                         f"experts with {', '.join(SCORING_FUNCS)} scores, as the published checkpoints do")
+    method = cfg.get("topk_method")
+    if method not in TOPK_METHODS:
+        raise ValueError(f"topk_method {method!r} is not supported for deepseek_v3; gh200rt chooses experts by "
+                         "noaux_tc (sigmoid scores plus e_score_correction_bias, group-limited)")
+    heads = int(cfg["num_attention_heads"])
+    layers = int(cfg["num_hidden_layers"])
+    experts = int(cfg["n_routed_experts"])
+    width = int(cfg["moe_intermediate_size"])
+    dense_first = int(cfg.get("first_k_dense_replace") or 0)
+    every = int(cfg.get("moe_layer_freq") or 1)
+    q_lora = cfg.get("q_lora_rank")
+    return dict(
+        architecture="deepseek_v3", hidden_size=int(cfg["hidden_size"]),
+        intermediate_size=int(cfg["intermediate_size"]), num_layers=layers, num_heads=heads, num_kv_heads=heads,
+        head_dim=int(cfg["qk_rope_head_dim"]), vocab_size=int(cfg["vocab_size"]),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=rope_theta, rope_scaling=rope_scaling,
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        attention_bias=bool(cfg.get("attention_bias", False)),
+        checkpoint_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
+        num_experts=experts, num_experts_per_tok=int(cfg["num_experts_per_tok"]), moe_intermediate_size=width,
+        shared_expert_intermediate_size=int(cfg.get("n_shared_experts") or 0) * width,
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)), routing_weights_fp32=True,
+        mlp_only_layers=tuple(i for i in range(layers) if i < dense_first or i % every),
+        scoring_func=scoring, n_group=int(cfg.get("n_group") or 1), topk_group=int(cfg.get("topk_group") or 1),
+        routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
+        q_lora_rank=int(q_lora or 0), kv_lora_rank=int(cfg["kv_lora_rank"]),
+        qk_nope_head_dim=int(cfg["qk_nope_head_dim"]), v_head_dim=int(cfg["v_head_dim"]),
+        rope_interleave=bool(cfg.get("rope_interleave", True)),
+        num_nextn_predict_layers=int(cfg.get("num_nextn_predict_layers") or 0))

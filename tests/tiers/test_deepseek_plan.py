@@ -1,0 +1,47 @@
+"""Planning DeepSeek-V3 from its published config.json alone (no weights): 671B parameters, 37B active, a latent
+KV row of 576 values per token and layer, and its routed experts placed one by one in host memory."""
+import json
+
+import pytest
+
+from gh200rt.models.arch_config import ArchConfig
+from gh200rt.plan import main
+from gh200rt.planner.cost_model import aligned_total, layer_linear_shapes, model_sizes
+
+DEEPSEEK_V3 = "tests/fixtures/deepseek_v3"
+
+
+def arch() -> ArchConfig:
+    with open(f"{DEEPSEEK_V3}/config.json") as f:
+        return ArchConfig.from_hf_config(json.load(f))
+
+
+def test_parameters_and_latent_kv_bytes():
+    a = arch()
+    sizes = model_sizes(a, "bf16")
+    attention = 1536 * 7168 + 128 * 192 * 1536 + 576 * 7168 + 128 * 256 * 512 + 7168 * 128 * 128
+    shared = 3 * 7168 * 2048
+    router = 256 * 7168
+    dense = 3 * 7168 * 18432
+    # every layer is planned as its largest kind: the three dense layers' MLP outweighs a sparse layer's router and
+    # shared expert, so each layer's tier holds attention + the dense MLP
+    assert dense > router + shared
+    assert sizes.layer_bytes == aligned_total([2 * n * k for n, k in layer_linear_shapes(a)]) == 2 * (attention + dense)
+    assert sizes.expert_bytes == 2 * 3 * 7168 * 2048
+    total_params = (3 * (attention + dense) + 58 * (attention + router + shared) + 58 * 256 * 3 * 7168 * 2048
+                    + 2 * 129280 * 7168)
+    assert 665e9 < total_params < 675e9, total_params       # DeepSeek-V3: 671B without its MTP layer
+    active = 3 * (attention + dense) + 58 * (attention + router + shared + 8 * 3 * 7168 * 2048) + 2 * 129280 * 7168
+    assert 36e9 < active < 39e9, active                     # 37B activated
+    assert sizes.kv_bytes_per_token == 61 * 576 * 2         # one latent row per layer, not K and V per head
+    assert model_sizes(a, "bf16", kv_dtype="fp8").kv_bytes_per_token == 61 * 576
+
+
+@pytest.mark.parametrize("platform,host", [("gh200-144g", "int4"), ("gh200-144g", "int8"), ("gh200-96g", "int4"),
+                                           ("h100-sxm", "int4")])
+def test_deepseek_v3_plans_with_its_experts_in_host_memory(capsys, platform, host):
+    assert main(["--model", DEEPSEEK_V3, "--platform", platform, "--host-weight-dtype", host]) == 0
+    out = capsys.readouterr().out
+    assert "at 70272 bytes per token" in out
+    assert "routed experts:" in out and " direct" in out
+    assert "predicted decode step (batch 1)" in out
