@@ -13,6 +13,8 @@ the report, where the package is absent (``skip_reason``).
 """
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -180,6 +182,26 @@ def speed_steps(py: str, out: Path, cache: Path) -> list[Step]:
     ]
 
 
+# A file where dry runs keep each help command's output for the next dry run to read (the tests set it, for their
+# session: several dry runs over one unchanged tree); unset, every dry run asks every command afresh.
+SHARED_HELPS_ENV = "GH200RT_DRY_RUN_HELPS"
+
+
+def _shared_helps() -> dict:
+    path = os.environ.get(SHARED_HELPS_ENV)
+    if not path or not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return {tuple(json.loads(key)): tuple(value) for key, value in json.load(f).items()}
+
+
+def _share_helps(cache: dict) -> None:
+    path = os.environ.get(SHARED_HELPS_ENV)
+    if path:
+        with open(path, "w") as f:
+            json.dump({json.dumps(list(key)): list(value) for key, value in cache.items()}, f)
+
+
 def _output_of(command: list[str], cache: dict) -> tuple[int, str]:
     key = tuple(command)
     if key not in cache:
@@ -188,12 +210,51 @@ def _output_of(command: list[str], cache: dict) -> tuple[int, str]:
     return cache[key]
 
 
+# Prints, as JSON, [exit code, output] of ``python -m gh200rt.bench ARGV --help`` for each ARGV read as JSON from
+# stdin, all in one interpreter: one import of the benchmarks instead of one process per command.
+_BENCH_HELPS = """
+import contextlib, io, json, sys
+from gh200rt.bench.__main__ import main
+out = []
+for argv in json.load(sys.stdin):
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
+        try:
+            code = main(argv) or 0
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    out.append([code, text.getvalue()])
+print(json.dumps(out))
+"""
+
+
+def _prefetch_bench_helps(commands: list[list[str]], py: str, cache: dict) -> None:
+    """Fill ``cache`` (as ``_output_of`` does) with every benchmark ``--help`` of ``commands`` in one process; on
+    any failure of that process the commands are left to ``_output_of``, one process each."""
+    wanted = sorted({tuple(c) for c in commands if c[1:3] == BENCH and tuple(c) not in cache})
+    if not wanted:
+        return
+    proc = subprocess.run([py, "-c", _BENCH_HELPS], input=json.dumps([list(c[3:]) for c in wanted]), cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    try:
+        results = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
+    except (json.JSONDecodeError, IndexError):
+        results = None
+    if results is None or len(results) != len(wanted):
+        return
+    for command, (code, text) in zip(wanted, results):
+        cache[command] = (code, text)
+
+
 def dry_run_problems(steps: list[Step], py: str) -> list[str]:
     """Everything that would make a step fail to start: a missing script, option, value or pytest marker."""
-    problems, seen = [], {}
+    problems, seen = [], _shared_helps()
+    argvs = [list(argv) for step in steps for argv in [step.argv] + [[py, *a[1:]] for a in step.also]]
+    _prefetch_bench_helps([c for c in (help_command(a) for a in argvs) if c is not None], py, seen)
     for step in steps:
         for argv, values in [(step.argv, step.values)] + [([py, *a[1:]], ()) for a in step.also]:
             problems += _command_problems(step.name, list(argv), values, py, seen)
+    _share_helps(seen)
     return problems
 
 

@@ -74,8 +74,9 @@ def test_invariance_tiny_random_llama_fp8_kv(tmp_path):
 
 
 def test_invariance_smollm2():
-    # Short generations and 16 prompts keep this within the test budget on a 2-core machine.
-    check_invariance(SharedModel(smollm2_gguf(), "gh200rt"), vocab=49152, max_tokens=16, small_pool=9, count=16)
+    # Short generations and 8 prompts keep this within the test budget on a 2-core machine (the tiny random models
+    # above run 32 each)
+    check_invariance(SharedModel(smollm2_gguf(), "gh200rt"), vocab=49152, max_tokens=16, small_pool=8, count=8)
 
 
 # --- prefix-cache invariance on every CPU route: bits, not near ties -----------------------------------------------
@@ -171,12 +172,12 @@ def test_batch_invariant_tokens_do_not_depend_on_the_batch(cpu_route):
     with route_llm(cpu_route, batch_invariant=True, enable_prefix_caching=False) as llm:
         want_tokens, want = sampled_logits(llm, [("me", prompt, params, 0)], "me")
         got_tokens, got = sampled_logits(llm, [*others[:2], ("me", prompt, params, 1), *others[2:]], "me")
+        follow_up = prompt + want_tokens + random_prompt(5, seed=500)   # 46 tokens: blocks 0-1 hold decoded tokens
+        cold_tokens, cold = first_step_logits(llm, follow_up, params)
     assert got_tokens == want_tokens, cpu_route.name
     for step, (g, w) in enumerate(zip(got, want)):
         assert torch.equal(g, w), f"{cpu_route.name}, step {step}: {describe_difference(g, w)}"
-    follow_up = prompt + want_tokens + random_prompt(5, seed=500)   # 46 tokens: blocks 0-1 hold decoded tokens
-    with route_llm(cpu_route, batch_invariant=True, enable_prefix_caching=False) as cold:
-        want_tokens, want = first_step_logits(cold, follow_up, params)
+    want_tokens, want = cold_tokens, cold
     with route_llm(cpu_route, batch_invariant=True) as warm:
         warm.generate([prompt], params)
         got_tokens, got = first_step_logits(warm, follow_up, params)

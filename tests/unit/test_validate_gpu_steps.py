@@ -2,6 +2,7 @@
 skip themselves, and the report."""
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
@@ -13,12 +14,21 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from validate_report import decode_figures, write_report  # noqa: E402
-from validate_steps import (DEVICE_PREFLIGHT_CAP_S, SMOLLM2, Step, dry_run_problems, install_steps,  # noqa: E402
-                            skip_reason, speed_steps, validation_steps, wave_steps)
+from validate_steps import (DEVICE_PREFLIGHT_CAP_S, SHARED_HELPS_ENV, SMOLLM2, Step, dry_run_problems,  # noqa: E402
+                            install_steps, skip_reason, speed_steps, validation_steps, wave_steps)
 
 PY = sys.executable
 STEP_NAMES = ("registration preflight", "gpu and gh200 tests", "kernel compile check", "bandwidth", "decode SmolLM2",
               "decode Llama-3-8B shape", "serve smoke Llama-3-8B shape", "dynamic tiers with graphs, Llama-3-8B shape")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def shared_helps(tmp_path_factory):
+    """The module's dry runs (in process and in subprocesses) share each help command's output: one tree, asked
+    once per command instead of once per dry run."""
+    os.environ[SHARED_HELPS_ENV] = str(tmp_path_factory.mktemp("dry-run") / "helps.json")
+    yield
+    del os.environ[SHARED_HELPS_ENV]
 
 
 def load_script():
