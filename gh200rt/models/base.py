@@ -15,8 +15,9 @@ layer's whole output.
 Tokens of all sequences in a step are flattened into one dimension ``T`` (no padding); the
 step's layout travels explicitly in ``AttentionMetadata`` (no global forward context).
 ``kv_caches[i]`` is layer i's paged pool, shape ``[2, num_blocks, block_size, num_kv_heads, head_dim]``
-(index 0 = K, 1 = V); new K/V for token t are written at flat slot ``slot_mapping[t]`` =
-``block_id * block_size + offset`` before attention reads them through ``block_tables``.
+(index 0 = K, 1 = V; latent attention's one plane ``[1, num_blocks, block_size, 1, latent]``: a model's ``arch`` says
+``kv_planes``, ``kv_cache_heads`` and ``kv_cache_dim``, kv/pool.py); new K/V for token t are written at flat slot
+``slot_mapping[t]`` = ``block_id * block_size + offset`` before attention reads them through ``block_tables``.
 
 Weights reach every linear layer through a ``WeightRef`` (one indirection): a placement points it
 at a resident tensor, a view into a staging slot or a host-memory view, and the loader writes

@@ -18,6 +18,15 @@ class HFArch:
     head_dim: int
     vocab_size: int
     max_position_embeddings: int
+    kv_planes: int = 2       # K and V (the pool's layout, kv/pool.py)
+
+    @property
+    def kv_cache_heads(self) -> int:
+        return self.num_kv_heads
+
+    @property
+    def kv_cache_dim(self) -> int:
+        return self.head_dim
 
 
 class HFPagedLlama(torch.nn.Module):

@@ -19,10 +19,19 @@ class ToyArch:
     num_kv_heads: int = 1
     head_dim: int = 16
     max_position_embeddings: int = 256
+    kv_planes: int = 2       # K and V (the pool's layout, kv/pool.py)
 
     @property
     def hidden_size(self) -> int:
         return self.hidden
+
+    @property
+    def kv_cache_heads(self) -> int:
+        return self.num_kv_heads
+
+    @property
+    def kv_cache_dim(self) -> int:
+        return self.head_dim
 
 
 class ToyTokenizer:
