@@ -19,7 +19,7 @@ from pathlib import Path
 from gh200rt.cli_args import add_dataclass_arguments, dataclass_from_args
 from gh200rt.config import CacheConfig, MemoryConfig, ParallelConfig, SchedulerConfig
 from gh200rt.engine.host_kv_tier import host_available_bytes, host_tier_blocks
-from gh200rt.loader.fp8_checkpoint import fp8_scheme
+from gh200rt.loader.fp8_checkpoint import fp8_block_size, fp8_scheme
 from gh200rt.memory.ledger import ledger_capacity
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.planner.cost_model import DTYPE_BYTES, activation_bytes, model_sizes
@@ -60,8 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         host = memory.host_weight_dtype if memory.host_weight_dtype != "auto" else (
             "fp8" if fp8_weights and on_gpu else args.dtype)
         resident = "fp8" if fp8_weights and on_gpu else args.dtype
+        block = fp8_block_size(config)
         sizes = model_sizes(arch, args.dtype, kv_dtype=cache.kv_cache_dtype, host_format=host,
-                            resident_format=resident, vocab_rows=vocab_rows)
+                            resident_format=resident, vocab_rows=vocab_rows, fp8_group=block[1] if block else None)
         activations = activation_bytes(arch, scheduler.max_num_batched_tokens, scheduler.max_num_seqs, args.dtype)
         free = None if platform.kind == "cpu" else platform.device_memory_bytes
         capacity = ledger_capacity(memory, free, sizes.all_resident_bytes + activations)

@@ -92,7 +92,8 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     sizes = model_sizes(arch, dtype, kv_dtype=config.cache.kv_cache_dtype,
                         host_format=weight_forms.planning_format(fmt, loaded.quantized),
                         resident_format="fp8" if fp8_resident else None,
-                        vocab_rows=shard.vocab_size if shard is not None else None)
+                        vocab_rows=shard.vocab_size if shard is not None else None,
+                        fp8_group=weight_forms.fp8_group(loaded.quantized))
     activations = activation_bytes(arch, config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs,
                                    dtype)
     free = torch.cuda.mem_get_info()[0] if device == "cuda" else None

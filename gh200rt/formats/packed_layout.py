@@ -4,9 +4,10 @@ All three are over a logical dense weight ``W[N, K]`` (out, in) split along K in
 columns (``group_size == K`` means one group per output channel):
 
 * ``int8``: ``qweight`` int8 ``[N, K]``; ``W = q * scale``.
-* ``fp8``: ``qweight`` float8_e4m3fn ``[N, K]``, one group per output channel; ``W = q * scale``
-  (the layout of Hugging Face FP8 checkpoints, whose per-tensor or per-channel ``weight_scale``
-  becomes a per-row scale without loss).
+* ``fp8``: ``qweight`` float8_e4m3fn ``[N, K]``; ``W = q * scale``: one group per output channel (the layout of
+  Hugging Face FP8 checkpoints, whose per-tensor or per-channel ``weight_scale`` becomes a per-row scale without
+  loss), or groups of a block's columns (a block-FP8 checkpoint's ``weight_scale_inv``, each row carrying its
+  block row's scales: DeepSeek-V3's 128x128 blocks).
 * ``int4``: ``qweight`` uint8 ``[N, ceil(K/2)]``, column ``k`` in byte ``k // 2`` (low nibble for
   even k); ``W = q * scale + minimum`` with ``q`` in 0..15.
 

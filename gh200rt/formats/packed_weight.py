@@ -35,7 +35,6 @@ class PackedWeight:
             assert qweight.dtype == torch.int8 and qweight.shape == (n, k) and minimum is None
         elif fmt == "fp8":
             assert qweight.dtype == torch.float8_e4m3fn and qweight.shape == (n, k) and minimum is None
-            assert group_size == k, "fp8 weights carry one scale per output channel"
         else:
             assert qweight.dtype == torch.uint8 and qweight.shape == (n, (k + 1) // 2)
             assert minimum is not None and minimum.shape == (n, groups)
@@ -71,9 +70,10 @@ class PackedWeight:
     def dequantize(self) -> torch.Tensor:
         """The dense float32 ``[N, K]`` weight."""
         n, k = self.shape
-        if self.fmt == "fp8":
+        if self.fmt == "fp8" and self.group_size >= k:
             return self.qweight.to(torch.float32) * self.scale
-        q = self.qweight if self.fmt == "int8" else unpack_int4(self.qweight, k)
+        q = self.qweight.to(torch.float32) if self.fmt == "fp8" else \
+            self.qweight if self.fmt == "int8" else unpack_int4(self.qweight, k)
         if k % self.group_size == 0:  # scales broadcast over their group: one pass, no expanded copies
             w = q.view(n, -1, self.group_size) * self.scale[..., None]
             if self.minimum is not None:

@@ -64,6 +64,20 @@ def fp8_from_checkpoint(weight: torch.Tensor, weight_scale: torch.Tensor) -> Pac
     return PackedWeight("fp8", weight.contiguous(), scale, None, k, (n, k))
 
 
+def fp8_blocks_from_checkpoint(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> PackedWeight:
+    """A block-FP8 checkpoint's ``weight`` (float8_e4m3fn ``[N, K]``) and ``weight_scale_inv`` (float32, one per block
+    of ``block`` = (rows, columns): ``[ceil(N / rows), ceil(K / columns)]``) as a packed fp8 weight with groups of
+    ``columns`` along K, each row carrying its block row's scales, without loss (DeepSeek-V3's layout)."""
+    n, k = weight.shape
+    rows, cols = block
+    want = (-(-n // rows), -(-k // cols))
+    if weight.dtype != torch.float8_e4m3fn or tuple(scale_inv.shape) != want:
+        raise ValueError(f"a block-fp8 weight [{n}, {k}] in blocks of {rows}x{cols} has float8_e4m3fn codes and "
+                         f"weight_scale_inv of shape {want}; got {weight.dtype} and {tuple(scale_inv.shape)}")
+    scale = scale_inv.detach().to(torch.float32).repeat_interleave(rows, dim=0)[:n].contiguous()
+    return PackedWeight("fp8", weight.contiguous(), scale, None, cols, (n, k))
+
+
 QUANT_BLOCK_ROWS = 256   # output rows per block of quantize_rows: a block's float32 temporaries stay in cache
 _QUANTIZERS = {"int8": quantize_int8, "int4": quantize_int4, "fp8": quantize_fp8}
 

@@ -1,24 +1,26 @@
-"""FP8 checkpoints in the Hugging Face layout: each quantized linear stores ``weight`` as float8_e4m3fn
-``[N, K]`` and ``weight_scale`` (one float32 per tensor or per output channel), plus an
-``input_scale`` for static activation quantization, which gh200rt ignores (activations stay in the
-compute dtype). ``config.json`` describes it in ``quantization_config``:
+"""FP8 checkpoints in the Hugging Face layout: each quantized linear stores ``weight`` as float8_e4m3fn ``[N, K]``
+and its scales, plus an ``input_scale`` for static activation quantization, which gh200rt ignores (activations stay
+in the compute dtype). ``config.json`` describes it in ``quantization_config``:
 
-- ``quant_method: "fp8"`` (vLLM / transformers FP8) without ``weight_block_size``;
+- ``quant_method: "fp8"`` (vLLM / transformers FP8) without ``weight_block_size``: ``weight_scale``, one float32 per
+  tensor or per output channel;
+- ``quant_method: "fp8"`` with ``weight_block_size`` [rows, columns] (DeepSeek-V3's and Qwen3's FP8 releases):
+  ``weight_scale_inv``, one float32 multiplier per block (``fp8_blocks_from_checkpoint``);
 - ``quant_method: "compressed-tensors"`` whose groups quantize weights to 8-bit floats with strategy
   ``tensor`` or ``channel`` (the common Llama-3.1-*-Instruct-FP8 checkpoints);
 - ``quant_method: "fbgemm_fp8"`` (per-channel weight scales).
 
-Block-wise scales (``weight_block_size``, strategy ``block``), other bit widths and other methods
-are refused with an error that says so. The loader writes each fp8 weight dequantized (``weight x
-scale``) into the model in its compute dtype (what the CPU computes with) and keeps the fp8 form
-(``PackedWeight`` fmt ``fp8``, bit for bit) for the placement: offloaded layers store it as their host
-form, and resident layers on a GPU keep it instead of the dense copy. K/V cache scales a checkpoint
-carries (``self_attn.k_scale`` / ``v_scale``, or compressed-tensors' ``k_proj.output_scale`` /
-``v_proj.output_scale``) become the layers' fp8 KV scales.
+compressed-tensors' block strategy, other bit widths and other methods are refused with an error that says so.
+The loader writes each fp8 weight dequantized (``weight x scale``) into the model in its compute dtype (what the
+CPU computes with), one tensor at a time, and keeps the fp8 form (``PackedWeight`` fmt ``fp8``, bit for bit) for
+the placement: offloaded layers store it as their host form, and resident layers on a GPU keep it instead of the
+dense copy. K/V cache scales a checkpoint carries (``self_attn.k_scale`` / ``v_scale``, or compressed-tensors'
+``k_proj.output_scale`` / ``v_proj.output_scale``) become the layers' fp8 KV scales.
 
 A tensor-parallel rank reads a slice of each weight (``slices``, from ``TensorShard.checkpoint_slices``): rows
 (column-parallel) take the same rows of a per-channel scale, columns (row-parallel, o/down) keep every scale (one
-per output row); a per-tensor scale is replicated. The slice's fp8 bytes and scales are those of the whole
+per output row); a per-tensor scale is replicated; a block scale is sliced by whole blocks (a slice that does not
+start on a block boundary is refused). The slice's fp8 bytes and scales are those of the whole
 weight, so each rank computes with exactly the rows and columns TP=1 would.
 """
 from __future__ import annotations
@@ -26,12 +28,12 @@ from __future__ import annotations
 import torch
 
 from gh200rt.formats.pack import PackedWeight
-from gh200rt.formats.quantizers import fp8_from_checkpoint
+from gh200rt.formats.quantizers import fp8_blocks_from_checkpoint, fp8_from_checkpoint
 from gh200rt.loader.errors import ModelLoadError
 
-SUPPORTED = "quant_method fp8 (no weight_block_size), compressed-tensors (8-bit float weights, strategy tensor or " \
-            "channel) or fbgemm_fp8"
-_SCALE_SUFFIXES = (".weight_scale", ".input_scale", ".input_scale_ub")
+SUPPORTED = "quant_method fp8 (per tensor, per channel or in weight_block_size blocks), compressed-tensors (8-bit " \
+            "float weights, strategy tensor or channel) or fbgemm_fp8"
+_SCALE_SUFFIXES = (".weight_scale", ".weight_scale_inv", ".input_scale", ".input_scale_ub")
 _KV_SCALES = {"self_attn.k_scale": 0, "self_attn.v_scale": 1,
               "self_attn.k_proj.output_scale": 0, "self_attn.v_proj.output_scale": 1}
 
@@ -44,10 +46,11 @@ def fp8_scheme(config: dict, source: str) -> bool:
         return False
     method = quant.get("quant_method")
     if method == "fp8":
-        if quant.get("weight_block_size"):
-            raise ModelLoadError(f"{source}: block-wise FP8 scales (weight_block_size {quant['weight_block_size']}) "
-                                 f"are not supported; gh200rt reads {SUPPORTED}: use a per-tensor or per-channel FP8 "
-                                 "checkpoint of this model, or its bf16 original")
+        block = quant.get("weight_block_size")
+        if block is not None and not (isinstance(block, (list, tuple)) and len(block) == 2
+                                      and all(isinstance(b, int) and b > 0 for b in block)):
+            raise ModelLoadError(f"{source}: quantization_config weight_block_size {block!r} is not two positive "
+                                 "integers [rows, columns]")
         return True
     if method == "fbgemm_fp8":
         return True
@@ -64,6 +67,13 @@ def fp8_scheme(config: dict, source: str) -> bool:
                          f"{SUPPORTED} checkpoints, GGUF files and unquantized checkpoints")
 
 
+def fp8_block_size(config: dict) -> tuple[int, int] | None:
+    """The ``weight_block_size`` (rows, columns) of a block-FP8 checkpoint's ``config.json``, else None."""
+    quant = config.get("quantization_config") or {}
+    block = quant.get("weight_block_size") if quant.get("quant_method") == "fp8" else None
+    return (int(block[0]), int(block[1])) if block else None
+
+
 class Fp8Weights:
     """Turns the tensors of an FP8 checkpoint into what the model and the placement need (see module doc).
 
@@ -71,8 +81,9 @@ class Fp8Weights:
     another shard than their weight)."""
 
     def __init__(self, scales: dict[str, torch.Tensor], source: str,
-                 slices: dict[str, tuple[int, int, int]] | None = None):
-        self.scales, self.source, self.slices = scales, source, slices or {}
+                 slices: dict[str, tuple[int, int, int]] | None = None, block: tuple[int, int] | None = None):
+        """``block``: a block-FP8 checkpoint's (rows, columns) per scale."""
+        self.scales, self.source, self.slices, self.block = scales, source, slices or {}, block
         self.packed: dict[str, PackedWeight] = {}
         self.kv_scales: dict[str, float] = {}
 
@@ -88,6 +99,9 @@ class Fp8Weights:
         """The tensor to write for checkpoint entry ``name``: an fp8 weight dequantized, others as they are."""
         if tensor.dtype != torch.float8_e4m3fn:
             return tensor.to(dtype)
+        if self.block is not None:
+            self.packed[name] = packed = self._blocks(name, tensor)
+            return packed.dequantize().to(dtype)
         scale_name = name[:-len("weight")] + "weight_scale"
         if not name.endswith(".weight") or scale_name not in self.scales:
             raise ModelLoadError(f"{self.source}: {name} is stored as float8_e4m3fn but the checkpoint has no "
@@ -98,6 +112,30 @@ class Fp8Weights:
             raise ModelLoadError(f"{self.source}: {name}: {e} (block-wise scales are not supported)") from e
         self.packed[name] = packed
         return packed.dequantize().to(dtype)
+
+    def _blocks(self, name: str, tensor: torch.Tensor) -> PackedWeight:
+        rows, cols = self.block
+        scale_name = name[:-len("weight")] + "weight_scale_inv"
+        if not name.endswith(".weight") or scale_name not in self.scales:
+            raise ModelLoadError(f"{self.source}: {name} is stored as float8_e4m3fn in blocks of {rows}x{cols} but the "
+                                 f"checkpoint has no {scale_name} for it; the checkpoint is incomplete")
+        scale = self.scales[scale_name]
+        part = self.slices.get(name)
+        if part is not None:
+            dim, start, stop = part
+            size = (rows, cols)[dim]
+            if start % size:
+                where = "row" if dim == 0 else "column"
+                raise ModelLoadError(f"{self.source}: {name}: this rank's slice starts at {where} {start}, inside a "
+                                     f"{rows}x{cols} scale block; choose a --tensor-parallel-size whose shards start "
+                                     f"on multiples of {size}")
+            scale = scale.narrow(dim, start // size, -(-stop // size) - start // size)
+        try:
+            return fp8_blocks_from_checkpoint(tensor, scale, self.block)
+        except ValueError as e:
+            raise ModelLoadError(f"{self.source}: {name}: {e}; {scale_name} does not match its weight (the checkpoint "
+                                 "is malformed, or config.json's weight_block_size is not the one it was saved with)"
+                                 ) from e
 
     def _scale(self, name: str, scale: torch.Tensor) -> torch.Tensor:
         """``name``'s scale for the slice of it this rank read: a per-channel scale's rows where the rows are sliced."""
@@ -115,7 +153,8 @@ class Fp8Weights:
 
     def unused_scales(self) -> list[str]:
         """``weight_scale`` entries whose weight was not stored as fp8 (the checkpoint is malformed)."""
-        used = {n[:-len("weight")] + "weight_scale" for n in self.packed}
+        suffix = "weight_scale" if self.block is None else "weight_scale_inv"
+        used = {n[:-len("weight")] + suffix for n in self.packed}
         return sorted(set(self.scales) - used)
 
     def apply_kv_scales(self, model) -> None:

@@ -74,10 +74,11 @@ def _arch_from_dir(directory: str) -> ArchConfig:
 
 
 def _load_hf_dir(directory: str, model_config, device: str, compute_device: str, shard=None, defer=False):
-    from gh200rt.loader.fp8_checkpoint import Fp8Weights, fp8_scheme
+    from gh200rt.loader.fp8_checkpoint import Fp8Weights, fp8_block_size, fp8_scheme
     from gh200rt.loader.safetensors_dir import checkpoint_size, load_safetensors, shard_files, weight_scales
     arch = _arch_from_dir(directory)
-    is_fp8 = fp8_scheme(_config_json(directory), os.path.join(directory, "config.json"))
+    config = _config_json(directory)
+    is_fp8 = fp8_scheme(config, os.path.join(directory, "config.json"))
     dtype = compute_dtype(model_config.dtype, compute_device, arch.checkpoint_dtype, model_config.cpu_route)
     files = shard_files(directory)
     model = build_model(arch, dtype, device) if shard is None else build_sharded_model(shard, arch, dtype, device)
@@ -86,7 +87,7 @@ def _load_hf_dir(directory: str, model_config, device: str, compute_device: str,
     count, size = checkpoint_size(files)
     writer = WeightWriter(model, directory, count, size)
     slices = shard.checkpoint_slices() if shard is not None else None
-    fp8 = Fp8Weights(weight_scales(files), directory, slices) if is_fp8 else None
+    fp8 = Fp8Weights(weight_scales(files), directory, slices, fp8_block_size(config)) if is_fp8 else None
     deferred = DeferredLayers(model, dtype) if defer and not is_fp8 else None
     load_safetensors(files, writer, dtype, fp8, slices, deferred)
     writer.finish()

@@ -61,12 +61,13 @@ def read_tensor(f, path: str, name: str, part: tuple[int, int, int] | None = Non
 
 
 def weight_scales(files: list[str]) -> dict[str, torch.Tensor]:
-    """Every ``*.weight_scale`` of an FP8 checkpoint (small; read first, since a shard may end between a
+    """Every ``*.weight_scale`` (``*.weight_scale_inv``: block scales) of an FP8 checkpoint (small; read first, since a shard may end between a
     weight and its scale)."""
     scales = {}
     for path in files:
         with open_checkpoint_file(path) as f:
-            scales.update({name: read_tensor(f, path, name) for name in f.keys() if name.endswith(".weight_scale")})
+            scales.update({name: read_tensor(f, path, name) for name in f.keys()
+                           if name.endswith((".weight_scale", ".weight_scale_inv"))})
     return scales
 
 
@@ -95,12 +96,12 @@ def load_safetensors(files: list[str], writer: WeightWriter, dtype: torch.dtype,
                     writer.write(name, torch.empty(0))  # records it as unexpected (or ignored)
                     continue
                 tensor = read_tensor(f, path, name, (slices or {}).get(name))
-                if fp8 is not None:
+                if name.endswith(FULL_PRECISION_SUFFIXES):
+                    writer.write(name, tensor)
+                elif fp8 is not None:
                     writer.write(name, fp8.dense(name, tensor, dtype))
                 elif tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
                     raise _unscaled_fp8(path, name, tensor.dtype)
-                elif name.endswith(FULL_PRECISION_SUFFIXES):
-                    writer.write(name, tensor)
                 else:
                     writer.write(name, tensor.to(dtype))
 

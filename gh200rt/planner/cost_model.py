@@ -142,13 +142,15 @@ def mlp_activation_width(arch: ArchConfig) -> int:
     return max(dense, sparse)
 
 
-def host_weight_parts(fmt: str, shape: tuple[int, int]) -> list[int]:
+def host_weight_parts(fmt: str, shape: tuple[int, int], fp8_group: int | None = None) -> list[int]:
     """Bytes of each stored part of one ``[N, K]`` weight in ``fmt``: a dense dtype (one part), ``int8`` or
-    ``fp8`` (one byte per weight, float32 scale per output channel) or ``int4`` (packed nibbles, float32 scale and minimum per
-    group of 32 columns)."""
+    ``fp8`` (one byte per weight, float32 scale per output channel; a block-FP8 checkpoint's fp8 a scale per row and
+    ``fp8_group`` columns) or ``int4`` (packed nibbles, float32 scale and minimum per group of 32 columns)."""
     n, k = shape
     if fmt in DTYPE_BYTES:
         return [n * k * DTYPE_BYTES[fmt]]
+    if fmt == "fp8" and fp8_group:
+        return [n * k, 4 * n * -(-k // fp8_group)]
     if fmt in ("int8", "fp8"):
         return [n * k, 4 * n]
     if fmt == "int4":
@@ -167,12 +169,13 @@ def aligned_total(part_bytes: list[int]) -> int:
 
 def model_sizes(arch: ArchConfig, dtype: str = "bf16", kv_dtype: str | None = None,
                 host_format: str | None = None, resident_format: str | None = None,
-                vocab_rows: int | None = None) -> ModelSizes:
+                vocab_rows: int | None = None, fp8_group: int | None = None) -> ModelSizes:
     """``kv_dtype``: a ``--kv-cache-dtype`` value (``auto``/None: ``dtype``); ``host_format``: how offloaded
     layers are stored (a dtype name, ``int8``, ``int4`` or ``fp8``); ``resident_format``: how resident layers'
     linears are held (``fp8`` for an FP8 checkpoint on a GPU); both default to ``dtype``. ``vocab_rows``: the
     rows of the embedding and LM head held (a tensor-parallel rank's ``arch`` is its local one and it holds
-    1/N of the vocabulary; default: all of it)."""
+    1/N of the vocabulary; default: all of it). ``fp8_group``: a block-FP8 checkpoint's block columns (its fp8
+    weights carry a scale per row and block)."""
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPE_BYTES)}")
     kv_dtype = dtype if kv_dtype in (None, "auto") else kv_dtype
@@ -190,16 +193,22 @@ def model_sizes(arch: ArchConfig, dtype: str = "bf16", kv_dtype: str | None = No
     rope_tables = 2 * arch.max_position_embeddings * (arch.head_dim // 2) * 4  # float32 cos and sin
     kv_scales = arch.num_layers * 2 * 4  # float32 K and V scale per layer (kv/fp8.py)
     fixed = (embeds + arch.num_layers * layer_small) * wb + rope_tables + kv_scales
-    parts = [part for shape in shapes for part in host_weight_parts(host_format or dtype, shape)]
-    scales = sum(sum(host_weight_parts(host_format or dtype, shape)[1:]) for shape in shapes)
-    resident = aligned_total([part for shape in shapes for part in host_weight_parts(resident_format or dtype, shape)])
+
+    def host_parts(shape):
+        return host_weight_parts(host_format or dtype, shape, fp8_group)
+
+    def resident_parts(shape):
+        return host_weight_parts(resident_format or dtype, shape, fp8_group)
+    parts = [part for shape in shapes for part in host_parts(shape)]
+    scales = sum(sum(host_parts(shape)[1:]) for shape in shapes)
+    resident = aligned_total([part for shape in shapes for part in resident_parts(shape)])
     experts = {}
     if arch.is_moe:
         expert = expert_linear_shapes(arch)
         experts = dict(moe_layer_ids=tuple(arch.moe_layers), num_experts=arch.num_experts,
                        experts_per_tok=arch.num_experts_per_tok,
-                       expert_bytes=_expert_span([p for s in expert for p in host_weight_parts(resident_format or dtype, s)]),
-                       host_expert_bytes=_expert_span([p for s in expert for p in host_weight_parts(host_format or dtype, s)]))
+                       expert_bytes=_expert_span([p for s in expert for p in resident_parts(s)]),
+                       host_expert_bytes=_expert_span([p for s in expert for p in host_parts(s)]))
     return ModelSizes(linear_params + layer_small, resident, fixed, head * wb,
                       arch.kv_planes * arch.kv_cache_heads * arch.kv_cache_dim * kvb * arch.num_layers,
                       arch.num_layers, aligned_total(parts),

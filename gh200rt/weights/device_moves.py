@@ -56,6 +56,12 @@ def _checkpoint_shards(name: str) -> list[tuple[str, ...]]:
         candidates.append(tuple(f"{mixtral}.{part}" for part in _MIXTRAL_SHARDS.get(last, (last,))))
     elif name == "mlp.gate":
         candidates.append(("block_sparse_moe.gate",))
+    elif head == "mlp.shared_expert":    # Qwen2-MoE's shared_expert, DeepSeek's shared_experts
+        for stem in ("mlp.shared_expert", "mlp.shared_experts"):
+            candidates.append((f"{stem}.gate_proj", f"{stem}.up_proj") if last == "gate_up_proj"
+                              else (f"{stem}.{last}",))
+    elif name == "self_attn.q_b_proj":   # latent attention without q_lora_rank: the checkpoint's q_proj
+        candidates.append(("self_attn.q_proj",))
     return candidates
 
 

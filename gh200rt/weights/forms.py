@@ -41,6 +41,13 @@ def planning_format(fmt: str, quantized: dict | None = None) -> str:
     return "fp8" if is_fp8_checkpoint(quantized) else "int4"
 
 
+def fp8_group(quantized: dict | None) -> int | None:
+    """The columns per scale of a block-FP8 checkpoint's weights (None: per-channel scales, or no fp8 weights)."""
+    groups = {q.group_size for q in (quantized or {}).values()
+              if isinstance(q, PackedWeight) and q.fmt == "fp8" and q.group_size < q.shape[1]}
+    return min(groups) if groups else None
+
+
 def is_fp8_checkpoint(quantized: dict | None) -> bool:
     """Whether the loader's quantized tensors are an FP8 checkpoint's weights."""
     return any(isinstance(q, PackedWeight) and q.fmt == "fp8" for q in (quantized or {}).values())

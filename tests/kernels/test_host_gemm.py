@@ -3,9 +3,11 @@ import pytest
 import torch
 
 from gh200rt.formats.pack import quantize_fp8, quantize_int4, quantize_int8
+from gh200rt.formats.quantizers import fp8_blocks_from_checkpoint
 from gh200rt.kernels.triton.host_gemm import (MIN_ROW_BYTES, MIN_TILE_BYTES, PER_CHANNEL, PER_ELEMENT, PER_TILE,
                                               host_gemm, scale_mode, tile_config)
 from gh200rt.kernels.triton.weight_operands import FMT_INT4, FMT_SCALED, reference_host_gemm
+from tests.model.fp8_block_checkpoint import quantize_blocks
 
 pytestmark = pytest.mark.interpreter
 
@@ -13,7 +15,7 @@ pytestmark = pytest.mark.interpreter
 SHAPES = [(1, 40, 72), (3, 33, 130), (17, 20, 64), (1, 64, 256), (1, 7, 129), (65, 5, 257)]
 # every weight the quantizer makes: per channel, groups a K tile fits inside, and groups it cannot (48: not a
 # power of two; int4 g16: 8 bytes a row, less than a 128-bit load), which take the per-element route
-FORMATS = ["float32", "bfloat16", "float16", "int8", "int8-g32", "int8-g64", "int8-g48", "fp8",
+FORMATS = ["float32", "bfloat16", "float16", "int8", "int8-g32", "int8-g64", "int8-g48", "fp8", "fp8-b32", "fp8-b128",
            "int4-g32", "int4-g64", "int4-g128", "int4-g16", "int4-channel"]
 
 
@@ -28,6 +30,9 @@ def make_weight(fmt, n, k, gen):
         return quantize_int4(w, group_size=int(group))
     if kind == "fp8":
         return quantize_fp8(w)
+    if kind == "fp8-b32" or kind == "fp8-b128":   # a block-FP8 checkpoint's weight: blocks of 16 rows x 32 / 128
+        block = (16, int(kind.removeprefix("fp8-b")))
+        return fp8_blocks_from_checkpoint(*quantize_blocks(w, block), block)
     return w.to(getattr(torch, fmt))
 
 

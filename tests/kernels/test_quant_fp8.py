@@ -1,12 +1,12 @@
-"""The fp8 (e4m3, one scale per output channel) host weight format on the CPU, and FP8 checkpoint
-weights taken over without loss."""
+"""The fp8 (e4m3, one scale per output channel, or per row and block for a block-FP8 checkpoint) host weight format
+on the CPU, and FP8 checkpoint weights taken over without loss."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from gh200rt.formats.pack import PackedWeight, pack_weight, quantize_fp8
 from gh200rt.formats.packed_layout import FP8_MAX
-from gh200rt.formats.quantizers import fp8_from_checkpoint
+from gh200rt.formats.quantizers import fp8_blocks_from_checkpoint, fp8_from_checkpoint
 
 
 def test_quantize_fp8_rounds_each_row_to_the_e4m3_grid():
@@ -53,6 +53,26 @@ def test_checkpoint_weight_with_block_scales_is_refused():
     q = torch.zeros(256, 256, dtype=torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="one scale or one per output channel"):
         fp8_from_checkpoint(q, torch.ones(2, 2))
+
+
+@pytest.mark.parametrize("block", [(16, 16), (128, 128), (7, 32)], ids=str)
+def test_block_scaled_weight_is_kept_bit_for_bit_and_multiplies_as_its_dequantized_form(block):
+    """A block-FP8 checkpoint's weight (DeepSeek's layout): codes as stored, each row carrying its block row's
+    ``weight_scale_inv``; the CPU linear (float32 and bf16 activations) is the dequantized matmul."""
+    from tests.model.fp8_block_checkpoint import dequantize_blocks, quantize_blocks
+    gen = torch.Generator().manual_seed(block[0])
+    q, scale_inv = quantize_blocks(torch.randn(29, 200, generator=gen), block)
+    packed = fp8_blocks_from_checkpoint(q, scale_inv, block)
+    assert torch.equal(packed.qweight.view(torch.uint8), q.view(torch.uint8)) and packed.group_size == block[1]
+    assert packed.scale.shape == (29, -(-200 // block[1]))
+    assert torch.equal(packed.dequantize(), dequantize_blocks(q, scale_inv, block))
+    x = torch.randn(3, 200, generator=gen)
+    want = F.linear(x.double(), packed.dequantize().double())
+    assert (packed.linear(x).double() - want).abs().max().item() < 1e-4
+    bf16 = packed.linear(x.bfloat16())
+    assert (bf16.double() - want).abs().max().item() <= 2.0 ** -7 * want.abs().max().item()
+    with pytest.raises(ValueError, match=r"weight_scale_inv of shape \(2, 2\)"):
+        fp8_blocks_from_checkpoint(q[:, :128], scale_inv[:, :1], (16, 64))
 
 
 def test_with_tensors_rebinds_fp8_storage():

@@ -106,8 +106,10 @@ def _edit(path: str, config_change=None, drop: str | None = None, add_fp8: str |
 
 
 BAD = {
-    "block-wise scales": (lambda c: c["quantization_config"].update(weight_block_size=[128, 128]), None,
-                          "block-wise FP8 scales"),
+    "block size without block scales": (lambda c: c["quantization_config"].update(weight_block_size=[128, 128]),
+                                        None, "in blocks of 128x128 but the checkpoint has no .*weight_scale_inv"),
+    "a malformed block size": (lambda c: c["quantization_config"].update(weight_block_size=[128]), None,
+                               r"weight_block_size \[128\] is not two positive integers"),
     "4-bit compressed-tensors": (lambda c: c.update(quantization_config={
         "quant_method": "compressed-tensors",
         "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "strategy": "group"}}}}), None,

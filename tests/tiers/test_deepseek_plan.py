@@ -45,3 +45,15 @@ def test_deepseek_v3_plans_with_its_experts_in_host_memory(capsys, platform, hos
     assert "at 70272 bytes per token" in out
     assert "routed experts:" in out and " direct" in out
     assert "predicted decode step (batch 1)" in out
+
+
+def test_the_published_block_fp8_checkpoint_plans_its_experts_as_fp8_in_host_memory(capsys):
+    """DeepSeek's own release is block-FP8 (128x128): planned with its fp8 codes and a scale per row and block as
+    the host form, on a GPU its resident layers too."""
+    a = arch()
+    sizes = model_sizes(a, "bf16", host_format="fp8", fp8_group=128)
+    codes, scales = 3 * 7168 * 2048, 4 * (4096 * 56 + 7168 * 16)
+    assert sizes.host_expert_bytes == -(-(codes + scales) // 64) * 64
+    assert main(["--model", f"{DEEPSEEK_V3}_fp8", "--platform", "gh200-144g"]) == 0
+    out = capsys.readouterr().out
+    assert "resident layers fp8, offloaded layers fp8 in host memory" in out
