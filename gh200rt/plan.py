@@ -80,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     kv = args.dtype if cache.kv_cache_dtype == "auto" else cache.kv_cache_dtype
     print(f"weights: resident layers {resident}, offloaded layers {host} in host memory; KV cache {kv}")
     print(plan.explain())
+    problem = host_memory_problem(plan, platform, memory.platform is None, host)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     if cache.kv_offloading_size is not None:
         try:
             print(host_tier_line(cache, sizes, plan, platform.host_numa_node if on_gpu else None))
@@ -92,6 +96,25 @@ def main(argv: list[str] | None = None) -> int:
             print(f"note: with {n} ranks, rank 0 decides each tier move and every rank makes it, into the same "
                   "arena blocks, before the same step")
     return 0
+
+
+def host_memory_problem(plan: Plan, platform, local: bool, host_format: str) -> str | None:
+    """Why the plan's host weights cannot fit the platform's host memory (a named profile's figure, or what this
+    host has available when it plans for itself), or None. On the CPU platform every weight is in host memory
+    whatever the plan, so there is nothing to compare."""
+    if platform.kind == "cpu":
+        return None
+    limit = platform.host_memory_bytes
+    where = f"{platform.profile}'s {limit / 2**30:.1f} GiB ({limit / 10**9:.0f} GB) of host memory" if limit else None
+    if limit is None and local:
+        limit = host_available_bytes(platform.host_numa_node)
+        where = None if limit is None else f"the {limit / 2**30:.1f} GiB this host has available"
+    if limit is None or plan.host_weight_bytes <= limit:
+        return None
+    hint = "a larger device budget, or more GPUs (--tensor-parallel-size)" if host_format == "int4-g128" else \
+        "a narrower --host-weight-dtype (int8, fp8, int4, int4-g128)"
+    return (f"the plan keeps {plan.host_weight_bytes / 2**30:.1f} GiB of weights in host memory ({host_format}), "
+            f"more than {where}; use {hint}")
 
 
 def host_tier_line(cache: CacheConfig, sizes, plan: Plan, numa_node: int | None) -> str:

@@ -9,7 +9,7 @@ from gh200rt.platform.bandwidth import read_profile_file
 
 OFFLOAD_MODES = ("auto", "none", "stream", "direct", "dynamic")
 MOE_EXPERT_TIERS = ("auto", "resident", "direct", "stream")
-HOST_WEIGHT_DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "int4", "fp8")
+HOST_WEIGHT_DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "int4", "int4-g128", "fp8")
 DIRECT_SCALES = ("device", "host")
 
 
@@ -47,9 +47,10 @@ class MemoryConfig:
     kv_cache_min_tokens: int | None = field(default=None, metadata=flag_help(
         "KV cache capacity the planner must leave room for, in tokens"))
     host_weight_dtype: str = field(default="auto", metadata=flag_help(
-        "format of offloaded weights in host memory (fp8: e4m3 with a scale per output channel; auto keeps an "
-        "FP8 or GGUF checkpoint's own quantized weights and a dense checkpoint's compute dtype, so offloading "
-        "never rounds a weight)", choices=HOST_WEIGHT_DTYPES))
+        "format of offloaded weights in host memory (fp8: e4m3 with a scale per output channel; int4: a float32 "
+        "scale and minimum per 32 columns, 6 bits a weight; int4-g128: per 128 columns, 4.5 bits a weight, for "
+        "the largest MoE models; auto keeps an FP8 or GGUF checkpoint's own quantized weights and a dense "
+        "checkpoint's compute dtype, so offloading never rounds a weight)", choices=HOST_WEIGHT_DTYPES))
     direct_scales: str = field(default="device", metadata=flag_help(
         "on a GPU, where a direct layer's quantized weights keep their scales (and int4 minimums): device (in "
         "device memory, booked against the KV cache: only the codes cross the link; int4 with groups of 32 reads "

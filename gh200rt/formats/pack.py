@@ -20,7 +20,7 @@ from gh200rt.formats.quantizers import quantize_fp8, quantize_int4, quantize_int
 __all__ = ["HOST_FORMATS", "HalfWeight", "PackedWeight", "pack_weight", "quantize_fp8", "quantize_int4",
            "quantize_int8", "reference_linear"]
 
-HOST_FORMATS = ("fp32", "bf16", "fp16", "int8", "int4", "fp8")
+HOST_FORMATS = ("fp32", "bf16", "fp16", "int8", "int4", "int4-g128", "fp8")
 
 
 def pack_weight(weight, fmt: str, workers: int = 1) -> torch.Tensor | PackedWeight:
@@ -29,8 +29,8 @@ def pack_weight(weight, fmt: str, workers: int = 1) -> torch.Tensor | PackedWeig
     ``weight`` is a dense ``[N, K]`` tensor (bf16/fp16/fp32) or a GGUF quantized tensor (any
     object with ``ggml_type``, ``data``/``raw`` and ``shape``, see ``gguf_blocks``). ``fmt``:
     ``auto`` keeps GGUF tensors in their own format (lossless) and dense tensors as bf16;
-    ``fp32`` / ``bf16`` give a dense tensor of that dtype; ``fp16`` a ``HalfWeight``; ``int8`` / ``int4`` / ``fp8`` a
-    ``PackedWeight``. A ``PackedWeight`` (e.g. an FP8 checkpoint's weight) is kept when ``fmt`` is ``auto``
+    ``fp32`` / ``bf16`` give a dense tensor of that dtype; ``fp16`` a ``HalfWeight``; ``int8`` / ``int4`` /
+    ``int4-g128`` (int4 in groups of 128 columns) / ``fp8`` a ``PackedWeight``. A ``PackedWeight`` (e.g. an FP8 checkpoint's weight) is kept when ``fmt`` is ``auto``
     or its own format, else dequantized and converted. ``workers``: threads quantizing (``quantize_rows``).
     """
     from gh200rt.formats.gguf_blocks import from_gguf, is_gguf_tensor

@@ -16,7 +16,7 @@ from gh200rt.weights.tiers import Tier
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
 FP8_KV_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}  # --kv-cache-dtype values other than auto
-INT4_GROUP = 32
+INT4_GROUPS = {"int4": 32, "int4-g128": 128}   # columns per scale and minimum (formats/quantizers.py)
 SLAB_ALIGN = 64  # every tensor in a host slab starts on a 64-byte boundary (128-bit loads, cache lines)
 
 
@@ -153,10 +153,10 @@ def host_weight_parts(fmt: str, shape: tuple[int, int], fp8_group: int | None = 
         return [n * k, 4 * n * -(-k // fp8_group)]
     if fmt in ("int8", "fp8"):
         return [n * k, 4 * n]
-    if fmt == "int4":
-        groups = -(-k // INT4_GROUP)
+    if fmt in INT4_GROUPS:
+        groups = -(-k // INT4_GROUPS[fmt])
         return [n * ((k + 1) // 2), 4 * n * groups, 4 * n * groups]
-    raise ValueError(f"unknown host weight format {fmt!r}; choose a dtype, int8, int4 or fp8")
+    raise ValueError(f"unknown host weight format {fmt!r}; choose a dtype, int8, int4, int4-g128 or fp8")
 
 
 def aligned_total(part_bytes: list[int]) -> int:

@@ -30,6 +30,7 @@ class Platform:
     peak_tflops: float
     profile: str
     figures_from: str = "a built-in table (gh200rt/platform/profiles.py)"
+    host_memory_bytes: int | None = None   # a named profile's host memory (None: the host's own, where known)
 
     @classmethod
     def from_profile(cls, prof: HardwareProfile, device_name: str | None = None,
@@ -40,7 +41,7 @@ class Platform:
                    host_numa_node=host_numa_node, ats=prof.ats if ats is None else ats,
                    link_h2d_gbps=prof.link_h2d_gbps, direct_read_gbps=prof.direct_read_gbps,
                    hbm_gbps=prof.hbm_gbps, peak_tflops=prof.peak_tflops, profile=prof.name,
-                   figures_from=prof.figures_from)
+                   figures_from=prof.figures_from, host_memory_bytes=prof.host_memory_bytes)
 
 
 def profile_for_device(name: str, total_bytes: int, aarch64: bool) -> str:

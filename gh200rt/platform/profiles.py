@@ -23,6 +23,8 @@ class HardwareProfile:
     peak_tflops: float          # dense bf16 tensor-core peak
     ats: bool                   # GPU reads pageable host memory through the host page tables
     source: str | None = None   # a measured profile's account of its figures (None: all built-in)
+    # host memory a plan may fill (the GPU's node on GH200); None: it depends on the host, known only on it
+    host_memory_bytes: int | None = None
 
     @property
     def figures_from(self) -> str:
@@ -33,10 +35,13 @@ class HardwareProfile:
 PROFILES: dict[str, HardwareProfile] = {
     # H2D 375 GB/s (KTH, arXiv 2407.07850; dnhkng part 1 377-380); in-place ATS read 328-339 GB/s
     # from the local Grace node (dnhkng part 1); HBM3 96 GB ~4 TB/s spec, 3.4-3.7 measured (KTH);
-    # 989 TFLOPS dense bf16 (NVIDIA H100/GH200 datasheet).
-    "gh200-96g": HardwareProfile("gh200-96g", "gh200", 96 * 10**9, 375.0, 330.0, 3500.0, 989.0, True),
+    # 989 TFLOPS dense bf16 (NVIDIA H100/GH200 datasheet); LPDDR5X 480 GB at most (120 GB on some 4-GH200 nodes:
+    # a measured profile or the host's own figure there).
+    "gh200-96g": HardwareProfile("gh200-96g", "gh200", 96 * 10**9, 375.0, 330.0, 3500.0, 989.0, True,
+                                 host_memory_bytes=480 * 10**9),
     # Same link figures; HBM3e 144 GB at 4.9 TB/s (dnhkng; NVIDIA GH200 material).
-    "gh200-144g": HardwareProfile("gh200-144g", "gh200", 144 * 10**9, 375.0, 330.0, 4900.0, 989.0, True),
+    "gh200-144g": HardwareProfile("gh200-144g", "gh200", 144 * 10**9, 375.0, 330.0, 4900.0, 989.0, True,
+                                  host_memory_bytes=480 * 10**9),
     # Measured on an H100 SXM 80GB on an x86 host, PCIe Gen5 x16 host link (64 GB/s spec), 1 GiB buffers on
     # the GPU's NUMA node: pinned H2D 55.2 GB/s (54.2 at 64 MiB), host_gemm reading a registered slab in
     # place 51.0 GB/s (47.8 at 64 MiB) (../shared/gpu-runs/h100-2026-11-25/bandwidth.log); HBM3 80 GB at

@@ -81,7 +81,7 @@ class UpcastWeight:
         return f"UpcastWeight({list(self.tensor.shape)}, {self.tensor.dtype}, at 0x{self.tensor.data_ptr():x})"
 
 
-QUANTIZED_HOST_FORMATS = ("int8", "int4", "fp8")   # host formats that quantize a dense weight at load
+QUANTIZED_HOST_FORMATS = ("int8", "int4", "int4-g128", "fp8")   # host formats that quantize a dense weight at load
 
 
 def empty_host_form(dense: torch.Tensor, fmt: str):

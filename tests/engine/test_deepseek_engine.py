@@ -121,3 +121,24 @@ def test_every_cpu_route_gets_a_cold_prefills_bits_after_a_cached_prefix(v3, cpu
     label = f"{cpu_route.name}: in chunks of 7"
     assert torch.equal(got, want), f"{label}: {describe_difference(got, want)}"
     assert got_tokens == want_tokens, label
+
+
+def test_int4_g128_host_weights_serve_in_every_offloaded_tier(v3):
+    """``--host-weight-dtype int4-g128`` (4.5 bits a weight: what lets DeepSeek-V3's experts fit a GH200's host
+    memory): streamed and direct layers, and experts read in place, compute from the same host forms, so they give
+    the same tokens; the layers' slabs hold int4 in groups of 128 columns."""
+    path, _ = v3
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    runs = {}
+    for label, options in {"stream": dict(offload="stream", staging_slots=2, prefetch_distance=1),
+                           "direct": dict(offload="direct")}.items():
+        config = EngineConfig.from_kwargs(model=path, dtype="float32", max_model_len=64, num_kv_blocks=32,
+                                          host_weight_dtype="int4-g128", **options)
+        engine = LLMEngine.from_config(config, poison=True)
+        try:
+            runs[label] = [o.outputs[0].token_ids for o in LLM.from_engine(engine).generate(PROMPTS, params)]
+            form = engine.store.slabs[1].layout.forms["self_attn.q_b_proj"]
+            assert form.fmt == "int4" and form.group_size == 128, form
+        finally:
+            engine.close()
+    assert runs["stream"] == runs["direct"]

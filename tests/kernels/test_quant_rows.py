@@ -69,3 +69,20 @@ def test_a_failing_block_restores_torch_threads(monkeypatch):
     with pytest.raises(MemoryError):
         quantizers.quantize_stacked({"w": [torch.randn(40, 8)]}, "int8", 2, rows=8)
     assert torch.get_num_threads() == threads
+
+
+def test_int4_g128_is_int4_in_groups_of_128_and_planned_at_its_size():
+    """``--host-weight-dtype int4-g128``: the int4 layout with a scale and minimum per 128 columns, quantized alike by
+    one call or by row blocks on threads, and the cost model sizes it as stored (4.5 bits a weight)."""
+    from gh200rt.formats.quantizers import empty_packed
+    from gh200rt.planner.cost_model import host_weight_parts
+    w = torch.randn(300, 512, generator=torch.Generator().manual_seed(0))
+    packed = pack_weight(w, "int4-g128")
+    assert packed.fmt == "int4" and packed.group_size == 128 and packed.scale.shape == (300, 4)
+    threaded = quantize_rows(w, "int4-g128", workers=2, rows=64)
+    assert all(torch.equal(a, b) for a, b in zip(packed.tensors().values(), threaded.tensors().values()))
+    layout = empty_packed("int4-g128", (300, 512))
+    assert {n: t.shape for n, t in layout.tensors().items()} == {n: t.shape for n, t in packed.tensors().items()}
+    assert sum(host_weight_parts("int4-g128", (300, 512))) == packed.nbytes == 300 * 512 // 2 + 2 * 4 * 300 * 4
+    err = (packed.dequantize() - w).abs().max() / w.abs().max()
+    assert err < 0.1, err

@@ -37,23 +37,37 @@ def test_parameters_and_latent_kv_bytes():
     assert model_sizes(a, "bf16", kv_dtype="fp8").kv_bytes_per_token == 61 * 576
 
 
-@pytest.mark.parametrize("platform,host", [("gh200-144g", "int4"), ("gh200-144g", "int8"), ("gh200-96g", "int4"),
+@pytest.mark.parametrize("platform,host", [("gh200-144g", "int4-g128"), ("gh200-96g", "int4-g128"),
                                            ("h100-sxm", "int4")])
 def test_deepseek_v3_plans_with_its_experts_in_host_memory(capsys, platform, host):
     assert main(["--model", DEEPSEEK_V3, "--platform", platform, "--host-weight-dtype", host]) == 0
     out = capsys.readouterr().out
     assert "at 70272 bytes per token" in out
-    assert "routed experts:" in out and " direct" in out
+    assert "routed experts:" in out and (" direct" in out or " streamed" in out)
     assert "predicted decode step (batch 1)" in out
+
+
+@pytest.mark.parametrize("host,hint", [("bf16", "a narrower --host-weight-dtype"), ("int8", "int4-g128"),
+                                       ("int4", "int4-g128")])
+def test_host_weights_beyond_a_gh200s_lpddr5x_are_refused_with_what_fits(capsys, host, hint):
+    """A GH200 has 480 GB of LPDDR5X: V3's experts in bf16 (1.3 TB), int8 (640 GB) or int4 with a scale and minimum
+    per 32 columns (482 GiB) do not fit it; int4-g128 (361 GiB) does."""
+    assert main(["--model", DEEPSEEK_V3, "--platform", "gh200-144g", "--host-weight-dtype", host]) == 2
+    err = capsys.readouterr().err
+    assert "of weights in host memory" in err and "gh200-144g's 447.0 GiB (480 GB) of host memory" in err
+    assert hint in err
 
 
 def test_the_published_block_fp8_checkpoint_plans_its_experts_as_fp8_in_host_memory(capsys):
     """DeepSeek's own release is block-FP8 (128x128): planned with its fp8 codes and a scale per row and block as
-    the host form, on a GPU its resident layers too."""
+    the host form, on a GPU its resident layers too; 671 GB of fp8 do not fit one GH200's host memory, int4-g128
+    does."""
     a = arch()
     sizes = model_sizes(a, "bf16", host_format="fp8", fp8_group=128)
     codes, scales = 3 * 7168 * 2048, 4 * (4096 * 56 + 7168 * 16)
     assert sizes.host_expert_bytes == -(-(codes + scales) // 64) * 64
-    assert main(["--model", f"{DEEPSEEK_V3}_fp8", "--platform", "gh200-144g"]) == 0
-    out = capsys.readouterr().out
-    assert "resident layers fp8, offloaded layers fp8 in host memory" in out
+    assert main(["--model", f"{DEEPSEEK_V3}_fp8", "--platform", "gh200-144g"]) == 2    # 662 GiB of fp8
+    captured = capsys.readouterr()
+    assert "resident layers fp8, offloaded layers fp8 in host memory" in captured.out
+    assert "more than gh200-144g's" in captured.err
+    assert main(["--model", f"{DEEPSEEK_V3}_fp8", "--platform", "gh200-144g", "--host-weight-dtype", "int4-g128"]) == 0
