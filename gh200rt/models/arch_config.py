@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gh200rt.models.deepseek_config import deepseek_fields
+from gh200rt.models.deepseek_config import deepseek_fields, glm4_moe_fields
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3")
-MOE_ARCHITECTURES = ("qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3",
+                           "glm4_moe")
+MOE_ARCHITECTURES = ("qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe")
 # GGUF files name architectures their own way: general.architecture -> ours (a ``llama`` file with experts is
 # Mixtral, see ``_moe_from_gguf``)
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
@@ -130,6 +131,7 @@ class ArchConfig:
     v_head_dim: int = 0
     rope_interleave: bool = False               # rotary pairs stored interleaved (x0, x1), (x2, x3) ...
     num_nextn_predict_layers: int = 0           # multi-token-prediction layers a checkpoint ships (not run yet)
+    rotary_dim: int = 0                         # RoPE over the first rotary_dim of each head (GLM-4.5); 0: all
 
     def __post_init__(self):
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -158,6 +160,8 @@ class ArchConfig:
         if self.kv_lora_rank and (self.qk_nope_head_dim <= 0 or self.v_head_dim <= 0 or self.head_dim % 2):
             raise ValueError(f"latent attention needs positive qk_nope_head_dim ({self.qk_nope_head_dim}) and "
                              f"v_head_dim ({self.v_head_dim}) and an even qk_rope_head_dim ({self.head_dim})")
+        if self.rotary_dim and (self.rotary_dim % 2 or self.rotary_dim > self.head_dim):
+            raise ValueError(f"rotary_dim {self.rotary_dim} must be even and at most head_dim {self.head_dim}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_attention_heads {self.num_heads} is not a multiple of "
                              f"num_key_value_heads {self.num_kv_heads}")
@@ -169,6 +173,11 @@ class ArchConfig:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+    @property
+    def rope_dim(self) -> int:
+        """Dimensions of a query/key head that RoPE rotates."""
+        return self.rotary_dim or self.head_dim
 
     @property
     def is_mla(self) -> bool:
@@ -209,9 +218,10 @@ class ArchConfig:
             model_type = archs[0] if archs else None
         if model_type not in SUPPORTED_ARCHITECTURES:
             raise _unsupported(model_type)
-        if model_type == "deepseek_v3":
+        if model_type in ("deepseek_v3", "glm4_moe"):
             theta, scaling = _rope_from_hf(cfg)
-            return cls(**deepseek_fields(cfg, theta, scaling))
+            fields = deepseek_fields if model_type == "deepseek_v3" else glm4_moe_fields
+            return cls(**fields(cfg, theta, scaling))
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         theta, scaling = _rope_from_hf(cfg)

@@ -1,4 +1,5 @@
-"""The ``ArchConfig`` fields of a DeepSeek-V3 ``config.json`` (also Kimi-K2's, which is the same architecture).
+"""The ``ArchConfig`` fields of a DeepSeek-V3 ``config.json`` (also Kimi-K2's, which is the same architecture), and
+of GLM-4.5's (``glm4_moe``), whose MoE blocks are DeepSeek-V3's under GQA attention with partial RoPE.
 
 DeepSeek names its fields its own way (``n_routed_experts``, ``first_k_dense_replace``, ``kv_lora_rank`` ...); this
 maps them onto gh200rt's, and refuses what the model code does not compute (another scoring function or top-k
@@ -12,39 +13,66 @@ SCORING_FUNCS = ("sigmoid",)
 TOPK_METHODS = (None, "noaux_tc")
 
 
-def deepseek_fields(cfg: dict, rope_theta: float, rope_scaling: dict | None) -> dict:
-    """``ArchConfig`` keyword arguments for a ``deepseek_v3`` config (KeyError names a required field)."""
+def _deepseek_moe(cfg: dict, architecture: str) -> dict:
+    """The DeepSeekMoE fields: routed and shared experts, dense first layers, the grouped sigmoid router."""
     scoring = cfg.get("scoring_func", "sigmoid")
     if scoring not in SCORING_FUNCS:
-        raise ValueError(f"scoring_func {scoring!r} is not supported for deepseek_v3; gh200rt routes DeepSeek-V3 "
-                         f"experts with {', '.join(SCORING_FUNCS)} scores, as the published checkpoints do")
+        raise ValueError(f"scoring_func {scoring!r} is not supported for {architecture}; gh200rt routes its experts "
+                         f"with {', '.join(SCORING_FUNCS)} scores, as the published checkpoints do")
     method = cfg.get("topk_method")
     if method not in TOPK_METHODS:
-        raise ValueError(f"topk_method {method!r} is not supported for deepseek_v3; gh200rt chooses experts by "
+        raise ValueError(f"topk_method {method!r} is not supported for {architecture}; gh200rt chooses experts by "
                          "noaux_tc (sigmoid scores plus e_score_correction_bias, group-limited)")
-    heads = int(cfg["num_attention_heads"])
     layers = int(cfg["num_hidden_layers"])
-    experts = int(cfg["n_routed_experts"])
     width = int(cfg["moe_intermediate_size"])
     dense_first = int(cfg.get("first_k_dense_replace") or 0)
     every = int(cfg.get("moe_layer_freq") or 1)
-    q_lora = cfg.get("q_lora_rank")
     return dict(
-        architecture="deepseek_v3", hidden_size=int(cfg["hidden_size"]),
-        intermediate_size=int(cfg["intermediate_size"]), num_layers=layers, num_heads=heads, num_kv_heads=heads,
-        head_dim=int(cfg["qk_rope_head_dim"]), vocab_size=int(cfg["vocab_size"]),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=rope_theta, rope_scaling=rope_scaling,
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        attention_bias=bool(cfg.get("attention_bias", False)),
-        checkpoint_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
-        num_experts=experts, num_experts_per_tok=int(cfg["num_experts_per_tok"]), moe_intermediate_size=width,
-        shared_expert_intermediate_size=int(cfg.get("n_shared_experts") or 0) * width,
+        num_experts=int(cfg["n_routed_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+        moe_intermediate_size=width, shared_expert_intermediate_size=int(cfg.get("n_shared_experts") or 0) * width,
         norm_topk_prob=bool(cfg.get("norm_topk_prob", True)), routing_weights_fp32=True,
         mlp_only_layers=tuple(i for i in range(layers) if i < dense_first or i % every),
         scoring_func=scoring, n_group=int(cfg.get("n_group") or 1), topk_group=int(cfg.get("topk_group") or 1),
         routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
+        num_nextn_predict_layers=int(cfg.get("num_nextn_predict_layers") or 0))
+
+
+def _common(cfg: dict, architecture: str, rope_theta: float, rope_scaling: dict | None) -> dict:
+    return dict(
+        architecture=architecture, hidden_size=int(cfg["hidden_size"]),
+        intermediate_size=int(cfg["intermediate_size"]), num_layers=int(cfg["num_hidden_layers"]),
+        num_heads=int(cfg["num_attention_heads"]), vocab_size=int(cfg["vocab_size"]),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=rope_theta, rope_scaling=rope_scaling,
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        attention_bias=bool(cfg.get("attention_bias", False)),
+        checkpoint_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"))
+
+
+def deepseek_fields(cfg: dict, rope_theta: float, rope_scaling: dict | None) -> dict:
+    """``ArchConfig`` keyword arguments for a ``deepseek_v3`` config (KeyError names a required field)."""
+    heads = int(cfg["num_attention_heads"])
+    q_lora = cfg.get("q_lora_rank")
+    return dict(
+        **_common(cfg, "deepseek_v3", rope_theta, rope_scaling), **_deepseek_moe(cfg, "deepseek_v3"),
+        num_kv_heads=heads, head_dim=int(cfg["qk_rope_head_dim"]),
         q_lora_rank=int(q_lora or 0), kv_lora_rank=int(cfg["kv_lora_rank"]),
         qk_nope_head_dim=int(cfg["qk_nope_head_dim"]), v_head_dim=int(cfg["v_head_dim"]),
-        rope_interleave=bool(cfg.get("rope_interleave", True)),
-        num_nextn_predict_layers=int(cfg.get("num_nextn_predict_layers") or 0))
+        rope_interleave=bool(cfg.get("rope_interleave", True)))
+
+
+def glm4_moe_fields(cfg: dict, rope_theta: float, rope_scaling: dict | None) -> dict:
+    """``ArchConfig`` keyword arguments for a ``glm4_moe`` config (GLM-4.5 / 4.6): GQA attention with q/k/v bias, the
+    optional per-head q/k RMSNorm (``use_qk_norm``), RoPE over the first ``partial_rotary_factor`` of each head."""
+    heads = int(cfg["num_attention_heads"])
+    head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+    params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    factor = float(cfg.get("partial_rotary_factor", params.get("partial_rotary_factor", 1.0)))
+    rotary = int(head_dim * factor)
+    if rotary % 2 or not 0 < rotary <= head_dim:
+        raise ValueError(f"partial_rotary_factor {factor} of head_dim {head_dim} gives {rotary} rotary dimensions; "
+                         "gh200rt needs an even number from 2 to head_dim")
+    return dict(
+        **_common(cfg, "glm4_moe", rope_theta, rope_scaling), **_deepseek_moe(cfg, "glm4_moe"),
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads), head_dim=head_dim,
+        qk_norm=bool(cfg.get("use_qk_norm", False)), rotary_dim=0 if rotary == head_dim else rotary)

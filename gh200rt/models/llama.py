@@ -34,6 +34,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
         self.latent = arch.is_mla
+        self.partial_rotary = arch.rope_dim < arch.head_dim
         self.self_attn = LatentAttention(arch, dtype, device) if self.latent else SelfAttention(arch, dtype, device)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
         self.sparse = arch.is_moe_layer(index)
@@ -57,7 +58,8 @@ class DecoderLayer(nn.Module):
         given the same way: the residual add at a layer boundary is left to the next layer's input norm (or the
         model's final norm), which fuses it into the norm's launch where the Triton kernels run (the same value either
         way: the fused kernel rounds the sum before it normalises, as the separate add stores it)."""
-        if self.decode_layer_fn is not None and not (self.sparse or self.latent) and meta.linear_rows is None:
+        if self.decode_layer_fn is not None and not (self.sparse or self.latent or self.partial_rotary) \
+                and meta.linear_rows is None:
             out = self.decode_layer_fn(self, hidden, residual, cos, sin, meta, kv_cache)
             if out is not None:
                 return out, None
@@ -82,7 +84,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = RefLinear(arch.hidden_size, arch.vocab_size, False, dtype, device)
         if arch.tie_word_embeddings:
             self.lm_head.weight_ref.current = self.embed_tokens
-        self.rotary = RotaryEmbedding(arch.head_dim, arch.max_position_embeddings,
+        self.rotary = RotaryEmbedding(arch.rope_dim, arch.max_position_embeddings,
                                       arch.rope_theta, arch.rope_scaling, device)
 
     def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, tuple]:

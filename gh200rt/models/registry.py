@@ -5,6 +5,7 @@ import torch
 
 from gh200rt.models.arch_config import SUPPORTED_ARCHITECTURES, ArchConfig
 from gh200rt.models.deepseek import DeepseekV3ForCausalLM
+from gh200rt.models.glm import Glm4MoeForCausalLM
 from gh200rt.models.llama import LlamaForCausalLM
 from gh200rt.models.mixtral import MixtralForCausalLM
 from gh200rt.models.qwen import Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM
@@ -18,6 +19,7 @@ MODEL_CLASSES = {
     "qwen3_moe": Qwen3MoeForCausalLM,
     "mixtral": MixtralForCausalLM,
     "deepseek_v3": DeepseekV3ForCausalLM,
+    "glm4_moe": Glm4MoeForCausalLM,
 }
 assert set(MODEL_CLASSES) == set(SUPPORTED_ARCHITECTURES)
 

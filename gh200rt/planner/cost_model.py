@@ -190,7 +190,7 @@ def model_sizes(arch: ArchConfig, dtype: str = "bf16", kv_dtype: str | None = No
         + (2 * arch.head_dim if arch.qk_norm else 0) + (arch.q_lora_rank + arch.kv_lora_rank if arch.is_mla else 0)
     head = (arch.vocab_size if vocab_rows is None else vocab_rows) * arch.hidden_size
     embeds = head * (1 if arch.tie_word_embeddings else 2) + arch.hidden_size
-    rope_tables = 2 * arch.max_position_embeddings * (arch.head_dim // 2) * 4  # float32 cos and sin
+    rope_tables = 2 * arch.max_position_embeddings * (arch.rope_dim // 2) * 4  # float32 cos and sin
     kv_scales = arch.num_layers * 2 * 4  # float32 K and V scale per layer (kv/fp8.py)
     fixed = (embeds + arch.num_layers * layer_small) * wb + rope_tables + kv_scales
 

@@ -22,7 +22,7 @@ def test_invariance_tiny_random_moe(tmp_path, family):
     check_invariance(SharedModel(path, "gh200rt"), vocab=VOCAB, max_tokens=16, small_pool=12)
 
 
-@pytest.mark.parametrize("family", ["qwen2-moe-shared", "deepseek-v3"])
+@pytest.mark.parametrize("family", ["qwen2-moe-shared", "deepseek-v3", "glm4-moe-qk-norm"])
 def test_a_prompts_bits_do_not_depend_on_its_chunks(tmp_path, family):
     """A prompt's first-token logits, bit for bit, prefilled at once and in chunks of 7 tokens on the fp32 route:
     the sigmoids of a shared expert's gate and of DeepSeek's router score each row alike in a step of any size."""

@@ -58,14 +58,27 @@ DEEPSEEK_FAMILIES = {
     "kimi-k2": ("DeepseekV3Config", dict(_DEEPSEEK, q_lora_rank=48, n_routed_experts=12, n_group=1, topk_group=1,
                                          num_experts_per_tok=4, routed_scaling_factor=2.827)),
 }
+# GLM-4.5's shape (tests/model/test_deepseek_parity.py): GQA with q/k/v bias, RoPE over half of each head, the first
+# layer dense, DeepSeek-V3's router over 8 experts, one shared expert; with and without the q/k norm
+_GLM = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, attention_bias=True, moe_intermediate_size=32,
+            n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2, first_k_dense_replace=1, num_hidden_layers=3,
+            routed_scaling_factor=2.5, tie_word_embeddings=False)
+GLM_FAMILIES = {
+    "glm4-moe-qk-norm": ("Glm4MoeConfig", dict(_GLM, use_qk_norm=True, n_group=2, topk_group=1,
+                                               rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                "partial_rotary_factor": 0.5})),
+    "glm4-moe": ("Glm4MoeConfig", dict(_GLM, use_qk_norm=False,
+                                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                        "partial_rotary_factor": 0.5})),
+}
 VOCAB = 256
 
 
 def make_hf_model(family: str, seed: int = 0, **overrides):
     """``overrides``: config fields replacing the family's (e.g. ``mlp_only_layers=[]``)."""
     import transformers
-    if family in DEEPSEEK_FAMILIES:
-        class_name, kwargs = DEEPSEEK_FAMILIES[family]
+    if family in DEEPSEEK_FAMILIES or family in GLM_FAMILIES:
+        class_name, kwargs = {**DEEPSEEK_FAMILIES, **GLM_FAMILIES}[family]
     elif family in MOE_FAMILIES:
         class_name, kwargs = MOE_FAMILIES[family]
         sizes = {k: v for k, v in MOE_SIZES.items() if class_name != "MixtralConfig" or k in (

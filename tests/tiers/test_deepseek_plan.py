@@ -71,3 +71,14 @@ def test_the_published_block_fp8_checkpoint_plans_its_experts_as_fp8_in_host_mem
     assert "resident layers fp8, offloaded layers fp8 in host memory" in captured.out
     assert "more than gh200-144g's" in captured.err
     assert main(["--model", f"{DEEPSEEK_V3}_fp8", "--platform", "gh200-144g", "--host-weight-dtype", "int4-g128"]) == 0
+
+
+def test_kimi_k2_needs_more_than_one_gh200(capsys):
+    """Kimi-K2 (DeepSeek-V3's architecture, 384 experts, 1T parameters): its int4-g128 experts alone exceed one
+    GH200's LPDDR5X, and tensor parallelism, which would split them over two, is not built for latent attention."""
+    kimi = "tests/fixtures/kimi_k2"
+    assert main(["--model", kimi, "--platform", "gh200-144g", "--host-weight-dtype", "int4-g128"]) == 2
+    assert "547.5 GiB of weights in host memory (int4-g128), more than gh200-144g's" in capsys.readouterr().err
+    assert main(["--model", kimi, "--platform", "gh200-144g", "--host-weight-dtype", "int4-g128",
+                 "--tensor-parallel-size", "2"]) == 2
+    assert "does not split deepseek_v3's latent attention over ranks yet" in capsys.readouterr().err

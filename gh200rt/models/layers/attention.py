@@ -1,4 +1,5 @@
-"""Model-side self-attention: fused qkv projection, optional per-head q/k RMSNorm (Qwen3), RoPE,
+"""Model-side self-attention: fused qkv projection, optional per-head q/k RMSNorm (Qwen3), RoPE (over the first
+``rope_dim`` dimensions of each head where the architecture rotates only those: GLM-4.5),
 K/V written to the paged pool, paged attention, output projection. ``kv_scale`` ([K scale, V scale],
 float32) is what an fp8 pool is quantized with (kv/fp8.py); a bf16/fp32 pool ignores it."""
 from __future__ import annotations
@@ -20,6 +21,8 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = arch.num_heads, arch.num_kv_heads, arch.head_dim
         self.q_size, self.kv_size = arch.q_size, arch.kv_size
+        self.rope_dim = arch.rope_dim
+        self.partial_rotary = arch.rope_dim < arch.head_dim
         self.scale = self.head_dim ** -0.5
         self.qkv_proj = RefLinear(arch.hidden_size, self.q_size + 2 * self.kv_size, arch.attention_bias, dtype, device)
         self.o_proj = RefLinear(self.q_size, arch.hidden_size, False, dtype, device)
@@ -41,7 +44,7 @@ class SelfAttention(nn.Module):
                 kv_cache: torch.Tensor) -> torch.Tensor:
         tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden, meta.linear_rows)
-        if self.decode_block_fn is not None and not self.calculate_kv_scales:
+        if self.decode_block_fn is not None and not self.calculate_kv_scales and not self.partial_rotary:
             qk_norm = None if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
             out = self.decode_block_fn(qkv, cos, sin, kv_cache, meta, self.scale, self.num_heads, self.num_kv_heads,
                                        self.kv_scale, qk_norm)
@@ -50,19 +53,24 @@ class SelfAttention(nn.Module):
         heads = self.num_heads + self.num_kv_heads
         v = qkv[:, self.q_size + self.kv_size:].view(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is None:
-            qk = self.rotary_fn(qkv[:, :self.q_size + self.kv_size].view(tokens, heads, self.head_dim), cos, sin)
+            qk = self._rotate(qkv[:, :self.q_size + self.kv_size].view(tokens, heads, self.head_dim), cos, sin)
             q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         else:
             q = self.q_norm(qkv[:, :self.q_size].view(tokens, self.num_heads, self.head_dim))
             k = self.k_norm(qkv[:, self.q_size:self.q_size + self.kv_size].view(tokens, self.num_kv_heads,
                                                                                  self.head_dim))
-            q, k = self.rotary_fn(q, cos, sin), self.rotary_fn(k, cos, sin)
+            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
         if self.calculate_kv_scales and fp8.is_fp8(kv_cache.dtype):
             self.kv_scale.copy_(fp8.calculated_scales(k, v, kv_cache.dtype))
             self.calculate_kv_scales = False
         self.write_kv_fn(kv_cache, k, v, meta.slot_mapping, self.kv_scale)
         out = self.attention_fn(q, kv_cache, meta, self.scale, self.num_kv_heads, self.kv_scale)
         return self.o_proj(out.reshape(tokens, self.q_size), meta.linear_rows)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if not self.partial_rotary:
+            return self.rotary_fn(x, cos, sin)
+        return torch.cat((self.rotary_fn(x[..., :self.rope_dim], cos, sin), x[..., self.rope_dim:]), dim=-1)
 
 
 def configure_kv_scales(model: torch.nn.Module, calculate: bool) -> int:
