@@ -1,12 +1,13 @@
-"""A tiny DeepSeek-V3 on CUDA: latent attention on the torch ops (no Triton MLA kernel yet) under the GPU engine,
-decode graphs included, with experts resident, read in place and streamed: transformers' greedy tokens in float32
-(or a first difference at a near tie)."""
+"""Tiny DeepSeek-V3 and GLM-4.5 models on CUDA: latent attention on the torch ops (no Triton MLA kernel yet) under
+the GPU engine, decode graphs included, with experts resident, read in place and streamed; GLM's partly rotated heads
+on the Triton kernels: transformers' greedy tokens in float32 (or a first difference at a near tie)."""
 import pytest
 import torch
 
 from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
 from gh200rt.engine.llm import LLM
+from gh200rt.sampling_params import SamplingParams
 from tests.engine.test_deepseek_engine import GREEDY, PROMPTS, v3  # noqa: F401  (the module's fixture)
 
 pytestmark = pytest.mark.gpu
@@ -26,3 +27,26 @@ def test_greedy_tokens_equal_transformers_on_cuda(v3, label, options):  # noqa: 
         engine.close()
     first_difference = [next((i for i, (a, b) in enumerate(zip(g, w)) if a != b), None) for g, w in zip(got, want)]
     assert all(d is None or d >= 4 for d in first_difference), (label, got, want)
+
+
+def test_glm4_moe_with_partial_rotary_on_cuda(tmp_path):
+    """GLM-4.5's shape (RoPE over half of each head, q/k norm) through the Triton kernels: the partly rotated heads
+    take the op-by-op path (the fused RoPE + store step rotates whole heads); transformers' greedy tokens."""
+    from tests.model.test_parity_tiny import prompt
+    from tests.model.tiny_checkpoints import save_tiny
+    path = str(tmp_path / "glm")
+    hf = save_tiny("glm4-moe-qk-norm", path)
+    prompts = [prompt(1)[:20], prompt(2)[:13]]
+    with torch.no_grad():
+        want = [hf.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, eos_token_id=None,
+                            pad_token_id=0)[0, len(ids):].tolist() for ids in prompts]
+    config = EngineConfig.from_kwargs(model=path, dtype="float32", max_model_len=64, num_kv_blocks=64)
+    engine = LLMEngine.from_config(config, poison=True)
+    try:
+        assert engine.runner.device == "cuda"
+        got = [o.outputs[0].token_ids for o in LLM.from_engine(engine).generate(
+            prompts, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))]
+    finally:
+        engine.close()
+    first_difference = [next((i for i, (a, b) in enumerate(zip(g, w)) if a != b), None) for g, w in zip(got, want)]
+    assert all(d is None or d >= 4 for d in first_difference), (got, want)
