@@ -1,6 +1,6 @@
-"""``python -m gh200rt.serve`` serves a tiny random MoE model (Mixtral layout, streamed layers and experts): one
-completion over loopback equals the engine's greedy tokens for the same prompt, and /metrics shows the experts
-per tier, the bytes of the routed experts copied in and the routing counts."""
+"""``python -m gh200rt.serve`` serves tiny random MoE models (Mixtral's layout with streamed layers and experts,
+DeepSeek-V3's with streamed experts): a completion over loopback equals the engine's greedy tokens for the same
+prompt, and /metrics shows the experts per tier, the bytes of the routed experts copied in and the routing counts."""
 import pytest
 
 httpx = pytest.importorskip("httpx")  # the test extra: a bare GPU host need not have it
@@ -38,6 +38,32 @@ def test_serves_a_tiny_mixtral(tmp_path):
         prompt_tokens = body["usage"]["prompt_tokens"]
         # each layer routes every prompt token and the 7 decode steps' tokens to k=2 experts
         assert len(routed) == experts and sum(routed) == 4 * 2 * (prompt_tokens + 7)
+        assert float(series["gh200rt_expert_bytes_copied_total"]) > 0
+    finally:
+        server.stop()
+
+
+def test_serves_a_tiny_deepseek_v3_with_streamed_experts(tmp_path):
+    """DeepSeek-V3's layout (latent attention, group-limited routing, shared experts, a dense first layer) served
+    with its routed experts streamed: a completion equals the engine's greedy tokens, and the experts are counted."""
+    path = str(tmp_path / "deepseek")
+    save_tiny("deepseek-v3", path)
+    prompt = "w5 w9 w13 w17 w40 w41"
+    shared = SharedModel(path)
+    ids = shared.tokenizer.encode(prompt)
+    want = shared.llm(max_model_len=128).generate([ids], SamplingParams(temperature=0, max_tokens=8,
+                                                                        ignore_eos=True))[0].outputs[0].text
+    server = ServerProcess("gh200rt.serve", ["--model", path, "--served-model-name", "tiny-deepseek",
+                                             "--max-model-len", "128", "--dtype", "float32",
+                                             "--moe-expert-tier", "stream"])
+    try:
+        reply = httpx.post(server.url + "/v1/completions", timeout=60, json={
+            "model": "tiny-deepseek", "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["text"] == want
+        metrics = httpx.get(server.url + "/metrics", timeout=30).text
+        series = dict(line.rsplit(" ", 1) for line in metrics.splitlines() if line.startswith("gh200rt_"))
+        assert float(series['gh200rt_moe_experts{tier="streamed"}']) == 2 * 8     # layers 1-2, 8 experts each
         assert float(series["gh200rt_expert_bytes_copied_total"]) > 0
     finally:
         server.stop()
