@@ -32,6 +32,15 @@ _QWEN3_30B_A3B = dict(model_type="qwen3_moe", hidden_size=2048, intermediate_siz
                       max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6, num_experts=128,
                       num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True, decoder_sparse_step=1,
                       mlp_only_layers=[])
+# deepseek-ai/DeepSeek-V3's config.json (shape fields; YaRN as published)
+_DEEPSEEK_V3 = dict(model_type="deepseek_v3", hidden_size=7168, intermediate_size=18432, num_hidden_layers=61,
+                    num_attention_heads=128, num_key_value_heads=128, vocab_size=129280, max_position_embeddings=163840,
+                    rope_theta=10000.0, rms_norm_eps=1e-6, moe_intermediate_size=2048, n_routed_experts=256,
+                    n_shared_experts=1, num_experts_per_tok=8, n_group=8, topk_group=4, first_k_dense_replace=3,
+                    routed_scaling_factor=2.5, norm_topk_prob=True, scoring_func="sigmoid", topk_method="noaux_tc",
+                    kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+                    rope_scaling={"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                                  "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0})
 SHAPES: dict[str, dict] = {
     "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                       num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0),
@@ -46,13 +55,24 @@ SHAPES: dict[str, dict] = {
                          num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
                          max_position_embeddings=32768, rope_theta=1000000.0, num_local_experts=8,
                          num_experts_per_tok=2, sliding_window=None),
+    # DeepSeek-V3's layers exactly (latent attention, a dense first layer, experts of V3's width, its vocabulary) cut
+    # to two layers and 16 routed experts: 7 GB of bf16 where one of V3's MoE layers alone is 23 GB
+    "deepseek-v3-cut": dict(_DEEPSEEK_V3, num_hidden_layers=2, first_k_dense_replace=1, n_routed_experts=16,
+                            n_group=4, topk_group=2),
+    # DeepSeek-V3's layout at a size CI can write and load in a second
+    "deepseek-v3-tiny": dict(_DEEPSEEK_V3, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+                             num_attention_heads=4, num_key_value_heads=4, vocab_size=1024,
+                             max_position_embeddings=2048, moe_intermediate_size=64, n_routed_experts=16,
+                             n_group=4, topk_group=2, first_k_dense_replace=1, kv_lora_rank=64, q_lora_rank=96,
+                             qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, rope_scaling=None),
     # Qwen3-MoE's layout at a size CI can write and load in a second
     "qwen3-moe-tiny": dict(_QWEN3_30B_A3B, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
                            num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=1024,
                            max_position_embeddings=2048, num_experts=16, num_experts_per_tok=4,
                            moe_intermediate_size=64),
 }
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM"}
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM",
+                  "deepseek_v3": "DeepseekV3ForCausalLM"}
 POOL_ELEMENTS = 1 << 26  # at most 128 MiB of bf16: every weight is a slice of it at a random offset
 STAMP = "random_checkpoint.json"
 
@@ -70,6 +90,14 @@ def config_of(shape: str, num_layers: int | None = None) -> dict:
 def _mlp_shapes(cfg: dict, p: str) -> dict[str, tuple[int, ...]]:
     """The MLP block of one layer: dense, or router and experts under the family's checkpoint names."""
     h = cfg["hidden_size"]
+    layer = int(p.split(".")[2])
+    if cfg["model_type"] == "deepseek_v3" and layer >= cfg["first_k_dense_replace"]:
+        e, i, shared = cfg["n_routed_experts"], cfg["moe_intermediate_size"], cfg["n_shared_experts"]
+        shapes = _experts(p + "mlp.", e, i, h, ("gate_proj", "up_proj", "down_proj"))
+        s = shared * i
+        block = p + "mlp.shared_experts."
+        return shapes | {p + "mlp.gate.e_score_correction_bias": (e,), block + "gate_proj.weight": (s, h),
+                         block + "up_proj.weight": (s, h), block + "down_proj.weight": (h, s)}
     if cfg["model_type"] == "qwen3_moe":
         e, i = cfg["num_experts"], cfg["moe_intermediate_size"]
         block, names = p + "mlp.", ("gate_proj", "up_proj", "down_proj")
@@ -79,6 +107,10 @@ def _mlp_shapes(cfg: dict, p: str) -> dict[str, tuple[int, ...]]:
     else:
         i = cfg["intermediate_size"]
         return {p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h), p + "mlp.down_proj.weight": (h, i)}
+    return _experts(block, e, i, h, names)
+
+
+def _experts(block: str, e: int, i: int, h: int, names: tuple[str, str, str]) -> dict[str, tuple[int, ...]]:
     shapes = {block + "gate.weight": (e, h)}
     for x in range(e):
         gate, up, down = (f"{block}experts.{x}.{n}.weight" for n in names)
@@ -86,8 +118,23 @@ def _mlp_shapes(cfg: dict, p: str) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _latent_attention_shapes(cfg: dict, p: str) -> dict[str, tuple[int, ...]]:
+    h, heads, rank = cfg["hidden_size"], cfg["num_attention_heads"], cfg["kv_lora_rank"]
+    rope, nope, v, q_rank = cfg["qk_rope_head_dim"], cfg["qk_nope_head_dim"], cfg["v_head_dim"], cfg["q_lora_rank"]
+    a = p + "self_attn."
+    return {a + "q_a_proj.weight": (q_rank, h), a + "q_a_layernorm.weight": (q_rank,),
+            a + "q_b_proj.weight": (heads * (nope + rope), q_rank),
+            a + "kv_a_proj_with_mqa.weight": (rank + rope, h), a + "kv_a_layernorm.weight": (rank,),
+            a + "kv_b_proj.weight": (heads * (nope + v), rank),
+            a + "o_proj.weight": (h, heads * v)}
+
+
 def layer_shapes(cfg: dict, layer: int) -> dict[str, tuple[int, ...]]:
     h = cfg["hidden_size"]
+    if cfg["model_type"] == "deepseek_v3":
+        p = f"model.layers.{layer}."
+        return {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)} \
+            | _latent_attention_shapes(cfg, p) | _mlp_shapes(cfg, p)
     head_dim = cfg.get("head_dim") or h // cfg["num_attention_heads"]
     q, kv = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
     p = f"model.layers.{layer}."

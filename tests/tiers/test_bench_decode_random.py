@@ -4,6 +4,7 @@ import json
 import math
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from gh200rt.bench.random_model import SHAPES, config_of, layer_shapes, write_random_checkpoint
@@ -157,3 +158,26 @@ def test_bench_decode_context_prefills_long_prompts_and_counts_their_kv_in_the_r
     assert long["roofline_tokens_per_second"] < short["roofline_tokens_per_second"]
     refused = subprocess.run(common + ["--context", "2"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "--context 2: at least 4" in refused.stderr
+
+
+def test_deepseek_v3_shapes_are_the_published_layers_and_generate():
+    """deepseek-v3-cut keeps V3's layers exactly (latent attention, a dense layer, experts of V3's width; 16 of them)
+    and its vocabulary; deepseek-v3-tiny loads strictly and generates the same tokens with its experts streamed."""
+    from gh200rt.engine.llm import LLM
+    from gh200rt.sampling_params import SamplingParams
+    published = read_arch(str(ROOT / "tests" / "fixtures" / "deepseek_v3"))
+    cut = ArchConfig.from_hf_config(config_of("deepseek-v3-cut"))
+    same = ("hidden_size", "intermediate_size", "num_heads", "vocab_size", "moe_intermediate_size", "kv_lora_rank",
+            "q_lora_rank", "qk_nope_head_dim", "v_head_dim", "head_dim", "num_experts_per_tok",
+            "shared_expert_intermediate_size", "routed_scaling_factor", "rope_scaling")
+    assert all(getattr(cut, f) == getattr(published, f) for f in same), \
+        [f for f in same if getattr(cut, f) != getattr(published, f)]
+    assert (cut.num_layers, cut.num_experts, cut.moe_layers) == (2, 16, [1])
+    cfg = config_of("deepseek-v3-cut")
+    assert layer_shapes(cfg, 1)["model.layers.1.mlp.experts.15.down_proj.weight"] == (7168, 2048)
+    with tempfile.TemporaryDirectory() as scratch:
+        path = write_random_checkpoint("deepseek-v3-tiny", scratch)
+        greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+        tokens = {tier: LLM(path, dtype="float32", max_model_len=64, offload="none", moe_expert_tier=tier)
+                  .generate([[5, 6, 7]], greedy)[0].outputs[0].token_ids for tier in ("resident", "stream")}
+    assert len(tokens["resident"]) == 4 and tokens["resident"] == tokens["stream"], tokens
