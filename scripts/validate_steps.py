@@ -289,7 +289,7 @@ def wave_steps(py: str, out: Path, cache: Path) -> list[Step]:
     """``--kit wave``: this wave's GPU paths, each with its figure against the same run's baseline: their gpu
     tests; speculative decoding off and on (n-gram on an input-grounded workload) with SmolLM2 resident and with
     every layer streamed (the link-bound step it turns into several tokens); multi-turn conversations with the host
-    KV tier off and on."""
+    KV tier off and on; DeepSeek-V3's layers with their experts in each tier."""
     speculative = bench(py, "speculative") + ["--model", "smollm2-135m", "--prompts", "8", "--output-tokens", "128",
                                               "--batch", "8"]
     return [
@@ -305,4 +305,12 @@ def wave_steps(py: str, out: Path, cache: Path) -> list[Step]:
         Step("host KV tier, multi-turn SmolLM2", bench(py, "multi-turn") + ["--model", "smollm2-135m",
                                                                              "--conversations", "8", "--turns", "4"],
              90, needs_module=SMOLLM2),
+        # DeepSeek-V3's layers (latent attention on the torch ops, experts of V3's width) cut to two layers and 16
+        # experts (7 GB): tok/s per expert tier against its roofline
+        Step("decode DeepSeek-V3 layers, experts resident / direct / streamed",
+             bench(py, "latency") + ["--random-model", "deepseek-v3-cut", "--random-model-dir",
+                                     str(cache / "deepseek-v3-cut"), "--placements",
+                                     "resident,experts-direct,experts-stream", "--batches", "1,8", "--tokens", "8",
+                                     "--json", str(out / "decode_deepseek_v3.json")], 90,
+             values=("deepseek-v3-cut", "experts-direct"), outputs={"decode": out / "decode_deepseek_v3.json"}),
     ]
