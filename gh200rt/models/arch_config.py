@@ -5,9 +5,9 @@ from dataclasses import dataclass, field
 
 from gh200rt.models.deepseek_config import deepseek_fields, glm4_moe_fields
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3",
-                           "glm4_moe")
-MOE_ARCHITECTURES = ("qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v2",
+                           "deepseek_v3", "glm4_moe")
+MOE_ARCHITECTURES = ("qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v2", "deepseek_v3", "glm4_moe")
 # GGUF files name architectures their own way: general.architecture -> ours (a ``llama`` file with experts is
 # Mixtral, see ``_moe_from_gguf``)
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
@@ -120,6 +120,7 @@ class ArchConfig:
     # DeepSeekMoE routing (models/layers/moe_experts.py: route_grouped): sigmoid scores, a per-expert correction bias
     # for the choice, the best topk_group of n_group expert groups, weights times routed_scaling_factor
     scoring_func: str = "softmax"
+    topk_method: str = "greedy"                 # greedy | group_limited_greedy (V2: groups by their best) | noaux_tc
     n_group: int = 1
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
@@ -148,6 +149,9 @@ class ArchConfig:
                 raise ValueError(f"mlp_only_layers {outside} are not layers of a {self.num_layers}-layer model")
         elif self.architecture in MOE_ARCHITECTURES:
             raise ValueError(f"{self.architecture} needs num_experts > 0")
+        if self.topk_method not in ("greedy", "group_limited_greedy", "noaux_tc"):
+            raise ValueError(f"topk_method {self.topk_method!r} is not supported; gh200rt chooses experts by greedy, "
+                             "group_limited_greedy or noaux_tc")
         if self.scoring_func not in ("softmax", "sigmoid"):
             raise ValueError(f"scoring_func {self.scoring_func!r} is not supported; gh200rt routes with softmax or "
                              "sigmoid scores")
@@ -218,10 +222,10 @@ class ArchConfig:
             model_type = archs[0] if archs else None
         if model_type not in SUPPORTED_ARCHITECTURES:
             raise _unsupported(model_type)
-        if model_type in ("deepseek_v3", "glm4_moe"):
+        if model_type in ("deepseek_v2", "deepseek_v3", "glm4_moe"):
             theta, scaling = _rope_from_hf(cfg)
-            fields = deepseek_fields if model_type == "deepseek_v3" else glm4_moe_fields
-            return cls(**fields(cfg, theta, scaling))
+            fields = glm4_moe_fields if model_type == "glm4_moe" else deepseek_fields
+            return cls(**fields({**cfg, "model_type": model_type}, theta, scaling))
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         theta, scaling = _rope_from_hf(cfg)

@@ -11,18 +11,29 @@ from __future__ import annotations
 # balancing), the best topk_group of n_group expert groups by the sum of each group's two best scores
 SCORING_FUNCS = ("sigmoid",)
 TOPK_METHODS = (None, "noaux_tc")
+# DeepSeek-V2's: softmax scores, the top k of all experts ("greedy") or of the topk_group groups whose best expert
+# scores highest ("group_limited_greedy")
+V2_TOPK_METHODS = ("greedy", "group_limited_greedy")
 
 
 def _deepseek_moe(cfg: dict, architecture: str) -> dict:
-    """The DeepSeekMoE fields: routed and shared experts, dense first layers, the grouped sigmoid router."""
-    scoring = cfg.get("scoring_func", "sigmoid")
-    if scoring not in SCORING_FUNCS:
-        raise ValueError(f"scoring_func {scoring!r} is not supported for {architecture}; gh200rt routes its experts "
-                         f"with {', '.join(SCORING_FUNCS)} scores, as the published checkpoints do")
-    method = cfg.get("topk_method")
-    if method not in TOPK_METHODS:
-        raise ValueError(f"topk_method {method!r} is not supported for {architecture}; gh200rt chooses experts by "
-                         "noaux_tc (sigmoid scores plus e_score_correction_bias, group-limited)")
+    """The DeepSeekMoE fields: routed and shared experts, dense first layers, the grouped router (V3's sigmoid one,
+    or V2's softmax one)."""
+    if architecture == "deepseek_v2":
+        scoring, method = cfg.get("scoring_func", "softmax"), cfg.get("topk_method") or "greedy"
+        if scoring != "softmax" or method not in V2_TOPK_METHODS:
+            raise ValueError(f"scoring_func {scoring!r} with topk_method {method!r} is not supported for deepseek_v2; "
+                             f"gh200rt routes its experts with softmax scores, topk_method "
+                             f"{' or '.join(V2_TOPK_METHODS)}")
+    else:
+        scoring, method = cfg.get("scoring_func", "sigmoid"), cfg.get("topk_method")
+        if scoring not in SCORING_FUNCS:
+            raise ValueError(f"scoring_func {scoring!r} is not supported for {architecture}; gh200rt routes its "
+                             f"experts with {', '.join(SCORING_FUNCS)} scores, as the published checkpoints do")
+        if method not in TOPK_METHODS:
+            raise ValueError(f"topk_method {method!r} is not supported for {architecture}; gh200rt chooses experts "
+                             "by noaux_tc (sigmoid scores plus e_score_correction_bias, group-limited)")
+        method = "noaux_tc"
     layers = int(cfg["num_hidden_layers"])
     width = int(cfg["moe_intermediate_size"])
     dense_first = int(cfg.get("first_k_dense_replace") or 0)
@@ -30,7 +41,8 @@ def _deepseek_moe(cfg: dict, architecture: str) -> dict:
     return dict(
         num_experts=int(cfg["n_routed_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
         moe_intermediate_size=width, shared_expert_intermediate_size=int(cfg.get("n_shared_experts") or 0) * width,
-        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)), routing_weights_fp32=True,
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", architecture != "deepseek_v2")), routing_weights_fp32=True,
+        topk_method=method,
         mlp_only_layers=tuple(i for i in range(layers) if i < dense_first or i % every),
         scoring_func=scoring, n_group=int(cfg.get("n_group") or 1), topk_group=int(cfg.get("topk_group") or 1),
         routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
@@ -50,15 +62,17 @@ def _common(cfg: dict, architecture: str, rope_theta: float, rope_scaling: dict 
 
 
 def deepseek_fields(cfg: dict, rope_theta: float, rope_scaling: dict | None) -> dict:
-    """``ArchConfig`` keyword arguments for a ``deepseek_v3`` config (KeyError names a required field)."""
+    """``ArchConfig`` keyword arguments for a ``deepseek_v3`` or ``deepseek_v2`` config (KeyError names a required
+    field): the same latent attention (V2's rotary pairs always interleaved), V2's softmax router."""
+    architecture = cfg["model_type"]
     heads = int(cfg["num_attention_heads"])
     q_lora = cfg.get("q_lora_rank")
     return dict(
-        **_common(cfg, "deepseek_v3", rope_theta, rope_scaling), **_deepseek_moe(cfg, "deepseek_v3"),
+        **_common(cfg, architecture, rope_theta, rope_scaling), **_deepseek_moe(cfg, architecture),
         num_kv_heads=heads, head_dim=int(cfg["qk_rope_head_dim"]),
         q_lora_rank=int(q_lora or 0), kv_lora_rank=int(cfg["kv_lora_rank"]),
         qk_nope_head_dim=int(cfg["qk_nope_head_dim"]), v_head_dim=int(cfg["v_head_dim"]),
-        rope_interleave=bool(cfg.get("rope_interleave", True)))
+        rope_interleave=bool(cfg.get("rope_interleave", True)) or architecture == "deepseek_v2")
 
 
 def glm4_moe_fields(cfg: dict, rope_theta: float, rope_scaling: dict | None) -> dict:

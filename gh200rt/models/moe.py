@@ -4,7 +4,8 @@ Families (``ArchConfig``): Qwen3-MoE (softmax top-k, renormalised when ``norm_to
 (the same, plus a shared expert scaled by ``sigmoid(shared_expert_gate(x))``), Mixtral (softmax over the
 top-k logits: the renormalised form; routing weights applied in float32), DeepSeek-V3 (sigmoid scores with a
 correction bias for the choice, group-limited, weights times ``routed_scaling_factor`` applied in float32, plus
-ungated shared experts: ``route_grouped``).
+ungated shared experts: ``route_grouped``), DeepSeek-V2 (softmax, greedy or limited to the groups with the best
+experts, ``route_group_limited``, times ``routed_scaling_factor``; shared experts as V3).
 
 Weights. Every expert is a ``GatedMLP`` with its own two WeightRefs (``experts.E.gate_up_proj`` ``[2I, H]``,
 ``experts.E.down_proj`` ``[H, I]``), so the weight store places, streams and converts each one as it does
@@ -26,8 +27,8 @@ from gh200rt.models.arch_config import ArchConfig
 from gh200rt.models.base import WeightRef, dense_weight
 from gh200rt.models.layers.linear import RefLinear
 from gh200rt.models.layers.mlp import HF_NAMES, GatedMLP
-from gh200rt.models.layers.moe_experts import (NO_EXPERT_ACCESS, grouped_experts, route, route_grouped,
-                                               row_stable_sigmoid)
+from gh200rt.models.layers.moe_experts import (NO_EXPERT_ACCESS, grouped_experts, route, route_group_limited,
+                                               route_grouped, row_stable_sigmoid)
 
 MIXTRAL_EXPERT_NAMES = ("w1", "w3", "w2")   # gate, up, down
 
@@ -50,8 +51,9 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert_gate = RefLinear(h, 1, False, dtype, device) if gated else None
         self.shared_name = "shared_expert" if arch.architecture == "qwen2_moe" else "shared_experts"
         self.grouped = arch.scoring_func == "sigmoid"
+        self.group_limited = arch.topk_method == "group_limited_greedy"
+        self.n_group, self.topk_group, self.scaling = arch.n_group, arch.topk_group, arch.routed_scaling_factor
         if self.grouped:
-            self.n_group, self.topk_group, self.scaling = arch.n_group, arch.topk_group, arch.routed_scaling_factor
             self.register_buffer("correction_bias", torch.zeros(e, dtype=torch.float32, device=device))
         self.expert_access = NO_EXPERT_ACCESS   # the weight store stages streamed experts through it
         self.routed_tokens: torch.Tensor | None = None   # int64 [E]: (token, choice) pairs routed to each expert
@@ -66,7 +68,10 @@ class SparseMoeBlock(nn.Module):
             weights, ids = route_grouped(logits, self.correction_bias, self.top_k, self.n_group, self.topk_group,
                                          self.renormalize, self.scaling)
         else:
-            weights, ids = route(logits, self.top_k, self.renormalize)
+            weights, ids = route_group_limited(logits, self.top_k, self.n_group, self.topk_group, self.renormalize) \
+                if self.group_limited else route(logits, self.top_k, self.renormalize)
+            if self.scaling != 1.0:     # DeepSeek-V2's routed_scaling_factor
+                weights = weights * self.scaling
         self._count(ids)
         out = None
         if self.fused_experts_fn is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from gh200rt.models.arch_config import SUPPORTED_ARCHITECTURES, ArchConfig
-from gh200rt.models.deepseek import DeepseekV3ForCausalLM
+from gh200rt.models.deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from gh200rt.models.glm import Glm4MoeForCausalLM
 from gh200rt.models.llama import LlamaForCausalLM
 from gh200rt.models.mixtral import MixtralForCausalLM
@@ -18,6 +18,7 @@ MODEL_CLASSES = {
     "qwen2_moe": Qwen2MoeForCausalLM,
     "qwen3_moe": Qwen3MoeForCausalLM,
     "mixtral": MixtralForCausalLM,
+    "deepseek_v2": DeepseekV2ForCausalLM,
     "deepseek_v3": DeepseekV3ForCausalLM,
     "glm4_moe": Glm4MoeForCausalLM,
 }

@@ -1,6 +1,6 @@
-"""DeepSeek-V3 (and Kimi-K2's shape) against transformers on tiny random checkpoints, float32, through the paged
-path: latent attention in its absorbed form against the expanded one, DeepSeekMoE's routing op for op, and strict
-loading of what these checkpoints carry."""
+"""DeepSeek-V3 (Kimi-K2's shape, DeepSeek-V2's routers) against transformers on tiny random checkpoints, float32,
+through the paged path: latent attention in its absorbed form against the expanded one, DeepSeekMoE's routing op for
+op, and strict loading of what these checkpoints carry."""
 from __future__ import annotations
 
 import json

@@ -54,6 +54,14 @@ DEEPSEEK_FAMILIES = {
                                                      n_routed_experts=8, n_group=2, topk_group=1,
                                                      num_experts_per_tok=3, norm_topk_prob=False,
                                                      routed_scaling_factor=1.0)),
+    # DeepSeek-V2's softmax routers: V2-Lite's (one q_proj, greedy over all experts, two shared experts) and V2's
+    # (q_a/q_b, the best experts' groups, routed_scaling_factor)
+    "deepseek-v2-lite": ("DeepseekV2Config", dict(_DEEPSEEK, q_lora_rank=None, n_routed_experts=8, n_shared_experts=2,
+                                                  num_experts_per_tok=2, topk_method="greedy", norm_topk_prob=False,
+                                                  routed_scaling_factor=1.0)),
+    "deepseek-v2": ("DeepseekV2Config", dict(_DEEPSEEK, q_lora_rank=48, n_routed_experts=8, n_group=4, topk_group=2,
+                                             num_experts_per_tok=3, topk_method="group_limited_greedy",
+                                             norm_topk_prob=False, routed_scaling_factor=16.0)),
     # Kimi-K2's routing: one group (no group limit), many experts, a larger k, scaling 2.827
     "kimi-k2": ("DeepseekV3Config", dict(_DEEPSEEK, q_lora_rank=48, n_routed_experts=12, n_group=1, topk_group=1,
                                          num_experts_per_tok=4, routed_scaling_factor=2.827)),

@@ -94,6 +94,22 @@ def route_grouped(logits: torch.Tensor, correction_bias: torch.Tensor, top_k: in
     return weights * scaling, ids
 
 
+def route_group_limited(logits: torch.Tensor, top_k: int, n_group: int, topk_group: int,
+                        renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V2's ``group_limited_greedy`` routing: softmax scores in float32, the top k among the experts of the
+    ``topk_group`` groups (of ``n_group``) whose best expert scores highest; renormalised when ``renormalize``."""
+    scores = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    tokens, experts = scores.shape
+    group_scores = scores.view(tokens, n_group, experts // n_group).max(dim=-1).values
+    groups = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False)[1]
+    group_mask = torch.zeros_like(group_scores).scatter_(1, groups, 1)
+    keep = group_mask.unsqueeze(-1).expand(tokens, n_group, experts // n_group).reshape(tokens, experts)
+    weights, ids = torch.topk(scores.masked_fill(~keep.bool(), 0.0), k=top_k, dim=-1, sorted=False)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
 def group_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, list[int]]:
     """``order`` (int64 [T*k]): the flat (token, choice) pairs sorted by expert id, stably (token order within
     an expert's run); ``counts[e]``: the length of expert e's run."""
