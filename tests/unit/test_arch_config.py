@@ -37,8 +37,9 @@ def test_unsupported_architecture_lists_supported():
 
 
 def test_unsupported_rope_type():
-    with pytest.raises(ValueError, match="rope scaling type 'yarn' is not supported"):
-        ArchConfig.from_hf_config({**BASE, "rope_scaling": {"rope_type": "yarn", "factor": 2.0}})
+    with pytest.raises(ValueError, match="rope scaling type 'longrope' is not supported; supported: linear, llama3, "
+                                         "yarn"):
+        ArchConfig.from_hf_config({**BASE, "rope_scaling": {"rope_type": "longrope", "factor": 2.0}})
 
 
 def test_from_gguf_metadata():
