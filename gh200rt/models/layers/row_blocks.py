@@ -94,21 +94,22 @@ def ladder(rows: int, max_rows: int = MAX_BLOCK_ROWS) -> tuple[int, ...]:
 
 
 class _Probe:
-    """``rows`` random probe rows of ``k`` columns and one ``rows``-row call's bits of them."""
+    """``rows`` random probe rows of ``k`` columns. It keeps no function: each check takes the route's function of the
+    call that asks (whatever weight of the route it multiplies by), and compares a base call with a larger one of that
+    same function. A probe kept for the process must not hold a layer's weight alive (a closed engine's host slab
+    would stay mapped)."""
 
-    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], k: int, dtype: torch.dtype, rows: int,
-                 seed: int = 0):
-        self.fn, self.rows = fn, rows
+    def __init__(self, k: int, dtype: torch.dtype, rows: int, seed: int = 0):
+        self.rows = rows
         self.gen = torch.Generator().manual_seed(seed)
         self.x = torch.randn(rows, k, generator=self.gen).to(dtype)
-        self.want = fn(self.x)
 
-    def position_free(self) -> bool:
+    def position_free(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
         """Whether the base call computes its rows alike wherever they sit (rolled by a few places)."""
         shift = POSITION_ROLL % self.rows if self.rows > 1 else 0
-        return torch.equal(self.fn(self.x.roll(shift, 0)).roll(-shift, 0), self.want)
+        return torch.equal(fn(self.x.roll(shift, 0)).roll(-shift, 0), fn(self.x))
 
-    def same_bits_at(self, size: int) -> bool:
+    def same_bits_at(self, size: int, fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
         """Whether a ``size``-row call gives the probe rows the base call's bits, placed at positions spread over
         the call (first and last included) among other random rows."""
         if size == self.rows:
@@ -116,16 +117,16 @@ class _Probe:
         x = torch.randn(size, self.x.shape[1], generator=self.gen).to(self.x.dtype)
         at = torch.linspace(0, size - 1, self.rows).round().long()
         x[at] = self.x
-        return torch.equal(self.fn(x)[at], self.want)
+        return torch.equal(fn(x)[at], fn(self.x))
 
 
 def probe_sizes(fn: Callable[[torch.Tensor], torch.Tensor], k: int, dtype: torch.dtype, rows: int,
                 candidates: Sequence[int], seed: int = 0) -> tuple[tuple[int, ...], bool]:
     """The sizes of ``candidates`` at which ``fn`` gives ``rows`` probe rows the bits of one ``rows``-row call
     (``rows`` first), and whether that call computes its rows alike wherever they sit."""
-    probe = _Probe(fn, k, dtype, rows, seed)
-    verified = (rows, *(size for size in candidates if size > rows and probe.same_bits_at(size)))
-    return verified, probe.position_free()
+    probe = _Probe(k, dtype, rows, seed)
+    verified = (rows, *(size for size in candidates if size > rows and probe.same_bits_at(size, fn)))
+    return verified, probe.position_free(fn)
 
 
 class RowBlockSizes:
@@ -146,8 +147,8 @@ class RowBlockSizes:
         key = (route, k, dtype, rows, torch.get_num_threads())
         found = self._found.get(key)
         if found is None:
-            probe = self._probes[key] = _Probe(fn, k, dtype, rows)
-            found = self._found[key] = {rows: probe.position_free()}
+            probe = self._probes[key] = _Probe(k, dtype, rows)
+            found = self._found[key] = {rows: probe.position_free(fn)}
             if not found[rows]:
                 self.position_dependent.add(route)
                 log.warning("route %s computes a row of a %d-row call differently by its place in the call: its "
@@ -161,7 +162,7 @@ class RowBlockSizes:
             if not unknown:
                 return cuts
             for size in unknown:
-                found[size] = self._probes[key].same_bits_at(size)
+                found[size] = self._probes[key].same_bits_at(size, fn)
 
     def verified(self, route: Hashable) -> dict[int, bool]:
         """Every size probed for ``route`` (any k, dtype, base and thread count) and whether it kept the bits."""
