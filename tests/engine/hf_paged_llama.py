@@ -10,23 +10,16 @@ from dataclasses import dataclass
 
 import torch
 
+from tests.engine.arch_doubles import HeadsKvLayout
+
 
 @dataclass
-class HFArch:
+class HFArch(HeadsKvLayout):
     num_layers: int
     num_kv_heads: int
     head_dim: int
     vocab_size: int
     max_position_embeddings: int
-    kv_planes: int = 2       # K and V (the pool's layout, kv/pool.py)
-
-    @property
-    def kv_cache_heads(self) -> int:
-        return self.num_kv_heads
-
-    @property
-    def kv_cache_dim(self) -> int:
-        return self.head_dim
 
 
 class HFPagedLlama(torch.nn.Module):

@@ -9,29 +9,21 @@ from dataclasses import dataclass
 import torch
 
 from gh200rt.models.layers.row_blocks import in_row_blocks
+from tests.engine.arch_doubles import HeadsKvLayout
 
 
 @dataclass
-class ToyArch:
+class ToyArch(HeadsKvLayout):
     vocab_size: int = 64
     hidden: int = 16
     num_layers: int = 1
     num_kv_heads: int = 1
     head_dim: int = 16
     max_position_embeddings: int = 256
-    kv_planes: int = 2       # K and V (the pool's layout, kv/pool.py)
 
     @property
     def hidden_size(self) -> int:
         return self.hidden
-
-    @property
-    def kv_cache_heads(self) -> int:
-        return self.num_kv_heads
-
-    @property
-    def kv_cache_dim(self) -> int:
-        return self.head_dim
 
 
 class ToyTokenizer:

@@ -18,7 +18,7 @@ from gh200rt.models.arch_config import ArchConfig
 from gh200rt.models.layers.mla import LatentAttention, expanded_attention
 from gh200rt.models.layers.moe_experts import route_grouped, row_stable_sigmoid
 from tests.model.paged_runner import PagedRunner
-from tests.model.test_parity_tiny import (assert_chunked_prefill_matches_one_shot, assert_greedy_decode_matches, prompt,
+from tests.model.test_parity_tiny import (assert_chunked_prefill_matches_one_shot, assert_matches_transformers, prompt,
                                           relative_error)
 from tests.model.tiny_checkpoints import DEEPSEEK_FAMILIES, save_tiny
 
@@ -36,14 +36,7 @@ def test_fp32_logits_and_greedy_match_transformers(deepseek_checkpoint):
     arch = loaded.arch
     assert arch.is_mla and arch.kv_cache_dim == 32 + 16 and arch.kv_planes == 1
     assert arch.moe_layers == [1, 2], "first_k_dense_replace=1: layer 0 dense, the rest routed"
-    ids = prompt()
-    with torch.no_grad():
-        ref_logits = hf(torch.tensor([ids])).logits[0].float()
-    ours = PagedRunner(loaded.model, block_size=4, num_blocks=40).prefill(ids)
-    err = relative_error(ours, ref_logits)
-    print(f"{family}: prefill logits worst relative error {err:.3g}")
-    assert err <= 1e-4, f"{family}: prefill logits relative error {err:.3g} > 1e-4"
-    assert_greedy_decode_matches(hf, loaded.model, ids, family)
+    assert_matches_transformers(hf, loaded.model, family)
 
 
 def test_chunked_prefill_matches_one_shot(deepseek_checkpoint):

@@ -46,9 +46,9 @@ def test_a_block_fp8_checkpoint_loads_its_dequantized_values(block_fp8):
     assert torch.equal(got, want), f"{family}: the block-fp8 model's logits differ from its dequantized twin's"
 
 
-@pytest.mark.parametrize("options", [dict(offload="none"),
-                                     dict(offload="stream", staging_slots=2, prefetch_distance=1, host_weight_dtype="fp8"),
-                                     dict(offload="none", moe_expert_tier="direct", host_weight_dtype="fp8")])
+@pytest.mark.parametrize("options", [
+    dict(offload="none"), dict(offload="stream", staging_slots=2, prefetch_distance=1, host_weight_dtype="fp8"),
+    dict(offload="none", moe_expert_tier="direct", host_weight_dtype="fp8")])
 def test_the_engine_keeps_the_fp8_codes_offloaded_and_gives_the_twins_tokens(block_fp8, options):
     """Offloaded layers (and experts) hold the checkpoint's fp8 codes as their host form (``--host-weight-dtype fp8``;
     a GPU's auto keeps them too); every placement gives the dequantized twin's greedy tokens."""
@@ -84,28 +84,30 @@ def test_the_engine_keeps_the_fp8_codes_offloaded_and_gives_the_twins_tokens(blo
     assert got == want, (family, options)
 
 
-def test_a_scale_block_of_the_wrong_shape_is_named(tmp_path):
+def _edited_block_checkpoint(tmp_path, edit) -> str:
+    """A tiny DeepSeek-V3 in 16x16 block-FP8, its tensors changed by ``edit(tensors)``."""
     path = str(tmp_path / "m")
     save_tiny("deepseek-v3", path)
     to_fp8_block_checkpoint(path, (16, 16))
     file = os.path.join(path, "model.safetensors")
     tensors = load_file(file)
-    name = "model.layers.1.self_attn.kv_b_proj.weight_scale_inv"
-    tensors[name] = tensors[name][:, :1].contiguous()
+    edit(tensors)
     save_file(tensors, file, metadata={"format": "pt"})
+    return path
+
+
+def test_a_scale_block_of_the_wrong_shape_is_named(tmp_path):
+    def narrow(tensors):
+        name = "model.layers.1.self_attn.kv_b_proj.weight_scale_inv"
+        tensors[name] = tensors[name][:, :1].contiguous()
+    path = _edited_block_checkpoint(tmp_path, narrow)
     with pytest.raises(ModelLoadError, match=r"kv_b_proj\.weight: a block-fp8 weight \[224, 32\] in blocks of 16x16 "
                                              r"has .* weight_scale_inv of shape \(14, 2\); got .* \(14, 1\)"):
         load_model(ModelConfig(model=path, dtype="float32"))
 
 
 def test_a_missing_block_scale_is_named(tmp_path):
-    path = str(tmp_path / "m")
-    save_tiny("deepseek-v3", path)
-    to_fp8_block_checkpoint(path, (16, 16))
-    file = os.path.join(path, "model.safetensors")
-    tensors = load_file(file)
-    tensors.pop("model.layers.2.mlp.experts.3.up_proj.weight_scale_inv")
-    save_file(tensors, file, metadata={"format": "pt"})
+    path = _edited_block_checkpoint(tmp_path, lambda t: t.pop("model.layers.2.mlp.experts.3.up_proj.weight_scale_inv"))
     with pytest.raises(ModelLoadError, match=r"model\.layers\.2\.mlp\.experts\.3\.up_proj\.weight is stored as "
                                              r"float8_e4m3fn in blocks of 16x16 but the checkpoint has no"):
         load_model(ModelConfig(model=path, dtype="float32"))

@@ -14,8 +14,7 @@ from gh200rt.config import ModelConfig
 from gh200rt.loader import ModelLoadError, load_model
 from gh200rt.models.layers.moe_experts import grouped_experts, route
 from tests.model.paged_runner import PagedRunner
-from tests.model.test_parity_tiny import (assert_chunked_prefill_matches_one_shot, assert_greedy_decode_matches, prompt,
-                                          relative_error)
+from tests.model.test_parity_tiny import assert_chunked_prefill_matches_one_shot, assert_matches_transformers, prompt
 from tests.model.tiny_checkpoints import MOE_FAMILIES, save_tiny
 
 # which layers are sparse in each tiny family (4 layers)
@@ -34,14 +33,7 @@ def test_fp32_logits_and_greedy_match_transformers(moe_checkpoint):
     family, path, hf = moe_checkpoint
     loaded = load_model(ModelConfig(model=path, dtype="float32"))
     assert loaded.arch.moe_layers == SPARSE_LAYERS[family]
-    ids = prompt()
-    with torch.no_grad():
-        ref_logits = hf(torch.tensor([ids])).logits[0].float()
-    ours = PagedRunner(loaded.model, block_size=4, num_blocks=40).prefill(ids)
-    err = relative_error(ours, ref_logits)
-    print(f"{family}: prefill logits worst relative error {err:.3g}")
-    assert err <= 1e-4, f"{family}: prefill logits relative error {err:.3g} > 1e-4"
-    assert_greedy_decode_matches(hf, loaded.model, ids, family)
+    assert_matches_transformers(hf, loaded.model, family)
 
 
 def test_chunked_prefill_matches_one_shot(moe_checkpoint):

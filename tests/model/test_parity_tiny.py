@@ -42,6 +42,19 @@ def assert_greedy_matches_or_near_tie(ours: list[int], ref: list[int], ref_logit
     assert gap < TIE_GAP, f"{label}: greedy differs at step {j} ({ours[j]} vs {ref[j]}) with reference gap {gap:.3g}"
 
 
+def assert_matches_transformers(hf, model, label: str) -> None:
+    """``model``'s prefill logits over ``prompt()`` within 1e-4 (relative) of transformers', then its greedy decode
+    steps (``assert_greedy_decode_matches``)."""
+    ids = prompt()
+    with torch.no_grad():
+        ref_logits = hf(torch.tensor([ids])).logits[0].float()
+    ours = PagedRunner(model, block_size=4, num_blocks=40).prefill(ids)
+    err = relative_error(ours, ref_logits)
+    print(f"{label}: prefill logits worst relative error {err:.3g}")
+    assert err <= 1e-4, f"{label}: prefill logits relative error {err:.3g} > 1e-4"
+    assert_greedy_decode_matches(hf, model, ids, label)
+
+
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family_checkpoint(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
@@ -52,14 +65,7 @@ def family_checkpoint(request, tmp_path_factory):
 def test_fp32_logits_and_greedy_match_transformers(family_checkpoint):
     family, path, hf = family_checkpoint
     loaded = load_model(ModelConfig(model=path, dtype="float32"))
-    ids = prompt()
-    with torch.no_grad():
-        ref_logits = hf(torch.tensor([ids])).logits[0].float()
-    runner = PagedRunner(loaded.model, block_size=4, num_blocks=40)
-    ours = runner.prefill(ids)
-    err = relative_error(ours, ref_logits)
-    assert err <= 1e-4, f"{family}: prefill logits relative error {err:.3g} > 1e-4"
-    assert_greedy_decode_matches(hf, loaded.model, ids, family)
+    assert_matches_transformers(hf, loaded.model, family)
 
 
 def assert_greedy_decode_matches(hf, model, ids: list[int], label: str) -> None:

@@ -11,22 +11,35 @@ from tests.model.tiny_checkpoints import save_tiny  # noqa: E402
 from tests.server.helpers import ServerProcess  # noqa: E402
 
 
+def engine_text(path: str, prompt: str) -> str:
+    """8 greedy tokens of ``prompt`` from the engine itself, as text."""
+    shared = SharedModel(path)
+    ids = shared.tokenizer.encode(prompt)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    return shared.llm(max_model_len=128).generate([ids], params)[0].outputs[0].text
+
+
+def serve(path: str, name: str, *placement: str) -> ServerProcess:
+    return ServerProcess("gh200rt.serve", ["--model", path, "--served-model-name", name, "--max-model-len", "128",
+                                           "--dtype", "float32", *placement])
+
+
+def complete(server: ServerProcess, name: str, prompt: str) -> dict:
+    """One greedy completion of 8 tokens over loopback (status 200), its body."""
+    reply = httpx.post(server.url + "/v1/completions", timeout=60, json={
+        "model": name, "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
 def test_serves_a_tiny_mixtral(tmp_path):
     path = str(tmp_path / "mixtral")
     save_tiny("mixtral", path)
     prompt = "w5 w9 w13 w17 w40"
-    shared = SharedModel(path)
-    ids = shared.tokenizer.encode(prompt)
-    want = shared.llm(max_model_len=128).generate([ids], SamplingParams(temperature=0, max_tokens=8,
-                                                                        ignore_eos=True))[0].outputs[0].text
-    server = ServerProcess("gh200rt.serve", ["--model", path, "--served-model-name", "tiny-moe",
-                                             "--max-model-len", "128", "--dtype", "float32",
-                                             "--offload", "stream", "--layer-tiers", "0:experts=direct"])
+    want = engine_text(path, prompt)
+    server = serve(path, "tiny-moe", "--offload", "stream", "--layer-tiers", "0:experts=direct")
     try:
-        reply = httpx.post(server.url + "/v1/completions", timeout=60, json={
-            "model": "tiny-moe", "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
-        assert reply.status_code == 200, reply.text
-        body = reply.json()
+        body = complete(server, "tiny-moe", prompt)
         assert body["usage"]["completion_tokens"] == 8
         assert body["choices"][0]["text"] == want
         metrics = httpx.get(server.url + "/metrics", timeout=30).text
@@ -49,18 +62,10 @@ def test_serves_a_tiny_deepseek_v3_with_streamed_experts(tmp_path):
     path = str(tmp_path / "deepseek")
     save_tiny("deepseek-v3", path)
     prompt = "w5 w9 w13 w17 w40 w41"
-    shared = SharedModel(path)
-    ids = shared.tokenizer.encode(prompt)
-    want = shared.llm(max_model_len=128).generate([ids], SamplingParams(temperature=0, max_tokens=8,
-                                                                        ignore_eos=True))[0].outputs[0].text
-    server = ServerProcess("gh200rt.serve", ["--model", path, "--served-model-name", "tiny-deepseek",
-                                             "--max-model-len", "128", "--dtype", "float32",
-                                             "--moe-expert-tier", "stream"])
+    want = engine_text(path, prompt)
+    server = serve(path, "tiny-deepseek", "--moe-expert-tier", "stream")
     try:
-        reply = httpx.post(server.url + "/v1/completions", timeout=60, json={
-            "model": "tiny-deepseek", "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
-        assert reply.status_code == 200, reply.text
-        assert reply.json()["choices"][0]["text"] == want
+        assert complete(server, "tiny-deepseek", prompt)["choices"][0]["text"] == want
         metrics = httpx.get(server.url + "/metrics", timeout=30).text
         series = dict(line.rsplit(" ", 1) for line in metrics.splitlines() if line.startswith("gh200rt_"))
         assert float(series['gh200rt_moe_experts{tier="streamed"}']) == 2 * 8     # layers 1-2, 8 experts each
