@@ -134,7 +134,7 @@ def dynamic_table(plan: Plan, batch: int) -> str:
     """The split ``--offload dynamic`` settles on from a small KV demand up to the most the device holds."""
     sizes = plan.sizes
     most = (plan.capacity - plan.activation_bytes - sizes.fixed_memory
-            - plan.staging_slots * sizes.host_layer_bytes) // sizes.kv_bytes_per_token
+            - plan.layer_staging_bytes) // sizes.kv_bytes_per_token
     demands = sorted({max(plan.block_size, int(most * f)) for f in (1 / 64, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1)}
                      | ({plan.all_resident_kv_tokens} if plan.all_resident_kv_tokens else set()))
     lines = [f"dynamic tiers at KV demand (decode batch {batch}):",

@@ -126,11 +126,12 @@ def roofline_tokens_per_second(engine: LLMEngine, batch: int, kv_tokens: float =
     reads per step on average (``--context``), whose K/V bytes count at the device's bandwidth too."""
     plan, platform = engine.plan, engine.platform
     sizes = plan.sizes
-    streamed = plan.tiers.count("streamed") * sizes.host_layer_bytes
-    dense_resident = sizes.fixed_memory + plan.tiers.count("resident") * sizes.resident_layer_memory
+    streamed = sizes.host_bytes(plan.streamed_layers)
+    dense_resident = sizes.fixed_memory + sizes.resident_memory(plan.resident_layers)
     kv = batch * kv_tokens * sizes.kv_bytes_per_token
     compute = ((dense_resident + streamed + kv) / (platform.hbm_gbps * 1e9)
-               + plan.tiers.count("direct") * direct_layer_seconds(sizes, platform, plan.direct_scales_on_device))
+               + sum(direct_layer_seconds(sizes.layers[i], platform, plan.direct_scales_on_device)
+                     for i in plan.direct_layers))
     step = max(compute, streamed / (platform.link_h2d_gbps * 1e9)) + \
         expert_seconds(plan.expert_tiers, sizes, platform, batch)
     return batch / step

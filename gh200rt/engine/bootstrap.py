@@ -105,11 +105,13 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
         useful_kv = max(useful_kv, config.cache.num_kv_blocks * config.cache.block_size * sizes.kv_bytes_per_token)
     backend = backend_for(device)
     linear_format = backend.linear_format(loaded.model, loaded.quantized, config)
-    # the CPU routes' extra forms beside resident weights: fp32 reordered copies, fp16+gguf blocks (layers are
-    # alike: layer 0 stands for all)
+    # the CPU routes' extra forms beside resident weights: fp32 reordered copies, fp16+gguf blocks (layers of a
+    # kind are alike: the first stands for all)
     parts_of = functools.partial(linear_parts, loaded.quantized, arch.tie_word_embeddings)
+    first_of_kind = {layer.kind: i for i, layer in reversed(list(enumerate(sizes.layers)))}
     sizes = dataclasses.replace(
-        sizes, layer_form_bytes=model_route_form_bytes(loaded.model, linear_format, [0], False, parts_of),
+        sizes.map_layers(lambda layer: dataclasses.replace(layer, form_bytes=model_route_form_bytes(
+            loaded.model, linear_format, [first_of_kind[layer.kind]], False, parts_of))),
         head_form_bytes=model_route_form_bytes(loaded.model, linear_format, [], parts_of=parts_of))
     # a step's working memory beside weights and KV: activations, and on a GPU the decode graphs' pool, which the
     # ledger books before the store; the planner counts both, or the minimum it names would be refused

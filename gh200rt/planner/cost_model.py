@@ -8,6 +8,7 @@ direct-read bandwidth.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from gh200rt.models.arch_config import ArchConfig
@@ -21,33 +22,91 @@ SLAB_ALIGN = 64  # every tensor in a host slab starts on a 64-byte boundary (128
 
 
 @dataclass(frozen=True)
+class LayerSizes:
+    """One decoder layer's linears (a layer kind's: a model that mixes dense and MoE layers has two)."""
+    kind: str                # "dense" or "moe"
+    params: int              # linears and norms a token multiplies (for FLOPs; an MoE layer's k routed experts,
+                             # not all)
+    resident_bytes: int      # linear weights as resident (compute dtype, or an FP8 checkpoint's fp8)
+    host_bytes: int          # linear weights in the host format (its slab; a staging slot holds the largest)
+    # of host_bytes, what a quantized host format's scales (and int4 minimums) take: a DIRECT layer keeps them in
+    # device memory when the plan says so (--direct-scales device), and only the codes cross the link
+    host_scale_bytes: int = 0
+    # what the CPU routes' resident forms hold beside those bytes (the fp32 routes' reordered copies, the fp16+gguf
+    # route's GGUF blocks): memory, not bytes read per step
+    form_bytes: int = 0
+    # a resident layer's run of the device arena: resident_bytes rounded up to whole KV blocks (planning_sizes
+    # sets it; 0: resident_bytes)
+    run_bytes: int = 0
+
+    @property
+    def resident_memory(self) -> int:
+        """The layer resident: its arena run, its route form's copies included."""
+        return max(self.resident_bytes, self.run_bytes) + self.form_bytes
+
+
+@dataclass(frozen=True)
 class ModelSizes:
-    layer_params: int        # one decoder layer: linears and norms a token multiplies (for FLOPs; an MoE
-                             # layer's k routed experts, not all)
-    layer_bytes: int         # one decoder layer's linear weights as resident (compute dtype, or an FP8 checkpoint's fp8)
+    layers: tuple[LayerSizes, ...]   # per decoder layer (layers of one kind share one LayerSizes)
     fixed_bytes: int         # always on the device: embedding, lm_head (once if tied), norms, biases, RoPE tables,
                              # KV cache scales
     head_bytes: int          # the lm_head matrix, read every step
     kv_bytes_per_token: int  # all layers, K and V (latent attention: its one latent row)
-    num_layers: int
-    host_layer_bytes: int    # one decoder layer's linear weights in the host format (slab / staging slot)
-    # what the CPU routes' resident forms hold beside those bytes (the fp32 routes' reordered copies, the fp16+gguf
-    # route's GGUF blocks): memory, not bytes read per step
-    layer_form_bytes: int = 0
-    head_form_bytes: int = 0
-    # a resident layer's run of the device arena: layer_bytes rounded up to whole KV blocks (make_plan sets it;
-    # 0: layer_bytes)
-    layer_run_bytes: int = 0
-    # an MoE model's routed experts, placed one by one apart from their layers (the layer_* sizes leave them out)
+    head_form_bytes: int = 0  # the CPU routes' forms of the LM head beside it
+    # an MoE model's routed experts, placed one by one apart from their layers (the layer sizes leave them out)
     moe_layer_ids: tuple[int, ...] = ()   # decoder layers with routed experts
     num_experts: int = 0         # routed experts per MoE layer
     experts_per_tok: int = 0     # k: experts each token routes to
     expert_bytes: int = 0        # one expert's linears as resident
     host_expert_bytes: int = 0   # one expert's span in the host format (expert slab stride, staging slot)
     expert_form_bytes: int = 0   # a resident expert's CPU route form copies
-    # of host_layer_bytes, what a quantized host format's scales (and int4 minimums) take: a DIRECT layer keeps them
-    # in device memory when the plan says so (--direct-scales device), and only the codes cross the link
-    host_scale_bytes: int = 0
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    # the largest layer's figures: what one staging slot or arena window must hold, and a uniform model's layer
+    @property
+    def layer_bytes(self) -> int:
+        return max(layer.resident_bytes for layer in self.layers)
+
+    @property
+    def layer_params(self) -> int:
+        return max(layer.params for layer in self.layers)
+
+    @property
+    def host_layer_bytes(self) -> int:
+        return max(layer.host_bytes for layer in self.layers)
+
+    @property
+    def host_scale_bytes(self) -> int:
+        return max(layer.host_scale_bytes for layer in self.layers)
+
+    @property
+    def resident_layer_memory(self) -> int:
+        return max(layer.resident_memory for layer in self.layers)
+
+    @property
+    def kinds(self) -> dict[str, LayerSizes]:
+        """Each layer kind's sizes, in the order the kinds first appear."""
+        return {layer.kind: layer for layer in self.layers}
+
+    def resident_memory(self, layers=None) -> int:
+        """Device memory of ``layers`` (default: all) resident."""
+        return sum(self.layers[i].resident_memory for i in (range(self.num_layers) if layers is None else layers))
+
+    def host_bytes(self, layers=None) -> int:
+        """Host slab bytes of ``layers`` (default: all)."""
+        return sum(self.layers[i].host_bytes for i in (range(self.num_layers) if layers is None else layers))
+
+    def slot_bytes(self, layers) -> int:
+        """A staging slot that holds any of ``layers`` (0: none)."""
+        return max((self.layers[i].host_bytes for i in layers), default=0)
+
+    def map_layers(self, change) -> "ModelSizes":
+        """These sizes with each kind's LayerSizes replaced by ``change(layer_sizes)`` (layers of a kind stay one)."""
+        changed = {kind: change(layer) for kind, layer in self.kinds.items()}
+        return dataclasses.replace(self, layers=tuple(changed[layer.kind] for layer in self.layers))
 
     @property
     def resident_expert_memory(self) -> int:
@@ -58,19 +117,12 @@ class ModelSizes:
         return len(self.moe_layer_ids) * self.num_experts
 
     @property
-    def resident_layer_memory(self) -> int:
-        """One resident decoder layer's linear weights in memory (its arena run), its route form's copies
-        included."""
-        return max(self.layer_bytes, self.layer_run_bytes) + self.layer_form_bytes
-
-    @property
     def fixed_memory(self) -> int:
         return self.fixed_bytes + self.head_form_bytes
 
     @property
     def all_resident_bytes(self) -> int:
-        return self.fixed_memory + self.num_layers * self.resident_layer_memory + \
-            self.all_experts * self.resident_expert_memory
+        return self.fixed_memory + self.resident_memory() + self.all_experts * self.resident_expert_memory
 
 
 def expected_distinct_experts(num_experts: int, top_k: int, tokens: int) -> float:
@@ -81,22 +133,25 @@ def expected_distinct_experts(num_experts: int, top_k: int, tokens: int) -> floa
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
 
 
-def layer_linear_shapes(arch: ArchConfig, active: bool = False) -> list[tuple[int, int]]:
-    """[out, in] of the fused linears a decoder layer's tier governs, of its largest kind, in the order of its
+def layer_kind(arch: ArchConfig, layer: int) -> str:
+    """``moe`` for a decoder layer with routed experts, else ``dense``."""
+    return "moe" if arch.is_moe and arch.is_moe_layer(layer) else "dense"
+
+
+def layer_linear_shapes(arch: ArchConfig, kind: str = "dense", active: bool = False) -> list[tuple[int, int]]:
+    """[out, in] of the fused linears a decoder layer of ``kind`` has under its tier, in the order of its
     WeightRefs (a slab's layout): qkv, o (latent attention: q_a, q_b, kv_a, kv_b, o), then a dense MLP's gate_up
-    and down, or an MoE layer's router and the shared expert's gate_up, down and gate. Routed experts are placed on their own (``expert_linear_shapes``).
-    A model that mixes dense and MoE layers is planned as if every layer were its largest kind. ``active``:
-    the linears one token multiplies, the k routed experts it picks included (for FLOPs)."""
+    and down, or an MoE layer's router and the shared expert's gate_up, down and gate. Routed experts are placed on
+    their own (``expert_linear_shapes``). ``active``: the linears one token multiplies, the k routed experts it picks
+    included (for FLOPs)."""
     h = arch.hidden_size
     attention = latent_attention_shapes(arch) if arch.is_mla else [(arch.q_size + 2 * arch.kv_size, h),
                                                                     (h, arch.q_size)]
-    dense = [(2 * arch.intermediate_size, h), (h, arch.intermediate_size)]
-    if not arch.is_moe:
-        return attention + dense
-    sparse = _sparse_mlp_shapes(arch)
-    if len(arch.moe_layers) < arch.num_layers and sum(n * k for n, k in dense) > sum(n * k for n, k in sparse):
-        sparse = dense
-    return attention + sparse + (expert_linear_shapes(arch) * arch.num_experts_per_tok if active else [])
+    if kind == "dense":
+        return attention + [(2 * arch.intermediate_size, h), (h, arch.intermediate_size)]
+    assert kind == "moe" and arch.is_moe, kind
+    return attention + _sparse_mlp_shapes(arch) + (expert_linear_shapes(arch) * arch.num_experts_per_tok
+                                                   if active else [])
 
 
 def latent_attention_shapes(arch: ArchConfig) -> list[tuple[int, int]]:
@@ -182,8 +237,6 @@ def model_sizes(arch: ArchConfig, dtype: str = "bf16", kv_dtype: str | None = No
     if kv_dtype not in DTYPE_BYTES and kv_dtype not in FP8_KV_BYTES:
         raise ValueError(f"--kv-cache-dtype {kv_dtype!r}: choose auto or one of {', '.join(FP8_KV_BYTES)}")
     wb, kvb = DTYPE_BYTES[dtype], {**DTYPE_BYTES, **FP8_KV_BYTES}[kv_dtype]
-    shapes = layer_linear_shapes(arch)
-    linear_params = sum(n * k for n, k in layer_linear_shapes(arch, active=True))
     # norms, qkv bias, q/k norms (latent attention: its q_a and kv_a norms): stay on the device
     layer_small = 2 * arch.hidden_size + (arch.q_size + 2 * arch.kv_size if arch.attention_bias and not arch.is_mla
                                           else 0) \
@@ -192,16 +245,25 @@ def model_sizes(arch: ArchConfig, dtype: str = "bf16", kv_dtype: str | None = No
     embeds = head * (1 if arch.tie_word_embeddings else 2) + arch.hidden_size
     rope_tables = 2 * arch.max_position_embeddings * (arch.rope_dim // 2) * 4  # float32 cos and sin
     kv_scales = arch.num_layers * 2 * 4  # float32 K and V scale per layer (kv/fp8.py)
-    fixed = (embeds + arch.num_layers * layer_small) * wb + rope_tables + kv_scales
+    # a sigmoid router's float32 score correction per routed expert (models/moe.py)
+    correction = len(arch.moe_layers) * arch.num_experts * 4 if arch.is_moe and arch.scoring_func == "sigmoid" else 0
+    fixed = (embeds + arch.num_layers * layer_small) * wb + rope_tables + kv_scales + correction
 
     def host_parts(shape):
         return host_weight_parts(host_format or dtype, shape, fp8_group)
 
     def resident_parts(shape):
         return host_weight_parts(resident_format or dtype, shape, fp8_group)
-    parts = [part for shape in shapes for part in host_parts(shape)]
-    scales = sum(sum(host_parts(shape)[1:]) for shape in shapes)
-    resident = aligned_total([part for shape in shapes for part in resident_parts(shape)])
+
+    def kind_sizes(kind: str) -> LayerSizes:
+        shapes = layer_linear_shapes(arch, kind)
+        return LayerSizes(
+            kind, sum(n * k for n, k in layer_linear_shapes(arch, kind, active=True)) + layer_small,
+            aligned_total([part for shape in shapes for part in resident_parts(shape)]),
+            aligned_total([part for shape in shapes for part in host_parts(shape)]),
+            host_scale_bytes=sum(sum(host_parts(shape)[1:]) for shape in shapes))
+    kinds = [layer_kind(arch, i) for i in range(arch.num_layers)]
+    of_kind = {kind: kind_sizes(kind) for kind in kinds}
     experts = {}
     if arch.is_moe:
         expert = expert_linear_shapes(arch)
@@ -209,10 +271,8 @@ def model_sizes(arch: ArchConfig, dtype: str = "bf16", kv_dtype: str | None = No
                        experts_per_tok=arch.num_experts_per_tok,
                        expert_bytes=_expert_span([p for s in expert for p in resident_parts(s)]),
                        host_expert_bytes=_expert_span([p for s in expert for p in host_parts(s)]))
-    return ModelSizes(linear_params + layer_small, resident, fixed, head * wb,
-                      arch.kv_planes * arch.kv_cache_heads * arch.kv_cache_dim * kvb * arch.num_layers,
-                      arch.num_layers, aligned_total(parts),
-                      host_scale_bytes=scales, **experts)
+    return ModelSizes(tuple(of_kind[kind] for kind in kinds), fixed, head * wb,
+                      arch.kv_planes * arch.kv_cache_heads * arch.kv_cache_dim * kvb * arch.num_layers, **experts)
 
 
 def _expert_span(part_bytes: list[int]) -> int:
@@ -236,10 +296,10 @@ def graph_pool_bytes(arch: ArchConfig, buckets: list[int], dtype: str) -> int:
     return max(buckets) * per_token + sum(buckets) * arch.hidden_size * wb
 
 
-def layer_compute_seconds(sizes: ModelSizes, platform: Platform, batch: int, weight_bytes: int | None = None) -> float:
+def layer_compute_seconds(layer: LayerSizes, platform: Platform, batch: int, weight_bytes: int | None = None) -> float:
     """``weight_bytes``: what the layer's GEMMs read from HBM (default: the resident form)."""
-    memory_s = (sizes.layer_bytes if weight_bytes is None else weight_bytes) / (platform.hbm_gbps * 1e9)
-    flops_s = 2.0 * sizes.layer_params * batch / (platform.peak_tflops * 1e12)
+    memory_s = (layer.resident_bytes if weight_bytes is None else weight_bytes) / (platform.hbm_gbps * 1e9)
+    flops_s = 2.0 * layer.params * batch / (platform.peak_tflops * 1e12)
     return max(memory_s, flops_s)
 
 
@@ -251,13 +311,13 @@ def direct_read_seconds(nbytes: int, platform: Platform) -> float:
     return nbytes / (platform.direct_read_gbps * 1e9)
 
 
-def direct_layer_seconds(sizes: ModelSizes, platform: Platform, scales_on_device: bool = False) -> float:
+def direct_layer_seconds(layer: LayerSizes, platform: Platform, scales_on_device: bool = False) -> float:
     """A DIRECT layer's weights read in place: its host form over the link, or with its scales in device memory
     (``scales_on_device``) only the codes over the link and the scales from HBM."""
     if not scales_on_device:
-        return direct_read_seconds(sizes.host_layer_bytes, platform)
-    return direct_read_seconds(sizes.host_layer_bytes - sizes.host_scale_bytes, platform) + \
-        sizes.host_scale_bytes / (platform.hbm_gbps * 1e9)
+        return direct_read_seconds(layer.host_bytes, platform)
+    return direct_read_seconds(layer.host_bytes - layer.host_scale_bytes, platform) + \
+        layer.host_scale_bytes / (platform.hbm_gbps * 1e9)
 
 
 # host_gemm (kernels/triton/host_gemm.py) reads a weight once per M-tile of at most this many rows.
@@ -313,18 +373,20 @@ def predict_step_seconds(tiers: list[str], sizes: ModelSizes, platform: Platform
     layers before its use; the copy engine serialises copies, so the step is bounded below by
     the total copy time too. ``expert_tiers`` (per layer, a tier per routed expert): ``expert_seconds``;
     ``direct_scales_on_device``: ``direct_layer_seconds``."""
-    host = sizes.host_layer_bytes
-    # a streamed layer computes from its staging slot, which holds the host form (fp8 / int8 / int4: fewer bytes)
-    seconds = {Tier.RESIDENT: layer_compute_seconds(sizes, platform, batch),
-               Tier.STREAMED: layer_compute_seconds(sizes, platform, batch, host),
-               Tier.DIRECT: direct_layer_seconds(sizes, platform, direct_scales_on_device)}
-    per_layer = [seconds[Tier(tier)] for tier in tiers]
+    def seconds(layer: LayerSizes, tier: str) -> float:
+        # a streamed layer computes from its staging slot, which holds the host form (fp8 / int8 / int4: fewer bytes)
+        if tier == Tier.STREAMED:
+            return layer_compute_seconds(layer, platform, batch, layer.host_bytes)
+        if tier == Tier.DIRECT:
+            return direct_layer_seconds(layer, platform, direct_scales_on_device)
+        return layer_compute_seconds(layer, platform, batch)
+    per_layer = [seconds(layer, Tier(tier)) for layer, tier in zip(sizes.layers, tiers, strict=True)]
     total = sum(per_layer)
     stall = 0.0
     for idx, tier in enumerate(tiers):
         if tier == Tier.STREAMED:
             hidden = sum(per_layer[max(0, idx - prefetch_distance):idx])
-            stall += max(0.0, copy_seconds(host, platform) - hidden)
-    copies = tiers.count(Tier.STREAMED) * copy_seconds(host, platform)
+            stall += max(0.0, copy_seconds(sizes.layers[idx].host_bytes, platform) - hidden)
+    copies = sum(copy_seconds(sizes.layers[i].host_bytes, platform) for i, t in enumerate(tiers) if t == Tier.STREAMED)
     head = sizes.head_bytes / (platform.hbm_gbps * 1e9)
     return max(total + stall, copies) + head + expert_seconds(expert_tiers, sizes, platform, batch)

@@ -34,6 +34,7 @@ class Layout:
     block_bytes: int                    # one KV block, all layers
     expert_tiers: tuple[tuple[Tier, ...], ...] = ()   # per layer: a tier per routed expert (() for a dense layer)
     direct_scales_on_device: bool = False   # DIRECT layers' scales in device memory (in weight_bytes)
+    slot_bytes: int = 0                 # one staging slot: the largest layer that may use the ring
 
     @property
     def kv_min_bytes(self) -> int:
@@ -83,7 +84,7 @@ def expert_tiers_for(sizes: ModelSizes, memory: MemoryConfig, platform: Platform
     else:
         offloaded = offloaded_expert_tier(platform)
         ring = EXPERT_STAGING_SLOTS * sizes.host_expert_bytes if offloaded == Tier.STREAMED else 0
-        left = budget_for_weights - sizes.fixed_memory - sizes.num_layers * sizes.resident_layer_memory
+        left = budget_for_weights - sizes.fixed_memory - sizes.resident_memory()
         if left >= sizes.all_experts * sizes.resident_expert_memory:
             resident = e
         else:
@@ -115,15 +116,16 @@ def spread_evenly(num_layers: int, count: int) -> list[int]:
 
 
 def fewest_streamed(sizes: ModelSizes, budget_for_weights: int, slots: int, ring_always: bool) -> list[Tier]:
-    """The fewest streamed layers, spread evenly, whose resident rest (plus the ring) fits the budget."""
+    """The fewest streamed layers, spread evenly, whose resident rest (plus the ring) fits the budget.
+    ``ring_always``: the ring is booked whatever streams (dynamic tiers), its slots for the largest layer."""
     n = sizes.num_layers
     for count in range(n + 1):
-        staging = (slots if ring_always else min(slots, count)) * sizes.host_layer_bytes
-        if sizes.fixed_memory + (n - count) * sizes.resident_layer_memory + staging <= budget_for_weights:
-            tiers = [Tier.RESIDENT] * n
-            for i in spread_evenly(n, count) if count else []:
-                tiers[i] = Tier.STREAMED
-            return tiers
+        streamed = spread_evenly(n, count) if count else []
+        staging = slots * sizes.host_layer_bytes if ring_always else \
+            min(slots, count) * sizes.slot_bytes(streamed)
+        kept = [i for i in range(n) if i not in streamed]
+        if sizes.fixed_memory + sizes.resident_memory(kept) + staging <= budget_for_weights:
+            return [Tier.STREAMED if i in streamed else Tier.RESIDENT for i in range(n)]
     return [Tier.STREAMED] * n
 
 
@@ -135,10 +137,12 @@ def planning_sizes(sizes: ModelSizes, memory: MemoryConfig, platform: Platform, 
     """``sizes`` as the device holds them: a resident layer takes whole KV blocks of the arena, and with dynamic
     tiers every layer's route forms are booked up front (any layer may be promoted later)."""
     block_bytes = sizes.kv_bytes_per_token * block_size
-    sizes = dataclasses.replace(sizes, layer_run_bytes=max(1, -(-sizes.layer_bytes // block_bytes)) * block_bytes)
+    sizes = sizes.map_layers(lambda layer: dataclasses.replace(
+        layer, run_bytes=max(1, -(-layer.resident_bytes // block_bytes)) * block_bytes))
     if is_dynamic(memory, platform):
-        sizes = dataclasses.replace(sizes, layer_form_bytes=0,
-                                    head_form_bytes=sizes.head_form_bytes + sizes.num_layers * sizes.layer_form_bytes)
+        forms = sum(layer.form_bytes for layer in sizes.layers)
+        sizes = dataclasses.replace(sizes.map_layers(lambda layer: dataclasses.replace(layer, form_bytes=0)),
+                                    head_form_bytes=sizes.head_form_bytes + forms)
     return sizes
 
 
@@ -173,15 +177,18 @@ def layout_for(sizes: ModelSizes, platform: Platform, memory: MemoryConfig, capa
     staging_tokens = direct_staging_min_tokens(platform) if Tier.DIRECT in tiers else None
     ring_users = tiers.count(Tier.STREAMED) + (tiers.count(Tier.DIRECT) if staging_tokens else 0)
     slots = min(memory.staging_slots or DEFAULT_STAGING_SLOTS, ring_users) if ring_users else 0
+    users = [i for i, t in enumerate(tiers) if t == Tier.STREAMED or (staging_tokens and t == Tier.DIRECT)]
     if dynamic:                         # any layer may start streaming: the ring is booked up front
-        slots = memory.staging_slots or DEFAULT_STAGING_SLOTS
+        slots, users = memory.staging_slots or DEFAULT_STAGING_SLOTS, range(len(tiers))
+    slot_bytes = sizes.slot_bytes(users) if slots else 0
     distance = memory.prefetch_distance if memory.prefetch_distance is not None else max(0, slots - 1)
     scales_on_device = direct_scales_on_device(memory, platform, sizes)
-    weights = sizes.fixed_memory + tiers.count(Tier.RESIDENT) * sizes.resident_layer_memory + \
-        slots * sizes.host_layer_bytes + experts + \
-        (tiers.count(Tier.DIRECT) * sizes.host_scale_bytes if scales_on_device else 0)
+    direct = [i for i, t in enumerate(tiers) if t == Tier.DIRECT]
+    weights = sizes.fixed_memory + sizes.resident_memory(i for i, t in enumerate(tiers) if t == Tier.RESIDENT) + \
+        slots * slot_bytes + experts + \
+        (sum(sizes.layers[i].host_scale_bytes for i in direct) if scales_on_device else 0)
     return Layout(tuple(tiers), slots, distance, staging_tokens, dynamic, weights, activation_bytes, kv_min_blocks,
-                  block_bytes, expert_tiers, scales_on_device)
+                  block_bytes, expert_tiers, scales_on_device, slot_bytes)
 
 
 def direct_scales_on_device(memory: MemoryConfig, platform: Platform, sizes: ModelSizes) -> bool:

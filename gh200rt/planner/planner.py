@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gh200rt.models.arch_config import ArchConfig
-
 from gh200rt.config import MemoryConfig
+from gh200rt.models.arch_config import ArchConfig
 from gh200rt.planner.budget import PlanDoesNotFit, budget_refusal
 from gh200rt.planner.cost_model import ModelSizes, predict_step_seconds
 from gh200rt.planner.layout import (EXPERT_STAGING_SLOTS, expert_device_bytes, fewest_streamed, layout_for,
@@ -64,6 +63,7 @@ class Plan:
     expert_tiers: tuple[tuple[Tier, ...], ...] = ()   # per layer, a tier per routed expert (() for a dense layer)
     rank_share: RankShare | None = None        # a tensor-parallel rank's plan (sizes are per rank)
     direct_scales_on_device: bool = False      # DIRECT layers' scales in device memory (--direct-scales device)
+    slot_bytes: int = 0                        # one staging slot (the largest layer that may use the ring)
 
     def expert_counts(self, layer: int) -> dict[str, int]:
         tiers = self.expert_tiers[layer] if self.expert_tiers else ()
@@ -86,32 +86,41 @@ class Plan:
         return [i for i, t in enumerate(self.tiers) if t == Tier.STREAMED]
 
     @property
+    def resident_layers(self) -> list[int]:
+        return [i for i, t in enumerate(self.tiers) if t == Tier.RESIDENT]
+
+    @property
     def resident_weight_bytes(self) -> int:
-        return self.sizes.fixed_memory + self.tiers.count(Tier.RESIDENT) * self.sizes.resident_layer_memory + \
+        return self.sizes.fixed_memory + self.sizes.resident_memory(self.resident_layers) + \
             self._flat_experts.count(Tier.RESIDENT) * self.sizes.resident_expert_memory
 
     @property
     def direct_scale_bytes(self) -> int:
         """Device bytes the DIRECT layers' scales take (0 unless ``direct_scales_on_device``)."""
-        return self.tiers.count(Tier.DIRECT) * self.sizes.host_scale_bytes if self.direct_scales_on_device else 0
+        if not self.direct_scales_on_device:
+            return 0
+        return sum(self.sizes.layers[i].host_scale_bytes for i in self.direct_layers)
 
     @property
     def expert_staging_bytes(self) -> int:
         return EXPERT_STAGING_SLOTS * self.sizes.host_expert_bytes if Tier.STREAMED in self._flat_experts else 0
 
     @property
+    def layer_staging_bytes(self) -> int:
+        return self.staging_slots * self.slot_bytes
+
+    @property
     def staging_bytes(self) -> int:
-        return self.staging_slots * self.sizes.host_layer_bytes + self.expert_staging_bytes
+        return self.layer_staging_bytes + self.expert_staging_bytes
 
     @property
     def host_weight_bytes(self) -> int:
         """Host slabs: the offloaded layers', or every layer's when tiers move at run time; an MoE layer's expert
         slab (all its experts) when any of them is not resident, or always when tiers move."""
-        on_host = len(self.tiers) if self.dynamic else len(self.tiers) - self.tiers.count(Tier.RESIDENT)
+        on_host = range(len(self.tiers)) if self.dynamic else self.offloaded_layers
         expert_slabs = sum(1 for layer in self.expert_tiers
                            if layer and (self.dynamic or any(t != Tier.RESIDENT for t in layer)))
-        return on_host * self.sizes.host_layer_bytes + \
-            expert_slabs * self.sizes.num_experts * self.sizes.host_expert_bytes
+        return self.sizes.host_bytes(on_host) + expert_slabs * self.sizes.num_experts * self.sizes.host_expert_bytes
 
     @property
     def tier_counts(self) -> dict[str, int]:
@@ -139,7 +148,7 @@ class Plan:
         """One rank's bytes, and all ranks' together (a tensor-parallel plan)."""
         n, sizes = self.rank_share.world_size, self.sizes
         gib = lambda b: f"{b / (1 << 30):.3f} GiB"  # noqa: E731
-        layers = self.tiers.count(Tier.RESIDENT) * sizes.layer_bytes
+        layers = sum(sizes.layers[i].resident_bytes for i in self.resident_layers)
         host = self.host_weight_bytes
         return (f"per rank: layers {gib(layers)} on the device + {gib(host)} in host slabs, embeddings, LM head "
                 f"and norms {gib(sizes.fixed_bytes)} (LM head {gib(sizes.head_bytes)}), KV cache {gib(self.kv_bytes)}; "
@@ -152,6 +161,15 @@ class Plan:
         return (f"cost model: host->device {p.link_h2d_gbps:g} GB/s, direct read {p.direct_read_gbps:g} GB/s, "
                 f"HBM {p.hbm_gbps:g} GB/s, {p.peak_tflops:g} TFLOP/s; from {p.figures_from}")
 
+    def kinds_line(self) -> str:
+        """A model that mixes dense and MoE layers: each kind's size, planned as its own."""
+        gib = lambda n: f"{n / (1 << 30):.3f} GiB"  # noqa: E731
+        what = {"dense": "attention and dense MLP", "moe": "attention, router and shared expert; routed experts apart"}
+        kinds = [f"{sum(layer.kind == kind for layer in self.sizes.layers)} {kind} ({what[kind]}: "
+                 f"{gib(sizes.resident_bytes)} resident, {gib(sizes.host_bytes)} in host form)"
+                 for kind, sizes in self.sizes.kinds.items()]
+        return "layer kinds, each planned at its own size: " + "; ".join(kinds)
+
     def explain(self) -> str:
         gib = lambda n: f"{n / (1 << 30):9.3f} GiB"  # noqa: E731
         counts = ", ".join(f"{n} {tier}" for tier, n in self.tier_counts.items() if n)
@@ -159,12 +177,14 @@ class Plan:
                  f"{counts}" + (" at start-up; tiers follow KV demand (--offload dynamic)" if self.dynamic else ""),
                  *([self.rank_share.describe(), self.rank_bytes()] if self.rank_share else []),
                  self.figures(),
+                 *([self.kinds_line()] if len(self.sizes.kinds) > 1 else []),
                  f"{'layer':>5} {'tier':<9} {'bytes':>13} {'slot':>4}"
                  + (f"  routed experts (resident/direct/streamed of {self.sizes.num_experts})"
                     if self.expert_tiers else "")]
         for i, tier in enumerate(self.tiers):
             slot = self.slot_of(i)
-            nbytes = self.sizes.layer_bytes if tier == Tier.RESIDENT else self.sizes.host_layer_bytes
+            layer = self.sizes.layers[i]
+            nbytes = layer.resident_bytes if tier == Tier.RESIDENT else layer.host_bytes
             experts = ""
             if self.expert_tiers and self.expert_tiers[i]:
                 n = self.expert_counts(i)
@@ -182,8 +202,7 @@ class Plan:
         lines += [f"device memory for weights (resident layers and experts, embeddings, norms): "
                   f"{gib(self.resident_weight_bytes)}",
                   f"host memory for offloaded weights: {gib(self.host_weight_bytes)}",
-                  f"staging ring: K={self.staging_slots} d={self.prefetch_distance} "
-                  f"{gib(self.staging_slots * self.sizes.host_layer_bytes)}",
+                  f"staging ring: K={self.staging_slots} d={self.prefetch_distance} {gib(self.layer_staging_bytes)}",
                   *([f"direct layers' scales in device memory (--direct-scales device; only their codes cross the "
                      f"link): {gib(self.direct_scale_bytes)}"] if self.direct_scale_bytes else []),
                   *([f"direct layers are staged through the ring in steps of >= {self.direct_staging_tokens} "
@@ -221,7 +240,7 @@ def make_plan(sizes: ModelSizes, platform: Platform, memory: MemoryConfig, capac
     return Plan(layout.tiers, slots, distance, layout.kv_blocks(capacity), block_size, planned, capacity, platform,
                 step, activation_bytes, layout.direct_staging_tokens, dynamic=layout.dynamic,
                 expert_tiers=layout.expert_tiers, rank_share=rank_share,
-                direct_scales_on_device=layout.direct_scales_on_device)
+                direct_scales_on_device=layout.direct_scales_on_device, slot_bytes=layout.slot_bytes)
 
 
 def dynamic_splits(plan: Plan, kv_tokens: list[int], batch: int = 1) -> list[dict]:
@@ -233,8 +252,8 @@ def dynamic_splits(plan: Plan, kv_tokens: list[int], batch: int = 1) -> list[dic
     for tokens in kv_tokens:
         kv = -(-tokens // plan.block_size) * plan.block_size * sizes.kv_bytes_per_token
         tiers = fewest_streamed(sizes, budget - kv, plan.staging_slots, True)
-        weights = sizes.fixed_memory + tiers.count(Tier.RESIDENT) * sizes.resident_layer_memory + \
-            plan.staging_slots * sizes.host_layer_bytes
+        weights = sizes.fixed_memory + sizes.resident_memory(i for i, t in enumerate(tiers) if t == Tier.RESIDENT) \
+            + plan.staging_slots * sizes.host_layer_bytes
         fits = weights + kv <= budget
         rows.append(dict(kv_tokens=tokens, fits=fits, streamed=tiers.count(Tier.STREAMED),
                          resident=tiers.count(Tier.RESIDENT),

@@ -176,8 +176,9 @@ class WeightStore(ExpertPlacement, ArenaRuns, LayerStaging, SlabBuilding, Reside
         self._book("cpu_route_forms", copies)
         for layer in self.layers(Tier.DIRECT):       # booked before the arena takes what is left
             self._place_direct_scales(layer)
-        ring_layers = self._ring_users() or (list(self.slabs) if plan.dynamic else [])
-        if ring_layers:  # dynamic tiers book the ring up front: any layer may start streaming later
+        # dynamic tiers book the ring up front for the largest layer: any layer may start streaming later
+        ring_layers = list(self.slabs) if plan.dynamic else self._ring_users()
+        if ring_layers:
             self._make_ring(max(self.slabs[i].nbytes for i in ring_layers))
         if in_arena:
             layouts = {layer: WeightLayout({name: ref.current for name, ref in
@@ -206,6 +207,8 @@ class WeightStore(ExpertPlacement, ArenaRuns, LayerStaging, SlabBuilding, Reside
             raise RuntimeError("this weight store was closed with its engine; build a new engine")
         if tier == old:
             return
+        if tier == Tier.STREAMED and layer in self.slabs:
+            self._check_fits_ring(layer)
         if tier == Tier.DIRECT:                  # booked first: a placement that does not fit changes nothing
             self._place_direct_scales(layer)
         elif old == Tier.DIRECT:
@@ -220,8 +223,8 @@ class WeightStore(ExpertPlacement, ArenaRuns, LayerStaging, SlabBuilding, Reside
                 self._build_slab(layer, self._layer_refs(layer))
             if self.backend is None and tier == Tier.STREAMED:
                 self._make_ring(self.slabs[layer].nbytes)
-            assert self.backend is None or self.slabs[layer].nbytes <= self.backend.slots[0].nbytes, \
-                "decoder layers of one model share a slab size"
+            if tier == Tier.STREAMED:
+                self._check_fits_ring(layer)
             self.tiers[layer] = tier
             self._reorder()                      # the layer's refs now point at its slot or slab
             if self.arena is not None:
@@ -255,6 +258,14 @@ class WeightStore(ExpertPlacement, ArenaRuns, LayerStaging, SlabBuilding, Reside
         self._reorder()
 
     # ---- helpers -----------------------------------------------------------------------------------
+    def _check_fits_ring(self, layer: int) -> None:
+        """A layer that starts to stream fits the ring's slots (none yet: the ring is made for it)."""
+        slot = self.backend.slots[0].nbytes if self.backend is not None else None
+        if slot is not None and self.slabs[layer].nbytes > slot:
+            raise ValueError(f"layer {layer} cannot stream: its host form takes {self.slabs[layer].nbytes} bytes and "
+                             f"the staging ring's slots {slot} (sized at start-up for the layers that streamed "
+                             f"then); start with --offload dynamic, or with this layer streamed (--layer-tiers)")
+
     def _place_direct_scales(self, layer: int) -> None:
         """With scales in device memory, book a DIRECT layer's scales and copy them there (its direct weights,
         which ``_bind_ring`` then writes)."""

@@ -43,6 +43,7 @@ def _tokens(path: str, params: SamplingParams = GREEDY, **options) -> list[list[
     ("experts direct", dict(offload="none", moe_expert_tier="direct")),
     ("experts streamed", dict(offload="none", moe_expert_tier="stream")),
     ("layers streamed", dict(offload="stream", staging_slots=2, prefetch_distance=1)),
+    ("dynamic tiers", dict(offload="dynamic")),
     ("torch kernels", dict(offload="none", cpu_kernels="torch")),
 ])
 def test_greedy_tokens_equal_transformers_in_every_tier(v3, label, options):

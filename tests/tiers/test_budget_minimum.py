@@ -50,7 +50,9 @@ class Target:
     def sizes(self, arch: ArchConfig, kv_dtype: str):
         sizes = model_sizes(arch, self.dtype, kv_dtype=kv_dtype, host_format=self.host_format)
         if self.reordered_copies:
-            sizes = dataclasses.replace(sizes, layer_form_bytes=sizes.layer_bytes, head_form_bytes=sizes.head_bytes)
+            sizes = dataclasses.replace(
+                sizes.map_layers(lambda layer: dataclasses.replace(layer, form_bytes=layer.resident_bytes)),
+                head_form_bytes=sizes.head_bytes)
         return sizes
 
 

@@ -1,9 +1,9 @@
 import pytest
 
 from gh200rt.models.arch_config import ArchConfig
-from gh200rt.platform.detect import detect
 from gh200rt.planner.cost_model import (activation_bytes, copy_seconds, host_weight_parts, layer_compute_seconds,
                                         model_sizes, predict_step_seconds)
+from gh200rt.platform.detect import detect
 
 TINY = ArchConfig("llama", hidden_size=8, intermediate_size=16, num_layers=2, num_heads=2,
                   num_kv_heads=1, head_dim=4, vocab_size=10)
@@ -56,15 +56,16 @@ def test_70b_layer_copy_on_gh200_and_h100_by_hand():
     assert copy_seconds(sizes.layer_bytes, detect("gh200-96g")) == pytest.approx((params - 2 * 8192) * 2 / 375e9)
     assert copy_seconds(sizes.layer_bytes, detect("h100-sxm")) == pytest.approx((params - 2 * 8192) * 2 / 55.2e9)
     # batch 1 decode is memory bound: layer bytes / HBM bandwidth
-    assert layer_compute_seconds(sizes, detect("gh200-96g"), 1) == pytest.approx((params - 2 * 8192) * 2 / 3500e9)
+    layer = sizes.layers[0]
+    assert layer_compute_seconds(layer, detect("gh200-96g"), 1) == pytest.approx((params - 2 * 8192) * 2 / 3500e9)
     # batch 4096 is compute bound: 2 * params * batch / peak
-    assert layer_compute_seconds(sizes, detect("gh200-96g"), 4096) == pytest.approx(2 * params * 4096 / 989e12)
+    assert layer_compute_seconds(layer, detect("gh200-96g"), 4096) == pytest.approx(2 * params * 4096 / 989e12)
 
 
 def test_streaming_stall_by_hand():
     plat = detect("h100-sxm")
     sizes = model_sizes(TINY, "bf16")
-    c = layer_compute_seconds(sizes, plat, 1)
+    c = layer_compute_seconds(sizes.layers[0], plat, 1)
     x = copy_seconds(sizes.host_layer_bytes, plat)
     head = sizes.head_bytes / (plat.hbm_gbps * 1e9)
     assert predict_step_seconds(["resident"] * 2, sizes, plat, 1) == pytest.approx(2 * c + head)

@@ -4,9 +4,12 @@ import json
 
 import pytest
 
+from gh200rt.config import MemoryConfig
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.plan import main
 from gh200rt.planner.cost_model import aligned_total, layer_linear_shapes, model_sizes
+from gh200rt.planner.planner import make_plan
+from gh200rt.platform.detect import detect
 
 DEEPSEEK_V3 = "tests/fixtures/deepseek_v3"
 
@@ -23,10 +26,15 @@ def test_parameters_and_latent_kv_bytes():
     shared = 3 * 7168 * 2048
     router = 256 * 7168
     dense = 3 * 7168 * 18432
-    # every layer is planned as its largest kind: the three dense layers' MLP outweighs a sparse layer's router and
-    # shared expert, so each layer's tier holds attention + the dense MLP
-    assert dense > router + shared
-    assert sizes.layer_bytes == aligned_total([2 * n * k for n, k in layer_linear_shapes(a)]) == 2 * (attention + dense)
+    # each layer is planned at its own kind's size: the three dense layers hold attention and an 18432-wide MLP, the
+    # 58 sparse layers attention, the router and the shared expert (their routed experts are placed apart)
+    assert [layer.kind for layer in sizes.layers] == ["dense"] * 3 + ["moe"] * 58
+    dense_layer, moe_layer = sizes.layers[0], sizes.layers[3]
+    assert dense_layer.resident_bytes == aligned_total([2 * n * k for n, k in layer_linear_shapes(a, "dense")]) \
+        == 2 * (attention + dense) == sizes.layer_bytes
+    assert moe_layer.resident_bytes == aligned_total([2 * n * k for n, k in layer_linear_shapes(a, "moe")]) \
+        == 2 * (attention + router + shared)
+    assert sizes.resident_memory() == 3 * dense_layer.resident_bytes + 58 * moe_layer.resident_bytes
     assert sizes.expert_bytes == 2 * 3 * 7168 * 2048
     total_params = (3 * (attention + dense) + 58 * (attention + router + shared) + 58 * 256 * 3 * 7168 * 2048
                     + 2 * 129280 * 7168)
@@ -78,7 +86,26 @@ def test_kimi_k2_needs_more_than_one_gh200(capsys):
     GH200's LPDDR5X, and tensor parallelism, which would split them over two, is not built for latent attention."""
     kimi = "tests/fixtures/kimi_k2"
     assert main(["--model", kimi, "--platform", "gh200-144g", "--host-weight-dtype", "int4-g128"]) == 2
-    assert "547.5 GiB of weights in host memory (int4-g128), more than gh200-144g's" in capsys.readouterr().err
+    assert "536.5 GiB of weights in host memory (int4-g128), more than gh200-144g's" in capsys.readouterr().err
     assert main(["--model", kimi, "--platform", "gh200-144g", "--host-weight-dtype", "int4-g128",
                  "--tensor-parallel-size", "2"]) == 2
     assert "does not split deepseek_v3's latent attention over ranks yet" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("streamed,slot_kind", [("3-60:streamed", "moe"), ("0-60:streamed", "dense")])
+def test_each_layer_kind_is_booked_at_its_own_size(streamed, slot_kind):
+    """Planned at the largest kind, each of V3's 58 sparse layers would book a dense layer's 18432-wide MLP (~38 GiB of
+    HBM); at its own size that memory goes to routed experts. A staging slot holds the largest layer that streams."""
+    sizes = model_sizes(arch(), "bf16", host_format="int4-g128")
+    kinds = sizes.kinds
+    memory = MemoryConfig(offload="none", layer_tiers=streamed, moe_expert_tier="direct")
+    plan = make_plan(sizes, detect("gh200-144g"), memory, 100 << 30, max_model_len=4096)
+    resident = [i for i, tier in enumerate(plan.tiers) if tier == "resident"]
+    assert resident == ([0, 1, 2] if slot_kind == "moe" else [])
+    run = lambda layer: max(layer.resident_bytes, layer.run_bytes)  # noqa: E731  (whole KV blocks of the arena)
+    assert plan.resident_weight_bytes == plan.sizes.fixed_memory + len(resident) * run(plan.sizes.layers[0])
+    assert plan.slot_bytes == kinds[slot_kind].host_bytes and plan.layer_staging_bytes == 2 * plan.slot_bytes
+    assert plan.host_weight_bytes == sum(kinds[layer.kind].host_bytes for layer, tier in
+                                         zip(sizes.layers, plan.tiers) if tier != "resident") \
+        + 58 * 256 * sizes.host_expert_bytes
+    assert "layer kinds, each planned at its own size: 3 dense" in plan.explain()

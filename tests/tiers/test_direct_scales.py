@@ -42,9 +42,10 @@ def test_plan_books_direct_scales_and_predicts_the_codes_alone_over_the_link():
     assert off.num_kv_blocks - on.num_kv_blocks == -(-on.direct_scale_bytes // block) or \
         off.num_kv_blocks - on.num_kv_blocks == on.direct_scale_bytes // block
     codes = sizes.host_layer_bytes - sizes.host_scale_bytes
-    assert direct_layer_seconds(sizes, h100, True) == pytest.approx(
+    assert direct_layer_seconds(sizes.layers[0], h100, True) == pytest.approx(
         codes / (h100.direct_read_gbps * 1e9) + sizes.host_scale_bytes / (h100.hbm_gbps * 1e9))
-    assert direct_layer_seconds(sizes, h100, False) == pytest.approx(sizes.host_layer_bytes / (h100.direct_read_gbps * 1e9))
+    assert direct_layer_seconds(sizes.layers[0], h100, False) == pytest.approx(
+        sizes.host_layer_bytes / (h100.direct_read_gbps * 1e9))
     assert on.predicted_step_seconds < 0.75 * off.predicted_step_seconds   # a third of the link bytes gone
     assert "direct layers' scales in device memory" in on.explain()
     assert "direct layers' scales" not in off.explain()

@@ -8,6 +8,7 @@ from gh200rt.engine.bootstrap import graph_pool_booking, load_and_place
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.planner.planner import PlanDoesNotFit
 from tests.engine.real_models import save_tiny_llama
+from tests.model.tiny_checkpoints import save_tiny
 
 MODES = {
     "stream": dict(offload="stream"),
@@ -43,6 +44,37 @@ def test_the_named_minimum_places_the_model_and_a_byte_less_is_refused(wide, cpu
     placed.store.close()
     with pytest.raises(PlanDoesNotFit) as below:
         place(wide, minimum - 1, **options)
+    assert below.value.minimum == minimum
+
+
+@pytest.mark.parametrize("family,streamed", [("deepseek-v3", "1-2:streamed"), ("glm4-moe-qk-norm", "1-2:streamed"),
+                                             ("qwen2-moe-shared", "0:streamed,2-3:streamed")])
+def test_each_layer_kind_is_booked_at_its_own_size(tmp_path, family, streamed):
+    """Models that mix a dense layer with sparse ones (whose routed experts are placed apart): the plan books each
+    kind at its own size and the ledger agrees to the byte (the minimum a refusal names places the model with the
+    sparse layers streamed beside the resident dense one, a byte less is refused); the ring, sized for the sparse
+    layers, refuses to stream the larger dense one with a message that says how to start instead."""
+    path = str(tmp_path / family)
+    save_tiny(family, path)
+    options = dict(model=path, dtype="float32", max_model_len=64, offload="none", layer_tiers=streamed)
+    with pytest.raises(PlanDoesNotFit, match="smallest plan") as refused:
+        load_and_place(EngineConfig.from_kwargs(device_memory_budget=1 << 20, **options))
+    minimum = refused.value.minimum
+    placed = load_and_place(EngineConfig.from_kwargs(device_memory_budget=minimum, **options))
+    try:
+        kinds = placed.plan.sizes.kinds
+        dense = next(i for i, layer in enumerate(placed.plan.sizes.layers) if layer.kind == "dense")
+        assert kinds["dense"].host_bytes > kinds["moe"].host_bytes
+        assert placed.plan.slot_bytes == kinds["moe"].host_bytes == placed.store.backend.slots[0].nbytes
+        assert placed.ledger.peak <= placed.ledger.capacity == minimum
+        with pytest.raises(ValueError, match=f"layer {dense} cannot stream: its host form takes .* start with "
+                                             "--offload dynamic"):
+            placed.store.set_tier(dense, "streamed")
+        assert placed.store.tiers[dense] == "resident"
+    finally:
+        placed.store.close()
+    with pytest.raises(PlanDoesNotFit) as below:
+        load_and_place(EngineConfig.from_kwargs(device_memory_budget=minimum - 1, **options))
     assert below.value.minimum == minimum
 
 

@@ -29,7 +29,7 @@ def test_layer_and_expert_bytes():
     sizes = model_sizes(a, "bf16")
     attention = (4096 + 2 * 512) * 2048 + 2048 * 4096
     router = 128 * 2048
-    assert sizes.layer_bytes == aligned_total([2 * n * k for n, k in layer_linear_shapes(a)])
+    assert sizes.layer_bytes == aligned_total([2 * n * k for n, k in layer_linear_shapes(a, "moe")])
     assert sizes.layer_bytes == 2 * (attention + router)      # a layer's tier: attention and router, no expert
     assert sizes.expert_bytes == sizes.host_expert_bytes == 2 * 3 * 2048 * 768
     assert (sizes.moe_layer_ids, sizes.num_experts, sizes.experts_per_tok) == (tuple(range(48)), 128, 8)
