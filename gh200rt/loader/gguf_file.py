@@ -5,12 +5,14 @@ and written once into the model; quantized tensors stay reachable as ``Quantized
 llama architecture (Mixtral included) llama.cpp's converter permuted the rows of q/k weights
 (interleaved RoPE layout); ``unpermute_rows`` restores the rotate-half layout transformers uses.
 
-MoE files (``qwen2moe``, ``qwen3moe``, ``llama`` with ``llama.expert_count``) store each sparse layer's
+MoE files (``qwen2moe``, ``qwen3moe``, ``llama`` with ``llama.expert_count``, ``deepseek2``) store each sparse layer's
 routed experts as three stacks ``blk.N.ffn_{gate,up,down}_exps.weight`` of shape ``[E, rows, cols]``
 (numpy order); each is split into the E per-expert checkpoint names the model expects
 (``mlp.experts.E.gate_proj.weight``, Mixtral's ``block_sparse_moe.experts.E.w1.weight`` ...), and a
 quantized stack is kept per expert as that expert's slice of the file's blocks (blocks never straddle
-rows, so a slice is the expert's blocks as stored).
+rows, so a slice is the expert's blocks as stored). A ``deepseek2`` file's latent attention keeps ``attn_kv_b`` whole
+(older files) or split into ``attn_k_b`` / ``attn_v_b`` (``_join_kv_b`` puts them back together), and its
+multi-token-prediction blocks past the model's are skipped.
 
 A tensor-parallel rank (``shard``, a ``distributed.sharding.TensorShard``) reads only its slice of each tensor's
 blocks from the memory map, by transformers name as ``TensorShard.checkpoint_slices`` gives it. Rows
@@ -28,7 +30,7 @@ import re
 import numpy as np
 import torch
 
-from gh200rt.loader.dequant import BLOCK, F16, F32, BF16, TYPE_NAMES, QuantizedTensor, dequantize
+from gh200rt.loader.dequant import BF16, BLOCK, F16, F32, TYPE_NAMES, QuantizedTensor, dequantize
 from gh200rt.loader.errors import ModelLoadError
 from gh200rt.loader.gguf_reader import read_gguf
 
@@ -44,18 +46,30 @@ _QWEN_MOE = {
     "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
 _MIXTRAL_MOE = {"ffn_gate_inp": "block_sparse_moe.gate"}
+# deepseek2 (DeepSeek-V2 / V3, Kimi-K2): latent attention and DeepSeekMoE. Newer files split attn_kv_b into attn_k_b
+# (W_UK per head, transposed) and attn_v_b (W_UV per head); ``GGUFFile`` joins them back into kv_b_proj
+_DEEPSEEK = {
+    "attn_q_a": "self_attn.q_a_proj", "attn_q_a_norm": "self_attn.q_a_layernorm", "attn_q_b": "self_attn.q_b_proj",
+    "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa", "attn_kv_a_norm": "self_attn.kv_a_layernorm",
+    "attn_kv_b": "self_attn.kv_b_proj", "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_experts.gate_proj", "ffn_up_shexp": "mlp.shared_experts.up_proj",
+    "ffn_down_shexp": "mlp.shared_experts.down_proj", "exp_probs_b": "mlp.gate.e_score_correction",
+}
+_SPLIT_KV_B = {"attn_k_b": "k", "attn_v_b": "v"}
 # per architecture: the sparse block's single tensors, and each expert stack -> one expert's name ({e}: its index)
-_MOE_NAMES = {"qwen2_moe": _QWEN_MOE, "qwen3_moe": _QWEN_MOE, "mixtral": _MIXTRAL_MOE}
+_MOE_NAMES = {"qwen2_moe": _QWEN_MOE, "qwen3_moe": _QWEN_MOE, "mixtral": _MIXTRAL_MOE, "deepseek_v2": _DEEPSEEK,
+              "deepseek_v3": _DEEPSEEK}
 _QWEN_STACKS = {"ffn_gate_exps": "mlp.experts.{e}.gate_proj", "ffn_up_exps": "mlp.experts.{e}.up_proj",
                 "ffn_down_exps": "mlp.experts.{e}.down_proj"}
 _EXPERT_STACKS = {
-    "qwen2_moe": _QWEN_STACKS, "qwen3_moe": _QWEN_STACKS,
+    "qwen2_moe": _QWEN_STACKS, "qwen3_moe": _QWEN_STACKS, "deepseek_v2": _QWEN_STACKS, "deepseek_v3": _QWEN_STACKS,
     "mixtral": {"ffn_gate_exps": "block_sparse_moe.experts.{e}.w1", "ffn_up_exps": "block_sparse_moe.experts.{e}.w3",
                 "ffn_down_exps": "block_sparse_moe.experts.{e}.w2"},
 }
 _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
                  "output.weight": "lm_head.weight"}
 _LAYER_PATTERN = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+_BLOCK_PATTERN = re.compile(r"^blk\.(\d+)\.(.+)$")
 _EXPERT_PATTERN = re.compile(r"^model\.layers\.(\d+)\.(.+)\.experts\.(\d+)\.([a-z0-9_]+)\.weight$")
 
 
@@ -67,7 +81,9 @@ def hf_name(gguf_name: str, architecture: str = "llama") -> str:
     if match:
         names = {**_LAYER_NAMES, **_MOE_NAMES.get(architecture, {})}
         if match.group(2) in names:
-            return f"model.layers.{match.group(1)}.{names[match.group(2)]}.{match.group(3)}"
+            # DeepSeek's correction bias is one name in transformers (``e_score_correction_bias``)
+            joint = "_" if match.group(2) == "exp_probs_b" else "."
+            return f"model.layers.{match.group(1)}.{names[match.group(2)]}{joint}{match.group(3)}"
     return gguf_name
 
 
@@ -85,6 +101,9 @@ def expert_names(gguf_name: str, architecture: str, num_experts: int) -> list[st
 def stack_name(name: str, architecture: str) -> str:
     """The GGUF stack an expert's transformers name comes from (for messages: a missing stack is named once, not
     once per expert); other names as they are."""
+    if name.endswith(".self_attn.kv_b_proj.weight") and architecture in ("deepseek_v2", "deepseek_v3"):
+        block = f"blk.{name.split('.')[2]}"
+        return f"{block}.attn_kv_b.weight (or {block}.attn_k_b.weight and {block}.attn_v_b.weight)"
     match = _EXPERT_PATTERN.match(name)
     if match:
         relative = f"{match.group(2)}.experts.{{e}}.{match.group(4)}"
@@ -180,7 +199,20 @@ class GGUFFile:
         quantized: dict[str, QuantizedTensor] = {}
         slices = shard.checkpoint_slices() if shard is not None else {}
         world_size = shard.world_size if shard is not None else 1
+        halves: dict[int, dict[str, tuple[str, object]]] = {}   # deepseek2's attn_k_b / attn_v_b by layer
         for gguf_name, tensor in self.tensors.items():
+            block = _BLOCK_PATTERN.match(gguf_name)
+            if block and int(block.group(1)) >= arch.num_layers and arch.num_nextn_predict_layers:
+                # a multi-token-prediction block: loaded and skipped, as from safetensors (WeightWriter's log)
+                writer.write(f"model.layers.{block.group(1)}.{block.group(2)}", torch.empty(0))
+                continue
+            layer_part = _LAYER_PATTERN.match(gguf_name)
+            if layer_part and layer_part.group(2) in _SPLIT_KV_B and arch.is_mla:
+                layer = int(layer_part.group(1))
+                halves.setdefault(layer, {})[_SPLIT_KV_B[layer_part.group(2)]] = (gguf_name, tensor)
+                if len(halves[layer]) == 2:
+                    self._join_kv_b(layer, halves.pop(layer), writer, arch, dtype)
+                continue
             experts = expert_names(gguf_name, arch.architecture, arch.num_experts)
             if experts is not None:
                 self._read_experts(gguf_name, tensor, experts, writer, dtype, quantized, slices, world_size)
@@ -203,7 +235,29 @@ class GGUFFile:
             if ggml_type not in (F32, F16, BF16):
                 quantized[name] = QuantizedTensor(ggml_type, np.ascontiguousarray(raw_rows), shape)
             writer.write(name, torch.from_numpy(_writable(values)).to(dtype))
+        for layer, half in halves.items():
+            present, missing = ("attn_k_b", "attn_v_b") if "k" in half else ("attn_v_b", "attn_k_b")
+            raise ModelLoadError(f"{self.path}: blk.{layer}.{present}.weight is here but blk.{layer}.{missing}.weight "
+                                 f"is not; a deepseek2 file holds both halves of attn_kv_b (or attn_kv_b itself)")
         return quantized
+
+    def _join_kv_b(self, layer: int, halves: dict, writer, arch, dtype: torch.dtype) -> None:
+        """kv_b_proj ``[heads x (nope + v), kv_lora_rank]`` from llama.cpp's attn_k_b ``[heads, rank, nope]`` (W_UK
+        transposed) and attn_v_b ``[heads, v, rank]``. Dequantized: kv_b_proj stays dense wherever it is placed
+        (models/layers/mla.py), so no block form is kept."""
+        heads, rank, nope, v = arch.num_heads, arch.kv_lora_rank, arch.qk_nope_head_dim, arch.v_head_dim
+        parts = {}
+        for half, want in (("k", (heads, rank, nope)), ("v", (heads, v, rank))):
+            gguf_name, tensor = halves[half]
+            if tuple(tensor.shape) != want:
+                raise ModelLoadError(f"{self.path}: tensor {gguf_name} has shape {tuple(tensor.shape)} but the model "
+                                     f"config needs {want} (heads, rows, columns); the file does not match its "
+                                     "metadata")
+            rows = want[0] * want[1]
+            raw = tensor.data.view(np.uint8).reshape(rows, -1)
+            parts[half] = self._dequantize(gguf_name, raw, tensor.ggml_type, (rows, want[2])).reshape(want)
+        joined = np.concatenate([parts["k"].transpose(0, 2, 1), parts["v"]], axis=1).reshape(heads * (nope + v), rank)
+        writer.write(f"model.layers.{layer}.self_attn.kv_b_proj.weight", torch.from_numpy(_writable(joined)).to(dtype))
 
     def _read_experts(self, gguf_name: str, tensor, names: list[str], writer, dtype: torch.dtype,
                       quantized: dict[str, QuantizedTensor], slices: dict, world_size: int) -> None:

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gh200rt.models.deepseek_config import deepseek_fields, glm4_moe_fields
+from gh200rt.models.deepseek_config import (deepseek2_config_from_gguf, deepseek2_rope_from_gguf, deepseek_fields,
+                                            glm4_moe_fields)
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v2",
                            "deepseek_v3", "glm4_moe")
@@ -11,7 +12,7 @@ MOE_ARCHITECTURES = ("qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v2", "deepse
 # GGUF files name architectures their own way: general.architecture -> ours (a ``llama`` file with experts is
 # Mixtral, see ``_moe_from_gguf``)
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
-                      "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
+                      "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "deepseek2": "deepseek_v3"}
 # llama.cpp's routing per GGUF architecture: whether the top-k weights are renormalised (its graphs fix this per
 # architecture, whatever the original norm_topk_prob was) and whether they are applied in float32
 _GGUF_ROUTING = {"qwen2moe": (False, False), "qwen3moe": (True, False), "llama": (True, True)}
@@ -268,6 +269,10 @@ class ArchConfig:
         head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // heads)
         if vocab_size is None:
             vocab_size = int(meta.get(f"{arch}.vocab_size") or len(meta["tokenizer.ggml.tokens"]))
+        if arch == "deepseek2":    # DeepSeek-V2 / V3 / R1, Kimi-K2: latent attention, DeepSeekMoE
+            cfg = deepseek2_config_from_gguf(meta, int(vocab_size), tie_word_embeddings)
+            theta, scaling = deepseek2_rope_from_gguf(meta)
+            return cls(**{**deepseek_fields(cfg, theta, scaling), "checkpoint_dtype": "gguf"})
         scaling = None
         kind = meta.get(f"{arch}.rope.scaling.type")
         if kind == "linear":

@@ -1,5 +1,6 @@
-"""The ``ArchConfig`` fields of a DeepSeek-V3 ``config.json`` (also Kimi-K2's, which is the same architecture), and
-of GLM-4.5's (``glm4_moe``), whose MoE blocks are DeepSeek-V3's under GQA attention with partial RoPE.
+"""The ``ArchConfig`` fields of a DeepSeek-V3 ``config.json`` (also Kimi-K2's, which is the same architecture), of a
+GGUF ``deepseek2`` file's metadata, and of GLM-4.5's (``glm4_moe``), whose MoE blocks are DeepSeek-V3's under GQA
+attention with partial RoPE.
 
 DeepSeek names its fields its own way (``n_routed_experts``, ``first_k_dense_replace``, ``kv_lora_rank`` ...); this
 maps them onto gh200rt's, and refuses what the model code does not compute (another scoring function or top-k
@@ -90,3 +91,76 @@ def glm4_moe_fields(cfg: dict, rope_theta: float, rope_scaling: dict | None) -> 
         **_common(cfg, "glm4_moe", rope_theta, rope_scaling), **_deepseek_moe(cfg, "glm4_moe"),
         num_kv_heads=int(cfg.get("num_key_value_heads") or heads), head_dim=head_dim,
         qk_norm=bool(cfg.get("use_qk_norm", False)), rotary_dim=0 if rotary == head_dim else rotary)
+
+
+# llama.cpp's expert_gating_func values
+_GGUF_GATING = {1: "softmax", 2: "sigmoid"}
+
+
+def deepseek2_config_from_gguf(meta: dict, vocab_size: int, tie_word_embeddings: bool) -> dict:
+    """A ``config.json``-like dict (``deepseek_fields`` reads it) from a GGUF ``deepseek2`` file's metadata, as
+    llama.cpp's converter writes it for DeepSeek-V2 / V3 / R1 and Kimi-K2: a sigmoid router makes it ``deepseek_v3``,
+    a softmax one ``deepseek_v2``. Newer files describe the latent attention as multi-query (``key_length`` =
+    kv_lora_rank + rope, ``key_length_mla`` / ``value_length_mla`` the per-head sizes), older ones give the per-head
+    sizes in ``key_length`` / ``value_length``. Multi-token-prediction blocks (``nextn_predict_layers``) count in
+    ``block_count``."""
+    def get(key, default=None):
+        value = meta.get(f"deepseek2.{key}", default)
+        if value is None:
+            raise ValueError(f"GGUF metadata lacks deepseek2.{key}")
+        return value
+    gating = int(get("expert_gating_func", 1))
+    if gating not in _GGUF_GATING:
+        raise ValueError(f"deepseek2.expert_gating_func {gating} is not supported; gh200rt routes DeepSeek experts "
+                         f"with softmax (1) or sigmoid (2) scores")
+    rope = int(get("rope.dimension_count"))
+    key, value = meta.get("deepseek2.attention.key_length_mla"), meta.get("deepseek2.attention.value_length_mla")
+    if key is None:
+        key, value = get("attention.key_length"), get("attention.value_length")
+    nextn = int(get("nextn_predict_layers", 0))
+    groups = int(get("expert_group_count", 1))
+    cfg = dict(
+        model_type="deepseek_v3" if _GGUF_GATING[gating] == "sigmoid" else "deepseek_v2",
+        hidden_size=int(get("embedding_length")), intermediate_size=int(get("feed_forward_length")),
+        num_hidden_layers=int(get("block_count")) - nextn, num_nextn_predict_layers=nextn,
+        num_attention_heads=int(get("attention.head_count")), vocab_size=vocab_size,
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        max_position_embeddings=int(get("context_length", 4096)), tie_word_embeddings=tie_word_embeddings,
+        q_lora_rank=meta.get("deepseek2.attention.q_lora_rank"), kv_lora_rank=int(get("attention.kv_lora_rank")),
+        qk_rope_head_dim=rope, qk_nope_head_dim=int(key) - rope, v_head_dim=int(value), rope_interleave=True,
+        n_routed_experts=int(get("expert_count")), num_experts_per_tok=int(get("expert_used_count")),
+        moe_intermediate_size=int(get("expert_feed_forward_length")),
+        n_shared_experts=int(get("expert_shared_count", 0)),
+        first_k_dense_replace=int(get("leading_dense_block_count", 0)),
+        norm_topk_prob=bool(get("expert_weights_norm", False)),
+        routed_scaling_factor=float(get("expert_weights_scale", 1.0)),
+        n_group=groups, topk_group=int(get("expert_group_used_count", 1)),
+        scoring_func=_GGUF_GATING[gating],
+        topk_method=None if gating == 2 else "group_limited_greedy" if groups > 1 else "greedy")
+    return cfg
+
+
+def deepseek2_rope_from_gguf(meta: dict) -> tuple[float, dict | None]:
+    """(rope_theta, rope_scaling) of a ``deepseek2`` file. llama.cpp keeps one YaRN figure for the attention scale,
+    ``yarn_log_multiplier`` = 0.1 x mscale_all_dim, and leaves the cos/sin tables unscaled (mscale = mscale_all_dim,
+    as DeepSeek's configs have it): that is what this computes."""
+    theta = float(meta.get("deepseek2.rope.freq_base", 10000.0))
+    kind = meta.get("deepseek2.rope.scaling.type")
+    if kind in (None, "none"):
+        return theta, None
+    if kind != "yarn":
+        raise ValueError(f"GGUF rope scaling type {kind!r} is not supported for deepseek2; supported: yarn")
+    attn = float(meta.get("deepseek2.rope.scaling.attn_factor") or 1.0)
+    if attn != 1.0:
+        raise ValueError(f"deepseek2.rope.scaling.attn_factor {attn} is not supported; gh200rt computes DeepSeek's "
+                         "YaRN with attn_factor 1 (its scale comes from rope.scaling.yarn_log_multiplier)")
+    mscale_all = float(meta.get("deepseek2.rope.scaling.yarn_log_multiplier") or 0.0) / 0.1
+    needed = {key: meta.get(f"deepseek2.rope.scaling.{key}") for key in ("factor", "original_context_length")}
+    for key, found in needed.items():
+        if found is None:
+            raise ValueError(f"GGUF metadata lacks deepseek2.rope.scaling.{key} (YaRN scaling needs it)")
+    return theta, {"rope_type": "yarn", "factor": float(needed["factor"]),
+                   "original_max_position_embeddings": int(needed["original_context_length"]),
+                   "beta_fast": float(meta.get("deepseek2.rope.scaling.yarn_beta_fast") or 32.0),
+                   "beta_slow": float(meta.get("deepseek2.rope.scaling.yarn_beta_slow") or 1.0),
+                   "mscale": mscale_all, "mscale_all_dim": mscale_all, "attention_factor": 1.0}

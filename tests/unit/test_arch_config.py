@@ -85,7 +85,9 @@ def test_moe_config_errors():
         ArchConfig.from_hf_config({**MOE, "num_experts_per_tok": 9})
     with pytest.raises(ValueError, match=r"mlp_only_layers \[5\]"):
         ArchConfig.from_hf_config({**MOE, "mlp_only_layers": [5]})
-    with pytest.raises(ValueError, match="unsupported GGUF architecture 'deepseek2'"):
+    with pytest.raises(ValueError, match="unsupported GGUF architecture 'glm4moe'"):
+        ArchConfig.from_gguf_metadata({"general.architecture": "glm4moe"})
+    with pytest.raises(ValueError, match="GGUF metadata lacks deepseek2.embedding_length"):
         ArchConfig.from_gguf_metadata({"general.architecture": "deepseek2"})
 
 
