@@ -23,6 +23,7 @@ from gh200rt.loader.fp8_checkpoint import fp8_block_size, fp8_scheme
 from gh200rt.memory.ledger import ledger_capacity
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.planner.cost_model import DTYPE_BYTES, activation_bytes, model_sizes
+from gh200rt.planner.layout import expert_device_bytes
 from gh200rt.planner.planner import Plan, RankShare, dynamic_splits, make_plan
 from gh200rt.platform.detect import detect
 
@@ -133,8 +134,9 @@ def host_tier_line(cache: CacheConfig, sizes, plan: Plan, numa_node: int | None)
 def dynamic_table(plan: Plan, batch: int) -> str:
     """The split ``--offload dynamic`` settles on from a small KV demand up to the most the device holds."""
     sizes = plan.sizes
-    most = (plan.capacity - plan.activation_bytes - sizes.fixed_memory
-            - plan.layer_staging_bytes) // sizes.kv_bytes_per_token
+    # routed experts keep their start-up tiers (dynamic_splits): what is left beside them and the fixed weights
+    most = (plan.capacity - plan.activation_bytes - sizes.fixed_memory - plan.layer_staging_bytes
+            - expert_device_bytes(sizes, plan.expert_tiers)) // sizes.kv_bytes_per_token
     demands = sorted({max(plan.block_size, int(most * f)) for f in (1 / 64, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1)}
                      | ({plan.all_resident_kv_tokens} if plan.all_resident_kv_tokens else set()))
     lines = [f"dynamic tiers at KV demand (decode batch {batch}):",

@@ -1,5 +1,5 @@
-"""A Llama-family model (Llama, Mistral, Qwen2, Qwen3 and the MoE families) holding one rank's shard
-(``sharding.py``).
+"""A Llama-family model (Llama, Mistral, Qwen2, Qwen3, the MoE families, DeepSeek's latent attention) holding one
+rank's shard (``sharding.py``).
 
 It is the single-rank model built from the rank's local architecture (its heads, KV heads and MLP widths), with
 these changes: o_proj and a dense layer's down_proj are ``RowParallelLinear`` (partial sums, one all-reduce each);
@@ -62,7 +62,9 @@ class ShardedLlamaForCausalLM(LlamaForCausalLM):
             self.embed_tokens[real:].zero_()
             self.lm_head.weight_ref.current[real:].zero_()
         for layer in self.layers:
-            layer.self_attn.o_proj = RowParallelLinear(arch.q_size, hidden, False, dtype, device)
+            # the rank's heads' values (latent attention's are v_head_dim wide, not head_dim)
+            values = layer.self_attn.o_proj.weight_ref.shape[1]
+            layer.self_attn.o_proj = RowParallelLinear(values, hidden, False, dtype, device)
             if layer.sparse:
                 layer.mlp = RowParallelMoeBlock(arch, dtype, device)
             else:

@@ -7,7 +7,8 @@ KV head is replicated on the N/KV ranks whose query heads use it (rank r holds K
 tensors are sliced along their output rows (q/k/v, gate/up, embedding, LM head, q/k/v bias: column-parallel) or
 their input columns (o, down: row-parallel, whose partial outputs are all-reduced); norms are replicated.
 An MoE layer's routed experts and shared expert are split the same way along their own intermediate dimension
-(columns ``[r*I_e/N, (r+1)*I_e/N)`` of each); its router and shared-expert gate are replicated.
+(columns ``[r*I_e/N, (r+1)*I_e/N)`` of each); its router and shared-expert gate are replicated. Latent attention
+(DeepSeek-V2 / V3) splits its heads the same way; its latent row is computed whole on every rank.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from gh200rt.models.arch_config import ArchConfig
 from gh200rt.models.layers.mlp import HF_NAMES
 from gh200rt.models.moe import MIXTRAL_EXPERT_NAMES
 
-FAMILIES = "Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE and Mixtral"
+FAMILIES = "Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, Mixtral, DeepSeek-V2 / V3 and GLM-4.5"
 
 # (dim, start, stop): a checkpoint tensor's slice along dim 0 (rows) or 1 (columns)
 Slice = tuple[int, int, int]
@@ -27,10 +28,6 @@ Slice = tuple[int, int, int]
 def check_shardable(arch: ArchConfig, world_size: int) -> None:
     """Raise ValueError, naming the sizes and the values that work, where ``arch`` cannot be split N ways."""
     flag = f"--tensor-parallel-size {world_size}"
-    if arch.is_mla and world_size > 1:
-        raise ValueError(f"{flag}: gh200rt does not split {arch.architecture}'s latent attention over ranks yet; "
-                         "serve it with --tensor-parallel-size 1 (its experts can live in host memory: "
-                         "--moe-expert-tier)")
     sizes = {"attention heads": arch.num_heads, "intermediate size": arch.intermediate_size}
     if arch.is_moe:
         sizes["expert intermediate size"] = arch.moe_intermediate_size
@@ -118,11 +115,14 @@ class TensorShard:
         out = {"model.embed_tokens.weight": (0, *vocab), "lm_head.weight": (0, *vocab)}
         for i in range(self.arch.num_layers):
             p = f"model.layers.{i}."
-            for kind in ("weight", "bias"):
-                out[f"{p}self_attn.q_proj.{kind}"] = (0, *q)
-                out[f"{p}self_attn.k_proj.{kind}"] = (0, *kv)
-                out[f"{p}self_attn.v_proj.{kind}"] = (0, *kv)
-            out[f"{p}self_attn.o_proj.weight"] = (1, *q)
+            if self.arch.is_mla:
+                out.update(self._latent_attention_slices(i))
+            else:
+                for kind in ("weight", "bias"):
+                    out[f"{p}self_attn.q_proj.{kind}"] = (0, *q)
+                    out[f"{p}self_attn.k_proj.{kind}"] = (0, *kv)
+                    out[f"{p}self_attn.v_proj.{kind}"] = (0, *kv)
+                out[f"{p}self_attn.o_proj.weight"] = (1, *q)
             if self.arch.is_moe_layer(i):
                 out.update(self._expert_slices(i))
                 continue
@@ -130,6 +130,19 @@ class TensorShard:
             out[f"{p}mlp.up_proj.weight"] = (0, *mlp)
             out[f"{p}mlp.down_proj.weight"] = (1, *mlp)
         return out
+
+    def _latent_attention_slices(self, layer: int) -> dict[str, Slice]:
+        """Latent attention split by heads as vLLM splits it: q_b_proj (or q_proj) and kv_b_proj by the rank's heads'
+        rows, o_proj by their value columns; q_a_proj, kv_a_proj_with_mqa and their norms whole, so every rank
+        computes the same latent row (the KV pool holds it whole on every rank)."""
+        a, heads, r = self.arch, self.num_heads, self.rank
+        p = f"model.layers.{layer}.self_attn."
+        q_rows = heads * (a.qk_nope_head_dim + a.head_dim)
+        kv_rows, v_cols = heads * (a.qk_nope_head_dim + a.v_head_dim), heads * a.v_head_dim
+        q_name = "q_b_proj" if a.q_lora_rank else "q_proj"
+        return {f"{p}{q_name}.weight": (0, r * q_rows, (r + 1) * q_rows),
+                f"{p}kv_b_proj.weight": (0, r * kv_rows, (r + 1) * kv_rows),
+                f"{p}o_proj.weight": (1, r * v_cols, (r + 1) * v_cols)}
 
     def _expert_slices(self, layer: int) -> dict[str, Slice]:
         """An MoE layer's experts: gate and up by rows, down by columns (router and shared-expert gate whole)."""
@@ -146,7 +159,9 @@ class TensorShard:
         if self.arch.shared_expert_intermediate_size:
             shared = self.shared_expert_intermediate_size
             cols = (r * shared, (r + 1) * shared)
-            out.update({f"{block}shared_expert.gate_proj.weight": (0, *cols),
-                        f"{block}shared_expert.up_proj.weight": (0, *cols),
-                        f"{block}shared_expert.down_proj.weight": (1, *cols)})
+            # Qwen2-MoE's one shared expert; DeepSeek's and GLM's n_shared_experts fused as one (shared_experts)
+            name = "shared_expert" if self.arch.architecture == "qwen2_moe" else "shared_experts"
+            out.update({f"{block}{name}.gate_proj.weight": (0, *cols),
+                        f"{block}{name}.up_proj.weight": (0, *cols),
+                        f"{block}{name}.down_proj.weight": (1, *cols)})
         return out

@@ -211,7 +211,7 @@ class GGUFFile:
                 layer = int(layer_part.group(1))
                 halves.setdefault(layer, {})[_SPLIT_KV_B[layer_part.group(2)]] = (gguf_name, tensor)
                 if len(halves[layer]) == 2:
-                    self._join_kv_b(layer, halves.pop(layer), writer, arch, dtype)
+                    self._join_kv_b(layer, halves.pop(layer), writer, arch, dtype, slices)
                 continue
             experts = expert_names(gguf_name, arch.architecture, arch.num_experts)
             if experts is not None:
@@ -241,10 +241,10 @@ class GGUFFile:
                                  f"is not; a deepseek2 file holds both halves of attn_kv_b (or attn_kv_b itself)")
         return quantized
 
-    def _join_kv_b(self, layer: int, halves: dict, writer, arch, dtype: torch.dtype) -> None:
+    def _join_kv_b(self, layer: int, halves: dict, writer, arch, dtype: torch.dtype, slices: dict) -> None:
         """kv_b_proj ``[heads x (nope + v), kv_lora_rank]`` from llama.cpp's attn_k_b ``[heads, rank, nope]`` (W_UK
-        transposed) and attn_v_b ``[heads, v, rank]``. Dequantized: kv_b_proj stays dense wherever it is placed
-        (models/layers/mla.py), so no block form is kept."""
+        transposed) and attn_v_b ``[heads, v, rank]`` (a tensor-parallel rank: its heads' rows). Dequantized:
+        kv_b_proj stays dense wherever it is placed (models/layers/mla.py), so no block form is kept."""
         heads, rank, nope, v = arch.num_heads, arch.kv_lora_rank, arch.qk_nope_head_dim, arch.v_head_dim
         parts = {}
         for half, want in (("k", (heads, rank, nope)), ("v", (heads, v, rank))):
@@ -257,7 +257,12 @@ class GGUFFile:
             raw = tensor.data.view(np.uint8).reshape(rows, -1)
             parts[half] = self._dequantize(gguf_name, raw, tensor.ggml_type, (rows, want[2])).reshape(want)
         joined = np.concatenate([parts["k"].transpose(0, 2, 1), parts["v"]], axis=1).reshape(heads * (nope + v), rank)
-        writer.write(f"model.layers.{layer}.self_attn.kv_b_proj.weight", torch.from_numpy(_writable(joined)).to(dtype))
+        name = f"model.layers.{layer}.self_attn.kv_b_proj.weight"
+        part = slices.get(name)
+        if part is not None:
+            assert part[0] == 0, part       # split by heads: rows
+            joined = joined[part[1]:part[2]]
+        writer.write(name, torch.from_numpy(_writable(joined)).to(dtype))
 
     def _read_experts(self, gguf_name: str, tensor, names: list[str], writer, dtype: torch.dtype,
                       quantized: dict[str, QuantizedTensor], slices: dict, world_size: int) -> None:

@@ -30,19 +30,26 @@ class RankShare:
     kv_heads: int            # KV heads each rank holds
     model_kv_heads: int
 
+    latent_width: int = 0    # latent attention: the values of the latent KV row every rank holds whole
+
     @classmethod
     def of(cls, arch: ArchConfig, world_size: int) -> "RankShare":
         """``arch``: the whole model's."""
-        return cls(world_size, max(1, arch.num_kv_heads // world_size), arch.num_kv_heads)
+        return cls(world_size, max(1, arch.num_kv_heads // world_size), arch.num_kv_heads,
+                   arch.kv_cache_dim if arch.is_mla else 0)
 
     def describe(self) -> str:
         kv = (f"{self.kv_heads} of the model's {self.model_kv_heads} KV heads (split)"
               if self.model_kv_heads >= self.world_size else
               f"{self.kv_heads} of the model's {self.model_kv_heads} KV heads (replicated on "
               f"{self.world_size // self.model_kv_heads} ranks)")
+        if self.latent_width:
+            kv = (f"{self.kv_heads} of the model's {self.model_kv_heads} attention heads and the whole latent KV row "
+                  f"({self.latent_width} values a token and layer, the same on every rank)")
         return (f"tensor parallel: {self.world_size} ranks, one plan for all; each rank holds 1/{self.world_size} of "
-                f"every layer's linears and of the embedding and LM head (vocab-parallel), norms (and MoE routers) "
-                f"whole, {kv}; every figure below is one rank's")
+                f"every layer's linears and of the embedding and LM head (vocab-parallel), norms (and MoE routers"
+                f"{', latent attention q_a / kv_a projections' if self.latent_width else ''}) whole, {kv}; every "
+                f"figure below is one rank's")
 
 
 @dataclass(frozen=True)

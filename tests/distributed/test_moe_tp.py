@@ -1,6 +1,7 @@
 """MoE models under tensor parallelism on the CPU (gloo, two ranks): each routed expert's and the shared expert's
 intermediate dimension split, the router replicated. TP=2 greedy tokens equal TP=1's in float32 for tiny Qwen3-MoE,
-Qwen2-MoE (shared expert, a dense layer) and Mixtral, with experts resident, direct and streamed; every rank routes
+Qwen2-MoE (shared expert, a dense layer), Mixtral, DeepSeek-V3 (latent attention split by heads) and GLM-4.5, with
+experts resident, direct and streamed; every rank routes
 the same tokens to the same experts; with dynamic tiers, rank 0's expert moves are made by every rank."""
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8, logprobs=2)
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     paths = {}
-    for family in ("qwen3-moe-norm", "qwen2-moe-shared", "mixtral"):
+    for family in ("qwen3-moe-norm", "qwen2-moe-shared", "mixtral", "deepseek-v3", "glm4-moe-qk-norm"):
         path = str(tmp_path_factory.mktemp(family))
         save_tiny(family, path)
         single = tp_llm(path, 1)
@@ -40,16 +41,24 @@ def checkpoints(tmp_path_factory):
     ("mixtral", "resident"),
     ("qwen2-moe-shared", "direct"),
     ("mixtral", "stream"),
+    ("deepseek-v3", "stream"),          # latent attention split by heads, the latent row whole on each rank
+    ("glm4-moe-qk-norm", "resident"),   # DeepSeek-V3's MoE blocks (shared_experts) under GQA with partial RoPE
 ])
 def test_sharded_experts_give_tp1_tokens(checkpoints, family, experts):
     path, reference = checkpoints[family]
     llm = tp_llm(path, 2, moe_expert_tier=experts)
     engine = llm.engine
     try:
-        moe = next(layer.mlp for layer in engine.runner.model.layers if layer.sparse)
+        model = engine.runner.model
+        moe = next(layer.mlp for layer in model.layers if layer.sparse)
         assert moe.experts[0].down_proj.weight_ref.current.shape[-1] == 16          # 32 columns, half each
-        if moe.shared_expert is not None:
-            assert moe.shared_expert.down_proj.weight_ref.current.shape[-1] == 24   # 48 columns
+        if moe.shared_expert is not None:        # half of its columns (Qwen2-MoE's 48, DeepSeek's and GLM's 32)
+            assert moe.shared_expert.down_proj.weight_ref.current.shape[-1] == \
+                model.shard.arch.shared_expert_intermediate_size // 2
+        if model.arch.is_mla:                    # 2 of 4 heads: their query and value rows, the latent whole
+            attn = model.layers[0].self_attn
+            assert attn.num_heads == 2 and attn.kv_b_proj.weight_ref.shape == (2 * (32 + 24), 32)
+            assert attn.kv_a_proj_with_mqa.weight_ref.shape == (32 + 16, 64)
         want = {"resident": Tier.RESIDENT, "direct": Tier.DIRECT, "stream": Tier.STREAMED}[experts]
         assert {t for tiers in engine.store.expert_tiers.values() for t in tiers} == {want}
         assert_same_or_near_tie(reference, llm.generate(PROMPTS, GREEDY), f"TP=2 {family}, experts {experts}")

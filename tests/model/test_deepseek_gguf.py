@@ -13,9 +13,11 @@ import pytest
 import torch
 
 from gh200rt.config import EngineConfig, ModelConfig
+from gh200rt.distributed.sharding import TensorShard
 from gh200rt.engine.engine import LLMEngine
 from gh200rt.engine.llm import LLM
 from gh200rt.loader import ModelLoadError, load_model
+from gh200rt.loader.load import read_arch
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.sampling_params import SamplingParams
 from tests.model.paged_runner import PagedRunner
@@ -162,3 +164,18 @@ def test_metadata_maps_onto_deepseeks_config_fields():
     older = {k: v for k, v in base.items() if "_mla" not in k} | {"deepseek2.attention.key_length": 192,
                                                                     "deepseek2.attention.value_length": 128}
     assert ArchConfig.from_gguf_metadata(older).qk_nope_head_dim == 128
+
+
+@pytest.mark.parametrize("layout", ["F32", "F32 whole kv_b"])
+def test_a_tensor_parallel_rank_reads_its_heads_of_either_layout(checkpoint, layout):
+    """Each of two ranks reads from the file exactly what it reads from the safetensors directory: its heads' rows of
+    q_b / kv_b (joined from attn_k_b / attn_v_b, then cut), their columns of o_proj, the latent projections whole."""
+    _, directory, files = checkpoint
+    for rank in range(2):
+        def weights(path: str) -> dict[str, torch.Tensor]:
+            shard = TensorShard(rank, 2, read_arch(path))
+            return load_model(ModelConfig(model=path, dtype="float32"), shard=shard).model.weight_destinations()
+        ours, want = weights(files[layout]), weights(directory)
+        assert sorted(ours) == sorted(want)
+        for name in want:
+            assert torch.equal(ours[name], want[name]), f"rank {rank}: {name}"

@@ -81,15 +81,18 @@ def test_the_published_block_fp8_checkpoint_plans_its_experts_as_fp8_in_host_mem
     assert main(["--model", f"{DEEPSEEK_V3}_fp8", "--platform", "gh200-144g", "--host-weight-dtype", "int4-g128"]) == 0
 
 
-def test_kimi_k2_needs_more_than_one_gh200(capsys):
+def test_kimi_k2_needs_two_gh200s(capsys):
     """Kimi-K2 (DeepSeek-V3's architecture, 384 experts, 1T parameters): its int4-g128 experts alone exceed one
-    GH200's LPDDR5X, and tensor parallelism, which would split them over two, is not built for latent attention."""
+    GH200's LPDDR5X; over two (tensor parallel: each rank half of every expert's columns and of the heads, the latent
+    row whole) each rank's host weights fit its own."""
     kimi = "tests/fixtures/kimi_k2"
     assert main(["--model", kimi, "--platform", "gh200-144g", "--host-weight-dtype", "int4-g128"]) == 2
     assert "536.5 GiB of weights in host memory (int4-g128), more than gh200-144g's" in capsys.readouterr().err
     assert main(["--model", kimi, "--platform", "gh200-144g", "--host-weight-dtype", "int4-g128",
-                 "--tensor-parallel-size", "2"]) == 2
-    assert "does not split deepseek_v3's latent attention over ranks yet" in capsys.readouterr().err
+                 "--tensor-parallel-size", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "32 of the model's 64 attention heads and the whole latent KV row (576 values" in out
+    assert "host memory for offloaded weights:   268.521 GiB" in out and "at 70272 bytes per token" in out
 
 
 @pytest.mark.parametrize("streamed,slot_kind", [("3-60:streamed", "moe"), ("0-60:streamed", "dense")])
