@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 
 from gh200rt.cli_args import add_dataclass_arguments, add_engine_arguments, dataclass_from_args
 from gh200rt.config.flags import flag_help
+from gh200rt.serve.reasoning import PARSERS as REASONING
 from gh200rt.serve.tool_parsers import PARSERS
 
 TOOL_CALL_PARSERS = tuple(PARSERS)
+REASONING_PARSERS = tuple(REASONING)
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,12 @@ class ServerConfig:
     log_level: str = field(default="info", metadata=flag_help("uvicorn/server log level (debug, info, warning)"))
     tool_call_parser: str | None = field(default=None, metadata={
         "help": "how tool calls are read out of the model's text for \"tool_choice\": \"auto\" (hermes: Hermes/"
-                "Qwen <tool_call>; llama3_json: Llama 3.x JSON)", "choices": TOOL_CALL_PARSERS})
+                "Qwen <tool_call>; llama3_json: Llama 3.x JSON; deepseek_v3: DeepSeek-V3 / R1; deepseek_v31: "
+                "DeepSeek-V3.1 / V3.2)", "choices": TOOL_CALL_PARSERS})
+    reasoning_parser: str | None = field(default=None, metadata={
+        "help": "split a thinking model's <think> block from its answer into 'reasoning' / 'reasoning_content' "
+                "(deepseek_r1: the answer starts inside the block, as DeepSeek-R1's template opens it; qwen3, "
+                "glm45: a block the model opens itself)", "choices": REASONING_PARSERS})
     enable_auto_tool_choice: bool = field(default=False, metadata=flag_help(
         "let the model decide to call tools (\"tool_choice\": \"auto\"); needs --tool-call-parser"))
     trust_request_chat_template: bool = field(default=False, metadata=flag_help(
@@ -72,6 +79,8 @@ class ServerConfig:
             raise ValueError(f"--enable-auto-tool-choice needs --tool-call-parser ({', '.join(TOOL_CALL_PARSERS)})")
         if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
             raise ValueError(f"--tool-call-parser {self.tool_call_parser!r}: choose {', '.join(TOOL_CALL_PARSERS)}")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(f"--reasoning-parser {self.reasoning_parser!r}: choose {', '.join(REASONING_PARSERS)}")
         if self.engine_cpus is not None:
             parse_cpu_list(self.engine_cpus)
         if self.api_key is not None and not self.api_key:

@@ -11,6 +11,8 @@ from gh200rt.serve.fields import CHAT, CHAT_REFUSED, declared, refuse_unhonoured
 from gh200rt.serve.protocol import (DEFAULT_MAX_LOGPROBS, ParsedRequest, check_temperature, flag, integer,
                                     logprob_count, model_name, response_options, sampling_params, stream_options,
                                     unsupported)
+from gh200rt.serve.reasoning import PARSERS as REASONING_PARSERS
+from gh200rt.serve.reasoning import ReasoningParser
 from gh200rt.serve.tools import parse_tools, tool_constraint
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -72,6 +74,10 @@ def parse_messages(messages) -> list[dict]:
         for key in ("tool_call_id", "name"):
             if isinstance(message.get(key), str):
                 parsed[key] = message[key]
+        # an earlier turn's reasoning, under either name, for templates that show it (interleaved thinking)
+        reasoning = message.get("reasoning_content", message.get("reasoning"))
+        if isinstance(reasoning, str):
+            parsed["reasoning_content"] = reasoning
         result.append(parsed)
     return result
 
@@ -114,13 +120,25 @@ def template_options(body: dict) -> dict:
     return options
 
 
+def reasoning_for(body: dict, parser: str | None, constrained: bool, template: dict) -> ReasoningParser | None:
+    """The reasoning parser that applies to this request: none where the server has none, where the answer is
+    constrained from its first token (a grammar leaves no room for a ``<think>`` block), or where the template is told
+    not to think (``enable_thinking`` / ``thinking`` false: its prompt closes the block)."""
+    kwargs = template.get("template_kwargs") or {}
+    if parser is None or constrained or kwargs.get("enable_thinking") is False or kwargs.get("thinking") is False:
+        return None
+    return REASONING_PARSERS[parser]
+
+
 def parse_chat_request(body: dict, tool_call_parser: str | None = None, auto_tool_choice: bool = False,
-                       max_logprobs: int = DEFAULT_MAX_LOGPROBS) -> tuple[ParsedRequest, list[dict]]:
+                       max_logprobs: int = DEFAULT_MAX_LOGPROBS, reasoning_parser: str | None = None
+                       ) -> tuple[ParsedRequest, list[dict]]:
     body = declared(body, CHAT, "/v1/chat/completions")
     messages = parse_messages(body.get("messages"))
     check_temperature(body)
     unsupported(body, chat=True)
-    refuse_unhonoured(body, CHAT_REFUSED)
+    refuse_unhonoured(body, CHAT_REFUSED if reasoning_parser is None else
+                      {k: v for k, v in CHAT_REFUSED.items() if k != "include_reasoning"})
     want_logprobs = flag(body, "logprobs")
     top = logprob_count(body, "top_logprobs", max_logprobs)
     n_probs = integer(body, "n_probs", 0, 0, None if max_logprobs == -1 else max_logprobs,
@@ -153,7 +171,11 @@ def parse_chat_request(body: dict, tool_call_parser: str | None = None, auto_too
     add_generation_prompt, continue_final = template_flags(body, messages)
     parsed.echo = flag(body, "echo")
     parsed.add_special_tokens = flag(body, "add_special_tokens", False)    # the template holds those it wants
+    template = template_options(body)
     parsed.extra.update(add_generation_prompt=add_generation_prompt, continue_final_message=continue_final,
-                        tools=tools, template_options=template_options(body),
-                        echo_text=messages[-1]["content"] if messages[-1]["role"] == "assistant" else "")
+                        tools=tools, template_options=template,
+                        echo_text=messages[-1]["content"] if messages[-1]["role"] == "assistant" else "",
+                        reasoning=reasoning_for(body, reasoning_parser, parsed.params.structured_output is not None,
+                                                template),
+                        include_reasoning=flag(body, "include_reasoning", True))
     return parsed, messages

@@ -47,8 +47,8 @@ REFUSED = {
     "watermarking": (EMPTY, _leave_out("watermarking is not supported by this server", "watermarking")),
     "repetition_detection": (ABSENT, "repetition detection is not supported by this server; leave "
                                      "'repetition_detection' out and bound the answer with 'max_tokens'"),
-    "thinking_token_budget": (ABSENT, _leave_out("this server has no reasoning parser, so it cannot bound the "
-                                                 "thinking tokens", "thinking_token_budget")),
+    "thinking_token_budget": (ABSENT, _leave_out("this server cannot bound the thinking tokens apart from the "
+                                                 "answer's (bound both with 'max_tokens')", "thinking_token_budget")),
     "vllm_xargs": (EMPTY, _leave_out("this server runs no custom extensions", "vllm_xargs")),
     "routed_experts_prompt_start": ((0,), "this server does not return routed-expert data; leave "
                                        "'routed_experts_prompt_start' out or 0"),
@@ -87,11 +87,12 @@ COMPLETION_REFUSED = {
 CHAT_REFUSED = {
     "documents": (EMPTY, _leave_out("documents (RAG) are not passed to chat templates by this server; put them in "
                                     "a message", "documents")),
-    "reasoning_effort": (ABSENT, _leave_out("this server has no reasoning parser and no reasoning-effort control; "
+    "reasoning_effort": (ABSENT, _leave_out("this server has no reasoning-effort control; "
                                             "a template's own switch goes in 'chat_template_kwargs' (e.g. "
                                             "{\"enable_thinking\": false})", "reasoning_effort")),
-    "include_reasoning": ((True,), "this server has no reasoning parser: reasoning stays in the answer's content, so "
-                                "it cannot be left out; leave 'include_reasoning' out or true"),
+    # honoured where the server has a --reasoning-parser (chat_request.py)
+    "include_reasoning": ((True,), "this server runs no --reasoning-parser: reasoning stays in the answer's content, "
+                                "so it cannot be left out; leave 'include_reasoning' out or true"),
     "return_prompt_text": (EMPTY, "the rendered prompt is not returned by this server; see it through POST "
                                   "/tokenize with 'return_token_strs'; leave 'return_prompt_text' out"),
     "web_search_options": (ABSENT, "web search is not supported by this server; leave 'web_search_options' out"),

@@ -27,7 +27,7 @@ def add_generation_routes(app: FastAPI, state) -> None:
 
     async def chat_completion(body: dict):
         parsed, messages = parse_chat_request(body, state.config.tool_call_parser, state.config.enable_auto_tool_choice,
-                                              state.max_logprobs)
+                                              state.max_logprobs, state.config.reasoning_parser)
         model = state.check_model(parsed.model)
         tok = state.ready_engine().tokenizer
         tools = parsed.extra["tools"]

@@ -11,6 +11,7 @@ import time
 
 import gh200rt
 from gh200rt.serve.generation import ChoiceDelta
+from gh200rt.serve.reasoning import reasoning_fields
 from gh200rt.serve.tools import split_tool_calls, tool_call_dicts
 
 SYSTEM_FINGERPRINT = f"gh200rt-{gh200rt.__version__}"
@@ -119,15 +120,21 @@ def chat_choice_logprobs(tokenizer, parsed, deltas: list[ChoiceDelta]) -> dict |
 
 
 def chat_message(run, text: str, finish: str | None) -> tuple[dict, str | None]:
-    """The assistant message of a finished choice (tool calls read out of the text) and its finish_reason."""
+    """The assistant message of a finished choice (its reasoning split off, then tool calls read out of the
+    answer's content: never out of the reasoning) and its finish_reason."""
     parsed = run.parsed
     tools = parsed.extra.get("tools")
-    message = {"role": "assistant", "content": text}
-    if tools is not None and tools.parses_output and finish == "stop":
-        content, calls = split_tool_calls(tools, text)
+    reasoning, content = None, text
+    if parsed.extra.get("reasoning") is not None:
+        reasoning, content = parsed.extra["reasoning"].split(text)
+    message = {"role": "assistant", "content": content}
+    if tools is not None and tools.parses_output and finish == "stop" and content is not None:
+        content, calls = split_tool_calls(tools, content)
         if calls:
             message = {"role": "assistant", "content": content, "tool_calls": tool_call_dicts(calls)}
             finish = "tool_calls"
+    if reasoning is not None and parsed.extra.get("include_reasoning", True):
+        message.update(reasoning_fields(reasoning))
     if parsed.echo and message["content"] is not None:
         message["content"] = parsed.extra["echo_text"] + message["content"]
     return message, finish

@@ -14,6 +14,7 @@ import time
 
 from gh200rt.serve.errors import APIError, error_body
 from gh200rt.serve.generation import GenerationRun
+from gh200rt.serve.reasoning import ReasoningStream, reasoning_fields
 from gh200rt.serve.responses import (chat_choice_logprobs, completion_logprobs, echo_text, envelope, generated_pairs,
                                      logprob_names, prompt_logprobs_body, prompt_pairs, usage)
 from gh200rt.serve.sse import DONE, sse_event
@@ -93,6 +94,17 @@ def stream_chat(run: GenerationRun, request_id: str, model: str, tok):
     async def chunks():
         count = parsed.params.n * len(parsed.prompts)
         streams = {i: ToolStream(tools) for i in range(count)} if tools is not None and tools.parses_output else {}
+        parser = parsed.extra.get("reasoning")
+        thoughts = {i: ReasoningStream(parser) for i in range(count)} if parser is not None else {}
+
+        def answer(index: int, reasoning: str, content: str) -> tuple[dict, bool]:
+            """A delta of reasoning and content (tool calls held back from the content), and whether it has text."""
+            if index in streams:
+                content = streams[index].feed(content)
+            delta = reasoning_fields(reasoning) if reasoning and parsed.extra.get("include_reasoning", True) else {}
+            if content or not delta:
+                delta["content"] = content
+            return delta, bool(content or len(delta) > 1)
         for i in range(count):
             if i == 0 and parsed.return_token_ids:       # vLLM: the prompt's ids ride on the first chunk
                 body = run.chunk_envelope([{"index": 0, "delta": {"role": "assistant", "content": ""},
@@ -106,12 +118,16 @@ def stream_chat(run: GenerationRun, request_id: str, model: str, tok):
             for d in batch:
                 lp = chat_choice_logprobs(tok, parsed, [d])
                 ids = d.token_ids if parsed.return_token_ids else None
-                text, finish = d.text, d.finish_reason
-                if d.index in streams:
-                    text = streams[d.index].feed(d.text)
-                if text or lp or ids:
-                    yield chunk(d.index, {"content": text}, lp, None, ids)
+                finish = d.finish_reason
+                reasoning, content = thoughts[d.index].feed(d.text) if d.index in thoughts else ("", d.text)
+                delta, has_text = answer(d.index, reasoning, content)
+                if has_text or lp or ids:
+                    yield chunk(d.index, delta, lp, None, ids)
                 if finish:
+                    if d.index in thoughts:          # text held back as a possible tag
+                        delta, has_text = answer(d.index, *thoughts[d.index].finish())
+                        if has_text:
+                            yield chunk(d.index, delta)
                     delta, finish = streams[d.index].finish(finish) if d.index in streams else ({}, finish)
                     yield chunk(d.index, delta, None, finish)
 

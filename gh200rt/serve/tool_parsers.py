@@ -5,6 +5,8 @@ chosen with ``--tool-call-parser`` as in vLLM.
   any number of them, after optional plain content.
 * ``llama3_json`` (Llama 3.1-3.3): the whole answer is ``{"name": ..., "parameters": {...}}``,
   optionally after ``<|python_tag|>``, several separated by ``;``.
+* ``deepseek_v3`` (DeepSeek-V3 / R1, Kimi-K2's template too) and ``deepseek_v31`` (V3.1 / V3.2): calls between
+  DeepSeek's ``<｜tool▁calls▁begin｜>`` / ``<｜tool▁calls▁end｜>`` tokens, each a name and JSON arguments.
 
 ``call_start`` says where a tool call may begin, so a stream sends the content before it at once
 and holds back only what may be a call.
@@ -35,13 +37,7 @@ class HermesParser:
     CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 
     def call_start(self, text: str) -> int | None:
-        index = text.find(self.START)
-        if index >= 0:
-            return index
-        for k in range(len(self.START) - 1, 0, -1):            # the text may end in the start of a tag
-            if text.endswith(self.START[:k]):
-                return len(text) - k
-        return None
+        return _tag_start(text, self.START)
 
     def parse(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
         start = text.find(self.START)
@@ -88,4 +84,69 @@ class Llama3JsonParser:
         return (None, calls) if calls else (text, [])
 
 
-PARSERS = {p.name: p for p in (HermesParser, Llama3JsonParser)}
+# DeepSeek's special tokens: a fullwidth bar (U+FF5C) and the SentencePiece space (U+2581) in each
+_BAR, _SP = "\uff5c", "\u2581"
+DS_CALLS_BEGIN = f"<{_BAR}tool{_SP}calls{_SP}begin{_BAR}>"
+DS_CALLS_END = f"<{_BAR}tool{_SP}calls{_SP}end{_BAR}>"
+DS_CALL_BEGIN = f"<{_BAR}tool{_SP}call{_SP}begin{_BAR}>"
+DS_CALL_END = f"<{_BAR}tool{_SP}call{_SP}end{_BAR}>"
+DS_SEP = f"<{_BAR}tool{_SP}sep{_BAR}>"
+
+
+class DeepSeekV3Parser:
+    """DeepSeek-V3 / R1 (and V3-0324): after optional content, ``<｜tool▁calls▁begin｜>`` then per call
+    ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME`` and its arguments as a fenced ```json block,
+    ``<｜tool▁call▁end｜>``; ``<｜tool▁calls▁end｜>`` last."""
+    name = "deepseek_v3"
+    CALL = re.compile(re.escape(DS_CALL_BEGIN) + r"(?P<type>[^\n]*?)" + re.escape(DS_SEP)
+                      + r"(?P<name>[^\n]*)\n```(?:json)?\n(?P<args>.*?)\n```\s*(?:" + re.escape(DS_CALL_END) + "|$)",
+                      re.S)
+
+    def call_start(self, text: str) -> int | None:
+        return _tag_start(text, DS_CALLS_BEGIN)
+
+    def parse(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
+        start = text.find(DS_CALLS_BEGIN)
+        if start < 0:
+            return text, []
+        calls = []
+        for match in self.CALL.finditer(text[start:]):
+            call = _json_call(match.group("name").strip(), match.group("args"))
+            if call is None:
+                return text, []
+            calls.append(call)
+        if not calls:
+            return text, []
+        return text[:start].strip() or None, calls
+
+
+class DeepSeekV31Parser(DeepSeekV3Parser):
+    """DeepSeek-V3.1 / V3.2: ``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{arguments}<｜tool▁call▁end｜>``."""
+    name = "deepseek_v31"
+    CALL = re.compile(re.escape(DS_CALL_BEGIN) + r"(?P<name>.*?)" + re.escape(DS_SEP) + r"(?P<args>.*?)\s*(?:"
+                      + re.escape(DS_CALL_END) + "|$)", re.S)
+
+
+def _tag_start(text: str, tag: str) -> int | None:
+    """Where ``tag`` starts in ``text``, or where the text ends in a prefix of it (a stream holds that back)."""
+    index = text.find(tag)
+    if index >= 0:
+        return index
+    for k in range(len(tag) - 1, 0, -1):
+        if text.endswith(tag[:k]):
+            return len(text) - k
+    return None
+
+
+def _json_call(name: str, args: str) -> ParsedToolCall | None:
+    """A call whose arguments are a JSON object (re-serialised as OpenAI sends them), or None."""
+    try:
+        parsed = json.loads(args)
+    except ValueError:
+        return None
+    if not name or not isinstance(parsed, dict):
+        return None
+    return ParsedToolCall(name, json.dumps(parsed, ensure_ascii=False))
+
+
+PARSERS = {p.name: p for p in (HermesParser, Llama3JsonParser, DeepSeekV3Parser, DeepSeekV31Parser)}

@@ -1,6 +1,10 @@
 """``python -m gh200rt.serve`` serves tiny random MoE models (Mixtral's layout with streamed layers and experts,
 DeepSeek-V3's with streamed experts): a completion over loopback equals the engine's greedy tokens for the same
-prompt, and /metrics shows the experts per tier, the bytes of the routed experts copied in and the routing counts."""
+prompt, and /metrics shows the experts per tier, the bytes of the routed experts copied in and the routing counts; the
+tiny DeepSeek-V3 answers with its reasoning and its tool calls split out by DeepSeek's parsers."""
+import json
+import os
+
 import pytest
 
 httpx = pytest.importorskip("httpx")  # the test extra: a bare GPU host need not have it
@@ -70,5 +74,75 @@ def test_serves_a_tiny_deepseek_v3_with_streamed_experts(tmp_path):
         series = dict(line.rsplit(" ", 1) for line in metrics.splitlines() if line.startswith("gh200rt_"))
         assert float(series['gh200rt_moe_experts{tier="streamed"}']) == 2 * 8     # layers 1-2, 8 experts each
         assert float(series["gh200rt_expert_bytes_copied_total"]) > 0
+    finally:
+        server.stop()
+
+
+WEATHER_TOOL = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+def _rename_words(path: str, words: dict[int, str]) -> None:
+    """Give the tokenizer's token ``id`` the text ``words[id]`` (the model's ids stay what they were)."""
+    file = os.path.join(path, "tokenizer.json")
+    with open(file) as f:
+        tokenizer = json.load(f)
+    vocab = tokenizer["model"]["vocab"]
+    by_id = {i: w for w, i in vocab.items()}
+    for token_id, word in words.items():
+        del vocab[by_id[token_id]]
+        vocab[word] = token_id
+    with open(file, "w") as f:
+        json.dump(tokenizer, f)
+
+
+def test_a_tiny_deepseek_v3_reasons_and_calls_tools_in_its_own_format(tmp_path):
+    """``--reasoning-parser deepseek_r1 --tool-call-parser deepseek_v3`` over the tiny V3 with streamed experts: the
+    tokens it generates greedily are given the texts ``</think>`` and a call in DeepSeek-V3's format, so its answer
+    is ``<reasoning></think> <content><call>``: the reasoning comes back as ``reasoning`` / ``reasoning_content``, the
+    call as ``tool_calls`` read from the content only, streamed or not; ``include_reasoning: false`` leaves it out."""
+    from gh200rt.serve.tokenizer_routes import chat_token_ids
+    from tests.unit.test_tool_parsers import deepseek_v3_calls
+    path = str(tmp_path / "deepseek")
+    save_tiny("deepseek-v3", path)
+    messages = [{"role": "user", "content": "w5 w9 w13 w17"}]
+    shared = SharedModel(path)
+    prompt = chat_token_ids(shared.tokenizer, messages, True, tools=WEATHER_TOOL)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    ids = shared.llm(max_model_len=128).generate([prompt], params)[0].outputs[0].token_ids
+    # three positions whose tokens appear nowhere else in the prompt or before them: the end of the reasoning, the
+    # call, and the token that stops the answer
+    fresh = [i for i in range(1, len(ids)) if ids[i] not in prompt and ids[i] not in ids[:i] and ids[i] > 2]
+    end, call, stop = fresh[0], fresh[1], fresh[2]
+    _rename_words(path, {ids[end]: "</think>",
+                         ids[call]: deepseek_v3_calls(("get_weather", '{"city": "Paris"}'))})
+    words = [f"w{t}" for t in ids]
+    server = serve(path, "tiny-deepseek", "--moe-expert-tier", "stream", "--reasoning-parser", "deepseek_r1",
+                   "--enable-auto-tool-choice", "--tool-call-parser", "deepseek_v3")
+    request = {"model": "tiny-deepseek", "messages": messages, "tools": WEATHER_TOOL, "max_tokens": 12,
+               "temperature": 0, "ignore_eos": True, "stop_token_ids": [ids[stop]]}
+    try:
+        reply = httpx.post(server.url + "/v1/chat/completions", timeout=60, json=request)
+        assert reply.status_code == 200, reply.text
+        choice = reply.json()["choices"][0]
+        message = choice["message"]
+        assert message["reasoning_content"] == message["reasoning"]
+        assert message["reasoning"].split() == words[:end]
+        assert (message["content"] or "").split() == words[end + 1:call]
+        assert choice["finish_reason"] == "tool_calls"
+        assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == \
+            [("get_weather", {"city": "Paris"})]
+        with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=60,
+                          json={**request, "stream": True}) as streamed:
+            deltas = [json.loads(line[6:])["choices"][0] for line in streamed.iter_lines()
+                      if line.startswith("data: {")]
+        reasoning = "".join(d["delta"].get("reasoning_content") or "" for d in deltas)
+        content = "".join(d["delta"].get("content") or "" for d in deltas)
+        calls = [c for d in deltas for c in d["delta"].get("tool_calls") or []]
+        assert reasoning == message["reasoning"] and content.split() == words[end + 1:call]
+        assert [c["function"]["name"] for c in calls] == ["get_weather"] and deltas[-1]["finish_reason"] == "tool_calls"
+        quiet = httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                           json={**request, "include_reasoning": False}).json()["choices"][0]["message"]
+        assert "reasoning" not in quiet and "reasoning_content" not in quiet and quiet["tool_calls"]
     finally:
         server.stop()

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gh200rt.serve.tool_parsers import HermesParser, Llama3JsonParser
+from gh200rt.serve.tool_parsers import DeepSeekV3Parser, DeepSeekV31Parser, HermesParser, Llama3JsonParser
 
 
 def args(call):
@@ -54,3 +54,32 @@ def test_llama3_call_start():
     p = Llama3JsonParser()
     assert p.call_start("Sure, ") is None
     assert p.call_start("  {") == 2 and p.call_start("<|python") == 0
+
+
+def deepseek_v3_calls(*calls: tuple[str, str], content: str = "") -> str:
+    """Text in DeepSeek-V3's tool-call format (its chat template's)."""
+    from gh200rt.serve.tool_parsers import DS_CALL_BEGIN, DS_CALL_END, DS_CALLS_BEGIN, DS_CALLS_END, DS_SEP
+    body = "".join(f"{DS_CALL_BEGIN}function{DS_SEP}{name}\n```json\n{args}\n```{DS_CALL_END}" for name, args in calls)
+    return content + DS_CALLS_BEGIN + body + DS_CALLS_END
+
+
+def test_deepseek_v3_calls_after_content():
+    text = deepseek_v3_calls(("get_weather", '{"city": "Paris"}'), ("add", '{"a": 1, "b": 2}'), content="Checking. ")
+    content, calls = DeepSeekV3Parser().parse(text)
+    assert content == "Checking." and [c.name for c in calls] == ["get_weather", "add"]
+    assert args(calls[0]) == {"city": "Paris"} and args(calls[1]) == {"a": 1, "b": 2}
+    assert DeepSeekV3Parser().call_start(text) == len("Checking. ")
+    assert DeepSeekV3Parser().call_start("Checking. <\uff5ctool") == len("Checking. ")   # maybe a call: held back
+
+
+@pytest.mark.parametrize("text", ["no calls here", deepseek_v3_calls(("f", "{not json}")),
+                                  deepseek_v3_calls(("f", "[1, 2]"))])
+def test_deepseek_v3_malformed_or_absent_calls_are_content(text):
+    assert DeepSeekV3Parser().parse(text) == (text, [])
+
+
+def test_deepseek_v31_calls():
+    from gh200rt.serve.tool_parsers import DS_CALL_BEGIN, DS_CALL_END, DS_CALLS_BEGIN, DS_CALLS_END, DS_SEP
+    text = f'{DS_CALLS_BEGIN}{DS_CALL_BEGIN}get_weather{DS_SEP}{{"city": "Oslo"}}{DS_CALL_END}{DS_CALLS_END}'
+    content, calls = DeepSeekV31Parser().parse(text)
+    assert content is None and calls[0].name == "get_weather" and args(calls[0]) == {"city": "Oslo"}
