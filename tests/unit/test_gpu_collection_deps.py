@@ -3,6 +3,7 @@ gh200rt's runtime packages: the test, benchmark and GGUF-reference packages are 
 item 3). Each collection runs in a fresh interpreter whose import system refuses those packages, and must
 find exactly the gpu tests a full environment finds, so a module that skips itself without them is caught
 as surely as one that fails to import."""
+import re
 import tomllib
 from pathlib import Path
 
@@ -30,9 +31,18 @@ def optional_imports() -> set[str]:
     return names | {"gguf"}
 
 
+def gpu_modules() -> list[str]:
+    """The test modules that hold gpu or gh200 tests: tests/gpu/ and every other module that names the marks
+    (``pytest.mark.gpu``, as ``pytestmark``, a decorator or a param's ``marks``). Collecting only these is what
+    keeps two collections cheap; a gpu test elsewhere would have to name the mark too."""
+    found = {str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
+             if p.parent.name == "gpu" or re.search(r"mark\.(gpu|gh200)\b", p.read_text())}
+    return sorted(found)
+
+
 def collect(blocked: set[str]) -> list[str]:
     proc = run_without(blocked, "pytest", "--collect-only", "-q", "-m", "gpu or gh200", "-p", "no:cacheprovider",
-                       "tests")
+                       *gpu_modules())
     assert proc.returncode == 0, \
         f"collection failed with {sorted(blocked)} missing:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
     return sorted(line for line in proc.stdout.splitlines() if "::" in line)
