@@ -5,6 +5,7 @@ chosen with ``--tool-call-parser`` as in vLLM.
   any number of them, after optional plain content.
 * ``llama3_json`` (Llama 3.1-3.3): the whole answer is ``{"name": ..., "parameters": {...}}``,
   optionally after ``<|python_tag|>``, several separated by ``;``.
+* ``glm45`` (GLM-4.5 / 4.6): ``<tool_call>NAME<arg_key>k</arg_key><arg_value>v</arg_value>...</tool_call>``.
 * ``deepseek_v3`` (DeepSeek-V3 / R1, Kimi-K2's template too) and ``deepseek_v31`` (V3.1 / V3.2): calls between
   DeepSeek's ``<｜tool▁calls▁begin｜>`` / ``<｜tool▁calls▁end｜>`` tokens, each a name and JSON arguments.
 
@@ -127,6 +128,48 @@ class DeepSeekV31Parser(DeepSeekV3Parser):
                       + re.escape(DS_CALL_END) + "|$)", re.S)
 
 
+class Glm45Parser:
+    """GLM-4.5 / 4.6: after optional content, per call ``<tool_call>NAME`` then ``<arg_key>K</arg_key>``
+    ``<arg_value>V</arg_value>`` pairs and ``</tool_call>``. A value is JSON where it parses as JSON and the tool's
+    schema does not say string (GLM writes strings bare), else the text as it stands."""
+    name = "glm45"
+    START = "<tool_call>"
+    CALL = re.compile(r"<tool_call>\s*(?P<name>[^\n<]+?)\s*(?=<arg_key>|</tool_call>|$)(?P<args>.*?)(?:</tool_call>|$)",
+                      re.S)
+    ARG = re.compile(r"<arg_key>(?P<key>.*?)</arg_key>\s*<arg_value>(?P<value>.*?)</arg_value>", re.S)
+
+    def __init__(self, string_args: dict[str, set[str]] | None = None):
+        """``string_args``: per tool, the arguments its schema types as strings (kept as text even if JSON)."""
+        self.string_args = string_args or {}
+
+    def call_start(self, text: str) -> int | None:
+        return _tag_start(text, self.START)
+
+    def parse(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
+        start = text.find(self.START)
+        if start < 0:
+            return text, []
+        calls = []
+        for match in self.CALL.finditer(text[start:]):
+            name = match.group("name").strip()
+            strings = self.string_args.get(name, set())
+            args = {}
+            for arg in self.ARG.finditer(match.group("args")):
+                key, value = arg.group("key").strip(), arg.group("value")
+                args[key] = value if key in strings else _json_or_text(value)
+            calls.append(ParsedToolCall(name, json.dumps(args, ensure_ascii=False)))
+        if not calls:
+            return text, []
+        return text[:start].strip() or None, calls
+
+
+def _json_or_text(value: str):
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
 def _tag_start(text: str, tag: str) -> int | None:
     """Where ``tag`` starts in ``text``, or where the text ends in a prefix of it (a stream holds that back)."""
     index = text.find(tag)
@@ -149,4 +192,4 @@ def _json_call(name: str, args: str) -> ParsedToolCall | None:
     return ParsedToolCall(name, json.dumps(parsed, ensure_ascii=False))
 
 
-PARSERS = {p.name: p for p in (HermesParser, Llama3JsonParser, DeepSeekV3Parser, DeepSeekV31Parser)}
+PARSERS = {p.name: p for p in (HermesParser, Llama3JsonParser, DeepSeekV3Parser, DeepSeekV31Parser, Glm45Parser)}

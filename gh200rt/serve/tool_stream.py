@@ -3,14 +3,13 @@ tool call (all of it for ``required`` and named choices, from the parser's ``cal
 held back and sent, once the choice finished, as one ``tool_calls`` delta with complete arguments."""
 from __future__ import annotations
 
-from gh200rt.serve.tool_parsers import PARSERS
-from gh200rt.serve.tools import ToolRequest, split_tool_calls, tool_call_dicts
+from gh200rt.serve.tools import ToolRequest, auto_parser, split_tool_calls, tool_call_dicts
 
 
 class ToolStream:
     def __init__(self, tools: ToolRequest):
         self.tools = tools
-        self.parser = PARSERS[tools.parser]() if tools.choice == "auto" else None
+        self.parser = auto_parser(tools) if tools.choice == "auto" else None
         self.text = ""
         self.sent = 0                     # characters of ``text`` already sent as content
 

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass
 
 from gh200rt.serve.errors import bad_request
-from gh200rt.serve.tool_parsers import PARSERS, ParsedToolCall
+from gh200rt.serve.tool_parsers import PARSERS, Glm45Parser, ParsedToolCall
 from gh200rt.structured import Constraint
 
 TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
@@ -99,9 +99,20 @@ def split_tool_calls(request: ToolRequest, text: str) -> tuple[str | None, list[
             return text, []
         return None, [ParsedToolCall(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in calls]
     if request.choice == "auto":
-        content, calls = PARSERS[request.parser]().parse(text)
+        content, calls = auto_parser(request).parse(text)
         return content, calls if request.parallel else calls[:1]     # parallel_tool_calls: false
     return text, []
+
+
+def auto_parser(request: ToolRequest):
+    """The server's --tool-call-parser for this request (GLM's reads which arguments the tools type as strings)."""
+    parser = PARSERS[request.parser]
+    if parser is Glm45Parser:
+        return parser({t["function"]["name"]: {key for key, schema in
+                                               (t["function"].get("parameters") or {}).get("properties", {}).items()
+                                               if isinstance(schema, dict) and schema.get("type") == "string"}
+                       for t in request.tools})
+    return parser()
 
 
 def tool_call_dicts(calls: list[ParsedToolCall], with_index: bool = False) -> list[dict]:

@@ -83,3 +83,16 @@ def test_deepseek_v31_calls():
     text = f'{DS_CALLS_BEGIN}{DS_CALL_BEGIN}get_weather{DS_SEP}{{"city": "Oslo"}}{DS_CALL_END}{DS_CALLS_END}'
     content, calls = DeepSeekV31Parser().parse(text)
     assert content is None and calls[0].name == "get_weather" and args(calls[0]) == {"city": "Oslo"}
+
+
+def test_glm45_calls_with_typed_and_string_arguments():
+    from gh200rt.serve.tool_parsers import Glm45Parser
+    text = ("Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+            "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n<arg_key>zip</arg_key>\n<arg_value>75001</arg_value>\n"
+            "</tool_call>\n<tool_call>now\n</tool_call>")
+    content, calls = Glm45Parser({"get_weather": {"city", "zip"}}).parse(text)
+    assert content == "Let me check." and [c.name for c in calls] == ["get_weather", "now"]
+    assert args(calls[0]) == {"city": "Paris", "days": 3, "zip": "75001"}      # zip typed string: kept as text
+    assert args(calls[1]) == {}
+    assert Glm45Parser().parse("plain") == ("plain", [])
+    assert Glm45Parser().call_start("ok <tool_c") == 3
