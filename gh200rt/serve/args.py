@@ -40,7 +40,7 @@ class ServerConfig:
     tool_call_parser: str | None = field(default=None, metadata={
         "help": "how tool calls are read out of the model's text for \"tool_choice\": \"auto\" (hermes: Hermes/"
                 "Qwen <tool_call>; llama3_json: Llama 3.x JSON; deepseek_v3: DeepSeek-V3 / R1; deepseek_v31: "
-                "DeepSeek-V3.1 / V3.2; glm45: GLM-4.5 / 4.6)", "choices": TOOL_CALL_PARSERS})
+                "DeepSeek-V3.1 / V3.2; glm45: GLM-4.5 / 4.6; qwen3_coder: Qwen3-Coder)", "choices": TOOL_CALL_PARSERS})
     reasoning_parser: str | None = field(default=None, metadata={
         "help": "split a thinking model's <think> block from its answer into 'reasoning' / 'reasoning_content' "
                 "(deepseek_r1: the answer starts inside the block, as DeepSeek-R1's template opens it; qwen3, "

@@ -6,6 +6,7 @@ chosen with ``--tool-call-parser`` as in vLLM.
 * ``llama3_json`` (Llama 3.1-3.3): the whole answer is ``{"name": ..., "parameters": {...}}``,
   optionally after ``<|python_tag|>``, several separated by ``;``.
 * ``glm45`` (GLM-4.5 / 4.6): ``<tool_call>NAME<arg_key>k</arg_key><arg_value>v</arg_value>...</tool_call>``.
+* ``qwen3_coder`` (Qwen3-Coder): ``<tool_call><function=NAME><parameter=k>v</parameter>...</function></tool_call>``.
 * ``deepseek_v3`` (DeepSeek-V3 / R1, Kimi-K2's template too) and ``deepseek_v31`` (V3.1 / V3.2): calls between
   DeepSeek's ``<｜tool▁calls▁begin｜>`` / ``<｜tool▁calls▁end｜>`` tokens, each a name and JSON arguments.
 
@@ -138,9 +139,9 @@ class Glm45Parser:
                       re.S)
     ARG = re.compile(r"<arg_key>(?P<key>.*?)</arg_key>\s*<arg_value>(?P<value>.*?)</arg_value>", re.S)
 
-    def __init__(self, string_args: dict[str, set[str]] | None = None):
-        """``string_args``: per tool, the arguments its schema types as strings (kept as text even if JSON)."""
-        self.string_args = string_args or {}
+    def __init__(self, param_types: dict[str, dict[str, str]] | None = None):
+        """``param_types``: per tool, its arguments' JSON-schema types (a string one is kept as text even if JSON)."""
+        self.param_types = param_types or {}
 
     def call_start(self, text: str) -> int | None:
         return _tag_start(text, self.START)
@@ -152,11 +153,45 @@ class Glm45Parser:
         calls = []
         for match in self.CALL.finditer(text[start:]):
             name = match.group("name").strip()
-            strings = self.string_args.get(name, set())
+            types = self.param_types.get(name, {})
             args = {}
             for arg in self.ARG.finditer(match.group("args")):
                 key, value = arg.group("key").strip(), arg.group("value")
-                args[key] = value if key in strings else _json_or_text(value)
+                args[key] = value if types.get(key) == "string" else _json_or_text(value)
+            calls.append(ParsedToolCall(name, json.dumps(args, ensure_ascii=False)))
+        if not calls:
+            return text, []
+        return text[:start].strip() or None, calls
+
+
+class Qwen3CoderParser:
+    """Qwen3-Coder: ``<tool_call><function=NAME><parameter=KEY>VALUE</parameter>...</function></tool_call>``, each
+    on its own lines. A value is read as its tool's schema types it (numbers, booleans, objects and arrays as JSON);
+    a string, an untyped or an unknown parameter stays text (as vLLM's parser does), less the newlines around it."""
+    name = "qwen3_coder"
+    START = "<tool_call>"
+    CALL = re.compile(r"<tool_call>\s*<function=(?P<name>[^>\n]+)>(?P<params>.*?)(?:</function>|$)", re.S)
+    PARAM = re.compile(r"<parameter=(?P<key>[^>\n]+)>(?P<value>.*?)(?:</parameter>|(?=<parameter=)|$)", re.S)
+
+    def __init__(self, param_types: dict[str, dict[str, str]] | None = None):
+        self.param_types = param_types or {}
+
+    def call_start(self, text: str) -> int | None:
+        return _tag_start(text, self.START)
+
+    def parse(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
+        start = text.find(self.START)
+        if start < 0:
+            return text, []
+        calls = []
+        for match in self.CALL.finditer(text[start:]):
+            name = match.group("name").strip()
+            types = self.param_types.get(name, {})
+            args = {}
+            for param in self.PARAM.finditer(match.group("params")):
+                key, value = param.group("key").strip(), param.group("value").strip("\n")
+                typed = types.get(key) not in (None, "string")
+                args[key] = _json_or_text(value) if typed else value
             calls.append(ParsedToolCall(name, json.dumps(args, ensure_ascii=False)))
         if not calls:
             return text, []
@@ -192,4 +227,6 @@ def _json_call(name: str, args: str) -> ParsedToolCall | None:
     return ParsedToolCall(name, json.dumps(parsed, ensure_ascii=False))
 
 
-PARSERS = {p.name: p for p in (HermesParser, Llama3JsonParser, DeepSeekV3Parser, DeepSeekV31Parser, Glm45Parser)}
+PARSERS = {p.name: p for p in (HermesParser, Llama3JsonParser, DeepSeekV3Parser, DeepSeekV31Parser, Glm45Parser,
+                               Qwen3CoderParser)}
+SCHEMA_AWARE = (Glm45Parser, Qwen3CoderParser)     # built with the request's tools' argument types

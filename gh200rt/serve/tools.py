@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass
 
 from gh200rt.serve.errors import bad_request
-from gh200rt.serve.tool_parsers import PARSERS, Glm45Parser, ParsedToolCall
+from gh200rt.serve.tool_parsers import PARSERS, SCHEMA_AWARE, ParsedToolCall
 from gh200rt.structured import Constraint
 
 TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
@@ -105,12 +105,13 @@ def split_tool_calls(request: ToolRequest, text: str) -> tuple[str | None, list[
 
 
 def auto_parser(request: ToolRequest):
-    """The server's --tool-call-parser for this request (GLM's reads which arguments the tools type as strings)."""
+    """The server's --tool-call-parser for this request (GLM's and Qwen3-Coder's read the tools' argument types:
+    their calls write values bare)."""
     parser = PARSERS[request.parser]
-    if parser is Glm45Parser:
-        return parser({t["function"]["name"]: {key for key, schema in
+    if parser in SCHEMA_AWARE:
+        return parser({t["function"]["name"]: {key: schema.get("type") for key, schema in
                                                (t["function"].get("parameters") or {}).get("properties", {}).items()
-                                               if isinstance(schema, dict) and schema.get("type") == "string"}
+                                               if isinstance(schema, dict) and isinstance(schema.get("type"), str)}
                        for t in request.tools})
     return parser()
 

@@ -90,9 +90,35 @@ def test_glm45_calls_with_typed_and_string_arguments():
     text = ("Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
             "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n<arg_key>zip</arg_key>\n<arg_value>75001</arg_value>\n"
             "</tool_call>\n<tool_call>now\n</tool_call>")
-    content, calls = Glm45Parser({"get_weather": {"city", "zip"}}).parse(text)
+    content, calls = Glm45Parser({"get_weather": {"city": "string", "zip": "string", "days": "integer"}}).parse(text)
     assert content == "Let me check." and [c.name for c in calls] == ["get_weather", "now"]
     assert args(calls[0]) == {"city": "Paris", "days": 3, "zip": "75001"}      # zip typed string: kept as text
     assert args(calls[1]) == {}
     assert Glm45Parser().parse("plain") == ("plain", [])
     assert Glm45Parser().call_start("ok <tool_c") == 3
+
+
+def test_qwen3_coder_calls_read_as_their_schema_types_them():
+    from gh200rt.serve.tool_parsers import Qwen3CoderParser
+    text = ("Sure.\n<tool_call>\n<function=book>\n<parameter=city>\nNew York\n</parameter>\n<parameter=nights>\n3\n"
+            "</parameter>\n<parameter=breakfast>\ntrue\n</parameter>\n<parameter=zip>\n10001\n</parameter>\n"
+            "<parameter=extra>\n{\"a\": 1}\n</parameter>\n</function>\n</tool_call>")
+    types = {"book": {"city": "string", "nights": "integer", "breakfast": "boolean", "zip": "string"}}
+    content, calls = Qwen3CoderParser(types).parse(text)
+    assert content == "Sure." and calls[0].name == "book"
+    # an untyped parameter stays text, as vLLM's parser leaves it
+    assert args(calls[0]) == {"city": "New York", "nights": 3, "breakfast": True, "zip": "10001", "extra": '{"a": 1}'}
+    assert Qwen3CoderParser().parse("no call") == ("no call", [])
+
+
+def test_auto_tool_choice_gives_the_schema_aware_parsers_the_request_tools_types():
+    from gh200rt.serve.tools import ToolRequest, split_tool_calls
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {
+        "a": {"type": "integer"}, "label": {"type": "string"}}}}}]
+    text = "<tool_call>\n<function=add>\n<parameter=a>\n7\n</parameter>\n<parameter=label>\n42\n</parameter>\n" \
+           "</function>\n</tool_call>"
+    content, calls = split_tool_calls(ToolRequest(tools, "auto", parser="qwen3_coder"), text)
+    assert content is None and args(calls[0]) == {"a": 7, "label": "42"}
+    glm = "<tool_call>add<arg_key>a</arg_key><arg_value>7</arg_value><arg_key>label</arg_key><arg_value>42</arg_value>"
+    assert args(split_tool_calls(ToolRequest(tools, "auto", parser="glm45"), glm + "</tool_call>")[1][0]) == \
+        {"a": 7, "label": "42"}
