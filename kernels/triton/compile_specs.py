@@ -33,7 +33,7 @@ def signature_of(fn, types: dict, constexprs: dict) -> dict:
 # this module (which every kernel module imports for CompileSpec) imports none of them.
 KERNEL_MODULES = tuple(f"gh200rt.kernels.triton.{name}" for name in (
     "host_gemm", "gemv", "fused_rows", "fused_moe", "paged_attention", "paged_attention_split", "store_kv",
-    "rope_store_kv", "rmsnorm", "rope", "silu_mul", "lora_sgmv"))
+    "rope_store_kv", "rmsnorm", "rope", "silu_mul", "lora_sgmv", "mla_attention"))
 
 
 def all_specs() -> list[CompileSpec]:

@@ -10,7 +10,8 @@ Hooks: ``SelfAttention.rotary_fn`` / ``write_kv_fn`` / ``attention_fn`` and ``de
 and the KV store in one launch, then the attention; the three before are what a long prefill takes), ``RMSNorm.norm_fn`` /
 ``add_norm_fn`` (the residual add fused into the norm) and
 ``SiluAndMul.act_fn`` (an MLP that calls ``silu_and_mul`` directly keeps the torch activation), and
-``SparseMoeBlock.fused_experts_fn`` (one ``FusedExperts`` per block: it keeps the block's address tables), and
+``SparseMoeBlock.fused_experts_fn`` (one ``FusedExperts`` per block: it keeps the block's address tables),
+``LatentAttention.attention_fn`` (the latent-pool kernel, kernels/triton/mla_attention.py), and
 ``DecoderLayer.decode_layer_fn``: a decode layer of one row (or up to ``fused_decode_rows``) on CUDA in six launches
 (backends/cuda/decode_layer.py).
 ``ops["rotary"]`` and ``ops["moe"]`` are factories: a model's layers share one rotary adapter (the step's table,
@@ -28,6 +29,7 @@ from gh200rt.backends.interface import switch_hooks
 from gh200rt.kv import attention as torch_attention
 from gh200rt.kv import fp8
 from gh200rt.models.layers.dense import dense_linear
+from gh200rt.models.layers.rotary import apply_rotary
 
 # The Triton paged attention runs one program per (query token, KV head) over the token's whole
 # context, so a long uncached prompt re-reads its K/V once per token: a step in which any sequence
@@ -91,6 +93,19 @@ def triton_paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale:
     return paged_attention(q, kv_cache, meta, scale, num_kv_heads, kv_scale)
 
 
+def triton_latent_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale: float, num_kv_heads: int,
+                            kv_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Latent attention's multi-query step (``LatentAttention.attention_fn``): ``kv_cache`` is its one-plane pool
+    seen as K and V (stride 0), which the latent kernel reads once; long prefills keep the torch attention, as
+    ``triton_paged_attention`` does."""
+    block_size = kv_cache.shape[2]
+    if max(meta.query_lens_list) > TRITON_ATTENTION_MAX_QUERY or block_size & (block_size - 1):
+        return torch_attention.paged_attention(q, kv_cache, meta, scale, num_kv_heads, kv_scale)
+    from gh200rt.kernels.triton.mla_attention import mla_attention
+    assert num_kv_heads == 1 and kv_cache.stride(0) == 0, "a latent pool: one plane read as K and V"
+    return mla_attention(q, kv_cache[0], meta, scale, kv_scale)
+
+
 def triton_decode_block(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor, meta,
                         scale: float, heads: int, kv_heads: int, kv_scale: torch.Tensor | None = None,
                         qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor | None:
@@ -136,7 +151,9 @@ def triton_dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 TRITON_OPS = dict(rotary=TritonRotary, write_kv=triton_write_kv, attention=triton_paged_attention,
                   decode_block=triton_decode_block, norm=triton_rms_norm, add_norm=triton_add_rms_norm,
                   act=triton_silu_and_mul, moe=FusedExperts, dense_linear=triton_dense_linear,
-                  decode_layer=gpu_decode_layer)
+                  decode_layer=gpu_decode_layer,
+                  # latent attention: the torch RoPE and store (one 576-wide row a token), the latent kernel
+                  latent_attention=(apply_rotary, torch_attention.write_kv, triton_latent_attention))
 
 
 def install_triton_kernels(model: torch.nn.Module) -> int:

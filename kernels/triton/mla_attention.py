@@ -1,0 +1,129 @@
+"""Paged attention over a latent KV pool (DeepSeek-V2 / V3's absorbed latent attention, models/layers/mla.py).
+
+``mla_attention(q[T, H, D], cache[NB, BS, 1, D], meta, scale, kv_scale=None) -> [T, H, D]``: every query head attends
+to the one latent row per position (D = kv_lora_rank + rope: 576 for V3), which is both its key and its value, as
+``paged_attention`` computes it with one KV head whose K and V planes are the same memory (the torch route's
+stride-0 view). The generic kernel would pad D to a power of two (576 -> 1024) and load each row twice; this one
+splits the row at the largest power of two in it (512 + 64 for V3: the latent and the rotary key, exactly), so the
+scores are two dots and the value update reuses the tiles the scores read. A program takes ``HEAD_TILE`` query heads
+of one token and walks its context a block at a time (online softmax in float32, the keys past its position masked),
+so decode and short chunks take it; the caller keeps the first ``kv_lora_rank`` values of each head's output.
+An fp8 pool is read with the layer's ``kv_scale`` (both entries equal: the row is K and V).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gh200rt.kernels.triton.compile_specs import CompileSpec, signature_of
+from gh200rt.kernels.triton.paged_attention import token_layout
+
+HEAD_TILE = 16      # query heads a program takes (tl.dot's smallest tile side)
+
+
+@triton.jit
+def mla_attention_kernel(q_ptr, cache_ptr, out_ptr, tables_ptr, tok_seq_ptr, tok_pos_ptr, kv_scale_ptr, scale,
+                         num_heads, head_dim, stride_qt, stride_qh, stride_ot, stride_oh, stride_table,
+                         stride_block, stride_slot,
+                         BLOCK_SIZE: tl.constexpr, HEAD_TILE: tl.constexpr, WIDE: tl.constexpr,
+                         REST: tl.constexpr, KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    t, tile = tl.program_id(0), tl.program_id(1)
+    seq = tl.load(tok_seq_ptr + t)
+    pos = tl.load(tok_pos_ptr + t)
+    heads = tile * HEAD_TILE + tl.arange(0, HEAD_TILE)
+    h_ok = heads < num_heads
+    offs_w = tl.arange(0, WIDE)                 # the row's first WIDE values (the latent)
+    offs_r = WIDE + tl.arange(0, REST)          # the rest (the rotary key), masked past head_dim
+    r_ok = offs_r < head_dim
+    q_rows = q_ptr + t * stride_qt + heads[:, None] * stride_qh
+    q_w = tl.load(q_rows + offs_w[None, :], mask=h_ok[:, None], other=0.0).to(tl.float32) * scale
+    q_r = tl.load(q_rows + offs_r[None, :], mask=h_ok[:, None] & r_ok[None, :], other=0.0).to(tl.float32) * scale
+    if KV_FP8:
+        q_w = q_w * tl.load(kv_scale_ptr)
+        q_r = q_r * tl.load(kv_scale_ptr)
+    m_i = tl.full((HEAD_TILE,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((HEAD_TILE,), dtype=tl.float32)
+    acc_w = tl.zeros((HEAD_TILE, WIDE), dtype=tl.float32)
+    acc_r = tl.zeros((HEAD_TILE, REST), dtype=tl.float32)
+    offs_k = tl.arange(0, BLOCK_SIZE)
+    table = tables_ptr + seq * stride_table
+    for j in range(0, pos // BLOCK_SIZE + 1):
+        block = tl.load(table + j).to(tl.int64)
+        rows = cache_ptr + block * stride_block + offs_k[:, None] * stride_slot
+        key_ok = j * BLOCK_SIZE + offs_k <= pos
+        k_w = tl.load(rows + offs_w[None, :], mask=key_ok[:, None], other=0.0).to(tl.float32)
+        k_r = tl.load(rows + offs_r[None, :], mask=key_ok[:, None] & r_ok[None, :], other=0.0).to(tl.float32)
+        scores = tl.dot(q_w, tl.trans(k_w), input_precision=DOT_PRECISION) + \
+            tl.dot(q_r, tl.trans(k_r), input_precision=DOT_PRECISION)
+        scores = tl.where(key_ok[None, :], scores, float("-inf"))   # block 0 holds position 0: never all masked
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        p = tl.exp(scores - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc_w = acc_w * alpha[:, None] + tl.dot(p, k_w, input_precision=DOT_PRECISION)
+        acc_r = acc_r * alpha[:, None] + tl.dot(p, k_r, input_precision=DOT_PRECISION)
+        m_i = m_new
+    norm = 1.0 / l_i
+    if KV_FP8:
+        norm = norm * tl.load(kv_scale_ptr + 1)
+    out_rows = out_ptr + t * stride_ot + heads[:, None] * stride_oh
+    tl.store(out_rows + offs_w[None, :], (acc_w * norm[:, None]).to(out_ptr.dtype.element_ty), mask=h_ok[:, None])
+    tl.store(out_rows + offs_r[None, :], (acc_r * norm[:, None]).to(out_ptr.dtype.element_ty),
+             mask=h_ok[:, None] & r_ok[None, :])
+
+
+def row_split(head_dim: int) -> tuple[int, int]:
+    """(WIDE, REST): the largest power of two in the row, and the rest padded to one (16 at least: tl.dot's tile)."""
+    wide = 1 << (head_dim.bit_length() - 1)
+    rest = head_dim - wide
+    return wide, max(16, triton.next_power_of_2(rest)) if rest else 16
+
+
+def mla_constexprs(head_dim: int, block_size: int, kv_fp8: bool, fp32_pool: bool) -> dict:
+    wide, rest = row_split(head_dim)
+    return dict(BLOCK_SIZE=block_size, HEAD_TILE=HEAD_TILE, WIDE=wide, REST=rest, KV_FP8=kv_fp8,
+                DOT_PRECISION="ieee" if fp32_pool else "tf32")
+
+
+def mla_warps(head_dim: int, block_size: int) -> int:
+    """4 warps up to a block of 16 of V3's rows (213 registers, none spilled), 8 past it (a block of 64 spills 1 KB
+    at 4 warps; a block of 16 spills 8 bytes at 8: ptxas aims at 128 registers there), as scripts/check_kernels.py
+    finds them."""
+    return 8 if block_size * head_dim > 16 * 576 else 4
+
+
+def mla_attention(q: torch.Tensor, cache: torch.Tensor, meta, scale: float,
+                  kv_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``cache``: the one-plane latent pool ``[NB, BS, 1, D]`` (rows contiguous)."""
+    t, num_heads, head_dim = q.shape
+    assert cache.shape[2] == 1 and cache.shape[3] == head_dim and cache.stride(3) == 1, (cache.shape, q.shape)
+    assert head_dim >= 16, head_dim
+    kv_fp8 = cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    assert kv_scale is not None or not kv_fp8, "an fp8 pool is read with its layer's kv_scale"
+    out = torch.empty_like(q)
+    tok_seq, tok_pos = token_layout(meta)
+    tables = meta.block_tables
+    block_size = cache.shape[1]
+    scales = kv_scale if kv_fp8 else tok_pos
+    mla_attention_kernel[(t, triton.cdiv(num_heads, HEAD_TILE))](
+        q, cache, out, tables, tok_seq, tok_pos, scales, scale, num_heads, head_dim,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), tables.stride(0), cache.stride(0), cache.stride(1),
+        num_warps=mla_warps(head_dim, block_size),
+        **mla_constexprs(head_dim, block_size, kv_fp8, cache.dtype == torch.float32))
+    return out
+
+
+def compile_specs():
+    specs = []
+    for d, dtype, bs, cache in ((576, "bf16", 16, None), (576, "bf16", 64, None), (576, "bf16", 16, "fp8e4nv"),
+                                (576, "fp16", 16, None), (192, "bf16", 16, None)):
+        constexprs = mla_constexprs(d, bs, cache is not None, (cache or dtype) == "fp32")
+        types = dict(q_ptr=f"*{dtype}", cache_ptr=f"*{cache or dtype}", out_ptr=f"*{dtype}", tables_ptr="*i32",
+                     tok_seq_ptr="*i32", tok_pos_ptr="*i64", kv_scale_ptr="*fp32" if cache else "*i64", scale="fp32")
+        label = f"D={d} block={bs} {dtype}" + (f" kv={cache}" if cache else "")
+        specs.append(CompileSpec("mla_attention", label, mla_attention_kernel,
+                                 signature_of(mla_attention_kernel, types, constexprs), constexprs, mla_warps(d, bs),
+                                 ("q_ptr", "cache_ptr", "out_ptr", "stride_qt", "stride_qh", "stride_ot", "stride_oh",
+                                  "stride_block", "stride_slot", "head_dim")))
+    return specs
