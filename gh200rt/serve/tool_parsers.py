@@ -33,10 +33,15 @@ def _call(obj, args_keys: tuple[str, ...]) -> ParsedToolCall | None:
     return ParsedToolCall(obj["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
 
 
-class HermesParser:
-    name = "hermes"
-    START = "<tool_call>"
-    CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+class TaggedCallParser:
+    """A format whose calls follow the answer's content from a ``START`` tag, each one a match of ``CALL``;
+    ``call_of(match)`` reads one (None: not a well-formed call, and then the whole text is the answer).
+    ``param_types``: per tool, its arguments' JSON-schema types, for formats that write values bare."""
+    START: str
+    CALL: re.Pattern
+
+    def __init__(self, param_types: dict[str, dict[str, str]] | None = None):
+        self.param_types = param_types or {}
 
     def call_start(self, text: str) -> int | None:
         return _tag_start(text, self.START)
@@ -45,17 +50,25 @@ class HermesParser:
         start = text.find(self.START)
         if start < 0:
             return text, []
-        calls = []
-        for body in self.CALL.findall(text[start:]):
-            try:
-                call = _call(json.loads(body), ("arguments", "parameters"))
-            except ValueError:
-                call = None
-            if call is None:
-                return text, []                     # not a well-formed call: the text is the answer
-            calls.append(call)
-        content = text[:start].strip()
-        return content or None, calls
+        calls = [self.call_of(match) for match in self.CALL.finditer(text[start:])]
+        if not calls or None in calls:
+            return text, []
+        return text[:start].strip() or None, calls
+
+    def call_of(self, match: re.Match) -> ParsedToolCall | None:
+        raise NotImplementedError
+
+
+class HermesParser(TaggedCallParser):
+    name = "hermes"
+    START = "<tool_call>"
+    CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+
+    def call_of(self, match: re.Match) -> ParsedToolCall | None:
+        try:
+            return _call(json.loads(match.group(1)), ("arguments", "parameters"))
+        except ValueError:
+            return None
 
 
 class Llama3JsonParser:
@@ -95,31 +108,18 @@ DS_CALL_END = f"<{_BAR}tool{_SP}call{_SP}end{_BAR}>"
 DS_SEP = f"<{_BAR}tool{_SP}sep{_BAR}>"
 
 
-class DeepSeekV3Parser:
+class DeepSeekV3Parser(TaggedCallParser):
     """DeepSeek-V3 / R1 (and V3-0324): after optional content, ``<｜tool▁calls▁begin｜>`` then per call
     ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME`` and its arguments as a fenced ```json block,
     ``<｜tool▁call▁end｜>``; ``<｜tool▁calls▁end｜>`` last."""
     name = "deepseek_v3"
+    START = DS_CALLS_BEGIN
     CALL = re.compile(re.escape(DS_CALL_BEGIN) + r"(?P<type>[^\n]*?)" + re.escape(DS_SEP)
                       + r"(?P<name>[^\n]*)\n```(?:json)?\n(?P<args>.*?)\n```\s*(?:" + re.escape(DS_CALL_END) + "|$)",
                       re.S)
 
-    def call_start(self, text: str) -> int | None:
-        return _tag_start(text, DS_CALLS_BEGIN)
-
-    def parse(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
-        start = text.find(DS_CALLS_BEGIN)
-        if start < 0:
-            return text, []
-        calls = []
-        for match in self.CALL.finditer(text[start:]):
-            call = _json_call(match.group("name").strip(), match.group("args"))
-            if call is None:
-                return text, []
-            calls.append(call)
-        if not calls:
-            return text, []
-        return text[:start].strip() or None, calls
+    def call_of(self, match: re.Match) -> ParsedToolCall | None:
+        return _json_call(match.group("name").strip(), match.group("args"))
 
 
 class DeepSeekV31Parser(DeepSeekV3Parser):
@@ -129,7 +129,7 @@ class DeepSeekV31Parser(DeepSeekV3Parser):
                       + re.escape(DS_CALL_END) + "|$)", re.S)
 
 
-class Glm45Parser:
+class Glm45Parser(TaggedCallParser):
     """GLM-4.5 / 4.6: after optional content, per call ``<tool_call>NAME`` then ``<arg_key>K</arg_key>``
     ``<arg_value>V</arg_value>`` pairs and ``</tool_call>``. A value is JSON where it parses as JSON and the tool's
     schema does not say string (GLM writes strings bare), else the text as it stands."""
@@ -139,32 +139,15 @@ class Glm45Parser:
                       re.S)
     ARG = re.compile(r"<arg_key>(?P<key>.*?)</arg_key>\s*<arg_value>(?P<value>.*?)</arg_value>", re.S)
 
-    def __init__(self, param_types: dict[str, dict[str, str]] | None = None):
-        """``param_types``: per tool, its arguments' JSON-schema types (a string one is kept as text even if JSON)."""
-        self.param_types = param_types or {}
-
-    def call_start(self, text: str) -> int | None:
-        return _tag_start(text, self.START)
-
-    def parse(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
-        start = text.find(self.START)
-        if start < 0:
-            return text, []
-        calls = []
-        for match in self.CALL.finditer(text[start:]):
-            name = match.group("name").strip()
-            types = self.param_types.get(name, {})
-            args = {}
-            for arg in self.ARG.finditer(match.group("args")):
-                key, value = arg.group("key").strip(), arg.group("value")
-                args[key] = value if types.get(key) == "string" else _json_or_text(value)
-            calls.append(ParsedToolCall(name, json.dumps(args, ensure_ascii=False)))
-        if not calls:
-            return text, []
-        return text[:start].strip() or None, calls
+    def call_of(self, match: re.Match) -> ParsedToolCall:
+        name = match.group("name").strip()
+        types = self.param_types.get(name, {})
+        args = {arg.group("key").strip(): arg.group("value") for arg in self.ARG.finditer(match.group("args"))}
+        return _typed_call(name, {key: value if types.get(key) == "string" else _json_or_text(value)
+                                  for key, value in args.items()})
 
 
-class Qwen3CoderParser:
+class Qwen3CoderParser(TaggedCallParser):
     """Qwen3-Coder: ``<tool_call><function=NAME><parameter=KEY>VALUE</parameter>...</function></tool_call>``, each
     on its own lines. A value is read as its tool's schema types it (numbers, booleans, objects and arrays as JSON);
     a string, an untyped or an unknown parameter stays text (as vLLM's parser does), less the newlines around it."""
@@ -173,29 +156,17 @@ class Qwen3CoderParser:
     CALL = re.compile(r"<tool_call>\s*<function=(?P<name>[^>\n]+)>(?P<params>.*?)(?:</function>|$)", re.S)
     PARAM = re.compile(r"<parameter=(?P<key>[^>\n]+)>(?P<value>.*?)(?:</parameter>|(?=<parameter=)|$)", re.S)
 
-    def __init__(self, param_types: dict[str, dict[str, str]] | None = None):
-        self.param_types = param_types or {}
+    def call_of(self, match: re.Match) -> ParsedToolCall:
+        name = match.group("name").strip()
+        types = self.param_types.get(name, {})
+        args = {param.group("key").strip(): param.group("value").strip("\n")
+                for param in self.PARAM.finditer(match.group("params"))}
+        return _typed_call(name, {key: _json_or_text(value) if types.get(key) not in (None, "string") else value
+                                  for key, value in args.items()})
 
-    def call_start(self, text: str) -> int | None:
-        return _tag_start(text, self.START)
 
-    def parse(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
-        start = text.find(self.START)
-        if start < 0:
-            return text, []
-        calls = []
-        for match in self.CALL.finditer(text[start:]):
-            name = match.group("name").strip()
-            types = self.param_types.get(name, {})
-            args = {}
-            for param in self.PARAM.finditer(match.group("params")):
-                key, value = param.group("key").strip(), param.group("value").strip("\n")
-                typed = types.get(key) not in (None, "string")
-                args[key] = _json_or_text(value) if typed else value
-            calls.append(ParsedToolCall(name, json.dumps(args, ensure_ascii=False)))
-        if not calls:
-            return text, []
-        return text[:start].strip() or None, calls
+def _typed_call(name: str, args: dict) -> ParsedToolCall:
+    return ParsedToolCall(name, json.dumps(args, ensure_ascii=False))
 
 
 def _json_or_text(value: str):

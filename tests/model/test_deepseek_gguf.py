@@ -20,10 +20,10 @@ from gh200rt.loader import ModelLoadError, load_model
 from gh200rt.loader.load import read_arch
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.sampling_params import SamplingParams
-from tests.model.paged_runner import PagedRunner
-from tests.model.test_parity_tiny import prompt, relative_error
+from tests.model.test_parity_tiny import prompt
 from tests.model.tiny_checkpoints import YARN_ROPE, save_tiny
-from tests.model.tiny_gguf import dequantized_twin, gguf_tensors, write_gguf
+from tests.model.tiny_gguf import (assert_decodes_alike, assert_equals_dequantized_twin, gguf_tensors, load_f32,
+                                   write_gguf)
 
 STEPS = 6
 # llama.cpp keeps one YaRN figure (yarn_log_multiplier = 0.1 x mscale_all_dim) and computes mscale = mscale_all_dim,
@@ -46,39 +46,23 @@ def checkpoint(request, tmp_path_factory):
     return family, directory, files
 
 
-def _load(path: str):
-    return load_model(ModelConfig(model=path, dtype="float32"))
-
-
-def _greedy(loaded) -> tuple[list[int], torch.Tensor]:
-    return PagedRunner(loaded.model, block_size=4, num_blocks=40).greedy(prompt(), STEPS)
-
 
 @pytest.mark.parametrize("layout", ["F32", "F32 whole kv_b"])
 def test_f32_gguf_decodes_as_the_safetensors_directory(checkpoint, layout):
     family, directory, files = checkpoint
-    ours, reference = _load(files[layout]), _load(directory)
+    ours, reference = load_f32(files[layout]), load_f32(directory)
     # GGUF stores rms_norm_eps as a float32 and carries no MTP block here (llama.cpp's converter drops it)
     assert ours.arch == dataclasses.replace(reference.arch, rms_norm_eps=ours.arch.rms_norm_eps,
                                             checkpoint_dtype="gguf", num_nextn_predict_layers=0)
     assert ours.arch.architecture == reference.arch.architecture
     assert ours.arch.is_mla and ours.arch.moe_layers == reference.arch.moe_layers
-    tokens, logits = _greedy(ours)
-    want_tokens, want_logits = _greedy(reference)
-    assert tokens == want_tokens
-    assert torch.equal(logits, want_logits), f"{family} {layout}: worst relative error " \
-                                             f"{relative_error(logits, want_logits)}"
+    assert_decodes_alike(ours, reference, STEPS, f"{family} {layout}")
 
 
 def test_q8_0_gguf_equals_its_dequantized_twin_and_keeps_expert_blocks(checkpoint, tmp_path):
     family, directory, files = checkpoint
-    twin = str(tmp_path / "twin")
-    dequantized_twin(directory, twin, "Q8_0")
-    ours = _load(files["Q8_0"])
-    tokens, logits = _greedy(ours)
-    want_tokens, want_logits = _greedy(_load(twin))
-    assert tokens == want_tokens and torch.equal(logits, want_logits), \
-        f"{family}: worst relative error {relative_error(logits, want_logits)}"
+    ours = assert_equals_dequantized_twin(directory, files["Q8_0"], str(tmp_path / "twin"), "Q8_0", STEPS,
+                                          f"{family} Q8_0")
     experts = [name for name in ours.quantized if ".experts." in name]
     assert len(experts) == 3 * 8 * len(ours.arch.moe_layers)      # gate, up, down of every routed expert
     assert not any("kv_b_proj" in name for name in ours.quantized)  # joined from its halves: dense
@@ -110,23 +94,21 @@ def test_mtp_blocks_are_skipped_and_a_missing_half_of_kv_b_is_named(checkpoint, 
                 "blk.3.ffn_gate_exps.weight": tensors["blk.1.ffn_gate_exps.weight"]}
     path = str(tmp_path / "mtp.gguf")
     write_gguf(directory, path, tensors=with_mtp, nextn_blocks=1)
-    ours = _load(path)
+    ours = load_f32(path)
     assert ours.arch.num_layers == 3 and ours.arch.num_nextn_predict_layers == 1
-    tokens, logits = _greedy(ours)
-    want_tokens, want_logits = _greedy(_load(directory))
-    assert tokens == want_tokens and torch.equal(logits, want_logits)
+    assert_decodes_alike(ours, load_f32(directory), STEPS, "with an MTP block")
     without_v = {name: value for name, value in tensors.items() if name != "blk.2.attn_v_b.weight"}
     path = str(tmp_path / "no-v.gguf")
     write_gguf(directory, path, tensors=without_v)
     with pytest.raises(ModelLoadError, match=r"blk\.2\.attn_k_b\.weight is here but blk\.2\.attn_v_b\.weight is not"):
-        _load(path)
+        load_f32(path)
     neither = {name: value for name, value in tensors.items() if not name.startswith(("blk.2.attn_k_b",
                                                                                       "blk.2.attn_v_b"))}
     path = str(tmp_path / "no-kv-b.gguf")
     write_gguf(directory, path, tensors=neither)
     with pytest.raises(ModelLoadError, match=r"blk\.2\.attn_kv_b\.weight \(or blk\.2\.attn_k_b\.weight and "
                                              r"blk\.2\.attn_v_b\.weight\)"):
-        _load(path)
+        load_f32(path)
 
 
 def test_metadata_maps_onto_deepseeks_config_fields():

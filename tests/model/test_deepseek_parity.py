@@ -20,14 +20,9 @@ from gh200rt.models.layers.moe_experts import route_grouped, row_stable_sigmoid
 from tests.model.paged_runner import PagedRunner
 from tests.model.test_parity_tiny import (assert_chunked_prefill_matches_one_shot, assert_matches_transformers, prompt,
                                           relative_error)
-from tests.model.tiny_checkpoints import DEEPSEEK_FAMILIES, save_tiny
+from tests.model.tiny_checkpoints import DEEPSEEK_FAMILIES, checkpoint_fixture, save_tiny
 
-
-@pytest.fixture(scope="module", params=sorted(DEEPSEEK_FAMILIES))
-def deepseek_checkpoint(request, tmp_path_factory):
-    path = tmp_path_factory.mktemp(request.param)
-    hf = save_tiny(request.param, str(path))
-    return request.param, str(path), hf
+deepseek_checkpoint = checkpoint_fixture(DEEPSEEK_FAMILIES)
 
 
 def test_fp32_logits_and_greedy_match_transformers(deepseek_checkpoint):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 
 from gh200rt.config import EngineConfig, ModelConfig
@@ -15,16 +14,12 @@ from gh200rt.models.arch_config import ArchConfig
 from gh200rt.plan import main
 from gh200rt.sampling_params import SamplingParams
 from tests.model.test_parity_tiny import assert_chunked_prefill_matches_one_shot, assert_matches_transformers, prompt
-from tests.model.tiny_checkpoints import GLM_FAMILIES, save_tiny
+from tests.model.tiny_checkpoints import GLM_FAMILIES, checkpoint_fixture
 
 GLM45 = "tests/fixtures/glm45"
 
 
-@pytest.fixture(scope="module", params=sorted(GLM_FAMILIES))
-def glm_checkpoint(request, tmp_path_factory):
-    path = tmp_path_factory.mktemp(request.param)
-    hf = save_tiny(request.param, str(path))
-    return request.param, str(path), hf
+glm_checkpoint = checkpoint_fixture(GLM_FAMILIES)
 
 
 def test_fp32_logits_and_greedy_match_transformers(glm_checkpoint):

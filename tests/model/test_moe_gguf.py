@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from gh200rt.config import ModelConfig
-from gh200rt.loader import ModelLoadError, load_model
+from gh200rt.loader import ModelLoadError
 from gh200rt.loader.dequant import dequantize
 from gh200rt.weights.device_moves import gguf_parts
 from tests.model.paged_runner import PagedRunner
-from tests.model.test_parity_tiny import prompt, relative_error
+from tests.model.test_parity_tiny import prompt
 from tests.model.tiny_checkpoints import save_tiny
-from tests.model.tiny_gguf import dequantized_twin, gguf_tensors, write_gguf
+from tests.model.tiny_gguf import (assert_decodes_alike, assert_equals_dequantized_twin, gguf_tensors, load_f32,
+                                   write_gguf)
 
 STEPS = 8
 # tiny families whose every layer is sparse (a GGUF MoE file has no dense-layer list); Qwen3-MoE renormalises and
@@ -40,42 +40,26 @@ def checkpoint(request, tmp_path_factory):
     return family, directory, files
 
 
-def _load(path: str):
-    return load_model(ModelConfig(model=path, dtype="float32"))
-
-
-def _greedy(loaded) -> tuple[list[int], torch.Tensor]:
-    return PagedRunner(loaded.model, block_size=4, num_blocks=40).greedy(prompt(), STEPS)
-
 
 def test_f32_gguf_decodes_as_the_safetensors_directory(checkpoint):
     family, directory, files = checkpoint
-    ours, reference = _load(files["F32"]), _load(directory)
+    ours, reference = load_f32(files["F32"]), load_f32(directory)
     # GGUF stores rms_norm_eps as a float32
     assert ours.arch == dataclasses.replace(reference.arch, rms_norm_eps=ours.arch.rms_norm_eps,
                                             checkpoint_dtype="gguf")
     assert ours.arch.architecture == ARCHITECTURES[family]
     assert not ours.quantized
-    tokens, logits = _greedy(ours)
-    want_tokens, want_logits = _greedy(reference)
-    print(f"{family}: F32 GGUF greedy {tokens}")
-    assert tokens == want_tokens
-    assert torch.equal(logits, want_logits), f"{family}: worst relative error {relative_error(logits, want_logits)}"
+    assert_decodes_alike(ours, reference, STEPS, f"{family} F32")
 
 
 def test_q8_0_gguf_equals_its_dequantized_twin_and_keeps_expert_blocks(checkpoint, tmp_path):
     family, directory, files = checkpoint
-    twin = str(tmp_path / "twin")
-    dequantized_twin(directory, twin, "Q8_0")
-    ours = _load(files["Q8_0"])
-    tokens, logits = _greedy(ours)
-    want_tokens, want_logits = _greedy(_load(twin))
-    assert tokens == want_tokens and torch.equal(logits, want_logits), \
-        f"{family}: worst relative error {relative_error(logits, want_logits)}"
+    ours = assert_equals_dequantized_twin(directory, files["Q8_0"], str(tmp_path / "twin"), "Q8_0", STEPS,
+                                          f"{family} Q8_0")
     # against the unquantized weights: Q8_0 rounding moves a tiny random model's logits by a few percent, and flips
     # the router's choice for some tokens (its probabilities sit close together), which moves those further
     prefill = PagedRunner(ours.model, block_size=4, num_blocks=40).prefill(prompt())
-    reference = PagedRunner(_load(directory).model, block_size=4, num_blocks=40).prefill(prompt())
+    reference = PagedRunner(load_f32(directory).model, block_size=4, num_blocks=40).prefill(prompt())
     per_position = (prefill - reference).abs().amax(dim=-1) / reference.abs().max()
     print(f"{family}: Q8_0 vs float32 weights: per-position relative error median {per_position.median():.3g}, "
           f"worst {per_position.max():.3g}")
@@ -125,7 +109,7 @@ def test_missing_expert_stack_and_shared_expert_are_named(qwen2_moe, tmp_path):
     with pytest.raises(ModelLoadError, match=r"missing weights: model\.layers\.0\.mlp\.shared_expert_gate\.weight, "
                                              r"blk\.2\.ffn_up_exps\.weight; partly merged.*"
                                              r"model\.layers\.2\.mlp\.experts\.0\.gate_up_proj"):
-        _load(_edited(qwen2_moe, tmp_path, drop))
+        load_f32(_edited(qwen2_moe, tmp_path, drop))
 
 
 def test_unexpected_expert_stack_is_named(qwen2_moe, tmp_path):
@@ -134,7 +118,7 @@ def test_unexpected_expert_stack_is_named(qwen2_moe, tmp_path):
         t["blk.1.ffn_gate_exps_extra.weight"] = t["blk.0.ffn_gate_exps.weight"]
     with pytest.raises(ModelLoadError, match=r"unexpected weights the model does not use: blk\.4\.ffn_down_exps\.weight, "
                                              r"blk\.1\.ffn_gate_exps_extra\.weight"):
-        _load(_edited(qwen2_moe, tmp_path, add))
+        load_f32(_edited(qwen2_moe, tmp_path, add))
 
 
 def test_mis_shaped_expert_stack_is_named(qwen2_moe, tmp_path):
@@ -142,7 +126,7 @@ def test_mis_shaped_expert_stack_is_named(qwen2_moe, tmp_path):
         t["blk.3.ffn_gate_exps.weight"] = t["blk.3.ffn_gate_exps.weight"][:6]
     with pytest.raises(ModelLoadError, match=r"blk\.3\.ffn_gate_exps\.weight has shape \(6, 32, 64\) \(experts, rows, "
                                              r"columns\) but the model config needs \(8, 32, 64\)"):
-        _load(_edited(qwen2_moe, tmp_path, fewer_experts))
+        load_f32(_edited(qwen2_moe, tmp_path, fewer_experts))
 
 
 def test_a_quantized_gguf_moe_engine_gives_the_same_tokens_in_every_expert_tier(checkpoint):

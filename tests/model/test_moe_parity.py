@@ -15,18 +15,14 @@ from gh200rt.loader import ModelLoadError, load_model
 from gh200rt.models.layers.moe_experts import grouped_experts, route
 from tests.model.paged_runner import PagedRunner
 from tests.model.test_parity_tiny import assert_chunked_prefill_matches_one_shot, assert_matches_transformers, prompt
-from tests.model.tiny_checkpoints import MOE_FAMILIES, save_tiny
+from tests.model.tiny_checkpoints import MOE_FAMILIES, checkpoint_fixture, save_tiny
 
 # which layers are sparse in each tiny family (4 layers)
 SPARSE_LAYERS = {"qwen3-moe-norm": [0, 1, 2, 3], "qwen3-moe-sparse-step": [1], "qwen2-moe-shared": [0, 2, 3],
                  "mixtral": [0, 1, 2, 3]}
 
 
-@pytest.fixture(scope="module", params=sorted(MOE_FAMILIES))
-def moe_checkpoint(request, tmp_path_factory):
-    path = tmp_path_factory.mktemp(request.param)
-    hf = save_tiny(request.param, str(path))
-    return request.param, str(path), hf
+moe_checkpoint = checkpoint_fixture(MOE_FAMILIES)
 
 
 def test_fp32_logits_and_greedy_match_transformers(moe_checkpoint):

@@ -7,7 +7,7 @@ import torch
 from gh200rt.config import ModelConfig
 from gh200rt.loader import load_model
 from tests.model.paged_runner import PagedRunner
-from tests.model.tiny_checkpoints import FAMILIES, VOCAB, save_tiny
+from tests.model.tiny_checkpoints import FAMILIES, VOCAB, checkpoint_fixture, save_tiny
 
 PROMPT_LEN, GREEDY_STEPS, TIE_GAP = 64, 32, 1e-4
 
@@ -55,11 +55,7 @@ def assert_matches_transformers(hf, model, label: str) -> None:
     assert_greedy_decode_matches(hf, model, ids, label)
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
-def family_checkpoint(request, tmp_path_factory):
-    path = tmp_path_factory.mktemp(request.param)
-    hf = save_tiny(request.param, str(path))
-    return request.param, str(path), hf
+family_checkpoint = checkpoint_fixture(FAMILIES)
 
 
 def test_fp32_logits_and_greedy_match_transformers(family_checkpoint):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 import torch
 
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
@@ -130,6 +131,15 @@ def write_tokenizer(path: str, vocab_size: int = VOCAB, chat_template: str | Non
         config["chat_template"] = chat_template
     with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
         json.dump(config, f)
+
+
+def checkpoint_fixture(families: dict):
+    """A module-scoped fixture over ``families``: each one's (family, directory, the transformers model saved there)."""
+    @pytest.fixture(scope="module", params=sorted(families))
+    def checkpoint(request, tmp_path_factory):
+        path = str(tmp_path_factory.mktemp(request.param))
+        return request.param, path, save_tiny(request.param, path)
+    return checkpoint
 
 
 def save_tiny(family: str, path: str, seed: int = 0, **overrides):

@@ -11,6 +11,12 @@ import shutil
 from types import SimpleNamespace
 
 import numpy as np
+import torch
+
+from gh200rt.config import ModelConfig
+from gh200rt.loader import load_model
+from tests.model.paged_runner import PagedRunner
+from tests.model.test_parity_tiny import prompt, relative_error
 
 # transformers model_type -> (GGUF architecture, the sparse block's checkpoint prefix, expert names gate/up/down)
 GGUF_ARCH = {"qwen3_moe": ("qwen3moe", "mlp", ("gate_proj", "up_proj", "down_proj")),
@@ -223,3 +229,25 @@ def dequantized_twin(directory: str, twin: str, qtype: str, split: bool = True) 
         elif value.ndim == 2 and not name.endswith((".gate.weight", "shared_expert_gate.weight")):
             state[name] = rounded(value)
     save_file(state, file, metadata={"format": "pt"})
+
+
+def load_f32(path: str):
+    """A checkpoint (directory or .gguf) loaded in float32 on the CPU."""
+    return load_model(ModelConfig(model=path, dtype="float32"))
+
+
+def assert_decodes_alike(ours, reference, steps: int, label: str) -> None:
+    """Two loaded models give the same greedy tokens and logits, bit for bit, over ``steps`` paged decode steps."""
+    tokens, logits = PagedRunner(ours.model, block_size=4, num_blocks=40).greedy(prompt(), steps)
+    want_tokens, want = PagedRunner(reference.model, block_size=4, num_blocks=40).greedy(prompt(), steps)
+    assert tokens == want_tokens, f"{label}: {tokens} != {want_tokens}"
+    assert torch.equal(logits, want), f"{label}: worst relative error {relative_error(logits, want)}"
+
+
+def assert_equals_dequantized_twin(directory: str, gguf_path: str, twin: str, qtype: str, steps: int, label: str):
+    """The ``qtype`` file written from ``directory`` decodes as its dequantized twin (written to ``twin``); returns
+    the file's loaded model."""
+    dequantized_twin(directory, twin, qtype)
+    ours = load_f32(gguf_path)
+    assert_decodes_alike(ours, load_f32(twin), steps, label)
+    return ours
