@@ -392,7 +392,8 @@ def test_build_without_a_compiler_says_why(monkeypatch):
 
 def test_build_is_cached_per_source_and_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("GH200RT_CACHE_DIR", str(tmp_path))
-    cc, sources = native._compiler(), (native.SOURCES, native.HEADERS)
+    # one source is a library of its own (undefined symbols wait for the loader): the cache is what is tested
+    cc, sources = native._compiler(), (native.SOURCES[:1], native.HEADERS)
     first = native._build(cc, *sources)
     assert first.parent == tmp_path / "native" and first.exists()
     stamp = first.stat().st_mtime_ns
@@ -406,7 +407,7 @@ def test_a_broken_source_reports_the_compiler_error(tmp_path, monkeypatch):
     broken.write_text("void gh_rms_norm( {\n")
     monkeypatch.setenv("GH200RT_CACHE_DIR", str(tmp_path / "cache"))
     with pytest.raises(NativeOpsError, match="failed to build layer_ops.c"):
-        native.build_library((broken,) + native.SOURCES[1:], native.HEADERS)
+        native.build_library((broken,), native.HEADERS)
 
 
 # ---- the native quantized linear (kernels/cpu/quant_linear.c) --------------------------------------------

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gh200rt.backends.cpu import native
 from gh200rt.backends.cpu.native import load_native_ops, native_ops_error
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,6 +21,10 @@ def test_native_baseline_from_another_source_tree(tmp_path):
     shutil.copytree(ROOT / "kernels" / "cpu", sources)
     with open(sources / "decode_attention.c", "a") as f:
         f.write("/* the baseline's copy */\n")
+    # this tree's library, already built for the session, seeds the cache: the copy is the one build the run makes
+    built = native._build(native._compiler(), native.SOURCES, native.HEADERS)
+    (tmp_path / "native").mkdir()
+    shutil.copy2(built, tmp_path / "native" / built.name)
     done = subprocess.run([sys.executable, "-m", "gh200rt.bench", "kernel", "cpu-attention", "--baseline",
                            f"native:{sources}", "--only", "8 decodes, context ~128", "--reps", "1"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300,

@@ -102,10 +102,11 @@ def _build(cc: str, sources: tuple[Path, ...], headers: tuple[Path, ...]) -> Pat
         built = Path(tmp) / target.name
         command = [cc, *FLAGS, "-o", str(built), *map(str, sources), "-lm"]
         done = subprocess.run(command[:1] + list(OPENMP) + command[1:], capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:  # a compiler without OpenMP: the quantized linears run on one thread
+        if done.returncode != 0 and "omp" in done.stderr.lower():
+            # a compiler without OpenMP: the quantized linears run on one thread
             done = subprocess.run(command, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
-            raise NativeOpsError(f"{cc} failed to build {', '.join(p.name for p in SOURCES)}: "
+            raise NativeOpsError(f"{cc} failed to build {', '.join(p.name for p in sources)}: "
                                  f"{done.stderr.strip()[-2000:]}")
         os.replace(built, target)  # atomic: a concurrent process loads either none or a whole library
     return target
