@@ -136,7 +136,7 @@ def dynamic_table(plan: Plan, batch: int) -> str:
     sizes = plan.sizes
     # routed experts keep their start-up tiers (dynamic_splits): what is left beside them and the fixed weights
     most = (plan.capacity - plan.activation_bytes - sizes.fixed_memory - plan.layer_staging_bytes
-            - expert_device_bytes(sizes, plan.expert_tiers)) // sizes.kv_bytes_per_token
+            - expert_device_bytes(sizes, plan.expert_tiers, plan.platform)) // sizes.kv_bytes_per_token
     demands = sorted({max(plan.block_size, int(most * f)) for f in (1 / 64, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1)}
                      | ({plan.all_resident_kv_tokens} if plan.all_resident_kv_tokens else set()))
     lines = [f"dynamic tiers at KV demand (decode batch {batch}):",

@@ -13,7 +13,8 @@ machine's published limit (../shared HARDWARE.md figures) where one is known.
     python -m gh200rt.bench bandwidth --readers gpu-copy-h2d,gpu-host-gemm --sizes-mib 64 256 1024 \
         --profile-out results/profile.json   # also a measured profile for the planner (--profile-file)
 
-``--profile-out`` writes the GPU readers' figures (largest buffer on the GPU's node) as a measured profile
+``--profile-out`` writes the GPU readers' figures and the cores' (cpu-linear, cpu-gemm: what a cpu-tier expert costs;
+largest buffer on the GPU's node) as a measured profile
 (gh200rt/platform/bandwidth.py) that ``python -m gh200rt.serve --profile-file PATH`` (and every command
 taking engine flags) plans with on this host instead of the built-in table.
 """
@@ -80,7 +81,7 @@ def placements(topo: Topology, gpu_node: int) -> tuple[list[Placement], list[str
 
 
 def readers() -> tuple[dict, list[str]]:
-    available = {"cpu-threads": read_cpu}
+    available = {"cpu-threads": read_cpu, "cpu-linear": read_cpu_linear, "cpu-gemm": read_cpu_gemm}
     skipped = []
     if torch.cuda.is_available():
         available["gpu-copy-h2d"] = read_gpu_copy
@@ -96,7 +97,9 @@ def readers() -> tuple[dict, list[str]]:
     return available, skipped
 
 
-READERS = ("cpu-threads", "gpu-copy-h2d", "gpu-kernel-direct", "gpu-host-gemm")
+READERS = ("cpu-threads", "cpu-linear", "cpu-gemm", "gpu-copy-h2d", "gpu-kernel-direct", "gpu-host-gemm")
+# rows of the cpu-gemm reader: a prefill's many tokens to one expert, where the cores' arithmetic bounds the time
+CPU_GEMM_ROWS = 64
 
 
 def read_cpu(buf) -> float:
@@ -110,6 +113,36 @@ def read_cpu(buf) -> float:
     for _ in range(passes):
         words.sum()
     return (time.perf_counter() - start) / passes
+
+
+def _cpu_weight(buf) -> torch.Tensor:
+    rows = buf.nbytes // (HOST_GEMM_K * 2)
+    return buf.tensor[: rows * HOST_GEMM_K * 2].view(torch.bfloat16).view(rows, HOST_GEMM_K)
+
+
+def _time_cpu_linear(buf, rows: int) -> float:
+    from gh200rt.models.layers.dense import dense_linear
+    weight = _cpu_weight(buf)
+    x = torch.randn(rows, HOST_GEMM_K, dtype=torch.bfloat16)
+    passes = max(1, (64 * MIB) // buf.nbytes)
+    with torch.inference_mode():
+        start = time.perf_counter()
+        for _ in range(passes):
+            dense_linear(x, weight)
+        seconds = (time.perf_counter() - start) / passes
+    return seconds * buf.nbytes / weight.nbytes     # per byte of the buffer
+
+
+def read_cpu_linear(buf) -> float:
+    """The host's cores multiply one row by the buffer read in place as a bf16 ``[N, 4096]`` weight (the dense
+    linear the CPU backend runs): a cpu-tier expert's decode (``host_cpu_gbps``)."""
+    return _time_cpu_linear(buf, 1)
+
+
+def read_cpu_gemm(buf) -> float:
+    """The same weight times ``CPU_GEMM_ROWS`` rows: the cores' arithmetic (``host_cpu_tflops``: bf16 bytes x rows
+    flops per pass)."""
+    return _time_cpu_linear(buf, CPU_GEMM_ROWS)
 
 
 def read_gpu_copy(buf) -> float:
@@ -196,9 +229,10 @@ def write_profile(report: dict, path: Path) -> bool:
     platform = _gpu_platform()
     command = "python -m gh200rt.bench " + " ".join(sys.argv[1:])
     profile = profile_from_bandwidth_report(report, platform.profile, platform.device_name, command)
-    measured = {k: v for k, v in profile.items() if k.endswith("_gbps")}
+    measured = {k: v for k, v in profile.items() if k.endswith(("_gbps", "_tflops"))}
     if not measured:
-        print(f"no profile written to {path}: neither gpu-copy-h2d nor gpu-host-gemm ran on the local node here "
+        print(f"no profile written to {path}: none of gpu-copy-h2d, gpu-host-gemm, cpu-linear, cpu-gemm ran on the "
+              f"local node here "
               f"(readers skipped: {'; '.join(report['skipped']) or 'none'})", file=sys.stderr)
         return False
     write_measured_profile(path, profile)

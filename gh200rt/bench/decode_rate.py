@@ -24,10 +24,11 @@ def placements(num_layers: int) -> dict[str, dict]:
             "direct-host-scales": dict(offload="direct", direct_scales="host"),   # quantized: scales beside codes
             "experts-direct": dict(offload="none", moe_expert_tier="direct"),
             "experts-stream": dict(offload="none", moe_expert_tier="stream"),
+            "experts-cpu": dict(offload="none", moe_expert_tier="cpu"),
             "experts-half-direct": dict(offload="none", moe_expert_tier="resident", layer_tiers=half)}
 
 
-MOE_PLACEMENTS = ("experts-direct", "experts-stream", "experts-half-direct")
+MOE_PLACEMENTS = ("experts-direct", "experts-stream", "experts-cpu", "experts-half-direct")
 DEFAULT_PLACEMENTS = "resident,stream,every-2nd,every-4th,direct"
 
 

@@ -137,7 +137,7 @@ def run_placements(args) -> None:
                 + (len(" pdl") if args.pdl != "off" else 0) + (len(" async") if args.async_scheduling != "off" else 0))
     print(f"{'placement':<{width}} {'tiers (res/str/dir)':<20} {'across':>6} {'batch':>5} {'tok/s':>9} "
           f"{'vs resident':>11} {'copy GB/s':>9} {'wait ms/step':>12} {'roofline tok/s':>14} {'kernels/step':>12}"
-          + (f" {'experts (r/s/d)':>16} {'expert MB/step':>14} {'whole layers MB':>15}" if moe else ""))
+          + (f" {'experts (r/s/d/c)':>17} {'expert MB/step':>14} {'whole layers MB':>15}" if moe else ""))
     layers = arch.num_layers
     baseline: dict[int, float] = {}
     rows = []
@@ -178,7 +178,8 @@ def run_placements(args) -> None:
                 roof = roofline_tokens_per_second(engine, batch, kv_tokens)
                 kernels = step_kernels(engine, batch, args.context)
                 experts = engine.stats().experts_per_tier
-                expert_label = f"{experts.get('resident', 0)}/{experts.get('streamed', 0)}/{experts.get('direct', 0)}"
+                expert_label = f"{experts.get('resident', 0)}/{experts.get('streamed', 0)}/{experts.get('direct', 0)}" \
+                    f"/{experts.get('cpu', 0)}"
                 whole = whole_layer_expert_bytes(engine) if moe else 0
                 fused_label = f" fused<={args.fused_decode_rows}" if one_call and args.fused_decode_rows > 1 else ""
                 shown = name + ("" if one_call else " op-by-op") + fused_label + (" pdl" if pdl else "") \
@@ -186,7 +187,7 @@ def run_placements(args) -> None:
                 print(f"{shown:<{width}} {label:<20} {'on' if wrap else 'off':>6} {batch:>5} {tps:>9.1f} "
                       f"{tps / baseline[batch]:>10.2f}x {rate.copy_gbps:>9.2f} {rate.copy_wait_ms_per_step:>12.3f} "
                       f"{roof:>14.1f} {'-' if kernels.count is None else kernels.count:>12}"
-                      + (f" {expert_label:>16} {rate.expert_link_bytes_per_step / 1e6:>14.2f} {whole / 1e6:>15.2f}"
+                      + (f" {expert_label:>17} {rate.expert_link_bytes_per_step / 1e6:>14.2f} {whole / 1e6:>15.2f}"
                          if moe else "")
                       + (f"  ({rate.captures} graph capture(s) inside the timed steps)" if rate.captures else ""),
                       flush=True)

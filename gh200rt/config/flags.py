@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import re
 
+from gh200rt.weights.tiers import LAYER_TIERS as LAYER_TIER_MEMBERS
 from gh200rt.weights.tiers import Tier
 
 TIERS = tuple(tier.value for tier in Tier)
+LAYER_TIERS = tuple(tier.value for tier in LAYER_TIER_MEMBERS)   # a decoder layer's; cpu is a routed expert's
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -47,6 +49,9 @@ def parse_layer_tiers(text: str | None, experts: bool = False) -> dict[int, str]
         if not sep or tier not in TIERS:
             raise ValueError(f"--layer-tiers: {part!r} is not LAYERS:TIER or LAYERS:experts=TIER with TIER one of "
                              f"{', '.join(TIERS)} (example: --layer-tiers 0-3:streamed,7:direct,0-47:experts=direct)")
+        if tier == Tier.CPU and not expert_part:
+            raise ValueError(f"--layer-tiers: {part!r}: a layer's own weights are {', '.join(LAYER_TIERS)}; cpu "
+                             f"places an MoE layer's routed experts (LAYERS:experts=cpu)")
         if expert_part != experts:
             continue
         lo, _, hi = layers.partition("-")

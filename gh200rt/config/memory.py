@@ -8,7 +8,7 @@ from gh200rt.config.flags import flag_help, parse_layer_tiers, parse_size
 from gh200rt.platform.bandwidth import read_profile_file
 
 OFFLOAD_MODES = ("auto", "none", "stream", "direct", "dynamic")
-MOE_EXPERT_TIERS = ("auto", "resident", "direct", "stream")
+MOE_EXPERT_TIERS = ("auto", "resident", "direct", "stream", "cpu")
 HOST_WEIGHT_DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "int4", "int4-g128", "fp8")
 DIRECT_SCALES = ("device", "host")
 
@@ -30,7 +30,22 @@ class MemoryConfig:
         "where an MoE model's routed experts live, each on its own: resident, direct (read in place, only the "
         "experts a step routes to), stream (copied in only when routed to) or auto (the planner decides from the "
         "budget: resident while they fit, then as many resident per layer as fit and the rest direct, or streamed "
-        "where the link is slow; with --offload none/stream/direct, experts follow it)", choices=MOE_EXPERT_TIERS))
+        "where the link is slow; with --offload none/stream/direct, experts follow it), or cpu (kept in host memory "
+        "and computed by the host's cores on the tokens routed to them; a step that routes more tokens to one than "
+        "--moe-cpu-max-tokens computes it on the device instead)", choices=MOE_EXPERT_TIERS))
+    cpu_moe: bool = field(default=False, metadata=flag_help(
+        "every routed expert on the cpu tier (llama.cpp's --cpu-moe; the same as --moe-expert-tier cpu)"))
+    n_cpu_moe: int | None = field(default=None, metadata=flag_help(
+        "the routed experts of the first N layers on the cpu tier (llama.cpp's --n-cpu-moe), the others placed "
+        "as --moe-expert-tier says"))
+    moe_cpu_threads: int | None = field(default=None, metadata=flag_help(
+        "threads that compute cpu-tier experts, on the CPUs nearest the GPU (default: those CPUs less one for "
+        "the engine; on the CPU platform, torch's thread count)"))
+    moe_cpu_max_tokens: int | None = field(default=None, metadata=flag_help(
+        "a step that routes more tokens than this to a cpu-tier expert computes it on the device (read in place "
+        "or streamed, as an offloaded expert is): a prefill's many tokens on the GPU, a decode's few on the CPU; "
+        "default: where the cost model finds the host's cores as fast as the device (the plan prints it; "
+        "--profile-file's measured figures make it this host's), no limit on the CPU platform"))
     staging_slots: int | None = field(default=None, metadata=flag_help("staging ring depth K; default: planner"))
     prefetch_distance: int | None = field(default=None, metadata=flag_help(
         "prefetch d streamed layers ahead; default: planner"))
@@ -81,6 +96,18 @@ class MemoryConfig:
             raise ValueError(f"--offload {self.offload!r}: choose one of {', '.join(OFFLOAD_MODES)}")
         if self.moe_expert_tier not in MOE_EXPERT_TIERS:
             raise ValueError(f"--moe-expert-tier {self.moe_expert_tier!r}: choose one of {', '.join(MOE_EXPERT_TIERS)}")
+        if self.cpu_moe and self.moe_expert_tier not in ("auto", "cpu"):
+            raise ValueError(f"--cpu-moe puts every routed expert on the cpu tier; drop it or --moe-expert-tier "
+                             f"{self.moe_expert_tier}")
+        if self.cpu_moe and self.n_cpu_moe is not None:
+            raise ValueError("--cpu-moe already puts every layer's experts on the cpu tier; give it or --n-cpu-moe, "
+                             "not both")
+        if self.n_cpu_moe is not None and self.n_cpu_moe < 0:
+            raise ValueError(f"--n-cpu-moe must be 0 or more, got {self.n_cpu_moe}")
+        if self.moe_cpu_threads is not None and self.moe_cpu_threads < 1:
+            raise ValueError(f"--moe-cpu-threads must be at least 1, got {self.moe_cpu_threads}")
+        if self.moe_cpu_max_tokens is not None and self.moe_cpu_max_tokens < 1:
+            raise ValueError(f"--moe-cpu-max-tokens must be at least 1, got {self.moe_cpu_max_tokens}")
         if self.host_weight_dtype not in HOST_WEIGHT_DTYPES:
             raise ValueError(f"--host-weight-dtype {self.host_weight_dtype!r}: choose one of "
                              f"{', '.join(HOST_WEIGHT_DTYPES)}")
@@ -106,6 +133,15 @@ class MemoryConfig:
     @property
     def budget_bytes(self) -> int | None:
         return parse_size(self.device_memory_budget, "--device-memory-budget")
+
+    @property
+    def expert_tier(self) -> str:
+        """``--moe-expert-tier``, with ``--cpu-moe`` read as cpu."""
+        return "cpu" if self.cpu_moe else self.moe_expert_tier
+
+    def asks_cpu_experts(self) -> bool:
+        """Whether any option puts a routed expert on the cpu tier."""
+        return self.expert_tier == "cpu" or bool(self.n_cpu_moe) or "cpu" in self.expert_tier_overrides.values()
 
     @property
     def tier_overrides(self) -> dict[int, str]:

@@ -15,11 +15,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
 
 from gh200rt.backends import backend_for
+from gh200rt.backends.cpu.backend import install_kernels as install_host_kernels
 from gh200rt.backends.cpu.prepack import model_route_form_bytes
 from gh200rt.config import EngineConfig
 from gh200rt.engine.decode_graphs import reserve_graph_pool
@@ -37,6 +39,7 @@ from gh200rt.platform.detect import Platform, detect
 from gh200rt.speculative.draft_model import DraftModel, load_draft
 from gh200rt.weights import forms as weight_forms
 from gh200rt.weights.device_moves import linear_parts
+from gh200rt.weights.expert_cpu import CpuExpertPool
 from gh200rt.weights.slab_cache import SlabCache
 from gh200rt.weights.slabs import check_node_has_room
 from gh200rt.weights.store import WeightStore
@@ -136,7 +139,9 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     store = WeightStore(loaded.model, device, platform, fmt, poison, ledger, loaded.quantized,
                         cpu_linear_format=linear_format,
                         keep_host_copies=plan.dynamic, prefetch_across_steps=config.memory.prefetch_across_steps,
-                        slab_cache=cache, deferred=loaded.deferred)
+                        slab_cache=cache, deferred=loaded.deferred,
+                        cpu_pool_factory=cpu_expert_pool_factory(config, device),
+                        cpu_max_tokens=plan.cpu_expert_max_tokens)
     block_size = config.cache.block_size
     kv_dtype = kv_cache_dtype(config.cache.kv_cache_dtype, loaded.dtype)
     per_block = arch_kv_bytes_per_block(arch, block_size, kv_dtype)
@@ -162,6 +167,26 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     kv_blocks = arena.num_blocks - arena.pool.num_run_blocks
     plan = dataclasses.replace(plan, num_kv_blocks=kv_blocks, arena_weight_blocks=arena.pool.num_run_blocks)
     return PlacedModel(loaded, platform, plan, store, ledger, device, draft)
+
+
+def cpu_expert_pool_factory(config: EngineConfig, device: str):
+    """What makes the cpu expert tier's pool (``--moe-cpu-threads``; checked now, made when an expert takes the tier):
+    on a GPU host, by default the CPUs the engine runs on (bound near the GPU) less one for the engine's own thread;
+    on the CPU platform, torch's thread count (the same cores as the "device")."""
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = config.memory.moe_cpu_threads
+    if threads is not None and threads > available:
+        raise ValueError(f"--moe-cpu-threads {threads}: this process may use {available} CPUs"
+                         + (" (those of the NUMA node nearest the GPU)" if device != "cpu" and
+                            config.memory.bind_threads else "")
+                         + f"; give at most {available}")
+    if threads is None:
+        threads = torch.get_num_threads() if device == "cpu" else max(1, available - 1)
+
+    def make() -> CpuExpertPool:
+        log.info("cpu-tier experts computed by %d host threads", threads)
+        return CpuExpertPool(threads, functools.partial(install_host_kernels, config=config))
+    return make
 
 
 def speculative_draft(config: EngineConfig, tokenizer, arch, dtype: torch.dtype, device: str) -> DraftModel | None:

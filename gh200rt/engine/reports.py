@@ -72,4 +72,5 @@ class EngineReports:
                            adapter_names(self.scheduler.running), adapter_names(self.scheduler.waiting),
                            self.steps_launched_ahead, self.rows_discarded,
                            self.host_tier.report() if self.host_tier is not None else None,
-                           self.speculator.stats.copy() if self.speculator is not None else None)
+                           self.speculator.stats.copy() if self.speculator is not None else None,
+                           self.store.cpu_tier_counts() if self.store and self.store.expert_tiers else {})

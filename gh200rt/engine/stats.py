@@ -40,6 +40,8 @@ class EngineStats:
     rows_discarded: int = 0          # rows of those steps whose sequence had stopped in the step before
     kv_host: object = None           # the host KV tier's kv.offload.HostTierReport, None with the tier off
     spec_decode: object = None       # speculative decoding's SpecDecodeStats (a copy), None with it off
+    # cpu-tier experts: {"runs": ..., "pairs": ...}, each {"cpu": n, "device": n} by where they were computed
+    cpu_expert_tier: dict = field(default_factory=dict)
 
 
 def adapter_names(seqs) -> tuple[str, ...]:

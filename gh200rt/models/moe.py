@@ -27,8 +27,8 @@ from gh200rt.models.arch_config import ArchConfig
 from gh200rt.models.base import WeightRef, dense_weight
 from gh200rt.models.layers.linear import RefLinear
 from gh200rt.models.layers.mlp import HF_NAMES, GatedMLP
-from gh200rt.models.layers.moe_experts import (NO_EXPERT_ACCESS, grouped_experts, route, route_group_limited,
-                                               route_grouped, row_stable_sigmoid)
+from gh200rt.models.layers.moe_experts import (NO_EXPERT_ACCESS, ExpertRun, route, route_group_limited, route_grouped,
+                                               row_stable_sigmoid)
 
 MIXTRAL_EXPERT_NAMES = ("w1", "w3", "w2")   # gate, up, down
 
@@ -76,16 +76,26 @@ class SparseMoeBlock(nn.Module):
         out = None
         if self.fused_experts_fn is not None:
             out = self.fused_experts_fn(self, x, weights, ids, block_rows)
-        if out is None:
-            experts = self.experts
-            out = grouped_experts(x, weights, ids, self.num_experts, lambda e, rows: experts[e](rows, block_rows),
-                                  self.scale_fp32, self.expert_access)
+        if out is not None:
+            return self._add_shared(out, self._shared(x, block_rows))
+        experts = self.experts
+        run = ExpertRun(x, ids, self.num_experts, self.expert_access, block_rows)   # starts the host's experts
+        run.compute(lambda e, rows: experts[e](rows, block_rows))
+        shared = self._shared(x, block_rows)        # beside the host's experts, if any
+        return self._add_shared(run.finish(weights, self.scale_fp32), shared)
+
+    def _shared(self, x: torch.Tensor, block_rows: int | None) -> torch.Tensor | None:
+        """The shared expert's term (Qwen2-MoE's scaled by its gate), None without one."""
         if self.shared_expert_gate is not None:
             gate = row_stable_sigmoid(self.shared_expert_gate(x, block_rows).float()).to(x.dtype)
-            out = out + gate * self.shared_expert(x, block_rows)
-        elif self.shared_expert is not None:
-            out = out + self.shared_expert(x, block_rows)
-        return out
+            return gate * self.shared_expert(x, block_rows)
+        if self.shared_expert is not None:
+            return self.shared_expert(x, block_rows)
+        return None
+
+    @staticmethod
+    def _add_shared(routed: torch.Tensor, shared: torch.Tensor | None) -> torch.Tensor:
+        return routed if shared is None else routed + shared
 
     def _count(self, ids: torch.Tensor) -> None:
         """Routing statistics on the device the step runs on (no host sync): what placement learns from."""

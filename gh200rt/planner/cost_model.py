@@ -60,6 +60,7 @@ class ModelSizes:
     expert_bytes: int = 0        # one expert's linears as resident
     host_expert_bytes: int = 0   # one expert's span in the host format (expert slab stride, staging slot)
     expert_form_bytes: int = 0   # a resident expert's CPU route form copies
+    expert_params: int = 0       # one routed expert's weights (its gate, up and down projections)
 
     @property
     def num_layers(self) -> int:
@@ -270,7 +271,8 @@ def model_sizes(arch: ArchConfig, dtype: str = "bf16", kv_dtype: str | None = No
         experts = dict(moe_layer_ids=tuple(arch.moe_layers), num_experts=arch.num_experts,
                        experts_per_tok=arch.num_experts_per_tok,
                        expert_bytes=_expert_span([p for s in expert for p in resident_parts(s)]),
-                       host_expert_bytes=_expert_span([p for s in expert for p in host_parts(s)]))
+                       host_expert_bytes=_expert_span([p for s in expert for p in host_parts(s)]),
+                       expert_params=sum(n * k for n, k in expert))
     return ModelSizes(tuple(of_kind[kind] for kind in kinds), fixed, head * wb,
                       arch.kv_planes * arch.kv_cache_heads * arch.kv_cache_dim * kvb * arch.num_layers, **experts)
 
@@ -349,18 +351,52 @@ def direct_staging_min_tokens(platform: Platform) -> int | None:
     return (reads - 1) * HOST_GEMM_ROWS_PER_READ + 1
 
 
+def cpu_expert_seconds(sizes: ModelSizes, platform: Platform, tokens: float) -> float:
+    """A routed expert computed on the host's cores for ``tokens`` (token, choice) pairs: its host form read once,
+    or the pairs' arithmetic, whichever bounds (``host_cpu_gbps``, ``host_cpu_tflops``)."""
+    return max(sizes.host_expert_bytes / (platform.host_cpu_gbps * 1e9),
+               2.0 * sizes.expert_params * tokens / (platform.host_cpu_tflops * 1e12))
+
+
+def device_expert_seconds(sizes: ModelSizes, platform: Platform) -> float:
+    """An offloaded expert computed on the device, whatever its tokens: read in place where the link is fast next to
+    HBM (GH200; the CPU platform), else copied in and read from HBM (its copy waits for the router)."""
+    if platform.kind == "cpu" or streaming_is_cheap(platform):
+        return direct_read_seconds(sizes.host_expert_bytes, platform)
+    return copy_seconds(sizes.host_expert_bytes, platform) + sizes.host_expert_bytes / (platform.hbm_gbps * 1e9)
+
+
+def cpu_expert_max_tokens(sizes: ModelSizes, platform: Platform) -> int | None:
+    """Fiddler's rule for this hardware: the most pairs a step may route to a cpu-tier expert for the host's cores
+    to compute it no slower than the device would (the device's cost is flat in tokens, the cores' grows with them);
+    0 where the device is faster even for one. None on the CPU platform, whose cores are the device."""
+    if platform.kind == "cpu":
+        return None
+    device = device_expert_seconds(sizes, platform)
+    if sizes.expert_params == 0 or cpu_expert_seconds(sizes, platform, 1) > device:
+        return 0
+    return int(device * platform.host_cpu_tflops * 1e12 / (2.0 * sizes.expert_params))
+
+
 def expert_seconds(expert_tiers, sizes: ModelSizes, platform: Platform, batch: int) -> float:
     """The routed experts' part of a decode step of ``batch`` tokens: in each MoE layer the expected distinct
-    experts it touches, each read from HBM (resident), in place over the link (direct), or copied in first and
-    then read (streamed; its copy waits for the router, so nothing hides it)."""
+    experts it touches, each read from HBM (resident), in place over the link (direct), copied in first and
+    then read (streamed; its copy waits for the router, so nothing hides it), or by the host's cores (cpu: at the
+    cheaper of the cores, for the tokens each touched expert gets, and the device; the cores' time overlaps the
+    device's own experts, counted here as if not)."""
     seconds = 0.0
     for layer in expert_tiers or ():
         if not layer:
             continue
-        touched = expected_distinct_experts(len(layer), sizes.experts_per_tok, batch) / len(layer)
+        distinct = expected_distinct_experts(len(layer), sizes.experts_per_tok, batch)
+        touched = distinct / len(layer)
+        per_expert = batch * sizes.experts_per_tok / max(distinct, 1e-9)
         resident, streamed = layer.count(Tier.RESIDENT), layer.count(Tier.STREAMED)
-        direct = len(layer) - resident - streamed
+        cpu = layer.count(Tier.CPU)
+        direct = len(layer) - resident - streamed - cpu
         seconds += touched * (resident * sizes.expert_bytes / (platform.hbm_gbps * 1e9)
+                              + cpu * min(cpu_expert_seconds(sizes, platform, per_expert),
+                                          device_expert_seconds(sizes, platform))
                               + direct * direct_read_seconds(sizes.host_expert_bytes, platform)
                               + streamed * (copy_seconds(sizes.host_expert_bytes, platform)
                                             + sizes.host_expert_bytes / (platform.hbm_gbps * 1e9)))

@@ -18,7 +18,7 @@ from gh200rt.weights.tiers import Tier
 
 DEFAULT_STAGING_SLOTS = 2
 EXPERT_STAGING_SLOTS = 2   # weights/expert_staging.py's ring
-EXPERT_TIER_NAMES = {"resident": Tier.RESIDENT, "direct": Tier.DIRECT, "stream": Tier.STREAMED}
+EXPERT_TIER_NAMES = {"resident": Tier.RESIDENT, "direct": Tier.DIRECT, "stream": Tier.STREAMED, "cpu": Tier.CPU}
 
 
 @dataclass(frozen=True)
@@ -61,11 +61,23 @@ class Layout:
         return f"{counts}, {ring}"
 
 
-def expert_device_bytes(sizes: ModelSizes, expert_tiers) -> int:
-    """Device bytes of a placement's routed experts: the resident ones, and the expert ring when any streams."""
-    flat = [t for layer in expert_tiers for t in layer]
-    ring = EXPERT_STAGING_SLOTS * sizes.host_expert_bytes if Tier.STREAMED in flat else 0
-    return flat.count(Tier.RESIDENT) * sizes.resident_expert_memory + ring
+def expert_device_bytes(sizes: ModelSizes, expert_tiers, platform: Platform | None = None) -> int:
+    """Device bytes of a placement's routed experts: the resident ones, and the expert ring when any streams (a
+    cpu-tier expert streams in a step that routes more tokens to it than the host should compute, where
+    offloaded experts stream)."""
+    return sum(t == Tier.RESIDENT for layer in expert_tiers for t in layer) * sizes.resident_expert_memory + \
+        (EXPERT_STAGING_SLOTS * sizes.host_expert_bytes if expert_ring_needed(expert_tiers, platform) else 0)
+
+
+def expert_ring_needed(expert_tiers, platform: Platform | None) -> bool:
+    flat = {t for layer in expert_tiers for t in layer}
+    return Tier.STREAMED in flat or (Tier.CPU in flat and platform is not None
+                                     and cpu_expert_fallback(platform) == Tier.STREAMED)
+
+
+def cpu_expert_fallback(platform: Platform) -> Tier:
+    """How a cpu-tier expert is read in a step that computes it on the device: as offloaded experts are."""
+    return offloaded_expert_tier(platform)
 
 
 def expert_tiers_for(sizes: ModelSizes, memory: MemoryConfig, platform: Platform,
@@ -74,8 +86,9 @@ def expert_tiers_for(sizes: ModelSizes, memory: MemoryConfig, platform: Platform
     none/stream/direct, else decides from the budget beside every layer resident: all experts resident while
     they fit, else as many of each layer's experts resident as fit (the lowest ids) and the rest read in place,
     or streamed where the host link is slow next to HBM (a PCIe GPU)). --layer-tiers L:experts=TIER overrides
-    a layer. ``layer_ring_bytes``: the layers' staging ring when it is booked up front."""
-    e, mode, moe_layers = sizes.num_experts, memory.moe_expert_tier, list(sizes.moe_layer_ids)
+    a layer; --n-cpu-moe N puts the experts of the MoE layers among the first N on the cpu tier. ``layer_ring_bytes``:
+    the layers' staging ring when it is booked up front."""
+    e, mode, moe_layers = sizes.num_experts, memory.expert_tier, list(sizes.moe_layer_ids)
     budget_for_weights -= layer_ring_bytes     # a ring booked whatever the tiers (dynamic tiers)
     if mode == "auto" and memory.offload in ("none", "stream", "direct"):
         mode = {"none": "resident", "stream": "stream", "direct": "direct"}[memory.offload]
@@ -95,9 +108,11 @@ def expert_tiers_for(sizes: ModelSizes, memory: MemoryConfig, platform: Platform
         if layer not in moe_layers:
             raise ValueError(f"--layer-tiers {layer}:experts=...: layer {layer} has no routed experts (the MoE "
                              f"layers are {_ranges(moe_layers)})")
+    cpu_layers = set(range(memory.n_cpu_moe or 0))
     out: list[tuple[Tier, ...]] = [()] * sizes.num_layers
     for layer in moe_layers:
-        out[layer] = (Tier(overrides[layer]),) * e if layer in overrides else tuple(per_layer)
+        out[layer] = (Tier(overrides[layer]),) * e if layer in overrides else \
+            (Tier.CPU,) * e if layer in cpu_layers else tuple(per_layer)
     return tuple(out)
 
 
@@ -166,8 +181,11 @@ def layout_for(sizes: ModelSizes, platform: Platform, memory: MemoryConfig, capa
     dynamic = is_dynamic(memory, platform)
     budget = capacity - kv_min_blocks * block_bytes - activation_bytes
     layer_ring = (memory.staging_slots or DEFAULT_STAGING_SLOTS) * sizes.host_layer_bytes if dynamic else 0
+    if memory.asks_cpu_experts() and not sizes.moe_layer_ids:
+        raise ValueError("--cpu-moe / --n-cpu-moe / --moe-expert-tier cpu place an MoE model's routed experts, and "
+                         "this model has none (a dense model): drop the option, or offload its layers with --offload")
     expert_tiers = expert_tiers_for(sizes, memory, platform, budget, layer_ring) if sizes.moe_layer_ids else ()
-    experts = expert_device_bytes(sizes, expert_tiers)
+    experts = expert_device_bytes(sizes, expert_tiers, platform)
     tiers = _tiers_for(memory, sizes, budget - experts, dynamic)
     for layer, tier in memory.tier_overrides.items():
         if layer >= sizes.num_layers:

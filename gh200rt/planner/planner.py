@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from gh200rt.config import MemoryConfig
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.planner.budget import PlanDoesNotFit, budget_refusal
-from gh200rt.planner.cost_model import ModelSizes, predict_step_seconds
-from gh200rt.planner.layout import (EXPERT_STAGING_SLOTS, expert_device_bytes, fewest_streamed, layout_for,
-                                    planning_sizes, spread_evenly)
+from gh200rt.planner.cost_model import (ModelSizes, cpu_expert_max_tokens, cpu_expert_seconds, device_expert_seconds,
+                                        predict_step_seconds)
+from gh200rt.planner.layout import (EXPERT_STAGING_SLOTS, expert_device_bytes, expert_ring_needed, fewest_streamed,
+                                    layout_for, planning_sizes, spread_evenly)
 from gh200rt.platform.detect import Platform
 from gh200rt.weights.tiers import Tier, slot_of
 
@@ -71,6 +72,8 @@ class Plan:
     rank_share: RankShare | None = None        # a tensor-parallel rank's plan (sizes are per rank)
     direct_scales_on_device: bool = False      # DIRECT layers' scales in device memory (--direct-scales device)
     slot_bytes: int = 0                        # one staging slot (the largest layer that may use the ring)
+    # the most pairs a step may route to a cpu-tier expert for the host's cores to compute it (None: no limit)
+    cpu_expert_max_tokens: int | None = None
 
     def expert_counts(self, layer: int) -> dict[str, int]:
         tiers = self.expert_tiers[layer] if self.expert_tiers else ()
@@ -110,7 +113,8 @@ class Plan:
 
     @property
     def expert_staging_bytes(self) -> int:
-        return EXPERT_STAGING_SLOTS * self.sizes.host_expert_bytes if Tier.STREAMED in self._flat_experts else 0
+        return EXPERT_STAGING_SLOTS * self.sizes.host_expert_bytes \
+            if expert_ring_needed(self.expert_tiers, self.platform) else 0
 
     @property
     def layer_staging_bytes(self) -> int:
@@ -131,7 +135,7 @@ class Plan:
 
     @property
     def tier_counts(self) -> dict[str, int]:
-        return {tier.value: self.tiers.count(tier) for tier in Tier}
+        return {tier.value: self.tiers.count(tier) for tier in Tier if tier != Tier.CPU}   # cpu: experts only
 
     @property
     def kv_tokens(self) -> int:
@@ -165,8 +169,22 @@ class Plan:
     def figures(self) -> str:
         """The bandwidths and peak the cost model used, and where they came from."""
         p = self.platform
+        cores = f", host cores reading cpu-tier experts {p.host_cpu_gbps:g} GB/s and computing {p.host_cpu_tflops:g} " \
+            f"TFLOP/s" if Tier.CPU in self._flat_experts else ""
         return (f"cost model: host->device {p.link_h2d_gbps:g} GB/s, direct read {p.direct_read_gbps:g} GB/s, "
-                f"HBM {p.hbm_gbps:g} GB/s, {p.peak_tflops:g} TFLOP/s; from {p.figures_from}")
+                f"HBM {p.hbm_gbps:g} GB/s, {p.peak_tflops:g} TFLOP/s{cores}; from {p.figures_from}")
+
+    def cpu_tier_line(self) -> str:
+        """Where a step computes a cpu-tier expert, by the pairs it routes to it, and the times that decide it."""
+        sizes, p, limit = self.sizes, self.platform, self.cpu_expert_max_tokens
+        ms = lambda seconds: f"{seconds * 1e3:.3f} ms"  # noqa: E731
+        where = "on the host's cores whatever the pairs (the CPU platform: they are the device)" if limit is None \
+            else f"on the host's cores in steps routing at most {limit} pairs to it, else on the device" if limit \
+            else "on the device (the cores are slower even for one pair: the tier only keeps it in host memory)"
+        return (f"cpu-tier experts: computed {where}; one expert takes "
+                f"{ms(cpu_expert_seconds(sizes, p, 1))} on the cores for one pair, "
+                f"{ms(cpu_expert_seconds(sizes, p, 64))} for 64, {ms(device_expert_seconds(sizes, p))} on the device "
+                f"(--moe-cpu-max-tokens sets the limit)")
 
     def kinds_line(self) -> str:
         """A model that mixes dense and MoE layers: each kind's size, planned as its own."""
@@ -186,7 +204,7 @@ class Plan:
                  self.figures(),
                  *([self.kinds_line()] if len(self.sizes.kinds) > 1 else []),
                  f"{'layer':>5} {'tier':<9} {'bytes':>13} {'slot':>4}"
-                 + (f"  routed experts (resident/direct/streamed of {self.sizes.num_experts})"
+                 + (f"  routed experts (resident/direct/streamed/cpu of {self.sizes.num_experts})"
                     if self.expert_tiers else "")]
         for i, tier in enumerate(self.tiers):
             slot = self.slot_of(i)
@@ -195,17 +213,21 @@ class Plan:
             experts = ""
             if self.expert_tiers and self.expert_tiers[i]:
                 n = self.expert_counts(i)
-                experts = f"  {n['resident']}/{n['direct']}/{n['streamed']}"
+                experts = f"  {n['resident']}/{n['direct']}/{n['streamed']}/{n['cpu']}"
             lines.append(f"{i:>5} {tier:<9} {gib(nbytes)} {'-' if slot is None else slot:>4}{experts}")
         if self.expert_tiers:
             flat = self._flat_experts
             lines.append(
                 f"routed experts: {flat.count(Tier.RESIDENT)} resident ({gib(self.sizes.resident_expert_memory)} "
-                f"each), {flat.count(Tier.DIRECT)} direct, {flat.count(Tier.STREAMED)} streamed; host form "
+                f"each), {flat.count(Tier.DIRECT)} direct, {flat.count(Tier.STREAMED)} streamed, "
+                f"{flat.count(Tier.CPU)} cpu; host form "
                 f"{gib(self.sizes.host_expert_bytes)} each; a decode step of batch 1 touches {self.sizes.experts_per_tok} "
                 f"of {self.sizes.num_experts} per layer, and a direct or streamed expert crosses the link only "
                 f"when a token routes to it"
+                + (", a cpu one is computed by the host's cores where it lives" if Tier.CPU in flat else "")
                 + (f"; expert staging ring {gib(self.expert_staging_bytes)}" if self.expert_staging_bytes else ""))
+            if Tier.CPU in flat:
+                lines.append(self.cpu_tier_line())
         lines += [f"device memory for weights (resident layers and experts, embeddings, norms): "
                   f"{gib(self.resident_weight_bytes)}",
                   f"host memory for offloaded weights: {gib(self.host_weight_bytes)}",
@@ -247,14 +269,16 @@ def make_plan(sizes: ModelSizes, platform: Platform, memory: MemoryConfig, capac
     return Plan(layout.tiers, slots, distance, layout.kv_blocks(capacity), block_size, planned, capacity, platform,
                 step, activation_bytes, layout.direct_staging_tokens, dynamic=layout.dynamic,
                 expert_tiers=layout.expert_tiers, rank_share=rank_share,
-                direct_scales_on_device=layout.direct_scales_on_device, slot_bytes=layout.slot_bytes)
+                direct_scales_on_device=layout.direct_scales_on_device, slot_bytes=layout.slot_bytes,
+                cpu_expert_max_tokens=memory.moe_cpu_max_tokens if memory.moe_cpu_max_tokens is not None
+                else cpu_expert_max_tokens(planned, platform))
 
 
 def dynamic_splits(plan: Plan, kv_tokens: list[int], batch: int = 1) -> list[dict]:
     """Where ``--offload dynamic`` settles for each KV demand: the fewest streamed layers (spread evenly)
     that leave ``kv_tokens`` of KV cache, with the decode step the cost model predicts for that split."""
     sizes, rows = plan.sizes, []
-    experts = expert_device_bytes(sizes, plan.expert_tiers)   # experts keep their start-up tiers
+    experts = expert_device_bytes(sizes, plan.expert_tiers, plan.platform)   # experts keep their start-up tiers
     budget = plan.capacity - plan.activation_bytes - experts
     for tokens in kv_tokens:
         kv = -(-tokens // plan.block_size) * plan.block_size * sizes.kv_bytes_per_token

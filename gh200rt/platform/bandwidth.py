@@ -13,7 +13,8 @@ A measured profile is a JSON object::
      "measured_by": "python -m gh200rt.bench bandwidth ...", "measured_at": "2026-11-25T22:55:17+00:00",
      "link_h2d_gbps": 55.2, "direct_read_gbps": 51.0}
 
-Figures are GB/s (1 GB = 1e9 bytes; ``peak_tflops`` in TFLOP/s); the other fields are optional. A file
+Figures are GB/s (1 GB = 1e9 bytes; ``peak_tflops`` and ``host_cpu_tflops`` in TFLOP/s); the other fields are
+optional. A file
 that names its ``base_profile`` is refused on a host whose profile differs (an H100's PCIe figures would
 mislead a GH200's planner). Every problem is a ``ProfileFileError`` naming the file and what is wrong.
 """
@@ -26,13 +27,18 @@ from pathlib import Path
 
 from gh200rt.platform.profiles import HardwareProfile
 
-FIGURES = ("link_h2d_gbps", "direct_read_gbps", "hbm_gbps", "peak_tflops")
+FIGURES = ("link_h2d_gbps", "direct_read_gbps", "hbm_gbps", "peak_tflops", "host_cpu_gbps", "host_cpu_tflops")
 NOTES = ("base_profile", "device_name", "measured_by", "measured_at")
 # bandwidth reader -> the figure it measures: the copy engine's pinned H2D, host_gemm reading in place
-READER_FIGURES = {"gpu-copy-h2d": "link_h2d_gbps", "gpu-host-gemm": "direct_read_gbps"}
+READER_FIGURES = {"gpu-copy-h2d": "link_h2d_gbps", "gpu-host-gemm": "direct_read_gbps", "cpu-linear": "host_cpu_gbps",
+                  "cpu-gemm": "host_cpu_tflops"}
+# a reader's GB/s -> its figure: cpu-gemm multiplies 64 rows by a bf16 weight, 64 flops per weight byte
+# (1 TFLOP = 1000 GB)
+READER_SCALE = {"cpu-gemm": 64 / 1000}
 MEASURED_PLACEMENT = "local-bind"  # host memory on the GPU's own NUMA node, where gh200rt puts its slabs
 FIGURE_NAMES = {"link_h2d_gbps": "host->device copy", "direct_read_gbps": "direct read", "hbm_gbps": "HBM",
-                "peak_tflops": "peak compute"}
+                "peak_tflops": "peak compute", "host_cpu_gbps": "host cores reading weights",
+                "host_cpu_tflops": "host cores computing"}
 
 
 class ProfileFileError(ValueError):
@@ -69,7 +75,7 @@ def read_profile_file(path: str | Path) -> dict:
         if name in data and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
                              or value == float("inf")):
             raise ProfileFileError(f"profile file {path}: {name} must be a positive number (GB/s, or TFLOP/s for "
-                                   f"peak_tflops), got {value!r}")
+                                   f"the _tflops figures), got {value!r}")
     for name in NOTES:
         if name in data and not isinstance(data[name], str):
             raise ProfileFileError(f"profile file {path}: {name} must be a string, got {data[name]!r}")
@@ -95,7 +101,8 @@ def load_measured_profile(path: str | Path, base: HardwareProfile) -> HardwarePr
 
 
 def profile_from_bandwidth_report(report: dict, base_profile: str, device_name: str, measured_by: str) -> dict:
-    """A measured profile from ``bandwidth``'s JSON (numa_placement.json): per GPU reader, its largest buffer on the GPU's node.
+    """A measured profile from ``bandwidth``'s JSON (numa_placement.json): per GPU or cpu-linear/-gemm reader, its
+    largest buffer on the GPU's node.
 
     Figures a report lacks (a reader not run) are left out, so the built-in table keeps them."""
     profile = {"base_profile": base_profile, "device_name": device_name, "measured_by": measured_by,
@@ -103,7 +110,7 @@ def profile_from_bandwidth_report(report: dict, base_profile: str, device_name: 
     for reader, figure in READER_FIGURES.items():
         rows = [r for r in report.get("results", []) if r["reader"] == reader and r["placement"] == MEASURED_PLACEMENT]
         if rows:
-            profile[figure] = round(max(rows, key=lambda r: r["bytes"])["median_gbps"], 2)
+            profile[figure] = round(max(rows, key=lambda r: r["bytes"])["median_gbps"] * READER_SCALE.get(reader, 1), 2)
     return profile
 
 

@@ -31,6 +31,8 @@ class Platform:
     profile: str
     figures_from: str = "a built-in table (gh200rt/platform/profiles.py)"
     host_memory_bytes: int | None = None   # a named profile's host memory (None: the host's own, where known)
+    host_cpu_gbps: float = 10.0            # the host's cores reading weights (a cpu-tier expert)
+    host_cpu_tflops: float = 0.5           # and computing over many rows
 
     @classmethod
     def from_profile(cls, prof: HardwareProfile, device_name: str | None = None,
@@ -41,7 +43,8 @@ class Platform:
                    host_numa_node=host_numa_node, ats=prof.ats if ats is None else ats,
                    link_h2d_gbps=prof.link_h2d_gbps, direct_read_gbps=prof.direct_read_gbps,
                    hbm_gbps=prof.hbm_gbps, peak_tflops=prof.peak_tflops, profile=prof.name,
-                   figures_from=prof.figures_from, host_memory_bytes=prof.host_memory_bytes)
+                   figures_from=prof.figures_from, host_memory_bytes=prof.host_memory_bytes,
+                   host_cpu_gbps=prof.host_cpu_gbps, host_cpu_tflops=prof.host_cpu_tflops)
 
 
 def profile_for_device(name: str, total_bytes: int, aarch64: bool) -> str:

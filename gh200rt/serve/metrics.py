@@ -26,6 +26,7 @@ COUNTER_HELP = {
     "generation_tokens_total": "Tokens generated.",
 }
 TIERS = tuple(tier.value for tier in Tier)
+LAYER_TIERS = tuple(t for t in TIERS if t != Tier.CPU)
 
 
 def _series(name: str, kind: str, help_text: str, samples: list[tuple[str, object]]) -> list[str]:
@@ -152,7 +153,8 @@ def _engine_lines(s, num_pending: int) -> list[str]:
     lines += host_tier_lines(get("kv_host", None))
     tiers = get("layers_per_tier", None) or {}
     lines += _series("weight_layers", "gauge", "Decoder layers per weight tier (resident, streamed, direct).",
-                     [(f'{{tier="{t}"}}', tiers.get(t, 0)) for t in (*TIERS, *sorted(set(tiers) - set(TIERS)))])
+                     [(f'{{tier="{t}"}}', tiers.get(t, 0))
+                      for t in (*LAYER_TIERS, *sorted(set(tiers) - set(LAYER_TIERS)))])
     experts = get("experts_per_tier", None) or {}
     if experts:
         lines += _series("moe_experts", "gauge", "An MoE model's routed experts per weight tier.",
@@ -160,6 +162,15 @@ def _engine_lines(s, num_pending: int) -> list[str]:
         lines += _series("moe_expert_swaps_total", "counter",
                          "Resident experts swapped for more-used offloaded ones (--offload dynamic).",
                          [("", get("expert_swaps"))])
+        cpu_tier = get("cpu_expert_tier", None) or {}
+        if "cpu" in experts and experts["cpu"]:
+            lines += _series("moe_cpu_tier_expert_runs_total", "counter",
+                             "cpu-tier experts' runs (an expert with tokens in a layer's step), by where they ran: "
+                             "the host's cores, or the device for a step that routed more than --moe-cpu-max-tokens.",
+                             [(f'{{where="{w}"}}', cpu_tier.get("runs", {}).get(w, 0)) for w in ("cpu", "device")])
+            lines += _series("moe_cpu_tier_routed_tokens_total", "counter",
+                             "(token, choice) pairs routed to cpu-tier experts, by where they were computed.",
+                             [(f'{{where="{w}"}}', cpu_tier.get("pairs", {}).get(w, 0)) for w in ("cpu", "device")])
         routed = get("routed_tokens", None) or {}
         lines += _series("moe_routed_tokens_total", "counter",
                          "(token, choice) pairs the router sent to each expert of each MoE layer.",

@@ -3,13 +3,15 @@
 ``ExpertPlacement`` is a part of ``WeightStore`` (store.py), kept apart because it is its own concept: an MoE
 layer's attention, router and shared expert follow the layer's tier, while each routed expert is resident (a
 device copy of its span, a run of the device arena where there is one), direct (read in place from the layer's
-expert slab, ``expert_slab.py``) or streamed (copied into the expert ring only in the steps that route to it,
-``expert_staging.py``). ``set_expert_tier`` moves one expert between steps. The store's bookkeeping (ledger,
+expert slab, ``expert_slab.py``), streamed (copied into the expert ring only in the steps that route to it,
+``expert_staging.py``) or cpu (computed by the host's cores, ``expert_cpu.py``; read as an offloaded expert is in
+the steps the device computes it). ``set_expert_tier`` moves one expert between steps. The store's bookkeeping (ledger,
 arena, platform, slab cache) is shared: the methods here use the store's attributes and helpers.
 """
 from __future__ import annotations
 
 from gh200rt.backends.cpu.prepack import route_form_extra_bytes
+from gh200rt.planner.layout import cpu_expert_fallback
 from gh200rt.weights.expert_slab import ExpertSlab
 from gh200rt.weights.expert_staging import EXPERT_STAGING_SLOTS, ExpertRing, ExpertStaging
 from gh200rt.weights.layer_slab import LayerSlab
@@ -78,11 +80,11 @@ class ExpertPlacement:
 
     def _bind_offloaded_expert(self, layer: int, expert: int) -> None:
         slab = self.expert_slabs[layer]
-        if self.expert_tiers[layer][expert] == Tier.DIRECT:
-            self._staging(layer)       # counts its reads
+        staging = self._staging(layer)      # counts direct reads, hands cpu-tier experts to the host
+        self._set_host_expert(layer, expert)
+        if staging.device_tier(expert) == Tier.DIRECT:
             self._write_expert(layer, expert, slab.direct(expert, self.compute_dtype))
             return
-        staging = self._staging(layer)
         if self.expert_ring is None:
             slot_bytes = max(s.expert_nbytes for s in self.expert_slabs.values())
             self._book("staging_ring", slot_bytes * EXPERT_STAGING_SLOTS)
@@ -96,9 +98,41 @@ class ExpertPlacement:
         if not isinstance(access, ExpertStaging):
             access = ExpertStaging(self.expert_ring, self.expert_slabs[layer], self.expert_tiers[layer],
                                    lambda expert, weights: self._write_expert(layer, expert, weights),
-                                   self.compute_dtype)
+                                   self.compute_dtype,
+                                   cpu_expert_fallback(self.platform) if self.platform is not None else Tier.DIRECT)
+            access.cpu_max_tokens = self.cpu_max_tokens
             self.model.set_expert_access(layer, access)
         return access
+
+    def _set_host_expert(self, layer: int, expert: int) -> None:
+        """Hand expert ``expert`` to the host's cores when its tier is cpu, take it back otherwise."""
+        if self.expert_tiers[layer][expert] != Tier.CPU:
+            access = self.model.layers[layer].mlp.expert_access
+            if isinstance(access, ExpertStaging):
+                access.host_weights.pop(expert, None)
+            return
+        staging = self._staging(layer)
+        if self.cpu_expert_pool is None:
+            if self.cpu_pool_factory is None:
+                raise ValueError("a routed expert was placed on the cpu tier, but this engine has no cpu expert pool")
+            self.cpu_expert_pool = self.cpu_pool_factory()
+        if staging.cpu_pool is None:
+            down = self._expert_refs(layer)[expert]
+            hidden, intermediate = next(ref.shape for name, ref in down.items() if name.endswith("down_proj"))
+            staging.cpu_pool = self.cpu_expert_pool
+            staging.host_mlp = self.cpu_expert_pool.mlp_for(hidden, intermediate, self.compute_dtype)
+            staging.host_mlp.check(self.expert_slabs[layer].host(expert, self.compute_dtype),
+                                   f"layer {layer}'s routed experts")
+        staging.host_weights[expert] = self.expert_slabs[layer].host(expert, self.compute_dtype)
+
+    def cpu_tier_counts(self) -> dict[str, dict[str, int]]:
+        """cpu-tier experts' runs and (token, choice) pairs since start, by where they were computed."""
+        runs, pairs = {"cpu": 0, "device": 0}, {"cpu": 0, "device": 0}
+        for access in self._stagings():
+            for where in runs:
+                runs[where] += access.cpu_tier_runs[where]
+                pairs[where] += access.cpu_tier_pairs[where]
+        return {"runs": runs, "pairs": pairs}
 
     def _expert_form_bytes(self, layer: int, expert: int) -> int:
         """What the CPU route's resident form of an expert holds beside its own bytes."""
@@ -181,6 +215,7 @@ class ExpertPlacement:
             except BaseException:
                 self.expert_tiers[layer][expert] = old
                 raise
+            self._set_host_expert(layer, expert)
             return
         self.expert_tiers[layer][expert] = tier
         self._bind_offloaded_expert(layer, expert)

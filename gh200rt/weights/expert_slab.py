@@ -34,6 +34,7 @@ class ExpertSlab:
             assert offset == want, f"expert slab layout is not periodic at {name}.{part}: {offset} != {want}"
         self.num_experts = len(expert_forms)
         self._direct: list[dict[str, object]] | None = None
+        self._host: dict[int, dict[str, object]] = {}
 
     @staticmethod
     def flat(expert_forms: list[dict[str, object]]) -> dict[str, object]:
@@ -71,6 +72,15 @@ class ExpertSlab:
             self._direct = [{name: every[f"{e}/{name}"] for name in self._names} for e in range(self.num_experts)]
         return self._direct[expert]
 
+    def host(self, expert: int, compute_dtype: torch.dtype) -> dict[str, object]:
+        """Expert ``expert``'s weights as the host's cores read them (a cpu-tier expert): on the CPU platform its
+        direct weights, on a GPU host its forms over the slab's host bytes (built once and kept)."""
+        if self.slab.device.type == "cpu":
+            return self.direct(expert, compute_dtype)
+        if expert not in self._host:
+            self._host[expert] = self.bind(self.source(expert), compute_dtype, stable=True)
+        return self._host[expert]
+
     def device_copy(self, expert: int, device: torch.device) -> torch.Tensor:
         """A device buffer holding expert ``expert``'s span: its resident home."""
         copy = torch.empty(self.expert_nbytes, dtype=torch.uint8, device=device)
@@ -79,4 +89,5 @@ class ExpertSlab:
 
     def free(self) -> None:
         self._direct = None
+        self._host.clear()
         self.slab.free()

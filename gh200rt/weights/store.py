@@ -51,7 +51,7 @@ from gh200rt.weights.layer_staging import LayerStaging
 from gh200rt.weights.resident_forms import ResidentForms
 from gh200rt.weights.schedule import NULL_HOOKS, LayerHooks, StreamingSchedule
 from gh200rt.weights.slab_building import SlabBuilding
-from gh200rt.weights.tiers import Tier
+from gh200rt.weights.tiers import LAYER_TIERS, Tier
 
 DEFAULT_STAGING_SLOTS = 2
 QUANT_MAX_WORKERS = 16
@@ -73,7 +73,7 @@ class WeightStore(ExpertPlacement, ArenaRuns, LayerStaging, SlabBuilding, Reside
     def __init__(self, model, device="cpu", platform=None, host_format: str | None = None, poison: bool = False,
                  ledger=None, quantized: dict | None = None, cpu_linear_format: str | None = None,
                  keep_host_copies: bool = False, prefetch_across_steps: bool = True, slab_cache=None,
-                 deferred=None):
+                 deferred=None, cpu_pool_factory=None, cpu_max_tokens: int | None = None):
         self.model, self.device, self.platform = model, torch.device(device), platform
         self.compute_dtype = model.dtype
         self.host_format = host_format or weight_forms.resolve_host_format(
@@ -111,6 +111,10 @@ class WeightStore(ExpertPlacement, ArenaRuns, LayerStaging, SlabBuilding, Reside
         self._expert_booked: dict[tuple[int, int], tuple[int, int]] = {}
         self._expert_runs: dict[tuple[int, int], int] = {}   # resident expert -> first block of its arena run
         self.expert_ring: ExpertRing | None = None
+        # the cpu expert tier (expert_cpu.py): its pool, made by ``cpu_pool_factory()`` when an expert first takes the
+        # tier, and the most pairs a step may route to a cpu expert for the host to compute it (None: no limit)
+        self.cpu_pool_factory, self.cpu_max_tokens = cpu_pool_factory, cpu_max_tokens
+        self.cpu_expert_pool = None
 
     # ---- what the ledger and the engine read ------------------------------------------------------
     @property
@@ -123,7 +127,7 @@ class WeightStore(ExpertPlacement, ArenaRuns, LayerStaging, SlabBuilding, Reside
 
     @property
     def tier_counts(self) -> dict[str, int]:
-        return {tier.value: self.tiers.count(tier) for tier in Tier}
+        return {tier.value: self.tiers.count(tier) for tier in Tier if tier != Tier.CPU}   # cpu: experts only
 
     def layers(self, tier: Tier) -> list[int]:
         return [i for i, t in enumerate(self.tiers) if t == tier]
@@ -205,6 +209,9 @@ class WeightStore(ExpertPlacement, ArenaRuns, LayerStaging, SlabBuilding, Reside
         tier, old = Tier(tier), self.tiers[layer]
         if self._closed:
             raise RuntimeError("this weight store was closed with its engine; build a new engine")
+        if tier not in LAYER_TIERS:
+            raise ValueError(f"layer {layer}: a decoder layer's weights are {', '.join(LAYER_TIERS)}; the {tier} tier "
+                             f"is a routed expert's (set_expert_tier)")
         if tier == old:
             return
         if tier == Tier.STREAMED and layer in self.slabs:
@@ -325,6 +332,8 @@ class WeightStore(ExpertPlacement, ArenaRuns, LayerStaging, SlabBuilding, Reside
         if self.expert_ring is not None:
             self.expert_ring.close()
             self.expert_ring = None
+        if self.cpu_expert_pool is not None:
+            self.cpu_expert_pool.close()
         for layer, tier in enumerate(self.tiers):
             if tier != Tier.RESIDENT:
                 for ref in self._layer_refs(layer).values():

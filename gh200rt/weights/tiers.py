@@ -1,4 +1,5 @@
-"""The three places a decoder layer's linear weights can live, and the staging ring's slot rule."""
+"""The three places a decoder layer's linear weights can live (a routed expert's: a fourth, ``cpu``), and the staging
+ring's slot rule."""
 from __future__ import annotations
 
 import enum
@@ -8,11 +9,15 @@ class Tier(str, enum.Enum):
     RESIDENT = "resident"   # a device copy, for as long as the layer keeps this tier
     STREAMED = "streamed"   # a host slab, copied into a staging slot ahead of every use
     DIRECT = "direct"       # a host slab, read in place by the kernels (zero-copy)
+    CPU = "cpu"             # a routed expert only: its host form, computed by the host's cores (expert_cpu.py)
 
     def __str__(self) -> str:
         return self.value
 
     __format__ = str.__format__
+
+
+LAYER_TIERS = (Tier.RESIDENT, Tier.STREAMED, Tier.DIRECT)   # a decoder layer's own weights (cpu: experts only)
 
 
 def slot_of(position: int, num_slots: int) -> int:

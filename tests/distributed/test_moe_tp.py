@@ -1,7 +1,7 @@
 """MoE models under tensor parallelism on the CPU (gloo, two ranks): each routed expert's and the shared expert's
 intermediate dimension split, the router replicated. TP=2 greedy tokens equal TP=1's in float32 for tiny Qwen3-MoE,
 Qwen2-MoE (shared expert, a dense layer), Mixtral, DeepSeek-V3 (latent attention split by heads) and GLM-4.5, with
-experts resident, direct and streamed; every rank routes
+experts resident, direct, streamed and on the cpu tier; every rank routes
 the same tokens to the same experts; with dynamic tiers, rank 0's expert moves are made by every rank."""
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ def checkpoints(tmp_path_factory):
     ("mixtral", "stream"),
     ("deepseek-v3", "stream"),          # latent attention split by heads, the latent row whole on each rank
     ("glm4-moe-qk-norm", "resident"),   # DeepSeek-V3's MoE blocks (shared_experts) under GQA with partial RoPE
+    ("qwen2-moe-shared", "cpu"),        # each rank's half of every expert on its own pool of host threads
 ])
 def test_sharded_experts_give_tp1_tokens(checkpoints, family, experts):
     path, reference = checkpoints[family]
@@ -59,7 +60,7 @@ def test_sharded_experts_give_tp1_tokens(checkpoints, family, experts):
             attn = model.layers[0].self_attn
             assert attn.num_heads == 2 and attn.kv_b_proj.weight_ref.shape == (2 * (32 + 24), 32)
             assert attn.kv_a_proj_with_mqa.weight_ref.shape == (32 + 16, 64)
-        want = {"resident": Tier.RESIDENT, "direct": Tier.DIRECT, "stream": Tier.STREAMED}[experts]
+        want = {"resident": Tier.RESIDENT, "direct": Tier.DIRECT, "stream": Tier.STREAMED, "cpu": Tier.CPU}[experts]
         assert {t for tiers in engine.store.expert_tiers.values() for t in tiers} == {want}
         assert_same_or_near_tie(reference, llm.generate(PROMPTS, GREEDY), f"TP=2 {family}, experts {experts}")
         counts = {layer: c.tolist() for layer, c in engine.runner.model.routing_counts().items()}

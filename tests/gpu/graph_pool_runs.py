@@ -42,7 +42,7 @@ def tier_moves(model_dir: str) -> None:
     """A dynamic engine with graphs through 20+ tier moves, requests in flight, against an eager engine
     making the same moves at the same steps."""
     from gh200rt.engine.tier_controller import Move, TierController
-    from gh200rt.weights.tiers import Tier
+    from gh200rt.weights.tiers import LAYER_TIERS, Tier
     from tests.engine.real_models import assert_same_or_near_tie
     from tests.graphs.decode_runs import LAYERS, generate_outputs, make_engine
 
@@ -54,7 +54,7 @@ def tier_moves(model_dir: str) -> None:
 
         def decide(self, signals):
             layer = self.rng.randrange(LAYERS)
-            tier = self.rng.choice([t for t in Tier if t != self.store.tiers[layer]])
+            tier = self.rng.choice([t for t in LAYER_TIERS if t != self.store.tiers[layer]])
             return Move(layer, tier, "test")
 
     results = {}

@@ -82,7 +82,7 @@ def test_dynamic_tiers_on_a_gpu_move_layers_between_steps_and_keep_the_tokens(ti
     import random
 
     from gh200rt.engine.tier_controller import Move, TierController
-    from gh200rt.weights.tiers import Tier
+    from gh200rt.weights.tiers import LAYER_TIERS, Tier
     _, reference = generate(tiny_dir, offload="none")
     config = EngineConfig.from_kwargs(model=tiny_dir, dtype="float32", max_model_len=128, num_kv_blocks=64,
                                       offload="dynamic", async_scheduling=ahead)
@@ -93,7 +93,7 @@ def test_dynamic_tiers_on_a_gpu_move_layers_between_steps_and_keep_the_tokens(ti
 
     class Flip:
         def decide(self, signals):
-            return Move(rng.randrange(6), rng.choice(list(Tier)), "test") if signals.step % 2 == 0 else None
+            return Move(rng.randrange(6), rng.choice(list(LAYER_TIERS)), "test") if signals.step % 2 == 0 else None
 
     engine.controller = TierController(engine.store, Flip())
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2)

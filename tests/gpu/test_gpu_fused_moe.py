@@ -93,19 +93,25 @@ def generate(model_dir: str, **options):
 @pytest.mark.parametrize("label,options", [("direct experts", dict(moe_expert_tier="direct")),
                                            ("direct experts, int8", dict(moe_expert_tier="direct",
                                                                          host_weight_dtype="int8")),
-                                           ("streamed experts (grouped path)", dict(moe_expert_tier="stream"))])
+                                           ("streamed experts (grouped path)", dict(moe_expert_tier="stream")),
+                                           ("cpu-tier experts (grouped path)", dict(cpu_moe=True)),
+                                           ("cpu-tier experts, int4, prefill on the GPU",
+                                            dict(cpu_moe=True, host_weight_dtype="int4", moe_cpu_max_tokens=2))])
 def test_engine_with_offloaded_experts_generates_what_all_resident_generates(compiled_triton, moe_dir, label,
                                                                              options):
     from gh200rt.models.moe import SparseMoeBlock
     _, reference = generate(moe_dir, offload="none", moe_expert_tier="resident")
     engine, outputs = generate(moe_dir, offload="none", **options)
-    if "int8" not in label:     # quantized experts change the numbers
+    if "int" not in label:      # quantized experts change the numbers
         assert_same_or_near_tie(reference, outputs, label)
     assert all(len(o.outputs[0].token_ids) == 8 for o in outputs)
     blocks = [m for m in engine.runner.model.modules() if isinstance(m, SparseMoeBlock)]
     assert blocks and all(b.fused_experts_fn is not None for b in blocks)
-    if "stream" in label:
-        assert engine.graphs is None     # streamed experts: copied as the host learns the routing, decoded eagerly
+    if "cpu" in label:            # computed by the host's pool; a prefill's many tokens on the GPU where asked
+        runs = engine.stats().cpu_expert_tier["runs"]
+        assert runs["cpu"] > 0 and (runs["device"] > 0) == ("prefill" in label), runs
+    if "stream" in label or "cpu" in label:
+        assert engine.graphs is None     # placed as the host learns the routing: decoded eagerly
     else:
         assert engine.graphs is not None and engine.stats().graph_captures > 0
     engine.close()

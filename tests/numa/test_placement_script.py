@@ -49,3 +49,18 @@ def test_without_matplotlib_the_measurements_are_kept(tmp_path):
 def test_unknown_reader_is_refused():
     proc = _run("--list", "--readers", "cpu-threads,gpu-magic")
     assert proc.returncode == 2 and "unknown reader(s) gpu-magic" in proc.stderr
+
+
+def test_the_cores_readers_measure_a_profile_for_the_cpu_expert_tier(tmp_path):
+    """cpu-linear (one row) and cpu-gemm (64 rows) multiply the buffer as a bf16 weight on the host's cores; their
+    local-bind figures become the measured profile's host_cpu_gbps / host_cpu_tflops."""
+    path = tmp_path / "profile.json"
+    proc = _run("--sizes-mib", "4", "--repeats", "1", "--readers", "cpu-linear,cpu-gemm", "--out", str(tmp_path),
+                "--profile-out", str(path))
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["reader"]: r for r in json.loads((tmp_path / "numa_placement.json").read_text())["results"]
+            if r["placement"] == "local-bind"}
+    data = json.loads(path.read_text())
+    assert data["host_cpu_gbps"] == round(rows["cpu-linear"]["median_gbps"], 2) > 0
+    assert data["host_cpu_tflops"] == round(rows["cpu-gemm"]["median_gbps"] * 64 / 1000, 2) > 0
+    assert "link_h2d_gbps" not in data

@@ -50,16 +50,19 @@ def test_bench_decode_random_model_writes_rows_with_rooflines(tmp_path):
 
 def test_bench_decode_moe_counts_the_routed_experts_bytes(tmp_path):
     """An MoE model's experts-* placements: at batch 1 a step touches k=4 of the 16 experts of each layer, so
-    the routed experts' bytes per step are a quarter of what streaming whole layers would move."""
+    the routed experts' bytes per step are a quarter of what streaming whole layers would move; cpu-tier experts
+    move none."""
     out = tmp_path / "decode.json"
     proc = subprocess.run([sys.executable, "-m", "gh200rt.bench", "latency", "--random-model", "qwen3-moe-tiny",
                            "--random-model-dir", str(tmp_path / "m"), "--placements",
-                           "resident,experts-direct,experts-stream", "--batches", "1", "--tokens", "3",
+                           "resident,experts-direct,experts-stream,experts-cpu", "--batches", "1", "--tokens", "3",
                            "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = {r["placement"]: r for r in json.loads(out.read_text())["rows"]}
-    assert rows["resident"]["experts"] == "64/0/0" and rows["resident"]["expert_link_bytes_per_step"] == 0
-    assert rows["experts-direct"]["experts"] == "0/0/64" and rows["experts-stream"]["experts"] == "0/64/0"
+    assert rows["resident"]["experts"] == "64/0/0/0" and rows["resident"]["expert_link_bytes_per_step"] == 0
+    assert rows["experts-direct"]["experts"] == "0/0/64/0" and rows["experts-stream"]["experts"] == "0/64/0/0"
+    # computed where they live: nothing crosses a link
+    assert rows["experts-cpu"]["experts"] == "0/0/0/64" and rows["experts-cpu"]["expert_link_bytes_per_step"] == 0
     for name in ("experts-direct", "experts-stream"):
         row = rows[name]
         assert row["expert_link_bytes_per_step"] == row["whole_layer_expert_bytes"] / 4, row

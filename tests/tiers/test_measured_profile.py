@@ -113,3 +113,28 @@ def test_numa_placement_writes_no_profile_without_a_gpu_reader(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(ROOT)})  # this checkout's gh200rt, not an install
     assert proc.returncode == 1 and "no profile written" in proc.stderr
     assert (tmp_path / "numa_placement.json").is_file() and not (tmp_path / "p.json").exists()
+
+
+def test_the_cores_figures_set_where_a_cpu_tier_expert_runs(tmp_path, capsys):
+    """cpu-linear's GB/s is the cores' weight rate, cpu-gemm's (64 rows of a bf16 weight) their TFLOP/s; the plan's
+    limit on pairs computed by the cores follows them: slow cores hand every step's experts to the device."""
+    report = {"machine": "x86-cuda", "results": REPORT["results"] + [
+        {"reader": "cpu-linear", "placement": "local-bind", "bytes": 1 << 30, "median_gbps": 180.0},
+        {"reader": "cpu-gemm", "placement": "local-bind", "bytes": 1 << 30, "median_gbps": 62.5}]}
+    profile = profile_from_bandwidth_report(report, "h100-sxm", "NVIDIA H100 80GB HBM3", "bench bandwidth (test)")
+    assert (profile["host_cpu_gbps"], profile["host_cpu_tflops"]) == (180.0, 4.0)
+    path = write_measured_profile(tmp_path / "cores.json", profile)
+    plat = detect("h100-sxm", measured_profile=path)
+    assert (plat.host_cpu_gbps, plat.host_cpu_tflops) == (180.0, 4.0)
+    args = ["--model", "tests/fixtures/qwen3_235b_a22b", "--platform", "h100-sxm", "--cpu-moe"]
+    limits = {}
+    for name, extra in (("table", []), ("measured", ["--profile-file", str(path)])):
+        assert plan_main(args + extra) == 0
+        out = capsys.readouterr().out
+        limits[name] = int(re.search(r"routing at most (\d+) pairs", out).group(1))
+    # a 37.7 MB expert (18.9M weights): copied at 20.04 GB/s and read from HBM, 1.895 ms, in which 4 TFLOP/s compute
+    # 200 pairs; the table's 55.2 GB/s and 3 TFLOP/s: 0.695 ms, 55 pairs
+    assert limits == {"table": 55, "measured": 200}, limits
+    slow = write_measured_profile(tmp_path / "slow.json", {"base_profile": "h100-sxm", "host_cpu_gbps": 20.0})
+    assert plan_main(args + ["--profile-file", str(slow)]) == 0
+    assert "cpu-tier experts: computed on the device (the cores are slower even for one pair" in capsys.readouterr().out

@@ -1,6 +1,7 @@
 """Planning an MoE model from its config.json alone (Qwen3-30B-A3B's and Qwen3-235B-A22B's real shapes, no
 weights): routed experts are sized and placed one by one, apart from their layers."""
 import json
+import re
 
 import pytest
 
@@ -98,7 +99,7 @@ def test_the_smallest_budget_with_experts_is_accepted_and_a_mib_less_is_not(mode
 def test_plan_runs_on_the_config_alone(capsys):
     assert main(["--model", QWEN3_30B, "--platform", "gh200-96g"]) == 0
     out = capsys.readouterr().out
-    assert "routed experts (resident/direct/streamed of 128)" in out and "resident" in out
+    assert "routed experts (resident/direct/streamed/cpu of 128)" in out and "resident" in out
     assert main(["--model", QWEN3_30B, "--platform", "h100-sxm", "--offload", "stream"]) == 0
     assert "streamed" in capsys.readouterr().out
 
@@ -110,11 +111,34 @@ def test_qwen3_235b_plans_with_its_expert_split(capsys, platform, offloaded):
         assert main(["--model", QWEN3_235B, "--platform", platform, "--host-weight-dtype", host]) == 0
         out = capsys.readouterr().out
         rows = [line.split() for line in out.splitlines() if line.strip().split(" ")[0].isdigit()]
-        splits = {row[-1] for row in rows if row[-1].count("/") == 2}
+        splits = {row[-1] for row in rows if row[-1].count("/") == 3}
         assert len(rows) >= 94 and len(splits) == 1, splits      # every layer: the same split, named
-        resident, direct, streamed = map(int, splits.pop().split("/"))
-        assert resident + direct + streamed == 128 and 0 < resident < 128
+        resident, direct, streamed, cpu = map(int, splits.pop().split("/"))
+        assert resident + direct + streamed == 128 and 0 < resident < 128 and cpu == 0
         assert (direct if offloaded == "direct" else streamed) == 128 - resident
         assert f"0 {'streamed' if offloaded == 'direct' else 'direct'}" in out
         steps[host] = float(out.split("predicted decode step (batch 1): ")[1].split(" ms")[0])
     assert steps["fp8"] < steps["auto"]           # half the bytes cross the link per routed expert
+
+
+@pytest.mark.parametrize("platform, ring", [("h100-sxm", True), ("gh200-144g", False)])
+def test_cpu_moe_plans_every_expert_on_the_host_and_predicts_the_cores_reading_them(capsys, platform, ring):
+    """--cpu-moe: no expert in device memory; a PCIe GPU books the expert ring (a step routing many tokens to one
+    streams it), GH200 reads it in place; the step predicted from the host cores' rate is below all-streamed's on
+    the PCIe host."""
+    steps = {}
+    for experts in ("--cpu-moe", "--moe-expert-tier=stream"):
+        assert main(["--model", QWEN3_235B, "--platform", platform, experts]) == 0
+        out = capsys.readouterr().out
+        steps[experts] = float(out.split("predicted decode step (batch 1): ")[1].split(" ms")[0])
+        if experts == "--cpu-moe":
+            rows = [line.split() for line in out.splitlines() if line.strip().split(" ")[0].isdigit()]
+            assert {row[-1] for row in rows if row[-1].count("/") == 3} == {"0/0/0/128"}
+            assert "0 resident" in out and "12032 cpu" in out and "host cores reading cpu-tier experts" in out
+            assert ("expert staging ring" in out) == ring
+            # Fiddler's rule: the cores' time for a 37.7 MB expert grows with its pairs, the device's is flat (a
+            # 55.2 GB/s copy on the PCIe host, a 330 GB/s read in place on GH200)
+            limit = int(re.search(r"routing at most (\d+) pairs to it", out).group(1))
+            assert limit == (55 if ring else 9)
+    if platform == "h100-sxm":
+        assert steps["--cpu-moe"] < steps["--moe-expert-tier=stream"] / 2

@@ -10,7 +10,7 @@ from gh200rt.engine.llm import LLM
 from gh200rt.engine.step_cost import StepCostModel
 from gh200rt.engine.tier_controller import Move, PressurePolicy, TierController, TierSignals, spread_pick
 from gh200rt.sampling_params import SamplingParams
-from gh200rt.weights.tiers import Tier
+from gh200rt.weights.tiers import LAYER_TIERS, Tier
 from tests.tiers.test_engine_placement import engine, tiny_dir  # noqa: F401 (fixture)
 
 R, S, D = Tier.RESIDENT, Tier.STREAMED, Tier.DIRECT
@@ -120,7 +120,7 @@ class FlipPolicy:
     def decide(self, s: TierSignals):
         if s.step % self.every:
             return None
-        return Move(self.rng.randrange(len(s.tiers)), self.rng.choice(list(Tier)), "test flip")
+        return Move(self.rng.randrange(len(s.tiers)), self.rng.choice(list(LAYER_TIERS)), "test flip")
 
 
 def run_all(eng, prompts, params, abort=None):

@@ -14,7 +14,7 @@ from gh200rt.platform.detect import detect
 from gh200rt.sampling_params import SamplingParams
 from gh200rt.weights.schedule import NULL_HOOKS
 from gh200rt.weights.store import NoFreeRun, WeightStore
-from gh200rt.weights.tiers import Tier
+from gh200rt.weights.tiers import LAYER_TIERS, Tier
 from tests.tiers.greedy import greedy
 from tests.tiers.test_engine_placement import engine, tiny_dir  # noqa: F401 (fixture)
 from tests.tiers.test_invariance import ARCH, _model
@@ -50,13 +50,13 @@ def test_random_tier_moves_between_steps_are_bit_identical(keep_host_copies, sta
 
     def move(step):
         for _ in range(rng.randint(0, 3)):
-            layer, tier = rng.randrange(ARCH.num_layers), rng.choice(list(Tier))
+            layer, tier = rng.randrange(ARCH.num_layers), rng.choice(list(LAYER_TIERS))
             store.set_tier(layer, tier)
             moves.append((step, layer, tier))
 
     logits, tokens = run(model, store, move)
     assert tokens == REFERENCE[1] and torch.equal(logits, REFERENCE[0]), moves
-    assert {t for _, _, t in moves} == set(Tier)
+    assert {t for _, _, t in moves} == set(LAYER_TIERS)
     store.close()
 
 
@@ -143,7 +143,7 @@ def test_engine_steps_with_tier_moves_match_all_resident(tiny_dir):  # noqa: F81
     refused = []
 
     def move(step):
-        layer, tier = rng.randrange(6), rng.choice(list(Tier))
+        layer, tier = rng.randrange(6), rng.choice(list(LAYER_TIERS))
         try:
             eng.store.set_tier(layer, tier)
         except NoFreeRun:                          # every window holds a request's block: it stays put

@@ -33,7 +33,7 @@ class FusedExperts:
     def why_not(self, block, device: torch.device) -> str | None:
         """Why this block's experts cannot run in the fused kernels now (None: they can)."""
         if block.expert_access.stages_experts():
-            return "the layer has streamed experts, copied in as the router picks them"
+            return "the layer has streamed or cpu-tier experts, placed as the router picks them"
         stacks = self._stacks_for(block, device)
         return stacks if isinstance(stacks, str) else None
 

@@ -5,6 +5,11 @@ This is the reference a fused MoE kernel must reproduce (DESIGN.md, "Mixture of 
 each expert that has tokens runs its MLP once over its run (one GEMM per projection); the outputs are
 scaled by their routing weights and summed per token.
 
+Experts on the host's cores (the ``cpu`` tier, weights/expert_cpu.py): ``ExpertRun`` hands the ``ExpertAccess`` the
+rows of the experts it computes on the host before the device computes its own, so the two overlap (the layer's shared
+expert too), and writes the host's outputs into the same buffer before the weighted sum: a token's contributions are
+added in the same order wherever each was computed.
+
 What is bit-stable: a token's output depends on its own row only through the experts' GEMMs. Its k
 contributions are added in ascending expert id, each starting from the first (as transformers' loop over
 experts with ``index_add_`` does), so neither the order of tokens in the batch nor which other tokens share
@@ -35,9 +40,20 @@ class ExpertAccess:
         pass
 
     def stages_experts(self) -> bool:
-        """Whether some expert's weights are copied in only once the step's routing is known (the fused
-        kernels, which never read the routing back on the host, cannot serve such a layer)."""
+        """Whether some expert is placed only once the step's routing is known on the host: copied in (streamed)
+        or computed by the host's cores (cpu). The fused kernels, which never read the routing back, cannot serve
+        such a layer."""
         return False
+
+    def host_experts(self, counts: list[int]) -> list[int]:
+        """The experts this step computes on the host's cores (``counts[e]``: the step's pairs routed to e), in
+        ascending id; the others run on the device."""
+        return []
+
+    def start_host(self, rows: torch.Tensor, experts: list[int], counts: list[int], block_rows: int | None):
+        """Start computing ``experts`` on the host over ``rows`` (their pairs' input rows, expert after expert,
+        ``counts[e]`` each); returns a job whose ``result()`` is the outputs in the same order, on ``rows``' device."""
+        raise NotImplementedError
 
 
 NO_EXPERT_ACCESS = ExpertAccess()
@@ -121,31 +137,62 @@ def group_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, 
 
 def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, num_experts: int,
                     expert: Callable[[int, torch.Tensor], torch.Tensor], scale_fp32: bool = False,
-                    access: ExpertAccess = NO_EXPERT_ACCESS) -> torch.Tensor:
+                    access: ExpertAccess = NO_EXPERT_ACCESS, block_rows: int | None = None) -> torch.Tensor:
     """``sum_j weights[t, j] * expert(ids[t, j], x[t])`` for every token t of ``x`` [T, H].
 
-    ``expert(e, rows)`` runs expert e's MLP over ``rows`` [n, H]; it is called once per expert that has tokens,
-    in expert id order, between ``access.before(e)`` and ``access.after(e)``. ``scale_fp32``: multiply in
-    float32, then round to ``x``'s dtype (Mixtral); else round
-    the weights to ``x``'s dtype first (Qwen-MoE)."""
-    tokens, k = ids.shape
-    order, counts = group_by_expert(ids, num_experts)
-    out = x.new_empty(tokens * k, x.shape[-1])
-    access.begin([e for e, n in enumerate(counts) if n])
-    start = 0
-    for e, n in enumerate(counts):
-        if n:
-            pairs = order[start:start + n]
-            access.before(e)
-            out[pairs] = expert(e, x[pairs // k])
-            access.after(e)
-            start += n
-    out = out.view(tokens, k, -1)
-    if scale_fp32:
-        scaled = (out.float() * weights.unsqueeze(-1)).to(x.dtype)
-    else:
-        scaled = out * weights.to(x.dtype).unsqueeze(-1)
-    return sum_in_expert_order(scaled, ids)
+    ``expert(e, rows)`` runs expert e's MLP over ``rows`` [n, H]; it is called once per expert that has tokens and
+    runs on the device, in expert id order, between ``access.before(e)`` and ``access.after(e)``; the experts the
+    access computes on the host run there meanwhile. ``scale_fp32``: multiply in float32, then round to ``x``'s dtype
+    (Mixtral); else round the weights to ``x``'s dtype first (Qwen-MoE)."""
+    run = ExpertRun(x, ids, num_experts, access, block_rows)
+    run.compute(expert)
+    return run.finish(weights, scale_fp32)
+
+
+class ExpertRun:
+    """One step of ``grouped_experts`` in its phases, so a layer can compute more beside the host's experts:
+    ``ExpertRun(...)`` groups the pairs by expert and starts the host's experts, ``compute(expert)`` runs the
+    device's, ``finish(weights, scale_fp32)`` waits for the host's and returns the weighted sum."""
+
+    def __init__(self, x: torch.Tensor, ids: torch.Tensor, num_experts: int, access: ExpertAccess = NO_EXPERT_ACCESS,
+                 block_rows: int | None = None):
+        self.x, self.ids, self.access = x, ids, access
+        tokens, self.k = ids.shape
+        self.order, self.counts = group_by_expert(ids, num_experts)
+        self.starts = [0] * num_experts
+        start = 0
+        for e, n in enumerate(self.counts):
+            self.starts[e], start = start, start + n
+        self.out = x.new_empty(tokens * self.k, x.shape[-1])
+        self.host = access.host_experts(self.counts)
+        self.host_pairs = None
+        self.job = None
+        if self.host:
+            self.host_pairs = torch.cat([self._pairs(e) for e in self.host])
+            self.job = access.start_host(x[self.host_pairs // self.k], self.host, self.counts, block_rows)
+
+    def _pairs(self, e: int) -> torch.Tensor:
+        return self.order[self.starts[e]:self.starts[e] + self.counts[e]]
+
+    def compute(self, expert: Callable[[int, torch.Tensor], torch.Tensor]) -> None:
+        on_host = set(self.host)
+        active = [e for e, n in enumerate(self.counts) if n and e not in on_host]
+        self.access.begin(active)
+        for e in active:
+            pairs = self._pairs(e)
+            self.access.before(e)
+            self.out[pairs] = expert(e, self.x[pairs // self.k])
+            self.access.after(e)
+
+    def finish(self, weights: torch.Tensor, scale_fp32: bool) -> torch.Tensor:
+        if self.job is not None:
+            self.out[self.host_pairs] = self.job.result()
+        out = self.out.view(self.ids.shape[0], self.k, -1)
+        if scale_fp32:
+            scaled = (out.float() * weights.unsqueeze(-1)).to(self.x.dtype)
+        else:
+            scaled = out * weights.to(self.x.dtype).unsqueeze(-1)
+        return sum_in_expert_order(scaled, self.ids)
 
 
 def sum_in_expert_order(scaled: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
