@@ -130,15 +130,16 @@ def test_mis_shaped_expert_stack_is_named(qwen2_moe, tmp_path):
 
 
 def test_a_quantized_gguf_moe_engine_gives_the_same_tokens_in_every_expert_tier(checkpoint):
-    """The engine over a Q8_0 file (float32): every expert tier generates the same tokens (on the CPU an expert
-    slab holds the dequantized weights, as a dense layer's slab does; a GPU's keeps the blocks)."""
+    """The engine over a Q8_0 file (float32): every expert tier generates the same tokens, the cpu tier's pool
+    included (on the CPU an expert slab holds the dequantized weights, as a dense layer's slab does; a GPU's keeps the
+    blocks)."""
     from tests.tiers.test_engine_placement import engine, run
     family, _, files = checkpoint
     outputs = {}
-    for tier in ("resident", "direct", "stream"):
+    for tier in ("resident", "direct", "stream", "cpu"):
         eng = engine(files["Q8_0"], offload="none", moe_expert_tier=tier, max_model_len=64)
         outputs[tier] = run(eng, prompts=[prompt()[:12]])
         if tier != "resident":
             assert len(eng.store.expert_slabs) == eng.runner.model.arch.num_layers
         eng.close()
-    assert outputs["direct"] == outputs["resident"] == outputs["stream"], family
+    assert outputs["direct"] == outputs["resident"] == outputs["stream"] == outputs["cpu"], family

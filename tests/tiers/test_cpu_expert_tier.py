@@ -127,6 +127,21 @@ def test_every_moe_family_computes_its_experts_on_the_cpu_tier(tmp_path, family)
         eng.close()
 
 
+@pytest.mark.parametrize("host_format", ["int8", "int4", "int4-g128", "fp8", "bf16"])
+def test_every_host_format_computes_on_the_pool_with_a_direct_experts_bits(moe_dir, host_format):
+    """The pool multiplies the expert slab's own forms (quantized codes and scales, fp8, bf16) with the kernels a
+    direct expert reads them with: the same bits, whatever the format."""
+    def generate(tier):
+        eng = engine(moe_dir, offload="none", moe_expert_tier=tier, host_weight_dtype=host_format)
+        try:
+            return run(eng), eng.stats().cpu_expert_tier
+        finally:
+            eng.close()
+    (direct, _), (cpu, counts) = generate("direct"), generate("cpu")
+    assert cpu == direct, host_format
+    assert counts["runs"]["cpu"] > 0
+
+
 def test_bad_cpu_tier_options_fail_at_start_with_what_to_do(moe_dir, tmp_path):
     tiny_dir = save_tiny_llama(str(tmp_path / "dense"), num_layers=2)
     with pytest.raises(ValueError, match="this model has none .a dense model.: drop the option"):
