@@ -2,12 +2,12 @@
  * the few rows of a decode step.
  *
  * fbgemm's fp16 GEMM, which serves the route's batches, costs at two to eight rows about what it costs at
- * sixteen; here the weights are widened in registers (F16C) and multiplied by float32 FMA chains. Work is split
- * over blocks of NB output channels (static, over OpenMP threads of torch's pool). One row runs against all NB
- * channels of its block (8 FMA chains, the NB weight rows streamed side by side: at one row the weight is read
- * once, so the kernel's job is to keep the loads flowing). More rows go in groups of up to RT rows against CT
- * channels at a time: each widened weight vector serves every row of the group, and the block's weights come
- * from memory for the first group and from cache for the next.
+ * sixteen; here the weights are widened in registers (F16C, or NEON's FCVTL) and multiplied by float32 FMA chains.
+ * Work is split over blocks of NB output channels (static, over OpenMP threads of torch's pool). One row runs
+ * against all NB channels of its block (8 FMA chains, the NB weight rows streamed side by side: at one row the
+ * weight is read once, so the kernel's job is to keep the loads flowing). More rows go in groups of up to RT rows
+ * against CT channels at a time: each widened weight vector serves every row of the group, and the block's weights
+ * come from memory for the first group and from cache for the next.
  *
  * Bits: every output (row r, channel c) is the same sequence of operations whichever tile computes it: 8 lanes
  * accumulated along K with one FMA per 8 columns over the widened (exact) weights, one fixed horizontal sum, the
@@ -48,6 +48,11 @@ F16_INLINE float half_to_float(uint16_t h) {
 /* 8 fp16 weights widened into an accumulator operand (exact) */
 #if ACC_VECTOR && defined(__F16C__)
 F16_INLINE acc_t widen(const uint16_t *w) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w)); }
+#elif ACC_VECTOR && defined(__ARM_NEON)
+F16_INLINE acc_t widen(const uint16_t *w) {
+    acc_t a = {vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(w))), vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(w + 4)))};
+    return a;
+}
 #else
 F16_INLINE acc_t widen(const uint16_t *w) {
     float f[8];

@@ -7,6 +7,8 @@
 #include <stdint.h>
 #ifdef __AVX2__
 #include <immintrin.h>
+#elif defined(__ARM_NEON)
+#include <arm_neon.h>
 #endif
 
 #define ACC_INLINE static inline __attribute__((always_inline))
@@ -22,6 +24,22 @@ ACC_INLINE float acc_sum(acc_t v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  /* lanes i + (i + 4) */
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));                                         /* (0 + 2), (1 + 3) */
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#elif defined(__ARM_NEON)
+/* the AVX2 form in two 4-lane halves: the same fused multiply-adds per lane and the same horizontal sum, so the
+ * AVX2 build's bits */
+#define ACC_VECTOR 1
+typedef struct { float32x4_t lo, hi; } acc_t;   /* lanes 0-3, 4-7 */
+ACC_INLINE acc_t acc_zero(void) { acc_t a = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)}; return a; }
+ACC_INLINE acc_t acc_load(const float *x) { acc_t a = {vld1q_f32(x), vld1q_f32(x + 4)}; return a; }
+ACC_INLINE acc_t acc_fma(acc_t w, acc_t x, acc_t acc) {
+    acc_t a = {vfmaq_f32(acc.lo, w.lo, x.lo), vfmaq_f32(acc.hi, w.hi, x.hi)};
+    return a;
+}
+ACC_INLINE float acc_sum(acc_t v) {
+    float32x4_t s = vaddq_f32(v.lo, v.hi);                          /* lanes i + (i + 4) */
+    float32x2_t h = vadd_f32(vget_low_f32(s), vget_high_f32(s));   /* (0 + 2), (1 + 3) */
+    return vget_lane_f32(h, 0) + vget_lane_f32(h, 1);
 }
 #else
 /* portable form: the same structure in plain C (its own bits, equally independent of rows and threads) */
