@@ -24,6 +24,8 @@
 #include "gh_native.h"
 #ifdef __AVX2__
 #include <immintrin.h>
+#elif defined(__ARM_NEON)
+#include <arm_neon.h>
 #endif
 #ifdef _OPENMP
 #include <omp.h>
@@ -91,6 +93,13 @@ INLINE float minimum_term(const Weight *w, int64_t n, const float *xsum) {
 }
 
 #ifdef __AVX2__
+#define QUANT_VECTOR 1
+typedef __m256 lanes8;                     /* 8 float32 lanes */
+typedef struct { __m256i a, b; } codes32;  /* a chunk's 32 int16 values, in chunk order */
+typedef __m256 scale8;                     /* a chunk's x scale in every lane */
+
+INLINE lanes8 lanes_zero(void) { return _mm256_setzero_ps(); }
+
 INLINE float hsum8(__m256 v) {
     __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  /* lanes i + (i + 4) */
     a = _mm_add_ps(a, _mm_movehl_ps(a, a));                                          /* + (i + 2) */
@@ -98,30 +107,141 @@ INLINE float hsum8(__m256 v) {
     return _mm_cvtss_f32(a);
 }
 
+INLINE void prefetch_line(const char *p) { _mm_prefetch(p, _MM_HINT_T0); }
+
+INLINE scale8 load_scale(const float *p) { return _mm256_broadcast_ss(p); }
+
+INLINE codes32 load_codes(const int16_t *p) {
+    codes32 v = {_mm256_loadu_si256((const __m256i *)p), _mm256_loadu_si256((const __m256i *)(p + 16))};
+    return v;
+}
+
+INLINE void store_codes(int16_t *p, codes32 v) {
+    _mm256_storeu_si256((__m256i *)p, v.a);
+    _mm256_storeu_si256((__m256i *)(p + 16), v.b);
+}
+
 /* the 32 codes of row n at chunk c as two vectors of 16 int16, in chunk order */
-INLINE void codes(const Weight *w, int fmt, int64_t n, int64_t c, __m256i *a, __m256i *b) {
+INLINE codes32 codes(const Weight *w, int fmt, int64_t n, int64_t c) {
+    codes32 v;
     if (fmt) {
-        __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w->q + n * (w->k >> 1) + (c >> 1))));
-        *a = _mm256_sub_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x0f)), _mm256_set1_epi16(8));
-        *b = _mm256_sub_epi16(_mm256_srli_epi16(v, 4), _mm256_set1_epi16(8));
+        __m256i u = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w->q + n * (w->k >> 1) + (c >> 1))));
+        v.a = _mm256_sub_epi16(_mm256_and_si256(u, _mm256_set1_epi16(0x0f)), _mm256_set1_epi16(8));
+        v.b = _mm256_sub_epi16(_mm256_srli_epi16(u, 4), _mm256_set1_epi16(8));
     } else {
         const uint8_t *p = w->q + n * w->k + c;
-        *a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
-        *b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 16)));
+        v.a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+        v.b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 16)));
     }
+    return v;
 }
 
 /* acc += (codes . x over the chunk, in 8 int32 lanes) * (weight scale * x scale) */
-INLINE __m256 chunk_dot(__m256i a, __m256i b, __m256i xa, __m256i xb, float wscale, __m256 xscale, __m256 acc) {
-    __m256i p = _mm256_add_epi32(_mm256_madd_epi16(a, xa), _mm256_madd_epi16(b, xb));
+INLINE __m256 chunk_dot(codes32 w, codes32 x, float wscale, __m256 xscale, __m256 acc) {
+    __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w.a, x.a), _mm256_madd_epi16(w.b, x.b));
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(_mm256_set1_ps(wscale), xscale), acc);
 }
 
+/* minimum_term of the NB channels from n0 at once, one channel per lane: each lane runs minimum_term's operations
+ * in its order (so its bits), and the NB dependent chains of adds overlap */
+INLINE void minimum_terms(const Weight *w, int64_t n0, const float *xsum, float *term) {
+    const float *mn = w->minimum + n0 * w->groups, *sc = w->scale + n0 * w->groups;
+    int64_t gs = w->groups;
+    __m128 t = _mm_setzero_ps(), eight = _mm_set1_ps(8.0f);
+    for (int64_t g = 0; g < gs; g++) {
+        __m128 m = _mm_set_ps(mn[3 * gs + g], mn[2 * gs + g], mn[gs + g], mn[g]);
+        __m128 s = _mm_set_ps(sc[3 * gs + g], sc[2 * gs + g], sc[gs + g], sc[g]);
+        t = _mm_add_ps(t, _mm_mul_ps(_mm_add_ps(m, _mm_mul_ps(eight, s)), _mm_set1_ps(xsum[g])));
+    }
+    _mm_storeu_ps(term, t);
+}
+#elif defined(__ARM_NEON)
+/* The AVX2 path's arithmetic in NEON registers: the same int32 lanes (a lane sums codes 2i and 2i + 1 of each
+ * half of the chunk, as vpmaddwd pairs them; integer sums are exact, so only which products share a lane matters),
+ * the same fused multiply-add per lane and the same horizontal sum, so the AVX2 build's bits. */
+#define QUANT_VECTOR 1
+typedef struct { float32x4_t lo, hi; } lanes8;   /* lanes 0-3, 4-7 */
+typedef struct { int16x8_t v[4]; } codes32;      /* a chunk's 32 int16 values, in chunk order */
+typedef float32x4_t scale8;                      /* a chunk's x scale in every lane */
+
+INLINE lanes8 lanes_zero(void) {
+    lanes8 z = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+    return z;
+}
+
+INLINE float hsum8(lanes8 v) {
+    float32x4_t s = vaddq_f32(v.lo, v.hi);                          /* lanes i + (i + 4) */
+    float32x2_t h = vadd_f32(vget_low_f32(s), vget_high_f32(s));   /* + (i + 2) */
+    return vget_lane_f32(h, 0) + vget_lane_f32(h, 1);
+}
+
+INLINE void prefetch_line(const char *p) { __builtin_prefetch(p, 0, 3); }
+
+INLINE scale8 load_scale(const float *p) { return vld1q_dup_f32(p); }
+
+INLINE codes32 load_codes(const int16_t *p) {
+    codes32 v = {{vld1q_s16(p), vld1q_s16(p + 8), vld1q_s16(p + 16), vld1q_s16(p + 24)}};
+    return v;
+}
+
+INLINE void store_codes(int16_t *p, codes32 v) {
+    for (int i = 0; i < 4; i++) vst1q_s16(p + 8 * i, v.v[i]);
+}
+
+INLINE codes32 codes(const Weight *w, int fmt, int64_t n, int64_t c) {
+    codes32 v;
+    if (fmt) {
+        uint8x16_t u = vld1q_u8(w->q + n * (w->k >> 1) + (c >> 1));
+        uint8x16_t low = vandq_u8(u, vdupq_n_u8(0x0f)), high = vshrq_n_u8(u, 4);
+        int16x8_t eight = vdupq_n_s16(8);
+        v.v[0] = vsubq_s16(vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(low))), eight);
+        v.v[1] = vsubq_s16(vreinterpretq_s16_u16(vmovl_high_u8(low)), eight);
+        v.v[2] = vsubq_s16(vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(high))), eight);
+        v.v[3] = vsubq_s16(vreinterpretq_s16_u16(vmovl_high_u8(high)), eight);
+    } else {
+        const int8_t *p = (const int8_t *)w->q + n * w->k + c;
+        int8x16_t a = vld1q_s8(p), b = vld1q_s8(p + 16);
+        v.v[0] = vmovl_s8(vget_low_s8(a)), v.v[1] = vmovl_high_s8(a);
+        v.v[2] = vmovl_s8(vget_low_s8(b)), v.v[3] = vmovl_high_s8(b);
+    }
+    return v;
+}
+
+/* vpmaddwd on 8 int16: lane i = a[2i] x[2i] + a[2i + 1] x[2i + 1] */
+INLINE int32x4_t pair_products(int16x8_t a, int16x8_t x) {
+    return vpaddq_s32(vmull_s16(vget_low_s16(a), vget_low_s16(x)), vmull_high_s16(a, x));
+}
+
+INLINE lanes8 chunk_dot(codes32 w, codes32 x, float wscale, scale8 xscale, lanes8 acc) {
+    int32x4_t lo = vaddq_s32(pair_products(w.v[0], x.v[0]), pair_products(w.v[2], x.v[2]));
+    int32x4_t hi = vaddq_s32(pair_products(w.v[1], x.v[1]), pair_products(w.v[3], x.v[3]));
+    float32x4_t scale = vmulq_f32(vdupq_n_f32(wscale), xscale);
+    lanes8 r = {vfmaq_f32(acc.lo, vcvtq_f32_s32(lo), scale), vfmaq_f32(acc.hi, vcvtq_f32_s32(hi), scale)};
+    return r;
+}
+
+INLINE void minimum_terms(const Weight *w, int64_t n0, const float *xsum, float *term) {
+    const float *mn = w->minimum + n0 * w->groups, *sc = w->scale + n0 * w->groups;
+    int64_t gs = w->groups;
+    float32x4_t t = vdupq_n_f32(0.0f), eight = vdupq_n_f32(8.0f);
+    for (int64_t g = 0; g < gs; g++) {
+        float m4[4] = {mn[g], mn[gs + g], mn[2 * gs + g], mn[3 * gs + g]};
+        float s4[4] = {sc[g], sc[gs + g], sc[2 * gs + g], sc[3 * gs + g]};
+        float32x4_t offset = vaddq_f32(vld1q_f32(m4), vmulq_f32(eight, vld1q_f32(s4)));
+        t = vaddq_f32(t, vmulq_f32(offset, vdupq_n_f32(xsum[g])));
+    }
+    vst1q_f32(term, t);
+}
+#else
+#define QUANT_VECTOR 0
+#endif
+
+#if QUANT_VECTOR
 /* row r of x against channels n0..n0+nb-1; codes from the packed weight (buf NULL) or widened in buf */
 INLINE void row_block(const Weight *w, int fmt, const Rows *x, int64_t r, int64_t n0, int nb, int from_buf,
                       const int16_t *buf, float *out) {
-    __m256 acc[NB];
-    for (int j = 0; j < NB; j++) acc[j] = _mm256_setzero_ps();
+    lanes8 acc[NB];
+    for (int j = 0; j < NB; j++) acc[j] = lanes_zero();
     const int16_t *xq = x->q + r * x->k;
     const float *xs = x->scale + r * (x->k / CHUNK);
     /* the next block's codes, one or two cache lines per chunk (a block of int4 codes spans k / 32 lines,
@@ -134,37 +254,21 @@ INLINE void row_block(const Weight *w, int fmt, const Rows *x, int64_t r, int64_
             group_end += w->group;
         }
         if (!from_buf) {
-            _mm_prefetch(ahead + (fmt ? i : 2 * i) * 64, _MM_HINT_T0);
-            if (!fmt) _mm_prefetch(ahead + (2 * i + 1) * 64, _MM_HINT_T0);
+            prefetch_line(ahead + (fmt ? i : 2 * i) * 64);
+            if (!fmt) prefetch_line(ahead + (2 * i + 1) * 64);
         }
-        __m256i xa = _mm256_loadu_si256((const __m256i *)(xq + c));
-        __m256i xb = _mm256_loadu_si256((const __m256i *)(xq + c + 16));
-        __m256 xscale = _mm256_broadcast_ss(xs + i);
+        codes32 xv = load_codes(xq + c);
+        scale8 xscale = load_scale(xs + i);
         for (int j = 0; j < nb; j++) {
-            __m256i a, b;
-            if (from_buf) {
-                a = _mm256_loadu_si256((const __m256i *)(buf + j * w->k + c));
-                b = _mm256_loadu_si256((const __m256i *)(buf + j * w->k + c + 16));
-            } else {
-                codes(w, fmt, n0 + j, c, &a, &b);
-            }
-            acc[j] = chunk_dot(a, b, xa, xb, w->scale[(n0 + j) * w->groups + g], xscale, acc[j]);
+            codes32 wv;
+            if (from_buf) wv = load_codes(buf + j * w->k + c);
+            else wv = codes(w, fmt, n0 + j, c);
+            acc[j] = chunk_dot(wv, xv, w->scale[(n0 + j) * w->groups + g], xscale, acc[j]);
         }
     }
     if (x->sum && nb == NB) {
-        /* minimum_term of the NB channels at once, one channel per lane: each lane runs minimum_term's
-         * operations in its order (so its bits), and the NB dependent chains of adds overlap */
-        const float *xsum = x->sum + r * x->groups;
-        const float *mn = w->minimum + n0 * w->groups, *sc = w->scale + n0 * w->groups;
-        int64_t gs = w->groups;
-        __m128 t = _mm_setzero_ps(), eight = _mm_set1_ps(8.0f);
-        for (int64_t g = 0; g < gs; g++) {
-            __m128 m = _mm_set_ps(mn[3 * gs + g], mn[2 * gs + g], mn[gs + g], mn[g]);
-            __m128 s = _mm_set_ps(sc[3 * gs + g], sc[2 * gs + g], sc[gs + g], sc[g]);
-            t = _mm_add_ps(t, _mm_mul_ps(_mm_add_ps(m, _mm_mul_ps(eight, s)), _mm_set1_ps(xsum[g])));
-        }
         float term[NB];
-        _mm_storeu_ps(term, t);
+        minimum_terms(w, n0, x->sum + r * x->groups, term);
         for (int j = 0; j < NB; j++) out[n0 + j] = hsum8(acc[j]) + term[j];
         return;
     }
@@ -181,12 +285,7 @@ INLINE void block_of(const Weight *w, int fmt, const Rows *x, int64_t rows, int6
         return;
     }
     for (int j = 0; j < nb; j++)
-        for (int64_t c = 0; c < w->k; c += CHUNK) {
-            __m256i a, b;
-            codes(w, fmt, n0 + j, c, &a, &b);
-            _mm256_storeu_si256((__m256i *)(buf + j * w->k + c), a);
-            _mm256_storeu_si256((__m256i *)(buf + j * w->k + c + 16), b);
-        }
+        for (int64_t c = 0; c < w->k; c += CHUNK) store_codes(buf + j * w->k + c, codes(w, fmt, n0 + j, c));
     for (int64_t r = 0; r < rows; r++) {
         if (nb == NB) row_block(w, fmt, x, r, n0, NB, 1, buf, out + r * out_stride);
         else for (int j = 0; j < nb; j++) row_block(w, fmt, x, r, n0 + j, 1, 1, buf + j * w->k, out + r * out_stride);
