@@ -1,7 +1,7 @@
 /* exp(x) in float32 as the native CPU ops compute it: one scalar function and its vector forms, the same operations
  * in the same order (no FMA: the library is built with -ffp-contract=off), so every lane has the scalar bits.
- * Shared by layer_ops.c (SiLU), the attention kernels (softmax; exp8 and exp16 in gh_attention.h) and amx_linear.c
- * (the SiLU fused into the gate/up product). */
+ * Shared by layer_ops.c (SiLU), the attention kernels (softmax; exp8 and exp16 in gh_attention.h, NEON's exp4
+ * here) and amx_linear.c (the SiLU fused into the gate/up product). */
 #ifndef GH_EXP_F32_H
 #define GH_EXP_F32_H
 #include <stdint.h>
@@ -49,5 +49,26 @@ EXP_INLINE float exp_f32(float x) {
                                              23);                                                                   \
         return _mm##W##_mul_ps(p, _mm##W##_castsi##W##_ps(bits));                                                  \
     }
+#endif
+
+#ifdef __ARM_NEON
+#include <arm_neon.h>
+/* exp_f32 on 4 NEON lanes: the same operations in the same order (separate multiplies and adds), so the same bits */
+EXP_INLINE float32x4_t exp4(float32x4_t x) {
+    x = vmaxq_f32(vminq_f32(x, vdupq_n_f32(88.0f)), vdupq_n_f32(-87.0f));
+    float32x4_t big = vdupq_n_f32(12582912.0f);
+    float32x4_t n = vsubq_f32(vaddq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504088896341f)), big), big);
+    float32x4_t r = vsubq_f32(vsubq_f32(x, vmulq_f32(n, vdupq_n_f32(0.693145751953125f))),
+                              vmulq_f32(n, vdupq_n_f32(1.428606765330187e-06f)));
+    float32x4_t p = vdupq_n_f32(1.3888889e-3f);
+    p = vaddq_f32(vdupq_n_f32(8.3333338e-3f), vmulq_f32(r, p));
+    p = vaddq_f32(vdupq_n_f32(4.1666668e-2f), vmulq_f32(r, p));
+    p = vaddq_f32(vdupq_n_f32(1.6666667e-1f), vmulq_f32(r, p));
+    p = vaddq_f32(vdupq_n_f32(0.5f), vmulq_f32(r, p));
+    p = vaddq_f32(vdupq_n_f32(1.0f), vmulq_f32(r, p));
+    p = vaddq_f32(vdupq_n_f32(1.0f), vmulq_f32(r, p));
+    int32x4_t bits = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+    return vmulq_f32(p, vreinterpretq_f32_s32(bits));
+}
 #endif
 #endif

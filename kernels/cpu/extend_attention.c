@@ -42,6 +42,21 @@ INLINE void ext_scores(const float *qb, const float *key, int64_t head_dim, floa
         _mm256_storeu_ps(dst, sum_lanes8(a0, a1, a2, a3, a4, a5, a6, a7));
         return;
     }
+#elif defined(__ARM_NEON)
+    if (EXT_VECTOR(head_dim)) {
+        chain8 a[EXT_LANES];
+        for (int t = 0; t < EXT_LANES; t++) a[t].lo = a[t].hi = vdupq_n_f32(0.0f);
+        for (int64_t c = 0; c < head_dim; c += 8) {
+            float32x4_t klo = vld1q_f32(key + c), khi = vld1q_f32(key + c + 4);
+#pragma GCC unroll 8
+            for (int t = 0; t < EXT_LANES; t++) {
+                a[t].lo = vfmaq_f32(a[t].lo, vld1q_f32(qb + t * head_dim + c), klo);
+                a[t].hi = vfmaq_f32(a[t].hi, vld1q_f32(qb + t * head_dim + c + 4), khi);
+            }
+        }
+        sum_chains8(a, dst);
+        return;
+    }
 #endif
     for (int t = 0; t < EXT_LANES; t++) dst[t] = dot(qb + t * head_dim, key, head_dim);
 }
@@ -131,6 +146,27 @@ INLINE void ext_pv_tile(float *obuf, const float *probs, const float *const *row
     _mm256_storeu_ps(o0, a00), _mm256_storeu_ps(o0 + 8, a01), _mm256_storeu_ps(o1, a10), _mm256_storeu_ps(o1 + 8, a11);
     _mm256_storeu_ps(o2, a20), _mm256_storeu_ps(o2 + 8, a21), _mm256_storeu_ps(o3, a30), _mm256_storeu_ps(o3 + 8, a31);
 }
+#elif defined(__ARM_NEON)
+/* the same: 16 accumulators, four V vectors and the tile's four weights of a key in registers, each weight used by
+ * lane (a fused multiply-add like the AVX2 one) */
+INLINE void ext_pv_tile(float *obuf, const float *probs, const float *const *rows, int64_t keys, int t0, int64_t d0,
+                        int64_t head_dim) {
+    float32x4_t a[4][4];
+    for (int t = 0; t < 4; t++)
+        for (int i = 0; i < 4; i++) a[t][i] = vld1q_f32(obuf + (t0 + t) * head_dim + d0 + 4 * i);
+    for (int64_t p = 0; p < keys; p++) {
+        float32x4_t w = vld1q_f32(probs + p * EXT_LANES + t0);
+        for (int i = 0; i < 4; i++) {
+            float32x4_t v = vld1q_f32(rows[p] + d0 + 4 * i);
+            a[0][i] = vfmaq_laneq_f32(a[0][i], v, w, 0);
+            a[1][i] = vfmaq_laneq_f32(a[1][i], v, w, 1);
+            a[2][i] = vfmaq_laneq_f32(a[2][i], v, w, 2);
+            a[3][i] = vfmaq_laneq_f32(a[3][i], v, w, 3);
+        }
+    }
+    for (int t = 0; t < 4; t++)
+        for (int i = 0; i < 4; i++) vst1q_f32(obuf + (t0 + t) * head_dim + d0 + 4 * i, a[t][i]);
+}
 #endif
 
 /* probs[p][t] = exp(scale * scores[p][t] - max) for keys p <= limit[t], else 0; sum[t] their sum */
@@ -169,6 +205,26 @@ INLINE void ext_softmax(float *probs, int64_t keys, const int32_t *limit, float 
         total = _mm256_add_ps(total, e);
     }
     _mm256_storeu_ps(sum, total);
+#elif defined(__ARM_NEON)
+    /* the AVX2 path in 4-lane halves: lanes 0-3, then 4-7 */
+    for (int h = 0; h < 2; h++) {
+        int32x4_t lim = vld1q_s32(limit + 4 * h);
+        float32x4_t vscale = vdupq_n_f32(scale), top = vdupq_n_f32(-INFINITY), total = vdupq_n_f32(0.0f);
+        for (int64_t p = 0; p < keys; p++) {
+            float *at = probs + p * EXT_LANES + 4 * h;
+            float32x4_t s = vmulq_f32(vld1q_f32(at), vscale);
+            vst1q_f32(at, s);
+            top = vbslq_f32(vcleq_s32(vdupq_n_s32((int32_t)p), lim), vmaxq_f32(top, s), top);
+        }
+        for (int64_t p = 0; p < keys; p++) {
+            float *at = probs + p * EXT_LANES + 4 * h;
+            uint32x4_t seen = vcleq_s32(vdupq_n_s32((int32_t)p), lim);
+            float32x4_t e = vbslq_f32(seen, exp4(vsubq_f32(vld1q_f32(at), top)), vdupq_n_f32(0.0f));
+            vst1q_f32(at, e);
+            total = vaddq_f32(total, e);
+        }
+        vst1q_f32(sum + 4 * h, total);
+    }
 #else
     float top[EXT_LANES];
     for (int t = 0; t < EXT_LANES; t++) top[t] = -INFINITY, sum[t] = 0.0f;
@@ -195,7 +251,7 @@ INLINE void ext_weighted_sum(float *obuf, const float *probs, const float *const
         for (int64_t d0 = 0; d0 < head_dim; d0 += 16) ext_pv_tile16(obuf, probs, rows, keys, d0, head_dim);
         return;
     }
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif (defined(__AVX2__) && defined(__FMA__)) || defined(__ARM_NEON)
     if (EXT_VECTOR(head_dim)) {
         for (int64_t d0 = 0; d0 < head_dim; d0 += 16) {
             ext_pv_tile(obuf, probs, rows, keys, 0, d0, head_dim);

@@ -14,14 +14,27 @@ INLINE void attn_axpy(float *acc, float w, const float *v, int64_t n) {
                                                                          _mm256_loadu_ps(acc + d)));
     for (; d < n; d++) acc[d] += w * v[d];
 }
+#elif defined(__ARM_NEON)
+#include <arm_neon.h>
+/* AVX2's split: fused over whole groups of 8, the n % 8 tail unfused, so the same bits */
+INLINE void attn_axpy(float *acc, float w, const float *v, int64_t n) {
+    float32x4_t wv = vdupq_n_f32(w);
+    int64_t d = 0;
+    for (; d + 8 <= n; d += 8) {
+        vst1q_f32(acc + d, vfmaq_f32(vld1q_f32(acc + d), wv, vld1q_f32(v + d)));
+        vst1q_f32(acc + d + 4, vfmaq_f32(vld1q_f32(acc + d + 4), wv, vld1q_f32(v + d + 4)));
+    }
+    for (; d < n; d++) acc[d] += w * v[d];
+}
 #else
 INLINE void attn_axpy(float *acc, float w, const float *v, int64_t n) {
     for (int64_t d = 0; d < n; d++) acc[d] += w * v[d];
 }
 #endif
 
-/* Multi-token attention's vector path (ext_scores) needs AVX2 and a head size that is a multiple of 16. */
-#if defined(__AVX2__) && defined(__FMA__)
+/* Multi-token attention's vector path (ext_scores) needs AVX2 or NEON and a head size that is a multiple of 16. NEON
+ * runs the AVX2 path's 8-lane arithmetic in 4-lane halves, so an Arm host gets the AVX2 build's bits. */
+#if (defined(__AVX2__) && defined(__FMA__)) || defined(__ARM_NEON)
 #define EXT_VECTOR(head_dim) ((head_dim) % 16 == 0)
 #else
 #define EXT_VECTOR(head_dim) 0
@@ -49,6 +62,17 @@ INLINE float score_dot(const float *q, const float *key, int64_t head_dim) {
         __m256 h = _mm256_hadd_ps(a, a);            /* (0 + 1), (2 + 3) in lanes 0, 1; (4 + 5), (6 + 7) in 4, 5 */
         h = _mm256_hadd_ps(h, h);
         return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+    }
+#elif defined(__ARM_NEON)
+    if (EXT_VECTOR(head_dim)) {
+        float32x4_t lo = vdupq_n_f32(0.0f), hi = lo;   /* lanes 0-3, 4-7 of the chain */
+        for (int64_t c = 0; c < head_dim; c += 8) {
+            lo = vfmaq_f32(lo, vld1q_f32(q + c), vld1q_f32(key + c));
+            hi = vfmaq_f32(hi, vld1q_f32(q + c + 4), vld1q_f32(key + c + 4));
+        }
+        float32x4_t h = vpaddq_f32(lo, hi);   /* (0 + 1), (2 + 3), (4 + 5), (6 + 7) */
+        h = vpaddq_f32(h, h);
+        return vgetq_lane_f32(h, 0) + vgetq_lane_f32(h, 1);
     }
 #endif
     return dot(q, key, head_dim);
@@ -79,6 +103,19 @@ INLINE __m256 sum_lanes8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, 
 }
 
 EXP_LANES(256, exp8)
+#elif defined(__ARM_NEON)
+/* an 8-lane FMA chain (one query vector's score, as score_dot runs it) in two 4-lane halves */
+typedef struct { float32x4_t lo, hi; } chain8;
+
+/* dst[t] = sum of the 8 lanes of a[t], in sum_lanes8's order: ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)) */
+INLINE void sum_chains8(const chain8 *a, float *dst) {
+    float32x4_t p[8];
+    for (int t = 0; t < 8; t++) p[t] = vpaddq_f32(a[t].lo, a[t].hi);
+    float32x4_t q0 = vpaddq_f32(p[0], p[1]), q1 = vpaddq_f32(p[2], p[3]);   /* per chain (0-3), (4-7) */
+    float32x4_t q2 = vpaddq_f32(p[4], p[5]), q3 = vpaddq_f32(p[6], p[7]);
+    vst1q_f32(dst, vpaddq_f32(q0, q1));
+    vst1q_f32(dst + 4, vpaddq_f32(q2, q3));
+}
 #endif
 
 #if WIDE
