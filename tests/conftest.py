@@ -92,12 +92,30 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_itemcollected(item):
+    global _aarch64_collected
     callspec = getattr(item, "callspec", None)
     if callspec is not None and "cpu_route" in callspec.params:
         _route_of_test[item.nodeid] = callspec.params["cpu_route"]
+    _aarch64_collected |= item.path.name == AARCH64_TESTS
+
+
+# ---- the native ops' aarch64 builds under emulation (tests/kernels/test_cpu_native_aarch64.py) ------------
+AARCH64_TESTS = "test_cpu_native_aarch64.py"
+_aarch64_collected = False
+
+
+def _aarch64_summary(terminalreporter):
+    """Whether the Arm builds' checks could run: a machine without the cross tools says so, never silently."""
+    from tests.kernels.aarch64.builds import INSTALL_HINT, missing_tools
+    why_not = missing_tools()
+    state = "run here under qemu" if why_not is None else f"skipped: {why_not}; {INSTALL_HINT}"
+    terminalreporter.section("aarch64 native builds")
+    terminalreporter.write_line(f"NEON and portable builds of kernels/cpu: {state}")
 
 
 def pytest_terminal_summary(terminalreporter, config):
+    if _aarch64_collected:
+        _aarch64_summary(terminalreporter)
     if not any(_route_outcomes.values()):
         return
     terminalreporter.section("CPU routes")
