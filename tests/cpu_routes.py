@@ -3,7 +3,8 @@
 Every ``--cpu-route`` (``backends/cpu/routes.py``) is forced in turn, so route-dependent tests check each
 route on every host that can execute it, not only the one its CPU would pick; plus two routes over another build
 of the native CPU ops: ``fp32-portable``, the fp32 route with the ops built for the baseline x86-64 ISA, which
-compiles the C code's portable paths (no AVX2 / FMA / F16C), the paths Grace's Arm cores run; and ``bf16-no-amx``
+compiles the C code's portable paths (no AVX2 / FMA / F16C), the paths an Arm host without NEON runs (Grace's
+NEON paths give the AVX2 build's bits: tests/kernels/test_cpu_native_aarch64.py); and ``bf16-no-amx``
 on a CPU with AMX, the bf16 route with the ops built without AMX: the route a CPU with AVX-512 BF16 and no AMX
 (AMD Zen 4) takes (the AVX-512 BF16 dot-product linear, not the AMX one). A route that cannot execute here is skipped with the
 reason; ``pytest --cpu-routes fp32,bf16`` narrows the list (a CI lane per route). The ``cpu_route`` fixture

@@ -20,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Not on Arm: BFDOT fits the packed layout but rounds a pair's sum otherwise than VDPBF16PS, and its bits are
+ * unchecked on Neoverse V2 (docs/ARM_KERNELS.md); there the bf16 route keeps oneDNN's linears. */
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define HAVE_DOT 1
 #include "bf16_store.h"

@@ -1,4 +1,5 @@
-"""The native CPU ops' portable C paths: what a host without AVX2 / FMA / F16C runs (Grace's Arm cores among them).
+"""The native CPU ops' portable C paths: what a host without AVX2 / FMA / F16C or NEON runs (Grace's NEON build and
+the portable aarch64 build are checked under emulation by test_cpu_native_aarch64.py).
 
 On an x86-64 host the library is built a second time for the baseline x86-64 ISA (no AVX), which compiles every
 ``#else`` branch, and each op is checked against the vector build (itself checked against torch in
