@@ -23,8 +23,9 @@ import platform
 import pytest
 import torch
 
+from gh200rt.backends.cpu.native import SIGNATURES
 from gh200rt.platform.cpu_features import cpu_flags
-from tests.kernels.aarch64.builds import INSTALL_HINT, all_outputs, missing_tools
+from tests.kernels.aarch64.builds import HARNESS, INSTALL_HINT, all_outputs, missing_tools
 
 pytestmark = [
     pytest.mark.slow,
@@ -38,6 +39,11 @@ HAS_AVX2 = {"avx2", "fma", "f16c"} <= cpu_flags()
 ROUNDING = {"linear/": 1e-4, "quant/": 1e-4, "attn/decode/": 1e-5, "attn/extend/": 1e-5, "block/fused/": 1e-5,
             "block/steps/": 1e-5, "layer/out/": 1e-4}
 BF16_TOL = 1e-2
+
+
+def test_the_harness_calls_every_exported_kernel():
+    calls = HARNESS.read_text()
+    assert not [name for name in SIGNATURES if f"{name}(" not in calls], "add them to tests/kernels/aarch64/harness.c"
 
 
 @pytest.fixture(scope="module")
