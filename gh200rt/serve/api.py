@@ -1,5 +1,6 @@
 """The FastAPI app: OpenAI routes over an ``AsyncEngine``, plus health, metrics and tokenizer routes, one module per
-group (``status_routes``, ``tokenizer_routes``, ``generation_routes``, ``lora_routes``) over the ``ServerState``
+group (``status_routes``, ``tokenizer_routes``, ``generation_routes``, ``lora_routes``, ``responses_routes``: OpenAI's
+Responses API) over the ``ServerState``
 they share (``state``).
 
 Every OpenAI route answers with and without its ``/v1`` prefix (llama.cpp's clients leave it out), and
@@ -22,6 +23,7 @@ from gh200rt.serve.errors import APIError, error_body, error_response
 from gh200rt.serve.generation_routes import add_generation_routes
 from gh200rt.serve.guard import Guard
 from gh200rt.serve.lora_routes import add_lora_routes
+from gh200rt.serve.responses_routes import add_responses_routes
 from gh200rt.serve.state import ServerState
 from gh200rt.serve.status_routes import add_status_routes
 from gh200rt.serve.tokenizer_routes import add_tokenizer_routes
@@ -54,4 +56,5 @@ def create_app(state: ServerState) -> FastAPI:
     add_tokenizer_routes(app, state)
     add_generation_routes(app, state)
     add_lora_routes(app, state)
+    add_responses_routes(app, state)
     return app

@@ -51,6 +51,9 @@ class ServerConfig:
         "render a chat request's own 'chat_template' (vLLM's flag); without it such a request is a 400. The "
         "sandbox keeps a template from the host, but a template can take unbounded time and memory: trust the "
         "clients first"))
+    max_stored_responses: int = field(default=1000, metadata=flag_help(
+        "responses /v1/responses keeps in memory for GET, previous_response_id and cancel (those made with store "
+        "true, the default); past it the least recently used is forgotten"))
     engine_cpus: str | None = field(default=None, metadata=flag_help(
         "CPUs the engine thread and the torch threads it starts run on, e.g. 0 or 0-3,8 (what vLLM's "
         "VLLM_CPU_OMP_THREADS_BIND does for its CPU backend); the HTTP side stays free to run elsewhere. "
@@ -81,6 +84,8 @@ class ServerConfig:
             raise ValueError(f"--tool-call-parser {self.tool_call_parser!r}: choose {', '.join(TOOL_CALL_PARSERS)}")
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ValueError(f"--reasoning-parser {self.reasoning_parser!r}: choose {', '.join(REASONING_PARSERS)}")
+        if self.max_stored_responses < 0:
+            raise ValueError(f"--max-stored-responses must be 0 or more, got {self.max_stored_responses}")
         if self.engine_cpus is not None:
             parse_cpu_list(self.engine_cpus)
         if self.api_key is not None and not self.api_key:

@@ -115,6 +115,28 @@ TEMPLATE = ("add_generation_prompt", "continue_final_message", "chat_template", 
 COMPLETION_ONLY = ("prompt", "echo", "logprobs", "add_special_tokens", "suffix", *COMPLETION_REFUSED)
 CHAT_ONLY = ("messages", "logprobs", "top_logprobs", "echo", *TEMPLATE, "add_special_tokens", *TOOL_FIELDS,
              *CHAT_REFUSED)
+# /v1/responses (OpenAI's Responses API, responses_request.py): what it reads, and what it refuses
+RESPONSES_REFUSED = {
+    "background": ((False,), "background responses are not supported by this server (a response is generated while "
+                             "its request is open; stream it to see it grow); leave 'background' out or false"),
+    "truncation": (("disabled",), "the input is never cut to fit by this server: a too-long conversation is a 400 "
+                                  "naming its length; leave 'truncation' out or \"disabled\""),
+    "service_tier": REFUSED["service_tier"],
+    "prompt": (ABSENT, _leave_out("stored prompt templates are not kept by this server; send 'instructions' and "
+                                  "'input'", "prompt")),
+    "conversation": (ABSENT, _leave_out("conversation objects are not kept by this server; continue a stored "
+                                        "response with 'previous_response_id'", "conversation")),
+    "max_tool_calls": (ABSENT, _leave_out("a response makes at most one round of function calls here (the client "
+                                          "runs them); bound that round with 'parallel_tool_calls'",
+                                          "max_tool_calls")),
+    "prompt_cache_key": REFUSED["prompt_cache_key"],
+}
+RESPONSES = ("model", "input", "instructions", "previous_response_id", "store", "stream", "stream_options", "tools",
+             "tool_choice", "parallel_tool_calls", "max_output_tokens", "temperature", "top_p", "top_logprobs", "text",
+             "reasoning", "include", "metadata", "user", "safety_identifier", *RESPONSES_REFUSED,
+             # vLLM's sampling extensions, as on chat (responses_request.SAMPLING_EXTRAS)
+             "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop",
+             "stop_token_ids", "ignore_eos", "min_tokens")
 COMPLETION = GENERATION + COMPLETION_ONLY
 CHAT = GENERATION + CHAT_ONLY
 TOKENIZE = ("model", "prompt", "messages", "add_special_tokens", *TEMPLATE, "tools", "return_token_strs",

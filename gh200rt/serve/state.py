@@ -14,6 +14,7 @@ from gh200rt.serve.errors import APIError, bad_request
 from gh200rt.serve.lora_routes import adapters
 from gh200rt.serve.metrics import ServerMetrics
 from gh200rt.serve.protocol import DEFAULT_MAX_LOGPROBS, show
+from gh200rt.serve.responses_store import ResponsesStore
 
 
 class ServerState:
@@ -32,6 +33,7 @@ class ServerState:
         engine.metrics = self.metrics
         self.shutting_down = False
         self.started = int(time.time())
+        self.responses = ResponsesStore(config.max_stored_responses)   # /v1/responses (responses_store.py)
 
     def ready_engine(self):
         """The loaded LLMEngine, or 503 while it loads (or if it failed)."""

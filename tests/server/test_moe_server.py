@@ -144,5 +144,26 @@ def test_a_tiny_deepseek_v3_reasons_and_calls_tools_in_its_own_format(tmp_path):
         quiet = httpx.post(server.url + "/v1/chat/completions", timeout=60,
                            json={**request, "include_reasoning": False}).json()["choices"][0]["message"]
         assert "reasoning" not in quiet and "reasoning_content" not in quiet and quiet["tool_calls"]
+        # the Responses API (vLLM's sampling extensions stop it where the chat request stops): a reasoning item, the
+        # message, a function_call item, plain and streamed alike
+        tools = [{"type": "function", **tool["function"]} for tool in WEATHER_TOOL]
+        body = {"model": "tiny-deepseek", "input": messages, "tools": tools, "max_output_tokens": 12,
+                "temperature": 0, "ignore_eos": True, "stop_token_ids": [ids[stop]]}
+        for stream in (False, True):
+            reply = httpx.post(server.url + "/v1/responses", timeout=60, json={**body, "stream": stream})
+            assert reply.status_code == 200, reply.text
+            events = [json.loads(line[6:]) for line in reply.text.splitlines() if line.startswith("data: ")]
+            response = events[-1]["response"] if stream else reply.json()
+            output = response["output"]
+            said = words[end + 1:call]          # a message item only where the answer has text beside the call
+            assert [item["type"] for item in output] == ["reasoning", *(["message"] if said else []),
+                                                         "function_call"], output
+            assert output[0]["content"][0]["text"] == message["reasoning"]
+            assert not said or output[1]["content"][0]["text"].split() == said
+            assert (output[-1]["name"], json.loads(output[-1]["arguments"])) == ("get_weather", {"city": "Paris"})
+            assert 0 < response["usage"]["output_tokens_details"]["reasoning_tokens"] <= end + 1
+            if stream:
+                reasoning = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta")
+                assert reasoning == message["reasoning"]
     finally:
         server.stop()

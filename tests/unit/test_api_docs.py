@@ -19,6 +19,7 @@ FIELD_TABLES = {
     "Completions and chat completions": set(fields.GENERATION),
     "Completions only": set(fields.COMPLETION_ONLY),
     "Chat completions only": set(fields.CHAT_ONLY),
+    "Responses": set(fields.RESPONSES),
     "Embeddings": set(embeddings.FIELDS),
     "/tokenize and /detokenize": set(fields.TOKENIZE) | set(fields.DETOKENIZE),
     "LoRA adapter routes": lora_routes.LOAD_FIELDS | lora_routes.UNLOAD_FIELDS,
