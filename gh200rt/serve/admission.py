@@ -42,6 +42,7 @@ class Ticket:
     def release(self) -> None:
         if self.slots:
             self._admission._release(self.slots)
+            self._admission.requests -= 1
             self.slots = 0
 
 
@@ -56,6 +57,7 @@ class Admission:
         self.flags = flags
         self.raise_flag = raise_flag
         self.held = 0
+        self.requests = 0                        # admitted requests holding slots: GET /load's server_load
         self.refused = 0                         # requests refused for overload since start
         self._clock = clock
         self._released: deque[tuple[float, int]] = deque()   # (time, slots) within the rate window
@@ -78,6 +80,7 @@ class Admission:
             self._busy_since = self._clock()
             self._released.clear()
         self.held += slots
+        self.requests += 1
         return Ticket(self, slots)
 
     def _release(self, slots: int) -> None:

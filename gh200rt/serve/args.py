@@ -51,6 +51,14 @@ class ServerConfig:
         "render a chat request's own 'chat_template' (vLLM's flag); without it such a request is a 400. The "
         "sandbox keeps a template from the host, but a template can take unbounded time and memory: trust the "
         "clients first"))
+    enable_force_include_usage: bool = field(default=False, metadata=flag_help(
+        "end every streamed completion and chat answer with a usage chunk, asked for or not (vLLM's flag)"))
+    enable_server_load_tracking: bool = field(default=False, metadata=flag_help(
+        "answer GET /load with the generation requests in flight, {\"server_load\": N} (vLLM's flag; without it "
+        "/load is a 404 saying so)"))
+    enable_prompt_tokens_details: bool = field(default=False, metadata=flag_help(
+        "vLLM's flag for usage.prompt_tokens_details (cached_tokens): this server always reports it, so the flag "
+        "changes nothing"))
     max_stored_responses: int = field(default=1000, metadata=flag_help(
         "responses /v1/responses keeps in memory for GET, previous_response_id and cancel (those made with store "
         "true, the default); past it the least recently used is forgotten"))

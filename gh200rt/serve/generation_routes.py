@@ -132,6 +132,8 @@ async def start_run(state, parsed, model: str, kind: str, render=None) -> Genera
 
 async def generate(state, parsed, model: str, chat: bool, render=None):
     """Start the run (``start_run``); then answer in one body or as a stream."""
+    if parsed.stream and state.config.enable_force_include_usage:
+        parsed.include_usage = True
     run = await start_run(state, parsed, model, "chatcmpl" if chat else "cmpl", render)
     engine = state.ready_engine()
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{parsed.request_id or uuid.uuid4().hex}"

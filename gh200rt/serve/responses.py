@@ -153,9 +153,9 @@ def completion_body(tok, run, model: str, chat: bool, request_id: str, per_choic
         token_ids = [t for d in deltas for t in d.token_ids] if parsed.return_token_ids else None
         if chat:
             message, finish = chat_message(run, text, finish)
+            # vLLM's chat choice always carries token_ids (null unless asked for); clients read it unguarded
             choices.append({"index": index, "message": message, "logprobs": chat_choice_logprobs(tok, parsed, deltas),
-                            "finish_reason": finish, "stop_reason": stop_reason,
-                            **({"token_ids": token_ids} if parsed.return_token_ids else {})})
+                            "finish_reason": finish, "stop_reason": stop_reason, "token_ids": token_ids})
             continue
         prefix = echo_text(tok, run, index // n) if parsed.echo else ""
         lp = None
@@ -169,9 +169,9 @@ def completion_body(tok, run, model: str, chat: bool, request_id: str, per_choic
                         "prompt_logprobs": prompt_logprobs_body(tok, run.prompt_logprobs.get(index // n))
                         if parsed.prompt_logprobs is not None else None})
     body = envelope(request_id, "chat.completion" if chat else "text_completion", model, choices)
-    if chat and parsed.return_token_ids:
-        body["prompt_token_ids"] = run.prompt_token_ids.get(0)
-    if chat and parsed.prompt_logprobs is not None:
-        body["prompt_logprobs"] = prompt_logprobs_body(tok, run.prompt_logprobs.get(0))
+    if chat:        # vLLM's chat body always carries both keys, null unless asked for
+        body["prompt_token_ids"] = run.prompt_token_ids.get(0) if parsed.return_token_ids else None
+        body["prompt_logprobs"] = prompt_logprobs_body(tok, run.prompt_logprobs.get(0)) \
+            if parsed.prompt_logprobs is not None else None
     body["usage"] = usage(run)
     return body

@@ -41,6 +41,12 @@ def add_status_routes(app: FastAPI, state) -> None:
         entry = adapters(state).get(name)
         return state.model_card(name) if entry is None else adapter_card(state, entry)
 
+    @app.get("/load")
+    async def load():
+        if not state.config.enable_server_load_tracking:
+            raise APIError(404, "server load tracking is off; start the server with --enable-server-load-tracking")
+        return {"server_load": state.admission.requests}
+
     @app.get("/metrics")
     async def metrics():
         text = state.metrics.render(state.engine.num_pending, state.served_name, state.admission,
