@@ -29,12 +29,7 @@ def add_generation_routes(app: FastAPI, state) -> None:
         parsed, messages = parse_chat_request(body, state.config.tool_call_parser, state.config.enable_auto_tool_choice,
                                               state.max_logprobs, state.config.reasoning_parser)
         model = state.check_model(parsed.model)
-        tok = state.ready_engine().tokenizer
-        tools = parsed.extra["tools"]
-        render = functools.partial(chat_token_ids, tok, messages, parsed.extra["add_generation_prompt"],
-                                   parsed.extra["continue_final_message"], tools.tools if tools else None,
-                                   parsed.add_special_tokens, **state.trusted(parsed.extra["template_options"]))
-        return await generate(state, parsed, model, chat=True, render=render)
+        return await generate(state, parsed, model, chat=True, render=chat_render(state, parsed, messages))
 
     @app.post("/v1/completions")
     @app.post("/completions")
@@ -96,13 +91,22 @@ def truncated(truncation, prompts: list[tuple[str | None, list[int]]], max_model
     return result
 
 
-async def generate(state, parsed, model: str, chat: bool, render=None):
-    """Admit (or 503 at once), tokenize, submit; then answer in one body or as a stream. ``render`` (chat)
-    is a blocking call that returns the prompt's token ids."""
+def chat_render(state, parsed, messages: list[dict]):
+    """A blocking call that renders a parsed chat request's messages through the template and tokenizes them."""
+    tools = parsed.extra["tools"]
+    return functools.partial(chat_token_ids, state.ready_engine().tokenizer, messages,
+                             parsed.extra["add_generation_prompt"], parsed.extra["continue_final_message"],
+                             tools.tools if tools else None, parsed.add_special_tokens,
+                             **state.trusted(parsed.extra["template_options"]))
+
+
+async def started_run(state, parsed, model: str, kind: str, render=None) -> GenerationRun:
+    """The request admitted (or 503 at once), tokenized and accepted by the engine (or a 400): a run that yields
+    its deltas. ``kind`` prefixes the engine's request ids ("chatcmpl", "cmpl", "msg")."""
     engine = state.ready_engine()
     num_prompts = 1 if render is not None else len(parsed.prompts)
     ticket = state.admission.admit(num_prompts * parsed.params.n, "prompt" if parsed.params.n == 1 else "n")
-    run = GenerationRun(state.engine, "chatcmpl" if chat else "cmpl", parsed, state.metrics, ticket,
+    run = GenerationRun(state.engine, kind, parsed, state.metrics, ticket,
                         lora_name=model if model in adapters(state) else None)
     try:
         # Tokenized here, off the event loop, so a long prompt stalls neither other handlers nor the engine thread.
@@ -123,9 +127,16 @@ async def generate(state, parsed, model: str, chat: bool, render=None):
     except BaseException:                       # a 400, or the client gone: the slots go back at once
         run.close(count_abort=False)
         raise
+    return run
+
+
+async def generate(state, parsed, model: str, chat: bool, render=None):
+    """Admit (or 503 at once), tokenize, submit; then answer in one body or as a stream. ``render`` (chat)
+    is a blocking call that returns the prompt's token ids."""
+    run = await started_run(state, parsed, model, "chatcmpl" if chat else "cmpl", render)
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{parsed.request_id or uuid.uuid4().hex}"
     headers = {"x-request-id": parsed.request_id} if parsed.request_id else {}
-    tok = engine.tokenizer
+    tok = state.ready_engine().tokenizer
     if parsed.stream:
         from gh200rt.serve.streaming import stream_chat, stream_completion
         body = (stream_chat if chat else stream_completion)(run, request_id, model, tok)
