@@ -138,3 +138,16 @@ def test_the_api_key_is_read_from_x_api_key_and_a_wrong_one_is_refused(start_toy
     assert bearer.json() == {"input_tokens": len("<user>hello<assistant>")}
     openai_shape = httpx.post(server.url + "/v1/chat/completions", json={"messages": HELLO})
     assert openai_shape.status_code == 401 and openai_shape.json()["error"]["type"] == "authentication_error"
+
+
+def test_a_full_server_answers_overloaded_error_with_retry_after(start_toy_server):
+    server = start_toy_server("--max-num-seqs", "1", "--max-queued-requests", "0")
+    body = {"model": "toy", "max_tokens": 200, "messages": HELLO, "stream": True, **GREEDY}      # greedy: no EOS
+    with httpx.stream("POST", server.url + "/v1/messages", json=body, timeout=60) as held:
+        assert held.status_code == 200
+        lines = held.iter_lines()                   # kept: a dropped iterator closes the connection
+        assert next(lines) == "event: message_start"     # admitted: it holds the one sequence
+        with pytest.raises(anthropic.APIStatusError) as e:
+            client(server).messages.create(model="toy", max_tokens=2, messages=HELLO)
+    assert e.value.status_code == 503 and e.value.response.headers["retry-after"] == "1"
+    assert e.value.body["error"]["type"] == "overloaded_error" and "--max-num-seqs" in e.value.body["error"]["message"]
