@@ -101,8 +101,9 @@ def truncated(truncation, prompts: list[tuple[str | None, list[int]]], max_model
 
 
 async def start_run(state, parsed, model: str, kind: str, render=None) -> GenerationRun:
-    """Admit (or 503 at once), tokenize, check and submit; the run the engine accepted. ``render`` (chat) is a
-    blocking call that returns the prompt's token ids; ``kind`` prefixes the engine's request ids."""
+    """Admit (or 503 at once), tokenize, check and submit; the run the engine accepted (or a 400). ``render`` (chat)
+    is a blocking call that returns the prompt's token ids; ``kind`` prefixes the engine's request ids ("chatcmpl",
+    "cmpl", "resp", "msg")."""
     engine = state.ready_engine()
     num_prompts = 1 if render is not None else len(parsed.prompts)
     ticket = state.admission.admit(num_prompts * parsed.params.n, "prompt" if parsed.params.n == 1 else "n")
@@ -135,10 +136,9 @@ async def generate(state, parsed, model: str, chat: bool, render=None):
     if parsed.stream and state.config.enable_force_include_usage:
         parsed.include_usage = True
     run = await start_run(state, parsed, model, "chatcmpl" if chat else "cmpl", render)
-    engine = state.ready_engine()
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{parsed.request_id or uuid.uuid4().hex}"
     headers = {"x-request-id": parsed.request_id} if parsed.request_id else {}
-    tok = engine.tokenizer
+    tok = state.ready_engine().tokenizer
     if parsed.stream:
         from gh200rt.serve.streaming import stream_chat, stream_completion
         body = (stream_chat if chat else stream_completion)(run, request_id, model, tok)

@@ -14,6 +14,7 @@ import json
 from starlette.responses import Response, StreamingResponse
 
 from gh200rt.serve.errors import APIError
+from gh200rt.serve.messages_errors import error_body_for
 
 
 BASE_ALLOWED_HEADERS = "authorization, content-type, x-api-key"
@@ -40,8 +41,8 @@ def is_json_media_type(content_type: str | None) -> bool:
 
 
 def _generates(path: str) -> bool:
-    """The routes that start generation: the OpenAI ones with or without /v1, and SageMaker's."""
-    return path.startswith("/v1/") or path in ("/completions", "/chat/completions", "/invocations")
+    """The routes that start generation: the OpenAI and Anthropic ones with or without /v1, and SageMaker's."""
+    return path.startswith("/v1/") or path in ("/completions", "/chat/completions", "/invocations", "/messages")
 
 
 class Guard:
@@ -73,7 +74,7 @@ class Guard:
         elif self.state.shutting_down and method == "POST" and _generates(path):
             error = APIError(503, "the server is shutting down; send the request to another instance")
         if error is not None:
-            return await _respond(send, error.status, json.dumps(error.body()).encode(),
+            return await _respond(send, error.status, json.dumps(error_body_for(path, error)).encode(),
                                   {**cors, "content-type": "application/json"})
 
         async def send_with_cors(message):

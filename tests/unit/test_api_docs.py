@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gh200rt.serve import embeddings, fields, lora_routes
+from gh200rt.serve import embeddings, fields, lora_routes, messages_fields
 from gh200rt.serve.api import create_app
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -23,6 +23,7 @@ FIELD_TABLES = {
     "Embeddings": set(embeddings.FIELDS),
     "/tokenize and /detokenize": set(fields.TOKENIZE) | set(fields.DETOKENIZE),
     "LoRA adapter routes": lora_routes.LOAD_FIELDS | lora_routes.UNLOAD_FIELDS,
+    "Anthropic Messages": set(messages_fields.MESSAGES) | set(messages_fields.COUNT_TOKENS),
 }
 
 
