@@ -65,8 +65,9 @@ def completion_logprobs(names: TokenNames, pairs: list[tuple[int, dict | None]],
 
 def chat_logprobs(names: TokenNames, deltas: list[ChoiceDelta], top: int, pinned: list[int] | None = None,
                   with_ids: bool = False) -> dict:
-    """``top_logprobs`` holds the ``top`` most likely tokens, or exactly the ``pinned`` ones (logprob_token_ids);
-    ``with_ids``: each entry leads with its token's ``id``, as llama.cpp's answers to ``n_probs`` do."""
+    """``top_logprobs`` holds the ``top`` most likely tokens, or the sampled token and the ``pinned`` ones
+    (logprob_token_ids: vLLM's sampler gives the sampled token the first slot); ``with_ids``: each entry leads with its
+    token's ``id``, as llama.cpp's answers to ``n_probs`` do."""
     def entry_of(token_id: int, text: str, logprob: float) -> dict:
         entry = {"token": text, "logprob": logprob, "bytes": list(text.encode())}
         return {"id": token_id, **entry} if with_ids else entry
@@ -74,8 +75,11 @@ def chat_logprobs(names: TokenNames, deltas: list[ChoiceDelta], top: int, pinned
     content = []
     for token_id, entry in generated_pairs(deltas):
         chosen = entry.get(token_id)
-        listed = [(t, lp) for t, lp in entry.items() if t in pinned] if pinned else list(entry.items())
-        ranked = sorted(listed, key=lambda kv: kv[1].rank)[:len(listed) if pinned else top]
+        if pinned:
+            ranked = [(token_id, chosen)] * (chosen is not None and token_id not in pinned) + \
+                sorted([(t, lp) for t, lp in entry.items() if t in pinned], key=lambda kv: kv[1].rank)
+        else:
+            ranked = sorted(entry.items(), key=lambda kv: kv[1].rank)[:top]
         content.append({**entry_of(token_id, names(token_id, chosen), _finite(chosen.logprob) if chosen else -9999.0),
                         "top_logprobs": [entry_of(t, names(t, lp), _finite(lp.logprob)) for t, lp in ranked]})
     return {"content": content}
