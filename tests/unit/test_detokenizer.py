@@ -34,6 +34,13 @@ def test_split_utf8_character_is_never_emitted_half():
     assert all("\ufffd" not in x for x in deltas)
 
 
+def test_an_answer_that_ends_inside_a_character_ends_before_it():
+    """max_tokens reached after the first half of a multi-byte character: the half is held back at the end too, not
+    released as U+FFFD (as vLLM's answers end; issue 48)."""
+    d, deltas = stream([1, 4])
+    assert deltas == ["Hello", "", ""] and d.text == "Hello"
+
+
 def test_stop_string_is_cut_and_its_prefix_held_back():
     d, deltas = stream([1, 6, 7, 8], stop=[" STOP"])
     assert deltas == ["Hello", "", "", ""]
