@@ -5,6 +5,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from gh200rt.structured.constraint import Constraint
+from gh200rt.structured.reasoning_gate import ReasoningGate
 
 MAX_LOGPROB_TOKEN_IDS = 128  # vLLM's bound on logprob_token_ids
 WHOLE_VOCAB = -1             # logprobs / prompt_logprobs: every token of the vocabulary (bounded by --max-logprobs)
@@ -37,10 +38,14 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] | None = None          # token id -> added to its logit, in [-100, 100] or -inf (ban)
     structured_output: Constraint | None = None         # JSON schema, regex, choice or grammar to follow
+    # the constraint holds only after a reasoning block (structured/reasoning_gate.py); None: from the first token
+    reasoning_gate: ReasoningGate | None = None
     bad_words: list[str] = field(default_factory=list)  # never generate these words (vLLM's semantics)
     bad_words_token_ids: list[list[int]] | None = None  # their token sequences: ``with_tokenizer`` fills them
 
     def __post_init__(self):
+        if self.reasoning_gate is not None and self.structured_output is None:
+            raise ValueError("reasoning_gate delays a structured_output constraint: give one with it")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])

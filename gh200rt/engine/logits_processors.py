@@ -35,7 +35,8 @@ def apply_logits_processors(logits: torch.Tensor, seqs: list[Sequence]) -> None:
         apply_banned_tokens(logits, banned)
     # a finished row is one a step launched ahead holds after its sequence stopped: its token is dropped
     constrained = [(row, seq.grammar) for row, seq in enumerate(seqs)
-                   if getattr(seq, "grammar", None) is not None and not seq.grammar.failed and not seq.is_finished]
+                   if getattr(seq, "grammar", None) is not None and seq.grammar.masking and not seq.grammar.failed
+                   and not seq.is_finished]
     if constrained:
         apply_grammar_masks(logits, constrained)
 
@@ -84,7 +85,15 @@ def apply_grammar_masks(logits: torch.Tensor, constrained: list) -> None:
                                      bitmask.data_ptr(), words * 4, len(constrained))
     rows = to_device([row for row, _ in constrained], torch.int64, logits.device)
     allowed = unpack_bitmask(bitmask.to(logits.device, non_blocking=True), vocab)
+    allow_also(allowed, [g.also_allowed for _, g in constrained])
     logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+
+
+def allow_also(allowed: torch.Tensor, extra: list[int | None]) -> None:
+    """Allow row i's ``extra[i]`` token beside its grammar's mask (a reasoning block's opening token)."""
+    for i, token in enumerate(extra):
+        if token is not None:
+            allowed[i, token] = True
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:

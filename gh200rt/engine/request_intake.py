@@ -17,6 +17,7 @@ from gh200rt.lora.request import LoRARequest
 from gh200rt.pooling_params import PoolingParams
 from gh200rt.sampling_params import SamplingParams
 from gh200rt.scheduler.request import Sequence
+from gh200rt.structured.reasoning_gate import GatedGrammar
 
 
 class RequestIntake:
@@ -44,6 +45,8 @@ class RequestIntake:
         state = RequestState(request_id, prompt, prompt_token_ids, params)
         grammars = [self.grammars.new(params.structured_output) for _ in range(params.n)] \
             if params.structured_output is not None else [None] * params.n
+        if params.reasoning_gate is not None:
+            grammars = [GatedGrammar(grammar, params.reasoning_gate) for grammar in grammars]
         owner = None
         for index in range(params.n):
             seq = Sequence(f"{request_id}#{index}", request_id, index, prompt_token_ids, params, self._arrivals,

@@ -120,12 +120,12 @@ def template_options(body: dict) -> dict:
     return options
 
 
-def reasoning_for(body: dict, parser: str | None, constrained: bool, template: dict) -> ReasoningParser | None:
-    """The reasoning parser that applies to this request: none where the server has none, where the answer is
-    constrained from its first token (a grammar leaves no room for a ``<think>`` block), or where the template is told
-    not to think (``enable_thinking`` / ``thinking`` false: its prompt closes the block)."""
+def reasoning_for(body: dict, parser: str | None, template: dict) -> ReasoningParser | None:
+    """The reasoning parser that applies to this request: none where the server has none, or where the template is
+    told not to think (``enable_thinking`` / ``thinking`` false: its prompt closes the block). A constrained answer
+    keeps it: its grammar starts after the block (``generation_routes.start_run`` sets the gate)."""
     kwargs = template.get("template_kwargs") or {}
-    if parser is None or constrained or kwargs.get("enable_thinking") is False or kwargs.get("thinking") is False:
+    if parser is None or kwargs.get("enable_thinking") is False or kwargs.get("thinking") is False:
         return None
     return REASONING_PARSERS[parser]
 
@@ -175,7 +175,6 @@ def parse_chat_request(body: dict, tool_call_parser: str | None = None, auto_too
     parsed.extra.update(add_generation_prompt=add_generation_prompt, continue_final_message=continue_final,
                         tools=tools, template_options=template,
                         echo_text=messages[-1]["content"] if messages[-1]["role"] == "assistant" else "",
-                        reasoning=reasoning_for(body, reasoning_parser, parsed.params.structured_output is not None,
-                                                template),
+                        reasoning=reasoning_for(body, reasoning_parser, template),
                         include_reasoning=flag(body, "include_reasoning", True))
     return parsed, messages

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import uuid
 
@@ -16,6 +17,7 @@ from gh200rt.serve.generation import GenerationRun
 from gh200rt.serve.guard import ClientGone, ClosingStreamingResponse, DisconnectAwareResponse, unless_disconnected
 from gh200rt.serve.lora_routes import adapters
 from gh200rt.serve.protocol import check_token_ids, model_name, parse_completion_request, resolve_whole_vocab, show
+from gh200rt.serve.reasoning import reasoning_gate
 from gh200rt.serve.responses import completion_body
 from gh200rt.serve.tokenizer_routes import chat_token_ids
 
@@ -105,6 +107,7 @@ async def start_run(state, parsed, model: str, kind: str, render=None) -> Genera
     is a blocking call that returns the prompt's token ids; ``kind`` prefixes the engine's request ids ("chatcmpl",
     "cmpl", "resp", "msg")."""
     engine = state.ready_engine()
+    gate_grammar_after_reasoning(parsed, engine.tokenizer)
     num_prompts = 1 if render is not None else len(parsed.prompts)
     ticket = state.admission.admit(num_prompts * parsed.params.n, "prompt" if parsed.params.n == 1 else "n")
     run = GenerationRun(state.engine, kind, parsed, state.metrics, ticket,
@@ -129,6 +132,19 @@ async def start_run(state, parsed, model: str, kind: str, render=None) -> Genera
         run.close(count_abort=False)
         raise
     return run
+
+
+def gate_grammar_after_reasoning(parsed, tokenizer) -> None:
+    """A constrained chat answer under a reasoning parser: its grammar holds after the ``<think>`` block; where the
+    block's tags cannot be told by their tokens, the answer has no block (the grammar from the first token)."""
+    parser = parsed.extra.get("reasoning")
+    if parser is None or parsed.params.structured_output is None:
+        return
+    gate = reasoning_gate(tokenizer, parser)
+    if gate is None:
+        parsed.extra["reasoning"] = None
+    else:
+        parsed.params = dataclasses.replace(parsed.params, reasoning_gate=gate)
 
 
 async def generate(state, parsed, model: str, chat: bool, render=None):

@@ -18,7 +18,7 @@ from __future__ import annotations
 from gh200rt.serve.chat_request import parse_chat_request
 from gh200rt.serve.errors import APIError, bad_request
 from gh200rt.serve.fields import declared, refuse_unhonoured
-from gh200rt.serve.messages_content import check_cache_control, chat_messages
+from gh200rt.serve.messages_content import chat_messages, check_cache_control
 from gh200rt.serve.messages_fields import (COUNT_TOKENS, COUNT_TOKENS_REFUSED, MESSAGES, REFUSED, TOOL_CHOICE_KEYS,
                                            TOOL_KEYS, TOOL_REFUSED)
 from gh200rt.serve.protocol import ParsedRequest, show
@@ -141,8 +141,9 @@ def template_switch(thinking, max_tokens: int | None, reasoning_parser: str | No
                           "{\"type\": \"disabled\"}", "thinking")
     if constrained:
         raise bad_request(f"'thinking' {{\"type\": \"{kind}\"}} cannot be used with a 'tool_choice' of \"any\" or "
-                          "\"tool\", or an 'output_config.format': the answer is constrained from its first token",
-                          "thinking")
+                          "\"tool\", or an 'output_config.format', as Anthropic's API refuses them together; leave "
+                          "'thinking' out (a template that thinks by default still thinks before the constrained "
+                          "answer)", "thinking")
     return {"enable_thinking": True, "thinking": True}
 
 

@@ -10,11 +10,15 @@ names, returned as ``reasoning`` and ``reasoning_content`` beside ``content``.
   ``chat_template_kwargs: {"enable_thinking": false}``).
 
 Both names are sent: vLLM answers with ``reasoning`` since late 2025, DeepSeek's API and most clients read
-``reasoning_content``. A stream holds back only text that may be the start of a tag.
+``reasoning_content``. A stream holds back only text that may be the start of a tag. A constrained answer (a JSON
+schema, a required tool call) keeps its block: the grammar holds from the token after ``</think>``
+(``reasoning_gate``), as vLLM's structured outputs do under a reasoning parser.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from gh200rt.structured.reasoning_gate import ReasoningGate
 
 START, END = "<think>", "</think>"
 
@@ -94,6 +98,17 @@ class ReasoningStream:
                 return rest, ""
             return "", rest
         return (rest, "") if self.state == "reasoning" else ("", rest)
+
+
+def reasoning_gate(tokenizer, parser: ReasoningParser) -> ReasoningGate | None:
+    """Where a constrained answer's grammar starts under ``parser``: after ``</think>``'s tokens; for a model that
+    opens the block itself, also which token opens it (it must be one token, else None: the grammar then holds from
+    the first token and the answer has no block)."""
+    end = tuple(tokenizer.encode(END, add_special_tokens=False))
+    if parser.starts_inside:
+        return ReasoningGate(end) if end else None
+    start = tokenizer.encode(START, add_special_tokens=False)
+    return ReasoningGate(end, start[0]) if end and len(start) == 1 else None
 
 
 def reasoning_fields(reasoning: str) -> dict:

@@ -64,6 +64,8 @@ class Speculator:
             seq.spec_drafts, seq.spec_draft_probs = [], None
             if not drafting or seq.pooling is not None or seq.num_tokens - seq.num_computed_tokens != 1:
                 continue
+            if getattr(seq.grammar, "gating", False):    # a grammar waiting for its reasoning block to end
+                continue
             room = draft_room(seq, self.k)
             if room and self.ngram is not None:
                 seq.spec_drafts = self.ngram.propose(seq, room)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from gh200rt.engine.device_inputs import to_device
-from gh200rt.engine.logits_processors import apply_logits_processors, unpack_bitmask
+from gh200rt.engine.logits_processors import allow_also, apply_logits_processors, unpack_bitmask
 from gh200rt.engine.sampler import PendingSample, Sampler, apply_output_rules, draw, greedy_tokens, target_probs
 from gh200rt.scheduler.request import Sequence
 
@@ -61,7 +61,8 @@ def apply_draft_grammar_masks(logits: torch.Tensor, groups: list[tuple[Sequence,
     after a draft the grammar refuses are left unmasked: that draft's own row gives it no probability, so they are
     never reached."""
     constrained = [(g, seq.grammar) for g, (seq, _) in enumerate(groups)
-                   if seq.grammar is not None and not seq.grammar.failed and not seq.is_finished]
+                   if seq.grammar is not None and seq.grammar.masking and not seq.grammar.failed
+                   and not seq.is_finished]
     if not constrained:
         return
     vocab = logits.shape[1]
@@ -83,6 +84,9 @@ def apply_draft_grammar_masks(logits: torch.Tensor, groups: list[tuple[Sequence,
         executor.unsafe_compute_mask_ptr(without, bitmask.data_ptr(), words * 4, len(rows))
     index = to_device(rows, torch.int64, logits.device)
     allowed = unpack_bitmask(bitmask.to(logits.device, non_blocking=True), vocab)
+    # a gated grammar drafts nothing before its answer (speculator.propose): its one row is its first
+    allow_also(allowed, [extra for g, grammar in constrained
+                         for extra in [grammar.also_allowed] + [None] * len(groups[g][1])])
     logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
 
 

@@ -11,7 +11,12 @@ from gh200rt.structured.constraint import Constraint
 
 class SequenceGrammar:
     """One sequence's grammar state; it advances with every token the engine appends to the
-    sequence, so it always matches the output so far (recompute after preemption keeps the output)."""
+    sequence, so it always matches the output so far (recompute after preemption keeps the output).
+    ``masking``, ``also_allowed``, ``gating``: what a grammar gated by a reasoning block changes
+    (``reasoning_gate.GatedGrammar``); this one masks every token from the first."""
+    masking = True
+    also_allowed = None
+    gating = False
 
     def __init__(self, matcher: llguidance.LLMatcher, executor: llguidance.LLExecutor):
         self.matcher = matcher
