@@ -58,3 +58,11 @@ def save_byte_llama(path: str) -> str:
                          bos_token_id=1, eos_token_id=4, tie_word_embeddings=False)
     LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
     return path
+
+
+def serve_byte_llama(tmp_path_factory, *args: str):
+    """``python -m gh200rt.serve`` over a byte-level Llama written for the module, served as "byte" (and ``args``):
+    the ``ServerProcess``, for a fixture to yield and stop."""
+    from tests.server.helpers import ServerProcess   # httpx and psutil: only where a server starts
+    path = save_byte_llama(str(tmp_path_factory.mktemp("byte-llama")))
+    return ServerProcess("gh200rt.serve", ["--model", path, "--served-model-name", "byte", *args])

@@ -8,8 +8,7 @@ httpx = pytest.importorskip("httpx")  # the test extra: a bare GPU host need not
 anthropic = pytest.importorskip("anthropic")
 jsonschema = pytest.importorskip("jsonschema")
 
-from tests.server.byte_llama import save_byte_llama  # noqa: E402
-from tests.server.helpers import ServerProcess  # noqa: E402
+from tests.server.byte_llama import serve_byte_llama  # noqa: E402
 
 ADD = {"type": "object", "additionalProperties": False, "required": ["a", "b"], "properties": {
     "a": {"type": "integer", "minimum": 0, "maximum": 99}, "b": {"type": "integer", "minimum": 0, "maximum": 99}}}
@@ -24,9 +23,8 @@ SAMPLED = {"temperature": 1.0}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    path = save_byte_llama(str(tmp_path_factory.mktemp("byte-llama")))
-    s = ServerProcess("gh200rt.serve", ["--model", path, "--served-model-name", "byte", "--max-model-len", "1024",
-                                        "--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
+    s = serve_byte_llama(tmp_path_factory, "--max-model-len", "1024", "--enable-auto-tool-choice",
+                         "--tool-call-parser", "hermes")
     yield s
     s.stop()
 

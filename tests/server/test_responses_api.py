@@ -14,9 +14,8 @@ httpx = pytest.importorskip("httpx")  # the test extra: a bare GPU host need not
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
-from tests.server.byte_llama import save_byte_llama  # noqa: E402
-from tests.server.helpers import ServerProcess  # noqa: E402
-from tests.server.test_tool_calling import ADD, WEATHER  # noqa: E402
+from tests.server.byte_llama import serve_byte_llama  # noqa: E402
+from tests.server.test_tool_calling import ADD, WEATHER, client  # noqa: E402
 
 TOOLS = [{"type": "function", "name": "get_weather", "description": "weather", "parameters": WEATHER},
          {"type": "function", "name": "add", "parameters": ADD}]
@@ -24,16 +23,10 @@ TOOLS = [{"type": "function", "name": "get_weather", "description": "weather", "
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    path = save_byte_llama(str(tmp_path_factory.mktemp("byte-llama-responses")))
-    s = ServerProcess("gh200rt.serve", ["--model", path, "--served-model-name", "byte", "--max-model-len", "1024",
-                                        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-                                        "--max-stored-responses", "3"])
+    s = serve_byte_llama(tmp_path_factory, "--max-model-len", "1024", "--enable-auto-tool-choice",
+                         "--tool-call-parser", "hermes", "--max-stored-responses", "3")
     yield s
     s.stop()
-
-
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
 
 
 def test_create_and_stream_give_the_same_answer(server):

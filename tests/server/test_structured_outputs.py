@@ -11,8 +11,7 @@ import pytest
 httpx = pytest.importorskip("httpx")  # the test extra: a bare GPU host need not have it
 jsonschema = pytest.importorskip("jsonschema")
 
-from tests.server.byte_llama import save_byte_llama  # noqa: E402
-from tests.server.helpers import ServerProcess  # noqa: E402
+from tests.server.byte_llama import serve_byte_llama  # noqa: E402
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "address"], "properties": {
     "name": {"type": "string", "maxLength": 8},
@@ -36,9 +35,7 @@ MESSAGES = [{"role": "user", "content": "answer"}]
 
 @pytest.fixture(scope="module")
 def byte_server(tmp_path_factory):
-    path = save_byte_llama(str(tmp_path_factory.mktemp("byte-llama")))
-    server = ServerProcess("gh200rt.serve", ["--model", path, "--served-model-name", "byte", "--max-model-len", "512",
-                                             "--max-num-seqs", "32"])
+    server = serve_byte_llama(tmp_path_factory, "--max-model-len", "512", "--max-num-seqs", "32")
     yield server
     server.stop()
 

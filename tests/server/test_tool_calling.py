@@ -10,8 +10,7 @@ httpx = pytest.importorskip("httpx")  # the test extra: a bare GPU host need not
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
-from tests.server.byte_llama import save_byte_llama  # noqa: E402
-from tests.server.helpers import ServerProcess  # noqa: E402
+from tests.server.byte_llama import serve_byte_llama  # noqa: E402
 
 WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "unit"], "properties": {
     "city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["c", "f"]}}}
@@ -25,10 +24,8 @@ MESSAGES = [{"role": "user", "content": "weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    path = save_byte_llama(str(tmp_path_factory.mktemp("byte-llama")))
-    s = ServerProcess("gh200rt.serve", ["--model", path, "--served-model-name", "byte", "byte-alias",
-                                        "--max-model-len", "1024", "--enable-auto-tool-choice",
-                                        "--tool-call-parser", "hermes"])
+    s = serve_byte_llama(tmp_path_factory, "byte-alias", "--max-model-len", "1024", "--enable-auto-tool-choice",
+                         "--tool-call-parser", "hermes")
     yield s
     s.stop()
 

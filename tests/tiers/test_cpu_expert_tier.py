@@ -17,6 +17,7 @@ from gh200rt.weights.tiers import Tier
 from tests.engine.real_models import save_tiny_llama
 from tests.model.tiny_checkpoints import save_tiny
 from tests.tiers.test_engine_placement import engine, run
+from tests.tiers.test_moe_placement import moe_dir, reference  # noqa: F401  (fixtures: Qwen2-MoE, all resident)
 
 CPU_PLACEMENTS = {
     "--cpu-moe": dict(offload="none", cpu_moe=True),
@@ -26,22 +27,6 @@ CPU_PLACEMENTS = {
     "cpu beside streamed and direct experts": dict(offload="none", staging_slots=1, prefetch_distance=0,
                                                    layer_tiers="0:experts=cpu,2:experts=streamed,3:experts=direct"),
 }
-
-
-@pytest.fixture(scope="module")
-def moe_dir(tmp_path_factory):
-    """Qwen2-MoE: layers 0, 2, 3 sparse with a shared expert, layer 1 dense."""
-    path = str(tmp_path_factory.mktemp("qwen2moe-cpu"))
-    save_tiny("qwen2-moe-shared", path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def reference(moe_dir):
-    eng = engine(moe_dir, offload="none")
-    out = run(eng)
-    eng.close()
-    return out
 
 
 @pytest.mark.parametrize("label", CPU_PLACEMENTS)

@@ -31,7 +31,7 @@ SOURCES = tuple(C_SOURCE_DIR / name
                              "f32_linear.c", "f16_linear.c", "decode_layer.c", "amx_linear.c", "bf16_dot_linear.c"))
 HEADERS = tuple(C_SOURCE_DIR / name
                 for name in ("gh_native.h", "gh_ops.h", "gh_attention.h", "f32_acc.h", "exp_f32.h", "bf16_store.h",
-                             "tiled_linear.h"))
+                             "tiled_linear.h", "gh_decode_layer.h"))
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=c11")
 # the ops' threads: the libgomp torch has loaded (same soname), so they run on torch's own pool
 OPENMP = ("-fopenmp",)

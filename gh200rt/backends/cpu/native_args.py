@@ -39,7 +39,7 @@ class QuantWeight:
 
 
 class LinearArgs(ctypes.Structure):
-    """decode_layer.c's LinearArgs: one linear as the layer-by-layer path would call it."""
+    """gh_decode_layer.h's LinearArgs: one linear as the layer-by-layer path would call it."""
     _fields_ = [("kind", _I), ("w", _P), ("w_stride", _I), ("packed", _P), ("bias", _P), ("n", _I), ("k", _I),
                 ("threads", _I)]
 
@@ -48,7 +48,7 @@ LINEAR_F32, LINEAR_QUANT, LINEAR_F16 = 0, 1, 2
 
 
 class DecodeLayerArgs(ctypes.Structure):
-    """decode_layer.c's DecodeLayerArgs."""
+    """gh_decode_layer.h's DecodeLayerArgs."""
     _fields_ = [("qkv", LinearArgs), ("o", LinearArgs), ("gate_up", LinearArgs), ("down", LinearArgs),
                 ("norm1", _P), ("norm2", _P), ("eps", _F), ("scale", _F), ("cos", _P), ("sin", _P),
                 ("k_cache", _P), ("v_cache", _P), ("block_stride", _I), ("slot_stride", _I), ("head_stride", _I),

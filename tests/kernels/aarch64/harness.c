@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "gh_native.h"
+#include "gh_decode_layer.h"   /* the one-call layer's argument blocks, as the kernel reads them */
 
 int gh_extend_attention(const void *q, int64_t q_tok_stride, int64_t q_head_stride, const void *k_cache,
                         const void *v_cache, int64_t block_stride, int64_t slot_stride, int64_t head_stride,
@@ -28,36 +29,6 @@ int gh_bf16_dot_linear(const uint16_t *x, int64_t rows, int64_t x_stride, const 
                        const float *bias, uint16_t *y, int64_t y_stride, int64_t threads, int64_t gated_inter,
                        int silu);
 
-/* decode_layer.c's argument blocks (as gh200rt/backends/cpu/native_args.py mirrors them) */
-typedef struct {
-    int64_t kind;
-    const void *w;
-    int64_t w_stride;
-    const WeightArgs *packed;
-    const float *bias;
-    int64_t n, k, threads;
-} LinearArgs;
-
-typedef struct {
-    LinearArgs qkv, o, gate_up, down;
-    const void *norm1, *norm2;
-    float eps, scale;
-    const void *cos, *sin;
-    void *k_cache, *v_cache;
-    int64_t block_stride, slot_stride, head_stride, block_size;
-    const int64_t *slots;
-    const int32_t *block_tables;
-    int64_t table_stride;
-    const int64_t *seq_lens;
-    int64_t heads, kv_heads, head_dim, hidden, inter, threads;
-    int64_t kv_type;
-    const float *kv_scale;
-    int64_t dtype;
-} DecodeLayerArgs;
-
-int gh_decode_layer(const void *hidden, int64_t rows, const DecodeLayerArgs *a, void *out);
-
-enum { LINEAR_F32 = 0, LINEAR_QUANT = 1, LINEAR_F16 = 2 };
 enum { KV_SAME = 0, KV_E4M3 = 1, KV_E5M2 = 2 };
 
 /* ---- inputs ---- */

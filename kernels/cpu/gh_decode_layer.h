@@ -1,0 +1,39 @@
+/* The argument blocks of the one-call decoder layer (decode_layer.c): the Python side fills them through ctypes
+ * (gh200rt/backends/cpu/native_args.py mirrors them field for field) and the aarch64 test harness includes them, so
+ * neither copy of the layout can drift from the kernel's. */
+#ifndef GH_DECODE_LAYER_H
+#define GH_DECODE_LAYER_H
+#include <stdint.h>
+#include "gh_native.h"
+
+enum { LINEAR_F32 = 0, LINEAR_QUANT = 1, LINEAR_F16 = 2 };
+
+typedef struct {
+    int64_t kind;                /* LINEAR_F32: dense float32 w; LINEAR_QUANT: packed weight; LINEAR_F16: fp16 w */
+    const void *w;               /* LINEAR_F32 / LINEAR_F16: [n, k], row stride w_stride, unit column stride */
+    int64_t w_stride;
+    const WeightArgs *packed;    /* LINEAR_QUANT */
+    const float *bias;           /* [n] or NULL: inside the float32 kernel, added after a quantized product */
+    int64_t n, k, threads;       /* threads: what the single-op wrapper passes for this weight */
+} LinearArgs;
+
+typedef struct {
+    LinearArgs qkv, o, gate_up, down;
+    const void *norm1, *norm2;   /* input / post-attention RMSNorm weights [hidden], in the activations' dtype */
+    float eps, scale;
+    const void *cos, *sin;       /* [rows, head_dim / 2], in the activations' dtype */
+    void *k_cache, *v_cache;     /* the activations' dtype, or fp8 (kv_type) */
+    int64_t block_stride, slot_stride, head_stride, block_size;
+    const int64_t *slots;
+    const int32_t *block_tables;
+    int64_t table_stride;
+    const int64_t *seq_lens;
+    int64_t heads, kv_heads, head_dim, hidden, inter, threads;
+    int64_t kv_type;             /* the pool's element type (gh_ops.h: KV_SAME, or an fp8 format read with kv_scale) */
+    const float *kv_scale;       /* the layer's [K scale, V scale] for an fp8 pool */
+    int64_t dtype;               /* the activations': 0 float32, 1 bfloat16 */
+} DecodeLayerArgs;
+
+int gh_decode_layer(const void *hidden, int64_t rows, const DecodeLayerArgs *a, void *out);
+
+#endif
