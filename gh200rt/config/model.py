@@ -49,10 +49,11 @@ class ModelConfig:
         "norms, SiLU-and-mul and residual adds fused into the four products; backends/cuda/decode_layer.py) instead of "
         f"op by op with cuBLAS products; 1-{FUSED_DECODE_MAX_ROWS}, above 1 for bf16/fp16 models (1 = batch 1 "
         "only, its one-row products measured faster than cuBLAS on an H100); ignored on the CPU"))
-    enable_pdl: bool = field(default=False, metadata=flag_help(
+    enable_pdl: bool | None = field(default=None, metadata=flag_help(
         "CUDA, compute capability 9.0+ (Hopper): the one-call decode layers' Triton kernels use programmatic "
         "dependent launch, so each may be scheduled while the one before it drains (the launch gaps between a "
-        "decode step's kernels shrink; kernels/triton/pdl.py); ignored on the CPU"))
+        "decode step's kernels shrink; kernels/triton/pdl.py); default: on from compute capability 9.0 (1.03-1.08x "
+        "at batch 1 on an H200), off below; ignored on the CPU"))
     pooling_type: str = field(default="LAST", metadata=flag_help(
         "how /v1/embeddings and LLM.embed pool the final norm's hidden states into one vector: LAST = the last "
         "input token's (vLLM's default for decoder models), MEAN = the mean over every input token; vLLM's "

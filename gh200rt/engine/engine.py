@@ -160,7 +160,8 @@ class LLMEngine(RequestIntake, EngineReports, EngineSteps):
         self.speculator = Speculator(spec, self.kv, proposer) if spec is not None else None
         # async scheduling where every input id of a step is this process's (not rank 0 of a tensor-parallel engine),
         # and drafts are not made from the tokens so far (they are on the host once a step is taken in)
-        self._runs_ahead = config.scheduler.async_scheduling and parallel is None and self.speculator is None
+        asked = config.scheduler.async_scheduling
+        self._runs_ahead = (not on_cpu if asked is None else asked) and parallel is None and self.speculator is None
         self._in_flight: LaunchedStep | None = None
         self.steps_launched_ahead = 0
         self.rows_discarded = 0

@@ -8,6 +8,7 @@ the device; ``Platform.figures_from`` says which.
 """
 from __future__ import annotations
 
+import dataclasses
 import platform as _pyplatform
 import warnings
 from dataclasses import dataclass
@@ -126,7 +127,8 @@ def detect(profile_name: str | None = None, measured_profile: str | Path | None 
     kind = "gh200" if (aarch64 and ats) else ("x86-cuda" if prof.kind == "x86-cuda" and
                                                  ("H100" in props.name or "H200" in props.name)
                                                  else "cuda-other")
-    return Platform(kind=kind, device_name=props.name, device_memory_bytes=props.total_memory,
-                    host_numa_node=gpu_numa_node(_cuda_pci_address(device_index)), ats=ats, link_h2d_gbps=prof.link_h2d_gbps,
-                    direct_read_gbps=prof.direct_read_gbps, hbm_gbps=prof.hbm_gbps,
-                    peak_tflops=prof.peak_tflops, profile=prof.name, figures_from=prof.figures_from)
+    # every figure of the profile (the host's cores included: a cpu-tier expert's limit is computed from them),
+    # the device's own name, memory and nearest node; host memory is the host's own, not a named profile's
+    platform = Platform.from_profile(prof, device_name=props.name, device_memory_bytes=props.total_memory,
+                                     host_numa_node=gpu_numa_node(_cuda_pci_address(device_index)), ats=ats)
+    return dataclasses.replace(platform, kind=kind, host_memory_bytes=None)

@@ -68,9 +68,12 @@ PROFILES: dict[str, HardwareProfile] = {
     # H100 NVL datasheet); PCIe Gen5 host link as above.
     "h100-nvl": HardwareProfile("h100-nvl", "x86-cuda", 94 * 10**9, 52.0, 35.0, 3900.0, 835.0, False,
                                host_cpu_gbps=150.0, host_cpu_tflops=3.0),
-    # H200 141 GB at 4.8 TB/s (NVIDIA datasheet); PCIe Gen5 host link as above.
-    "h200": HardwareProfile("h200", "x86-cuda", 141 * 10**9, 52.0, 35.0, 4800.0, 989.0, False,
-                           host_cpu_gbps=150.0, host_cpu_tflops=3.0),
+    # H200 SXM 141 GB at 4.8 TB/s (NVIDIA datasheet; a device-to-device copy measured 4.3 TB/s). Measured on one
+    # on a 16-core x86 host, PCIe Gen5 x16 (docs/gpu-runs/h200-2026-11-29/bandwidth.log): pinned H2D 55.1 GB/s at
+    # 1 GiB, host_gemm reading a registered slab in place 51.1 GB/s; that host's cores 94.8 GB/s (cpu-linear) and
+    # 2.75 TFLOP/s (cpu-gemm). Hosts differ: measure yours (bench bandwidth --profile-out).
+    "h200": HardwareProfile("h200", "x86-cuda", 141 * 10**9, 55.1, 51.1, 4800.0, 989.0, False,
+                           host_cpu_gbps=94.8, host_cpu_tflops=2.75),
     # H200 NVL (PCIe card): 141 GB at 4.8 TB/s, 835 TFLOPS dense bf16 (NVIDIA H200 NVL datasheet).
     "h200-nvl": HardwareProfile("h200-nvl", "x86-cuda", 141 * 10**9, 52.0, 35.0, 4800.0, 835.0, False,
                                host_cpu_gbps=150.0, host_cpu_tflops=3.0),

@@ -35,3 +35,26 @@ def test_engines_built_and_closed_in_one_process(tiny_dir):
         del engine
         gc.collect()
     assert all(len(o) == 4 for o in outputs)
+
+
+def test_closed_engines_leave_no_device_memory_behind(tiny_dir):
+    """An H200 run found 32 MiB left allocated behind every engine closed (a cuBLAS workspace for each engine's own
+    capture stream): after a first engine, building and closing more gives back every byte."""
+    import torch
+
+    def settled() -> int:
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        return torch.cuda.memory_allocated()
+
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    after = []
+    for offload in ("none", "none", "stream", "none"):
+        engine = LLMEngine.from_config(EngineConfig.from_kwargs(model=tiny_dir, dtype="bfloat16", max_model_len=64,
+                                                                num_kv_blocks=16, offload=offload))
+        LLM.from_engine(engine).generate([[5, 6, 7], [8, 9]], params)
+        engine.close()
+        del engine
+        after.append(settled())
+    assert after[1:] == [after[0]] * 3, f"device bytes after each engine closed: {after}"

@@ -50,3 +50,33 @@ def test_unknown_node_on_one_socket_is_that_node():
 ])
 def test_device_names_pick_their_profile(name, total, aarch64, profile):
     assert profile_for_device(name, total, aarch64) == profile
+
+
+@pytest.mark.parametrize("measured", [False, True])
+def test_a_detected_gpu_keeps_every_figure_of_its_profile(monkeypatch, tmp_path, measured):
+    """The platform of a detected GPU carries its profile's figures, the host's cores' among them (an H200 run
+    found them dropped: the cpu expert tier's limit came out 0 there, every expert computed on the device)."""
+    import json
+    from types import SimpleNamespace
+
+    import torch
+
+    import gh200rt.platform.detect as detect_module
+    from gh200rt.platform.profiles import get_profile
+    props = SimpleNamespace(name="NVIDIA H200", total_memory=150_754_820_096, pci_domain_id=0, pci_bus_id=6,
+                            pci_device_id=0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    monkeypatch.setattr(detect_module, "_ats_supported", lambda index: False)
+    monkeypatch.setattr(detect_module, "gpu_numa_node", lambda bus_id: 0)
+    profile = None
+    if measured:
+        profile = tmp_path / "measured.json"
+        profile.write_text(json.dumps({"base_profile": "h200", "link_h2d_gbps": 55.1, "direct_read_gbps": 51.1,
+                                       "host_cpu_gbps": 94.8, "host_cpu_tflops": 2.75}))
+    platform = detect_module.detect(measured_profile=profile)
+    table = get_profile("h200")
+    assert (platform.kind, platform.profile, platform.device_name) == ("x86-cuda", "h200", "NVIDIA H200")
+    assert platform.device_memory_bytes == props.total_memory and platform.host_memory_bytes is None
+    expected = (94.8, 2.75, 55.1) if measured else (table.host_cpu_gbps, table.host_cpu_tflops, table.link_h2d_gbps)
+    assert (platform.host_cpu_gbps, platform.host_cpu_tflops, platform.link_h2d_gbps) == expected

@@ -13,9 +13,12 @@ def linear_format(model: torch.nn.Module, quantized: dict | None, config: Engine
 
 
 def install_kernels(model: torch.nn.Module, config: EngineConfig, device: str) -> None:
-    """Triton kernels where triton imports (``--fused-decode-rows``, ``--enable-pdl``: refused below Hopper)."""
-    if config.model.enable_pdl and torch.cuda.get_device_capability(device)[0] < 9:
+    """Triton kernels where triton imports (``--fused-decode-rows``, ``--enable-pdl``: refused below Hopper, on by
+    default from it)."""
+    hopper = torch.cuda.get_device_capability(device)[0] >= 9
+    if config.model.enable_pdl and not hopper:
         major, minor = torch.cuda.get_device_capability(device)
         raise ValueError(f"--enable-pdl needs a GPU of compute capability 9.0 or newer (Hopper); "
                          f"{torch.cuda.get_device_name(device)} is {major}.{minor}: leave it off")
-    use_triton_kernels(model, fused_decode_rows=config.model.fused_decode_rows, pdl=config.model.enable_pdl)
+    pdl = hopper if config.model.enable_pdl is None else config.model.enable_pdl
+    use_triton_kernels(model, fused_decode_rows=config.model.fused_decode_rows, pdl=pdl)
