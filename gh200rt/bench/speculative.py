@@ -82,7 +82,9 @@ def run_engine(args, speculative: bool, chats) -> dict:
         options["speculative_config"] = json.loads(args.speculative_config)
     llm = LLM(**options)
     try:
-        prompts = [llm.tokenizer.apply_chat_template(c, add_generation_prompt=True) for c in chats]
+        # a model without a chat template (a random checkpoint of a real shape) reads the task as plain text
+        prompts = [llm.tokenizer.apply_chat_template(c, add_generation_prompt=True) if llm.tokenizer.chat_template
+                   else c[-1]["content"] for c in chats]
         params = SamplingParams(temperature=0, max_tokens=args.output_tokens)
         llm.generate([prompts[0][:32]], SamplingParams(temperature=0, max_tokens=4))       # warm-up
         single, decode, outputs = timed(llm, prompts, params, 1)

@@ -1,4 +1,4 @@
-"""Static all-resident, static all-streamed and dynamic tiers on one open-loop bursty trace, in one run.
+"""Static all-resident, static all-streamed, static splits and dynamic tiers on one open-loop bursty trace, in one run.
 
 The trace: a quiet phase (a few short requests), a burst that needs more KV cache than all-resident
 leaves under the budget, then quiet again. Arrivals are open-loop (Poisson, fixed seed): a request
@@ -7,12 +7,19 @@ runs in this process on the same budget (``--device-memory-budget``, standing in
 
 Reported per engine: output throughput over the trace, TTFT and TPOT p50 / p99, preemptions,
 goodput (requests per second meeting the SLO: TTFT <= --slo-ttft and TPOT <= --slo-tpot), the tier
-moves and the share of time spent at each tier split (resident / streamed layers).
+moves and the share of time spent at each tier split (resident / streamed layers); on a GPU also the decode
+graphs' capture time and the device bytes allocated before the engine starts and after it closes (a leak shows
+as a difference).
+
+Engines: ``resident``, ``streamed``, ``dynamic``, and ``static-N``: N layers streamed, spread evenly (the split the
+planner's ``fewest_streamed`` would pick for N), the rest resident, fixed for the whole trace; a few values of N
+give the best static split on this budget to set against dynamic tiers.
 
     python -m gh200rt.bench tiers [--model smollm2-135m] [--budget-kv-blocks 24] [--seed 0]
         [--quiet-rate 1] [--quiet-seconds 8] [--burst-requests 24] [--burst-seconds 2]
         [--slo-ttft 5] [--slo-tpot 0.5] [--no-step-target] [--engines resident,streamed,dynamic] [--json PATH]
         [--random-model llama3-8b [--random-model-dir DIR]]
+    python -m gh200rt.bench tiers --engines resident,streamed,static-4,static-8,static-16,dynamic ...
 
 On a GPU decode steps replay CUDA graphs (the engines' default; ``--enforce-eager`` turns them off), so
 tier moves there recapture graphs; each engine's row counts its captures.
@@ -20,6 +27,7 @@ tier moves there recapture graphs; each engine's row counts its captures.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -31,6 +39,7 @@ from dataclasses import dataclass, field
 from gh200rt.bench.random_model import add_random_model_arguments, model_of
 from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
+from gh200rt.planner.layout import spread_evenly
 from gh200rt.sampling_params import SamplingParams
 
 OFFLOAD = {"resident": "none", "streamed": "stream", "dynamic": "dynamic"}
@@ -56,6 +65,9 @@ class Result:
     moves: dict[str, int]
     graph_captures: int
     split_seconds: dict[str, float] = field(default_factory=dict)
+    capture_seconds: float = 0.0
+    device_bytes_before: int | None = None   # allocated on the GPU before the engine started (None on the CPU)
+    device_bytes_after: int | None = None    # ... and after it closed
 
 
 def make_trace(args, vocab: int) -> list[Request]:
@@ -81,9 +93,20 @@ def make_trace(args, vocab: int) -> list[Request]:
     return sorted(out, key=lambda r: r.arrival)
 
 
-def base_config(args, offload: str) -> EngineConfig:
+def static_split(name: str, num_layers: int) -> str | None:
+    """``--layer-tiers`` of engine ``static-N`` (N layers streamed, spread evenly); None for the named engines."""
+    if name in OFFLOAD:
+        return None
+    count = name.removeprefix("static-")
+    if not name.startswith("static-") or not count.isdigit() or not 0 < int(count) <= num_layers:
+        raise ValueError(f"--engines: unknown engine {name!r}; choose from {', '.join(OFFLOAD)} or static-N "
+                         f"(N streamed layers, 1 <= N <= {num_layers})")
+    return ",".join(f"{i}:streamed" for i in spread_evenly(num_layers, int(count)))
+
+
+def base_config(args, offload: str, layer_tiers: str | None = None) -> EngineConfig:
     return EngineConfig.from_kwargs(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
-                                    offload=offload, device_memory_budget=str(args.budget),
+                                    offload=offload, layer_tiers=layer_tiers, device_memory_budget=str(args.budget),
                                     max_num_seqs=args.max_num_seqs, retier_interval_steps=args.retier_interval,
                                     retier_min_dwell_seconds=args.retier_dwell,
                                     retier_max_step_seconds=args.slo_tpot if args.step_target else None,
@@ -103,8 +126,21 @@ def budget_bytes(args) -> int:
     return fixed + ring + args.budget_kv_blocks * block
 
 
-def run_engine(name: str, args, trace: list[Request]) -> Result:
-    engine = LLMEngine.from_config(base_config(args, OFFLOAD[name]))
+def device_bytes() -> int | None:
+    """Bytes allocated on the GPU once everything released is collected (None without one)."""
+    import torch
+    if not torch.cuda.is_available():
+        return None
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_allocated()
+
+
+def run_engine(name: str, args, trace: list[Request], num_layers: int) -> Result:
+    split_tiers = static_split(name, num_layers)
+    before = device_bytes()
+    engine = LLMEngine.from_config(base_config(args, OFFLOAD.get(name, "none"), split_tiers))
     reqs = [Request(r.request_id, r.arrival, r.prompt, r.max_tokens) for r in trace]
     by_id = {r.request_id: r for r in reqs}
     engine.add_request("warm-up", None, SamplingParams(temperature=0, max_tokens=2), prompt_token_ids=[5, 6, 7])
@@ -137,8 +173,11 @@ def run_engine(name: str, args, trace: list[Request]) -> Result:
                 r.finished = stamp - start
     seconds = time.perf_counter() - start
     stats = engine.stats()
+    capture_seconds = engine.graphs.capture_seconds if engine.graphs is not None else 0.0
     engine.close()
-    return Result(name, reqs, seconds, stats.num_preemptions, stats.retier_counts, stats.graph_captures, split)
+    del engine
+    return Result(name, reqs, seconds, stats.num_preemptions, stats.retier_counts, stats.graph_captures, split,
+                  capture_seconds, before, device_bytes())
 
 
 def pct(values: list[float], q: float) -> float:
@@ -161,13 +200,25 @@ def summarize(result: Result, args) -> dict:
                 tpot_p50=statistics.median(tpot), tpot_p99=pct(tpot, 0.99),
                 preemptions=result.preemptions, goodput=len(good) / result.seconds, slo_met=len(good),
                 requests=len(reqs), moves=result.moves, graph_captures=result.graph_captures,
+                graph_capture_seconds=result.capture_seconds, device_bytes_before=result.device_bytes_before,
+                device_bytes_after=result.device_bytes_after,
                 split_share={k: v / total for k, v in sorted(result.split_seconds.items())})
+
+
+def leak_note(row: dict) -> str:
+    before, after = row["device_bytes_before"], row["device_bytes_after"]
+    if before is None:
+        return ""
+    return f"  device bytes before/after {before / 2**20:.1f}/{after / 2**20:.1f} MiB" + \
+        (" (LEAK)" if after > before else "")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--engines", default="resident,streamed,dynamic")
+    parser.add_argument("--engines", default="resident,streamed,dynamic",
+                        help="comma-separated: resident, streamed, dynamic, static-N (N layers streamed, spread "
+                             "evenly)")
     parser.add_argument("--max-model-len", type=int, default=256)
     parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument("--budget-kv-blocks", type=int, default=24,
@@ -209,7 +260,10 @@ def run_trace(args) -> list[dict]:
     """Every engine of ``--engines`` over the same trace, a summary row each (printed, and in ``--json``)."""
     args.budget = budget_bytes(args)
     from gh200rt.loader.load import read_arch
-    trace = make_trace(args, read_arch(args.model).vocab_size)
+    arch = read_arch(args.model)
+    for name in args.engines.split(","):
+        static_split(name, arch.num_layers)   # an unknown engine is refused before any runs
+    trace = make_trace(args, arch.vocab_size)
     burst_blocks = args.burst_requests * -(-(args.burst_prompt + args.burst_tokens) // 16)
     print(f"load average {os.getloadavg()[0]:.2f}; model {args.model}; budget {args.budget / 2**20:.1f} MiB "
           f"(all-resident leaves {args.budget_kv_blocks} KV blocks; the burst wants {burst_blocks}); "
@@ -217,14 +271,14 @@ def run_trace(args) -> list[dict]:
           f"TPOT <= {args.slo_tpot} s")
     rows = []
     for name in args.engines.split(","):
-        row = summarize(run_engine(name, args, trace), args)
+        row = summarize(run_engine(name, args, trace, arch.num_layers), args)
         rows.append(row)
         split = ", ".join(f"{k} {v:.0%}" for k, v in row["split_share"].items())
         print(f"{name:<9} {row['output_tokens_per_second']:7.1f} tok/s  TTFT p50/p99 {row['ttft_p50']:6.2f}/"
               f"{row['ttft_p99']:6.2f} s  TPOT p50/p99 {row['tpot_p50'] * 1e3:6.1f}/{row['tpot_p99'] * 1e3:6.1f} ms  "
               f"preempted {row['preemptions']:3d}  goodput {row['goodput']:5.2f} req/s ({row['slo_met']}/"
-              f"{row['requests']})  moves {row['moves'] or '-'}  graph captures {row['graph_captures']}  "
-              f"time per split (res/str): {split}", flush=True)
+              f"{row['requests']})  moves {row['moves'] or '-'}  graph captures {row['graph_captures']} "
+              f"({row['graph_capture_seconds']:.2f} s)  time per split (res/str): {split}" + leak_note(row), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(args={k: v for k, v in vars(args).items()}, rows=rows), f, indent=1)

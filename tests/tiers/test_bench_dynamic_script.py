@@ -29,3 +29,16 @@ def test_random_model_trace_counts_tier_moves_and_graph_captures(tmp_path):
 def test_require_moves_fails_a_trace_that_moved_nothing(tmp_path):
     proc = run(tmp_path, "--require-moves", "--budget-kv-blocks", "4096")   # the burst fits: nothing moves
     assert proc.returncode == 1 and "made no tier move" in proc.stderr
+
+
+def test_static_splits_stream_n_layers_spread_evenly_and_unknown_engines_are_refused():
+    import pytest
+
+    from gh200rt.bench.tiers import static_split
+    assert static_split("dynamic", 32) is None and static_split("resident", 32) is None
+    layers = [int(part.split(":")[0]) for part in static_split("static-8", 32).split(",")]
+    assert len(layers) == 8 and all(part.endswith(":streamed") for part in static_split("static-8", 32).split(","))
+    assert layers == sorted(layers) and max(b - a for a, b in zip(layers, layers[1:])) == 4
+    for bad in ("static-0", "static-33", "static-x", "halfway"):
+        with pytest.raises(ValueError, match="static-N"):
+            static_split(bad, 32)

@@ -19,7 +19,8 @@ from validate_steps import (DEVICE_PREFLIGHT_CAP_S, SHARED_HELPS_ENV, SMOLLM2, S
 
 PY = sys.executable
 STEP_NAMES = ("registration preflight", "gpu and gh200 tests", "kernel compile check", "bandwidth", "decode SmolLM2",
-              "decode Llama-3-8B shape", "serve smoke Llama-3-8B shape", "dynamic tiers with graphs, Llama-3-8B shape")
+              "decode Llama-3-8B shape", "serve smoke Llama-3-8B shape",
+              "dynamic tiers with graphs against static splits, Llama-3-8B shape")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -169,7 +170,7 @@ def test_a_failed_device_check_with_no_steps_run_is_not_a_pass(tmp_path):
 
 def test_the_new_steps_run_what_the_first_gpu_run_found_broken(tmp_path):
     steps = {s.name: s for s in validation_steps(PY, tmp_path / "out", tmp_path / "cache")}
-    dynamic = steps["dynamic tiers with graphs, Llama-3-8B shape"].argv
+    dynamic = steps["dynamic tiers with graphs against static splits, Llama-3-8B shape"].argv
     assert dynamic[1:4] == ["-m", "gh200rt.bench", "tiers"], dynamic
     assert "--enforce-eager" not in dynamic, "graphs: the GPU default"
     assert dynamic[dynamic.index("--random-model") + 1] == "llama3-8b" and "--require-moves" in dynamic
