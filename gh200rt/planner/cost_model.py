@@ -290,12 +290,22 @@ def activation_bytes(arch: ArchConfig, max_num_batched_tokens: int, max_num_seqs
     return max_num_batched_tokens * per_token + max_num_seqs * arch.vocab_size * 4
 
 
+# torch's caching allocator hands a graph's private pool whole segments: 2 MiB ones for blocks of at most 1 MiB and
+# 20 MiB ones for blocks of 1-10 MiB (c10/cuda/CUDACachingAllocator.cpp: kSmallBuffer, kLargeBuffer), so a capture
+# whose intermediates reach a few MiB takes at least one of each: the 8B shape's batch-24 graph needed 21 MiB on an
+# H200 against 3.7 MiB of tensors, and ran eagerly once the KV cache had the rest (docs/gpu-runs/h200-2026-11-29).
+POOL_SMALL_SEGMENT = 2 << 20
+POOL_LARGE_SEGMENT = 20 << 20
+
+
 def graph_pool_bytes(arch: ArchConfig, buckets: list[int], dtype: str) -> int:
     """Device memory the decode graphs' shared pool needs: the largest bucket's step intermediates (the pool
-    reuses them across captures) plus every graph's output, which stays allocated (logits are outside)."""
+    reuses them across captures) plus every graph's output, which stays allocated (logits are outside), in the
+    allocator's segments."""
     wb = DTYPE_BYTES[dtype]
     per_token = (3 * arch.hidden_size + attention_activation_width(arch) + mlp_activation_width(arch)) * wb
-    return max(buckets) * per_token + sum(buckets) * arch.hidden_size * wb
+    tensors = max(buckets) * per_token + sum(buckets) * arch.hidden_size * wb
+    return -(-tensors // POOL_SMALL_SEGMENT) * POOL_SMALL_SEGMENT + POOL_LARGE_SEGMENT + POOL_SMALL_SEGMENT
 
 
 def layer_compute_seconds(layer: LayerSizes, platform: Platform, batch: int, weight_bytes: int | None = None) -> float:
