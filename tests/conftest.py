@@ -82,6 +82,18 @@ def cpu_route(request):
         yield route
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """Each test starts with the session's torch thread count: a test that changes it (a pool worker's
+    ``set_num_threads``, a tensor-parallel launch) would otherwise change later tests' reduction orders, and with them
+    the bits of any reference computed under the other count."""
+    import torch
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
 def pytest_runtest_logreport(report):
     route_name = _route_of_test.get(report.nodeid)
     if route_name is None or (report.when != "call" and report.outcome == "passed"):

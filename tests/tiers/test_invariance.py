@@ -29,7 +29,6 @@ def _greedy(model, prompt: list[int], steps: int, kv_dtype: torch.dtype = torch.
 
 
 KV_DTYPES = {"fp32 KV": torch.float32, "fp8 KV": torch.float8_e4m3fn}
-REFERENCE = {name: _greedy(_model(), [1, 5, 9, 13], 6, kv) for name, kv in KV_DTYPES.items()}
 
 PLACEMENTS = ([dict(offload="stream", staging_slots=k, prefetch_distance=d) for k, d in
                [(1, 0), (2, 1), (3, 1), (3, 2)]]
@@ -47,7 +46,10 @@ def test_bit_identical_across_placements(memory, kv):
     store = WeightStore(model, platform=plan.platform, poison=True)
     store.apply(plan)
     logits, tokens = _greedy(model, [1, 5, 9, 13], 6, KV_DTYPES[kv], store)
-    assert torch.equal(logits, REFERENCE[kv][0]) and tokens == REFERENCE[kv][1]
+    # all resident, computed here: under the thread count the placement ran with (a reference computed at collection
+    # met other counts in a full run, and fp32 sums in another order)
+    reference_logits, reference_tokens = _greedy(_model(), [1, 5, 9, 13], 6, KV_DTYPES[kv])
+    assert torch.equal(logits, reference_logits) and tokens == reference_tokens
     offloaded = sum(t != "resident" for t in plan.tiers) * model_sizes(ARCH, "fp32").layer_bytes
     assert store.host_slab_bytes() <= 1.02 * offloaded + 64 * 4 * ARCH.num_layers
     if store.backend is not None:
