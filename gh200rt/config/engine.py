@@ -37,9 +37,6 @@ class EngineConfig:
             if self.cache.kv_offloading_size is not None:
                 raise ValueError("a draft model with --kv-offloading-size is not supported yet (the host tier keeps "
                                  "the target's KV only): use the ngram method, or drop the host KV tier")
-        if self.cache.kv_offloading_size is not None and self.parallel.tensor_parallel_size > 1:
-            raise ValueError("--kv-offloading-size with --tensor-parallel-size > 1 is not supported yet (each rank "
-                             "would keep its own heads' share of every block): drop one of the two")
 
     @property
     def max_graph_batch(self) -> int:

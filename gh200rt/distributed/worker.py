@@ -22,13 +22,14 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from gh200rt.distributed.parallel_state import ParallelState, smallest_across_ranks
 from gh200rt.distributed.hosts import Rendezvous
+from gh200rt.distributed.parallel_state import ParallelState, smallest_across_ranks
+from gh200rt.distributed.placement_sync import apply_moves, geometry, placement
 from gh200rt.distributed.rank_numa import rank_platform
 from gh200rt.distributed.sharding import TensorShard
-from gh200rt.distributed.placement_sync import apply_moves, geometry, placement
 from gh200rt.distributed.step_channel import receive_step
 from gh200rt.distributed.worker_lora import WorkerAdapters
+from gh200rt.kv.offload import HostKVMirror, PoolBlocks
 
 PARENT_POLL_SECONDS = 0.5
 
@@ -89,9 +90,15 @@ def run_worker(shard: TensorShard, config, meet: Rendezvous, threads: int, paren
         runner = ModelRunner(model, arena.kv_caches(), config.cache.block_size, device, hooks=placed.store,
                              batch_invariant=config.model.batch_invariant)
         adapters = WorkerAdapters(placed, config, shard, device, store) if config.lora.enable_lora else None
+        host_kv = None     # this rank's share of the host KV tier, made when rank 0's first step says its size
         while (received := receive_step(state)) is not None:
-            step, moves = received
+            step, moves, kv = received
             apply_moves(placed.store, moves)
+            if kv.host_blocks and host_kv is None:
+                host_kv = HostKVMirror(PoolBlocks(arena.kv_caches(), arena.blocks()), kv.host_blocks,
+                                       pin_memory=device == "cuda")
+            if host_kv is not None:
+                host_kv.apply(kv.stores, kv.loads)
             if adapters is None:
                 runner.execute(step)
                 continue

@@ -107,8 +107,8 @@ class TensorParallelWorkers:
         return self.state
 
     # ---- steps -----------------------------------------------------------------------------------
-    def send_step(self, step: HostStep, moves=()) -> None:
-        send_step(self.state, step, moves)
+    def send_step(self, step: HostStep, moves=(), kv=None) -> None:
+        send_step(self.state, step, moves, kv)
 
     def publish_adapter(self, entry) -> None:
         """Where the workers read LoRA adapter ``entry`` (an ``AdapterEntry``) when rank 0 puts it in a slot."""

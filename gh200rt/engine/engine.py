@@ -129,6 +129,8 @@ class LLMEngine(RequestIntake, EngineReports, EngineSteps):
         self.runner = make_runner(model, caches, bs, device, hooks=self.store or NULL_HOOKS, graphs=self.graphs,
                                   batch_invariant=config.model.batch_invariant,
                                   **({"lora": self.lora} if self.lora is not None else {}))
+        if parallel is not None:
+            self.runner.host_tier = self.host_tier     # its copies go to the workers with each step
         if on_cpu:     # activations live in host memory: keep their pages
             keep_freed_memory()
         self.sampler = Sampler(config.model.seed)

@@ -5,6 +5,9 @@ the kernel reports available (the GPU's NUMA node on a GPU host, the whole machi
 margin for the process's own growth (activations, a server's buffers). ``auto`` takes half of what is left after
 the margin; a size asked for beyond it is refused with the size that fits. On a GPU host the tier is pinned (the
 copies run asynchronously); on the CPU platform it is plain memory, touched only as blocks are stored.
+
+With tensor parallelism the size is the tiers of all ranks together, as vLLM reads it: each rank keeps its heads'
+share of every block in the same slots (a worker's ``HostKVMirror``), so a slot costs every rank's share.
 """
 from __future__ import annotations
 
@@ -69,14 +72,17 @@ def host_tier_blocks(cache: CacheConfig, block_bytes: int, available: int | None
 def make_host_tier(config: EngineConfig, kv_caches: list[torch.Tensor], device: str,
                    numa_node: int | None = None, block_major: torch.Tensor | None = None) -> KVOffloader | None:
     """The host tier's offloader for these device KV caches (``block_major``: the device arena's blocks, where the
-    caches are views of it), or None with the tier off."""
+    caches are views of it), or None with the tier off; with tensor parallelism rank 0's, which logs its copies for
+    the workers."""
     if config.cache.kv_offloading_size is None:
         return None
+    ranks = config.parallel.tensor_parallel_size
     blocks = PoolBlocks(kv_caches, block_major)
     on_gpu = torch.device(device).type == "cuda"
     block_bytes = blocks.nbytes_per_block
-    num = host_tier_blocks(config.cache, block_bytes, host_available_bytes(numa_node if on_gpu else None))
-    offload = KVOffloader(blocks, num, pin_memory=on_gpu)
-    log.info("host KV tier: %d blocks of %d tokens (%.2f GiB of host memory%s), %s", num, config.cache.block_size,
-             offload.nbytes / 2**30, ", pinned" if on_gpu else "", config.cache.kv_offloading_write_policy)
+    num = host_tier_blocks(config.cache, block_bytes * ranks, host_available_bytes(numa_node if on_gpu else None))
+    offload = KVOffloader(blocks, num, pin_memory=on_gpu, mirror=ranks > 1)
+    share = f" on each of {ranks} ranks" if ranks > 1 else ""
+    log.info("host KV tier: %d blocks of %d tokens (%.2f GiB of host memory%s%s), %s", num, config.cache.block_size,
+             offload.nbytes / 2**30, share, ", pinned" if on_gpu else "", config.cache.kv_offloading_write_policy)
     return offload

@@ -13,6 +13,12 @@ held (no store may take them) until an event recorded after it has passed.
 
 A copy that fails (out of memory, a dead thread) is logged once; the tier then stores nothing more, and a request
 whose blocks are not found recomputes them: nothing is lost or corrupted, only the time the tier would save.
+
+With tensor parallelism (``mirror``) rank 0's offloader decides every store and load for all ranks, and logs the
+copies it made (``take_mirror_ops``): each step's message carries the stores finished and the loads made since the
+last one, and every worker makes them on its own heads' share of the blocks before it runs the step
+(``HostKVMirror``). A store is logged once it has finished, before its device block can be claimed, so a worker's
+copy of it always runs before any step that could overwrite that block.
 """
 from __future__ import annotations
 
@@ -149,8 +155,25 @@ class PoolBlocks:
                         cache[:, block_id].copy_(host[slot, layer], non_blocking=non_blocking)
 
 
-class KVOffloader:
+class HostKVMirror:
+    """A tensor-parallel worker's host KV tier: the same host slots as rank 0's, holding this rank's share of each
+    block; it copies exactly what rank 0 logged (``KVOffloader.take_mirror_ops``), stores before loads."""
+
     def __init__(self, blocks: PoolBlocks, num_host_blocks: int, pin_memory: bool = False):
+        self.blocks = blocks
+        self.host = torch.empty((num_host_blocks, *blocks.shape), dtype=blocks.dtype, pin_memory=pin_memory)
+        blocks.bind_host(self.host)
+
+    def apply(self, stores: list[tuple[int, int]], loads: list[tuple[int, int]]) -> None:
+        """``stores``: (device block, host slot) pairs; ``loads``: (host slot, device block) pairs."""
+        if stores:
+            self.blocks.read_many([b for b, _ in stores], [s for _, s in stores])
+        if loads:
+            self.blocks.write_many([s for s, _ in loads], [b for _, b in loads])
+
+
+class KVOffloader:
+    def __init__(self, blocks: PoolBlocks, num_host_blocks: int, pin_memory: bool = False, mirror: bool = False):
         self.blocks = blocks
         self.device = blocks.device
         self.index = HostBlockIndex(num_host_blocks)
@@ -169,6 +192,10 @@ class KVOffloader:
         self._closing = False
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._loads_in_flight: list[tuple[object, list[HostBlock]]] = []   # (CUDA event, host blocks it reads)
+        # tensor parallelism: the copies made since the last step's message, for the workers to repeat
+        self.mirror = mirror
+        self._mirror_stores: list[tuple[int, int]] = []    # (device block, host slot), finished
+        self._mirror_loads: list[tuple[int, int]] = []     # (host slot, device block)
         self._thread = threading.Thread(target=self._run, name="gh200rt-kv-store", daemon=True)
         self._thread.start()
 
@@ -260,6 +287,8 @@ class KVOffloader:
                 continue
             stored = self._copy_out(batch)
             with self._cond:
+                if stored and self.mirror:    # logged before the blocks can be claimed (see the module's docstring)
+                    self._mirror_stores.extend((job.block_id, job.slot) for job in batch)
                 for job in batch:
                     if self._jobs.get(job.block_id) is job:
                         del self._jobs[job.block_id]
@@ -288,6 +317,13 @@ class KVOffloader:
         self.counters.store_seconds += time.perf_counter() - started
         self.counters.stored_bytes += len(batch) * self.block_bytes
         return True
+
+    def take_mirror_ops(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """The stores finished and the loads made since the last call (tensor parallelism: sent with each step)."""
+        with self._cond:
+            stores, self._mirror_stores = self._mirror_stores, []
+        loads, self._mirror_loads = self._mirror_loads, []
+        return stores, loads
 
     def wait_for_stores(self) -> None:
         """Until every queued store has run (tests, shutdown)."""
@@ -319,6 +355,8 @@ class KVOffloader:
         except BaseException:
             self.index.unpin(held)
             raise
+        if self.mirror:
+            self._mirror_loads.extend((block.slot, block_id) for block, block_id in pairs)
         if self._stream is None:
             self.index.unpin(held)
         else:           # the copies are queued on the stream: their host blocks stay held until they have run

@@ -1,6 +1,6 @@
 """The host KV tier in the engine: blocks evicted from a small device pool come back from host memory with the bits
 a device hit gives, on every CPU route; preempted requests reuse what the tier kept; an fp8 pool too; and a tier
-that does not fit, or with tensor parallelism, is refused with what to do."""
+that does not fit is refused with what to do (tensor parallelism: tests/distributed/test_kv_host_tier_tp.py)."""
 import random
 
 import pytest
@@ -91,7 +91,6 @@ def test_a_tier_larger_than_host_memory_is_refused_with_the_size_that_fits():
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(kv_offloading_size="4", tensor_parallel_size=2), "not supported yet .* drop one of the two"),
     (dict(kv_offloading_size="4", kv_offloading_backend="lmcache"), "LMCache is not part of gh200rt"),
     (dict(kv_offloading_size="4", enable_prefix_caching=False), "needs prefix caching"),
     (dict(kv_offloading_size="lots"), "cannot read 'lots'; give GiB"),
