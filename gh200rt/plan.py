@@ -7,7 +7,9 @@ it also prints where the split settles, and the step time predicted, at several 
 checkpoint (``quantization_config``, see loader/fp8_checkpoint.py) is planned as the engine places
 it: resident layers keep fp8 on a GPU, and ``--host-weight-dtype auto`` keeps fp8 in host memory.
 With ``--tensor-parallel-size N`` it plans one rank's shard (each rank holds as much and follows the same plan;
-the device budget is per rank).
+the device budget is per rank). With ``--speculative-config`` it prints the step's predicted cost over the tokens it
+verifies and the k that pays best at a few acceptance rates (what ``num_speculative_tokens: "auto"`` starts from,
+before it measures both on the running engine).
 """
 from __future__ import annotations
 
@@ -17,12 +19,12 @@ import sys
 from pathlib import Path
 
 from gh200rt.cli_args import add_dataclass_arguments, dataclass_from_args
-from gh200rt.config import CacheConfig, MemoryConfig, ParallelConfig, SchedulerConfig
+from gh200rt.config import CacheConfig, MemoryConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig
 from gh200rt.engine.host_kv_tier import host_available_bytes, host_tier_blocks
 from gh200rt.loader.fp8_checkpoint import fp8_block_size, fp8_scheme
 from gh200rt.memory.ledger import ledger_capacity
 from gh200rt.models.arch_config import ArchConfig
-from gh200rt.planner.cost_model import DTYPE_BYTES, activation_bytes, model_sizes
+from gh200rt.planner.cost_model import DTYPE_BYTES, activation_bytes, model_sizes, predict_step_seconds
 from gh200rt.planner.layout import expert_device_bytes
 from gh200rt.planner.planner import Plan, RankShare, dynamic_splits, make_plan
 from gh200rt.platform.detect import detect
@@ -38,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     add_dataclass_arguments(parser, SchedulerConfig, "scheduler")
     add_dataclass_arguments(parser, MemoryConfig, "memory placement")
     add_dataclass_arguments(parser, ParallelConfig, "parallelism")
+    add_dataclass_arguments(parser, SpeculativeConfig, "speculative decoding")
     args = parser.parse_args(argv)
     path = Path(args.model)
     path = path / "config.json" if path.is_dir() else path
@@ -47,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         memory = dataclass_from_args(MemoryConfig, args)
         cache = dataclass_from_args(CacheConfig, args)
         scheduler = dataclass_from_args(SchedulerConfig, args)
+        speculative = dataclass_from_args(SpeculativeConfig, args).method
         platform = detect(memory.platform, memory.profile_file)
         config = json.loads(path.read_text())
         arch = ArchConfig.from_hf_config(config)
@@ -91,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
+    if speculative is not None:
+        print(speculation_table(plan, args.batch, speculative.num_speculative_tokens))
     if plan.dynamic:
         print(dynamic_table(plan, args.batch))
         if n > 1:
@@ -129,6 +135,31 @@ def host_tier_line(cache: CacheConfig, sizes, plan: Plan, numa_node: int | None)
             f"GiB ({blocks} blocks of {cache.block_size} tokens: {blocks * cache.block_size} tokens of history"
             f"{', auto' if cache.kv_offloading_auto else ''}); available now "
             + (f"{available / 2**30:.2f} GiB" if available is not None else "unknown"))
+
+
+ACCEPTANCE_RATES = (0.5, 0.7, 0.9)
+
+
+def speculation_table(plan: Plan, batch: int, k_max: int) -> str:
+    """The predicted step over the tokens it verifies (``batch`` sequences x (1 + k)), and at each of a few
+    acceptance rates (each draft kept with that chance once the one before it was) the k with the most tokens per
+    second: flat where the link or HBM bandwidth bounds the step (k grows), steep where compute does."""
+    def step(k: int) -> float:
+        return predict_step_seconds(list(plan.tiers), plan.sizes, plan.platform, batch * (1 + k),
+                                    max(plan.prefetch_distance, 1), plan.expert_tiers, plan.direct_scales_on_device)
+
+    def rate(alpha: float, k: int) -> float:
+        return batch * sum(alpha ** j for j in range(k + 1)) / step(k)
+
+    lines = [f"speculative decoding, decode batch {batch}: predicted step by drafted tokens k (the engine measures "
+             f"both the step and the acceptance as it runs)",
+             "  k:       " + " ".join(f"{k:>7d}" for k in range(k_max + 1)),
+             "  step ms: " + " ".join(f"{step(k) * 1e3:>7.3f}" for k in range(k_max + 1))]
+    for alpha in ACCEPTANCE_RATES:
+        best = max(range(k_max + 1), key=lambda k: (rate(alpha, k), -k))
+        lines.append(f"  acceptance {alpha:.1f}: k = {best} pays best, {rate(alpha, best) / rate(alpha, 0):.2f}x the "
+                     f"tokens per second of plain decoding")
+    return "\n".join(lines)
 
 
 def dynamic_table(plan: Plan, batch: int) -> str:

@@ -17,6 +17,7 @@ PLANNED_METHODS = ("eagle3", "suffix", "mtp")
 KNOWN_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model",
               "draft_tensor_parallel_size", "disable_by_batch_size")
 NGRAM_DEFAULT_LOOKUP = 5           # vLLM's prompt_lookup_min / _max when neither is given
+AUTO_MAX_K = 8                     # num_speculative_tokens "auto": k chosen per step in 0..this (speculative/auto_k.py)
 
 
 @dataclass(frozen=True)
@@ -29,11 +30,16 @@ class SpeculativeMethod:
     model: str | None = None
     # drafting stops while this many requests or more are running (vLLM's key); None: always drafts
     disable_by_batch_size: int | None = None
+    # num_speculative_tokens "auto": each step's k chosen in 0..num_speculative_tokens from the measured acceptance
+    # and step costs
+    auto_k: bool = False
 
     def describe(self) -> str:
         where = f", lookup {self.prompt_lookup_min}-{self.prompt_lookup_max} tokens" if self.method == "ngram" else \
             f", draft {self.model}"
-        return f"{self.method}, k={self.num_speculative_tokens}{where}"
+        k = f"auto (0-{self.num_speculative_tokens} per step, from the measured acceptance and step costs)" \
+            if self.auto_k else str(self.num_speculative_tokens)
+        return f"{self.method}, k={k}{where}"
 
 
 def _int_key(values: dict, key: str, minimum: int, default: int | None = None) -> int | None:
@@ -85,10 +91,8 @@ def read_speculative_config(text: str | dict) -> SpeculativeMethod:
     k = values.get("num_speculative_tokens")
     if k is None:
         raise ValueError("--speculative-config needs num_speculative_tokens (drafted tokens per step, e.g. 4)")
-    if k == "auto":
-        raise ValueError("--speculative-config: num_speculative_tokens \"auto\" is not available yet; give a number "
-                         "of tokens (3 to 5 suit prompt lookup)")
-    k = _int_key(values, "num_speculative_tokens", 0)
+    auto = k == "auto"
+    k = AUTO_MAX_K if auto else _int_key(values, "num_speculative_tokens", 0)
     if values.get("model") is not None and method == "ngram":
         raise ValueError("--speculative-config: method ngram drafts from the prompt and output; drop \"model\"")
     if method == "draft_model" and not values.get("model"):
@@ -104,7 +108,7 @@ def read_speculative_config(text: str | dict) -> SpeculativeMethod:
     if low > high:
         raise ValueError(f"--speculative-config: prompt_lookup_min ({low}) is larger than prompt_lookup_max ({high})")
     return SpeculativeMethod(method, k, low, high, values.get("model") if method == "draft_model" else None,
-                             _int_key(values, "disable_by_batch_size", 1))
+                             _int_key(values, "disable_by_batch_size", 1), auto_k=auto)
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,9 @@ class EngineSteps:
         if self.host_tier is not None and current.out.scheduled and not self._runs_ahead \
                 and all(item.computes_prompt for item in current.out.scheduled):
             self.host_tier.observe_prompt_step(seconds, current.out.num_batched_tokens)
+        if self.speculator is not None and current.out.scheduled \
+                and not any(item.computes_prompt for item in current.out.scheduled):
+            self.speculator.observe_step(current.out.num_batched_tokens, seconds)
         return outputs
 
     def _settle_in_flight(self) -> None:

@@ -151,6 +151,11 @@ def _engine_lines(s, num_pending: int) -> list[str]:
     for name, (value, help_text) in counters.items():
         lines += _series(name, "counter", help_text, [("", value)])
     lines += host_tier_lines(get("kv_host", None))
+    spec = get("spec_decode", None)
+    if spec is not None:
+        lines += _series("spec_decode_num_speculative_tokens", "gauge",
+                         "Tokens each decoding sequence drafted in the latest step (k; chosen per step with "
+                         "num_speculative_tokens \"auto\").", [("", spec.current_k or 0)])
     tiers = get("layers_per_tier", None) or {}
     lines += _series("weight_layers", "gauge", "Decoder layers per weight tier (resident, streamed, direct).",
                      [(f'{{tier="{t}"}}', tiers.get(t, 0))

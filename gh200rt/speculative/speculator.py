@@ -3,14 +3,19 @@ sequence that decodes (``Sequence.spec_drafts``), never more than the sequence m
 most k + 1 tokens, within ``max_tokens`` and the context; the scheduler takes what fits its token budget and the KV
 pool. A draft model writes its KV at the drafted positions, so their blocks are allocated before it runs, where the
 pool keeps a block per running sequence beside them (drafting never causes a preemption the step would not have had).
-It also counts what verification accepted (vLLM's ``spec_decode_*`` series)."""
+It also counts what verification accepted (vLLM's ``spec_decode_*`` series). With ``num_speculative_tokens: "auto"``
+each step's k comes from ``auto_k.AutoK``, fed the verifications and the decode steps' times."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from gh200rt.config.speculative import SpeculativeMethod
 from gh200rt.scheduler.request import Sequence
+from gh200rt.speculative.auto_k import AutoK
 from gh200rt.speculative.ngram import NgramProposer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -19,10 +24,11 @@ class SpecDecodeStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)   # [k]: drafts accepted at each position
+    current_k: int | None = None        # the k of the latest step's drafting ("auto": chosen per step)
 
     def copy(self) -> "SpecDecodeStats":
         return SpecDecodeStats(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
-                               list(self.accepted_per_pos))
+                               list(self.accepted_per_pos), self.current_k)
 
     @property
     def acceptance_rate(self) -> float:
@@ -53,12 +59,23 @@ class Speculator:
         self.kv = kv
         self.draft = draft
         self.ngram = NgramProposer(method.prompt_lookup_min, method.prompt_lookup_max) if draft is None else None
-        self.stats = SpecDecodeStats(accepted_per_pos=[0] * self.k)
+        self.stats = SpecDecodeStats(accepted_per_pos=[0] * self.k, current_k=self.k)
+        self.auto = AutoK(self.k) if method.auto_k else None
 
     def propose(self, running: list[Sequence]) -> None:
         """Set ``spec_drafts`` of every running sequence (empty where it does not draft this step)."""
         limit = self.method.disable_by_batch_size
         drafting = limit is None or len(running) < limit
+        k = self.k
+        if self.auto is not None and drafting:
+            decoding = sum(1 for seq in running if seq.num_tokens - seq.num_computed_tokens == 1)
+            k = self.auto.choose(decoding)
+            if k != self.stats.current_k:
+                log.info("speculative decoding: k %s -> %d for %d decoding sequences (acceptance by position %s)",
+                         self.stats.current_k, k, decoding,
+                         " ".join(f"{self.auto.acceptance.rate(j):.2f}" for j in range(self.k)))
+            self.stats.current_k = k
+        drafting = drafting and k > 0
         wanted = []
         for seq in running:
             seq.spec_drafts, seq.spec_draft_probs = [], None
@@ -66,7 +83,7 @@ class Speculator:
                 continue
             if getattr(seq.grammar, "gating", False):    # a grammar waiting for its reasoning block to end
                 continue
-            room = draft_room(seq, self.k)
+            room = draft_room(seq, k)
             if room and self.ngram is not None:
                 seq.spec_drafts = self.ngram.propose(seq, room)
             elif room and self._room_in_pool(seq, room, len(running)):
@@ -82,8 +99,15 @@ class Speculator:
         need = self.kv.blocks_needed(seq.num_computed_tokens + 1 + room) - len(seq.block_ids)
         return need <= 0 or (self.kv.num_free_blocks - need >= running and self.kv.allocate(seq, 1 + room))
 
+    def observe_step(self, tokens: int, seconds: float) -> None:
+        """A step of decode and draft positions only (no prompt): ``tokens`` computed in ``seconds``."""
+        if self.auto is not None:
+            self.auto.observe(tokens, seconds)
+
     def record(self, drafted: int, accepted: int) -> None:
         """One sequence's verification: ``accepted`` of its ``drafted`` tokens kept."""
+        if self.auto is not None:
+            self.auto.record(drafted, accepted)
         s = self.stats
         s.num_drafts += 1
         s.num_draft_tokens += drafted

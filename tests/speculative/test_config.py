@@ -56,7 +56,7 @@ def test_zero_tokens_turns_speculation_off():
     ({"method": "ngram"}, "needs num_speculative_tokens"),
     ({"method": "ngram", "num_speculative_tokens": -1}, "at least 0, got -1"),
     ({"method": "ngram", "num_speculative_tokens": 2.5}, "must be an integer"),
-    ({"method": "ngram", "num_speculative_tokens": "auto"}, "\"auto\" is not available yet"),
+    ({"method": "ngram", "num_speculative_tokens": "many"}, "must be an integer"),
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
      "prompt_lookup_min (4) is larger than prompt_lookup_max (2)"),
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 0}, "at least 1"),
@@ -67,3 +67,10 @@ def test_bad_settings_are_refused_with_what_to_do(value, words):
     with pytest.raises(ValueError) as e:
         EngineConfig.from_kwargs(speculative_config=value)
     assert words in str(e.value)
+
+
+def test_auto_k_chooses_up_to_eight_per_step():
+    m = read_speculative_config({"method": "ngram", "num_speculative_tokens": "auto", "prompt_lookup_max": 3})
+    assert (m.num_speculative_tokens, m.auto_k) == (8, True)
+    assert "k=auto (0-8 per step" in m.describe()
+    assert not read_speculative_config({"method": "ngram", "num_speculative_tokens": 4}).auto_k
