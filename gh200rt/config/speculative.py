@@ -12,10 +12,14 @@ from dataclasses import dataclass, field
 from gh200rt.config.flags import flag_help
 
 # vLLM's method names; the built ones first. ``mtp`` is for models that ship multi-token-prediction layers.
-BUILT_METHODS = ("ngram", "draft_model")
-PLANNED_METHODS = ("eagle3", "suffix", "mtp")
+BUILT_METHODS = ("ngram", "suffix", "draft_model")
+PLANNED_METHODS = ("eagle3", "mtp")
+SUFFIX_KEYS = ("suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
+               "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob")
 KNOWN_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model",
-              "draft_tensor_parallel_size", "disable_by_batch_size")
+              "draft_tensor_parallel_size", "disable_by_batch_size", *SUFFIX_KEYS)
+SUFFIX_DEFAULTS = {"suffix_decoding_max_tree_depth": 24, "suffix_decoding_max_cached_requests": 10000,
+                   "suffix_decoding_max_spec_factor": 1.0, "suffix_decoding_min_token_prob": 0.1}   # vLLM's
 NGRAM_DEFAULT_LOOKUP = 5           # vLLM's prompt_lookup_min / _max when neither is given
 AUTO_MAX_K = 8                     # num_speculative_tokens "auto": k chosen per step in 0..this (speculative/auto_k.py)
 
@@ -33,13 +37,33 @@ class SpeculativeMethod:
     # num_speculative_tokens "auto": each step's k chosen in 0..num_speculative_tokens from the measured acceptance
     # and step costs
     auto_k: bool = False
+    # suffix: the trees' depth, the finished requests the global tree keeps, the draft's length per matched token
+    # and the least share of its parent's occurrences a drafted token must have (speculative/suffix.py)
+    suffix_max_tree_depth: int = 24
+    suffix_max_cached_requests: int = 10000
+    suffix_max_spec_factor: float = 1.0
+    suffix_min_token_prob: float = 0.1
 
     def describe(self) -> str:
-        where = f", lookup {self.prompt_lookup_min}-{self.prompt_lookup_max} tokens" if self.method == "ngram" else \
-            f", draft {self.model}"
+        if self.method == "ngram":
+            where = f", lookup {self.prompt_lookup_min}-{self.prompt_lookup_max} tokens"
+        elif self.method == "suffix":
+            where = (f", trees {self.suffix_max_tree_depth} tokens deep over the request and the latest "
+                     f"{self.suffix_max_cached_requests} outputs")
+        else:
+            where = f", draft {self.model}"
         k = f"auto (0-{self.num_speculative_tokens} per step, from the measured acceptance and step costs)" \
             if self.auto_k else str(self.num_speculative_tokens)
         return f"{self.method}, k={k}{where}"
+
+
+def _float_key(values: dict, key: str, low: float, high: float | None) -> float:
+    value = values[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low or \
+            (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise ValueError(f"--speculative-config: {key} must be a number {bound}, got {value!r}")
+    return float(value)
 
 
 def _int_key(values: dict, key: str, minimum: int, default: int | None = None) -> int | None:
@@ -79,22 +103,37 @@ def read_speculative_config(text: str | dict) -> SpeculativeMethod:
     if method == "[ngram]":
         method = "ngram"
     if method is None:
-        raise ValueError("--speculative-config needs \"method\" (ngram or draft_model), e.g. "
+        raise ValueError("--speculative-config needs \"method\" (ngram, suffix or draft_model), e.g. "
                          "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'")
     if method in PLANNED_METHODS:
         raise ValueError(f"--speculative-config: method {method!r} is not available in gh200rt yet; use ngram "
-                         f"(prompt lookup over the prompt and output so far) or draft_model (a smaller model of the "
-                         f"target's family)")
+                         f"(prompt lookup over the prompt and output so far), suffix (suffix trees over the request "
+                         f"and earlier outputs) or draft_model (a smaller model of the target's family)")
     if method not in BUILT_METHODS:
         raise ValueError(f"--speculative-config: unknown method {method!r}; choose one of "
                          f"{', '.join(BUILT_METHODS)}")
+    suffix_given = sorted(set(values) & set(SUFFIX_KEYS))
+    if suffix_given and method != "suffix":
+        raise ValueError(f"--speculative-config: {', '.join(suffix_given)} set the suffix method's trees; drop them "
+                         f"or use \"method\": \"suffix\"")
+    lookup_given = sorted(set(values) & {"prompt_lookup_min", "prompt_lookup_max"})
+    if lookup_given and method != "ngram":
+        raise ValueError(f"--speculative-config: {', '.join(lookup_given)} set prompt lookup (method ngram); drop "
+                         f"them for method {method}")
+    suffix = {**SUFFIX_DEFAULTS, **{key: values[key] for key in suffix_given}}
+    depth = _int_key(suffix, "suffix_decoding_max_tree_depth", 1)
+    cached = _int_key(suffix, "suffix_decoding_max_cached_requests", 0)
+    factor = _float_key(suffix, "suffix_decoding_max_spec_factor", 0.0, None)
+    least = _float_key(suffix, "suffix_decoding_min_token_prob", 0.0, 1.0)
+    if method == "suffix" and values.get("num_speculative_tokens") is None:
+        values["num_speculative_tokens"] = depth       # vLLM's default for the method: as deep as the trees
     k = values.get("num_speculative_tokens")
     if k is None:
         raise ValueError("--speculative-config needs num_speculative_tokens (drafted tokens per step, e.g. 4)")
     auto = k == "auto"
     k = AUTO_MAX_K if auto else _int_key(values, "num_speculative_tokens", 0)
-    if values.get("model") is not None and method == "ngram":
-        raise ValueError("--speculative-config: method ngram drafts from the prompt and output; drop \"model\"")
+    if values.get("model") is not None and method in ("ngram", "suffix"):
+        raise ValueError(f"--speculative-config: method {method} drafts from the prompt and outputs; drop \"model\"")
     if method == "draft_model" and not values.get("model"):
         raise ValueError("--speculative-config: method draft_model needs \"model\": the draft's Hugging Face "
                          "directory, .gguf file or alias")
@@ -108,7 +147,9 @@ def read_speculative_config(text: str | dict) -> SpeculativeMethod:
     if low > high:
         raise ValueError(f"--speculative-config: prompt_lookup_min ({low}) is larger than prompt_lookup_max ({high})")
     return SpeculativeMethod(method, k, low, high, values.get("model") if method == "draft_model" else None,
-                             _int_key(values, "disable_by_batch_size", 1), auto_k=auto)
+                             _int_key(values, "disable_by_batch_size", 1), auto_k=auto, suffix_max_tree_depth=depth,
+                             suffix_max_cached_requests=cached, suffix_max_spec_factor=factor,
+                             suffix_min_token_prob=least)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from gh200rt.config.speculative import SpeculativeMethod
 from gh200rt.scheduler.request import Sequence
 from gh200rt.speculative.auto_k import AutoK
 from gh200rt.speculative.ngram import NgramProposer
+from gh200rt.speculative.suffix import SuffixProposer
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,15 @@ class Speculator:
         self.k = method.num_speculative_tokens
         self.kv = kv
         self.draft = draft
-        self.ngram = NgramProposer(method.prompt_lookup_min, method.prompt_lookup_max) if draft is None else None
+        # the drafts looked up in the tokens so far (ngram: the request's own; suffix: also earlier outputs), or None
+        # for a draft model
+        self.lookup = None
+        if method.method == "ngram":
+            self.lookup = NgramProposer(method.prompt_lookup_min, method.prompt_lookup_max)
+        elif method.method == "suffix":
+            self.lookup = SuffixProposer(method.suffix_max_tree_depth, method.suffix_max_cached_requests,
+                                         method.suffix_max_spec_factor, method.suffix_min_token_prob)
+        self._tracked: dict[str, Sequence] = {}     # suffix: the sequences seen running, whose outputs join its tree
         self.stats = SpecDecodeStats(accepted_per_pos=[0] * self.k, current_k=self.k)
         self.auto = AutoK(self.k) if method.auto_k else None
 
@@ -76,6 +85,8 @@ class Speculator:
                          " ".join(f"{self.auto.acceptance.rate(j):.2f}" for j in range(self.k)))
             self.stats.current_k = k
         drafting = drafting and k > 0
+        if isinstance(self.lookup, SuffixProposer):
+            self._outputs_of_finished(running)
         wanted = []
         for seq in running:
             seq.spec_drafts, seq.spec_draft_probs = [], None
@@ -84,14 +95,22 @@ class Speculator:
             if getattr(seq.grammar, "gating", False):    # a grammar waiting for its reasoning block to end
                 continue
             room = draft_room(seq, k)
-            if room and self.ngram is not None:
-                seq.spec_drafts = self.ngram.propose(seq, room)
+            if room and self.lookup is not None:
+                seq.spec_drafts = self.lookup.propose(seq, room)
             elif room and self._room_in_pool(seq, room, len(running)):
                 wanted.append((seq, room))
         if wanted:
             self.draft.propose(wanted)
-        if self.ngram is not None and self.ngram.num_histories > 2 * len(running) + 16:   # those that left keep none
-            self.ngram.retain({seq.seq_id for seq in running})
+        if self.lookup is not None and self.lookup.num_histories > 2 * len(running) + 16:   # those that left keep none
+            self.lookup.retain({seq.seq_id for seq in running})
+
+    def _outputs_of_finished(self, running: list[Sequence]) -> None:
+        """The outputs of the sequences that finished since the last step join the suffix method's global tree."""
+        now = {seq.seq_id: seq for seq in running}
+        for seq_id, seq in self._tracked.items():
+            if seq_id not in now and seq.is_finished:
+                self.lookup.finished(seq.output_token_ids)
+        self._tracked = now
 
     def _room_in_pool(self, seq: Sequence, room: int, running: int) -> bool:
         """Allocate the blocks of ``seq``'s next 1 + ``room`` positions if the pool keeps a block per running

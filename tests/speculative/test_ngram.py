@@ -70,4 +70,4 @@ def test_the_speculator_keeps_histories_of_running_sequences_only():
     speculator.propose(running)
     assert all(seq.spec_drafts for seq in running)
     speculator.propose(running[:2])
-    assert speculator.ngram.num_histories == 2
+    assert speculator.lookup.num_histories == 2
