@@ -36,6 +36,13 @@ class CacheConfig:
     prefix_caching_hash_algo: str = field(default="builtin", metadata=flag_help(
         "the prefix cache's block hash: builtin (Python's hash, fastest; this process only) or sha256 (stable "
         "across processes and restarts)", choices=PREFIX_HASH_ALGOS))
+    kv_offloading_disk_dir: str | None = field(default=None, metadata=flag_help(
+        "a third KV tier on local disk: every block the host tier stores is also written here (off the step's "
+        "path), a lookup continues here past host memory, and the blocks survive a restart; needs "
+        "--kv-offloading-size and --prefix-caching-hash-algo sha256; off unless given"))
+    kv_offloading_disk_size: float | None = field(default=None, metadata=flag_help(
+        "GiB the disk tier may fill, least recently used blocks deleted beyond it; default: half the free space "
+        "of the directory's filesystem at start-up"))
 
     def __post_init__(self):
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -64,6 +71,18 @@ class CacheConfig:
                 raise ValueError("--kv-offloading-size keeps the prefix cache's blocks in host memory; it needs "
                                  "prefix caching (drop --no-enable-prefix-caching)")
             self.kv_offloading_bytes    # a size that cannot be read is refused here, with the flag's name
+        if self.kv_offloading_disk_size is not None and self.kv_offloading_disk_dir is None:
+            raise ValueError("--kv-offloading-disk-size sizes the disk tier; add --kv-offloading-disk-dir DIR")
+        if self.kv_offloading_disk_size is not None and self.kv_offloading_disk_size <= 0:
+            raise ValueError(f"--kv-offloading-disk-size must be positive, got {self.kv_offloading_disk_size} (GiB)")
+        if self.kv_offloading_disk_dir is not None:
+            if self.kv_offloading_size is None:
+                raise ValueError("--kv-offloading-disk-dir extends the host KV tier to disk; add "
+                                 "--kv-offloading-size (e.g. 4, or auto)")
+            if self.prefix_caching_hash_algo != "sha256":
+                raise ValueError("--kv-offloading-disk-dir keeps blocks across restarts, which finds them again only "
+                                 "under a hash that is the same in every process; add --prefix-caching-hash-algo "
+                                 "sha256")
 
     @property
     def kv_offloading_bytes(self) -> int | None:

@@ -29,6 +29,9 @@ class EngineConfig:
         if self.lora.enable_lora and self.graphs.enforce_eager is False:
             raise ValueError("--enable-lora runs every step eagerly (decode graphs do not hold the per-token adapter "
                              "inputs yet): drop --no-enforce-eager")
+        if self.cache.kv_offloading_disk_dir is not None and self.parallel.tensor_parallel_size > 1:
+            raise ValueError("--kv-offloading-disk-dir with --tensor-parallel-size > 1 is not supported yet (each "
+                             "rank's share of a block would need its own file): drop one of the two")
         method = self.speculative.method
         if method is not None and method.method == "draft_model":
             if self.parallel.tensor_parallel_size > 1:

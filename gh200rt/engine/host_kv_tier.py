@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from gh200rt.config import CacheConfig, EngineConfig
+from gh200rt.kv.disk_tier import DiskTier, disk_capacity_bytes
 from gh200rt.kv.offload import KVOffloader, PoolBlocks
 from gh200rt.weights.slabs import node_available_bytes
 
@@ -85,4 +86,19 @@ def make_host_tier(config: EngineConfig, kv_caches: list[torch.Tensor], device: 
     share = f" on each of {ranks} ranks" if ranks > 1 else ""
     log.info("host KV tier: %d blocks of %d tokens (%.2f GiB of host memory%s%s), %s", num, config.cache.block_size,
              offload.nbytes / 2**30, share, ", pinned" if on_gpu else "", config.cache.kv_offloading_write_policy)
+    if config.cache.kv_offloading_disk_dir is not None:
+        offload.disk = make_disk_tier(config, blocks)
     return offload
+
+
+def make_disk_tier(config: EngineConfig, blocks: PoolBlocks) -> DiskTier:
+    """The disk tier under the host tier, refusing a directory that holds blocks of another model or layout."""
+    cache = config.cache
+    identity = {"format": 1, "model": str(Path(config.model.model).resolve()) if Path(config.model.model).exists()
+                else config.model.model, "kv_dtype": str(blocks.dtype), "block_shape": list(blocks.shape),
+                "block_size": cache.block_size, "hash": cache.prefix_caching_hash_algo}
+    capacity = disk_capacity_bytes(cache.kv_offloading_disk_dir, cache.kv_offloading_disk_size)
+    disk = DiskTier(cache.kv_offloading_disk_dir, capacity, blocks.nbytes_per_block, cache.block_size, identity)
+    log.info("KV disk tier: %s, up to %d blocks (%.2f GiB), %d there already", cache.kv_offloading_disk_dir,
+             disk.capacity_blocks, capacity / 2**30, len(disk.blocks))
+    return disk

@@ -109,6 +109,15 @@ class HostBlockIndex:
                 parent = ("hash", block_hash)
         return found
 
+    def pin_ready(self, block_hash: int) -> HostBlock:
+        """The ready block of ``block_hash``, pinned (a block just read into the tier from disk)."""
+        with self.lock:
+            block = self.blocks[block_hash]
+            assert block.ready, block
+            block.pins += 1
+            self.blocks.move_to_end(block_hash)
+            return block
+
     def unpin(self, blocks: list[HostBlock]) -> None:
         with self.lock:
             for block in blocks:

@@ -252,7 +252,7 @@ class KVCacheManager:
         stats = self.offload.index.stats
         stats.queries += 1
         stats.queried_tokens += len(chain) * bs
-        found = self.offload.index.lookup_chain(chain, parent)
+        found = self.offload.lookup_chain(chain, parent, bs)
         if found and not self.offload.worth_loading(bs):
             self.offload.index.unpin(found)
             return []

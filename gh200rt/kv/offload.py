@@ -22,6 +22,7 @@ copy of it always runs before any step that could overwrite that block.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -29,8 +30,10 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from gh200rt.kv.disk_tier import DiskTier
 from gh200rt.kv.host_tier import HostBlock, HostBlockIndex
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,8 @@ class StoreJob:
     slot: int
     block_hash: int
     ready: object = None          # torch.cuda.Event recorded when queued (CUDA), else None
+    token_ids: tuple[int, ...] = ()   # what the disk tier's file names (its confirmation after a restart)
+    parent: tuple[str, int] = ("salt", 0)
     running: bool = False
     cancelled: bool = False
 
@@ -73,6 +78,8 @@ class HostTierReport:
     stored_bytes: int
     loaded_bytes: int
     load_seconds: float
+    disk: object = None           # the disk tier's ``DiskTierStats`` (a copy) and its block count, None without one
+    disk_blocks: int = 0
 
 
 @dataclass
@@ -190,10 +197,13 @@ class KVOffloader:
         self._queue: deque[StoreJob] = deque()
         self._cond = threading.Condition()
         self._closing = False
+        self._finishing = 0                       # stores taken by the copy thread and not yet found or dropped
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._loads_in_flight: list[tuple[object, list[HostBlock]]] = []   # (CUDA event, host blocks it reads)
         # tensor parallelism: the copies made since the last step's message, for the workers to repeat
         self.mirror = mirror
+        self.disk: DiskTier | None = None         # a third level on local disk (``--kv-offloading-disk-dir``)
+        self.disk_read_seconds_per_block: float | None = None
         self._mirror_stores: list[tuple[int, int]] = []    # (device block, host slot), finished
         self._mirror_loads: list[tuple[int, int]] = []     # (host slot, device block)
         self._thread = threading.Thread(target=self._run, name="gh200rt-kv-store", daemon=True)
@@ -227,9 +237,11 @@ class KVOffloader:
 
     def report(self) -> HostTierReport:
         s, c = self.index.stats, self.counters
+        disk = dataclasses.replace(self.disk.stats) if self.disk is not None else None
         return HostTierReport(self.index.num_blocks, self.index.num_ready, s.queries, s.hits, s.queried_tokens,
                               s.hit_tokens, s.stored_blocks, s.loaded_blocks, s.dropped_stores, s.evicted_blocks,
-                              c.stored_bytes, c.loaded_bytes, c.load_seconds)
+                              c.stored_bytes, c.loaded_bytes, c.load_seconds, disk,
+                              len(self.disk.blocks) if self.disk is not None else 0)
 
     # ---- stores ---------------------------------------------------------------------------------
     def store(self, block_id: int, block_hash: int, token_ids: tuple[int, ...], parent) -> None:
@@ -243,7 +255,7 @@ class KVOffloader:
         if self._stream is not None:
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(self.device))
-        job = StoreJob(block_id, slot, block_hash, ready)
+        job = StoreJob(block_id, slot, block_hash, ready, token_ids, parent)
         with self._cond:
             previous = self._jobs.get(block_id)
             assert previous is None or previous.running, previous   # a queued store is claimed before reuse
@@ -283,6 +295,7 @@ class KVOffloader:
                     if not job.cancelled:
                         job.running = True
                         batch.append(job)
+                self._finishing += len(batch)
             if not batch:
                 continue
             stored = self._copy_out(batch)
@@ -293,8 +306,14 @@ class KVOffloader:
                     if self._jobs.get(job.block_id) is job:
                         del self._jobs[job.block_id]
                 self._cond.notify_all()
+            if stored and self.disk is not None:    # before the blocks are ready: no lookup can take their slots yet
+                for job in batch:
+                    self.disk.write(job.block_hash, job.token_ids, job.parent, self._slot_bytes(job.slot))
             for job in batch:
                 self.index.finish_store(job.block_hash, job.slot, stored)
+            with self._cond:
+                self._finishing -= len(batch)
+                self._cond.notify_all()
 
     def _copy_out(self, batch: list[StoreJob]) -> bool:
         if self.failed is not None:
@@ -328,13 +347,54 @@ class KVOffloader:
     def wait_for_stores(self) -> None:
         """Until every queued store has run (tests, shutdown)."""
         with self._cond:
-            self._cond.wait_for(lambda: not self._queue and not self._jobs)
+            self._cond.wait_for(lambda: not self._queue and not self._jobs and not self._finishing)
 
     def close(self) -> None:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
         self._thread.join(timeout=10)
+
+    def _slot_bytes(self, slot: int) -> np.ndarray:
+        return self.host[slot].view(torch.uint8).reshape(-1).numpy()
+
+    # ---- lookups --------------------------------------------------------------------------------
+    def lookup_chain(self, chain: list[tuple[int, tuple[int, ...]]], parent, block_size: int) -> list[HostBlock]:
+        """The blocks continuing a chain (``HostBlockIndex.lookup_chain``), pinned; past the host tier's, those on
+        disk, each read into a host slot first (where reading one costs less than recomputing it)."""
+        found = self.index.lookup_chain(chain, parent)
+        if self.disk is None or len(found) == len(chain) or not self._worth_reading(block_size):
+            return found
+        parent = ("hash", chain[len(found) - 1][0]) if found else parent
+        read = 0
+        for block_hash, chunk in chain[len(found):]:
+            on_disk = self.disk.lookup(block_hash, chunk, parent)
+            if on_disk is None:
+                break
+            slot = self.index.reserve(block_hash, chunk, parent)
+            if slot is None:       # on its way into the host tier already, or no slot free of loads and stores
+                break
+            started = time.perf_counter()
+            ok = self.disk.read_into(on_disk, self._slot_bytes(slot))
+            self.index.finish_store(block_hash, slot, ok)
+            if not ok:
+                break
+            seconds = time.perf_counter() - started
+            old = self.disk_read_seconds_per_block
+            self.disk_read_seconds_per_block = seconds if old is None else 0.8 * old + 0.2 * seconds
+            found.append(self.index.pin_ready(block_hash))
+            parent = ("hash", block_hash)
+            read += 1
+        if read:
+            self.disk.stats.hits += 1
+            self.disk.stats.hit_blocks += read
+        return found
+
+    def _worth_reading(self, block_size: int) -> bool:
+        """Whether a block on disk is read rather than recomputed: a read and a load against the block's tokens of
+        prompt, both measured (until either is, yes)."""
+        per_token, read = self.recompute_seconds_per_token, self.disk_read_seconds_per_block
+        return per_token is None or read is None or read + self.load_seconds_per_block < block_size * per_token
 
     # ---- loads ----------------------------------------------------------------------------------
     def _release_finished_loads(self) -> None:

@@ -103,13 +103,28 @@ HOST_TIER_SERIES = {
 }
 
 
+DISK_TIER_SERIES = {
+    "kv_disk_hit_blocks_total": ("hit_blocks", "counter", "Blocks read back from the disk KV tier instead of "
+                                                          "recomputed."),
+    "kv_disk_written_blocks_total": ("written_blocks", "counter", "Blocks written to the disk KV tier."),
+    "kv_disk_written_bytes_total": ("written_bytes", "counter", "Bytes written to the disk KV tier."),
+    "kv_disk_read_bytes_total": ("read_bytes", "counter", "Bytes read back from the disk KV tier."),
+    "kv_disk_evicted_blocks_total": ("evicted_blocks", "counter", "Disk KV tier blocks deleted (least recently used) "
+                                                                  "beyond --kv-offloading-disk-size."),
+}
+
+
 def host_tier_lines(report) -> list[str]:
-    """The host KV tier's series, none with the tier off."""
+    """The host KV tier's series (and its disk tier's), none with the tier off."""
     if report is None:
         return []
     lines = []
     for name, (attr, kind, help_text) in HOST_TIER_SERIES.items():
         lines += _series(name, kind, help_text, [("", getattr(report, attr))])
+    if report.disk is not None:
+        lines += _series("kv_disk_blocks", "gauge", "Blocks the disk KV tier holds.", [("", report.disk_blocks)])
+        for name, (attr, kind, help_text) in DISK_TIER_SERIES.items():
+            lines += _series(name, kind, help_text, [("", getattr(report.disk, attr))])
     return lines
 
 

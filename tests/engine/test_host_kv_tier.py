@@ -94,6 +94,11 @@ def test_a_tier_larger_than_host_memory_is_refused_with_the_size_that_fits():
     (dict(kv_offloading_size="4", kv_offloading_backend="lmcache"), "LMCache is not part of gh200rt"),
     (dict(kv_offloading_size="4", enable_prefix_caching=False), "needs prefix caching"),
     (dict(kv_offloading_size="lots"), "cannot read 'lots'; give GiB"),
+    (dict(kv_offloading_disk_dir="/tmp/x", prefix_caching_hash_algo="sha256"), "add --kv-offloading-size"),
+    (dict(kv_offloading_size="4", kv_offloading_disk_dir="/tmp/x"), "add --prefix-caching-hash-algo sha256"),
+    (dict(kv_offloading_disk_size=4.0), "add --kv-offloading-disk-dir"),
+    (dict(kv_offloading_size="4", kv_offloading_disk_dir="/tmp/x", prefix_caching_hash_algo="sha256",
+          tensor_parallel_size=2), "disk-dir with --tensor-parallel-size > 1 is not supported yet"),
 ])
 def test_what_the_tier_cannot_do_is_refused(options, message):
     with pytest.raises(ValueError, match=message):
@@ -121,3 +126,23 @@ def test_the_multi_turn_benchmark_runs_the_tier_off_and_on(tiny_path, capsys):
     assert (off[:2], on[:2]) == (["tier", "off"], ["tier", "on"])
     assert int(off[-4]) == 0 < int(on[-4])           # host hit tokens: none without the tier, some with it
     assert "turn >= 2 TTFT p50: " in out
+
+
+def test_blocks_on_disk_serve_an_engine_started_later(tiny, tmp_path):
+    """A restart: the second engine's device pool and host tier start empty, and the first turns it is asked again
+    come back from disk with the first engine's tokens and logprobs."""
+    firsts = conversations(250, count=3, system=20)
+    options = dict(max_model_len=128, num_kv_blocks=64, kv_offloading_size="64MiB", prefix_caching_hash_algo="sha256",
+                   kv_offloading_disk_dir=str(tmp_path / "kv"))
+    first = tiny.llm(**options)
+    want = talk(first, firsts, turns=1)
+    first.engine.host_tier.wait_for_stores()
+    written = first.engine.stats().kv_host.disk.written_blocks
+    first.engine.close()
+    again = tiny.llm(**options)
+    got = talk(again, firsts, turns=1)
+    host = again.engine.stats().kv_host
+    again.engine.close()
+    assert got == want, "tokens or logprobs differ with blocks read back from disk"
+    # 3 reusable blocks a first turn, the first shared: 7 blocks, each read back once
+    assert written == 7 and host.disk.hit_blocks == 7 and host.hit_tokens == 7 * 16, (written, host)

@@ -1,0 +1,91 @@
+"""The KV disk tier: a block stored in the host tier is written to disk off the step's path; after a restart (a new
+offloader over the same directory) a lookup past host memory reads it back into a host slot and it loads bit for bit;
+tokens and parents confirm a block as in host memory; the least recently used blocks go beyond the size; a directory
+of another layout is refused; a damaged file is skipped, never read."""
+import numpy as np
+import pytest
+import torch
+
+from gh200rt.kv.disk_tier import DiskTier
+from gh200rt.kv.offload import KVOffloader, PoolBlocks
+from tests.kv.test_kv_offload import caches
+
+ROOT = ("salt", 0)
+IDENTITY = {"format": 1, "model": "tiny", "kv_dtype": "torch.float32", "block_shape": [3, 2, 4, 2, 8],
+            "block_size": 4, "hash": "sha256"}
+
+
+def offloader(kv, directory, capacity=1 << 20, identity=IDENTITY) -> KVOffloader:
+    o = KVOffloader(PoolBlocks(kv), 4)
+    o.disk = DiskTier(directory, capacity, o.block_bytes, 4, identity)
+    return o
+
+
+def test_blocks_come_back_from_disk_after_a_restart_bit_for_bit(tmp_path):
+    kv = caches()
+    want = [[c[:, b].clone() for c in kv] for b in (1, 2)]
+    first = offloader(kv, tmp_path)
+    first.store(1, 101, (1, 2, 3, 4), ROOT)
+    first.store(2, 102, (5, 6, 7, 8), ("hash", 101))
+    first.wait_for_stores()
+    first.close()
+    assert first.disk.stats.written_blocks == 2 and len(list(tmp_path.glob("*.kv"))) == 2
+
+    for c in kv:
+        c.zero_()
+    again = offloader(kv, tmp_path)                       # a new process: its host tier is empty
+    assert len(again.disk.blocks) == 2 and again.index.num_ready == 0
+    chain = [(101, (1, 2, 3, 4)), (102, (5, 6, 7, 8))]
+    assert again.lookup_chain([(101, (1, 2, 3, 9))], ROOT, 4) == []         # other tokens: not this block
+    assert again.lookup_chain(chain, ("salt", 7), 4) == []                   # another salt: not this chain
+    found = again.lookup_chain(chain, ROOT, 4)
+    assert [b.token_ids for b in found] == [(1, 2, 3, 4), (5, 6, 7, 8)] and all(b.pins == 1 for b in found)
+    again.load([(found[0], 4), (found[1], 5)])
+    assert all(torch.equal(c[:, 4], w) for c, w in zip(kv, want[0]))
+    assert all(torch.equal(c[:, 5], w) for c, w in zip(kv, want[1]))
+    assert again.disk.stats.hit_blocks == 2 and again.index.num_ready == 2   # now in host memory too
+    assert again.report().disk.hit_blocks == 2 and again.report().disk_blocks == 2
+    again.close()
+
+
+def test_the_least_recently_used_blocks_leave_beyond_the_size(tmp_path):
+    block_bytes = 3 * 2 * 4 * 2 * 8 * 4
+    disk = DiskTier(tmp_path, 2 * (block_bytes + 200), block_bytes, 4, IDENTITY)
+    data = np.zeros(block_bytes, dtype=np.uint8)
+    for h in (1, 2):
+        disk.write(h, (h,), ROOT, data)
+    assert disk.lookup(1, (1,), ROOT) is not None      # 1 is now the most recently used
+    disk.write(3, (3,), ROOT, data)
+    assert sorted(disk.blocks) == [1, 3] and disk.stats.evicted_blocks == 1
+    assert len(list(tmp_path.glob("*.kv"))) == 2
+
+
+def test_a_directory_of_another_layout_is_refused_and_a_damaged_file_skipped(tmp_path):
+    block_bytes = 3 * 2 * 4 * 2 * 8 * 4
+    disk = DiskTier(tmp_path, 1 << 20, block_bytes, 4, IDENTITY)
+    disk.write(5, (1, 2, 3, 4), ROOT, np.arange(block_bytes, dtype=np.uint8))
+    disk.write(6, (1, 2, 3, 5), ROOT, np.arange(block_bytes, dtype=np.uint8))
+    with pytest.raises(ValueError, match=r"holds KV blocks of another model or layout \(block_size: 4 there, 8 "
+                                         r"here\); give an empty directory"):
+        DiskTier(tmp_path, 1 << 20, block_bytes, 8, {**IDENTITY, "block_size": 8})
+    damaged = disk.blocks[6].path
+    damaged.write_bytes(damaged.read_bytes()[:20])
+    reopened = DiskTier(tmp_path, 1 << 20, block_bytes, 4, IDENTITY)
+    assert sorted(reopened.blocks) == [5]
+    out = np.empty(block_bytes, dtype=np.uint8)
+    assert reopened.read_into(reopened.blocks[5], out) and np.array_equal(out, np.arange(block_bytes, dtype=np.uint8))
+
+
+def test_metrics_carry_the_disk_tier_beside_the_host_tier(tmp_path):
+    from gh200rt.serve.metrics import host_tier_lines
+    kv = caches()
+    o = offloader(kv, tmp_path)
+    o.store(1, 101, (1, 2, 3, 4), ROOT)
+    o.wait_for_stores()
+    text = "\n".join(host_tier_lines(o.report()))
+    o.close()
+    assert "gh200rt_kv_disk_blocks 1" in text and "gh200rt_kv_disk_written_blocks_total 1" in text
+    assert "gh200rt_kv_host_stored_blocks_total 1" in text
+    plain = KVOffloader(PoolBlocks(caches()), 4)
+    assert "kv_disk" not in "\n".join(host_tier_lines(plain.report()))
+    plain.close()
