@@ -68,6 +68,7 @@ class Result:
     capture_seconds: float = 0.0
     device_bytes_before: int | None = None   # allocated on the GPU before the engine started (None on the CPU)
     device_bytes_after: int | None = None    # ... and after it closed
+    host_hit_tokens: int | None = None       # prompt tokens the host KV tier supplied (None: no tier)
 
 
 def make_trace(args, vocab: int) -> list[Request]:
@@ -110,7 +111,8 @@ def base_config(args, offload: str, layer_tiers: str | None = None) -> EngineCon
                                     max_num_seqs=args.max_num_seqs, retier_interval_steps=args.retier_interval,
                                     retier_min_dwell_seconds=args.retier_dwell,
                                     retier_max_step_seconds=args.slo_tpot if args.step_target else None,
-                                    enforce_eager=True if args.enforce_eager else None)
+                                    enforce_eager=True if args.enforce_eager else None,
+                                    kv_offloading_size=args.kv_offloading_size)
 
 
 def budget_bytes(args) -> int:
@@ -177,7 +179,8 @@ def run_engine(name: str, args, trace: list[Request], num_layers: int) -> Result
     engine.close()
     del engine
     return Result(name, reqs, seconds, stats.num_preemptions, stats.retier_counts, stats.graph_captures, split,
-                  capture_seconds, before, device_bytes())
+                  capture_seconds, before, device_bytes(),
+                  stats.kv_host.hit_tokens if stats.kv_host is not None else None)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -201,7 +204,7 @@ def summarize(result: Result, args) -> dict:
                 preemptions=result.preemptions, goodput=len(good) / result.seconds, slo_met=len(good),
                 requests=len(reqs), moves=result.moves, graph_captures=result.graph_captures,
                 graph_capture_seconds=result.capture_seconds, device_bytes_before=result.device_bytes_before,
-                device_bytes_after=result.device_bytes_after,
+                device_bytes_after=result.device_bytes_after, host_hit_tokens=result.host_hit_tokens,
                 split_share={k: v / total for k, v in sorted(result.split_seconds.items())})
 
 
@@ -241,6 +244,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (default: graphs on a GPU)")
     parser.add_argument("--require-moves", action="store_true",
                         help="exit 1 when the dynamic engine made no tier move (the trace did not exercise it)")
+    parser.add_argument("--kv-offloading-size", help="every engine with a host KV tier of this size (GiB, as the "
+                        "engine's flag): a preempted request's published blocks come back from host memory")
     parser.add_argument("--json", help="also write the summary to this JSON file")
     add_random_model_arguments(parser)
 
@@ -278,7 +283,9 @@ def run_trace(args) -> list[dict]:
               f"{row['ttft_p99']:6.2f} s  TPOT p50/p99 {row['tpot_p50'] * 1e3:6.1f}/{row['tpot_p99'] * 1e3:6.1f} ms  "
               f"preempted {row['preemptions']:3d}  goodput {row['goodput']:5.2f} req/s ({row['slo_met']}/"
               f"{row['requests']})  moves {row['moves'] or '-'}  graph captures {row['graph_captures']} "
-              f"({row['graph_capture_seconds']:.2f} s)  time per split (res/str): {split}" + leak_note(row), flush=True)
+              f"({row['graph_capture_seconds']:.2f} s)  time per split (res/str): {split}" + leak_note(row)
+              + (f"  host KV hit tokens {row['host_hit_tokens']}" if row["host_hit_tokens"] is not None else ""),
+              flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(args={k: v for k, v in vars(args).items()}, rows=rows), f, indent=1)
