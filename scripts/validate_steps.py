@@ -291,28 +291,35 @@ WAVE_TESTS = ("tests/gpu/test_gpu_kv_offload.py", "tests/gpu/test_gpu_speculativ
 
 def wave_steps(py: str, out: Path, cache: Path) -> list[Step]:
     """``--kit wave``: this wave's GPU paths, each with its figure against the same run's baseline: their gpu
-    tests; speculative decoding off and on (n-gram on an input-grounded workload) with SmolLM2 resident and with
-    every layer streamed (the link-bound step it turns into several tokens); multi-turn conversations with the host
-    KV tier off and on; DeepSeek-V3's layers with their experts in each tier."""
-    speculative = bench(py, "speculative") + ["--model", "smollm2-135m", "--prompts", "8", "--output-tokens", "128",
-                                              "--batch", "8"]
+    tests; speculative decoding off and on with the Llama-3-8B shape cut to 8 layers, resident and with every layer
+    streamed (the link-bound step it turns into several tokens), by the suffix method: random weights never repeat
+    their prompt, but the batched pass repeats the single pass's requests, whose outputs the suffix tree holds (an
+    agent's repeated step); multi-turn conversations with the host KV tier off and on (the 8B shape, the engine
+    with the tier first, then without: each order carries its own warm-up); DeepSeek-V3's layers with their experts
+    in each tier. Random checkpoints of real shapes throughout: SmolLM2's package does not fit a device call."""
+    llama8 = ["--random-model", "llama3-8b", "--random-model-dir", str(cache / "llama3-8b-8l"),
+              "--random-model-layers", "8"]
+    speculative = bench(py, "speculative") + [*llama8, "--speculative-config",
+                                              '{"method": "suffix", "num_speculative_tokens": 8}', "--prompts", "4",
+                                              "--output-tokens", "32", "--batch", "4"]
     return [
         Step("this wave's gpu tests", [py, "-m", "pytest", "-q", "-rs", "-m", "gpu", "-p", "no:cacheprovider",
                                        "--timeout", "120", "--junit-xml", str(out / "gpu_tests.xml"), *WAVE_TESTS],
              90, outputs={"junit": out / "gpu_tests.xml"}),
-        Step("speculative decoding, SmolLM2 resident",
+        Step("speculative decoding, Llama-3-8B shape (8 layers) resident",
              speculative + ["--offload", "none", "--json", str(out / "speculative_resident.json")], 60,
-             outputs={"speculative": out / "speculative_resident.json"}, needs_module=SMOLLM2),
-        Step("speculative decoding, SmolLM2 streamed",
+             values=("llama3-8b",), outputs={"speculative": out / "speculative_resident.json"}),
+        Step("speculative decoding, Llama-3-8B shape (8 layers) streamed",
              speculative + ["--offload", "stream", "--json", str(out / "speculative_streamed.json")], 90,
-             values=("stream",), outputs={"speculative": out / "speculative_streamed.json"}, needs_module=SMOLLM2),
-        Step("host KV tier, multi-turn SmolLM2", bench(py, "multi-turn") + ["--model", "smollm2-135m",
-                                                                             "--conversations", "8", "--turns", "4"],
-             90, needs_module=SMOLLM2),
+             values=("stream",), outputs={"speculative": out / "speculative_streamed.json"}),
+        Step("host KV tier, multi-turn Llama-3-8B shape",
+             bench(py, "multi-turn") + ["--random-model", "llama3-8b", "--random-model-dir",
+                                        str(cache / "llama3-8b-random"), "--conversations", "8", "--turns", "3",
+                                        "--output-tokens", "32", "--order", "on,off"], 90, values=("llama3-8b",)),
         # DeepSeek-V3's layers (latent attention on the torch ops, experts of V3's width) cut to two layers and 16
         # experts (7 GB): tok/s per expert tier against its roofline
         # experts-cpu: computed by the host's cores (the cpu tier); the roofline column is the plan's prediction, from
-        # the profile's host_cpu_gbps, whose x86 figure is not measured yet: this row is the first measurement
+        # the profile's host_cpu_gbps (measured on the H200's 16-core host: 94.8 GB/s, docs/gpu-runs/h200-2026-11-29)
         Step("decode DeepSeek-V3 layers, experts resident / direct / streamed / cpu",
              bench(py, "latency") + ["--random-model", "deepseek-v3-cut", "--random-model-dir",
                                      str(cache / "deepseek-v3-cut"), "--placements",

@@ -22,6 +22,7 @@ import time
 import torch
 
 from gh200rt.bench.models import smollm2_gguf
+from gh200rt.bench.random_model import add_random_model_arguments, model_of
 from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
 from gh200rt.sampling_params import SamplingParams
@@ -30,6 +31,7 @@ from gh200rt.sampling_params import SamplingParams
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model path or alias (default: SmolLM2-135M GGUF)")
     parser.add_argument("--dtype", default="auto")
+    add_random_model_arguments(parser)
     parser.add_argument("--conversations", type=int, default=8)
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--system-tokens", type=int, default=512, help="the shared system prompt")
@@ -121,10 +123,11 @@ def run(args) -> int:
     torch.set_num_threads(args.threads)
     firsts, messages = conversation_plan(args)
     results = {}
-    for name in args.order.split(","):
-        if name not in ("off", "on"):
-            raise SystemExit(f"--order: 'off' and 'on', comma-separated; got {args.order!r}")
-        results[name] = run_engine(args, name == "on", firsts, messages)
+    with model_of(args) as args.model:
+        for name in args.order.split(","):
+            if name not in ("off", "on"):
+                raise SystemExit(f"--order: 'off' and 'on', comma-separated; got {args.order!r}")
+            results[name] = run_engine(args, name == "on", firsts, messages)
     first = next(iter(results.values()))
     print(f"{args.conversations} conversations x {args.turns} turns, {args.concurrency} in flight: system "
           f"{args.system_tokens} + {args.user_tokens} per message, {args.output_tokens} out; device pool {first['blocks']} blocks "

@@ -23,6 +23,7 @@ import time
 import torch
 
 from gh200rt.bench.models import smollm2_gguf
+from gh200rt.bench.random_model import add_random_model_arguments, model_of
 from gh200rt.engine.llm import LLM
 from gh200rt.sampling_params import SamplingParams
 
@@ -37,6 +38,7 @@ TASKS = ("Rename every variable called `tokens` to `ids` in this code and show t
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model path or alias (default: SmolLM2-135M-Instruct GGUF)")
     parser.add_argument("--dtype", default="auto")
+    add_random_model_arguments(parser)
     parser.add_argument("--speculative-config", default='{"method": "ngram", "num_speculative_tokens": 4, '
                                                         '"prompt_lookup_min": 2, "prompt_lookup_max": 4}',
                         help="the engine flag, as JSON")
@@ -101,10 +103,11 @@ def run(args) -> int:
     torch.set_num_threads(args.threads)
     chats = task_prompts(args.prompts, args.max_chars)
     results = {}
-    for name in args.order.split(","):
-        if name not in ("off", "on"):
-            raise SystemExit(f"--order: 'off' and 'on', comma-separated; got {args.order!r}")
-        results[name] = run_engine(args, name == "on", chats)
+    with model_of(args) as args.model:
+        for name in args.order.split(","):
+            if name not in ("off", "on"):
+                raise SystemExit(f"--order: 'off' and 'on', comma-separated; got {args.order!r}")
+            results[name] = run_engine(args, name == "on", chats)
     first = next(iter(results.values()))
     print(f"{args.prompts} input-grounded tasks ({first['prompt_tokens']} prompt tokens), {args.output_tokens} output "
           f"tokens each, greedy; batch {args.batch}; dtype {args.dtype}, weights {args.offload}, {args.threads} "
