@@ -1,6 +1,6 @@
-"""Tiny DeepSeek-V3 and GLM-4.5 models on CUDA: latent attention on the torch ops (no Triton MLA kernel yet) under
-the GPU engine, decode graphs included, with experts resident, read in place and streamed; GLM's partly rotated heads
-on the Triton kernels: transformers' greedy tokens in float32 (or a first difference at a near tie)."""
+"""Tiny DeepSeek-V3 and GLM-4.5 models on CUDA under the GPU engine, decode graphs included, with experts resident,
+read in place and streamed; GLM's partly rotated heads on the Triton kernels: transformers' greedy tokens in float32
+(or a first difference at a near tie); and the latent kernel split over a long context at V3's width."""
 import pytest
 import torch
 
@@ -50,3 +50,22 @@ def test_glm4_moe_with_partial_rotary_on_cuda(tmp_path):
         engine.close()
     first_difference = [next((i for i, (a, b) in enumerate(zip(g, w)) if a != b), None) for g, w in zip(got, want)]
     assert all(d is None or d >= 4 for d in first_difference), (got, want)
+
+
+def test_the_latent_kernel_split_over_a_long_context_gives_the_one_pass_values():
+    """V3's rows (576 wide, 128 heads) over 2-3k-token contexts, compiled: split-K (the default at batch 2) against
+    one pass, bf16, and against the gather-then-attend reference in float32."""
+    from gh200rt.kernels.triton.mla_attention import latent_splits, mla_attention
+    from gh200rt.kernels.triton.paged_attention import reference_paged_attention
+    from gh200rt.models.base import AttentionMetadata
+    from tests.kernels.paged_cases import scattered_case
+    q, pool, cpu_meta, _ = scattered_case([1, 1], [2048, 3000], 128, 1, 576, 16, torch.bfloat16, seed=0)
+    tables = [row[:-(-n // 16)] for row, n in zip(cpu_meta.block_tables.tolist(), [2048, 3000])]
+    meta = AttentionMetadata.build([1, 1], [2048, 3000], tables, 16, "cuda")
+    q, plane = q.cuda(), pool[0].cuda()
+    assert latent_splits(2, 128, meta.block_tables.shape[1], 16) > 1
+    split = mla_attention(q, plane, meta, 576 ** -0.5)
+    one = mla_attention(q, plane, meta, 576 ** -0.5, num_splits=1)
+    want = reference_paged_attention(q.float(), plane.float().expand(2, *plane.shape), meta, 576 ** -0.5, 1)
+    assert (split.float() - one.float()).abs().max().item() < 2e-2
+    assert (split.float() - want).abs().max().item() < 2e-2

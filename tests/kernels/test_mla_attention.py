@@ -62,3 +62,36 @@ def test_a_tiny_deepseek_v3_decodes_through_the_latent_kernel(tmp_path, monkeypa
     assert calls and all(n <= 16 for n in calls)          # decode steps (and the 6-token prompt) took it
     assert tokens == want_tokens
     assert (got - want).abs().max().item() < 1e-4 * want.abs().max().item()
+
+
+@pytest.mark.parametrize("splits", [2, 3, 7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_contexts_combine_to_the_reference(splits, dtype):
+    """Shares of each token's context (7 leaves the short contexts' later shares empty) combine to what one pass
+    and the reference give."""
+    q, pool, meta, _ = scattered_case([1, 1, 4], [3, 45, 33], 20, 1, 48, 8, dtype, seed=splits)
+    plane = pool[0]
+    want = reference_paged_attention(q, plane.expand(2, *plane.shape), meta, 0.15, 1)
+    got = mla_attention(q, plane, meta, 0.15, num_splits=splits)
+    one = mla_attention(q, plane, meta, 0.15, num_splits=1)
+    tolerance = {torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+    assert got.dtype == dtype and (got.float() - want.float()).abs().max().item() < tolerance
+    assert (got.float() - one.float()).abs().max().item() < tolerance
+
+
+def test_split_shares_of_an_fp8_pool_read_it_with_its_scale():
+    q, pool, meta, _ = scattered_case([1, 2], [40, 21], 4, 1, 48, 8, torch.float32, seed=5)
+    plane = (pool[0] / 2).to(torch.float8_e4m3fn)
+    kv_scale = torch.tensor([2.0, 2.0])
+    got = mla_attention(q, plane, meta, 0.2, kv_scale, num_splits=3)
+    want = reference_paged_attention(q, plane.expand(2, *plane.shape), meta, 0.2, 1, kv_scale)
+    assert (got - want).abs().max().item() < 1e-5
+
+
+def test_latent_splits_fill_the_gpu_at_small_batches_only():
+    from gh200rt.kernels.triton.mla_attention import latent_splits
+    # V3's 128 heads: 8 head tiles a token; a 4096-token table (256 blocks of 16)
+    assert latent_splits(1, 128, 256, 16) == 16          # 8 programs -> 66 wanted, shares of 256 tokens cap it
+    assert latent_splits(1, 128, 2048, 16) == 66          # a 32k table: 528 programs (the GPU's target) bound it
+    assert latent_splits(64, 128, 256, 16) == 1           # 512 programs: no split
+    assert latent_splits(1, 128, 8, 16) == 1              # 128 tokens: never shorter shares than 256
