@@ -49,18 +49,21 @@ class SuffixTree:
         for start in range(len(tokens)):
             self._add_path(tokens, start, min(len(tokens), start + self.max_depth), delta)
 
-    def extend(self, tokens: list[int], new_from: int) -> None:
-        """``tokens`` grew from ``new_from``: count the paths that end in the new tokens (a request's own tree, as
-        its output grows), each path once."""
-        for end in range(new_from + 1, len(tokens) + 1):
-            for start in range(max(0, end - self.max_depth), end):
-                node = self._find(tokens[start:end - 1])
-                assert node is not None, "a path's prefix is counted before the path"
-                child = node.children.get(tokens[end - 1])
-                if child is None:
-                    child = node.children[tokens[end - 1]] = Node()
-                child.count += 1
+    def extend(self, frontier: list[Node], tokens: list[int]) -> list[Node]:
+        """Count the paths that end in each of ``tokens``, appended to a token list whose suffixes of 0 to
+        ``max_depth`` - 1 tokens end at ``frontier``'s nodes (the root first; ``[self.root]`` for an empty list):
+        each path once, one step per node. Returns the new frontier (a request's own tree, as its output grows)."""
+        for token in tokens:
             self.root.count += 1
+            grown = [self.root]
+            for node in frontier[:self.max_depth]:
+                child = node.children.get(token)
+                if child is None:
+                    child = node.children[token] = Node()
+                child.count += 1
+                grown.append(child)
+            frontier = grown[:self.max_depth]
+        return frontier
 
     def _find(self, path: list[int]) -> Node | None:
         node = self.root
@@ -70,19 +73,25 @@ class SuffixTree:
                 return None
         return node
 
-    def match(self, context: list[int]) -> tuple[Node | None, int]:
-        """The node of the longest suffix of ``context`` (at most ``max_depth`` tokens) that is a path, and its
-        length; (None, 0) where not even the last token occurred."""
+    def match(self, context: list[int], frontier: list[Node] | None = None) -> tuple[Node | None, int]:
+        """The node of the longest suffix of ``context`` (at most ``max_depth`` tokens) that is a path with a
+        continuation, and its length; (None, 0) where there is none. ``frontier``: the nodes of ``context``'s suffixes
+        by length (``extend``'s), which spares the walks from the root."""
+        if frontier is not None:
+            for length in range(len(frontier) - 1, 0, -1):
+                if frontier[length].children:
+                    return frontier[length], length
+            return None, 0
         for length in range(min(self.max_depth, len(context)), 0, -1):
             node = self._find(context[len(context) - length:])
             if node is not None and node.children:
                 return node, length
         return None, 0
 
-    def draft(self, context: list[int], k: int, max_spec_factor: float, min_token_prob: float) -> tuple[list[int],
-                                                                                                        float]:
+    def draft(self, context: list[int], k: int, max_spec_factor: float, min_token_prob: float,
+              frontier: list[Node] | None = None) -> tuple[list[int], float]:
         """The most frequent continuation of ``context``'s longest match, and its expected accepted tokens."""
-        node, length = self.match(context)
+        node, length = self.match(context, frontier)
         if node is None:
             return [], 0.0
         limit = min(k, int(max_spec_factor * length))
@@ -107,20 +116,22 @@ class SuffixProposer:
         self.max_cached_requests = max_cached_requests
         self.global_tree = SuffixTree(max_depth)
         self._cached: deque[list[int]] = deque()
-        self._own: dict[str, tuple[SuffixTree, int]] = {}     # seq id -> (its tree, tokens counted in it)
+        # seq id -> (its tree, tokens counted in it, the nodes of its last tokens' suffixes by length)
+        self._own: dict[str, tuple[SuffixTree, int, list[Node]]] = {}
 
     def propose(self, seq, k: int) -> list[int]:
         tokens = seq.all_token_ids
-        tree, counted = self._own.get(seq.seq_id, (None, 0))
+        tree, counted, frontier = self._own.get(seq.seq_id, (None, 0, None))
         if tree is None or counted > len(tokens):
             tree, counted = SuffixTree(self.max_depth), 0
+            frontier = [tree.root]
         if counted < len(tokens):
-            tree.extend(tokens, counted)
-        self._own[seq.seq_id] = (tree, len(tokens))
+            frontier = tree.extend(frontier, tokens[counted:])
+        self._own[seq.seq_id] = (tree, len(tokens), frontier)
         context = tokens[-self.max_depth:]
         # the own tree holds the context itself: its last path occurs there with no continuation, and a match is a
         # suffix that also occurred earlier with one (``match`` passes over paths without children)
-        own = tree.draft(context, k, self.max_spec_factor, self.min_token_prob)
+        own = tree.draft(context, k, self.max_spec_factor, self.min_token_prob, frontier)
         shared = self.global_tree.draft(context, k, self.max_spec_factor, self.min_token_prob)
         return (shared if shared[1] > own[1] else own)[0]
 

@@ -24,9 +24,11 @@ def test_paths_are_counted_and_uncounted():
 def test_extend_counts_what_add_counts():
     grown, whole = SuffixTree(4), SuffixTree(4)
     tokens = [5, 6, 7, 5, 6, 8, 5, 6, 7]
-    grown.extend(tokens[:4], 0)
-    grown.extend(tokens, 4)
+    frontier = grown.extend([grown.root], tokens[:4])
+    frontier = grown.extend(frontier, tokens[4:])
     whole.add(tokens)
+    # the frontier is the nodes of the last suffixes: the match it gives is the one walked from the root
+    assert grown.match(tokens, frontier) == grown.match(tokens)
 
     def paths(node, prefix=()):
         out = {}
