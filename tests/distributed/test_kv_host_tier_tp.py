@@ -7,7 +7,7 @@ import pytest
 
 from gh200rt.distributed.launch import usable_cores
 from tests.distributed.tiny_tp_models import save_tp_tiny, tp_llm
-from tests.engine.test_host_kv_tier import conversations, talk
+from tests.engine.test_host_kv_tier import conversations, synchronous_stores, talk
 
 pytestmark = pytest.mark.skipif(usable_cores() < 2, reason="two ranks need two CPU cores")
 
@@ -24,6 +24,7 @@ def test_blocks_back_from_host_memory_give_tp2_a_device_hits_bits(tmp_path):
     # 8 blocks hold two conversations: by their second turns the first two conversations' blocks were reused
     llm = tp_llm(path, 2, num_kv_blocks=8, kv_offloading_size="1MiB")
     try:
+        synchronous_stores(llm)
         got = talk(llm, firsts, turns=2, max_tokens=2)
         host = llm.engine.stats().kv_host
         per_rank = llm.engine.host_tier.blocks.nbytes_per_block
