@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from gh200rt.config.flags import flag_help
 
 # vLLM's method names; the built ones first. ``mtp`` is for models that ship multi-token-prediction layers.
-BUILT_METHODS = ("ngram", "suffix", "draft_model")
-PLANNED_METHODS = ("eagle3", "mtp")
+BUILT_METHODS = ("ngram", "suffix", "draft_model", "eagle3")
+PLANNED_METHODS = ("mtp",)
+MODEL_METHODS = ("draft_model", "eagle3")     # those that load "model"
 SUFFIX_KEYS = ("suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
                "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob")
 KNOWN_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model",
@@ -50,6 +51,8 @@ class SpeculativeMethod:
         elif self.method == "suffix":
             where = (f", trees {self.suffix_max_tree_depth} tokens deep over the request and the latest "
                      f"{self.suffix_max_cached_requests} outputs")
+        elif self.method == "eagle3":
+            where = f", head {self.model}"
         else:
             where = f", draft {self.model}"
         k = f"auto (0-{self.num_speculative_tokens} per step, from the measured acceptance and step costs)" \
@@ -103,12 +106,13 @@ def read_speculative_config(text: str | dict) -> SpeculativeMethod:
     if method == "[ngram]":
         method = "ngram"
     if method is None:
-        raise ValueError("--speculative-config needs \"method\" (ngram, suffix or draft_model), e.g. "
+        raise ValueError("--speculative-config needs \"method\" (ngram, suffix, draft_model or eagle3), e.g. "
                          "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'")
     if method in PLANNED_METHODS:
         raise ValueError(f"--speculative-config: method {method!r} is not available in gh200rt yet; use ngram "
                          f"(prompt lookup over the prompt and output so far), suffix (suffix trees over the request "
-                         f"and earlier outputs) or draft_model (a smaller model of the target's family)")
+                         f"and earlier outputs), draft_model (a smaller model of the target's family) or eagle3 (an "
+                         f"EAGLE-3 head trained for the target)")
     if method not in BUILT_METHODS:
         raise ValueError(f"--speculative-config: unknown method {method!r}; choose one of "
                          f"{', '.join(BUILT_METHODS)}")
@@ -137,6 +141,9 @@ def read_speculative_config(text: str | dict) -> SpeculativeMethod:
     if method == "draft_model" and not values.get("model"):
         raise ValueError("--speculative-config: method draft_model needs \"model\": the draft's Hugging Face "
                          "directory, .gguf file or alias")
+    if method == "eagle3" and not values.get("model"):
+        raise ValueError("--speculative-config: method eagle3 needs \"model\": the directory of an EAGLE-3 head "
+                         "trained for the target (config.json and its weights)")
     tp = _int_key(values, "draft_tensor_parallel_size", 1)
     if tp not in (None, 1):
         raise ValueError(f"--speculative-config: draft_tensor_parallel_size {tp}: the draft runs unsharded beside "
@@ -146,7 +153,7 @@ def read_speculative_config(text: str | dict) -> SpeculativeMethod:
     low, high = (low or high or NGRAM_DEFAULT_LOOKUP), (high or low or NGRAM_DEFAULT_LOOKUP)
     if low > high:
         raise ValueError(f"--speculative-config: prompt_lookup_min ({low}) is larger than prompt_lookup_max ({high})")
-    return SpeculativeMethod(method, k, low, high, values.get("model") if method == "draft_model" else None,
+    return SpeculativeMethod(method, k, low, high, values.get("model") if method in MODEL_METHODS else None,
                              _int_key(values, "disable_by_batch_size", 1), auto_k=auto, suffix_max_tree_depth=depth,
                              suffix_max_cached_requests=cached, suffix_max_spec_factor=factor,
                              suffix_min_token_prob=least)

@@ -36,7 +36,7 @@ from gh200rt.numa.affinity import bind_engine_threads
 from gh200rt.planner.cost_model import activation_bytes, model_sizes
 from gh200rt.planner.planner import Plan, RankShare, make_plan
 from gh200rt.platform.detect import Platform, detect
-from gh200rt.speculative.draft_model import DraftModel, load_draft
+from gh200rt.speculative.draft_model import DraftModel, load_draft, load_eagle3_draft
 from gh200rt.weights import forms as weight_forms
 from gh200rt.weights.device_moves import linear_parts
 from gh200rt.weights.expert_cpu import CpuExpertPool
@@ -87,7 +87,7 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     defer = config.memory.host_weight_dtype in weight_forms.QUANTIZED_HOST_FORMATS
     loaded = load_model(config.model, device="cpu", compute_device=device, shard=shard, defer_layer_linears=defer)
     arch, dtype = loaded.arch, DTYPE_NAMES[loaded.dtype]
-    draft = speculative_draft(config, loaded.tokenizer, arch, loaded.dtype, device)
+    draft = speculative_draft(config, loaded.tokenizer, arch, loaded.dtype, device, loaded.model)
     fmt = weight_forms.resolve_host_format(config.memory.host_weight_dtype, device == "cpu", loaded.dtype,
                                            bool(loaded.quantized))
     # an FP8 checkpoint's resident layers keep their fp8 weights on a GPU (WeightStore)
@@ -189,12 +189,15 @@ def cpu_expert_pool_factory(config: EngineConfig, device: str):
     return make
 
 
-def speculative_draft(config: EngineConfig, tokenizer, arch, dtype: torch.dtype, device: str) -> DraftModel | None:
-    """The draft model of ``--speculative-config`` method draft_model (checked against the target's tokenizer and
-    architecture), loaded on ``device`` in ``dtype``; None otherwise."""
+def speculative_draft(config: EngineConfig, tokenizer, arch, dtype: torch.dtype, device: str,
+                      model: torch.nn.Module) -> DraftModel | None:
+    """The draft of ``--speculative-config`` method draft_model (checked against the target's tokenizer and
+    architecture) or eagle3 (a head for ``model``), loaded on ``device`` in ``dtype``; None otherwise."""
     method = config.speculative.method
-    if method is None or method.method != "draft_model":
+    if method is None or method.method not in ("draft_model", "eagle3"):
         return None
+    if method.method == "eagle3":
+        return load_eagle3_draft(method, model, arch, dtype, config, device)
     return load_draft(method, tokenizer, arch, dtype, config, device)
 
 

@@ -42,6 +42,7 @@ from gh200rt.planner.cost_model import copy_seconds
 from gh200rt.planner.layout import offloaded_expert_tier
 from gh200rt.scheduler.scheduler import Scheduler
 from gh200rt.speculative.draft_model import DraftProposer
+from gh200rt.speculative.hidden_drafter import HiddenStateProposer
 from gh200rt.speculative.speculator import Speculator
 from gh200rt.structured import GrammarMatchers
 from gh200rt.weights.schedule import NULL_HOOKS
@@ -80,7 +81,7 @@ class LLMEngine(RequestIntake, EngineReports, EngineSteps):
         if placed is None:
             if device == "cpu":  # a placed model got its kernels in load_and_place
                 backend_for(device).install_kernels(model, config, device)
-            draft = speculative_draft(config, tokenizer, arch, dtype, device)
+            draft = speculative_draft(config, tokenizer, arch, dtype, device, model)
             draft_bytes = draft.weight_bytes if draft is not None else 0
             self.ledger = DeviceMemoryLedger(ledger_capacity(config.memory, None, weight_bytes + draft_bytes))
             self.ledger.reserve("resident_weights", weight_bytes)
@@ -158,7 +159,12 @@ class LLMEngine(RequestIntake, EngineReports, EngineSteps):
         self.generation_tokens = 0
         self.iteration_tokens = iteration_tokens()
         spec = config.speculative.method
-        proposer = DraftProposer(draft, num_blocks, bs, kv_dtype, device, self.sampler) if draft is not None else None
+        proposer = None
+        if draft is not None and draft.kind == "eagle3":
+            proposer = HiddenStateProposer(draft.model, num_blocks, bs, kv_dtype, device, self.sampler)
+            self.runner.capture_layers = proposer.capture_layers
+        elif draft is not None:
+            proposer = DraftProposer(draft, num_blocks, bs, kv_dtype, device, self.sampler)
         self.speculator = Speculator(spec, self.kv, proposer) if spec is not None else None
         # async scheduling where every input id of a step is this process's (not rank 0 of a tensor-parallel engine),
         # and drafts are not made from the tokens so far (they are on the host once a step is taken in)

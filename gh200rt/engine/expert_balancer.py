@@ -14,10 +14,9 @@ recaptured) and are counted for ``/metrics`` (``gh200rt_moe_expert_swaps_total``
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import logging
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 

@@ -47,6 +47,27 @@ def forward(model, input_ids: torch.Tensor, positions: torch.Tensor, meta: Atten
     return model.final_norm(hidden, residual)
 
 
+def forward_capturing(model, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                      kv_caches: list[torch.Tensor], layers: tuple[int, ...],
+                      hooks: LayerHooks = NULL_HOOKS) -> tuple[torch.Tensor, torch.Tensor]:
+    """``forward`` that also returns the hidden states entering each decoder layer of ``layers`` (the index
+    ``len(model.layers)``: the final norm's output), side by side: ``[T, len(layers) * H]`` (what an EAGLE-3 head or
+    a multi-token-prediction layer drafts from, ``speculative/hidden_drafter.py``)."""
+    hooks.begin_step(input_ids.shape[0])
+    hidden, context = model.embed(input_ids, positions)
+    residual = None
+    taken: dict[int, torch.Tensor] = {}
+    for i, layer in enumerate(model.layers):
+        if i in layers:
+            taken[i] = hidden if residual is None else hidden + residual
+        hooks.before_layer(i)
+        hidden, residual = layer.forward_deferred(hidden, residual, *context, meta, kv_caches[i])
+        hooks.after_layer(i)
+    final = model.final_norm(hidden, residual)
+    taken[len(model.layers)] = final
+    return final, torch.cat([taken[i] for i in layers], dim=-1)
+
+
 @dataclass
 class StepInputs:
     input_ids: torch.Tensor
@@ -175,6 +196,8 @@ class StepLogits:
     sample_logits: torch.Tensor                        # [num sampling seqs, V] float32
     prompt_logits: dict[int, torch.Tensor]             # scheduled index -> [chunk prompt tokens, V]
     pooled: dict[int, torch.Tensor] = field(default_factory=dict)  # scheduled index -> [H] float64 sum of pooled rows
+    # every row's hidden states at the runner's ``capture_layers`` ([T, n * H], the step's flat row order), or None
+    hidden: torch.Tensor | None = None
 
 
 class ModelRunner:
@@ -194,6 +217,9 @@ class ModelRunner:
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
+        # decoder layers whose input hidden states every step returns (``forward_capturing``; a hidden-state drafter
+        # sets them): such steps run eagerly, never from decode graphs
+        self.capture_layers: tuple[int, ...] | None = None
 
     @torch.inference_mode()
     def run(self, out: SchedulerOutput, fed=None) -> StepLogits:
@@ -209,7 +235,8 @@ class ModelRunner:
 
     def _run(self, out: SchedulerOutput, fed=None) -> StepLogits:
         rows = linear_block_rows(out, self.batch_invariant) if self.row_blocks else None
-        if rows is None and self.graphs is not None and self.graphs.handles(out):   # every row samples, in order
+        # every row samples, in order
+        if rows is None and self.graphs is not None and self.capture_layers is None and self.graphs.handles(out):
             return StepLogits(self.model.compute_logits(self.graphs.run(out, fed)).float(), {})
         step = pack_step(out, self.block_size, rows)
         if self.step_sender is not None:
@@ -224,7 +251,12 @@ class ModelRunner:
         inputs = step_inputs(step, self.block_size, self.device)
         if fed is not None:
             fed.write_into(inputs.input_ids)
-        hidden = forward(self.model, inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, self.hooks)
+        captured = None
+        if self.capture_layers is None:
+            hidden = forward(self.model, inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, self.hooks)
+        else:
+            hidden, captured = forward_capturing(self.model, inputs.input_ids, inputs.positions, inputs.meta,
+                                                 self.kv_caches, self.capture_layers, self.hooks)
         if not inputs.sample_rows:
             sample_logits = torch.empty(0, 0)
         elif len(inputs.sample_rows) == hidden.shape[0]:   # decode: every row samples, in order
@@ -234,7 +266,7 @@ class ModelRunner:
         prompt_logits = {i: self.logits(hidden[a:b], rows) for i, (a, b) in inputs.prompt_logit_ranges.items()}
         # float64: a mean's sum hardly depends on where the prompt's chunks were cut; a single row stays exact
         pooled = {i: hidden[a:b].double().sum(0).cpu() for i, (a, b) in step.pool_ranges.items()}
-        return StepLogits(sample_logits.float(), {i: t.float() for i, t in prompt_logits.items()}, pooled)
+        return StepLogits(sample_logits.float(), {i: t.float() for i, t in prompt_logits.items()}, pooled, captured)
 
     def logits(self, hidden: torch.Tensor, linear_rows: int | None) -> torch.Tensor:
         """The logits of ``hidden``'s rows; in a step whose linears run in row blocks, the head's too."""

@@ -39,6 +39,8 @@ class LaunchedStep:
     deferred_logits: torch.Tensor | None = None
     # a verifying step's (speculative decoding): tokens drafted per sequence of ``sampling``
     drafted: list[int] | None = None
+    # the step's hidden states a hidden-state drafter reads (``StepLogits.hidden``), or None
+    hidden: torch.Tensor | None = None
 
 
 
@@ -121,10 +123,11 @@ class EngineSteps:
         if any(drafts for _, drafts in groups):
             sample = launch_verification(self.sampler, logits.sample_logits, groups)
             return LaunchedStep(sampling, prompt_chunks, logits.prompt_logits, logits.pooled, sample, out,
-                                drafted=[len(drafts) for _, drafts in groups])
+                                drafted=[len(drafts) for _, drafts in groups], hidden=logits.hidden)
         sample = self.sampler.launch(logits.sample_logits, sampling, None if fed is None else fed.in_flight()) \
             if sampling else None
-        return LaunchedStep(sampling, prompt_chunks, logits.prompt_logits, logits.pooled, sample, out)
+        return LaunchedStep(sampling, prompt_chunks, logits.prompt_logits, logits.pooled, sample, out,
+                            hidden=logits.hidden)
 
     def _launch_ahead(self, current: LaunchedStep) -> LaunchedStep | None:
         """The next step, launched before ``current``'s tokens reach the host, where ``plan_run_ahead`` allows."""
@@ -162,6 +165,8 @@ class EngineSteps:
                 seq.last_token_time = stamp
                 self._advance(seq, token, lp, chosen)
                 touched.setdefault(seq.group_id, set()).add(seq.index)
+        if step.hidden is not None:
+            self._hand_hidden_states(step)
         for group_id, advanced in touched.items():
             state = self.requests[group_id]
             outputs.append(state.make_output(advanced))
@@ -193,6 +198,20 @@ class EngineSteps:
             if not seq.is_finished:
                 self.kv.publish_full_blocks(seq)
             touched.setdefault(seq.group_id, set()).add(seq.index)
+
+    def _hand_hidden_states(self, step: LaunchedStep) -> None:
+        """Give the hidden-state drafter each sequence's rows of the positions it kept: a prompt chunk's all, a
+        verification's last token and accepted drafts (the sequence's KV progress has followed them); the rows of
+        sequences no longer running are dropped."""
+        kept, flat = [], 0
+        for i, item in enumerate(step.out.scheduled):
+            seq, start = step.prompt_chunks[i]
+            rows = min(item.num_new_tokens, seq.num_computed_tokens - start)
+            if not seq.is_finished and rows > 0:
+                kept.append((seq, start, step.hidden[flat:flat + rows]))
+            flat += item.num_new_tokens
+        self.speculator.draft.take_hidden(kept)
+        self.speculator.draft.retain(self.scheduler.running)     # those that finished keep nothing
 
     def _pool(self, pooled: dict, prompt_chunks: dict) -> list[EmbeddingRequestOutput]:
         """Add this step's pooled rows to their embedding requests; answer and free those whose input is all in."""

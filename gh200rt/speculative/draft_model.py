@@ -16,6 +16,7 @@ and keeps that row (``spec_draft_probs``), which rejection sampling needs; for a
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -37,10 +38,12 @@ PROBE = "The quick brown fox: 0123456789 {\"key\": [1, 2]}\n\tdef f(x): return x
 
 @dataclass
 class DraftModel:
-    """A loaded draft: its model (on the engine's device), architecture and the bytes its weights take there."""
+    """A loaded draft: its model (on the engine's device), architecture and the bytes its weights take there;
+    ``kind``: the method (an ``eagle3`` draft is an ``eagle3.Eagle3Head`` of one layer)."""
     model: torch.nn.Module
     arch: object
     weight_bytes: int
+    kind: str = "draft_model"
 
     def kv_bytes_per_block(self, block_size: int, kv_dtype: torch.dtype) -> int:
         return arch_kv_bytes_per_block(self.arch, block_size, kv_dtype)
@@ -75,6 +78,23 @@ def load_draft(method: SpeculativeMethod, tokenizer, arch, dtype: torch.dtype, c
     return DraftModel(loaded.model.eval(), loaded.arch, loaded.weight_bytes)
 
 
+def load_eagle3_draft(method: SpeculativeMethod, target_model: torch.nn.Module, arch, dtype: torch.dtype, config,
+                      device: str) -> DraftModel:
+    """The EAGLE-3 head ``method.model`` for ``target_model`` on ``device``, with the backend's kernels installed;
+    its weight bytes leave out the target's embeddings where it shares them."""
+    from gh200rt.speculative.eagle3 import load_eagle3
+    if not os.path.isdir(method.model):
+        raise ValueError(f"--speculative-config: eagle3 head {method.model!r} is not a directory; give the directory "
+                         f"of an EAGLE-3 head trained for the target (config.json and its weights)")
+    head = load_eagle3(method.model, target_model, arch, dtype, device)
+    backend_for(device).install_kernels(head, config, device)
+    shared = head.embed_tokens is getattr(target_model, "embed_tokens", None)
+    weight_bytes = sum(t.numel() * t.element_size() for name, t in [*head.named_parameters(), *head.named_buffers()]
+                       if not (shared and name == "embed_tokens"))
+    weight_bytes += sum(m.weight_ref.nbytes for m in head.modules() if hasattr(m, "weight_ref"))
+    return DraftModel(head, head.arch, weight_bytes, kind="eagle3")
+
+
 def pack_draft_step(rows: list[tuple[Sequence, int, list[int]]], block_size: int) -> HostStep:
     """The draft's step over ``rows``: (sequence, first position, the ids at that position on); every row samples
     its last position."""
@@ -94,6 +114,22 @@ def pack_draft_step(rows: list[tuple[Sequence, int, list[int]]], block_size: int
     width = max(len(t) for t in tables)
     return HostStep(pack_arrays(ids, positions, slots, starts, seq_lens, sample_rows, tables, width), len(ids), width,
                     query_lens, seq_lens, sample_rows, {}, None)
+
+
+def choose_drafts(logits: torch.Tensor, seqs: list[Sequence], sampler: Sampler) -> tuple[list[int], list]:
+    """Each row's draft token: the argmax for a greedy request, else a draw from the draft's distribution at the
+    request's temperature (its probabilities kept, for rejection sampling)."""
+    tokens = greedy_tokens(logits)
+    random_rows = [i for i, seq in enumerate(seqs) if not seq.params.greedy]
+    probs: list = [None] * len(seqs)
+    if random_rows:
+        index = torch.tensor(random_rows, device=logits.device)
+        temperature = torch.tensor([[seqs[i].params.temperature] for i in random_rows], device=logits.device)
+        q = torch.softmax(logits.index_select(0, index).float() / temperature, dim=-1)
+        tokens = tokens.index_copy(0, index, draw(q, sampler.uniforms(seqs, random_rows, logits.device)))
+        for j, i in enumerate(random_rows):
+            probs[i] = q[j]
+    return tokens.tolist(), probs
 
 
 class DraftProposer:
@@ -128,7 +164,7 @@ class DraftProposer:
         active = list(wanted)
         for step in range(max(room for _, room in wanted)):
             logits = self.runner.execute(pack_draft_step(rows, self.block_size)).sample_logits
-            tokens, probs = self._choose(logits, [seq for seq, _ in active])
+            tokens, probs = choose_drafts(logits, [seq for seq, _ in active], self.sampler)
             for (seq, _), (_, start, ids), token, row in zip(active, rows, tokens, probs):
                 seq.draft_computed = start + len(ids)
                 seq.spec_drafts.append(token)
@@ -141,18 +177,3 @@ class DraftProposer:
                 break
         for seq, _ in wanted:
             seq.spec_draft_probs = torch.stack(seq.spec_draft_probs) if seq.spec_draft_probs else None
-
-    def _choose(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list]:
-        """Each row's draft token: the argmax for a greedy request, else a draw from the draft's distribution at the
-        request's temperature (its probabilities kept)."""
-        tokens = greedy_tokens(logits)
-        random_rows = [i for i, seq in enumerate(seqs) if not seq.params.greedy]
-        probs: list = [None] * len(seqs)
-        if random_rows:
-            index = torch.tensor(random_rows, device=logits.device)
-            temperature = torch.tensor([[seqs[i].params.temperature] for i in random_rows], device=logits.device)
-            q = torch.softmax(logits.index_select(0, index).float() / temperature, dim=-1)
-            tokens = tokens.index_copy(0, index, draw(q, self.sampler.uniforms(seqs, random_rows, logits.device)))
-            for j, i in enumerate(random_rows):
-                probs[i] = q[j]
-        return tokens.tolist(), probs

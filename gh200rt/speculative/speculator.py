@@ -51,8 +51,9 @@ def draft_room(seq: Sequence, k: int) -> int:
 
 
 class Speculator:
-    """``draft``: a ``draft_model.DraftProposer`` for the draft_model method; ``kv``: the engine's
-    ``KVCacheManager`` (a draft model's positions are allocated before it drafts)."""
+    """``draft``: a ``draft_model.DraftProposer`` for the draft_model method, a
+    ``hidden_drafter.HiddenStateProposer`` for eagle3; ``kv``: the engine's ``KVCacheManager`` (a draft's positions
+    are allocated before it drafts)."""
 
     def __init__(self, method: SpeculativeMethod, kv=None, draft=None):
         self.method = method
@@ -99,6 +100,8 @@ class Speculator:
                 seq.spec_drafts = self.lookup.propose(seq, room)
             elif room and self._room_in_pool(seq, room, len(running)):
                 wanted.append((seq, room))
+        if hasattr(self.draft, "retain"):          # a hidden-state drafter keeps the running sequences' rows only
+            self.draft.retain(running)
         if wanted:
             self.draft.propose(wanted)
         if self.lookup is not None and self.lookup.num_histories > 2 * len(running) + 16:   # those that left keep none

@@ -1,0 +1,161 @@
+"""The eagle3 method: a random EAGLE-3 head in the published format drafts what the reference recomputation from
+scratch drafts at every step (caught up on the target's hidden states of the tokens verification kept), the output is
+the non-speculative output, and heads that cannot serve the target are refused with what to do."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from gh200rt.config.speculative import read_speculative_config
+from gh200rt.sampling_params import SamplingParams
+from tests.engine.real_models import SharedModel, save_tiny_llama
+from tests.speculative.eagle3_files import ReferenceHead, write_eagle3_head
+from tests.speculative.test_spec_engine import looping_prompts, same
+
+AUX = (2, 2, 1)          # the default layers of a 4-layer target: 2, 4 // 2, 4 - 3
+
+
+@pytest.fixture(scope="module")
+def target_path(tmp_path_factory):
+    return save_tiny_llama(str(tmp_path_factory.mktemp("eagle3-target")), num_layers=4)
+
+
+@pytest.fixture(scope="module")
+def target(target_path):
+    return SharedModel(target_path)
+
+
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eagle3-heads")
+    return {"head": write_eagle3_head(str(root / "head")),
+            "own_embed_bin": write_eagle3_head(str(root / "bin"), own_embed=True, weights="pytorch_model.bin",
+                                               aux_ids=[0, 3, 1], seed=1),
+            "full_vocab": write_eagle3_head(str(root / "full"), draft_vocab=256, seed=2)}
+
+
+def eagle3(path: str, k: int = 3) -> dict:
+    return {"method": "eagle3", "model": path, "num_speculative_tokens": k}
+
+
+def record_drafts(llm) -> list[tuple[list[int], list[int]]]:
+    """Every (tokens so far, drafts) the engine's head proposes from now on."""
+    proposer = llm.engine.speculator.draft
+    seen = []
+    propose = proposer.propose
+
+    def recording(wanted):
+        propose(wanted)
+        seen.extend((list(seq.all_token_ids), list(seq.spec_drafts)) for seq, _ in wanted if seq.spec_drafts)
+    proposer.propose = recording
+    return seen
+
+
+def test_the_head_drafts_what_a_recomputation_from_scratch_drafts(target, target_path, heads):
+    reference = ReferenceHead(heads["head"], target_path, AUX)
+    llm = target.llm(max_model_len=128, speculative_config=eagle3(heads["head"], 3))
+    assert llm.engine.runner.capture_layers == AUX
+    seen = record_drafts(llm)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    llm.generate(looping_prompts(3, seed=5), params)
+    assert len(seen) >= 12
+    compared = 0
+    for tokens, drafts in seen:
+        for got, logits in zip(drafts, reference.drafts(tokens, len(drafts))):
+            top2 = logits.topk(2).values
+            if top2[0] - top2[1] < 1e-4:       # a tie the two computations may break differently: stop here
+                break
+            assert got == int(logits.argmax()), (tokens, drafts)
+            compared += 1
+    assert compared >= 30
+
+
+def test_greedy_output_and_logprobs_are_the_targets(target, heads):
+    prompts = looping_prompts(5, seed=3)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=2)
+    want = target.llm(batch_invariant=True, max_model_len=128).generate(prompts, params)
+    for name in ("head", "own_embed_bin", "full_vocab"):
+        llm = target.llm(batch_invariant=True, max_model_len=128, speculative_config=eagle3(heads[name], 3))
+        same(want, llm.generate(prompts, params))
+        stats = llm.engine.speculator.stats
+        assert stats.num_draft_tokens > 40, stats
+    ledger = llm.engine.ledger.by_kind
+    assert ledger["draft_weights"] > 0 and ledger["draft_kv"] == llm.engine.speculator.draft.kv_bytes > 0
+
+
+def test_through_preemption_chunks_and_sampling(target, heads):
+    prompts = looping_prompts(6, seed=10)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    for options in ({"num_kv_blocks": 12, "block_size": 8, "max_model_len": 64}, {"max_num_batched_tokens": 8}):
+        want = target.llm(batch_invariant=True, **options).generate(prompts, params)
+        llm = target.llm(batch_invariant=True, speculative_config=eagle3(heads["head"], 4), **options)
+        same(want, llm.generate(prompts, params))
+        if "num_kv_blocks" in options:
+            assert llm.engine.stats().num_preemptions > 0
+        assert not llm.engine.speculator.draft.pending        # nothing kept for sequences that left
+    sampled = SamplingParams(temperature=0.8, max_tokens=12, ignore_eos=True, n=2, seed=3)
+    llm = target.llm(max_model_len=128, speculative_config=eagle3(heads["head"]))
+    first, again = llm.generate(prompts[:2], sampled), llm.generate(prompts[:2], sampled)
+    assert [[c.token_ids for c in o.outputs] for o in first] == [[c.token_ids for c in o.outputs] for o in again]
+    assert llm.engine.speculator.stats.num_draft_tokens > 0
+
+
+def test_the_draft_distribution_is_the_heads_over_its_vocabulary(target, heads):
+    """Sampled drafts come from the head's tokens only (the rest of the target's vocabulary has no probability)."""
+    llm = target.llm(max_model_len=128, speculative_config=eagle3(heads["head"], 2))
+    seen = record_drafts(llm)
+    llm.generate(looping_prompts(4, seed=7), SamplingParams(temperature=1.5, max_tokens=12, ignore_eos=True, seed=1))
+    allowed = set(llm.engine.speculator.draft.head.target_ids.tolist())
+    drafted = [t for _, drafts in seen for t in drafts]
+    assert len(drafted) > 20 and set(drafted) <= allowed
+
+
+def test_heads_that_cannot_serve_are_refused_with_what_to_do(target, heads, tmp_path, target_path):
+    with pytest.raises(ValueError, match="needs \"model\""):
+        read_speculative_config({"method": "eagle3", "num_speculative_tokens": 3})
+    with pytest.raises(ValueError, match="is not a directory"):
+        target.llm(speculative_config=eagle3(str(tmp_path / "nowhere")))
+    wrong_vocab = write_eagle3_head(str(tmp_path / "vocab"), vocab=320)
+    with pytest.raises(ValueError, match="vocabulary of 320 tokens, the target has 256"):
+        target.llm(speculative_config=eagle3(wrong_vocab))
+    wrong_width = write_eagle3_head(str(tmp_path / "width"), hidden=32, heads=2, kv_heads=1)
+    with pytest.raises(ValueError, match="hidden states of width 32, the target's are 64"):
+        target.llm(speculative_config=eagle3(wrong_width))
+    out_of_range = write_eagle3_head(str(tmp_path / "layers"), aux_ids=[1, 2, 7])
+    with pytest.raises(ValueError, match=r"layers \[1, 2, 7\], the target has 4 layers"):
+        target.llm(speculative_config=eagle3(out_of_range))
+    eagle1 = write_eagle3_head(str(tmp_path / "eagle1"), extra={"architectures": ["LlamaForCausalLMEagle"]})
+    with pytest.raises(ValueError, match="EAGLE-1/2 heads and other draft formats are not supported"):
+        target.llm(speculative_config=eagle3(eagle1))
+    missing = write_eagle3_head(str(tmp_path / "missing"))
+    from safetensors.torch import load_file, save_file
+    file = os.path.join(missing, "model.safetensors")
+    tensors = load_file(file)
+    tensors.pop("midlayer.hidden_norm.weight")
+    tensors["midlayer.extra.weight"] = torch.zeros(2)
+    save_file(tensors, file)
+    with pytest.raises(ValueError, match="unexpected tensors midlayer.extra.weight; missing tensors "
+                                         "midlayer.hidden_norm.weight"):
+        target.llm(speculative_config=eagle3(missing))
+    two_layers = write_eagle3_head(str(tmp_path / "two"), extra={"num_hidden_layers": 2})
+    with pytest.raises(ValueError, match="has 2 decoder layers; an EAGLE-3 head has one"):
+        target.llm(speculative_config=eagle3(two_layers))
+    with pytest.raises(ValueError, match="eagle3 head with --tensor-parallel-size > 1 is not supported"):
+        target.llm(speculative_config=eagle3(heads["head"]), tensor_parallel_size=2)
+    with open(os.path.join(target_path, "config.json")) as f:
+        assert json.load(f)["num_hidden_layers"] == 4
+
+
+def test_default_layers_need_a_target_deep_enough(tmp_path):
+    """A 2-layer target has no layer L-3: the head must name its layers."""
+    shallow = SharedModel(save_tiny_llama(str(tmp_path / "shallow"), num_layers=2))
+    head = write_eagle3_head(str(tmp_path / "head"))
+    with pytest.raises(ValueError, match="set eagle_config.eagle_aux_hidden_state_layer_ids"):
+        shallow.llm(speculative_config=eagle3(head))
+    named = write_eagle3_head(str(tmp_path / "named"), aux_ids=[0, 1, 1])
+    llm = shallow.llm(max_model_len=64, speculative_config=eagle3(named, 2))
+    out = llm.generate(looping_prompts(2, seed=1), SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    assert all(len(o.outputs[0].token_ids) == 6 for o in out)
