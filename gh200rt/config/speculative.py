@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from gh200rt.config.flags import flag_help
 
 # vLLM's method names; the built ones first. ``mtp`` is for models that ship multi-token-prediction layers.
-BUILT_METHODS = ("ngram", "suffix", "draft_model", "eagle3")
-PLANNED_METHODS = ("mtp",)
-MODEL_METHODS = ("draft_model", "eagle3")     # those that load "model"
+BUILT_METHODS = ("ngram", "suffix", "draft_model", "eagle3", "mtp")
+MODEL_METHODS = ("draft_model", "eagle3", "mtp")     # those that read "model" (mtp: the target's checkpoint)
 SUFFIX_KEYS = ("suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
                "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob")
 KNOWN_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model",
@@ -53,6 +52,8 @@ class SpeculativeMethod:
                      f"{self.suffix_max_cached_requests} outputs")
         elif self.method == "eagle3":
             where = f", head {self.model}"
+        elif self.method == "mtp":
+            where = ", the checkpoint's multi-token-prediction layer"
         else:
             where = f", draft {self.model}"
         k = f"auto (0-{self.num_speculative_tokens} per step, from the measured acceptance and step costs)" \
@@ -106,13 +107,8 @@ def read_speculative_config(text: str | dict) -> SpeculativeMethod:
     if method == "[ngram]":
         method = "ngram"
     if method is None:
-        raise ValueError("--speculative-config needs \"method\" (ngram, suffix, draft_model or eagle3), e.g. "
+        raise ValueError("--speculative-config needs \"method\" (ngram, suffix, draft_model, eagle3 or mtp), e.g. "
                          "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'")
-    if method in PLANNED_METHODS:
-        raise ValueError(f"--speculative-config: method {method!r} is not available in gh200rt yet; use ngram "
-                         f"(prompt lookup over the prompt and output so far), suffix (suffix trees over the request "
-                         f"and earlier outputs), draft_model (a smaller model of the target's family) or eagle3 (an "
-                         f"EAGLE-3 head trained for the target)")
     if method not in BUILT_METHODS:
         raise ValueError(f"--speculative-config: unknown method {method!r}; choose one of "
                          f"{', '.join(BUILT_METHODS)}")

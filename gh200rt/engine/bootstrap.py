@@ -36,7 +36,7 @@ from gh200rt.numa.affinity import bind_engine_threads
 from gh200rt.planner.cost_model import activation_bytes, model_sizes
 from gh200rt.planner.planner import Plan, RankShare, make_plan
 from gh200rt.platform.detect import Platform, detect
-from gh200rt.speculative.draft_model import DraftModel, load_draft, load_eagle3_draft
+from gh200rt.speculative.draft_model import DraftModel, load_draft, load_eagle3_draft, load_mtp_draft
 from gh200rt.weights import forms as weight_forms
 from gh200rt.weights.device_moves import linear_parts
 from gh200rt.weights.expert_cpu import CpuExpertPool
@@ -192,12 +192,15 @@ def cpu_expert_pool_factory(config: EngineConfig, device: str):
 def speculative_draft(config: EngineConfig, tokenizer, arch, dtype: torch.dtype, device: str,
                       model: torch.nn.Module) -> DraftModel | None:
     """The draft of ``--speculative-config`` method draft_model (checked against the target's tokenizer and
-    architecture) or eagle3 (a head for ``model``), loaded on ``device`` in ``dtype``; None otherwise."""
+    architecture), eagle3 (a head for ``model``) or mtp (the layer the target's checkpoint ships), loaded on
+    ``device`` in ``dtype``; None otherwise."""
     method = config.speculative.method
-    if method is None or method.method not in ("draft_model", "eagle3"):
+    if method is None or method.method not in ("draft_model", "eagle3", "mtp"):
         return None
     if method.method == "eagle3":
         return load_eagle3_draft(method, model, arch, dtype, config, device)
+    if method.method == "mtp":
+        return load_mtp_draft(method.model or config.model.model, arch, dtype, config, device)
     return load_draft(method, tokenizer, arch, dtype, config, device)
 
 

@@ -160,7 +160,7 @@ class LLMEngine(RequestIntake, EngineReports, EngineSteps):
         self.iteration_tokens = iteration_tokens()
         spec = config.speculative.method
         proposer = None
-        if draft is not None and draft.kind == "eagle3":
+        if draft is not None and draft.kind in ("eagle3", "mtp"):
             proposer = HiddenStateProposer(draft.model, num_blocks, bs, kv_dtype, device, self.sampler)
             self.runner.capture_layers = proposer.capture_layers
         elif draft is not None:

@@ -20,7 +20,8 @@ FULL_PRECISION_SUFFIXES = (".e_score_correction_bias",)
 
 def mtp_prefixes(arch) -> tuple[str, ...]:
     """Checkpoint prefixes of the multi-token-prediction layers a DeepSeek-V3 checkpoint ships after its decoder
-    layers (``model.layers.61.`` for V3): loaded past, not run, until a speculative method uses them."""
+    layers (``model.layers.61.`` for V3): loaded past here; speculative decoding's ``mtp`` method reads the first
+    (speculative/mtp.py)."""
     return tuple(f"model.layers.{arch.num_layers + i}." for i in range(arch.num_nextn_predict_layers))
 
 
@@ -77,8 +78,9 @@ class WeightWriter:
         missing weight's name to the file's name for it (a GGUF expert stack holds many), each named once."""
         self.progress.close()
         if self.skipped:
-            log.info("%s: skipped the %d weights of the multi-token-prediction layer (%s); gh200rt does not run it "
-                     "yet", self.source, len(self.skipped), ", ".join(p.rstrip(".") for p in self.skipped_prefixes))
+            log.info("%s: skipped the %d weights of the multi-token-prediction layer (%s); it drafts with "
+                     "--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 1}'", self.source,
+                     len(self.skipped), ", ".join(p.rstrip(".") for p in self.skipped_prefixes))
         missing = [n for n in self.destinations if n not in self.written]
         problems = []
         if missing:

@@ -141,37 +141,47 @@ class LlamaForCausalLM(nn.Module):
         """Checkpoint weight name -> the fused weight it is a row block of (for error messages)."""
         out = {}
         for i, layer in enumerate(self.layers):
-            prefix = f"model.layers.{i}."
-            for part in () if layer.latent else FUSED_SHARDS["self_attn.qkv_proj"]:
-                for kind in ("weight", "bias"):
-                    out[f"{prefix}{part}.{kind}"] = f"{prefix}self_attn.qkv_proj.{kind}"
-            out.update(layer.mlp.fused_names(f"{prefix}{layer.mlp_checkpoint_name}."))
+            out.update(layer_fused_names(layer, f"model.layers.{i}."))
         return out
 
     def weight_destinations(self) -> dict[str, torch.Tensor]:
         """Every checkpoint tensor name -> the tensor (or row view of a fused tensor) it must be copied into."""
-        arch = self.arch
         dest = {"model.embed_tokens.weight": self.embed_tokens.data, "model.norm.weight": self.norm.weight.data}
-        if not arch.tie_word_embeddings:
+        if not self.arch.tie_word_embeddings:
             dest["lm_head.weight"] = dense_weight(self.lm_head.weight_ref, "lm_head.weight")
         for i, layer in enumerate(self.layers):
-            prefix = f"model.layers.{i}."
-            attn = layer.self_attn
-            dest[prefix + "input_layernorm.weight"] = layer.input_layernorm.weight.data
-            dest[prefix + "post_attention_layernorm.weight"] = layer.post_attention_layernorm.weight.data
-            dest.update(layer.mlp.checkpoint_destinations(f"{prefix}{layer.mlp_checkpoint_name}."))
-            if layer.latent:
-                dest.update(attn.checkpoint_destinations(prefix + "self_attn."))
-                continue
-            dest[prefix + "self_attn.o_proj.weight"] = dense_weight(attn.o_proj.weight_ref, prefix + "o_proj")
-            qkv = dense_weight(attn.qkv_proj.weight_ref, prefix + "self_attn.qkv_proj")
-            start = 0
-            for part, size in zip(FUSED_SHARDS["self_attn.qkv_proj"], (arch.q_size, arch.kv_size, arch.kv_size)):
-                dest[f"{prefix}{part}.weight"] = qkv[start:start + size]
-                if attn.qkv_proj.bias is not None:
-                    dest[f"{prefix}{part}.bias"] = attn.qkv_proj.bias.data[start:start + size]
-                start += size
-            if attn.q_norm is not None:
-                dest[prefix + "self_attn.q_norm.weight"] = attn.q_norm.weight.data
-                dest[prefix + "self_attn.k_norm.weight"] = attn.k_norm.weight.data
+            dest.update(layer_destinations(layer, self.arch, f"model.layers.{i}."))
         return dest
+
+
+def layer_fused_names(layer: DecoderLayer, prefix: str) -> dict[str, str]:
+    """A decoder layer's checkpoint names (under ``prefix``) -> the fused weight each is a row block of."""
+    out = {}
+    for part in () if layer.latent else FUSED_SHARDS["self_attn.qkv_proj"]:
+        for kind in ("weight", "bias"):
+            out[f"{prefix}{part}.{kind}"] = f"{prefix}self_attn.qkv_proj.{kind}"
+    out.update(layer.mlp.fused_names(f"{prefix}{layer.mlp_checkpoint_name}."))
+    return out
+
+
+def layer_destinations(layer: DecoderLayer, arch: ArchConfig, prefix: str) -> dict[str, torch.Tensor]:
+    """A decoder layer's checkpoint names (under ``prefix``) -> the tensor or row view each is copied into."""
+    attn = layer.self_attn
+    dest = {prefix + "input_layernorm.weight": layer.input_layernorm.weight.data,
+            prefix + "post_attention_layernorm.weight": layer.post_attention_layernorm.weight.data}
+    dest.update(layer.mlp.checkpoint_destinations(f"{prefix}{layer.mlp_checkpoint_name}."))
+    if layer.latent:
+        dest.update(attn.checkpoint_destinations(prefix + "self_attn."))
+        return dest
+    dest[prefix + "self_attn.o_proj.weight"] = dense_weight(attn.o_proj.weight_ref, prefix + "o_proj")
+    qkv = dense_weight(attn.qkv_proj.weight_ref, prefix + "self_attn.qkv_proj")
+    start = 0
+    for part, size in zip(FUSED_SHARDS["self_attn.qkv_proj"], (arch.q_size, arch.kv_size, arch.kv_size)):
+        dest[f"{prefix}{part}.weight"] = qkv[start:start + size]
+        if attn.qkv_proj.bias is not None:
+            dest[f"{prefix}{part}.bias"] = attn.qkv_proj.bias.data[start:start + size]
+        start += size
+    if attn.q_norm is not None:
+        dest[prefix + "self_attn.q_norm.weight"] = attn.q_norm.weight.data
+        dest[prefix + "self_attn.k_norm.weight"] = attn.k_norm.weight.data
+    return dest

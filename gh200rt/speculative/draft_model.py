@@ -89,10 +89,23 @@ def load_eagle3_draft(method: SpeculativeMethod, target_model: torch.nn.Module, 
     head = load_eagle3(method.model, target_model, arch, dtype, device)
     backend_for(device).install_kernels(head, config, device)
     shared = head.embed_tokens is getattr(target_model, "embed_tokens", None)
-    weight_bytes = sum(t.numel() * t.element_size() for name, t in [*head.named_parameters(), *head.named_buffers()]
-                       if not (shared and name == "embed_tokens"))
-    weight_bytes += sum(m.weight_ref.nbytes for m in head.modules() if hasattr(m, "weight_ref"))
-    return DraftModel(head, head.arch, weight_bytes, kind="eagle3")
+    return DraftModel(head, head.arch, module_weight_bytes(head, skip=("embed_tokens",) if shared else ()),
+                      kind="eagle3")
+
+
+def load_mtp_draft(checkpoint: str, arch, dtype: torch.dtype, config, device: str) -> DraftModel:
+    """The multi-token-prediction layer of ``checkpoint`` (the target's) on ``device``, kernels installed."""
+    from gh200rt.speculative.mtp import load_mtp
+    layer = load_mtp(checkpoint, arch, dtype, device)
+    backend_for(device).install_kernels(layer, config, device)
+    return DraftModel(layer, layer.arch, module_weight_bytes(layer), kind="mtp")
+
+
+def module_weight_bytes(module: torch.nn.Module, skip: tuple[str, ...] = ()) -> int:
+    """Bytes of ``module``'s parameters, buffers and linear weights (``skip``: parameters it shares)."""
+    total = sum(t.numel() * t.element_size() for name, t in [*module.named_parameters(), *module.named_buffers()]
+                if name not in skip)
+    return total + sum(m.weight_ref.nbytes for m in module.modules() if hasattr(m, "weight_ref"))
 
 
 def pack_draft_step(rows: list[tuple[Sequence, int, list[int]]], block_size: int) -> HostStep:

@@ -33,10 +33,10 @@ def test_the_server_drafts_and_counts_as_vllm_does(start_toy_server):
     assert None not in per_position and sum(per_position) == accepted
 
 
-def test_an_unavailable_method_stops_the_start_with_what_to_use(start_toy_server):
+def test_a_method_the_model_cannot_serve_stops_the_start_with_what_to_use(start_toy_server):
     with pytest.raises(RuntimeError) as e:
         start_toy_server("--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}')
-    assert "method 'mtp' is not available in gh200rt yet; use ngram" in str(e.value)
+    assert "this model has none; use ngram, suffix, draft_model or eagle3" in str(e.value)
     with pytest.raises(RuntimeError) as e:
         start_toy_server("--speculative-config", '{"method": "eagle3", "model": "x", "num_speculative_tokens": 2}')
     assert "eagle3 head 'x' is not a directory" in str(e.value)

@@ -48,7 +48,8 @@ def test_zero_tokens_turns_speculation_off():
     ("{not json", "is not JSON"),
     ("[1, 2]", "JSON object"),
     ({"method": "medusa", "num_speculative_tokens": 2}, "unknown method 'medusa'"),
-    ({"method": "mtp", "num_speculative_tokens": 2}, "not available in gh200rt yet"),
+    ({"method": "eagle", "model": "x", "num_speculative_tokens": 2}, "unknown method 'eagle'; choose one of ngram, "
+                                                                     "suffix, draft_model, eagle3, mtp"),
     ({"method": "eagle3", "num_speculative_tokens": 2}, "method eagle3 needs \"model\""),
     ({"method": "draft_model", "num_speculative_tokens": 2}, "method draft_model needs \"model\""),
     ({"method": "draft_model", "model": "x", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 2},
