@@ -50,9 +50,12 @@ class EngineConfig:
 
     @property
     def max_graph_batch(self) -> int:
-        """The largest decode batch a graph holds: ``--max-graph-batch``, at most ``--max-num-seqs``."""
+        """The most rows a decode graph holds: ``--max-graph-batch``, at most ``--max-num-seqs`` rows, or with
+        speculative decoding as many times 1 + k (a verifying sequence's row per position)."""
         wanted = self.graphs.max_graph_batch or MAX_GRAPH_BATCH
-        return min(wanted, self.scheduler.max_num_seqs)
+        method = self.speculative.method
+        per_sequence = 1 + method.num_speculative_tokens if method is not None else 1
+        return min(wanted, self.scheduler.max_num_seqs * per_sequence)
 
     def use_graphs(self, device_type: str) -> bool:
         """Decode steps go through the bucketed graph path: on by default on a GPU, off on the CPU."""

@@ -14,8 +14,9 @@ class GraphConfig:
         "run every step eagerly (no CUDA graphs); default: decode steps replay CUDA graphs on a GPU and run "
         "eagerly on the CPU (--no-enforce-eager runs the CPU through the same bucketed, padded path)"))
     max_graph_batch: int | None = field(default=None, metadata=flag_help(
-        "largest decode batch replayed from a graph (buckets 1, 2, 4, 8, then steps of 8); larger batches run "
-        f"eagerly; default: min(--max-num-seqs, {MAX_GRAPH_BATCH})"))
+        "largest decode batch replayed from a graph, in rows (buckets 1, 2, 4, 8, then steps of 8; a sequence that "
+        "verifies k drafted tokens takes 1 + k rows); larger batches run eagerly; default: min(--max-num-seqs x "
+        f"(1 + k), {MAX_GRAPH_BATCH})"))
     check_graph_addresses: bool = field(default=False, metadata=flag_help(
         "debug: before every replay, check that each address the graph saw at capture (input buffers, KV cache, "
         "weights, staging slots) is unchanged"))

@@ -52,3 +52,32 @@ def test_sampled_requests_with_seeds_repeat_on_cuda(tiny_dir, draft_dir):  # noq
     again, stats = run(tiny_dir, looping_prompts(2, seed=14), params, speculative_config=spec)
     assert [[c.token_ids for c in o.outputs] for o in first] == [[c.token_ids for c in o.outputs] for o in again]
     assert stats.num_draft_tokens > 0
+
+
+def test_verifying_steps_replay_decode_graphs_on_cuda(tiny_dir):  # noqa: F811
+    """A step that verifies drafts replays the graph of its rows' bucket (a row per position)."""
+    prompts = looping_prompts(3, seed=15)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
+    reference, _ = run(tiny_dir, prompts, params, max_num_seqs=8)
+    config = EngineConfig.from_kwargs(model=tiny_dir, dtype="float32", max_model_len=128, num_kv_blocks=64,
+                                      max_num_seqs=8, speculative_config=NGRAM)
+    engine = LLMEngine.from_config(config, poison=True)
+    try:
+        outputs = LLM.from_engine(engine).generate(prompts, params)
+        assert engine.graphs is not None and max(engine.graphs.graphs) > len(prompts), sorted(engine.graphs.graphs)
+        assert engine.stats().spec_decode.num_accepted_tokens > 0
+    finally:
+        engine.close()
+    assert_same_or_near_tie(reference, outputs, "ngram verified in graphs")
+
+
+def test_an_eagle3_head_keeps_greedy_tokens_on_cuda(tiny_dir, tmp_path):  # noqa: F811
+    from tests.speculative.eagle3_files import write_eagle3_head
+    head = write_eagle3_head(str(tmp_path / "head"), aux_ids=[0, 1, 1])
+    prompts = looping_prompts(3, seed=16)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
+    reference, _ = run(tiny_dir, prompts, params)
+    outputs, stats = run(tiny_dir, prompts, params,
+                         speculative_config={"method": "eagle3", "model": head, "num_speculative_tokens": 3})
+    assert_same_or_near_tie(reference, outputs, "eagle3 on cuda")
+    assert stats.num_draft_tokens > 0, stats

@@ -123,6 +123,27 @@ def test_chunked_prefill_preemption_and_async_scheduling(tiny):
             assert llm.engine.stats().num_preemptions > 0
 
 
+def test_verification_steps_replay_the_bucketed_graph_path(tiny):
+    """With decode graphs on (the CPU's bucketed, padded path), a step that verifies drafts replays the graph of its
+    rows' bucket (a row per position): the tokens are those of speculation run eagerly and of plain graph decoding,
+    the logprobs those of the eager path to float32 rounding (the bucket's padded row count picks other GEMM
+    kernels, as for any bucketed step)."""
+    prompts = looping_prompts(3, seed=12)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=2)
+    options = {"max_model_len": 128, "num_kv_blocks": 64, "max_num_seqs": 8}
+    plain = tiny.llm(enforce_eager=False, **options).generate(prompts, params)
+    eager = tiny.llm(speculative_config=NGRAM, **options).generate(prompts, params)
+    llm = tiny.llm(enforce_eager=False, speculative_config=NGRAM, **options)
+    graphed = llm.generate(prompts, params)
+    kept_drafts(llm)
+    assert max(llm.engine.graphs.graphs) > len(prompts), sorted(llm.engine.graphs.graphs)   # verifying rows' buckets
+    assert llm.engine.config.max_graph_batch == 8 * (1 + 4)       # max_num_seqs rows of 1 + k positions
+    for want, other, got in zip(eager, plain, graphed):
+        assert got.outputs[0].token_ids == want.outputs[0].token_ids == other.outputs[0].token_ids
+        for a, b in zip(want.outputs[0].logprobs, got.outputs[0].logprobs):
+            assert a.keys() == b.keys() and max(abs(a[t].logprob - b[t].logprob) for t in a) < 1e-4
+
+
 def test_only_accepted_tokens_reach_the_prefix_cache(tiny):
     """Batch-invariant engines publish decoded blocks: a second request over the first's prompt and output reuses
     them, and its tokens equal a fresh engine's, so no block held a rejected draft's KV."""

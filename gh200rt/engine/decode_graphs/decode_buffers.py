@@ -45,19 +45,24 @@ class DecodeBuffers:
         self._width = 0
 
     def fill(self, out: SchedulerOutput, bucket: int, fed=None) -> None:
-        batch = len(out.scheduled)
+        """The step's rows: one per decoding sequence, and one per position of a sequence that verifies drafts
+        (its last token, then each draft, each attending to the keys up to its position, as ``pack_step`` lays
+        them out)."""
+        batch = sum(item.num_new_tokens for item in out.scheduled)
         assert 0 < batch <= bucket <= self.max_batch, (batch, bucket, self.max_batch)
         ids, positions, slots, lens, tables = [], [], [], [], []
         bs = self.block_size
         for item in out.scheduled:
             seq = item.seq
             p = seq.num_computed_tokens
-            assert item.num_new_tokens == 1, "only decode steps run bucketed"
-            ids.append(0 if item.fed else seq.all_token_ids[p])
-            positions.append(p)
-            slots.append(seq.block_ids[p // bs] * bs + p % bs)
-            lens.append(p + 1)
-            tables.append(block_row(seq))
+            assert item.num_new_tokens == 1 + len(item.draft_token_ids), "only decode steps run bucketed"
+            row = block_row(seq)
+            for j, token in enumerate(item.token_ids() if item.draft_token_ids else [None]):
+                ids.append(token if token is not None else 0 if item.fed else seq.all_token_ids[p])
+                positions.append(p + j)
+                slots.append(seq.block_ids[(p + j) // bs] * bs + (p + j) % bs)
+                lens.append(p + j + 1)
+                tables.append(row)
         width = max(len(t) for t in tables)
         if width > self.max_blocks:
             raise ValueError(f"a sequence holds {width} KV blocks but the graph buffers were sized for "

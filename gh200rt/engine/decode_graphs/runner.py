@@ -97,6 +97,11 @@ def _has_cuda_bindings() -> bool:
         return False
 
 
+def rows_of(out: SchedulerOutput) -> int:
+    """Rows of a decode step: one per sequence, plus one per drafted token it verifies."""
+    return sum(item.num_new_tokens for item in out.scheduled)
+
+
 class DecodeGraphRunner:
     def __init__(self, model, kv_caches: list[torch.Tensor], buffers: DecodeBuffers, buckets: list[int],
                  hooks: LayerHooks = NULL_HOOKS, check_addresses: bool = False, ledger=None):
@@ -114,8 +119,9 @@ class DecodeGraphRunner:
         self._scales_pending = True    # --calculate-kv-scales: the first batch must not include padding rows
 
     def handles(self, out: SchedulerOutput) -> bool:
-        """Decode only: each sequence computes one token and samples it (no prompt logprobs in the step)."""
-        bucket = bucket_for(len(out.scheduled), self.buckets)
+        """Decode only: each sequence computes one token and samples it, or verifies drafts after it (a row per
+        position; no prompt logprobs in the step)."""
+        bucket = bucket_for(rows_of(out), self.buckets)
         if bucket is None or bucket in self.eager_buckets:
             return False
         if self._scales_pending:
@@ -124,16 +130,16 @@ class DecodeGraphRunner:
             self._scales_pending = False
         for item in out.scheduled:
             seq = item.seq
-            if item.num_new_tokens != 1 or not item.samples:
+            if item.num_new_tokens != 1 + len(item.draft_token_ids) or not item.samples:
                 return False
             if seq.params.prompt_logprobs is not None and seq.num_computed_tokens < len(seq.prompt_token_ids):
                 return False
         return True
 
     def run(self, out: SchedulerOutput, fed=None) -> torch.Tensor:
-        """Final hidden states ``[B, H]`` of the step's B sequences, in scheduled order (``fed``: their input ids on
-        the device, ``run_ahead.FedTokens``)."""
-        batch = len(out.scheduled)
+        """Final hidden states ``[B, H]`` of the step's B rows (a row per decoding sequence, one per verified
+        position), in scheduled order (``fed``: their input ids on the device, ``run_ahead.FedTokens``)."""
+        batch = rows_of(out)
         bucket = bucket_for(batch, self.buckets)
         assert bucket is not None, (batch, self.buckets)
         version = self._plan_version()
