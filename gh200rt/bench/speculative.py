@@ -50,6 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--offload", default="none", choices=("none", "stream"),
                         help="the target's weights: resident, or every layer streamed (the engine's --offload)")
+    parser.add_argument("--random-eagle3-head", action="store_true",
+                        help="first write a random EAGLE-3 head for the model into the speculative config's "
+                             "\"model\" directory (method eagle3): it accepts almost nothing, so the run measures "
+                             "what drafting with a head costs")
     parser.add_argument("--json", default=None, help="also write the figures here")
     parser.add_argument("--order", default="off,on", help="the engines in the order they run (e.g. on,off)")
 
@@ -99,11 +103,30 @@ def run_engine(args, speculative: bool, chats) -> dict:
                 batched_outputs=batched_outputs, stats=stats, prompt_tokens=sum(map(len, prompts)))
 
 
+def write_head_for(model: str, speculative_config: str) -> None:
+    """A random EAGLE-3 head of the published format for ``model`` where ``speculative_config`` names it."""
+    from gh200rt.bench.random_heads import write_random_eagle3_head
+    from gh200rt.loader.load import read_arch
+    config = json.loads(speculative_config)
+    if config.get("method") != "eagle3" or not config.get("model"):
+        raise SystemExit("--random-eagle3-head writes the head the speculative config drafts with: give --speculative"
+                         "-config '{\"method\": \"eagle3\", \"model\": DIR, \"num_speculative_tokens\": 3}'")
+    a = read_arch(model)
+    write_random_eagle3_head(config["model"], hidden=a.hidden_size, heads=a.num_heads, kv_heads=a.num_kv_heads,
+                             intermediate=a.intermediate_size, vocab=a.vocab_size,
+                             draft_vocab=min(32000, a.vocab_size), weights_dtype=torch.bfloat16,
+                             aux_ids=None if a.num_layers >= 4 else [0, a.num_layers // 2, a.num_layers - 1],
+                             extra={"rope_theta": a.rope_theta, "rms_norm_eps": a.rms_norm_eps})
+    print(f"wrote a random EAGLE-3 head for {model} to {config['model']}")
+
+
 def run(args) -> int:
     torch.set_num_threads(args.threads)
     chats = task_prompts(args.prompts, args.max_chars)
     results = {}
     with model_of(args) as args.model:
+        if args.random_eagle3_head:
+            write_head_for(args.model or smollm2_gguf(), args.speculative_config)
         for name in args.order.split(","):
             if name not in ("off", "on"):
                 raise SystemExit(f"--order: 'off' and 'on', comma-separated; got {args.order!r}")

@@ -103,9 +103,13 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     if free is not None and agree_free is not None:
         free = agree_free(free)
     longest = max_model_len(config, arch)
-    useful_kv = config.scheduler.max_num_seqs * longest * sizes.kv_bytes_per_token
+    kv_dtype = kv_cache_dtype(config.cache.kv_cache_dtype, loaded.dtype)
+    # a draft's KV cache has the pool's blocks: a token of KV costs the target's and the draft's
+    per_token = sizes.kv_bytes_per_token + (draft.kv_bytes_per_block(config.cache.block_size, kv_dtype)
+                                            / config.cache.block_size if draft is not None else 0)
+    useful_kv = int(config.scheduler.max_num_seqs * longest * per_token)
     if config.cache.num_kv_blocks is not None:     # asked for: the CPU's default budget holds them all
-        useful_kv = max(useful_kv, config.cache.num_kv_blocks * config.cache.block_size * sizes.kv_bytes_per_token)
+        useful_kv = max(useful_kv, int(config.cache.num_kv_blocks * config.cache.block_size * per_token))
     backend = backend_for(device)
     linear_format = backend.linear_format(loaded.model, loaded.quantized, config)
     # the CPU routes' extra forms beside resident weights: fp32 reordered copies, fp16+gguf blocks (layers of a
@@ -143,7 +147,6 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
                         cpu_pool_factory=cpu_expert_pool_factory(config, device),
                         cpu_max_tokens=plan.cpu_expert_max_tokens)
     block_size = config.cache.block_size
-    kv_dtype = kv_cache_dtype(config.cache.kv_cache_dtype, loaded.dtype)
     per_block = arch_kv_bytes_per_block(arch, block_size, kv_dtype)
     # a draft model's KV cache has the pool's blocks: each KV block costs both
     draft_per_block = draft.kv_bytes_per_block(block_size, kv_dtype) if draft is not None else 0

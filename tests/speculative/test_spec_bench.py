@@ -27,3 +27,16 @@ def test_the_benchmark_reports_both_engines_and_their_agreement(tmp_path, capsys
     rows = speculative_figures(json.loads(figures.read_text()))
     assert [r["unit"] for r in rows] == ["tok/s", "tok/s"] and all(r["roofline"] > 0 for r in rows)
     assert "single stream" in rows[0]["what"] and "batch 2" in rows[1]["what"]
+
+
+def test_a_random_eagle3_head_is_written_for_the_model_and_drafts(tmp_path, capsys):
+    save_tiny("llama3-gqa-untied", str(tmp_path / "model"))
+    head = tmp_path / "head"
+    config = json.dumps({"method": "eagle3", "model": str(head), "num_speculative_tokens": 2})
+    assert main(["speculative", "--model", str(tmp_path / "model"), "--dtype", "float32", "--prompts", "1",
+                 "--output-tokens", "8", "--batch", "1", "--max-chars", "60", "--max-model-len", "256",
+                 "--speculative-config", config, "--random-eagle3-head"]) == 0
+    text = capsys.readouterr().out
+    assert (head / "config.json").exists() and "wrote a random EAGLE-3 head" in text
+    assert re.search(r"^spec on +[0-9.]+ +[0-9.]+ +[0-9.]+ +[01]\.[0-9]{2} +[1-3]\.[0-9]{2}$", text, re.M), text
+    assert "greedy outputs identical" in text
