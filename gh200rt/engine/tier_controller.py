@@ -6,7 +6,10 @@ step time (wall, and the copy wait in it) since the last look. The policy answer
 - **demote** (a resident layer starts streaming, its arena run goes to the KV cache) when requests
   wait for blocks the cache does not have, or a request was preempted, unless the step with one
   more streamed layer would take longer than ``max_step_seconds`` (``--retier-max-step-seconds``, a
-  TPOT target: more KV is not worth making every running request slower than that). The step with
+  TPOT target: more KV is not worth making every running request slower than that), or unless it does
+  not pay: the running requests and those one layer's run of KV admits, at the predicted step, must
+  produce more tokens per second than the running ones do now (where a layer costs much and buys KV for
+  few requests, as on the CPU, the host KV tier and preemption take the pressure instead). The step with
   one more layer is predicted by ``StepCostModel`` (engine/step_cost.py): the recent step time plus
   a streamed layer's cost fitted over the steps that ran, mixed steps included;
 - **promote** (a streamed layer takes a free run back) when nothing waits, no preemption happened
@@ -57,6 +60,7 @@ class TierSignals:
     tiers: tuple[Tier, ...]
     experts_out: int = 0          # routed experts the controller moved out of the arena for KV (may come back)
     experts_in: int = 0           # routed experts resident in arena runs (KV pressure may move them out)
+    num_running: int | None = None   # sequences running now (None: not known; demotions are then not priced)
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,7 @@ class PressurePolicy:
     _last_time: float = field(default=float("-inf"), repr=False)
     _quiet_since: int = field(default=0, repr=False)
     _last_tier: Tier | None = field(default=None, repr=False)
+    declined: int = field(default=0, repr=False)     # looks under KV pressure where a demotion did not pay
 
     def decide(self, signals: TierSignals) -> Move | None:
         now = self.clock()
@@ -137,7 +142,15 @@ class PressurePolicy:
                 signals.step - self._last_step < self.min_steps_between or now - self._last_time < self.min_dwell_seconds):
             return None
         move = None
-        if pressure and not too_slow and not over:
+        pays = signals.experts_in or self._pays(signals.num_running, recent, next_step, admitted)
+        if pressure and not too_slow and not over and not pays:
+            self.declined += 1
+            if self.declined == 1 or self.declined % 100 == 0:
+                log.info("KV pressure, but one more streamed layer would lower the batch's tokens per second "
+                         "(%d running at %.1f ms a step, %.1f admitted at %.1f ms predicted): not demoting (%d "
+                         "declined so far)", signals.num_running, recent * 1e3, admitted, next_step * 1e3,
+                         self.declined)
+        if pressure and not too_slow and not over and pays:
             # routed experts go first (TierController), then layers
             layer = None if signals.experts_in else spread_pick(signals.tiers, Tier.RESIDENT, None, farthest=True)
             if layer is not None or signals.experts_in:
@@ -158,6 +171,15 @@ class PressurePolicy:
         if move is not None:
             self._last_step, self._last_time, self._last_tier = signals.step, now, move.tier
         return move
+
+    @staticmethod
+    def _pays(running: int | None, recent: float | None, next_step: float | None, admitted: float) -> bool:
+        """Whether one more streamed layer raises the batch's tokens per second: the ``running`` sequences and the
+        ``admitted`` ones its run of KV lets in, at the predicted step, against the running ones at the recent step
+        (the requests a run admits are worth a slower step only where they outnumber what it costs the others)."""
+        if not running or recent is None or next_step is None or recent <= 0:
+            return True
+        return (running + admitted) / next_step > running / recent
 
     def _step_note(self, recent: float | None, next_step: float | None, admitted: float) -> str:
         if next_step is None:

@@ -15,7 +15,7 @@ from gh200rt.loader.deferred_layers import DeferredLayers
 from gh200rt.loader.dequant import QuantizedTensor
 from gh200rt.loader.errors import ModelLoadError
 from gh200rt.loader.resolve import resolve_model_path
-from gh200rt.loader.weight_writer import WeightWriter
+from gh200rt.loader.weight_writer import WeightWriter, mtp_prefixes
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.models.registry import build_model
 from gh200rt.tokenizer import Tokenizer
@@ -51,7 +51,7 @@ def compute_dtype(name: str, device: str, checkpoint_dtype: str, cpu_route: str 
     return _DTYPES[name]
 
 
-def _config_json(directory: str) -> dict:
+def config_json(directory: str) -> dict:
     path = os.path.join(directory, "config.json")
     try:
         with open(path, encoding="utf-8") as f:
@@ -77,7 +77,7 @@ def _load_hf_dir(directory: str, model_config, device: str, compute_device: str,
     from gh200rt.loader.fp8_checkpoint import Fp8Weights, fp8_block_size, fp8_scheme
     from gh200rt.loader.safetensors_dir import checkpoint_size, load_safetensors, shard_files, weight_scales
     arch = _arch_from_dir(directory)
-    config = _config_json(directory)
+    config = config_json(directory)
     is_fp8 = fp8_scheme(config, os.path.join(directory, "config.json"))
     dtype = compute_dtype(model_config.dtype, compute_device, arch.checkpoint_dtype, model_config.cpu_route)
     files = shard_files(directory)
@@ -92,9 +92,13 @@ def _load_hf_dir(directory: str, model_config, device: str, compute_device: str,
     load_safetensors(files, writer, dtype, fp8, slices, deferred)
     writer.finish()
     if fp8 is not None:
-        if fp8.unused_scales():
+        # the multi-token-prediction layer's weights are read past here (speculative/mtp.py reads them), their
+        # scales with them
+        skipped = mtp_prefixes(arch)
+        unused = [name for name in fp8.unused_scales() if not (skipped and name.startswith(skipped))]
+        if unused:
             raise ModelLoadError(f"{directory}: weight_scale entries without an fp8 weight: "
-                                 f"{', '.join(fp8.unused_scales()[:8])}")
+                                 f"{', '.join(unused[:8])}")
         fp8.apply_kv_scales(model)
         return model, _hf_tokenizer(directory), arch, dtype, writer.bytes_written, fp8.packed
     if deferred is not None and not deferred.pending_layers:

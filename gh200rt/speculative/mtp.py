@@ -44,9 +44,9 @@ def load_mtp(checkpoint: str, arch: ArchConfig, dtype: torch.dtype, device: str)
                          f"checkpoint; {path} is a GGUF file, whose nextn blocks are not read yet: serve the "
                          f"safetensors checkpoint, or use ngram or suffix")
     from gh200rt.loader.fp8_checkpoint import Fp8Weights, fp8_block_size, fp8_scheme
-    from gh200rt.loader.load import _config_json
+    from gh200rt.loader.load import config_json
     from gh200rt.loader.safetensors_dir import load_safetensors, shard_files, weight_scales
-    config = _config_json(path)
+    config = config_json(path)
     files = shard_files(path)
     fp8 = Fp8Weights(weight_scales(files), path, None, fp8_block_size(config)) \
         if fp8_scheme(config, os.path.join(path, "config.json")) else None

@@ -145,7 +145,7 @@ def test_greedy_output_is_the_targets_through_preemption_and_chunks(target, v3_m
     path, _ = v3_mtp
     prompts = looping_prompts(5, seed=6)
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
-    for options in ({"max_model_len": 96}, {"num_kv_blocks": 12, "block_size": 8, "max_model_len": 64},
+    for options in ({"num_kv_blocks": 12, "block_size": 8, "max_model_len": 64},
                     {"max_num_batched_tokens": 8, "max_model_len": 96}):
         want = target.llm(batch_invariant=True, **options).generate(prompts, params)
         llm = target.llm(batch_invariant=True, speculative_config=mtp(path, 2), **options)
@@ -204,3 +204,22 @@ def test_glm45s_layer_drafts_losslessly(tmp_path):
     same(want, llm.generate(prompts, params))
     assert llm.engine.speculator.stats.num_draft_tokens > 20
     assert llm.engine.runner.capture_layers == (LAYERS,)
+
+
+def test_the_layer_of_a_block_fp8_checkpoint_drafts_what_its_dequantized_twin_drafts(tmp_path):
+    """DeepSeek ships the layer in fp8 with 128x128 block scales (16x16 here): the model's loader reads past its
+    weights and their scales, and dequantized as it is read, tensor by tensor, it drafts exactly what the dense twin's
+    layer drafts."""
+    from tests.model.fp8_block_checkpoint import to_fp8_block_checkpoint
+    path, twin = str(tmp_path / "fp8"), str(tmp_path / "twin")
+    save_tiny("deepseek-v3", path)
+    add_mtp_layer(path)
+    names = to_fp8_block_checkpoint(path, (16, 16), twin=twin)
+    assert any(n.startswith(f"model.layers.{LAYERS}.self_attn.") for n in names)
+    runs = []
+    for directory in (path, twin):
+        llm = SharedModel(directory).llm(max_model_len=96, speculative_config=mtp(directory, 2))
+        seen = record_drafts(llm)
+        out = llm.generate(looping_prompts(2, seed=9), SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
+        runs.append((seen, [o.outputs[0].token_ids for o in out]))
+    assert runs[0] == runs[1] and len(runs[0][0]) > 5

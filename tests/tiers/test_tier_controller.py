@@ -225,3 +225,22 @@ def test_waiting_demand_leaves_out_prefix_blocks_running_requests_hold(tiny_dir)
     while eng.has_unfinished_requests():
         eng.step()
     eng.close()
+
+
+def test_a_demotion_that_lowers_the_batchs_tokens_per_second_is_declined():
+    """Priced: the running requests and those a layer's run admits, at the predicted step, against the running ones
+    now (a layer costing 8 ms on a 40 ms step pays for 3 more requests beside 8, not for 1)."""
+    from dataclasses import replace
+    policy = PressurePolicy(min_steps_between=1, min_dwell_seconds=0.0, clock=Clock(), costs=StepCostModel(0.008))
+    tiers = [R] * 6
+    # one run of 10 blocks admits 1 of 3 requests waiting for 30: 9 / 48 ms < 8 / 40 ms
+    one = replace(signals(1, tiers, free=2, waiting=3, waiting_blocks=30, step_seconds=0.04, tokens=8), num_running=8)
+    assert policy.decide(one) is None and policy.declined == 1
+    # without the running count nothing is priced (the demotion is made)
+    assert policy.decide(replace(one, step=2, num_running=None)).tier == S
+    # the same run admits all 3 requests waiting for 9 blocks: 11 / 48 ms > 8 / 40 ms
+    three = replace(signals(3, tiers, free=2, waiting=3, waiting_blocks=9, step_seconds=0.04, tokens=8), num_running=8)
+    move = policy.decide(three)
+    assert move.tier == S and policy.declined == 1
+    # nothing running yet: any admission pays
+    assert policy.decide(replace(one, step=4, num_running=0)).tier == S
