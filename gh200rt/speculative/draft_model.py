@@ -74,8 +74,8 @@ def load_draft(method: SpeculativeMethod, tokenizer, arch, dtype: torch.dtype, c
     model_config = ModelConfig(model=method.model, dtype=names.get(dtype, "auto"), cpu_route=config.model.cpu_route)
     loaded = load_model(model_config, device=device)
     check_vocabulary(loaded.tokenizer, loaded.arch, tokenizer, arch, method.model)
-    backend_for(device).install_kernels(loaded.model, config, device)
-    return DraftModel(loaded.model.eval(), loaded.arch, loaded.weight_bytes)
+    install(loaded.model, config, device)
+    return DraftModel(loaded.model.eval(), loaded.arch, module_weight_bytes(loaded.model))
 
 
 def load_eagle3_draft(method: SpeculativeMethod, target_model: torch.nn.Module, arch, dtype: torch.dtype, config,
@@ -87,7 +87,7 @@ def load_eagle3_draft(method: SpeculativeMethod, target_model: torch.nn.Module, 
         raise ValueError(f"--speculative-config: eagle3 head {method.model!r} is not a directory; give the directory "
                          f"of an EAGLE-3 head trained for the target (config.json and its weights)")
     head = load_eagle3(method.model, target_model, arch, dtype, device)
-    backend_for(device).install_kernels(head, config, device)
+    install(head, config, device)
     shared = head.embed_tokens is getattr(target_model, "embed_tokens", None)
     return DraftModel(head, head.arch, module_weight_bytes(head, skip=("embed_tokens",) if shared else ()),
                       kind="eagle3")
@@ -97,15 +97,35 @@ def load_mtp_draft(checkpoint: str, arch, dtype: torch.dtype, config, device: st
     """The multi-token-prediction layer of ``checkpoint`` (the target's) on ``device``, kernels installed."""
     from gh200rt.speculative.mtp import load_mtp
     layer = load_mtp(checkpoint, arch, dtype, device)
-    backend_for(device).install_kernels(layer, config, device)
+    install(layer, config, device)
     return DraftModel(layer, layer.arch, module_weight_bytes(layer), kind="mtp")
 
 
+def install(module: torch.nn.Module, config, device: str) -> None:
+    """A draft's linears in the backend's resident form and its kernels in the hooks (the weight store does both for
+    the target)."""
+    backend = backend_for(device)
+    backend.resident_forms(module, config)
+    backend.install_kernels(module, config, device)
+
+
 def module_weight_bytes(module: torch.nn.Module, skip: tuple[str, ...] = ()) -> int:
-    """Bytes of ``module``'s parameters, buffers and linear weights (``skip``: parameters it shares)."""
-    total = sum(t.numel() * t.element_size() for name, t in [*module.named_parameters(), *module.named_buffers()]
-                if name not in skip)
-    return total + sum(m.weight_ref.nbytes for m in module.modules() if hasattr(m, "weight_ref"))
+    """Bytes of ``module``'s parameters, buffers and linear weights, each storage once (a tied head is its
+    embeddings); ``skip``: parameters it shares with the target."""
+    seen: dict[int, int] = {}
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        if name not in skip:
+            seen[t.data_ptr()] = t.numel() * t.element_size()
+    skipped = {getattr(module, name).data_ptr() for name in skip}
+    packed = 0
+    for m in module.modules():
+        weight = getattr(getattr(m, "weight_ref", None), "current", None)
+        if isinstance(weight, torch.Tensor):
+            if weight.data_ptr() not in skipped:
+                seen[weight.data_ptr()] = weight.numel() * weight.element_size()
+        elif weight is not None:
+            packed += int(weight.nbytes)
+    return sum(seen.values()) + packed
 
 
 def pack_draft_step(rows: list[tuple[Sequence, int, list[int]]], block_size: int) -> HostStep:

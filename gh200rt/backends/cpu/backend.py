@@ -6,9 +6,10 @@ import logging
 import torch
 
 from gh200rt.backends.cpu.ops import use_native_cpu_kernels, use_torch_cpu_kernels
-from gh200rt.backends.cpu.prepack import resident_linear_format
+from gh200rt.backends.cpu.prepack import GGUF_ROW_FORMATS, cpu_route_form, resident_linear_format
 from gh200rt.backends.cpu.routes import describe, route_for
 from gh200rt.config import EngineConfig
+from gh200rt.models.layers.mla import ABSORBED_WEIGHTS
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +20,22 @@ def linear_format(model: torch.nn.Module, quantized: dict | None, config: Engine
     log.info("%s", describe(route))
     return resident_linear_format(model, route.linear_format, quantized,
                                   native_kernels=config.model.cpu_kernels == "native")
+
+
+def resident_forms(module: torch.nn.Module, config: EngineConfig) -> None:
+    """A module the weight store does not place (a speculative draft, an EAGLE-3 head, a multi-token-prediction
+    layer): each dense linear in the form resident ones take on this route (AMX tiles, reordered fp32, fp16...)."""
+    route = route_for(config.model.dtype, config.model.cpu_route)
+    fmt = resident_linear_format(module, route.linear_format, None, native_kernels=config.model.cpu_kernels == "native")
+    if fmt is None:
+        return
+    fmt = GGUF_ROW_FORMATS.get(fmt, fmt)
+    with torch.inference_mode():
+        for name, linear in module.named_modules():
+            weight = getattr(getattr(linear, "weight_ref", None), "current", None)
+            if isinstance(weight, torch.Tensor) and weight.device.type == "cpu" and \
+                    not name.endswith(ABSORBED_WEIGHTS) and linear.lora is None:
+                linear.weight_ref.current = cpu_route_form(weight, fmt, gated=name.endswith("gate_up_proj"))
 
 
 def install_kernels(model: torch.nn.Module, config: EngineConfig, device: str = "cpu") -> None:

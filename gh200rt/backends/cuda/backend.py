@@ -12,6 +12,10 @@ def linear_format(model: torch.nn.Module, quantized: dict | None, config: Engine
     return None
 
 
+def resident_forms(module: torch.nn.Module, config: EngineConfig) -> None:
+    """A module the weight store does not place keeps its loaded form, as resident linears do on a GPU."""
+
+
 def install_kernels(model: torch.nn.Module, config: EngineConfig, device: str) -> None:
     """Triton kernels where triton imports (``--fused-decode-rows``, ``--enable-pdl``: refused below Hopper, on by
     default from it)."""
