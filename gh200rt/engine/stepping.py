@@ -165,7 +165,7 @@ class EngineSteps:
                 seq.last_token_time = stamp
                 self._advance(seq, token, lp, chosen)
                 touched.setdefault(seq.group_id, set()).add(seq.index)
-        if step.hidden is not None:
+        if step.hidden is not None and self.speculator is not None:
             self._hand_hidden_states(step)
         for group_id, advanced in touched.items():
             state = self.requests[group_id]

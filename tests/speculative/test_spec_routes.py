@@ -2,6 +2,7 @@
 them: prompt lookup drafts most tokens), and with ``--batch-invariant`` its bits, logprobs included. One engine per
 mode generates with its speculator and without it (set aside for the run)."""
 import pytest
+import torch
 
 from gh200rt.sampling_params import SamplingParams
 from tests.engine.route_engines import route_llm
@@ -42,3 +43,27 @@ def test_speculation_gives_greedy_decodings_tokens_and_its_bits_when_batch_invar
     assert stats.num_accepted_tokens >= 4, stats
     assert [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in got] == \
         [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in want]
+
+
+@pytest.fixture(scope="module")
+def smollm2_head(tmp_path_factory):
+    """A random EAGLE-3 head for SmolLM2 (its layers 2, 15 and 27; a 4,096-token draft vocabulary, kept small)."""
+    from gh200rt.bench.random_heads import write_random_eagle3_head
+    return write_random_eagle3_head(str(tmp_path_factory.mktemp("smollm2-eagle3")), hidden=576, heads=9, kv_heads=3,
+                                    intermediate=1536, vocab=49152, draft_vocab=4096)
+
+
+def test_an_eagle3_head_in_the_routes_resident_form_keeps_the_bits(cpu_route, smollm2_head):
+    """The head's linears take the route's resident form (AMX tiles, reordered fp32, fp16...) and draft on it; the
+    target's batch-invariant bits are unchanged."""
+    params = SamplingParams(temperature=0, max_tokens=8, logprobs=2)
+    config = {"method": "eagle3", "model": smollm2_head, "num_speculative_tokens": 2}
+    with route_llm(cpu_route, enable_prefix_caching=False, batch_invariant=True, speculative_config=config) as llm:
+        want, got, stats = with_and_without(llm, params)
+        head, target = llm.engine.speculator.draft.head, llm.engine.runner.model
+        converted = [not isinstance(m.lm_head.weight_ref.current, torch.Tensor) for m in (target, head)]
+    assert stats.num_draft_tokens > 0, stats
+    assert [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in got] == \
+        [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in want]
+    assert converted[1] == converted[0], f"{cpu_route.name}: the target's head converted {converted[0]}, the draft's " \
+                                         f"{converted[1]}"
