@@ -162,7 +162,7 @@ class LLMEngine(RequestIntake, EngineReports, EngineSteps):
         proposer = None
         if draft is not None and draft.kind in ("eagle3", "mtp"):
             proposer = HiddenStateProposer(draft.model, num_blocks, bs, kv_dtype, device, self.sampler)
-            self.runner.capture_layers = proposer.capture_layers
+            self.runner.capture(proposer.capture_layers)
         elif draft is not None:
             proposer = DraftProposer(draft, num_blocks, bs, kv_dtype, device, self.sampler)
         self.speculator = Speculator(spec, self.kv, proposer) if spec is not None else None

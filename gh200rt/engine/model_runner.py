@@ -218,8 +218,16 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         # decoder layers whose input hidden states every step returns (``forward_capturing``; a hidden-state drafter
-        # sets them): such steps run eagerly, never from decode graphs
+        # sets them with ``capture``)
         self.capture_layers: tuple[int, ...] | None = None
+
+    def capture(self, layers: tuple[int, ...]) -> None:
+        """Every step from now on also returns the hidden states entering ``layers`` (decode graphs too: set before
+        the first step, so every graph is captured with them)."""
+        self.capture_layers = tuple(layers)
+        if self.graphs is not None:
+            assert not self.graphs.graphs, "hidden states are captured from the first step on"
+            self.graphs.capture_layers = self.capture_layers
 
     @torch.inference_mode()
     def run(self, out: SchedulerOutput, fed=None) -> StepLogits:
@@ -235,9 +243,12 @@ class ModelRunner:
 
     def _run(self, out: SchedulerOutput, fed=None) -> StepLogits:
         rows = linear_block_rows(out, self.batch_invariant) if self.row_blocks else None
-        # every row samples, in order
-        if rows is None and self.graphs is not None and self.capture_layers is None and self.graphs.handles(out):
-            return StepLogits(self.model.compute_logits(self.graphs.run(out, fed)).float(), {})
+        if rows is None and self.graphs is not None and self.graphs.handles(out):   # every row samples, in order
+            hidden = self.graphs.run(out, fed)
+            if self.capture_layers is None:
+                return StepLogits(self.model.compute_logits(hidden).float(), {})
+            width = hidden.shape[-1] // (1 + len(self.capture_layers))
+            return StepLogits(self.model.compute_logits(hidden[:, :width]).float(), {}, {}, hidden[:, width:])
         step = pack_step(out, self.block_size, rows)
         if self.step_sender is not None:
             assert fed is None, "a tensor-parallel engine's workers read their input ids from the host step"

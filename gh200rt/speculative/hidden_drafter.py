@@ -75,6 +75,7 @@ class HiddenStateProposer:
         """After a step: each (sequence, first position, its captured rows of the positions it kept)."""
         if not kept:
             return
+        # cat copies: a decode graph's output buffer, which the rows may view, is rewritten by its next replay
         folded = self.head.combine(torch.cat([rows for _, _, rows in kept]))
         at = 0
         for seq, start, rows in kept:

@@ -159,3 +159,23 @@ def test_default_layers_need_a_target_deep_enough(tmp_path):
     llm = shallow.llm(max_model_len=64, speculative_config=eagle3(named, 2))
     out = llm.generate(looping_prompts(2, seed=1), SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
     assert all(len(o.outputs[0].token_ids) == 6 for o in out)
+
+
+def test_steps_replay_decode_graphs_with_the_hidden_states(target, heads):
+    """On the bucketed graph path (the CPU's stand-in for CUDA graphs) each replay returns the captured layers'
+    hidden states beside the final ones: the output is the eager engine's and the head drafts what it drafts there
+    (the padded row count may round a hidden state differently: a rare draft may differ, never an output token)."""
+    prompts = looping_prompts(3, seed=21)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    runs = []
+    for eager in (True, False):
+        llm = target.llm(max_model_len=128, max_num_seqs=4, enforce_eager=eager,
+                         speculative_config=eagle3(heads["head"], 3))
+        seen = record_drafts(llm)
+        out = llm.generate(prompts, params)
+        runs.append(([o.outputs[0].token_ids for o in out], seen, llm.engine.graphs))
+    (want, eager_drafts, _), (got, graph_drafts, graphs) = runs
+    assert got == want
+    assert graphs is not None and max(graphs.graphs) > len(prompts), sorted(graphs.graphs)   # verifying rows replayed
+    same_drafts = sum(a == b for a, b in zip(eager_drafts, graph_drafts))
+    assert len(graph_drafts) == len(eager_drafts) and same_drafts >= 0.9 * len(eager_drafts)

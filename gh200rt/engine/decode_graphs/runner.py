@@ -117,6 +117,9 @@ class DecodeGraphRunner:
         self._booked = ledger.by_kind["graph_pools"] if ledger is not None else 0   # reserved at start-up
         self._version = self._plan_version()
         self._scales_pending = True    # --calculate-kv-scales: the first batch must not include padding rows
+        # decoder layers whose input hidden states each step also returns (a hidden-state drafter's; set before the
+        # first capture): the graph's output is then the final hidden states and those side by side
+        self.capture_layers: tuple[int, ...] | None = None
 
     def handles(self, out: SchedulerOutput) -> bool:
         """Decode only: each sequence computes one token and samples it, or verifies drafts after it (a row per
@@ -138,7 +141,8 @@ class DecodeGraphRunner:
 
     def run(self, out: SchedulerOutput, fed=None) -> torch.Tensor:
         """Final hidden states ``[B, H]`` of the step's B rows (a row per decoding sequence, one per verified
-        position), in scheduled order (``fed``: their input ids on the device, ``run_ahead.FedTokens``)."""
+        position), in scheduled order (``fed``: their input ids on the device, ``run_ahead.FedTokens``); with
+        ``capture_layers``, ``[B, H + len(capture_layers) * H]``: the captured layers' inputs after them."""
         batch = rows_of(out)
         bucket = bucket_for(batch, self.buckets)
         assert bucket is not None, (batch, self.buckets)
@@ -175,12 +179,17 @@ class DecodeGraphRunner:
         return getattr(self.hooks, "plan_version", 0)
 
     def _step(self, bucket: int):
-        from gh200rt.engine.model_runner import forward
+        from gh200rt.engine.model_runner import forward, forward_capturing
         ids, positions = self.buffers.input_ids[:bucket], self.buffers.positions[:bucket]
+        layers = self.capture_layers
 
         def step() -> torch.Tensor:
             # fresh metadata each call: what attention derives from it is recomputed from the refilled buffers
-            return forward(self.model, ids, positions, self.buffers.meta(bucket), self.kv_caches, self.hooks)
+            if layers is None:
+                return forward(self.model, ids, positions, self.buffers.meta(bucket), self.kv_caches, self.hooks)
+            final, captured = forward_capturing(self.model, ids, positions, self.buffers.meta(bucket), self.kv_caches,
+                                                layers, self.hooks)
+            return torch.cat([final, captured], dim=-1)
         return step
 
     def _capture(self, bucket: int) -> _Graph | None:
