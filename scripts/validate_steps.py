@@ -312,6 +312,15 @@ def wave_steps(py: str, out: Path, cache: Path) -> list[Step]:
         Step("speculative decoding, Llama-3-8B shape (8 layers) streamed",
              speculative + ["--offload", "stream", "--json", str(out / "speculative_streamed.json")], 90,
              values=("stream",), outputs={"speculative": out / "speculative_streamed.json"}),
+        # a random EAGLE-3 head accepts nothing: the figure is the price of drafting with a head (three passes of
+        # one layer and a 32,000-token LM head, the hidden states returned by every step) on a link-bound step
+        Step("EAGLE-3 head's drafting cost, Llama-3-8B shape (8 layers) streamed",
+             bench(py, "speculative") + [*llama8, "--speculative-config",
+                                         json.dumps({"method": "eagle3", "model": str(cache / "llama3-8b-eagle3"),
+                                                     "num_speculative_tokens": 3}),
+                                         "--random-eagle3-head", "--prompts", "4", "--output-tokens", "32", "--batch",
+                                         "4", "--offload", "stream", "--json", str(out / "speculative_eagle3.json")],
+             90, values=("stream",), outputs={"speculative": out / "speculative_eagle3.json"}),
         Step("host KV tier, multi-turn Llama-3-8B shape",
              bench(py, "multi-turn") + ["--random-model", "llama3-8b", "--random-model-dir",
                                         str(cache / "llama3-8b-random"), "--conversations", "8", "--turns", "3",
