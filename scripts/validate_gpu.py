@@ -8,6 +8,7 @@ wheelhouse made on a networked machine by scripts/wheelhouse.py (``--have FREEZE
     python scripts/validate_gpu.py --dry-run        # what would run; fails if a script or option drifted
     python scripts/validate_gpu.py --kit speed --wheelhouse wheelhouse --out report/   # decode speed instead
     python scripts/validate_gpu.py --kit wave --wheelhouse wheelhouse --out report/    # this wave's GPU paths
+    python scripts/validate_gpu.py --kit speculative --wheelhouse wheelhouse --out report/   # speculation's figures
 
 Steps (each under a time cap; the caps add up to 9 minutes):
  1. device preflight (scripts/gpu_preflight.py): a CUDA device, Triton compiles a kernel, cuda-bindings;
@@ -49,9 +50,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from validate_report import write_report  # noqa: E402
 from validate_steps import (DEVICE_PREFLIGHT_CAP_S, ROOT, Step, dry_run_problems, install_steps,  # noqa: E402
-                            skip_reason, speed_steps, validation_steps, wave_steps)
+                            skip_reason, speculative_steps, speed_steps, validation_steps, wave_steps)
 
-KITS = {"validate": validation_steps, "speed": speed_steps, "wave": wave_steps}
+KITS = {"validate": validation_steps, "speed": speed_steps, "wave": wave_steps, "speculative": speculative_steps}
 
 BUDGET_S = 540
 

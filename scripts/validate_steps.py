@@ -291,36 +291,14 @@ WAVE_TESTS = ("tests/gpu/test_gpu_kv_offload.py", "tests/gpu/test_gpu_speculativ
 
 def wave_steps(py: str, out: Path, cache: Path) -> list[Step]:
     """``--kit wave``: this wave's GPU paths, each with its figure against the same run's baseline: their gpu
-    tests; speculative decoding off and on with the Llama-3-8B shape cut to 8 layers, resident and with every layer
-    streamed (the link-bound step it turns into several tokens), by the suffix method: random weights never repeat
-    their prompt, but the batched pass repeats the single pass's requests, whose outputs the suffix tree holds (an
-    agent's repeated step); multi-turn conversations with the host KV tier off and on (the 8B shape, the engine
-    with the tier first, then without: each order carries its own warm-up); DeepSeek-V3's layers with their experts
-    in each tier. Random checkpoints of real shapes throughout: SmolLM2's package does not fit a device call."""
-    llama8 = ["--random-model", "llama3-8b", "--random-model-dir", str(cache / "llama3-8b-8l"),
-              "--random-model-layers", "8"]
-    speculative = bench(py, "speculative") + [*llama8, "--speculative-config",
-                                              '{"method": "suffix", "num_speculative_tokens": 8}', "--prompts", "4",
-                                              "--output-tokens", "32", "--batch", "4"]
+    tests; multi-turn conversations with the host KV tier off and on (the 8B shape, the engine with the tier first,
+    then without: each order carries its own warm-up); DeepSeek-V3's layers with their experts in each tier.
+    Speculative decoding's figures are ``--kit speculative``. Random checkpoints of real shapes throughout: SmolLM2's
+    package does not fit a device call."""
     return [
         Step("this wave's gpu tests", [py, "-m", "pytest", "-q", "-rs", "-m", "gpu", "-p", "no:cacheprovider",
                                        "--timeout", "120", "--junit-xml", str(out / "gpu_tests.xml"), *WAVE_TESTS],
              90, outputs={"junit": out / "gpu_tests.xml"}),
-        Step("speculative decoding, Llama-3-8B shape (8 layers) resident",
-             speculative + ["--offload", "none", "--json", str(out / "speculative_resident.json")], 60,
-             values=("llama3-8b",), outputs={"speculative": out / "speculative_resident.json"}),
-        Step("speculative decoding, Llama-3-8B shape (8 layers) streamed",
-             speculative + ["--offload", "stream", "--json", str(out / "speculative_streamed.json")], 90,
-             values=("stream",), outputs={"speculative": out / "speculative_streamed.json"}),
-        # a random EAGLE-3 head accepts nothing: the figure is the price of drafting with a head (three passes of
-        # one layer and a 32,000-token LM head, the hidden states returned by every step) on a link-bound step
-        Step("EAGLE-3 head's drafting cost, Llama-3-8B shape (8 layers) streamed",
-             bench(py, "speculative") + [*llama8, "--speculative-config",
-                                         json.dumps({"method": "eagle3", "model": str(cache / "llama3-8b-eagle3"),
-                                                     "num_speculative_tokens": 3}),
-                                         "--random-eagle3-head", "--prompts", "4", "--output-tokens", "32", "--batch",
-                                         "4", "--offload", "stream", "--json", str(out / "speculative_eagle3.json")],
-             90, values=("stream",), outputs={"speculative": out / "speculative_eagle3.json"}),
         Step("host KV tier, multi-turn Llama-3-8B shape",
              bench(py, "multi-turn") + ["--random-model", "llama3-8b", "--random-model-dir",
                                         str(cache / "llama3-8b-random"), "--conversations", "8", "--turns", "3",
@@ -335,4 +313,35 @@ def wave_steps(py: str, out: Path, cache: Path) -> list[Step]:
                                      "resident,experts-direct,experts-stream,experts-cpu", "--batches", "1,8",
                                      "--tokens", "8", "--json", str(out / "decode_deepseek_v3.json")], 120,
              values=("deepseek-v3-cut", "experts-cpu"), outputs={"decode": out / "decode_deepseek_v3.json"}),
+    ]
+
+
+def speculative_steps(py: str, out: Path, cache: Path) -> list[Step]:
+    """``--kit speculative``: speculative decoding off and on with the Llama-3-8B shape cut to 8 layers, resident and
+    with every layer streamed (the link-bound step it turns into several tokens), by the suffix method: random weights
+    never repeat their prompt, but the batched pass repeats the single pass's requests, whose outputs the suffix tree
+    holds (an agent's repeated step); and the price of drafting with an EAGLE-3 head on the streamed step (a random
+    head of the published format accepts nothing: three passes of one layer and a 32,000-token LM head, the hidden
+    states every step returns)."""
+    llama8 = ["--random-model", "llama3-8b", "--random-model-dir", str(cache / "llama3-8b-8l"),
+              "--random-model-layers", "8"]
+    speculative = bench(py, "speculative") + [*llama8, "--prompts", "4", "--output-tokens", "32", "--batch", "4"]
+    suffix = ["--speculative-config", '{"method": "suffix", "num_speculative_tokens": 8}']
+    eagle3 = ["--speculative-config", json.dumps({"method": "eagle3", "model": str(cache / "llama3-8b-eagle3"),
+                                                  "num_speculative_tokens": 3}), "--random-eagle3-head"]
+    return [
+        Step("speculative decoding's gpu tests", [py, "-m", "pytest", "-q", "-rs", "-m", "gpu", "-p",
+                                                  "no:cacheprovider", "--timeout", "120", "--junit-xml",
+                                                  str(out / "gpu_tests_speculative.xml"),
+                                                  "tests/gpu/test_gpu_speculative.py"],
+             60, outputs={"junit": out / "gpu_tests_speculative.xml"}),
+        Step("speculative decoding, Llama-3-8B shape (8 layers) resident",
+             speculative + suffix + ["--offload", "none", "--json", str(out / "speculative_resident.json")], 60,
+             values=("llama3-8b",), outputs={"speculative": out / "speculative_resident.json"}),
+        Step("speculative decoding, Llama-3-8B shape (8 layers) streamed",
+             speculative + suffix + ["--offload", "stream", "--json", str(out / "speculative_streamed.json")], 90,
+             values=("stream",), outputs={"speculative": out / "speculative_streamed.json"}),
+        Step("EAGLE-3 head's drafting cost, Llama-3-8B shape (8 layers) streamed",
+             speculative + eagle3 + ["--offload", "stream", "--json", str(out / "speculative_eagle3.json")], 90,
+             values=("stream",), outputs={"speculative": out / "speculative_eagle3.json"}),
     ]

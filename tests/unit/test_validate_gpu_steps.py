@@ -15,7 +15,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from validate_report import decode_figures, write_report  # noqa: E402
 from validate_steps import (DEVICE_PREFLIGHT_CAP_S, SHARED_HELPS_ENV, SMOLLM2, Step, dry_run_problems,  # noqa: E402
-                            install_steps, skip_reason, speed_steps, validation_steps, wave_steps)
+                            install_steps, skip_reason, speculative_steps, speed_steps, validation_steps,
+                            wave_steps)
 
 PY = sys.executable
 STEP_NAMES = ("registration preflight", "gpu and gh200 tests", "kernel compile check", "bandwidth", "decode SmolLM2",
@@ -52,7 +53,7 @@ def test_steps_run_compiled_kernels_not_the_interpreter(monkeypatch):
 
 
 def test_caps_fit_nine_minutes(tmp_path):
-    for kit in (validation_steps, speed_steps, wave_steps):
+    for kit in (validation_steps, speed_steps, wave_steps, speculative_steps):
         steps = install_steps(PY, tmp_path) + kit(PY, tmp_path, tmp_path)
         assert DEVICE_PREFLIGHT_CAP_S + sum(s.cap_s for s in steps) <= 9 * 60, kit.__name__
     assert load_script().BUDGET_S <= 9 * 60
@@ -240,7 +241,8 @@ def test_a_skipped_step_does_not_fail_the_run(tmp_path):
     assert json.loads((tmp_path / "report.json").read_text())["ok"] is True
 
 
-@pytest.mark.parametrize("kit, steps", [("speed", speed_steps), ("wave", wave_steps)])
+@pytest.mark.parametrize("kit, steps", [("speed", speed_steps), ("wave", wave_steps),
+                                        ("speculative", speculative_steps)])
 def test_dry_run_of_the_other_kits_passes(kit, steps):
     proc = subprocess.run([PY, "scripts/validate_gpu.py", "--kit", kit, "--dry-run"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
