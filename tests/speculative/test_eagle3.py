@@ -177,5 +177,8 @@ def test_steps_replay_decode_graphs_with_the_hidden_states(target, heads):
     (want, eager_drafts, _), (got, graph_drafts, graphs) = runs
     assert got == want
     assert graphs is not None and max(graphs.graphs) > len(prompts), sorted(graphs.graphs)   # verifying rows replayed
-    same_drafts = sum(a == b for a, b in zip(eager_drafts, graph_drafts))
-    assert len(graph_drafts) == len(eager_drafts) and same_drafts >= 0.9 * len(eager_drafts)
+    # proposals keyed by the tokens they followed (a draft kept in one run and not the other shifts the steps)
+    eager_by, graph_by = ({tuple(tokens): drafts for tokens, drafts in seen} for seen in (eager_drafts, graph_drafts))
+    common = eager_by.keys() & graph_by.keys()
+    assert len(common) >= 0.9 * len(eager_by) and len(eager_by) > 10
+    assert sum(eager_by[k] == graph_by[k] for k in common) >= 0.9 * len(common)
