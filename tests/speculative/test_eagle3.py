@@ -13,7 +13,7 @@ from gh200rt.config.speculative import read_speculative_config
 from gh200rt.sampling_params import SamplingParams
 from tests.engine.real_models import SharedModel, save_tiny_llama
 from tests.speculative.eagle3_files import ReferenceHead, write_eagle3_head
-from tests.speculative.test_spec_engine import looping_prompts, same
+from tests.speculative.test_spec_engine import looping_prompts, same, through_preemption_chunks_and_sampling
 
 AUX = (2, 2, 1)          # the default layers of a 4-layer target: 2, 4 // 2, 4 - 3
 
@@ -87,20 +87,8 @@ def test_greedy_output_and_logprobs_are_the_targets(target, heads):
 
 
 def test_through_preemption_chunks_and_sampling(target, heads):
-    prompts = looping_prompts(6, seed=10)
-    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    for options in ({"num_kv_blocks": 12, "block_size": 8, "max_model_len": 64}, {"max_num_batched_tokens": 8}):
-        want = target.llm(batch_invariant=True, **options).generate(prompts, params)
-        llm = target.llm(batch_invariant=True, speculative_config=eagle3(heads["head"], 4), **options)
-        same(want, llm.generate(prompts, params))
-        if "num_kv_blocks" in options:
-            assert llm.engine.stats().num_preemptions > 0
+    for llm in through_preemption_chunks_and_sampling(target, eagle3(heads["head"], 4)):
         assert not llm.engine.speculator.draft.pending        # nothing kept for sequences that left
-    sampled = SamplingParams(temperature=0.8, max_tokens=12, ignore_eos=True, n=2, seed=3)
-    llm = target.llm(max_model_len=128, speculative_config=eagle3(heads["head"]))
-    first, again = llm.generate(prompts[:2], sampled), llm.generate(prompts[:2], sampled)
-    assert [[c.token_ids for c in o.outputs] for o in first] == [[c.token_ids for c in o.outputs] for o in again]
-    assert llm.engine.speculator.stats.num_draft_tokens > 0
 
 
 def test_the_draft_distribution_is_the_heads_over_its_vocabulary(target, heads):

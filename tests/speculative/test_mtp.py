@@ -16,7 +16,7 @@ from gh200rt.sampling_params import SamplingParams
 from tests.engine.real_models import SharedModel
 from tests.model.tiny_checkpoints import DEEPSEEK_FAMILIES, save_tiny
 from tests.speculative.test_eagle3 import record_drafts
-from tests.speculative.test_spec_engine import looping_prompts, same
+from tests.speculative.test_spec_engine import looping_prompts, same, through_preemption_chunks_and_sampling
 
 LAYERS = 3          # the tiny V3's decoder layers: its MTP layer is model.layers.3
 
@@ -141,18 +141,9 @@ def test_the_layer_drafts_what_a_recomputation_from_scratch_drafts(target, v3_mt
     assert compared >= 20
 
 
-def test_greedy_output_is_the_targets_through_preemption_and_chunks(target, v3_mtp):
-    path, _ = v3_mtp
-    prompts = looping_prompts(5, seed=6)
-    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
-    for options in ({"num_kv_blocks": 12, "block_size": 8, "max_model_len": 64},
-                    {"max_num_batched_tokens": 8, "max_model_len": 96}):
-        want = target.llm(batch_invariant=True, **options).generate(prompts, params)
-        llm = target.llm(batch_invariant=True, speculative_config=mtp(path, 2), **options)
-        same(want, llm.generate(prompts, params))
+def test_through_preemption_chunks_and_sampling(target, v3_mtp):
+    for llm in through_preemption_chunks_and_sampling(target, mtp(v3_mtp[0], 2)):
         assert llm.engine.speculator.stats.num_draft_tokens > 30
-        if "num_kv_blocks" in options:
-            assert llm.engine.stats().num_preemptions > 0
 
 
 def test_a_placed_engine_reads_the_layer_from_its_own_checkpoint_and_books_it(v3_mtp):

@@ -254,20 +254,30 @@ def test_a_placed_engine_books_the_draft_before_its_kv_pool(tiny_path, drafts):
         llm.engine.close()
 
 
-def test_a_draft_model_through_preemption_chunks_and_sampling(tiny, drafts):
+def through_preemption_chunks_and_sampling(model: SharedModel, speculative_config: dict) -> list:
+    """What every drafter that keeps its own KV must hold: greedy output equal to plain decoding (batch-invariant)
+    with a pool small enough to preempt and with prompts in chunks of 8 tokens, and seeded sampled choices that repeat.
+    Returns the two greedy runs' LLMs, for the drafter's own checks."""
     prompts = looping_prompts(6, seed=10)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    greedy = []
     for options in ({"num_kv_blocks": 12, "block_size": 8, "max_model_len": 64}, {"max_num_batched_tokens": 8}):
-        want = tiny.llm(batch_invariant=True, **options).generate(prompts, params)
-        llm = tiny.llm(batch_invariant=True, speculative_config=draft_config(drafts["small"], 4), **options)
+        want = model.llm(batch_invariant=True, **options).generate(prompts, params)
+        llm = model.llm(batch_invariant=True, speculative_config=speculative_config, **options)
         same(want, llm.generate(prompts, params))
         if "num_kv_blocks" in options:
             assert llm.engine.stats().num_preemptions > 0
+        greedy.append(llm)
     sampled = SamplingParams(temperature=0.8, max_tokens=12, ignore_eos=True, n=2, seed=3)
-    llm = tiny.llm(max_model_len=128, speculative_config=draft_config(drafts["small"]))
+    llm = model.llm(max_model_len=128, speculative_config=speculative_config)
     first, again = llm.generate(prompts[:2], sampled), llm.generate(prompts[:2], sampled)
     assert [[c.token_ids for c in o.outputs] for o in first] == [[c.token_ids for c in o.outputs] for o in again]
     assert llm.engine.speculator.stats.num_draft_tokens > 0
+    return greedy
+
+
+def test_a_draft_model_through_preemption_chunks_and_sampling(tiny, drafts):
+    through_preemption_chunks_and_sampling(tiny, draft_config(drafts["small"], 4))
 
 
 def test_a_draft_that_cannot_serve_is_refused_with_what_to_do(tiny, drafts, tmp_path):
