@@ -33,20 +33,9 @@ class EngineConfig:
             raise ValueError("--kv-offloading-disk-dir with --tensor-parallel-size > 1 is not supported yet (each "
                              "rank's share of a block would need its own file): drop one of the two")
         method = self.speculative.method
-        if method is not None and method.method == "draft_model":
-            if self.parallel.tensor_parallel_size > 1:
-                raise ValueError("a draft model with --tensor-parallel-size > 1 is not supported yet (the draft would "
-                                 "run unsharded on rank 0): use the ngram method, or drop tensor parallelism")
-            if self.cache.kv_offloading_size is not None:
-                raise ValueError("a draft model with --kv-offloading-size is not supported yet (the host tier keeps "
-                                 "the target's KV only): use the ngram method, or drop the host KV tier")
-        if method is not None and method.method == "mtp" and self.parallel.tensor_parallel_size > 1:
-            raise ValueError("method mtp with --tensor-parallel-size > 1 is not supported yet (the layer would run "
-                             "unsharded on rank 0): use the ngram or suffix method, or drop tensor parallelism")
-        if method is not None and method.method == "eagle3" and self.parallel.tensor_parallel_size > 1:
-            raise ValueError("an eagle3 head with --tensor-parallel-size > 1 is not supported yet (the head reads "
-                             "the target's embeddings, which tensor parallelism splits by vocabulary): use the ngram "
-                             "or suffix method, or drop tensor parallelism")
+        if method is not None and method.method == "draft_model" and self.cache.kv_offloading_size is not None:
+            raise ValueError("a draft model with --kv-offloading-size is not supported yet (the host tier keeps "
+                             "the target's KV only): use the ngram method, or drop the host KV tier")
 
     @property
     def max_graph_batch(self) -> int:

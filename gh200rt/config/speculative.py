@@ -143,7 +143,7 @@ def read_speculative_config(text: str | dict) -> SpeculativeMethod:
     tp = _int_key(values, "draft_tensor_parallel_size", 1)
     if tp not in (None, 1):
         raise ValueError(f"--speculative-config: draft_tensor_parallel_size {tp}: the draft runs unsharded beside "
-                         f"the target for now (drop the key or set it to 1)")
+                         f"the target (on rank 0 with tensor parallelism); drop the key or set it to 1")
     low = _int_key(values, "prompt_lookup_min", 1)
     high = _int_key(values, "prompt_lookup_max", 1)
     low, high = (low or high or NGRAM_DEFAULT_LOOKUP), (high or low or NGRAM_DEFAULT_LOOKUP)

@@ -74,7 +74,8 @@ def start_ranks(config: EngineConfig, platform=None, poison: bool = False) -> tu
                                     restore_cpus=previous_cpus)
     try:
         platform = rank_platform(platform, config, 0, per_host, device)
-        placed = load_and_place(config, platform, poison=poison, shard=shard, agree_free=workers.smallest_free)
+        placed = load_and_place(config, platform, poison=poison, shard=shard, agree_free=workers.smallest_free,
+                                agree_draft=workers.agree_draft)
         workers.wait_ready(rank_report(placed))
         placed.loaded.model.connect(workers.connect(torch.device(device)))
     except BaseException:

@@ -16,6 +16,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from gh200rt.speculative.booking import DraftBooking
+
 # a worker idles in the control group's broadcast until rank 0 sends the next step (rank 0 dying ends it sooner)
 IDLE_TIMEOUT = timedelta(days=7)
 
@@ -33,16 +35,30 @@ def _nccl(store, prefix: str, rank: int, world_size: int, timeout: timedelta, ho
     return dist.ProcessGroupNCCL(dist.PrefixStore(prefix, store), rank, world_size, opts)
 
 
-def smallest_across_ranks(store, key: str, rank: int, world_size: int, value: int, on_wait=None) -> int:
-    """Every rank's ``value`` through the store, the smallest returned (e.g. free device memory, so that every rank
-    plans for the smallest); ``on_wait()`` runs while some rank has not written yet (it may raise)."""
+def every_rank_value(store, key: str, rank: int, world_size: int, value: int, on_wait=None) -> list[int]:
+    """Every rank's ``value`` through the store, in rank order; ``on_wait()`` runs while some rank has not written
+    yet (it may raise)."""
     store.set(f"{key}/{rank}", str(value))
     keys = [f"{key}/{r}" for r in range(world_size)]
     while not store.check(keys):
         if on_wait is not None:
             on_wait()
         time.sleep(0.05)
-    return min(int(store.get(k)) for k in keys)
+    return [int(store.get(k)) for k in keys]
+
+
+def smallest_across_ranks(store, key: str, rank: int, world_size: int, value: int, on_wait=None) -> int:
+    """The smallest of every rank's ``value`` (e.g. free device memory, so that every rank plans for the
+    smallest)."""
+    return min(every_rank_value(store, key, rank, world_size, value, on_wait))
+
+
+def agreed_draft_booking(store, rank: int, world_size: int, booking: DraftBooking, on_wait=None) -> DraftBooking:
+    """Rank 0's draft booking on every rank: the draft runs unsharded on rank 0 and the others book what it takes,
+    so that every rank makes rank 0's plan (the same layers in the same tiers, the same KV blocks)."""
+    weights, kv = (every_rank_value(store, f"draft_{what}", rank, world_size, value, on_wait)[0]
+                   for what, value in (("weights", booking.weight_bytes), ("kv", booking.kv_bytes_per_block)))
+    return DraftBooking(weights, kv)
 
 
 @dataclass

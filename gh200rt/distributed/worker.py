@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from gh200rt.distributed.hosts import Rendezvous
-from gh200rt.distributed.parallel_state import ParallelState, smallest_across_ranks
+from gh200rt.distributed.parallel_state import ParallelState, agreed_draft_booking, smallest_across_ranks
 from gh200rt.distributed.placement_sync import apply_moves, geometry, placement
 from gh200rt.distributed.rank_numa import rank_platform
 from gh200rt.distributed.sharding import TensorShard
@@ -80,7 +80,8 @@ def run_worker(shard: TensorShard, config, meet: Rendezvous, threads: int, paren
             torch.cuda.set_device(local_rank)
         platform = rank_platform(None, config, local_rank, per_host, device)
         placed = load_and_place(config, platform, shard=shard, agree_free=functools.partial(
-            smallest_across_ranks, store, "free", rank, shard.world_size))
+            smallest_across_ranks, store, "free", rank, shard.world_size), agree_draft=functools.partial(
+            agreed_draft_booking, store, rank, shard.world_size))
         model = placed.loaded.model
         arena = placed.store.arena
         store.set(f"ready/{rank}", json.dumps(rank_report(placed)))

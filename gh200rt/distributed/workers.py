@@ -21,11 +21,12 @@ import torch.distributed as dist
 
 from gh200rt.distributed.errors import TensorParallelError
 from gh200rt.distributed.hosts import Rendezvous, rendezvous
-from gh200rt.distributed.parallel_state import ParallelState, smallest_across_ranks
+from gh200rt.distributed.parallel_state import ParallelState, agreed_draft_booking, smallest_across_ranks
 from gh200rt.distributed.sharding import TensorShard
 from gh200rt.distributed.step_channel import send_step, send_stop
 from gh200rt.distributed.rank_process import RankProcess
 from gh200rt.engine.model_runner import HostStep
+from gh200rt.speculative.booking import DraftBooking
 
 POLL_SECONDS = 0.05
 START_SECONDS = 900          # loading a large shard from a slow disk
@@ -100,6 +101,10 @@ class TensorParallelWorkers:
     def smallest_free(self, free: int) -> int:
         """The least free device memory of any rank (rank 0's part of ``smallest_across_ranks``)."""
         return smallest_across_ranks(self.store, "free", 0, self.world_size, free, on_wait=self.check_health)
+
+    def agree_draft(self, booking: DraftBooking) -> DraftBooking:
+        """Rank 0's draft booking, once every worker has given its own (rank 0's part of ``agreed_draft_booking``)."""
+        return agreed_draft_booking(self.store, 0, self.world_size, booking, on_wait=self.check_health)
 
     def connect(self, device: torch.device) -> ParallelState:
         self.state = ParallelState.connect(self.store, 0, self.world_size, device, self.timeout,

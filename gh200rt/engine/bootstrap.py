@@ -24,6 +24,7 @@ from gh200rt.backends import backend_for
 from gh200rt.backends.cpu.backend import install_kernels as install_host_kernels
 from gh200rt.backends.cpu.prepack import model_route_form_bytes
 from gh200rt.config import EngineConfig
+from gh200rt.config.speculative import MODEL_METHODS
 from gh200rt.engine.decode_graphs import reserve_graph_pool
 from gh200rt.kv.arena import DeviceArena
 from gh200rt.kv.fp8 import kv_cache_dtype
@@ -36,6 +37,7 @@ from gh200rt.numa.affinity import bind_engine_threads
 from gh200rt.planner.cost_model import activation_bytes, model_sizes
 from gh200rt.planner.planner import Plan, RankShare, make_plan
 from gh200rt.platform.detect import Platform, detect
+from gh200rt.speculative.booking import DraftBooking
 from gh200rt.speculative.draft_model import DraftModel, load_draft, load_eagle3_draft, load_mtp_draft
 from gh200rt.weights import forms as weight_forms
 from gh200rt.weights.device_moves import linear_parts
@@ -74,11 +76,12 @@ def execution_device() -> str:
 
 
 def load_and_place(config: EngineConfig, platform: Platform | None = None, device: str | None = None,
-                   poison: bool = False, shard=None, agree_free=None) -> PlacedModel:
+                   poison: bool = False, shard=None, agree_free=None, agree_draft=None) -> PlacedModel:
     """Load ``config.model`` and place its weights per ``config.memory``; ``poison`` NaN-fills staging
     slots before every copy (tests: a read before the copy lands shows up). ``shard``: a tensor-parallel rank's
     (``distributed.sharding.TensorShard``), whose slice alone is loaded, planned and placed; ``agree_free``: maps
-    this rank's free device memory to the smallest any rank has, so that every rank makes the same plan."""
+    this rank's free device memory to the smallest any rank has, so that every rank makes the same plan;
+    ``agree_draft``: maps this rank's ``DraftBooking`` (rank 0's draft, none on the others) to rank 0's."""
     device = device or execution_device()
     platform = platform or detect(config.memory.platform, config.memory.profile_file)
     # placed below, layer by layer
@@ -87,7 +90,9 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     defer = config.memory.host_weight_dtype in weight_forms.QUANTIZED_HOST_FORMATS
     loaded = load_model(config.model, device="cpu", compute_device=device, shard=shard, defer_layer_linears=defer)
     arch, dtype = loaded.arch, DTYPE_NAMES[loaded.dtype]
-    draft = speculative_draft(config, loaded.tokenizer, arch, loaded.dtype, device, loaded.model)
+    # with tensor parallelism the draft runs unsharded on rank 0 (the whole model's architecture); every rank books it
+    draft = speculative_draft(config, loaded.tokenizer, shard.arch if shard is not None else arch, loaded.dtype,
+                              device, loaded.model) if shard is None or shard.rank == 0 else None
     fmt = weight_forms.resolve_host_format(config.memory.host_weight_dtype, device == "cpu", loaded.dtype,
                                            bool(loaded.quantized))
     # an FP8 checkpoint's resident layers keep their fp8 weights on a GPU (WeightStore)
@@ -104,9 +109,11 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
         free = agree_free(free)
     longest = max_model_len(config, arch)
     kv_dtype = kv_cache_dtype(config.cache.kv_cache_dtype, loaded.dtype)
+    booking = draft.booking(config.cache.block_size, kv_dtype) if draft is not None else DraftBooking()
+    if agree_draft is not None and uses_draft(config):
+        booking = agree_draft(booking)
     # a draft's KV cache has the pool's blocks: a token of KV costs the target's and the draft's
-    per_token = sizes.kv_bytes_per_token + (draft.kv_bytes_per_block(config.cache.block_size, kv_dtype)
-                                            / config.cache.block_size if draft is not None else 0)
+    per_token = sizes.kv_bytes_per_token + booking.kv_bytes_per_block / config.cache.block_size
     useful_kv = int(config.scheduler.max_num_seqs * longest * per_token)
     if config.cache.num_kv_blocks is not None:     # asked for: the CPU's default budget holds them all
         useful_kv = max(useful_kv, int(config.cache.num_kv_blocks * config.cache.block_size * per_token))
@@ -123,7 +130,7 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     # a step's working memory beside weights and KV: activations, and on a GPU the decode graphs' pool, which the
     # ledger books before the store; the planner counts both, or the minimum it names would be refused
     lora_bytes = lora_slot_bytes(config.lora, arch, loaded.dtype)
-    draft_bytes = draft.weight_bytes if draft is not None else 0
+    draft_bytes = booking.weight_bytes
     working = activations + graph_pool_booking(config, arch, dtype, device) + lora_bytes + draft_bytes
     capacity = ledger_capacity(config.memory, free, sizes.all_resident_bytes + working, useful_kv)
     plan = make_plan(sizes, platform, config.memory, capacity, config.cache.block_size,
@@ -149,7 +156,7 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     block_size = config.cache.block_size
     per_block = arch_kv_bytes_per_block(arch, block_size, kv_dtype)
     # a draft model's KV cache has the pool's blocks: each KV block costs both
-    draft_per_block = draft.kv_bytes_per_block(block_size, kv_dtype) if draft is not None else 0
+    draft_per_block = booking.kv_bytes_per_block
 
     def make_arena(run_bytes: list[int]) -> DeviceArena:
         ledger.reserve("activations", activations)
@@ -192,14 +199,20 @@ def cpu_expert_pool_factory(config: EngineConfig, device: str):
     return make
 
 
+def uses_draft(config: EngineConfig) -> bool:
+    """Whether ``--speculative-config`` names a method that drafts with a model (not from the tokens so far)."""
+    method = config.speculative.method
+    return method is not None and method.method in MODEL_METHODS
+
+
 def speculative_draft(config: EngineConfig, tokenizer, arch, dtype: torch.dtype, device: str,
                       model: torch.nn.Module) -> DraftModel | None:
     """The draft of ``--speculative-config`` method draft_model (checked against the target's tokenizer and
     architecture), eagle3 (a head for ``model``) or mtp (the layer the target's checkpoint ships), loaded on
     ``device`` in ``dtype``; None otherwise."""
-    method = config.speculative.method
-    if method is None or method.method not in ("draft_model", "eagle3", "mtp"):
+    if not uses_draft(config):
         return None
+    method = config.speculative.method
     if method.method == "eagle3":
         return load_eagle3_draft(method, model, arch, dtype, config, device)
     if method.method == "mtp":

@@ -150,6 +150,13 @@ class GGUFFile:
     def total_bytes(self) -> int:
         return sum(int(t.data.nbytes) for t in self.tensors.values())
 
+    def dense(self, gguf_name: str) -> np.ndarray:
+        """Tensor ``gguf_name`` whole, dequantized (float32); ``ModelLoadError`` where the file lacks it."""
+        tensor = self.tensors.get(gguf_name)
+        if tensor is None:
+            raise ModelLoadError(f"{self.path} has no tensor {gguf_name}")
+        return self._dequantize(gguf_name, tensor.data.view(np.uint8), tensor.ggml_type, tuple(tensor.shape))
+
     def _dequantize(self, gguf_name: str, raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> np.ndarray:
         try:
             return dequantize(raw, ggml_type, shape)

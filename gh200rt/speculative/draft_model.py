@@ -28,10 +28,12 @@ from gh200rt.engine.model_runner import HostStep, ModelRunner, pack_arrays
 from gh200rt.engine.sampler import Sampler, draw, greedy_tokens
 from gh200rt.kv.block_row import block_row
 from gh200rt.kv.pool import allocate_arch_kv_caches, arch_kv_bytes_per_block
+from gh200rt.loader.embeddings import read_embeddings
 from gh200rt.loader.errors import ModelLoadError
 from gh200rt.loader.load import load_model
 from gh200rt.loader.resolve import resolve_model_path
 from gh200rt.scheduler.request import Sequence
+from gh200rt.speculative.booking import DraftBooking
 
 PROBE = "The quick brown fox: 0123456789 {\"key\": [1, 2]}\n\tdef f(x): return x ** 2  # café, 東京"
 
@@ -47,6 +49,9 @@ class DraftModel:
 
     def kv_bytes_per_block(self, block_size: int, kv_dtype: torch.dtype) -> int:
         return arch_kv_bytes_per_block(self.arch, block_size, kv_dtype)
+
+    def booking(self, block_size: int, kv_dtype: torch.dtype) -> DraftBooking:
+        return DraftBooking(self.weight_bytes, self.kv_bytes_per_block(block_size, kv_dtype))
 
 
 def check_vocabulary(draft_tokenizer, draft_arch, tokenizer, arch, path: str) -> None:
@@ -86,7 +91,14 @@ def load_eagle3_draft(method: SpeculativeMethod, target_model: torch.nn.Module, 
     if not os.path.isdir(method.model):
         raise ValueError(f"--speculative-config: eagle3 head {method.model!r} is not a directory; give the directory "
                          f"of an EAGLE-3 head trained for the target (config.json and its weights)")
-    head = load_eagle3(method.model, target_model, arch, dtype, device)
+    if getattr(target_model, "shard", None) is None:
+        def target_embed():
+            return target_model.embed_tokens
+    else:    # a tensor-parallel rank holds its vocabulary rows: the head on rank 0 reads them all
+        def target_embed():
+            return torch.nn.Parameter(read_embeddings(config.model.model, (arch.vocab_size, arch.hidden_size), dtype,
+                                                      device), requires_grad=False)
+    head = load_eagle3(method.model, target_embed, arch, dtype, device)
     install(head, config, device)
     shared = head.embed_tokens is getattr(target_model, "embed_tokens", None)
     return DraftModel(head, head.arch, module_weight_bytes(head, skip=("embed_tokens",) if shared else ()),

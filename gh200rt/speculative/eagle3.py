@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -181,16 +182,17 @@ def _read_tensors(path: str) -> dict[str, torch.Tensor]:
     raise ValueError(f"--speculative-config: the eagle3 head {path} has none of {', '.join(WEIGHT_FILES)}")
 
 
-def load_eagle3(path: str, target_model: nn.Module, target: ArchConfig, dtype: torch.dtype,
+def load_eagle3(path: str, target_embed: Callable[[], torch.Tensor], target: ArchConfig, dtype: torch.dtype,
                 device: str) -> Eagle3Head:
-    """The head at ``path`` for ``target_model``, its weights copied strictly (every tensor known and of its
-    shape, none missing)."""
+    """The head at ``path`` for the target ``target`` describes, its weights copied strictly (every tensor known and
+    of its shape, none missing); ``target_embed()``: the target's whole embedding matrix, asked for where the head
+    shares it."""
     config = read_eagle3_config(path, target)
     tensors = _read_tensors(path)
     tensors = {name.replace("layers.0.", "midlayer.", 1) if name.startswith("layers.0.") else name: t
                for name, t in tensors.items()}
     embed = tensors.pop("embed_tokens.weight", None)
-    head = Eagle3Head(config, target_model.embed_tokens if embed is None else
+    head = Eagle3Head(config, target_embed() if embed is None else
                       nn.Parameter(torch.empty(tuple(embed.shape), dtype=dtype, device=device), requires_grad=False),
                       dtype, device)
     where = f"--speculative-config: the eagle3 head {path}"

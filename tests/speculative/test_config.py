@@ -22,8 +22,7 @@ def test_a_draft_model_is_named_by_its_path_with_or_without_method():
     m = read_speculative_config({"model": "/models/draft", "num_speculative_tokens": 3})
     assert (m.method, m.model, m.num_speculative_tokens) == ("draft_model", "/models/draft", 3)
     draft = {"method": "draft_model", "model": "d", "num_speculative_tokens": 2}
-    with pytest.raises(ValueError, match="tensor-parallel-size > 1 is not supported yet"):
-        EngineConfig.from_kwargs(speculative_config=draft, tensor_parallel_size=2)
+    assert EngineConfig.from_kwargs(speculative_config=draft, tensor_parallel_size=2).parallel.tensor_parallel_size == 2
     with pytest.raises(ValueError, match="kv-offloading-size is not supported yet"):
         EngineConfig.from_kwargs(speculative_config=draft, kv_offloading_size="1")
 
