@@ -11,6 +11,7 @@ from gh200rt.backends.cpu.linear import NATIVE_F32_MAX_ROWS
 from gh200rt.backends.cpu.native import load_native_ops, native_ops_error
 from gh200rt.backends.cpu.ops import use_native_cpu_kernels, use_torch_cpu_kernels
 from gh200rt.backends.cpu.prepack import NativeRowsWeight, OneDNNWeight, OneRowBlocksWeight
+from gh200rt.backends.cpu.routes import route_unavailable
 from gh200rt.formats.pack import HalfWeight, pack_weight
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.models.base import AttentionMetadata
@@ -182,7 +183,8 @@ def test_torch_kernels_drop_the_fused_path():
     compare(model, 1, expect_fused=True)
 
 
-@pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN inner product")
+@pytest.mark.skipif(route_unavailable("bf16") is not None, reason=f"the bf16 route's oneDNN weights: "
+                                                                   f"{route_unavailable('bf16')}")
 def test_bf16_activations_take_one_call_through_the_gguf_row_form():
     """The bf16 route: one sequence decoding a GGUF checkpoint's blocks has the op-by-op bits in one call (rows
     widened for the blocks, outputs and residual sums rounded to bf16, a bf16 pool); more sequences, and dense
