@@ -88,10 +88,11 @@ class PackedWeight:
         """``native``: on the CPU, whether the native quantized linear may serve (off: torch's ops alone)."""
         return backend_linear(x.device.type, "packed").linear(self, x, bias, native)
 
-    def dense_for(self, x: torch.Tensor) -> torch.Tensor | None:
+    def dense_for(self, x: torch.Tensor, native: bool = True) -> torch.Tensor | None:
         """The dense weight a layer multiplies ``x`` by instead, where the backend has no faster exact route (fp8
-        with float32 activations on the CPU), else None."""
-        return backend_linear(x.device.type, "packed").dense_for(self, x)
+        with float32 activations on the CPU, beyond the rows its native fp8 linear takes: ``native`` as for
+        ``linear``), else None."""
+        return backend_linear(x.device.type, "packed").dense_for(self, x, native)
 
     def block_form(self, x: torch.Tensor, rows: int, native: bool = True):
         """What each block of ``rows`` rows of ``x`` multiplies when a call runs in row blocks

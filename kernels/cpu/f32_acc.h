@@ -1,7 +1,7 @@
-/* The float32 accumulator of the dense linears (f32_linear.c, f16_linear.c): 8 lanes along K, one FMA per 8
- * columns, one fixed horizontal sum; and their split of the output channels over threads. Both kernels run this
- * sequence per output, so an fp16 weight gives the bits of its float32 copy on every host: the two files cannot
- * pick different forms of it. */
+/* The float32 accumulator of the dense linears (f32_linear.c, f16_linear.c, fp8_linear.c): 8 lanes along K, one
+ * FMA per 8 columns, one fixed horizontal sum; and their split of the output channels over threads. Every kernel
+ * runs this sequence per output, so an fp16 or fp8 weight gives the bits of its float32 copy on every host: the
+ * files cannot pick different forms of it. */
 #ifndef GH_F32_ACC_H
 #define GH_F32_ACC_H
 #include <stdint.h>

@@ -17,6 +17,9 @@ void gh_f32_linear(const float *x, int64_t rows, int64_t x_stride, const float *
                    int64_t w_stride, const float *bias, float *out, int64_t out_stride, int64_t threads);
 void gh_f16_linear(const float *x, int64_t rows, int64_t x_stride, const uint16_t *w, int64_t n, int64_t k,
                    int64_t w_stride, const float *bias, float *out, int64_t out_stride, int64_t threads);
+void gh_fp8_linear(const float *x, int64_t rows, int64_t x_stride, const uint8_t *q, int64_t n, int64_t k,
+                   int64_t w_stride, const float *scale, int64_t scale_stride, int64_t group, const float *bias,
+                   float *out, int64_t out_stride, int64_t threads);
 void gh_rms_norm(const void *x, int64_t rows, int64_t dim, int64_t x_stride, const void *w, void *out, float eps,
                  int dtype, int64_t threads);
 void gh_silu_mul(const void *gate_up, int64_t rows, int64_t inter, void *out, int dtype, int64_t threads);

@@ -18,6 +18,7 @@ from gh200rt.kv.attention import paged_attention, write_kv
 from gh200rt.models.layers.activation import silu_and_mul
 from gh200rt.models.layers.rmsnorm import rms_norm
 from gh200rt.models.layers.rotary import apply_rotary
+from tests.kernels.fp8_weights import fp8_weight
 from tests.kernels.paged_cases import scattered_case
 from tests.kernels.threads import with_threads
 
@@ -578,3 +579,48 @@ def test_f32_linear_refuses_what_it_cannot_read():
         OPS.f32_linear(torch.randn(2, 31), weight)
     with pytest.raises(ValueError, match="f32_linear"):
         OPS.f32_linear(torch.randn(2, 32), weight, torch.randn(15))
+
+
+@pytest.mark.parametrize("n,k,group", [(203, 580, 128), (576, 1536, 128), (7, 13, 13), (40, 517, 16),
+                                       (16, 256, 10 ** 6)])
+def test_fp8_linear_gives_f32_linears_bits_over_the_dequantized_weight(n, k, group):
+    """Codes and block scales read in place give what f32_linear gives over PackedWeight.dequantize, bit for bit
+    (subnormal codes and a partial last block included), for every row count it takes, on any thread count."""
+    weight = fp8_weight(n, k, group, n + k)
+    dense = weight.dequantize()
+    gen = torch.Generator().manual_seed(k)
+    x, bias = torch.randn(8, k, generator=gen), torch.randn(n, generator=gen)
+    for rows in (1, 2, 3, 5, 8):
+        want = OPS.f32_linear(x[:rows], dense, bias)
+        assert torch.equal(OPS.fp8_linear(x[:rows], weight.qweight, weight.scale, weight.group_size, bias), want)
+    together = OPS.fp8_linear(x, weight.qweight, weight.scale, weight.group_size)
+    assert torch.equal(together, with_threads(1, lambda: OPS.fp8_linear(x, weight.qweight, weight.scale,
+                                                                         weight.group_size)))
+    with pytest.raises(ValueError, match="group a multiple of 8"):
+        OPS.fp8_linear(x, weight.qweight, weight.scale, 12)
+
+
+def test_an_fp8_linear_of_a_decode_step_reads_the_codes_in_place(monkeypatch):
+    """Through a layer on the native CPU ops: up to NATIVE_F32_MAX_ROWS rows never dequantize the weight and give the
+    dequantized weight's bits (float32) or their rounding (bf16); more rows dequantize once, as before."""
+    from gh200rt.backends.cpu.linear import NATIVE_F32_MAX_ROWS
+    from gh200rt.backends.cpu.ops import use_native_cpu_kernels
+    from gh200rt.formats.packed_weight import PackedWeight
+    from gh200rt.models.layers.linear import RefLinear
+    weight = fp8_weight(96, 256, 128, 3)
+    dense = weight.dequantize()
+    layer = RefLinear(256, 96, True, torch.float32)
+    torch.nn.init.normal_(layer.bias)
+    layer.weight_ref.current = weight
+    assert use_native_cpu_kernels(layer) is None
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(NATIVE_F32_MAX_ROWS + 1, 256, generator=gen)
+    many = layer(x)                                   # dequantized once
+    assert torch.equal(many, layer.dense_fn(x, dense, layer.bias))
+
+    def refuse(self):
+        raise AssertionError("a decode step's fp8 linear dequantized its weight")
+    monkeypatch.setattr(PackedWeight, "dequantize", refuse)
+    few = x[:NATIVE_F32_MAX_ROWS]
+    assert torch.equal(layer(few), OPS.f32_linear(few, dense, layer.bias))
+    assert torch.equal(layer(few.bfloat16()), OPS.f32_linear(few.bfloat16().float(), dense, layer.bias).bfloat16())

@@ -4,8 +4,8 @@ the portable aarch64 build are checked under emulation by test_cpu_native_aarch6
 On an x86-64 host the library is built a second time for the baseline x86-64 ISA (no AVX), which compiles every
 ``#else`` branch, and each op is checked against the vector build (itself checked against torch in
 test_cpu_native.py) on the same inputs: the same results within float32 rounding, and the same contracts where
-the portable paths promise them (the fp16 linear has the float32 linear's bits over the widened weight; a row's
-bits do not depend on the thread count)."""
+the portable paths promise them (the fp16 and fp8 linears have the float32 linear's bits over the widened weight;
+a row's bits do not depend on the thread count)."""
 from __future__ import annotations
 
 import platform
@@ -16,6 +16,7 @@ import torch
 from gh200rt.backends.cpu.native import load_native_ops, native_ops_error
 from gh200rt.formats.pack import quantize_int4, quantize_int8
 from gh200rt.kv import fp8
+from tests.kernels.fp8_weights import fp8_weight
 from tests.kernels.native_builds import native_ops_for
 from tests.kernels.paged_cases import scattered_case
 from tests.kernels.threads import with_threads
@@ -45,6 +46,7 @@ def test_linears(portable, n, k):
     gen = torch.Generator().manual_seed(n + k)
     weight, bias = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
     half = weight.half()
+    fp8 = fp8_weight(n, k, 16, n)
     for rows in (1, 3, 8):
         x = torch.randn(rows, k, generator=gen)
         close(portable.f32_linear(x, weight, bias), VECTOR.f32_linear(x, weight, bias), 1e-4)
@@ -52,6 +54,9 @@ def test_linears(portable, n, k):
         assert torch.equal(got, portable.f32_linear(x, half.float(), bias))
         close(got, VECTOR.f16_linear(x, half, bias), 1e-4)
         assert torch.equal(got, with_threads(1, lambda: portable.f16_linear(x, half, bias)))
+        got = portable.fp8_linear(x, fp8.qweight, fp8.scale, fp8.group_size, bias)
+        assert torch.equal(got, portable.f32_linear(x, fp8.dequantize(), bias))
+        close(got, VECTOR.fp8_linear(x, fp8.qweight, fp8.scale, fp8.group_size, bias), 1e-4)
         if k % 32 == 0:
             for packed in (quantize_int8(weight, 32), quantize_int4(weight, 32)):
                 close(portable.quant_linear(x, packed), VECTOR.quant_linear(x, packed), 1e-4)

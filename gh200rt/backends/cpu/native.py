@@ -28,7 +28,8 @@ from gh200rt.backends.cpu.native_ops import NativeOps
 C_SOURCE_DIR = Path(gh200rt.kernels.__file__).with_name("cpu")
 SOURCES = tuple(C_SOURCE_DIR / name
                 for name in ("layer_ops.c", "kv_store.c", "extend_attention.c", "decode_attention.c", "quant_linear.c",
-                             "f32_linear.c", "f16_linear.c", "decode_layer.c", "amx_linear.c", "bf16_dot_linear.c"))
+                             "f32_linear.c", "f16_linear.c", "fp8_linear.c", "decode_layer.c", "amx_linear.c",
+                             "bf16_dot_linear.c"))
 HEADERS = tuple(C_SOURCE_DIR / name
                 for name in ("gh_native.h", "gh_ops.h", "gh_attention.h", "f32_acc.h", "exp_f32.h", "bf16_store.h",
                              "tiled_linear.h", "gh_decode_layer.h"))
@@ -53,6 +54,7 @@ SIGNATURES = {
     "gh_dequantize": (_P, _P, _I),
     "gh_f32_linear": (_P, _I, _I, _P, _I, _I, _I, _P, _P, _I, _I),
     "gh_f16_linear": (_P, _I, _I, _P, _I, _I, _I, _P, _P, _I, _I),
+    "gh_fp8_linear": (_P, _I, _I, _P, _I, _I, _I, _P, _I, _I, _P, _P, _I, _I),
     "gh_decode_layer": (_P, _I, _P, _P),
     "gh_amx_available": (),
     "gh_amx_packed_elems": (_I, _I),

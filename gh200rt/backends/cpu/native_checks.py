@@ -66,6 +66,15 @@ def check_dense_linear(name: str, x: torch.Tensor, weight: torch.Tensor, bias: t
                          + ("" if bias is None else f", bias {tuple(bias.shape)} {bias.dtype}"))
 
 
+def fp8_linear_fits(qweight: torch.Tensor, scale: torch.Tensor, group: int) -> bool:
+    """Whether ``gh_fp8_linear`` reads this weight in place: e4m3fn codes [N, K] on the CPU with unit column stride,
+    float32 CPU scales [N, ceil(K / group)] with unit column stride, ``group`` a multiple of 8 or the whole row."""
+    n, k = qweight.shape
+    return (qweight.dtype == torch.float8_e4m3fn and qweight.is_cpu and qweight.stride(-1) == 1
+            and scale.dtype == torch.float32 and scale.is_cpu and scale.dim() == 2 and scale.stride(-1) == 1
+            and tuple(scale.shape) == (n, -(-k // group)) and (group % 8 == 0 or group >= k))
+
+
 def kv_type_args(q: torch.Tensor, kv_cache: torch.Tensor, kv_scale: torch.Tensor | None) -> tuple[int, int | None]:
     """The C code's pool element type and scale pointer: 0 and none for a pool of q's dtype, an fp8 type with the
     layer's float32 ``[K scale, V scale]`` (read at call time)."""

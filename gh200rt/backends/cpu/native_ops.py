@@ -14,7 +14,7 @@ import torch
 
 from gh200rt.backends.cpu.native_args import DecodeLayerArgs, linear_threads, quant_weight_args
 from gh200rt.backends.cpu.native_checks import (FP8_KV_TYPES, as_int64, check_dense_linear, check_pool, dtype_code,
-                                                kv_type_args, paged_inputs, pool_args, table_rows)
+                                                fp8_linear_fits, kv_type_args, paged_inputs, pool_args, table_rows)
 
 
 class NativeOps:
@@ -225,6 +225,38 @@ class NativeOps:
     def f16_linear_checked(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``f16_linear`` for arguments the caller has checked (``HalfWeight.linear``)."""
         return self._dense_linear(self._lib.gh_f16_linear, x, weight, bias)
+
+    def fp8_linear(self, x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, group: int,
+                   bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [..., K]`` (float32, CPU) times an e4m3fn ``qweight [N, K]`` (unit column stride) with float32 ``scale
+        [N, groups]`` per ``group`` columns (a multiple of 8, or >= K), read in place: ``f32_linear``'s bits over
+        the dequantized weight (kernels/cpu/fp8_linear.c)."""
+        n, k = qweight.shape
+        if not fp8_linear_fits(qweight, scale, group) or x.dtype != torch.float32 or not x.is_cpu \
+                or x.shape[-1] != k or (bias is not None and (bias.dtype != torch.float32 or bias.shape != (n,))):
+            raise ValueError(f"fp8_linear takes float32 CPU x [..., {k}], an e4m3fn weight [N, K] with unit column "
+                             f"stride, float32 scales [N, ceil(K / group)] (group a multiple of 8 or >= K) and a "
+                             f"float32 bias [N]; got x {tuple(x.shape)} {x.dtype}, weight {tuple(qweight.shape)} "
+                             f"{qweight.dtype}, scale {tuple(scale.shape)} {scale.dtype}, group {group}")
+        return self.fp8_linear_checked(x, qweight, scale, group, bias)
+
+    def fp8_linear_checked(self, x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, group: int,
+                           bias: torch.Tensor | None) -> torch.Tensor:
+        """``fp8_linear`` for arguments the caller has checked (``packed_linear.linear``)."""
+        n, k = qweight.shape
+        rows = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, k)
+        if rows.stride(-1) != 1:
+            rows = rows.contiguous()
+        if bias is not None and not bias.is_contiguous():
+            bias = bias.contiguous()
+        count = rows.shape[0]
+        out = torch.empty((count, n))
+        if count:
+            self._lib.gh_fp8_linear(rows.data_ptr(), count, rows.stride(0), qweight.data_ptr(), n, k,
+                                    qweight.stride(0), scale.data_ptr(), scale.stride(0), group,
+                                    None if bias is None else bias.data_ptr(), out.data_ptr(), n,
+                                    linear_threads(n, k))
+        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], n)
 
     def amx_available(self) -> bool:
         """Whether this CPU and OS run AMX bf16 tiles for this process (kernels/cpu/amx_linear.c)."""

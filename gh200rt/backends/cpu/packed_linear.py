@@ -23,8 +23,10 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from gh200rt.backends.cpu.linear import NATIVE_F32_MAX_ROWS
 from gh200rt.backends.cpu.native import load_native_ops
 from gh200rt.backends.cpu.native_args import quant_linear_fits
+from gh200rt.backends.cpu.native_checks import fp8_linear_fits
 from gh200rt.formats.packed_layout import unpack_int4
 
 _CPU_INT4_GROUPS = (32, 64, 128, 256)
@@ -34,13 +36,28 @@ _CPU_INT4_GROUPS = (32, 64, 128, 256)
 NATIVE_MAX_ROWS = 16
 
 
-def dense_for(weight, x: torch.Tensor) -> torch.Tensor | None:
+def dense_for(weight, x: torch.Tensor, native: bool = True) -> torch.Tensor | None:
     """The dense float32 weight when this form multiplies ``x`` as that dense weight would (fp8 with float32
-    activations on the CPU: no faster exact route than dequantizing), else None. A layer then multiplies it
-    through its own dense route, so fp8 bytes give the dequantized model's bits on every kernel choice."""
+    activations on the CPU, where the native fp8 linear does not take the call: ``fp8_native``), else None. A layer
+    then multiplies it through its own dense route, so fp8 bytes give the dequantized model's bits on every kernel
+    choice (the native fp8 linear gives f32_linear's, the dense route of those rows)."""
     if weight.fmt == "fp8" and x.dtype == torch.float32:
-        return weight.dequantize()
+        return None if native and fp8_native(weight, x) is not None else weight.dequantize()
     return None
+
+
+def fp8_native(weight, x: torch.Tensor):
+    """The native fp8 linear (``kernels/cpu/fp8_linear.c``: codes and scales read in place) where it takes this
+    call: float32 or bf16 CPU rows, 1 to ``NATIVE_F32_MAX_ROWS`` of them (the rows a dense float32 weight sends to
+    ``f32_linear``, whose bits over the dequantized weight it gives), a weight it reads (decided once per weight)."""
+    if x.dtype not in (torch.float32, torch.bfloat16) or not x.numel() or not x.is_cpu \
+            or x.numel() // x.shape[-1] > NATIVE_F32_MAX_ROWS:
+        return None
+    if "native_fp8" not in weight.derived:
+        ops = load_native_ops()
+        fits = ops is not None and fp8_linear_fits(weight.qweight, weight.scale, weight.group_size)
+        weight.derived["native_fp8"] = ops if fits else False
+    return weight.derived["native_fp8"] or None
 
 
 def block_form(weight, x: torch.Tensor, rows: int, native: bool = True):
@@ -60,6 +77,13 @@ def block_form(weight, x: torch.Tensor, rows: int, native: bool = True):
 def linear(weight, x: torch.Tensor, bias: torch.Tensor | None, native: bool = True) -> torch.Tensor:
     n, k = weight.shape
     lead = x.shape[:-1]
+    fp8 = fp8_native(weight, x) if native and weight.fmt == "fp8" else None
+    if fp8 is not None:    # the bias after the kernel: the same one addition f32_linear's own bias makes
+        y = fp8.fp8_linear_checked(x if x.dtype == torch.float32 else x.float(), weight.qweight, weight.scale,
+                                   weight.group_size, None)
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
     if x.dtype == torch.bfloat16 and x.numel() and _bf16_op_ok(weight):
         y = _linear_bf16(weight, x.reshape(-1, k).contiguous())
         if bias is not None:

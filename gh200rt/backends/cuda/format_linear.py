@@ -11,7 +11,7 @@ def linear(weight, x: torch.Tensor, bias: torch.Tensor | None = None, native: bo
     return host_gemm(x, weight.weight if weight.fmt == "fp16" else weight, bias)
 
 
-def dense_for(weight, x: torch.Tensor) -> None:
+def dense_for(weight, x: torch.Tensor, native: bool = True) -> None:
     """The kernel reads every packed format as it is: no dense stand-in."""
     return None
 

@@ -11,7 +11,9 @@ Routes marked "(not wired)" are measured for reference only; the others are what
 "native": the native quantized linear, ``kernels/cpu/quant_linear.c``, up to ``NATIVE_MAX_ROWS`` rows; "fp16
 HalfWeight (default)": the native fp16 linear, ``kernels/cpu/f16_linear.c``, up to ``NATIVE_F16_MAX_ROWS`` rows,
 fbgemm's fp16 GEMM above;
-"torch fallback": the same weights where the native library cannot be built).
+"torch fallback": the same weights where the native library cannot be built; "fp8 b128": e4m3 codes with a scale
+per 128 x 128 block as DeepSeek ships them, through the native fp8 linear, ``kernels/cpu/fp8_linear.c``, up to
+``NATIVE_F32_MAX_ROWS`` rows, against dequantizing the weight on every call as before it).
 
 Usage: ``python -m gh200rt.bench kernel quant-cpu [--rows 1 8 64] [--reps 5] [--threads 2] [--skip-slow]``
 """
@@ -24,10 +26,14 @@ import time
 import torch
 import torch.nn.functional as F
 
+from gh200rt.backends.cpu.linear import native_dense_linear
+from gh200rt.backends.cpu.native import load_native_ops
 from gh200rt.backends.cpu.prepack import OneDNNWeight
 from gh200rt.backends.cpu.routes import route_for
 from gh200rt.bench.rounds import alternate, seconds_of
 from gh200rt.formats.pack import pack_weight, quantize_int4, quantize_int8
+from gh200rt.formats.packed_layout import FP8_MAX
+from gh200rt.formats.quantizers import fp8_blocks_from_checkpoint
 from gh200rt.models.layers.dense import dense_linear
 
 HIDDEN, KV, INTER, LAYERS = 576, 192, 1536, 30
@@ -94,9 +100,27 @@ def routes(dense: list[torch.Tensor], skip_slow: bool) -> dict[str, tuple[list, 
     add("int4 g32 PackedWeight, torch fallback", [p.linear for p in _without_native(quantize_int4(w, 32) for w in dense)],
         int4_bytes)
     add("int4 g32 PackedWeight, bf16 acts", [lambda x, p=p: p.linear(x.bfloat16()) for p in int4], int4_bytes)
+    fp8 = [block_fp8(w) for w in dense]
+    fp8_bytes = sum(p.nbytes for p in fp8)
+    native_dense = native_dense_linear(load_native_ops()) if load_native_ops() is not None else dense_linear
+    add("fp8 b128 PackedWeight (native, fp32 acts)", [p.linear for p in fp8], fp8_bytes)
+    add("fp8 b128 PackedWeight, bf16 acts", [lambda x, p=p: p.linear(x.bfloat16()) for p in fp8], fp8_bytes)
+    add("fp8 b128 dequantize per call (before)", [lambda x, p=p: native_dense(x, p.dequantize()) for p in fp8],
+        fp8_bytes)
     if not skip_slow:
         add("int8 dequant+matmul", [lambda x, p=p: x @ p.dequantize().T for p in int8], int8_bytes)
     return out
+
+
+def block_fp8(w: torch.Tensor, block: int = 128):
+    """``w`` as a block-FP8 checkpoint holds it (DeepSeek-V3's 128 x 128 blocks of e4m3 codes, a scale each)."""
+    n, k = w.shape
+    pad = torch.zeros(-(-n // block) * block, -(-k // block) * block)
+    pad[:n, :k] = w
+    tiles = pad.view(pad.shape[0] // block, block, pad.shape[1] // block, block)
+    scale_inv = tiles.abs().amax(dim=(1, 3)).clamp(min=1e-12) / FP8_MAX
+    codes = (tiles / scale_inv[:, None, :, None]).view_as(pad)[:n, :k].to(torch.float8_e4m3fn)
+    return fp8_blocks_from_checkpoint(codes.contiguous(), scale_inv, (block, block))
 
 
 def time_routes(table: dict, x_by_k: dict, reps: int) -> dict[str, float]:

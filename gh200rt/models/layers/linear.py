@@ -87,7 +87,7 @@ class RefLinear(nn.Module):
             return weight.linear(x, self.bias, native=self.packed_native)
         if not isinstance(weight, PackedWeight):
             return weight.linear(x, self.bias)
-        dense = weight.dense_for(x)
+        dense = weight.dense_for(x, native=self.packed_native)
         if dense is not None:
             return self.dense_fn(x, dense, self.bias)
         return weight.linear(x, self.bias, native=self.packed_native)

@@ -4,6 +4,7 @@
  * The inputs come from an integer generator, so every build sees the same bits. Shapes: the classes the x86
  * portable and width tests cover (K tails, row groups, head sizes on and off the vector paths, GQA, bf16, fp8
  * pools), kept small enough for emulation. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,6 +88,30 @@ static uint16_t *halves(int64_t n, float *widened) {
     return h;
 }
 
+/* the value of an e4m3fn code, computed another way than fp8_linear.c does */
+static float fp8_reference(uint8_t code) {
+    int e = (code >> 3) & 15, m = code & 7;
+    float v = e ? ldexpf(1.0f + m / 8.0f, e - 7) : ldexpf(m / 8.0f, -6);
+    return code & 0x80 ? -v : v;
+}
+
+/* e4m3fn codes [n, k] (no NaN), positive scales [n, groups] per `group` columns, and the weight dequantized as
+ * PackedWeight.dequantize gives it (each code's value times its scale) */
+static uint8_t *fp8_weight(int64_t n, int64_t k, int64_t group, float **scale, float *dequantized) {
+    int64_t groups = (k + group - 1) / group;
+    uint8_t *q = alloc((size_t)(n * k));
+    *scale = randoms(n * groups, 0.01f);
+    for (int64_t i = 0; i < n * groups; i++) (*scale)[i] = fabsf((*scale)[i]) + 1e-4f;
+    for (int64_t c = 0; c < n; c++)
+        for (int64_t i = 0; i < k; i++) {
+            uint8_t code = (uint8_t)next24();
+            if ((code & 0x7f) == 0x7f) code ^= 1;
+            q[c * k + i] = code;
+            dequantized[c * k + i] = fp8_reference(code) * (*scale)[c * groups + i / group];
+        }
+    return q;
+}
+
 /* ---- output ---- */
 
 static void emit(const char *name, const char *kind, const void *data, int64_t count) {
@@ -113,6 +138,9 @@ static void dense_linears(void) {
         int64_t n = shapes[s][0], k = shapes[s][1];
         float *w = randoms(n * k, 1.0f), *bias = randoms(n, 1.0f), *widened = alloc((size_t)(n * k) * 4);
         uint16_t *h = halves(n * k, widened);
+        int64_t group = k == 13 ? 13 : k == 64 ? 32 : 16;    /* one scale per channel; blocks; a partial last block */
+        float *scale, *dequantized = alloc((size_t)(n * k) * 4);
+        uint8_t *codes = fp8_weight(n, k, group, &scale, dequantized);
         for (int64_t rows = 1; rows <= 8; rows += rows < 3 ? 2 : 5) {   /* 1, 3, 8 */
             float *x = randoms(rows * k, 1.0f), *out = alloc((size_t)(rows * n) * 4);
             gh_f32_linear(x, rows, k, w, n, k, k, bias, out, n, 2);
@@ -130,6 +158,15 @@ static void dense_linears(void) {
             gh_f32_linear(x, rows, k, widened, n, k, k, bias, out, n, 2);
             emit(NAME("linear/f32-of-f16/%lldx%lld/rows%lld", (long long)n, (long long)k, (long long)rows), "f32",
                  out, rows * n);
+            gh_fp8_linear(x, rows, k, codes, n, k, k, scale, (k + group - 1) / group, group, bias, out, n, 2);
+            emit(NAME("linear/fp8/%lldx%lld/rows%lld", (long long)n, (long long)k, (long long)rows), "f32", out,
+                 rows * n);
+            gh_fp8_linear(x, rows, k, codes, n, k, k, scale, (k + group - 1) / group, group, bias, out, n, 1);
+            emit(NAME("linear/fp8-1thread/%lldx%lld/rows%lld", (long long)n, (long long)k, (long long)rows), "f32",
+                 out, rows * n);
+            gh_f32_linear(x, rows, k, dequantized, n, k, k, bias, out, n, 2);
+            emit(NAME("linear/f32-of-fp8/%lldx%lld/rows%lld", (long long)n, (long long)k, (long long)rows), "f32",
+                 out, rows * n);
             free(x);
             free(out);
         }
@@ -137,6 +174,9 @@ static void dense_linears(void) {
         free(bias);
         free(widened);
         free(h);
+        free(codes);
+        free(scale);
+        free(dequantized);
     }
 }
 
