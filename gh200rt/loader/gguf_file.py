@@ -66,6 +66,11 @@ _EXPERT_STACKS = {
     "mixtral": {"ffn_gate_exps": "block_sparse_moe.experts.{e}.w1", "ffn_up_exps": "block_sparse_moe.experts.{e}.w3",
                 "ffn_down_exps": "block_sparse_moe.experts.{e}.w2"},
 }
+# a multi-token-prediction block's own tensors (``blk.N.nextn.*``, N past the model's blocks), as llama.cpp writes
+# DeepSeek-V3's and GLM-4.5's layer; its decoder tensors are named as any block's
+_NEXTN_NAMES = {"eh_proj": "eh_proj", "enorm": "enorm", "hnorm": "hnorm", "embed_tokens": "embed_tokens",
+                "shared_head_head": "shared_head.head", "shared_head_norm": "shared_head.norm"}
+_NEXTN_PATTERN = re.compile(r"^blk\.(\d+)\.nextn\.([a-z_]+)\.weight$")
 _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
                  "output.weight": "lm_head.weight"}
 _LAYER_PATTERN = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
@@ -77,6 +82,9 @@ def hf_name(gguf_name: str, architecture: str = "llama") -> str:
     """transformers' name for a GGUF tensor name (unknown names pass through, to be reported as unexpected)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    match = _NEXTN_PATTERN.match(gguf_name)
+    if match and match.group(2) in _NEXTN_NAMES:
+        return f"model.layers.{match.group(1)}.{_NEXTN_NAMES[match.group(2)]}.weight"
     match = _LAYER_PATTERN.match(gguf_name)
     if match:
         names = {**_LAYER_NAMES, **_MOE_NAMES.get(architecture, {})}
@@ -200,16 +208,20 @@ class GGUFFile:
             return raw[cut], (stop - start,)
         return raw.reshape(shape[0], -1)[:, cut], (shape[0], stop - start)
 
-    def read(self, writer, arch, dtype: torch.dtype, shard=None) -> dict[str, QuantizedTensor]:
+    def read(self, writer, arch, dtype: torch.dtype, shard=None, nextn: bool = False) -> dict[str, QuantizedTensor]:
         """Write every tensor into ``writer``; returns the quantized ones by transformers name (an expert stack's
-        by each expert's name). ``arch`` is the whole model's; ``shard``: read only that rank's slices."""
+        by each expert's name). ``arch`` is the whole model's; ``shard``: read only that rank's slices; ``nextn``:
+        the multi-token-prediction blocks' tensors only (past the model's blocks), else everything but them."""
         quantized: dict[str, QuantizedTensor] = {}
         slices = shard.checkpoint_slices() if shard is not None else {}
         world_size = shard.world_size if shard is not None else 1
         halves: dict[int, dict[str, tuple[str, object]]] = {}   # deepseek2's attn_k_b / attn_v_b by layer
         for gguf_name, tensor in self.tensors.items():
             block = _BLOCK_PATTERN.match(gguf_name)
-            if block and int(block.group(1)) >= arch.num_layers and arch.num_nextn_predict_layers:
+            in_nextn = bool(block and int(block.group(1)) >= arch.num_layers and arch.num_nextn_predict_layers)
+            if nextn and not in_nextn:
+                continue
+            if in_nextn and not nextn:
                 # a multi-token-prediction block: loaded and skipped, as from safetensors (WeightWriter's log)
                 writer.write(f"model.layers.{block.group(1)}.{block.group(2)}", torch.empty(0))
                 continue

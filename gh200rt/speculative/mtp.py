@@ -1,10 +1,12 @@
 """The ``mtp`` method's draft: the multi-token-prediction layer the target's checkpoint ships
 (``models/mtp.py``), read from the checkpoint's safetensors files, its names only (an FP8 checkpoint's weights
-dequantized with their block scales), checked strictly, and drafting through ``hidden_drafter.py`` from the target's
+dequantized with their block scales), or from a GGUF file's ``nextn`` block (llama.cpp's names, quantized blocks
+dequantized), checked strictly, and drafting through ``hidden_drafter.py`` from the target's
 final hidden states. One layer drafts every position: a step's k drafts feed it its own output k times (vLLM does the
 same; the layer was trained for the first, so acceptance falls with the position)."""
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -39,10 +41,22 @@ def load_mtp(checkpoint: str, arch: ArchConfig, dtype: torch.dtype, device: str)
         path = resolve_model_path(checkpoint)
     except ModelLoadError as e:
         raise ValueError(f"--speculative-config: method mtp reads its layer from {checkpoint!r}: {e}") from None
-    if path.endswith(".gguf"):
-        raise ValueError(f"--speculative-config: method mtp reads the layer from a Hugging Face safetensors "
-                         f"checkpoint; {path} is a GGUF file, whose nextn blocks are not read yet: serve the "
-                         f"safetensors checkpoint, or use ngram or suffix")
+    layer = MultiTokenPredictor(arch, dtype, device)       # written in place: its expert stacks stay one tensor
+    writer = LayerWriter(layer, path)
+    try:
+        with torch.inference_mode():
+            source_name = read_gguf_blocks(path, writer, arch, dtype) if path.endswith(".gguf") else \
+                read_safetensors_layer(path, writer, dtype)
+        writer.finish(source_name)
+    except ModelLoadError as e:
+        raise ValueError(f"--speculative-config: method mtp: {e} (the checkpoint declares num_nextn_predict_layers "
+                         f"{arch.num_nextn_predict_layers}; use a checkpoint that ships the layer, or another "
+                         f"method)") from None
+    return layer.eval()
+
+
+def read_safetensors_layer(path: str, writer: LayerWriter, dtype: torch.dtype) -> None:
+    """The layer's tensors of a safetensors checkpoint (an FP8 one's dequantized with their block scales)."""
     from gh200rt.loader.fp8_checkpoint import Fp8Weights, fp8_block_size, fp8_scheme
     from gh200rt.loader.load import config_json
     from gh200rt.loader.safetensors_dir import load_safetensors, shard_files, weight_scales
@@ -50,14 +64,12 @@ def load_mtp(checkpoint: str, arch: ArchConfig, dtype: torch.dtype, device: str)
     files = shard_files(path)
     fp8 = Fp8Weights(weight_scales(files), path, None, fp8_block_size(config)) \
         if fp8_scheme(config, os.path.join(path, "config.json")) else None
-    layer = MultiTokenPredictor(arch, dtype, device)       # written in place: its expert stacks stay one tensor
-    writer = LayerWriter(layer, path)
-    with torch.inference_mode():
-        load_safetensors(files, writer, dtype, fp8)
-    try:
-        writer.finish()
-    except ModelLoadError as e:
-        raise ValueError(f"--speculative-config: method mtp: {e} (its config.json declares num_nextn_predict_layers "
-                         f"{arch.num_nextn_predict_layers}; use a checkpoint that ships the layer, or another "
-                         f"method)") from None
-    return layer.eval()
+    load_safetensors(files, writer, dtype, fp8)
+
+
+def read_gguf_blocks(path: str, writer: LayerWriter, arch: ArchConfig, dtype: torch.dtype):
+    """The layer's tensors of a GGUF file: its ``nextn`` block (llama.cpp's names, quantized blocks dequantized);
+    returns what names a missing weight's GGUF tensor."""
+    from gh200rt.loader.gguf_file import GGUFFile, stack_name
+    GGUFFile(path).read(writer, arch, dtype, nextn=True)
+    return functools.partial(stack_name, architecture=arch.architecture)

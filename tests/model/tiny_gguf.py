@@ -25,6 +25,8 @@ GGUF_ARCH = {"qwen3_moe": ("qwen3moe", "mlp", ("gate_proj", "up_proj", "down_pro
              "deepseek_v3": ("deepseek2", "mlp", ("gate_proj", "up_proj", "down_proj")),
              "deepseek_v2": ("deepseek2", "mlp", ("gate_proj", "up_proj", "down_proj")),
              "llama": ("llama", "mlp", ())}     # dense: no expert stacks
+NEXTN = {"eh_proj": "eh_proj", "enorm": "enorm", "hnorm": "hnorm", "embed_tokens": "embed_tokens",
+         "shared_head.head": "shared_head_head", "shared_head.norm": "shared_head_norm"}
 LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
          "self_attn.o_proj": "attn_output", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
          "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate": "ffn_gate_inp",
@@ -63,9 +65,11 @@ def split_kv_b(kv_b: np.ndarray, cfg: dict) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(per_head[:, :nope].transpose(0, 2, 1)), np.ascontiguousarray(per_head[:, nope:])
 
 
-def gguf_tensors(directory: str, split: bool = True) -> dict[str, np.ndarray]:
+def gguf_tensors(directory: str, split: bool = True, mtp: bool = False) -> dict[str, np.ndarray]:
     """GGUF name -> float32 array (numpy order) for the safetensors checkpoint in ``directory``. ``split``: a
-    deepseek2 file's kv_b_proj as attn_k_b and attn_v_b (llama.cpp's converter since its MLA rework), else whole."""
+    deepseek2 file's kv_b_proj as attn_k_b and attn_v_b (llama.cpp's converter since its MLA rework), else whole;
+    ``mtp``: the checkpoint's multi-token-prediction layers too, as llama.cpp writes them (blocks past the model's,
+    their own tensors under ``nextn.``)."""
     from safetensors.numpy import load_file
     cfg = _config(directory)
     arch, block, expert_names = GGUF_ARCH[cfg["model_type"]]
@@ -74,8 +78,13 @@ def gguf_tensors(directory: str, split: bool = True) -> dict[str, np.ndarray]:
            "output_norm.weight": state.pop("model.norm.weight")}
     if "lm_head.weight" in state:
         out["output.weight"] = state.pop("lm_head.weight")
-    for i in range(cfg["num_hidden_layers"]):
+    layers = cfg["num_hidden_layers"]
+    for i in range(layers + int(cfg.get("num_nextn_predict_layers") or 0) if mtp else layers):
         prefix = f"model.layers.{i}."
+        for hf_part, gguf_part in NEXTN.items():       # a multi-token-prediction layer's own tensors
+            value = state.pop(f"{prefix}{hf_part}.weight", None)
+            if value is not None:
+                out[f"blk.{i}.nextn.{gguf_part}.weight"] = value
         for stack, name in zip(STACKS, expert_names):
             if f"{prefix}{block}.experts.0.{name}.weight" not in state:     # a dense layer (first_k_dense_replace)
                 continue

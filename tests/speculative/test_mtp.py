@@ -1,7 +1,8 @@
 """The mtp method on a tiny DeepSeek-V3 whose checkpoint ships a random multi-token-prediction layer (latent
 attention, an MoE block, its own embeddings and head): at every step the engine drafts what a recomputation from
-scratch with transformers' modules drafts, the output is the non-speculative output, the layer is booked, and a
-model without the layer, or a GGUF file, is refused with what to do."""
+scratch with transformers' modules drafts, the output is the non-speculative output, the layer is booked, a GGUF
+file's nextn block drafts as the safetensors layer does, and a model without the layer is refused with what to
+do."""
 from __future__ import annotations
 
 import json
@@ -162,7 +163,7 @@ def test_a_placed_engine_reads_the_layer_from_its_own_checkpoint_and_books_it(v3
         llm.engine.close()
 
 
-def test_a_model_without_the_layer_or_a_gguf_file_is_refused(target, tmp_path):
+def test_a_model_without_the_layer_is_refused(target, tmp_path):
     plain = str(tmp_path / "plain")
     save_tiny("deepseek-v3", plain, num_nextn_predict_layers=0)
     with pytest.raises(ValueError, match="this model has none; use ngram, suffix, draft_model or eagle3"):
@@ -176,10 +177,38 @@ def test_a_model_without_the_layer_or_a_gguf_file_is_refused(target, tmp_path):
     with pytest.raises(ValueError, match=rf"missing weights: model\.layers\.{LAYERS}\.eh_proj\.weight.*declares "
                                          r"num_nextn_predict_layers 1"):
         SharedModel(broken).llm(speculative_config=mtp(broken))
-    gguf = tmp_path / "model.gguf"
-    gguf.write_bytes(b"GGUF")
-    with pytest.raises(ValueError, match="is a GGUF file, whose nextn blocks are not read yet"):
-        target.llm(speculative_config=mtp(str(gguf)))
+
+
+def test_a_gguf_files_nextn_block_drafts_what_the_safetensors_layer_drafts(tmp_path):
+    """llama.cpp's file of a checkpoint with its MTP layer as a ``nextn`` block: in F32 (the same values) every draft
+    the checkpoint's engine makes, at every step; in Q8_0 (the layer dequantized) the file's own non-speculative
+    output. (The checkpoint's YaRN mscale equals mscale_all_dim, as in DeepSeek's configs: a GGUF file keeps one.)"""
+    pytest.importorskip("gguf")
+    from tests.model.tiny_checkpoints import YARN_ROPE
+    from tests.model.tiny_gguf import gguf_tensors, write_gguf
+    path = str(tmp_path / "hf")
+    save_tiny("deepseek-v3", path, rope_parameters={**YARN_ROPE, "mscale": YARN_ROPE["mscale_all_dim"]})
+    add_mtp_layer(path)
+    prompts = looping_prompts(2, seed=5)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    runs = {}
+    for name in ("hf", "F32", "Q8_0"):
+        source = path if name == "hf" else str(tmp_path / f"{name}.gguf")
+        if name != "hf":
+            write_gguf(path, source, name, tensors=gguf_tensors(path, mtp=True), nextn_blocks=1)
+        shared = SharedModel(source)
+        plain = [o.outputs[0].token_ids for o in shared.llm(max_model_len=96).generate(prompts, params)]
+        drafting = shared.llm(max_model_len=96, speculative_config=mtp(source, 2))
+        seen = record_drafts(drafting)
+        assert [o.outputs[0].token_ids for o in drafting.generate(prompts, params)] == plain, name
+        assert drafting.engine.speculator.stats.num_draft_tokens > 0
+        runs[name] = seen
+    assert runs["F32"] == runs["hf"] and len(runs["hf"]) >= 10
+    broken = gguf_tensors(path, mtp=True)
+    del broken[f"blk.{LAYERS}.nextn.eh_proj.weight"]
+    write_gguf(path, str(tmp_path / "broken.gguf"), tensors=broken, nextn_blocks=1)
+    with pytest.raises(ValueError, match=rf"missing weights: model\.layers\.{LAYERS}\.eh_proj\.weight"):
+        SharedModel(str(tmp_path / "broken.gguf")).llm(speculative_config=mtp(str(tmp_path / "broken.gguf"), 2))
 
 
 def test_glm45s_layer_drafts_losslessly(tmp_path):
