@@ -33,6 +33,12 @@ class EngineConfig:
             raise ValueError("--kv-offloading-disk-dir with --tensor-parallel-size > 1 is not supported yet (each "
                              "rank's share of a block would need its own file): drop one of the two")
         method = self.speculative.method
+        if self.scheduler.async_scheduling and (method is not None or self.parallel.tensor_parallel_size > 1):
+            what = "--speculative-config" if method is not None else "--tensor-parallel-size > 1"
+            why = "drafts are made from the tokens so far, on the host" if method is not None else \
+                "rank 0 sends its workers each step's input ids from the host"
+            raise ValueError(f"--async-scheduling with {what} is not supported yet ({why}): drop "
+                             f"--async-scheduling; by default such an engine schedules synchronously")
         if method is not None and method.method == "draft_model" and self.cache.kv_offloading_size is not None:
             raise ValueError("a draft model with --kv-offloading-size is not supported yet (the host tier keeps "
                              "the target's KV only): use the ngram method, or drop the host KV tier")

@@ -107,10 +107,9 @@ def run_server(server_config, engine_config, build_engine) -> int:
                  describe_engine(engine))
         speculator = getattr(engine, "speculator", None)
         if speculator is not None:
-            asked = engine_config.scheduler.async_scheduling
             on_gpu = getattr(getattr(engine, "platform", None), "kind", "cpu") != "cpu"
             note = " (async scheduling is off with it: drafts are made from the tokens so far, on the host)" \
-                if asked or (asked is None and on_gpu) else ""
+                if on_gpu else ""
             log.info("speculative decoding: %s%s", speculator.method.describe(), note)
         return engine
 
