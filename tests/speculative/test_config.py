@@ -29,8 +29,9 @@ def test_a_draft_model_is_named_by_its_path_with_or_without_method():
 
 def test_async_scheduling_asked_for_beside_speculation_or_tensor_parallelism_is_refused():
     ngram = {"method": "ngram", "num_speculative_tokens": 2}
-    with pytest.raises(ValueError, match="--async-scheduling with --speculative-config is not supported yet .drafts are "
-                                         "made from the tokens so far, on the host.: drop --async-scheduling"):
+    with pytest.raises(ValueError, match="--async-scheduling with --speculative-config is not supported yet "
+                                         ".drafts are made from the tokens so far, on the host.: drop "
+                                         "--async-scheduling"):
         EngineConfig.from_kwargs(speculative_config=ngram, async_scheduling=True)
     with pytest.raises(ValueError, match="--async-scheduling with --tensor-parallel-size > 1 is not supported yet"):
         EngineConfig.from_kwargs(tensor_parallel_size=2, async_scheduling=True)
