@@ -2,8 +2,9 @@
 
 A model's layers call their small ops through hooks (``SelfAttention.rotary_fn`` / ``write_kv_fn`` /
 ``attention_fn`` / ``decode_block_fn``, ``LatentAttention``'s first three from ``ops["latent_attention"]`` where a
-backend's kernels take its one-plane pool and 576-wide rows, else the torch ops, ``RMSNorm.norm_fn`` /
-``add_norm_fn``, ``SiluAndMul.act_fn``, ``SparseMoeBlock.fused_experts_fn``, ``DecoderLayer.decode_layer_fn``, and a linear's dense route and native packed
+backend's kernels take its one-plane pool and 576-wide rows, else the torch ops, and its ``prefill_fn`` from
+``ops["latent_prefill"]`` (default none), ``RMSNorm.norm_fn`` / ``add_norm_fn``, ``SiluAndMul.act_fn``,
+``SparseMoeBlock.fused_experts_fn``, ``DecoderLayer.decode_layer_fn``, and a linear's dense route and native packed
 route, ``RefLinear.dense_fn`` / ``packed_native``). A backend is a table of ops for those hooks
 (``backends/cuda/ops.py``: Triton; ``backends/cpu/ops.py``: the native C ops); ``switch_hooks(model, ops)`` points
 every hook of a model at one table, and ``TORCH_OPS`` is the table of plain torch ops that every backend falls back
@@ -61,6 +62,7 @@ def switch_hooks(model: torch.nn.Module, ops: dict) -> int:
             module.decode_block_fn = ops.get("decode_block")
         elif isinstance(module, LatentAttention):
             module.rotary_fn, module.write_kv_fn, module.attention_fn = ops.get("latent_attention", TORCH_LATENT_OPS)
+            module.prefill_fn = ops.get("latent_prefill")
         elif isinstance(module, rmsnorm.RMSNorm):
             module.norm_fn, module.add_norm_fn = ops["norm"], ops.get("add_norm")
         elif isinstance(module, activation.SiluAndMul):

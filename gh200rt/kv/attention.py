@@ -139,6 +139,18 @@ class _BatchLayout:
         self.single = len(self.groups) == 1
 
 
+def gather_blocks(kv_cache: torch.Tensor, which: int, blocks: torch.Tensor, kv_scale: torch.Tensor | None,
+                  dtype: torch.dtype) -> torch.Tensor:
+    """Plane ``which`` of the pool's ``blocks`` (a group's ``blocks``), in ``dtype`` (an fp8 pool dequantized)."""
+    return _gather(kv_cache, which, blocks, kv_scale, dtype)
+
+
+def attend_group(q: torch.Tensor, kv_cache: torch.Tensor, group: _Group, scale: float, num_kv_heads: int,
+                 kv_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The gather-and-SDPA attention of one ``batch_layout`` group; ``q`` holds exactly its token rows."""
+    return _attend(q, kv_cache, group, scale, num_kv_heads, kv_scale, None)
+
+
 def batch_layout(meta: AttentionMetadata) -> _BatchLayout:
     """The step's decode / multi-token groups (built once per metadata, shared by every layer)."""
     return _layout(meta)

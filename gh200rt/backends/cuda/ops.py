@@ -19,6 +19,7 @@ built once).
 """
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
@@ -29,6 +30,7 @@ from gh200rt.backends.interface import switch_hooks
 from gh200rt.kv import attention as torch_attention
 from gh200rt.kv import fp8
 from gh200rt.models.layers.dense import dense_linear
+from gh200rt.models.layers.mla_prefill import expanded_prefill
 from gh200rt.models.layers.rotary import apply_rotary
 
 # The Triton paged attention runs one program per (query token, KV head) over the token's whole
@@ -152,8 +154,10 @@ TRITON_OPS = dict(rotary=TritonRotary, write_kv=triton_write_kv, attention=trito
                   decode_block=triton_decode_block, norm=triton_rms_norm, add_norm=triton_add_rms_norm,
                   act=triton_silu_and_mul, moe=FusedExperts, dense_linear=triton_dense_linear,
                   decode_layer=gpu_decode_layer,
-                  # latent attention: the torch RoPE and store (one 576-wide row a token), the latent kernel
-                  latent_attention=(apply_rotary, torch_attention.write_kv, triton_latent_attention))
+                  # latent attention: the torch RoPE and store (one 576-wide row a token), the latent kernel, and
+                  # chunks longer than it takes in the expanded form
+                  latent_attention=(apply_rotary, torch_attention.write_kv, triton_latent_attention),
+                  latent_prefill=functools.partial(expanded_prefill, min_query=TRITON_ATTENTION_MAX_QUERY))
 
 
 def install_triton_kernels(model: torch.nn.Module) -> int:

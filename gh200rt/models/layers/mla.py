@@ -14,7 +14,7 @@ their output are dropped.
 The same form serves decodes and prompts, so a prompt position's bits do not depend on how its prompt was split
 (the prefix-cache invariance, engine/invariance.py): the two absorption products run in the step's row blocks
 like any linear. ``expanded_attention`` is the textbook form (per-head K and V materialised), the reference the
-absorbed one is checked against and what a long prefill on a GPU is cheaper in.
+absorbed one is checked against; a GPU computes long prompt chunks in it (``mla_prefill.py``, ``prefill_fn``).
 """
 from __future__ import annotations
 
@@ -72,6 +72,8 @@ class LatentAttention(nn.Module):
         self.rotary_fn = apply_rotary
         self.write_kv_fn = write_kv
         self.attention_fn = paged_attention
+        # a backend's form for prompt chunks (mla_prefill.expanded_prefill on a GPU): the step's values, or None
+        self.prefill_fn = None
         self._absorbed: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
     # ---- the forward pass --------------------------------------------------------------------------
@@ -90,6 +92,10 @@ class LatentAttention(nn.Module):
                ) -> torch.Tensor:
         """The step's values ``[T, H, v_head_dim]`` from its queries, the latent rows already in the pool: the
         queries absorbed into latent space, one multi-query attention over the pool, the result through ``W_UV``."""
+        if self.prefill_fn is not None:
+            values = self.prefill_fn(self, q_nope, q_pe, kv_cache, meta)
+            if values is not None:
+                return values
         rows = meta.linear_rows
         w_uk, w_uv_t = self.absorbed_weights()
         query = torch.cat((self._per_head(q_nope, w_uk, rows), q_pe), dim=-1)
