@@ -176,6 +176,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.kv.free(seq)
         seq.num_computed_tokens = 0
+        seq.draft_computed = 0          # a draft model's KV lived in the blocks just freed
         seq.status = Status.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
