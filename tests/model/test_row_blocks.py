@@ -85,7 +85,9 @@ def _forms(n: int, k: int):
     for fmt in ("int8", "int4", "fp16"):
         forms[fmt] = (pack_weight(dense, fmt), torch.float32)
     from gh200rt.backends.cpu.prepack import OneDNNWeight
-    forms["onednn-bf16"] = (OneDNNWeight(dense.bfloat16()), torch.bfloat16)
+    from gh200rt.backends.cpu.routes import route_unavailable
+    if route_unavailable("bf16") is None:          # oneDNN reorders bf16 weights with AVX-512 or AVX-NE-CONVERT only
+        forms["onednn-bf16"] = (OneDNNWeight(dense.bfloat16()), torch.bfloat16)
     from gh200rt.backends.cpu.prepack import AmxWeight, amx_available
     if amx_available() and k % 32 == 0:
         from gh200rt.backends.cpu.native import load_native_ops

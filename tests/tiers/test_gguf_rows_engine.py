@@ -10,6 +10,7 @@ import torch
 from gh200rt.backends.cpu.native import load_native_ops, native_ops_error
 from gh200rt.backends.cpu.prepack import (OneDNNWeight, OneRowBlocksWeight, amx_available, bf16_dot_available,
                                           linear_formats)
+from gh200rt.backends.cpu.routes import route_unavailable
 from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
 from gh200rt.engine.llm import LLM
@@ -146,6 +147,8 @@ def test_one_row_takes_the_blocks_and_more_rows_the_batch_form():
                                         (8, 96)), half)
 
 
+@pytest.mark.skipif(route_unavailable("bf16") is not None, reason=f"the bf16 route's oneDNN weights: "
+                                                                   f"{route_unavailable('bf16')}")
 def test_a_bf16_row_takes_the_blocks_widened_and_rounds_back():
     gen = torch.Generator().manual_seed(0)
     dense = torch.randn(64, 96, generator=gen)
