@@ -90,6 +90,8 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
     defer = config.memory.host_weight_dtype in weight_forms.QUANTIZED_HOST_FORMATS
     loaded = load_model(config.model, device="cpu", compute_device=device, shard=shard, defer_layer_linears=defer)
     arch, dtype = loaded.arch, DTYPE_NAMES[loaded.dtype]
+    # free device memory before a draft lands there: the ledger books the draft's weights itself
+    free = torch.cuda.mem_get_info()[0] if device == "cuda" else None
     # with tensor parallelism the draft runs unsharded on rank 0 (the whole model's architecture); every rank books it
     draft = speculative_draft(config, loaded.tokenizer, shard.arch if shard is not None else arch, loaded.dtype,
                               device, loaded.model) if shard is None or shard.rank == 0 else None
@@ -104,7 +106,6 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
                         fp8_group=weight_forms.fp8_group(loaded.quantized))
     activations = activation_bytes(arch, config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs,
                                    dtype)
-    free = torch.cuda.mem_get_info()[0] if device == "cuda" else None
     if free is not None and agree_free is not None:
         free = agree_free(free)
     longest = max_model_len(config, arch)
