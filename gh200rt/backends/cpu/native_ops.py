@@ -200,8 +200,10 @@ class NativeOps:
         return self._dense_linear(self._lib.gh_f32_linear, x, weight, bias)
 
     @staticmethod
-    def _dense_linear(kernel, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """One call of ``gh_f32_linear`` or ``gh_f16_linear`` (the same arguments) over checked tensors."""
+    def _dense_linear(kernel, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                      extra: tuple = ()) -> torch.Tensor:
+        """One call of ``gh_f32_linear``, ``gh_f16_linear`` or ``gh_fp8_linear`` (the same arguments; ``extra``: the
+        fp8 weight's scale pointer, scale row stride and group, after the weight's row stride) over checked tensors."""
         n, k = weight.shape
         rows = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, k)
         if rows.stride(-1) != 1:
@@ -211,7 +213,7 @@ class NativeOps:
         count = rows.shape[0]
         out = torch.empty((count, n))
         if count:
-            kernel(rows.data_ptr(), count, rows.stride(0), weight.data_ptr(), n, k, weight.stride(0),
+            kernel(rows.data_ptr(), count, rows.stride(0), weight.data_ptr(), n, k, weight.stride(0), *extra,
                    None if bias is None else bias.data_ptr(), out.data_ptr(), n, linear_threads(n, k))
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], n)
 
@@ -243,20 +245,8 @@ class NativeOps:
     def fp8_linear_checked(self, x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, group: int,
                            bias: torch.Tensor | None) -> torch.Tensor:
         """``fp8_linear`` for arguments the caller has checked (``packed_linear.linear``)."""
-        n, k = qweight.shape
-        rows = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, k)
-        if rows.stride(-1) != 1:
-            rows = rows.contiguous()
-        if bias is not None and not bias.is_contiguous():
-            bias = bias.contiguous()
-        count = rows.shape[0]
-        out = torch.empty((count, n))
-        if count:
-            self._lib.gh_fp8_linear(rows.data_ptr(), count, rows.stride(0), qweight.data_ptr(), n, k,
-                                    qweight.stride(0), scale.data_ptr(), scale.stride(0), group,
-                                    None if bias is None else bias.data_ptr(), out.data_ptr(), n,
-                                    linear_threads(n, k))
-        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], n)
+        return self._dense_linear(self._lib.gh_fp8_linear, x, qweight, bias,
+                                  (scale.data_ptr(), scale.stride(0), group))
 
     def amx_available(self) -> bool:
         """Whether this CPU and OS run AMX bf16 tiles for this process (kernels/cpu/amx_linear.c)."""
