@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from gh200rt.kv import fp8
+from gh200rt.kv.host_blocks import HostBlocksView
 from gh200rt.models.base import AttentionMetadata
 
 _LAYOUT_KEY = "_torch_paged_attention_layout"
@@ -140,15 +141,16 @@ class _BatchLayout:
 
 
 def gather_blocks(kv_cache: torch.Tensor, which: int, blocks: torch.Tensor, kv_scale: torch.Tensor | None,
-                  dtype: torch.dtype) -> torch.Tensor:
-    """Plane ``which`` of the pool's ``blocks`` (a group's ``blocks``), in ``dtype`` (an fp8 pool dequantized)."""
-    return _gather(kv_cache, which, blocks, kv_scale, dtype)
+                  dtype: torch.dtype, host: HostBlocksView | None = None) -> torch.Tensor:
+    """Plane ``which`` of the pool's ``blocks`` (a group's ``blocks``; ids from ``host.first_id`` on: the host
+    pool's), in ``dtype`` (an fp8 pool dequantized)."""
+    return _gather(kv_cache, which, blocks, kv_scale, dtype, host)
 
 
 def attend_group(q: torch.Tensor, kv_cache: torch.Tensor, group: _Group, scale: float, num_kv_heads: int,
-                 kv_scale: torch.Tensor | None = None) -> torch.Tensor:
+                 kv_scale: torch.Tensor | None = None, host: HostBlocksView | None = None) -> torch.Tensor:
     """The gather-and-SDPA attention of one ``batch_layout`` group; ``q`` holds exactly its token rows."""
-    return _attend(q, kv_cache, group, scale, num_kv_heads, kv_scale, None)
+    return _attend(q, kv_cache, group, scale, num_kv_heads, kv_scale, None, host=host)
 
 
 def batch_layout(meta: AttentionMetadata) -> _BatchLayout:
@@ -166,34 +168,63 @@ def _layout(meta: AttentionMetadata, long_context: int | None = None) -> _BatchL
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
                     num_kv_heads: int, kv_scale: torch.Tensor | None = None,
                     decode_kernel: DecodeKernel | None = None,
-                    extend_kernel: ExtendKernel | None = None, long_context: int | None = None) -> torch.Tensor:
+                    extend_kernel: ExtendKernel | None = None, long_context: int | None = None,
+                    host: HostBlocksView | None = None) -> torch.Tensor:
     """``q [T, num_heads, head_dim]`` (K/V already written) -> ``out [T, num_heads, head_dim]``.
 
     ``decode_kernel(q, kv_cache, block_tables, seq_lens, scale)`` and ``extend_kernel(q, kv_cache, block_tables,
     seq_lens, query_starts, scale)``, when given, attend the step's decode group and its multi-token groups in
     place of the gather and SDPA (native CPU kernels that read the pool in place); ``long_context``: the keys past
-    which multi-token sequences form a group of their own (the extend kernel's limit)."""
+    which multi-token sequences form a group of their own (the extend kernel's limit). ``host``: the layer's host
+    KV blocks, which table entries from ``host.first_id`` on name (kv/host_blocks.py; gathered, not given to the
+    kernels)."""
+    assert host is None or (decode_kernel is None and extend_kernel is None), "native kernels read no host blocks"
     layout = _layout(meta, long_context)
     if layout.single:
-        return _attend(q, kv_cache, layout.groups[0], scale, num_kv_heads, kv_scale, decode_kernel, extend_kernel)
+        return _attend(q, kv_cache, layout.groups[0], scale, num_kv_heads, kv_scale, decode_kernel, extend_kernel,
+                       host)
     out = torch.empty_like(q)
     for group in layout.groups:
         out.index_copy_(0, group.token_rows, _attend(q.index_select(0, group.token_rows), kv_cache, group, scale,
-                                                     num_kv_heads, kv_scale, decode_kernel, extend_kernel))
+                                                     num_kv_heads, kv_scale, decode_kernel, extend_kernel, host))
+    return out
+
+
+def _stored_blocks(pool: torch.Tensor, which: int, blocks: torch.Tensor) -> torch.Tensor:
+    if not fp8.is_fp8(pool.dtype):
+        return pool[which].index_select(0, blocks)
+    return pool[which].view(torch.uint8).index_select(0, blocks).view(pool.dtype)  # bytes: any device
+
+
+def _stored_blocks_of_both(kv_cache: torch.Tensor, which: int, blocks: torch.Tensor,
+                           host: HostBlocksView) -> torch.Tensor:
+    """Each of ``blocks`` read from the pool its id names: one gather from each pool, so each block's bytes cross
+    the link once (a host view on a GPU is read in place)."""
+    on_host = blocks >= host.first_id
+    host_rows = on_host.nonzero().squeeze(1)
+    if host_rows.numel() == 0:
+        return _stored_blocks(kv_cache, which, blocks)
+    device_rows = (~on_host).nonzero().squeeze(1)
+    out = torch.empty((blocks.numel(), *kv_cache.shape[2:]), dtype=kv_cache.dtype, device=kv_cache.device)
+    as_bytes = (lambda t: t.view(torch.uint8)) if fp8.is_fp8(kv_cache.dtype) else (lambda t: t)  # noqa: E731
+    as_bytes(out).index_copy_(0, device_rows, as_bytes(_stored_blocks(kv_cache, which, blocks[device_rows])))
+    as_bytes(out).index_copy_(0, host_rows, as_bytes(_stored_blocks(host.pool, which,
+                                                                   blocks[host_rows] - host.first_id)))
     return out
 
 
 def _gather(kv_cache: torch.Tensor, which: int, blocks: torch.Tensor, kv_scale: torch.Tensor | None,
-            dtype: torch.dtype) -> torch.Tensor:
+            dtype: torch.dtype, host: HostBlocksView | None = None) -> torch.Tensor:
+    stored = _stored_blocks(kv_cache, which, blocks) if host is None else \
+        _stored_blocks_of_both(kv_cache, which, blocks, host)
     if not fp8.is_fp8(kv_cache.dtype):
-        return kv_cache[which].index_select(0, blocks).to(dtype)
-    stored = kv_cache[which].view(torch.uint8).index_select(0, blocks).view(kv_cache.dtype)  # bytes: any device
+        return stored.to(dtype)
     return fp8.dequantize(stored, kv_scale[which], dtype)
 
 
 def _attend(q: torch.Tensor, kv_cache: torch.Tensor, group: _Group, scale: float, num_kv_heads: int,
             kv_scale: torch.Tensor | None, decode_kernel: DecodeKernel | None,
-            extend_kernel: ExtendKernel | None = None) -> torch.Tensor:
+            extend_kernel: ExtendKernel | None = None, host: HostBlocksView | None = None) -> torch.Tensor:
     """Attention for one group; ``q`` holds exactly the group's token rows, in group order."""
     if group.decode and decode_kernel is not None:
         return decode_kernel(q, kv_cache, group.table, group.seq_lens, scale, kv_scale)
@@ -202,8 +233,10 @@ def _attend(q: torch.Tensor, kv_cache: torch.Tensor, group: _Group, scale: float
         if out is not None:
             return out
     num_seqs, head_dim = group.num_seqs, q.shape[-1]
-    k = _gather(kv_cache, 0, group.blocks, kv_scale, q.dtype).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
-    v = _gather(kv_cache, 1, group.blocks, kv_scale, q.dtype).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+    k = _gather(kv_cache, 0, group.blocks, kv_scale, q.dtype, host).view(num_seqs, -1, num_kv_heads,
+                                                                         head_dim).transpose(1, 2)
+    v = _gather(kv_cache, 1, group.blocks, kv_scale, q.dtype, host).view(num_seqs, -1, num_kv_heads,
+                                                                         head_dim).transpose(1, 2)
     if group.decode:
         # The query heads sharing a KV head attend as that head's queries (no K/V repeat for GQA).
         queries = q.reshape(num_seqs, num_kv_heads, -1, head_dim)  # [B, Hkv, H/Hkv, D]

@@ -50,9 +50,10 @@ def paged_attention_split_kernel(q_ptr, cache_ptr, part_max_ptr, part_sum_ptr, p
                                  tok_seq_ptr, tok_pos_ptr, kv_scale_ptr, scale, group, num_splits,
                                  stride_qt, stride_qh, stride_table,
                                  stride_kv, stride_block, stride_slot, stride_head, head_dim,
+                                 host_ptr, host_first, stride_host_kv, stride_host_block,
                                  BLOCK_SIZE: tl.constexpr, TILE_BLOCKS: tl.constexpr, BLOCK_G: tl.constexpr,
                                  BLOCK_D: tl.constexpr, KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                                 USE_PDL: tl.constexpr):
+                                 HOST_BLOCKS: tl.constexpr, USE_PDL: tl.constexpr):
     """One split's partial into part_*[T, Hq, S] (max, sum) and part_acc[T, Hq, S, D], all float32."""
     t, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     wait_for_previous(USE_PDL)
@@ -65,7 +66,8 @@ def paged_attention_split_kernel(q_ptr, cache_ptr, part_max_ptr, part_sum_ptr, p
                                                   stride_qt, stride_qh, BLOCK_G, BLOCK_D, KV_FP8)
     m_i, l_i, acc = attend_blocks(q, cache_ptr, tables_ptr + seq * stride_table, kv_head, pos, first, end,
                                    kv_scale_ptr, stride_kv, stride_block, stride_slot, stride_head, head_dim,
-                                   BLOCK_SIZE, TILE_BLOCKS, BLOCK_G, BLOCK_D, KV_FP8, DOT_PRECISION)
+                                   host_ptr, host_first, stride_host_kv, stride_host_block,
+                                   BLOCK_SIZE, TILE_BLOCKS, BLOCK_G, BLOCK_D, KV_FP8, DOT_PRECISION, HOST_BLOCKS)
     allow_next(USE_PDL)
     rows = (t.to(tl.int64) * tl.num_programs(1) * group + q_heads) * num_splits + split
     tl.store(part_max_ptr + rows, m_i, mask=g_ok)
@@ -127,16 +129,17 @@ def combine_tile(num_splits: int) -> int:
 
 def split_paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor, tables: torch.Tensor,
                           tok_seq: torch.Tensor, tok_pos: torch.Tensor, scales: torch.Tensor, scale: float,
-                          group: int, num_splits: int, pool_strides: tuple, walk: dict) -> torch.Tensor:
+                          group: int, num_splits: int, pool_operands: tuple, walk: dict) -> torch.Tensor:
     """``out`` from ``num_splits`` partials per token and their combine: ``paged_attention``'s operands as it
-    prepared them (``walk``: the walk's constexprs and warps)."""
+    prepared them (``pool_operands``: the pools' strides and host operands; ``walk``: the walk's constexprs and
+    warps)."""
     t, num_heads, head_dim = q.shape
     part_max = torch.empty(t, num_heads, num_splits, dtype=torch.float32, device=q.device)
     part_sum = torch.empty_like(part_max)
     part_acc = torch.empty(t, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     paged_attention_split_kernel[(t, kv_cache.shape[3], num_splits)](
         q, kv_cache, part_max, part_sum, part_acc, tables, tok_seq, tok_pos, scales, scale, group, num_splits,
-        q.stride(0), q.stride(1), tables.stride(0), *pool_strides, **walk)
+        q.stride(0), q.stride(1), tables.stride(0), *pool_operands, **walk)
     pdl = walk["USE_PDL"]
     paged_attention_combine_kernel[(t, num_heads)](
         part_max, part_sum, part_acc, out, tok_pos, num_splits, out.stride(0), out.stride(1), head_dim,
@@ -147,7 +150,8 @@ def split_paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Te
 
 def compile_specs():
     split_shapes = ((4, 128, "bf16", 16, None), (4, 128, "bf16", 16, "fp8e4nv"), (3, 64, "bf16", 16, None),
-                    (3, 64, "fp16", 16, "fp8e5"), (4, 128, "fp32", 16, None), (4, 128, "bf16", 16, "PDL"))
+                    (3, 64, "fp16", 16, "fp8e5"), (4, 128, "fp32", 16, None), (4, 128, "bf16", 16, "PDL"),
+                    (4, 128, "bf16", 16, "host"))
     specs = walk_compile_specs("attn_split", paged_attention_split_kernel, split_shapes, ("part_acc_ptr",))
     fn = paged_attention_combine_kernel
     for d, dtype, splits, pdl in ((128, "bf16", 32, False), (128, "bf16", 4, False), (64, "fp16", 8, False),

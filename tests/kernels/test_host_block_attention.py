@@ -1,0 +1,104 @@
+"""Paged attention reading some blocks from the host KV tier in place: a table entry from ``first_id`` on names a
+host block. The same step with those blocks moved to the host gives the bits it gives with them on the device: the
+Triton kernels (interpreted here) single-pass and split, over bf16, fp32 and fp8 pools, through the padded tables a
+CUDA graph sees, and the torch attention's gather (decodes and prompt chunks in one step). The device blocks they
+left are poisoned, so a read of the wrong pool shows."""
+import dataclasses
+
+import pytest
+import torch
+
+from gh200rt.kernels.triton.paged_attention import paged_attention, reference_paged_attention
+from gh200rt.kv import attention as torch_attention
+from gh200rt.kv.host_blocks import HostBlocksView
+from tests.kernels.test_kv_fp8 import FP8, fp8_case
+from tests.kernels.test_paged_attention import build_case
+from tests.kernels.test_split_attention import padded
+
+LAYERS, LAYER = 3, 1      # the tier holds every layer's share of a block; the case is layer 1's
+# decodes at 2, 17 and 40 keys and a 3-token chunk over 37: blocks of 4, contexts ending inside a walk tile
+QUERY_LENS, SEQ_LENS = [1, 1, 1, 3], [2, 17, 40, 37]
+
+
+def move_to_host(pool: torch.Tensor, meta, which, spare_slots: int = 2):
+    """(meta with the chosen table entries pointing at host blocks, the layer's ``HostBlocksView``): every entry
+    ``which(row, column)`` picks is copied into a host tier laid out as the real one (``[slots, layers, 2,
+    block_size, kv_heads, head_dim]``, block-major), in shuffled slots, and its device block is poisoned."""
+    tables = meta.block_tables.clone()
+    entries = [(r, c) for r in range(tables.shape[0]) for c in range(-(-meta.seq_lens_list[r] // meta.block_size))
+               if which(r, c)]
+    assert entries, "the case moves no block"
+    slots = torch.randperm(len(entries) + spare_slots, generator=torch.Generator().manual_seed(7)).tolist()
+    tier = torch.zeros(len(slots), LAYERS, *pool.shape[:1], *pool.shape[2:], dtype=pool.dtype)
+    tier.view(torch.uint8).fill_(0x7f)     # whatever is not copied in reads as a huge or NaN value
+    view = HostBlocksView(tier[:, LAYER].transpose(0, 1), first_id=pool.shape[1] + 5)
+    poisoned = pool.clone()
+    for (row, col), slot in zip(entries, slots):
+        block = int(tables[row, col])
+        view.pool[:, slot] = pool[:, block]
+        tables[row, col] = view.first_id + slot
+    for row, col in entries:
+        poisoned[:, int(meta.block_tables[row, col])].view(torch.uint8).fill_(0x7f)
+    return dataclasses.replace(meta, block_tables=tables), view, poisoned
+
+
+MOVES = {
+    "prefixes": lambda row, col: col < 2,          # a prompt's leading blocks, as a host-tier hit leaves them
+    "every other": lambda row, col: col % 2 == 0,  # host and device blocks interleaved within a tile
+    "all": lambda row, col: True,
+}
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("moved,dtype,num_splits", [("prefixes", torch.bfloat16, 1), ("every other", torch.float32, 1),
+                                                    ("all", torch.bfloat16, 1), ("every other", torch.bfloat16, 3),
+                                                    ("prefixes", torch.float32, 2)], ids=str)
+def test_host_blocks_give_the_device_blocks_bits(moved, dtype, num_splits):
+    q, pool, meta = build_case(QUERY_LENS, SEQ_LENS, 6, 2, 32, 4, dtype, seed=num_splits)
+    meta = padded(meta, meta.block_tables.shape[1] + 3)
+    want = paged_attention(q, pool, meta, 32 ** -0.5, 2, num_splits=num_splits)
+    host_meta, host, poisoned = move_to_host(pool, meta, MOVES[moved])
+    got = paged_attention(q, poisoned, host_meta, 32 ** -0.5, 2, num_splits=num_splits, host=host)
+    assert torch.equal(got, want), (got.float() - want.float()).abs().max()
+    reference = reference_paged_attention(q, poisoned, host_meta, 32 ** -0.5, 2, host=host)
+    assert (reference.float() - want.float()).abs().max() < {torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("kv_dtype,num_splits", list(zip(FP8, [1, 2])), ids=str)
+def test_host_blocks_of_an_fp8_pool_are_read_with_its_scales(kv_dtype, num_splits):
+    q, pool, meta, scale = fp8_case(QUERY_LENS, SEQ_LENS, 6, 2, 32, 4, torch.float32, kv_dtype, seed=num_splits)
+    want = paged_attention(q, pool, meta, 32 ** -0.5, 2, scale, num_splits=num_splits)
+    host_meta, host, poisoned = move_to_host(pool, meta, MOVES["every other"])
+    got = paged_attention(q, poisoned, host_meta, 32 ** -0.5, 2, scale, num_splits=num_splits, host=host)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.interpreter
+def test_a_host_pool_laid_out_unlike_the_device_pool_is_refused():
+    q, pool, meta = build_case([1], [9], 4, 2, 16, 4, torch.float32, seed=1)
+    host_meta, host, poisoned = move_to_host(pool, meta, MOVES["prefixes"])
+    wrong = HostBlocksView(host.pool.transpose(3, 4), host.first_id)   # heads and head dim swapped
+    with pytest.raises(AssertionError, match="laid out as a device block"):
+        paged_attention(q, poisoned, host_meta, 0.25, 2, host=wrong)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, *FP8], ids=str)
+@pytest.mark.parametrize("moved", sorted(MOVES))
+def test_the_torch_attention_gathers_host_blocks_as_device_ones(kv_dtype, moved):
+    if kv_dtype in FP8:
+        q, pool, meta, scale = fp8_case(QUERY_LENS, SEQ_LENS, 6, 2, 32, 4, torch.float32, kv_dtype, seed=3)
+    else:
+        q, pool, meta = build_case(QUERY_LENS, SEQ_LENS, 6, 2, 32, 4, kv_dtype, seed=3)
+        scale = None
+    want = torch_attention.paged_attention(q, pool, meta, 32 ** -0.5, 2, scale)
+    host_meta, host, poisoned = move_to_host(pool, meta, MOVES[moved])
+    got = torch_attention.paged_attention(q, poisoned, host_meta, 32 ** -0.5, 2, scale, host=host)
+    assert torch.equal(got, want)
+
+
+def test_the_native_kernels_are_not_handed_host_blocks():
+    q, pool, meta = build_case([1], [9], 4, 2, 16, 4, torch.float32, seed=1)
+    host_meta, host, poisoned = move_to_host(pool, meta, MOVES["prefixes"])
+    with pytest.raises(AssertionError, match="native kernels read no host blocks"):
+        torch_attention.paged_attention(q, poisoned, host_meta, 0.25, 2, decode_kernel=lambda *a: None, host=host)
