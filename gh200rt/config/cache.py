@@ -8,6 +8,7 @@ from gh200rt.config.flags import flag_help, parse_size
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's values; fp8 = fp8_e4m3
 KV_OFFLOADING_BACKENDS = ("native",)
 KV_WRITE_POLICIES = ("write_through", "write_back")
+KV_HOST_READS = ("auto", "load", "in_place")
 PREFIX_HASH_ALGOS = ("builtin", "sha256")     # vLLM's --prefix-caching-hash-algo names
 
 
@@ -33,6 +34,12 @@ class CacheConfig:
         "when a block is copied to the host tier: write_through (as soon as it is published, on a copy thread: "
         "evictions and preemptions find it there already) or write_back (when it becomes free, fewer bytes copied "
         "but a block reused before its copy ran is lost)", choices=KV_WRITE_POLICIES))
+    kv_offloading_reads: str = field(default="auto", metadata=flag_help(
+        "how a prefix found in the host KV tier is read: load (copied into device blocks before the step that reads "
+        "it), in_place (attention reads the host blocks where they lie, over NVLink-C2C on GH200 or PCIe: no device "
+        "blocks, no copy; needs attention kernels that read host blocks: the GPU's, or --cpu-kernels torch) or auto "
+        "(per request on a GPU: in place where the device pool cannot take the hit's blocks now, or the request "
+        "computes its prompt only; else loaded)", choices=KV_HOST_READS))
     prefix_caching_hash_algo: str = field(default="builtin", metadata=flag_help(
         "the prefix cache's block hash: builtin (Python's hash, fastest; this process only) or sha256 (stable "
         "across processes and restarts)", choices=PREFIX_HASH_ALGOS))
@@ -63,6 +70,12 @@ class CacheConfig:
         if self.kv_offloading_write_policy not in KV_WRITE_POLICIES:
             raise ValueError(f"--kv-offloading-write-policy {self.kv_offloading_write_policy!r}: choose one of "
                              f"{', '.join(KV_WRITE_POLICIES)}")
+        if self.kv_offloading_reads not in KV_HOST_READS:
+            raise ValueError(f"--kv-offloading-reads {self.kv_offloading_reads!r}: choose one of "
+                             f"{', '.join(KV_HOST_READS)}")
+        if self.kv_offloading_reads != "auto" and self.kv_offloading_size is None:
+            raise ValueError(f"--kv-offloading-reads {self.kv_offloading_reads} says how the host KV tier's blocks "
+                             "are read; add --kv-offloading-size (e.g. 4, or auto)")
         if self.prefix_caching_hash_algo not in PREFIX_HASH_ALGOS:
             raise ValueError(f"--prefix-caching-hash-algo {self.prefix_caching_hash_algo!r}: choose one of "
                              f"{', '.join(PREFIX_HASH_ALGOS)}")

@@ -22,7 +22,7 @@ from gh200rt.engine.bootstrap import (DTYPE_NAMES, PlacedModel, load_and_place, 
                                       speculative_draft)
 from gh200rt.engine.decode_graphs import decode_graphs, reserve_graph_pool
 from gh200rt.engine.expert_balancer import ExpertBalancer
-from gh200rt.engine.host_kv_tier import make_host_tier
+from gh200rt.engine.host_kv_tier import host_reads, make_host_tier
 from gh200rt.engine.model_runner import ModelRunner
 from gh200rt.engine.reports import EngineReports
 from gh200rt.engine.request_intake import RequestIntake
@@ -33,6 +33,7 @@ from gh200rt.engine.step_cost import StepCostModel
 from gh200rt.engine.stepping import EngineSteps, LaunchedStep
 from gh200rt.engine.tier_controller import PressurePolicy, TierController
 from gh200rt.kv.fp8 import check_device_supports, kv_cache_dtype
+from gh200rt.kv.host_blocks import HostKVLayers, device_visible
 from gh200rt.kv.kv_manager import HASH_FNS, KVCacheManager
 from gh200rt.kv.pool import allocate_arch_kv_caches, arch_kv_bytes_per_block
 from gh200rt.lora.install import install_lora, lora_slot_bytes
@@ -119,8 +120,9 @@ class LLMEngine(RequestIntake, EngineReports, EngineSteps):
         self.host_tier = make_host_tier(config, caches, device,
                                         self.platform.host_numa_node if self.platform is not None else None,
                                         arena.blocks() if arena else None)
+        reads = host_reads(config, caches, device) if self.host_tier is not None else "load"
         if self.host_tier is not None:
-            self.kv.attach_host_tier(self.host_tier, config.cache.kv_offloading_write_policy)
+            self.kv.attach_host_tier(self.host_tier, config.cache.kv_offloading_write_policy, reads)
         self.parallel = parallel
         if parallel is None:
             make_runner = ModelRunner
@@ -132,6 +134,9 @@ class LLMEngine(RequestIntake, EngineReports, EngineSteps):
                                   **({"lora": self.lora} if self.lora is not None else {}))
         if parallel is not None:
             self.runner.host_tier = self.host_tier     # its copies go to the workers with each step
+        if reads != "load":
+            self.runner.read_host_blocks(HostKVLayers(caches, device_visible(self.host_tier.host, torch.device(device)),
+                                                      self.kv.pool.num_blocks))
         if on_cpu:     # activations live in host memory: keep their pages
             keep_freed_memory()
         self.sampler = Sampler(config.model.seed)

@@ -25,6 +25,8 @@ from gh200rt.weights.slabs import node_available_bytes
 log = logging.getLogger(__name__)
 
 MARGIN_BYTES = 2 << 30        # host memory left to the process itself
+READS_SAID = {"load": "loaded into device blocks", "in_place": "read in place by attention",
+              "auto": "read in place where the device pool is short or the request reads its prompt once, else loaded"}
 AUTO_SHARE = 0.5              # of what is left after the margin, what ``auto`` takes
 
 
@@ -89,6 +91,32 @@ def make_host_tier(config: EngineConfig, kv_caches: list[torch.Tensor], device: 
     if config.cache.kv_offloading_disk_dir is not None:
         offload.disk = make_disk_tier(config, blocks)
     return offload
+
+
+def in_place_unavailable(config: EngineConfig, kv_caches: list[torch.Tensor], device: str) -> str | None:
+    """Why this engine's attention cannot read host KV blocks in place (None: it can)."""
+    if kv_caches[0].stride(0) == 0:
+        return "latent attention (MLA) reads its one-plane pool with kernels that read no host blocks yet"
+    if config.parallel.tensor_parallel_size > 1:
+        return "with tensor parallelism each worker would read its own share of the tier (not built yet)"
+    if config.speculative.method is not None:
+        return "a draft keeps no KV for blocks read in place (not built yet)"
+    if torch.device(device).type == "cpu" and config.model.cpu_kernels == "native":
+        return "the native CPU attention kernels read no host blocks; add --cpu-kernels torch"
+    return None
+
+
+def host_reads(config: EngineConfig, kv_caches: list[torch.Tensor], device: str) -> str:
+    """How host-tier hits are read (``kv_manager.HOST_READS``): what ``--kv-offloading-reads`` asks where this
+    engine can read in place; ``auto`` loads where it cannot, and ``in_place`` is refused with the reason."""
+    asked = config.cache.kv_offloading_reads
+    why_not = None if asked == "load" else in_place_unavailable(config, kv_caches, device)
+    if why_not is not None and asked == "in_place":
+        raise ValueError(f"--kv-offloading-reads in_place: {why_not}; or use --kv-offloading-reads load")
+    reads = asked if why_not is None else "load"
+    log.info("host KV tier hits: %s%s", READS_SAID[reads],
+             f" (auto: {why_not})" if why_not is not None and asked == "auto" else "")
+    return reads
 
 
 def make_disk_tier(config: EngineConfig, blocks: PoolBlocks) -> DiskTier:

@@ -220,6 +220,15 @@ class ModelRunner:
         # decoder layers whose input hidden states every step returns (``forward_capturing``; a hidden-state drafter
         # sets them with ``capture``)
         self.capture_layers: tuple[int, ...] | None = None
+        self.host_kv = None          # the host KV tier's blocks as attention reads them in place (``read_host_blocks``)
+
+    def read_host_blocks(self, layers) -> None:
+        """Every step from now on may name host KV blocks in its tables (``layers``: a ``kv.host_blocks.HostKVLayers``;
+        decode graphs too: set before the first step, so every graph is captured reading them)."""
+        self.host_kv = layers
+        if self.graphs is not None:
+            assert not self.graphs.graphs, "host blocks are read from the first step on"
+            self.graphs.buffers.host_kv = layers
 
     def capture(self, layers: tuple[int, ...]) -> None:
         """Every step from now on also returns the hidden states entering ``layers`` (decode graphs too: set before
@@ -260,6 +269,7 @@ class ModelRunner:
         """Run the model on ``step`` and compute the logits it needs (``fed``: its input ids, on the device)."""
         rows = step.linear_rows
         inputs = step_inputs(step, self.block_size, self.device)
+        inputs.meta.host_kv = self.host_kv
         if fed is not None:
             fed.write_into(inputs.input_ids)
         captured = None

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from gh200rt.kv import fp8
-from gh200rt.kv.host_blocks import HostBlocksView
+from gh200rt.kv.host_blocks import HostBlocksView, host_view
 from gh200rt.models.base import AttentionMetadata
 
 _LAYOUT_KEY = "_torch_paged_attention_layout"
@@ -178,6 +178,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
     which multi-token sequences form a group of their own (the extend kernel's limit). ``host``: the layer's host
     KV blocks, which table entries from ``host.first_id`` on name (kv/host_blocks.py; gathered, not given to the
     kernels)."""
+    host = host if host is not None else host_view(meta, kv_cache)
     assert host is None or (decode_kernel is None and extend_kernel is None), "native kernels read no host blocks"
     layout = _layout(meta, long_context)
     if layout.single:

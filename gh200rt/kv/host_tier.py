@@ -38,6 +38,7 @@ class HostTierStats:
     stored_blocks: int = 0
     dropped_stores: int = 0      # stores cancelled (their device slot was reused first) or that found no slot
     loaded_blocks: int = 0
+    read_in_place_blocks: int = 0    # blocks a request's attention read where they lie instead of loading them
     evicted_blocks: int = 0
 
 

@@ -16,7 +16,9 @@ published (write-through) or when their last reference goes (write-back), and a 
 continues there (``find_host_prefix``): the blocks it finds get device blocks like computed ones
 (``adopt_host_prefix``, then ``start_host_loads`` once the request's blocks are allocated), and are copied in before
 the step that reads them (``run_host_loads``). They hold the bytes the device pool held, so a request computes the
-same bits whichever tier its prefix came from.
+same bits whichever tier its prefix came from. Or they are read in place (``host_reads``: ``in_place``, or ``auto``
+per request): the request's table names them by ids from the device pool's block count on (kv/host_blocks.py), they
+take no device block and no copy, and stay pinned in the host tier until the request lets go of its blocks.
 """
 from __future__ import annotations
 
@@ -71,9 +73,13 @@ def salt_of(adapter_id: int, salt: str | None) -> int:
     return int.from_bytes(digest[:8], "big") | 1 << 63
 
 
+HOST_READS = ("load", "in_place", "auto")
+
+
 class HasBlocks(Protocol):
     block_ids: list[int]
     host_blocks: list              # host-tier blocks adopted and not yet given device blocks (pinned there)
+    host_reads: list               # host-tier blocks its table names, read in place (pinned there)
     block_hashes: list[int]        # chained hashes of the request's published full blocks
     num_computed_tokens: int
     prompt_token_ids: list[int]    # read only when decoded blocks are not published
@@ -106,11 +112,15 @@ class KVCacheManager:
         self.offload = None               # the host KV tier's offloader (attach_host_tier)
         self._write_through = True
         self._pending_loads: list = []     # (host block, device block id) to copy before the next step
+        self.host_reads = "load"
 
-    def attach_host_tier(self, offload, write_policy: str = "write_through") -> None:
+    def attach_host_tier(self, offload, write_policy: str = "write_through", reads: str = "load") -> None:
         """Keep published blocks in ``offload``'s host tier too (``write_through``: as they are published;
-        ``write_back``: when their last reference goes) and look there after the device pool."""
+        ``write_back``: when their last reference goes) and look there after the device pool; ``reads``: how a
+        prefix found there is read (``HOST_READS``: loaded, read in place, or chosen per request)."""
+        assert reads in HOST_READS, reads
         self.offload = offload
+        self.host_reads = reads
         self._write_through = write_policy == "write_through"
         self.pool.reuse_guard = offload.claim
         if not self._write_through:
@@ -226,10 +236,19 @@ class KVCacheManager:
             request.block_hashes.append(h)
 
     def _parent_of(self, request: HasBlocks, i: int) -> tuple[int | None, tuple[int, int] | None]:
-        """(hash, device identity) of the block before block ``i`` of ``request``'s chain."""
+        """(hash, device identity) of the block before block ``i`` of ``request``'s chain. A host block read in place
+        has no device identity: (-2, its hash) is no device block's, so a device lookup never continues past it (the
+        host tier's walk, which confirms parents by hash, does)."""
         if i:
-            return request.block_hashes[i - 1], self.pool.identity(request.block_ids[i - 1])
+            parent_id, parent_hash = request.block_ids[i - 1], request.block_hashes[i - 1]
+            if parent_id >= self.pool.num_blocks:
+                return parent_hash, (-2, parent_hash)
+            return parent_hash, self.pool.identity(parent_id)
         return chain_root(getattr(request, "cache_salt", 0), self.hash_fn)
+
+    def is_device_prefix(self, block_ids: list[int]) -> bool:
+        """Whether every one of ``block_ids`` is a device block (none is a host block read in place)."""
+        return all(block_id < self.pool.num_blocks for block_id in block_ids)
 
     # ---- the host tier ---------------------------------------------------------------------------
     def find_host_prefix(self, request: HasBlocks, hashes: list[int]) -> list:
@@ -261,11 +280,33 @@ class KVCacheManager:
             stats.hit_tokens += len(found) * bs
         return [(block, h) for block, (h, _) in zip(found, chain)]
 
-    def adopt_host_prefix(self, request: HasBlocks, found: list) -> None:
-        """Count ``find_host_prefix``'s blocks as computed: ``allocate`` gives them device blocks, and
-        ``start_host_loads`` (after it) schedules their copies, or ``free`` lets go of them."""
-        request.host_blocks = list(found)
+    def adopt_host_prefix(self, request: HasBlocks, found: list, prompt_only: bool = False) -> None:
+        """Count ``find_host_prefix``'s blocks as computed. Loaded: ``allocate`` gives them device blocks, and
+        ``start_host_loads`` (after it) schedules their copies, or ``free`` lets go of them. Read in place
+        (``reads_in_place``): the table names them as they are, and ``free`` lets go of them.
+        ``prompt_only``: the request computes its prompt and at most one token (``auto`` reads such a hit in place:
+        its bytes cross the link once either way)."""
+        if self.reads_in_place(request, len(found), prompt_only):
+            first = self.pool.num_blocks
+            request.block_ids.extend(first + block.slot for block, _ in found)
+            request.block_hashes.extend(h for _, h in found)
+            request.host_reads = [block for block, _ in found]
+            self.offload.index.stats.read_in_place_blocks += len(found)
+        else:
+            request.host_blocks = list(found)
         request.num_computed_tokens += len(found) * self.block_size
+
+    def reads_in_place(self, request: HasBlocks, hit_blocks: int, prompt_only: bool = False) -> bool:
+        """Whether a host-tier hit of ``hit_blocks`` blocks that continues ``request``'s device hit is read in place.
+        ``auto``: where loading it would not fit in the free device blocks now, beside the rest of the prompt (the
+        request would wait, or another be preempted), or for a request that reads it once (``prompt_only``);
+        otherwise it is loaded: every later step then reads it from device memory, not over the link."""
+        if self.host_reads != "auto":
+            return self.host_reads == "in_place"
+        if prompt_only:
+            return True
+        loaded_need = self.blocks_needed(len(request.all_token_ids)) - len(request.block_ids)
+        return loaded_need > self.pool.num_free
 
     def start_host_loads(self, request: HasBlocks) -> None:
         """Publish the device blocks ``allocate`` gave a request's host-tier blocks, and queue their loads."""
@@ -292,6 +333,11 @@ class KVCacheManager:
         if found:                                   # adopted, never given device blocks: let go of them
             self.offload.index.unpin([block for block, _ in found])
             request.host_blocks = []
-        self.pool.release(request.block_ids[::-1])
+        reads = getattr(request, "host_reads", None)
+        if reads:
+            self.offload.release_reads(reads)
+            request.host_reads = []
+        first_host = self.pool.num_blocks
+        self.pool.release([block_id for block_id in reversed(request.block_ids) if block_id < first_host])
         request.block_ids = []
         request.block_hashes = []

@@ -9,7 +9,9 @@ reads what the step that computed the block wrote, and copies on its own stream 
 
 Loads run on the engine thread before the step that reads their blocks (``load``): on the CPU a copy, on CUDA a
 copy on the current stream (ordered before the step's kernels, outside any captured graph), whose host blocks stay
-held (no store may take them) until an event recorded after it has passed.
+held (no store may take them) until an event recorded after it has passed. Blocks that attention reads in place
+(``--kv-offloading-reads``, kv/host_blocks.py) stay held while their request runs and are let go the same way
+(``release_reads``).
 
 A copy that fails (out of memory, a dead thread) is logged once; the tier then stores nothing more, and a request
 whose blocks are not found recomputes them: nothing is lost or corrupted, only the time the tier would save.
@@ -80,6 +82,7 @@ class HostTierReport:
     load_seconds: float
     disk: object = None           # the disk tier's ``DiskTierStats`` (a copy) and its block count, None without one
     disk_blocks: int = 0
+    read_in_place_blocks: int = 0
 
 
 @dataclass
@@ -241,7 +244,7 @@ class KVOffloader:
         return HostTierReport(self.index.num_blocks, self.index.num_ready, s.queries, s.hits, s.queried_tokens,
                               s.hit_tokens, s.stored_blocks, s.loaded_blocks, s.dropped_stores, s.evicted_blocks,
                               c.stored_bytes, c.loaded_bytes, c.load_seconds, disk,
-                              len(self.disk.blocks) if self.disk is not None else 0)
+                              len(self.disk.blocks) if self.disk is not None else 0, s.read_in_place_blocks)
 
     # ---- stores ---------------------------------------------------------------------------------
     def store(self, block_id: int, block_hash: int, token_ids: tuple[int, ...], parent) -> None:
@@ -362,6 +365,7 @@ class KVOffloader:
     def lookup_chain(self, chain: list[tuple[int, tuple[int, ...]]], parent, block_size: int) -> list[HostBlock]:
         """The blocks continuing a chain (``HostBlockIndex.lookup_chain``), pinned; past the host tier's, those on
         disk, each read into a host slot first (where reading one costs less than recomputing it)."""
+        self._release_finished_loads()
         found = self.index.lookup_chain(chain, parent)
         if self.disk is None or len(found) == len(chain) or not self._worth_reading(block_size):
             return found
@@ -396,11 +400,22 @@ class KVOffloader:
         per_token, read = self.recompute_seconds_per_token, self.disk_read_seconds_per_block
         return per_token is None or read is None or read + self.load_seconds_per_block < block_size * per_token
 
-    # ---- loads ----------------------------------------------------------------------------------
+    # ---- loads and reads in place ------------------------------------------------------------------
     def _release_finished_loads(self) -> None:
-        """Let go of the host blocks of asynchronous loads (CUDA) that have run."""
+        """Let go of the host blocks of asynchronous loads and reads in place (CUDA) that have run."""
         while self._loads_in_flight and self._loads_in_flight[0][0].query():
             self.index.unpin(self._loads_in_flight.pop(0)[1])
+
+    def release_reads(self, blocks: list[HostBlock]) -> None:
+        """Let go of host blocks a request's attention read in place (it finished or was preempted): on the CPU at
+        once; on CUDA once the steps queued so far have run (one may still read them), as loads are let go."""
+        if self._stream is None:
+            self.index.unpin(blocks)
+            return
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(self.device))
+        self._loads_in_flight.append((done, list(blocks)))
+        self._release_finished_loads()
 
     def load(self, pairs: list[tuple[HostBlock, int]]) -> None:
         """Copy each host block into its device block (before the step that reads them), and let go of them."""

@@ -45,6 +45,8 @@ class AttentionMetadata:
     # the step's linears in calls of exactly this many rows (layers/row_blocks.py), so that no row's bits depend
     # on the rows beside it (engine/invariance.py says which steps); None: each call as it comes, fastest
     linear_rows: int | None = None
+    # every layer's host KV blocks where tables may name them (kv/host_blocks.py ``HostKVLayers``), else None
+    host_kv: object = None
 
     @property
     def num_seqs(self) -> int:

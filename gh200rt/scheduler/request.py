@@ -40,6 +40,7 @@ class Sequence:
         self.block_row = None                     # kv.block_row.BlockRow: block_ids as int32 for the step inputs
         self.block_hashes: list[int] = []
         self.host_blocks: list = []                # host KV tier blocks adopted, waiting for device blocks
+        self.host_reads: list = []                 # host KV tier blocks its table names, read in place
         self.spec_drafts: list[int] = []           # tokens drafted for the next step (speculative decoding)
         self.spec_draft_probs = None               # a draft model's distributions they were drawn from ([k, V])
         self.draft_computed = 0                    # positions whose draft-model KV is valid
@@ -86,6 +87,11 @@ class Sequence:
         """Every prompt position must be computed (none taken from the prefix cache): to score each position, or to
         pool them all."""
         return self.params.prompt_logprobs is not None or self.pooling == "MEAN"
+
+    @property
+    def prompt_only(self) -> bool:
+        """It computes its prompt and at most one token: its cached prefix is read once."""
+        return self.pooling is not None or self.params.max_tokens == 1
 
     @property
     def in_prefill(self) -> bool:

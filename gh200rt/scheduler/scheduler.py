@@ -159,7 +159,8 @@ class Scheduler:
         owner = seq.share_prompt_from
         k = self._shareable_prompt_blocks(seq)
         if (owner is not None and not owner.is_finished and not seq.output_token_ids and k > 0
-                and owner.num_computed_tokens >= k * self.kv.block_size):
+                and owner.num_computed_tokens >= k * self.kv.block_size
+                and self.kv.is_device_prefix(owner.block_ids[:k])):   # host blocks read in place: looked up below
             self.kv.adopt_prefix(seq, owner.block_ids[:k], owner.block_hashes[:k])
             return
         if seq.computes_whole_prompt:
@@ -169,7 +170,7 @@ class Scheduler:
             self.kv.adopt_prefix(seq, block_ids, hashes)
         found = self.kv.find_host_prefix(seq, hashes)     # the host KV tier, where the device pool's hit ends
         if found:
-            self.kv.adopt_host_prefix(seq, found)
+            self.kv.adopt_host_prefix(seq, found, prompt_only=seq.prompt_only)
         if seq.num_computed_tokens and not seq.output_token_ids and seq.num_preemptions == 0:
             seq.num_cached_tokens = seq.num_computed_tokens
 

@@ -93,6 +93,9 @@ HOST_TIER_SERIES = {
                                                           "recomputed."),
     "kv_host_stored_blocks_total": ("stored_blocks", "counter", "Blocks copied into the host KV tier."),
     "kv_host_loaded_blocks_total": ("loaded_blocks", "counter", "Blocks copied back from the host KV tier."),
+    "kv_host_read_in_place_blocks_total": ("read_in_place_blocks", "counter", "Host KV tier blocks that requests' "
+                                                                              "attention read in place instead of "
+                                                                              "loading them."),
     "kv_host_dropped_stores_total": ("dropped_stores", "counter", "Stores dropped: the device block was reused "
                                                                   "first, or no host block was free."),
     "kv_host_evicted_blocks_total": ("evicted_blocks", "counter", "Host KV tier blocks evicted (least recently "

@@ -1,6 +1,9 @@
 """The host KV tier on a GPU: stores wait for the step that wrote a block (an event) and copy on their own stream
 into pinned memory; loads are asynchronous and hold their host blocks until they have run; blocks come back bit
-for bit, from the device arena's block-major view and from per-layer caches."""
+for bit, from the device arena's block-major view and from per-layer caches; attention reads them in place over the
+link with the bits it reads from device memory."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -33,3 +36,52 @@ def test_a_block_goes_to_pinned_memory_and_back_bit_for_bit(block_major):
         assert block.pins == 1 and torch.equal(arena[7], want)
     finally:
         offload.close()
+
+
+def on_gpu(meta):
+    """A step's metadata with its tensors on the GPU."""
+    return dataclasses.replace(meta, **{f.name: getattr(meta, f.name).cuda() for f in dataclasses.fields(meta)
+                                        if torch.is_tensor(getattr(meta, f.name))})
+
+
+def test_the_paged_attention_reads_pinned_host_blocks_in_place_bit_for_bit():
+    """Table entries naming host blocks, read by the compiled kernels over the link (a CUDA view of pinned memory,
+    no copy): the bits of the same blocks in device memory, single-pass and split."""
+    from gh200rt.kernels.triton.paged_attention import paged_attention
+    from gh200rt.kv.host_blocks import HostBlocksView, device_visible
+    from tests.kernels.test_host_block_attention import MOVES, QUERY_LENS, SEQ_LENS, move_to_host
+    from tests.kernels.test_paged_attention import build_case
+    from tests.kernels.test_split_attention import padded
+    q, pool, meta = build_case(QUERY_LENS, SEQ_LENS, 8, 2, 128, 16, torch.bfloat16, seed=3)
+    meta = padded(meta, meta.block_tables.shape[1] + 2)
+    host_meta, host, poisoned = move_to_host(pool, meta, MOVES["every other"])
+    tier = host.pool.transpose(0, 1).contiguous().pin_memory()        # [slots, 2, ...] as the tier holds a layer
+    on_device = HostBlocksView(device_visible(tier, torch.device("cuda")).transpose(0, 1), host.first_id)
+    assert on_device.pool.is_cuda and on_device.pool.data_ptr() != 0
+    for splits in (1, 3):
+        want = paged_attention(q.cuda(), pool.cuda(), on_gpu(meta), 128 ** -0.5, 2, num_splits=splits)
+        got = paged_attention(q.cuda(), poisoned.cuda(), on_gpu(host_meta), 128 ** -0.5, 2, num_splits=splits,
+                              host=on_device)
+        assert torch.equal(got, want), splits
+
+
+def test_an_engine_reading_host_blocks_in_place_generates_what_loading_them_generates(tmp_path):
+    """CUDA graphs captured with the host tier's view, eager prompt chunks (Triton and torch attention): the tokens
+    and logprobs of loads, with no load made."""
+    from gh200rt.config import EngineConfig
+    from gh200rt.engine.engine import LLMEngine
+    from gh200rt.engine.llm import LLM
+    from tests.engine.real_models import save_tiny_llama
+    from tests.engine.test_host_kv_tier import conversations, talk
+    model = save_tiny_llama(str(tmp_path / "tiny"))
+    firsts = conversations(256, count=3, system=0)
+    seen = {}
+    for reads in ("load", "in_place"):
+        config = EngineConfig.from_kwargs(model=model, dtype="bfloat16", max_model_len=96, num_kv_blocks=8,
+                                          kv_offloading_size="8MiB", kv_offloading_reads=reads)
+        llm = LLM.from_engine(LLMEngine.from_config(config))
+        seen[reads] = talk(llm, firsts, turns=2, max_tokens=4)
+        host = llm.engine.stats().kv_host
+        llm.engine.close()
+    assert host.read_in_place_blocks >= 3 and host.loaded_blocks == 0, host
+    assert seen["in_place"] == seen["load"]

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gh200rt.kv.host_blocks import host_view
+
 # several rows multiply on tensor cores over TF32 operands (kernels/triton/fused_rows.py): exact for 16-bit values only
 MULTI_ROW_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -84,7 +86,8 @@ def fused_decode_layer(layer, hidden: torch.Tensor, residual: torch.Tensor | Non
     qk_norm = None if attn.q_norm is None else (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps)
     q = rope_and_store_kv(qkv, cos, sin, kv_cache, meta.slot_mapping, attn.num_heads, attn.num_kv_heads,
                           attn.kv_scale, qk_norm, pdl=pdl)
-    attended = paged_attention(q, kv_cache, meta, attn.scale, attn.num_kv_heads, attn.kv_scale, pdl=pdl)
+    attended = paged_attention(q, kv_cache, meta, attn.scale, attn.num_kv_heads, attn.kv_scale, pdl=pdl,
+                               host=host_view(meta, kv_cache))
     mid = product(attended.reshape(rows, attn.q_size), w_o, residual=hidden, pdl=pdl)
     gate_up = product(mid, w_gate_up, norm=(second_norm.weight, second_norm.eps), pdl=pdl)
     return product(gate_up, w_down, gated=True, residual=mid, pdl=pdl)

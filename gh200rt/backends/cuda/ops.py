@@ -29,6 +29,7 @@ from gh200rt.backends.cuda.fused_moe import FusedExperts
 from gh200rt.backends.interface import switch_hooks
 from gh200rt.kv import attention as torch_attention
 from gh200rt.kv import fp8
+from gh200rt.kv.host_blocks import host_view
 from gh200rt.models.layers.dense import dense_linear
 from gh200rt.models.layers.mla_prefill import expanded_prefill
 from gh200rt.models.layers.rotary import apply_rotary
@@ -92,7 +93,7 @@ def triton_paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale:
     if max(meta.query_lens_list) > TRITON_ATTENTION_MAX_QUERY or block_size & (block_size - 1):
         return torch_attention.paged_attention(q, kv_cache, meta, scale, num_kv_heads, kv_scale)
     from gh200rt.kernels.triton.paged_attention import paged_attention
-    return paged_attention(q, kv_cache, meta, scale, num_kv_heads, kv_scale)
+    return paged_attention(q, kv_cache, meta, scale, num_kv_heads, kv_scale, host=host_view(meta, kv_cache))
 
 
 def triton_latent_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale: float, num_kv_heads: int,
@@ -121,7 +122,7 @@ def triton_decode_block(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     from gh200rt.kernels.triton.paged_attention import paged_attention
     from gh200rt.kernels.triton.rope_store_kv import rope_and_store_kv
     q = rope_and_store_kv(qkv, cos, sin, kv_cache, meta.slot_mapping, heads, kv_heads, kv_scale, qk_norm)
-    return paged_attention(q, kv_cache, meta, scale, kv_heads, kv_scale)
+    return paged_attention(q, kv_cache, meta, scale, kv_heads, kv_scale, host=host_view(meta, kv_cache))
 
 
 def triton_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,

@@ -43,6 +43,7 @@ class DecodeBuffers:
         self._pad = torch.tensor(PAD_ROW, dtype=torch.int64)[:, None]
         self._rows = 0     # table rows and columns that may hold non-zero ids from the last fill
         self._width = 0
+        self.host_kv = None   # the host KV blocks tables may name (``ModelRunner.read_host_blocks``)
 
     def fill(self, out: SchedulerOutput, bucket: int, fed=None) -> None:
         """The step's rows: one per decoding sequence, and one per position of a sequence that verifies drafts
@@ -89,7 +90,8 @@ class DecodeBuffers:
         return AttentionMetadata(
             query_start_loc=self.query_start_loc[:bucket + 1], seq_lens=self.seq_lens[:bucket],
             block_tables=self.block_tables[:bucket], slot_mapping=self.slot_mapping[:bucket],
-            query_lens_list=[1] * bucket, seq_lens_list=[capacity] * bucket, block_size=self.block_size)
+            query_lens_list=[1] * bucket, seq_lens_list=[capacity] * bucket, block_size=self.block_size,
+            host_kv=self.host_kv)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every buffer a graph reads (for the address check)."""

@@ -1,0 +1,123 @@
+"""Host KV blocks read in place (``--kv-offloading-reads``): a prefix found in the host tier is named by the request's
+table and read there by attention instead of being copied into device blocks. On the CPU platform the torch
+attention reads them (``--cpu-kernels torch``); the Triton kernels' reads: tests/kernels/test_host_block_attention.py.
+The tokens and logprobs are a load's, the blocks take no device block, stay pinned while read and are let go after;
+what cannot read in place is refused (or, asked ``auto``, loads)."""
+import pytest
+
+from gh200rt.config import EngineConfig
+from gh200rt.engine.host_kv_tier import host_reads
+from gh200rt.kv.kv_manager import KVCacheManager
+from gh200rt.sampling_params import SamplingParams
+from gh200rt.serve.metrics import host_tier_lines
+from tests.engine.real_models import SharedModel, save_tiny_llama
+from tests.engine.test_host_kv_tier import conversations, synchronous_stores, talk
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return SharedModel(save_tiny_llama(str(tmp_path_factory.mktemp("tiny"))))
+
+
+def tier_llm(tiny, reads: str, **options):
+    options = {"num_kv_blocks": 8, "max_model_len": 96, **options}
+    llm = tiny.llm(cpu_kernels="torch", kv_offloading_size="8MiB", kv_offloading_reads=reads, **options)
+    synchronous_stores(llm)
+    return llm
+
+
+def pins(llm) -> int:
+    return sum(block.pins for block in llm.engine.host_tier.index.blocks.values())
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_hits_read_in_place_give_a_loads_bits(tiny, kv_cache_dtype):
+    firsts = conversations(256, count=3, system=0)     # 9 prompt blocks: the pool's 8 cannot keep them all
+    want = talk(tier_llm(tiny, "load", kv_cache_dtype=kv_cache_dtype), firsts, turns=2, max_tokens=2)
+    llm = tier_llm(tiny, "in_place", kv_cache_dtype=kv_cache_dtype)
+    got = talk(llm, firsts, turns=2, max_tokens=2)
+    host = llm.engine.stats().kv_host
+    assert got == want
+    assert host.read_in_place_blocks >= 3 and host.loaded_blocks == 0, host
+    assert f"gh200rt_kv_host_read_in_place_blocks_total {host.read_in_place_blocks}" in "\n".join(
+        host_tier_lines(host))
+    assert pins(llm) == 0, "a finished request still holds host blocks"
+    assert llm.engine.kv.pool.num_free == llm.engine.kv.pool.num_blocks
+
+
+def test_a_request_reading_in_place_takes_only_the_device_blocks_it_computes(tiny):
+    firsts = conversations(256, count=3, system=0)
+    llm = tier_llm(tiny, "in_place")
+    talk(llm, firsts, turns=1)                  # the three conversations' prompts reach the host tier
+    engine = llm.engine
+    prompt = firsts[0] + [7] * 20               # 72 tokens: 48 of them a host hit (3 blocks), 24 to compute
+    engine.add_request("read", None, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True),
+                       prompt_token_ids=prompt)
+    engine.step()
+    running = engine.requests["read"].seqs[0]
+    first_host = engine.kv.pool.num_blocks
+    on_host = [b for b in running.block_ids if b >= first_host]
+    assert len(on_host) == 3 and running.block_ids[:3] == on_host, running.block_ids
+    assert len(running.block_ids) - 3 == engine.kv.pool.num_blocks - engine.kv.pool.num_free
+    assert pins(llm) == 3
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert pins(llm) == 0
+
+
+def test_auto_reads_in_place_only_where_a_load_would_not_fit():
+    kv = KVCacheManager(num_blocks=10, block_size=4)
+    kv.host_reads = "auto"
+
+    class Seq:
+        block_ids, all_token_ids = [], list(range(30))      # 8 blocks if the hit were loaded
+
+    assert not kv.reads_in_place(Seq(), hit_blocks=5)
+    assert kv.reads_in_place(Seq(), hit_blocks=5, prompt_only=True)
+    kv.pool.allocate(3)                                       # 7 free: the load would not fit
+    assert kv.reads_in_place(Seq(), hit_blocks=5)
+    kv.host_reads = "load"
+    assert not kv.reads_in_place(Seq(), hit_blocks=5)
+
+
+def test_what_cannot_read_in_place_is_refused_and_auto_loads(tiny):
+    with pytest.raises(ValueError, match="in_place: the native CPU attention kernels read no host blocks; add "
+                                         "--cpu-kernels torch; or use --kv-offloading-reads load"):
+        tiny.llm(num_kv_blocks=8, max_model_len=128, kv_offloading_size="8MiB", kv_offloading_reads="in_place")
+    llm = tiny.llm(num_kv_blocks=8, max_model_len=128, kv_offloading_size="8MiB")   # auto, native kernels: loads
+    assert llm.engine.kv.host_reads == "load" and llm.engine.runner.host_kv is None
+    assert tier_llm(tiny, "auto").engine.kv.host_reads == "auto"
+    config = EngineConfig.from_kwargs(kv_offloading_size="8MiB", kv_offloading_reads="auto", cpu_kernels="torch")
+    latent = [type("Pool", (), {"stride": lambda self, dim: 0})()]
+    assert host_reads(config, latent, "cpu") == "load"
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(kv_offloading_reads="in_place"), "add --kv-offloading-size"),
+    (dict(kv_offloading_reads="sometimes", kv_offloading_size="4"), "choose one of auto, load, in_place"),
+    (dict(kv_offloading_reads="in_place", kv_offloading_size="4", tensor_parallel_size=2),
+     "in_place with --tensor-parallel-size > 1 is not supported yet"),
+    (dict(kv_offloading_reads="in_place", kv_offloading_size="4",
+          speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
+     "in_place with --speculative-config is not supported yet"),
+])
+def test_reads_that_cannot_be_honoured_are_refused(options, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig.from_kwargs(**options)
+
+
+@pytest.mark.interpreter
+def test_the_gpu_kernels_read_in_place_what_they_would_load(tiny):
+    """The engine's attention through the CUDA platform's (interpreted on CPU tensors; the other ops stay torch's):
+    decodes and short prompt chunks in the Triton paged attention, chunks past its 16 queries in the torch attention,
+    each reading the host blocks in place."""
+    from gh200rt.backends.cuda.ops import triton_paged_attention
+    from gh200rt.backends.interface import TORCH_OPS, switch_hooks
+    firsts = conversations(256, count=3, system=0)
+    seen = {}
+    for reads in ("load", "in_place"):
+        llm = tier_llm(tiny, reads)
+        switch_hooks(llm.engine.runner.model, dict(TORCH_OPS, attention=triton_paged_attention))
+        seen[reads] = talk(llm, firsts, turns=2, max_tokens=2)
+    assert llm.engine.stats().kv_host.read_in_place_blocks >= 3
+    assert seen["in_place"] == seen["load"]
