@@ -291,8 +291,8 @@ WAVE_TESTS = ("tests/gpu/test_gpu_kv_offload.py", "tests/gpu/test_gpu_speculativ
 
 def wave_steps(py: str, out: Path, cache: Path) -> list[Step]:
     """``--kit wave``: this wave's GPU paths, each with its figure against the same run's baseline: their gpu
-    tests; multi-turn conversations with the host KV tier off and on (the 8B shape, the engine with the tier first,
-    then without: each order carries its own warm-up); DeepSeek-V3's layers with their experts in each tier.
+    tests; multi-turn conversations with the host KV tier off and on (the 8B shape, the engines with the tier first,
+    hits loaded then read in place over the link, then without: each order carries its own warm-up); DeepSeek-V3's layers with their experts in each tier.
     Speculative decoding's figures are ``--kit speculative``. Random checkpoints of real shapes throughout: SmolLM2's
     package does not fit a device call."""
     return [
@@ -302,7 +302,8 @@ def wave_steps(py: str, out: Path, cache: Path) -> list[Step]:
         Step("host KV tier, multi-turn Llama-3-8B shape",
              bench(py, "multi-turn") + ["--random-model", "llama3-8b", "--random-model-dir",
                                         str(cache / "llama3-8b-random"), "--conversations", "8", "--turns", "3",
-                                        "--output-tokens", "32", "--order", "on,off"], 90, values=("llama3-8b",)),
+                                        "--output-tokens", "32", "--order", "on,in-place,off"], 120,
+             values=("llama3-8b",)),
         # DeepSeek-V3's layers (latent attention on the torch ops, experts of V3's width) cut to two layers and 16
         # experts (7 GB): tok/s per expert tier against its roofline
         # experts-cpu: computed by the host's cores (the cpu tier); the roofline column is the plan's prediction, from

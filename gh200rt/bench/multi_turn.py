@@ -5,7 +5,8 @@ new user message, so everything but the new message was computed before. Every t
 next prompts, ``--concurrency`` of them in flight (the next one is submitted as one finishes). The device KV pool
 holds ``--pool-fraction`` of the conversations' final length (at least one conversation), so by its next turn most
 of a conversation's blocks were reused on the device: without the tier its history is recomputed, with it the
-history is loaded from host memory.
+history is loaded from host memory (``on``), or read there in place by attention (``in-place``, ``auto``:
+``--kv-offloading-reads``).
 
 Reports per engine: TTFT p50 / p99 of turn 1 and of later turns (from a request's submission to its first token),
 output tok/s, the tokens the device pool and the host tier supplied, bytes stored and loaded,
@@ -43,7 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-offloading-size", default="1", help="the host tier, as the engine flag takes it")
     parser.add_argument("--write-policy", default="write_through", choices=("write_through", "write_back"))
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--order", default="off,on", help="the engines in the order they run (e.g. on,off)")
+    parser.add_argument("--order", default="off,on", help="the engines in the order they run: off (no tier), on "
+                                                          "(the tier, hits loaded), in-place (hits read in place), "
+                                                          "auto (--kv-offloading-reads auto); e.g. on,in-place,off")
 
 
 def conversation_plan(args) -> tuple[list[list[int]], list[list[list[int]]]]:
@@ -81,15 +84,20 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run_engine(args, tier: bool, firsts, messages) -> dict:
+ENGINES = {"off": None, "on": "load", "in-place": "in_place", "auto": "auto"}   # name -> --kv-offloading-reads
+
+
+def run_engine(args, name: str, firsts, messages) -> dict:
     bs = 16
     final = args.system_tokens + args.turns * (args.user_tokens + args.output_tokens)
     per_conversation = -(-final // bs)
     blocks = max(per_conversation + 1, int(args.pool_fraction * args.conversations * per_conversation))
     options = dict(model=args.model or smollm2_gguf(), dtype=args.dtype, max_model_len=final + bs,
                    num_kv_blocks=blocks, max_num_seqs=args.conversations)
-    if tier:
-        options.update(kv_offloading_size=args.kv_offloading_size, kv_offloading_write_policy=args.write_policy)
+    reads = ENGINES[name]
+    if reads is not None:
+        options.update(kv_offloading_size=args.kv_offloading_size, kv_offloading_write_policy=args.write_policy,
+                       kv_offloading_reads=reads)
     engine = LLMEngine.from_config(EngineConfig.from_kwargs(**options))
     params = SamplingParams(temperature=0, max_tokens=args.output_tokens, ignore_eos=True)
     in_vocab = lambda ids: [3 + i % (engine.vocab_size - 3) for i in ids]   # noqa: E731  (past the special ids)
@@ -111,12 +119,13 @@ def run_engine(args, tier: bool, firsts, messages) -> dict:
         engine.close()
     later = [t for times in ttfts[1:] for t in times]
     host = stats.kv_host
-    return dict(label="tier on" if tier else "tier off", blocks=blocks, per_conversation=per_conversation,
+    return dict(label=f"tier {name}", blocks=blocks, per_conversation=per_conversation,
                 ttft1=(percentile(ttfts[0], 0.5), percentile(ttfts[0], 0.99)),
                 ttft_later=(percentile(later, 0.5), percentile(later, 0.99)) if later else (float("nan"),) * 2,
                 tok_s=tokens / wall, device_hit_tokens=stats.prefix_cache_hit_tokens,
                 host_hit_tokens=host.hit_tokens if host else 0, stored=host.stored_bytes if host else 0,
-                loaded=host.loaded_bytes if host else 0, preemptions=stats.num_preemptions)
+                loaded=host.loaded_bytes if host else 0, in_place=host.read_in_place_blocks if host else 0,
+                preemptions=stats.num_preemptions)
 
 
 def run(args) -> int:
@@ -125,21 +134,25 @@ def run(args) -> int:
     results = {}
     with model_of(args) as args.model:
         for name in args.order.split(","):
-            if name not in ("off", "on"):
-                raise SystemExit(f"--order: 'off' and 'on', comma-separated; got {args.order!r}")
-            results[name] = run_engine(args, name == "on", firsts, messages)
+            if name not in ENGINES:
+                raise SystemExit(f"--order: {', '.join(ENGINES)}, comma-separated; got {args.order!r}")
+            results[name] = run_engine(args, name, firsts, messages)
     first = next(iter(results.values()))
     print(f"{args.conversations} conversations x {args.turns} turns, {args.concurrency} in flight: system "
-          f"{args.system_tokens} + {args.user_tokens} per message, {args.output_tokens} out; device pool {first['blocks']} blocks "
-          f"({args.pool_fraction:g} of {args.conversations} x {first['per_conversation']}); dtype {args.dtype}, "
+          f"{args.system_tokens} + {args.user_tokens} per message, {args.output_tokens} out; device pool "
+          f"{first['blocks']} blocks ({args.pool_fraction:g} of {args.conversations} x {first['per_conversation']}); "
+          f"dtype {args.dtype}, "
           f"{args.threads} thread(s), load average {os.getloadavg()[0]:.1f}")
-    print(f"{'engine':<9} {'TTFT t1 p50':>11} {'p99':>7} {'TTFT t2+ p50':>12} {'p99':>7} {'tok/s':>7} "
-          f"{'device hit tok':>14} {'host hit tok':>12} {'MB stored':>9} {'MB loaded':>9} {'preempted':>9}")
+    print(f"{'engine':<13} {'TTFT t1 p50':>11} {'p99':>7} {'TTFT t2+ p50':>12} {'p99':>7} {'tok/s':>7} "
+          f"{'device hit tok':>14} {'host hit tok':>12} {'MB stored':>9} {'MB loaded':>9} {'in place':>8} "
+          f"{'preempted':>9}")
     for r in results.values():
-        print(f"{r['label']:<9} {r['ttft1'][0]:11.3f} {r['ttft1'][1]:7.3f} {r['ttft_later'][0]:12.3f} "
+        print(f"{r['label']:<13} {r['ttft1'][0]:11.3f} {r['ttft1'][1]:7.3f} {r['ttft_later'][0]:12.3f} "
               f"{r['ttft_later'][1]:7.3f} {r['tok_s']:7.1f} {r['device_hit_tokens']:14d} {r['host_hit_tokens']:12d} "
-              f"{r['stored'] / 1e6:9.1f} {r['loaded'] / 1e6:9.1f} {r['preemptions']:9d}")
-    if "off" in results and "on" in results:
-        print(f"turn >= 2 TTFT p50: {results['off']['ttft_later'][0] / results['on']['ttft_later'][0]:.2f}x lower "
-              f"with the host tier; output tok/s {results['on']['tok_s'] / results['off']['tok_s']:.2f}x")
+              f"{r['stored'] / 1e6:9.1f} {r['loaded'] / 1e6:9.1f} {r['in_place']:8d} {r['preemptions']:9d}")
+    if "off" in results:
+        for name in (n for n in results if n != "off"):
+            off, tier = results["off"], results[name]
+            print(f"turn >= 2 TTFT p50: {off['ttft_later'][0] / tier['ttft_later'][0]:.2f}x lower with the host tier "
+                  f"({name}); output tok/s {tier['tok_s'] / off['tok_s']:.2f}x")
     return 0

@@ -138,8 +138,9 @@ def test_the_multi_turn_benchmark_runs_the_tier_off_and_on(tiny_path, capsys):
     out = capsys.readouterr().out
     off, on = (line.split() for line in out.splitlines() if line.startswith("tier "))
     assert (off[:2], on[:2]) == (["tier", "off"], ["tier", "on"])
-    assert int(off[-4]) == 0 < int(on[-4])           # host hit tokens: none without the tier, some with it
-    assert "turn >= 2 TTFT p50: " in out
+    assert int(off[-5]) == 0 < int(on[-5])           # host hit tokens: none without the tier, some with it
+    assert int(on[-2]) == 0                          # blocks read in place: on loads them
+    assert "turn >= 2 TTFT p50: " in out and "(on)" in out
 
 
 def test_blocks_on_disk_serve_an_engine_started_later(tiny, tmp_path):
