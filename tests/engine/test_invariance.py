@@ -23,9 +23,10 @@ def make_prompts(vocab: int, count: int = 32, seed: int = 0) -> list[list[int]]:
     return prompts
 
 
-def check_invariance(shared: SharedModel, vocab: int, max_tokens: int, small_pool: int, count: int = 32, **cache):
-    """``count`` prompts (half of them behind one of two shared heads); ``cache``: KV cache options every engine
-    shares (e.g. ``kv_cache_dtype="fp8"``)."""
+def check_invariance(shared: SharedModel, vocab: int, max_tokens: int, small_pool: int, count: int = 32,
+                     only: tuple[str, ...] | None = None, **cache):
+    """``count`` prompts (half of them behind one of two shared heads); ``only``: the runs to make (default: all);
+    ``cache``: KV cache options every engine shares (e.g. ``kv_cache_dtype="fp8"``)."""
     prompts = make_prompts(vocab, count)
     ref_params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=2)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
@@ -41,6 +42,8 @@ def check_invariance(shared: SharedModel, vocab: int, max_tokens: int, small_poo
         runs["bucketed decode (graph path), small pool"] = {"num_kv_blocks": small_pool, "enforce_eager": False,
                                                            "max_graph_batch": 16}
     for label, options in runs.items():
+        if only is not None and label not in only:
+            continue
         llm = shared.llm(max_model_len=128, **options, **cache)
         assert llm.engine.runner.kv_caches[0].dtype == {"fp8": torch.float8_e4m3fn}.get(
             cache.get("kv_cache_dtype"), torch.float32)
@@ -74,9 +77,10 @@ def test_invariance_tiny_random_llama_fp8_kv(tmp_path):
 
 
 def test_invariance_smollm2():
-    # Short generations and 8 prompts keep this within the test budget on a 2-core machine (the tiny random models
-    # above run 32 each)
-    check_invariance(SharedModel(smollm2_gguf(), "gh200rt"), vocab=49152, max_tokens=16, small_pool=8, count=8)
+    # Short generations, 8 prompts and the runs that batch, preempt and bucket keep this within the test budget on a
+    # 2-core machine (the tiny random models above make every run with 32 prompts each)
+    check_invariance(SharedModel(smollm2_gguf(), "gh200rt"), vocab=49152, max_tokens=12, small_pool=8, count=8,
+                     only=("all at once", "small pool (preemption)", "bucketed decode (graph path), small pool"))
 
 
 # --- prefix-cache invariance on every CPU route: bits, not near ties -----------------------------------------------

@@ -62,13 +62,14 @@ def test_forced_splits_match_reference(num_splits, dtype, heads, kv_heads, d, bl
     assert err < TOLERANCE[dtype]
 
 
-# at blocks of 16 (4-block tiles) 300 keys are 19 blocks: 2 splits cut shares of 10 and 9, 3 of 7, 7 and 5, each
-# ending inside its last tile; 130 keys (9 blocks) in 2 shares of 5 and 4; 65 keys in 3 splits: a tile, then a block
+# at blocks of 16 (4-block tiles) 300 keys are 19 blocks: 2 splits cut shares of 10 and 9, 5 splits four of 4 (a
+# tile each) and one of 3, each ending inside its last tile; 130 keys (9 blocks) in 2 shares of 5 and 4; 65 keys in 5
+# splits: a tile, then a block
 TILE_SPLIT_QUERY_LENS, TILE_SPLIT_SEQ_LENS = [1, 1, 1, 3, 1], [1, 17, 65, 130, 300]
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("num_splits", [2, 3, 5])
+@pytest.mark.parametrize("num_splits", [2, 5])   # 3 splits: test_forced_splits_match_reference
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("group", [1, 8])
 @pytest.mark.parametrize("block_size", [16, 32])

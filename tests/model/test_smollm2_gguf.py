@@ -12,7 +12,7 @@ from gh200rt.config import ModelConfig
 from gh200rt.loader import load_model
 from tests.model.paged_runner import PagedRunner
 
-STEPS = 32
+STEPS = 16
 
 
 def smollm2_gguf() -> str:
