@@ -3,7 +3,10 @@ table and read there by attention instead of being copied into device blocks. On
 attention reads them (``--cpu-kernels torch``); the Triton kernels' reads: tests/kernels/test_host_block_attention.py.
 The tokens and logprobs are a load's, the blocks take no device block, stay pinned while read and are let go after;
 what cannot read in place is refused (or, asked ``auto``, loads)."""
+import dataclasses
+
 import pytest
+import torch
 
 from gh200rt.config import EngineConfig
 from gh200rt.engine.host_kv_tier import host_reads
@@ -88,8 +91,11 @@ def test_what_cannot_read_in_place_is_refused_and_auto_loads(tiny):
     assert llm.engine.kv.host_reads == "load" and llm.engine.runner.host_kv is None
     assert tier_llm(tiny, "auto").engine.kv.host_reads == "auto"
     config = EngineConfig.from_kwargs(kv_offloading_size="8MiB", kv_offloading_reads="auto", cpu_kernels="torch")
-    latent = [type("Pool", (), {"stride": lambda self, dim: 0})()]
+    latent = [torch.zeros(1, 4, 16, 1, 8)]            # one plane: latent attention's pool
     assert host_reads(config, latent, "cpu") == "load"
+    with pytest.raises(ValueError, match="latent attention"):
+        host_reads(dataclasses.replace(config, cache=dataclasses.replace(config.cache, kv_offloading_reads="in_place")),
+                   latent, "cpu")
 
 
 @pytest.mark.parametrize("options, message", [
