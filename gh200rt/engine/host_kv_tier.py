@@ -95,8 +95,6 @@ def make_host_tier(config: EngineConfig, kv_caches: list[torch.Tensor], device: 
 
 def in_place_unavailable(config: EngineConfig, kv_caches: list[torch.Tensor], device: str) -> str | None:
     """Why this engine's attention cannot read host KV blocks in place (None: it can)."""
-    if kv_caches[0].shape[0] == 1:
-        return "latent attention (MLA) reads its one-plane pool with kernels that read no host blocks yet"
     if config.parallel.tensor_parallel_size > 1:
         return "with tensor parallelism each worker would read its own share of the tier (not built yet)"
     if config.speculative.method is not None:

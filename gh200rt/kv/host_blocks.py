@@ -18,11 +18,11 @@ import torch
 
 @dataclass(frozen=True)
 class HostBlocksView:
-    pool: torch.Tensor     # [2, host blocks, block_size, kv_heads, head_dim]: a view into the tier's memory
+    pool: torch.Tensor     # [planes, host blocks, block_size, kv_heads, head_dim]: a view into the tier's memory
     first_id: int          # the table entry that names host block 0: the device pool's block count
 
     def __post_init__(self):
-        assert self.pool.dim() == 5 and self.pool.shape[0] == 2, self.pool.shape
+        assert self.pool.dim() == 5 and self.pool.shape[0] in (1, 2), self.pool.shape
         assert self.first_id > 0, self.first_id
 
 
@@ -45,9 +45,15 @@ class HostKVLayers:
 
 
 def host_view(meta, kv_cache: torch.Tensor) -> HostBlocksView | None:
-    """The host blocks a step's tables may name for the layer whose pool is ``kv_cache`` (None: the device's only)."""
+    """The host blocks a step's tables may name for the layer whose pool is ``kv_cache`` (None: the device's only).
+    Latent attention hands its one-plane pool as K and V (a stride-0 view of it): its host blocks are seen alike."""
     layers = getattr(meta, "host_kv", None)
-    return None if layers is None else layers.for_cache(kv_cache)
+    if layers is None:
+        return None
+    view = layers.for_cache(kv_cache)
+    if view.pool.shape[0] != kv_cache.shape[0]:
+        view = HostBlocksView(view.pool.expand(kv_cache.shape[0], *view.pool.shape[1:]), view.first_id)
+    return view
 
 
 class _HostMemory:

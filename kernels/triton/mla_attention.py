@@ -8,7 +8,8 @@ splits the row at the largest power of two in it (512 + 64 for V3: the latent an
 scores are two dots and the value update reuses the tiles the scores read. A program takes ``HEAD_TILE`` query heads
 of one token and walks its context a block at a time (online softmax in float32, the keys past its position masked),
 so decode and short chunks take it; the caller keeps the first ``kv_lora_rank`` values of each head's output.
-An fp8 pool is read with the layer's ``kv_scale`` (both entries equal: the row is K and V).
+An fp8 pool is read with the layer's ``kv_scale`` (both entries equal: the row is K and V). Table entries past the
+device pool's blocks name host KV blocks, read in place (``host``: kv/host_blocks.py).
 
 Split-K (flash-decoding) for long contexts at small batches: one program per token and head tile walks the whole
 context, so V3's 128 heads at batch 1 are 8 programs on 132 SMs. ``latent_splits`` cuts each token's context into S
@@ -25,6 +26,7 @@ import triton.language as tl
 from gh200rt.kernels.triton.compile_specs import CompileSpec, signature_of
 from gh200rt.kernels.triton.host_gemm import TARGET_PROGRAMS
 from gh200rt.kernels.triton.paged_attention import token_layout
+from gh200rt.kernels.triton.paged_attention_walk import NO_HOST_BLOCKS
 
 HEAD_TILE = 16      # query heads a program takes (tl.dot's smallest tile side)
 MIN_SHARE_TOKENS = 256   # a split's share of a context is never cut shorter (its partial and combine cost more)
@@ -32,9 +34,12 @@ MIN_SHARE_TOKENS = 256   # a split's share of a context is never cut shorter (it
 
 @triton.jit
 def _latent_walk(q_w, q_r, cache_ptr, table, first, end, pos, offs_w, offs_r, r_ok, stride_block, stride_slot,
+                 host_ptr, host_first, stride_host_block,
                  BLOCK_SIZE: tl.constexpr, HEAD_TILE: tl.constexpr, WIDE: tl.constexpr, REST: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr):
-    """Online softmax over context blocks [first, end) of one token: (max, sum, accumulator) in float32."""
+                 DOT_PRECISION: tl.constexpr, HOST_BLOCKS: tl.constexpr):
+    """Online softmax over context blocks [first, end) of one token: (max, sum, accumulator) in float32. With
+    ``HOST_BLOCKS`` a table entry ``host_first`` or above is block ``entry - host_first`` of the host pool at
+    ``host_ptr`` (read in place; its slot stride is the device pool's)."""
     m_i = tl.full((HEAD_TILE,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((HEAD_TILE,), dtype=tl.float32)
     acc_w = tl.zeros((HEAD_TILE, WIDE), dtype=tl.float32)
@@ -42,7 +47,12 @@ def _latent_walk(q_w, q_r, cache_ptr, table, first, end, pos, offs_w, offs_r, r_
     offs_k = tl.arange(0, BLOCK_SIZE)
     for j in range(first, end):
         block = tl.load(table + j).to(tl.int64)
-        rows = cache_ptr + block * stride_block + offs_k[:, None] * stride_slot
+        if HOST_BLOCKS:
+            base = tl.where(block >= host_first, host_ptr + (block - host_first) * stride_host_block,
+                            cache_ptr + block * stride_block)
+        else:
+            base = cache_ptr + block * stride_block
+        rows = base + offs_k[:, None] * stride_slot
         key_ok = j * BLOCK_SIZE + offs_k <= pos
         k_w = tl.load(rows + offs_w[None, :], mask=key_ok[:, None], other=0.0).to(tl.float32)
         k_r = tl.load(rows + offs_r[None, :], mask=key_ok[:, None] & r_ok[None, :], other=0.0).to(tl.float32)
@@ -74,9 +84,10 @@ def _scaled_queries(q_ptr, kv_scale_ptr, scale, t, heads, h_ok, offs_w, offs_r, 
 @triton.jit
 def mla_attention_kernel(q_ptr, cache_ptr, out_ptr, tables_ptr, tok_seq_ptr, tok_pos_ptr, kv_scale_ptr, scale,
                          num_heads, head_dim, stride_qt, stride_qh, stride_ot, stride_oh, stride_table,
-                         stride_block, stride_slot,
+                         stride_block, stride_slot, host_ptr, host_first, stride_host_block,
                          BLOCK_SIZE: tl.constexpr, HEAD_TILE: tl.constexpr, WIDE: tl.constexpr,
-                         REST: tl.constexpr, KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                         REST: tl.constexpr, KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                         HOST_BLOCKS: tl.constexpr):
     t, tile = tl.program_id(0), tl.program_id(1)
     seq = tl.load(tok_seq_ptr + t)
     pos = tl.load(tok_pos_ptr + t)
@@ -89,7 +100,8 @@ def mla_attention_kernel(q_ptr, cache_ptr, out_ptr, tables_ptr, tok_seq_ptr, tok
                                stride_qh, KV_FP8)
     m_i, l_i, acc_w, acc_r = _latent_walk(q_w, q_r, cache_ptr, tables_ptr + seq * stride_table, 0,
                                           pos // BLOCK_SIZE + 1, pos, offs_w, offs_r, r_ok, stride_block, stride_slot,
-                                          BLOCK_SIZE, HEAD_TILE, WIDE, REST, DOT_PRECISION)
+                                          host_ptr, host_first, stride_host_block,
+                                          BLOCK_SIZE, HEAD_TILE, WIDE, REST, DOT_PRECISION, HOST_BLOCKS)
     norm = 1.0 / l_i
     if KV_FP8:
         norm = norm * tl.load(kv_scale_ptr + 1)
@@ -102,9 +114,11 @@ def mla_attention_kernel(q_ptr, cache_ptr, out_ptr, tables_ptr, tok_seq_ptr, tok
 @triton.jit
 def mla_attention_split_kernel(q_ptr, cache_ptr, part_max_ptr, part_sum_ptr, part_acc_ptr, tables_ptr, tok_seq_ptr,
                                tok_pos_ptr, kv_scale_ptr, scale, num_heads, head_dim, num_splits, stride_qt,
-                               stride_qh, stride_table, stride_block, stride_slot,
+                               stride_qh, stride_table, stride_block, stride_slot, host_ptr, host_first,
+                               stride_host_block,
                                BLOCK_SIZE: tl.constexpr, HEAD_TILE: tl.constexpr, WIDE: tl.constexpr,
-                               REST: tl.constexpr, KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                               REST: tl.constexpr, KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                               HOST_BLOCKS: tl.constexpr):
     """Split ``split``'s partial of a token's head tile into part_max / part_sum [T, H, S] and part_acc [T, H, S, D]
     (float32); an empty share (a context shorter than S blocks) writes max -inf, sum 0, accumulator 0."""
     t, tile, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -123,7 +137,8 @@ def mla_attention_split_kernel(q_ptr, cache_ptr, part_max_ptr, part_sum_ptr, par
                                stride_qh, KV_FP8)
     m_i, l_i, acc_w, acc_r = _latent_walk(q_w, q_r, cache_ptr, tables_ptr + seq * stride_table, first, end, pos,
                                           offs_w, offs_r, r_ok, stride_block, stride_slot,
-                                          BLOCK_SIZE, HEAD_TILE, WIDE, REST, DOT_PRECISION)
+                                          host_ptr, host_first, stride_host_block,
+                                          BLOCK_SIZE, HEAD_TILE, WIDE, REST, DOT_PRECISION, HOST_BLOCKS)
     rows = (t.to(tl.int64) * num_heads + heads) * num_splits + split
     tl.store(part_max_ptr + rows, m_i, mask=h_ok)
     tl.store(part_sum_ptr + rows, l_i, mask=h_ok)
@@ -159,10 +174,23 @@ def row_split(head_dim: int) -> tuple[int, int]:
     return wide, max(16, triton.next_power_of_2(rest)) if rest else 16
 
 
-def mla_constexprs(head_dim: int, block_size: int, kv_fp8: bool, fp32_pool: bool) -> dict:
+def mla_constexprs(head_dim: int, block_size: int, kv_fp8: bool, fp32_pool: bool, host_blocks: bool = False) -> dict:
     wide, rest = row_split(head_dim)
     return dict(BLOCK_SIZE=block_size, HEAD_TILE=HEAD_TILE, WIDE=wide, REST=rest, KV_FP8=kv_fp8,
-                DOT_PRECISION="ieee" if fp32_pool else "tf32")
+                DOT_PRECISION="ieee" if fp32_pool else "tf32", HOST_BLOCKS=host_blocks)
+
+
+def latent_host_operands(cache: torch.Tensor, host) -> tuple:
+    """(pointer, first host id, block stride) of ``host``'s one-plane pool (a ``HostBlocksView``), or of none (the
+    device pool stands in: no table entry reaches it)."""
+    if host is None:
+        return cache, NO_HOST_BLOCKS, 0
+    pool = host.pool[0]
+    assert pool.dtype == cache.dtype and pool.device == cache.device, (pool.dtype, pool.device, cache.device)
+    assert pool.shape[1:] == cache.shape[1:] and pool.stride()[1:] == cache.stride()[1:], \
+        "a host block's rows are laid out as a device block's"
+    assert host.first_id >= cache.shape[0], "host ids start past the device pool's blocks"
+    return pool, host.first_id, pool.stride(0)
 
 
 def mla_warps(head_dim: int, block_size: int) -> int:
@@ -173,9 +201,10 @@ def mla_warps(head_dim: int, block_size: int) -> int:
 
 
 def mla_attention(q: torch.Tensor, cache: torch.Tensor, meta, scale: float,
-                  kv_scale: torch.Tensor | None = None, num_splits: int | None = None) -> torch.Tensor:
+                  kv_scale: torch.Tensor | None = None, num_splits: int | None = None, host=None) -> torch.Tensor:
     """``cache``: the one-plane latent pool ``[NB, BS, 1, D]`` (rows contiguous); ``num_splits``: shares of each
-    token's context (default ``latent_splits``; 1: one pass, no partials)."""
+    token's context (default ``latent_splits``; 1: one pass, no partials); ``host``: the layer's host KV blocks
+    (``kv.host_blocks.HostBlocksView``), which table entries from ``host.first_id`` on name."""
     t, num_heads, head_dim = q.shape
     assert cache.shape[2] == 1 and cache.shape[3] == head_dim and cache.stride(3) == 1, (cache.shape, q.shape)
     assert head_dim >= 16, head_dim
@@ -185,7 +214,8 @@ def mla_attention(q: torch.Tensor, cache: torch.Tensor, meta, scale: float,
     tables = meta.block_tables
     block_size = cache.shape[1]
     scales = kv_scale if kv_fp8 else tok_pos
-    constexprs = mla_constexprs(head_dim, block_size, kv_fp8, cache.dtype == torch.float32)
+    constexprs = mla_constexprs(head_dim, block_size, kv_fp8, cache.dtype == torch.float32, host is not None)
+    host_args = latent_host_operands(cache, host)
     splits = latent_splits(t, num_heads, tables.shape[1], block_size) if num_splits is None else num_splits
     if splits > 1:
         part_max = torch.empty(t, num_heads, splits, dtype=torch.float32, device=q.device)
@@ -193,32 +223,36 @@ def mla_attention(q: torch.Tensor, cache: torch.Tensor, meta, scale: float,
         part_acc = torch.empty(t, num_heads, splits, head_dim, dtype=torch.float32, device=q.device)
         mla_attention_split_kernel[(t, triton.cdiv(num_heads, HEAD_TILE), splits)](
             q, cache, part_max, part_sum, part_acc, tables, tok_seq, tok_pos, scales, scale, num_heads, head_dim,
-            splits, q.stride(0), q.stride(1), tables.stride(0), cache.stride(0), cache.stride(1),
+            splits, q.stride(0), q.stride(1), tables.stride(0), cache.stride(0), cache.stride(1), *host_args,
             num_warps=mla_warps(head_dim, block_size), **constexprs)
         return combine_partials(part_max, part_sum, part_acc, kv_scale[1] if kv_fp8 else None, q.dtype)
     out = torch.empty_like(q)
     mla_attention_kernel[(t, triton.cdiv(num_heads, HEAD_TILE))](
         q, cache, out, tables, tok_seq, tok_pos, scales, scale, num_heads, head_dim,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), tables.stride(0), cache.stride(0), cache.stride(1),
-        num_warps=mla_warps(head_dim, block_size), **constexprs)
+        *host_args, num_warps=mla_warps(head_dim, block_size), **constexprs)
     return out
 
 
 def compile_specs():
     specs = []
     for d, dtype, bs, cache in ((576, "bf16", 16, None), (576, "bf16", 64, None), (576, "bf16", 16, "fp8e4nv"),
-                                (576, "fp16", 16, None), (192, "bf16", 16, None)):
-        constexprs = mla_constexprs(d, bs, cache is not None, (cache or dtype) == "fp32")
-        types = dict(q_ptr=f"*{dtype}", cache_ptr=f"*{cache or dtype}", out_ptr=f"*{dtype}", tables_ptr="*i32",
-                     tok_seq_ptr="*i32", tok_pos_ptr="*i64", kv_scale_ptr="*fp32" if cache else "*i64", scale="fp32")
-        label = f"D={d} block={bs} {dtype}" + (f" kv={cache}" if cache else "")
+                                (576, "fp16", 16, None), (192, "bf16", 16, None), (576, "bf16", 16, "host")):
+        host = cache == "host"            # the bf16 pool, tables naming host blocks too
+        cache = None if host else cache
+        constexprs = mla_constexprs(d, bs, cache is not None, (cache or dtype) == "fp32", host)
+        types = dict(q_ptr=f"*{dtype}", cache_ptr=f"*{cache or dtype}", host_ptr=f"*{cache or dtype}",
+                     out_ptr=f"*{dtype}", tables_ptr="*i32", tok_seq_ptr="*i32", tok_pos_ptr="*i64",
+                     kv_scale_ptr="*fp32" if cache else "*i64", scale="fp32")
+        label = f"D={d} block={bs} {dtype}" + (f" kv={cache}" if cache else "") + (" host blocks" if host else "")
         specs.append(CompileSpec("mla_attention", label, mla_attention_kernel,
                                  signature_of(mla_attention_kernel, types, constexprs), constexprs, mla_warps(d, bs),
                                  ("q_ptr", "cache_ptr", "out_ptr", "stride_qt", "stride_qh", "stride_ot", "stride_oh",
-                                  "stride_block", "stride_slot", "head_dim")))
+                                  "stride_block", "stride_slot", "head_dim", "host_ptr", "stride_host_block")))
         split_types = {**types, "part_max_ptr": "*fp32", "part_sum_ptr": "*fp32", "part_acc_ptr": "*fp32"}
         specs.append(CompileSpec("mla_attention", f"split {label}", mla_attention_split_kernel,
                                  signature_of(mla_attention_split_kernel, split_types, constexprs), constexprs,
                                  mla_warps(d, bs), ("q_ptr", "cache_ptr", "part_acc_ptr", "stride_qt", "stride_qh",
-                                                    "stride_block", "stride_slot", "head_dim")))
+                                                    "stride_block", "stride_slot", "head_dim", "host_ptr",
+                                                    "stride_host_block")))
     return specs

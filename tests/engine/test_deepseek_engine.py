@@ -1,6 +1,6 @@
 """A tiny DeepSeek-V3 through the whole engine on the CPU: transformers' greedy tokens whatever the experts' and the
-layers' tier, the latent pool in every form the engine keeps it (fp8, the host KV tier, bf16 on the native
-kernels), and what the engine refuses for it."""
+layers' tier, the latent pool in every form the engine keeps it (fp8, the host KV tier loaded or read in place, bf16
+on the native kernels), and what the engine refuses for it."""
 from __future__ import annotations
 
 import pytest
@@ -11,7 +11,7 @@ from gh200rt.engine.engine import LLMEngine
 from gh200rt.engine.llm import LLM
 from gh200rt.sampling_params import SamplingParams
 from tests.engine.route_engines import describe_difference, first_step_logits
-from tests.engine.test_host_kv_tier import conversations, talk
+from tests.engine.test_host_kv_tier import conversations, synchronous_stores, talk
 from tests.model.test_parity_tiny import prompt
 from tests.model.tiny_checkpoints import save_tiny
 
@@ -71,6 +71,27 @@ def test_the_host_kv_tier_brings_latent_blocks_back(v3):
         small.engine.close()
     assert got == want
     assert host.hit_tokens >= 2 * 48 and host.loaded_blocks >= 6, host
+
+
+def test_latent_blocks_read_in_place_give_a_loads_bits(v3):
+    """The same conversations with the host tier's latent blocks read in place by the torch attention (absorbed
+    form: the one-plane pool seen as K and V) instead of loaded: the same tokens and logprobs, no load."""
+    path, _ = v3
+    firsts = conversations(256, count=3, system=0)
+    seen, host = {}, None
+    for reads in ("load", "in_place"):
+        config = EngineConfig.from_kwargs(model=path, dtype="float32", max_model_len=128, offload="none",
+                                          cpu_kernels="torch", num_kv_blocks=8, kv_offloading_size="16MiB",
+                                          kv_offloading_reads=reads)
+        llm = LLM.from_engine(LLMEngine.from_config(config, poison=True))
+        synchronous_stores(llm)
+        try:
+            seen[reads] = talk(llm, firsts, turns=2, max_tokens=2)
+            host = llm.engine.stats().kv_host
+        finally:
+            llm.engine.close()
+    assert seen["in_place"] == seen["load"]
+    assert host.read_in_place_blocks >= 3 and host.loaded_blocks == 0, host
 
 
 def test_an_fp8_latent_pool_and_the_bf16_route_generate(v3):

@@ -3,8 +3,6 @@ table and read there by attention instead of being copied into device blocks. On
 attention reads them (``--cpu-kernels torch``); the Triton kernels' reads: tests/kernels/test_host_block_attention.py.
 The tokens and logprobs are a load's, the blocks take no device block, stay pinned while read and are let go after;
 what cannot read in place is refused (or, asked ``auto``, loads)."""
-import dataclasses
-
 import pytest
 import torch
 
@@ -90,12 +88,9 @@ def test_what_cannot_read_in_place_is_refused_and_auto_loads(tiny):
     llm = tiny.llm(num_kv_blocks=8, max_model_len=128, kv_offloading_size="8MiB")   # auto, native kernels: loads
     assert llm.engine.kv.host_reads == "load" and llm.engine.runner.host_kv is None
     assert tier_llm(tiny, "auto").engine.kv.host_reads == "auto"
-    config = EngineConfig.from_kwargs(kv_offloading_size="8MiB", kv_offloading_reads="auto", cpu_kernels="torch")
-    latent = [torch.zeros(1, 4, 16, 1, 8)]            # one plane: latent attention's pool
-    assert host_reads(config, latent, "cpu") == "load"
-    with pytest.raises(ValueError, match="latent attention"):
-        host_reads(dataclasses.replace(config, cache=dataclasses.replace(config.cache, kv_offloading_reads="in_place")),
-                   latent, "cpu")
+    config = EngineConfig.from_kwargs(kv_offloading_size="8MiB", kv_offloading_reads="auto")
+    assert host_reads(config, [torch.zeros(2, 4, 16, 1, 8)], "cpu") == "load"     # the native kernels
+    assert host_reads(config, [torch.zeros(2, 4, 16, 1, 8)], "cuda") == "auto"
 
 
 @pytest.mark.parametrize("options, message", [

@@ -85,3 +85,20 @@ def test_an_engine_reading_host_blocks_in_place_generates_what_loading_them_gene
         llm.engine.close()
     assert host.read_in_place_blocks >= 3 and host.loaded_blocks == 0, host
     assert seen["in_place"] == seen["load"]
+
+
+def test_the_latent_kernel_reads_pinned_host_blocks_in_place_bit_for_bit():
+    from gh200rt.kernels.triton.mla_attention import mla_attention
+    from gh200rt.kv.host_blocks import HostBlocksView, device_visible
+    from tests.kernels.paged_cases import scattered_case
+    from tests.kernels.test_host_block_attention import MOVES, move_to_host
+    q, pool, meta, _ = scattered_case([1, 1, 4], [3, 45, 33], 128, 1, 576, 16, torch.bfloat16, seed=2)
+    plane = pool[:1]
+    host_meta, host, poisoned = move_to_host(plane, meta, MOVES["every other"])
+    tier = host.pool.transpose(0, 1).contiguous().pin_memory()
+    on_device = HostBlocksView(device_visible(tier, torch.device("cuda")).transpose(0, 1), host.first_id)
+    for splits in (1, 3):
+        want = mla_attention(q.cuda(), plane[0].cuda(), on_gpu(meta), 576 ** -0.5, num_splits=splits)
+        got = mla_attention(q.cuda(), poisoned[0].cuda(), on_gpu(host_meta), 576 ** -0.5, num_splits=splits,
+                            host=on_device)
+        assert torch.equal(got, want), splits

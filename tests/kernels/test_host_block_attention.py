@@ -13,6 +13,7 @@ from gh200rt.kv import attention as torch_attention
 from gh200rt.kv.host_blocks import HostBlocksView
 from tests.kernels.test_kv_fp8 import FP8, fp8_case
 from tests.kernels.test_paged_attention import build_case
+from tests.kernels.paged_cases import scattered_case
 from tests.kernels.test_split_attention import padded
 
 LAYERS, LAYER = 3, 1      # the tier holds every layer's share of a block; the case is layer 1's
@@ -71,6 +72,19 @@ def test_host_blocks_of_an_fp8_pool_are_read_with_its_scales(kv_dtype, num_split
     want = paged_attention(q, pool, meta, 32 ** -0.5, 2, scale, num_splits=num_splits)
     host_meta, host, poisoned = move_to_host(pool, meta, MOVES["every other"])
     got = paged_attention(q, poisoned, host_meta, 32 ** -0.5, 2, scale, num_splits=num_splits, host=host)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_the_latent_kernel_reads_host_blocks_as_device_ones(num_splits):
+    """Latent attention's one-plane pool (DeepSeek-V3's): host rows read in place, the device rows' bits."""
+    from gh200rt.kernels.triton.mla_attention import mla_attention
+    q, pool, meta, _ = scattered_case([1, 1, 4], [3, 45, 33], 20, 1, 48, 8, torch.bfloat16, seed=num_splits)
+    plane = pool[:1]
+    want = mla_attention(q, plane[0], meta, 0.15, num_splits=num_splits)
+    host_meta, host, poisoned = move_to_host(plane, meta, MOVES["every other"])
+    got = mla_attention(q, poisoned[0], host_meta, 0.15, num_splits=num_splits, host=host)
     assert torch.equal(got, want)
 
 

@@ -56,7 +56,7 @@ def test_a_tiny_deepseek_v3_decodes_through_the_latent_kernel(tmp_path, monkeypa
     want_tokens, want = PagedRunner(model, block_size=4, num_blocks=40).greedy(prompt()[:6], 3)
     calls = []
     real = kernel.mla_attention
-    monkeypatch.setattr(kernel, "mla_attention", lambda q, *a: calls.append(q.shape[0]) or real(q, *a))
+    monkeypatch.setattr(kernel, "mla_attention", lambda q, *a, **kw: calls.append(q.shape[0]) or real(q, *a, **kw))
     install_triton_kernels(model)
     tokens, got = PagedRunner(model, block_size=4, num_blocks=40).greedy(prompt()[:6], 3)
     assert calls and all(n <= 16 for n in calls)          # decode steps (and the 6-token prompt) took it

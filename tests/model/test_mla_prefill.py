@@ -69,6 +69,22 @@ def test_the_expanded_form_gives_the_absorbed_values(v3, pad_values, pool_dtype)
     assert fp8.is_fp8(pool.dtype) == (pool_dtype != torch.float32)
 
 
+def test_host_blocks_read_in_place_give_the_device_blocks_values(v3):
+    """Tables naming host KV blocks (``meta.host_kv``): the expanded chunks gather them and the decodes attend them
+    where they lie, with the bits of the same blocks in the device pool."""
+    from gh200rt.kv.host_blocks import HostKVLayers
+    from tests.kernels.test_host_block_attention import LAYER, LAYERS, MOVES, move_to_host
+    attn = load_model(ModelConfig(model=v3, dtype="float32")).model.layers[0].self_attn
+    q_nope, q_pe, pool, meta = step(attn, [1, 9, 1, 20, 6], [13, 9, 30, 37, 11])
+    want = expanded_prefill(attn, q_nope, q_pe, pool, meta, min_query=1)
+    host_meta, host, poisoned = move_to_host(pool, meta, MOVES["every other"])
+    caches = [poisoned if layer == LAYER else torch.empty_like(poisoned) for layer in range(LAYERS)]
+    host_meta.host_kv = HostKVLayers(caches, host.pool.transpose(0, 1).unsqueeze(1).expand(-1, LAYERS, -1, -1, -1, -1),
+                                     host.first_id)
+    got = expanded_prefill(attn, q_nope, q_pe, poisoned, host_meta, min_query=1)
+    assert torch.equal(got, want)
+
+
 def test_a_tiny_v3_with_the_hook_generates_the_absorbed_tokens(v3):
     shared = SharedModel(v3)
     prompts = looping_prompts(3, seed=9)

@@ -106,7 +106,7 @@ def triton_latent_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale
         return torch_attention.paged_attention(q, kv_cache, meta, scale, num_kv_heads, kv_scale)
     from gh200rt.kernels.triton.mla_attention import mla_attention
     assert num_kv_heads == 1 and kv_cache.stride(0) == 0, "a latent pool: one plane read as K and V"
-    return mla_attention(q, kv_cache[0], meta, scale, kv_scale)
+    return mla_attention(q, kv_cache[0], meta, scale, kv_scale, host=host_view(meta, kv_cache))
 
 
 def triton_decode_block(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor, meta,

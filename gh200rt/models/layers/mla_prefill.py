@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from gh200rt.kv.attention import attend_group, batch_layout, gather_blocks
+from gh200rt.kv.host_blocks import HostBlocksView, host_view
 from gh200rt.models.base import AttentionMetadata
 
 
@@ -32,29 +33,33 @@ def expanded_prefill(attn, q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: t
         return None
     tokens = q_nope.shape[0]
     values = q_nope.new_empty(tokens, attn.num_heads, attn.v_dim)
+    host = host_view(meta, kv_cache)          # host KV blocks the tables may name (read in place)
     for group in batch_layout(meta).groups:
         rows = group.token_rows
         nope = q_nope if rows is None else q_nope.index_select(0, rows)
         pe = q_pe if rows is None else q_pe.index_select(0, rows)
-        out = _absorbed(attn, nope, pe, kv_cache, group) if group.decode else \
-            _expanded(attn, nope, pe, kv_cache, group, pad_values)
+        out = _absorbed(attn, nope, pe, kv_cache, group, host) if group.decode else \
+            _expanded(attn, nope, pe, kv_cache, group, pad_values, host)
         if rows is None:
             return out
         values.index_copy_(0, rows, out)
     return values
 
 
-def _absorbed(attn, q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, group) -> torch.Tensor:
+def _absorbed(attn, q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, group,
+              host: HostBlocksView | None) -> torch.Tensor:
     w_uk, w_uv_t = attn.absorbed_weights()
     query = torch.cat((torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1), q_pe), dim=-1)
-    out = attend_group(query, kv_cache.expand(2, *kv_cache.shape[1:]), group, attn.scale, 1, attn.kv_scale)
+    as_planes = (lambda t: t.expand(2, *t.shape[1:]))   # noqa: E731  (the row is K and V)
+    out = attend_group(query, as_planes(kv_cache), group, attn.scale, 1, attn.kv_scale,
+                       None if host is None else HostBlocksView(as_planes(host.pool), host.first_id))
     return torch.bmm(out[..., :attn.rank].transpose(0, 1), w_uv_t).transpose(0, 1)
 
 
 def _expanded(attn, q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, group,
-              pad_values: bool) -> torch.Tensor:
+              pad_values: bool, host: HostBlocksView | None) -> torch.Tensor:
     heads, nope, v_dim, rank = attn.num_heads, attn.nope_dim, attn.v_dim, attn.rank
-    latent = gather_blocks(kv_cache, 0, group.blocks, attn.kv_scale, q_nope.dtype)
+    latent = gather_blocks(kv_cache, 0, group.blocks, attn.kv_scale, q_nope.dtype, host)
     latent = latent.reshape(group.num_seqs, -1, latent.shape[-1])                     # [B, S, r + rope]
     keys = latent.shape[1]
     kv = attn.kv_b_proj(latent[..., :rank].reshape(-1, rank)).view(group.num_seqs, keys, heads, nope + v_dim)
