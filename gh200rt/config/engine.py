@@ -32,9 +32,6 @@ class EngineConfig:
         if self.cache.kv_offloading_disk_dir is not None and self.parallel.tensor_parallel_size > 1:
             raise ValueError("--kv-offloading-disk-dir with --tensor-parallel-size > 1 is not supported yet (each "
                              "rank's share of a block would need its own file): drop one of the two")
-        if self.cache.kv_offloading_reads == "in_place" and self.parallel.tensor_parallel_size > 1:
-            raise ValueError("--kv-offloading-reads in_place with --tensor-parallel-size > 1 is not supported yet "
-                             "(each worker would read its own share of the host tier): use load or auto")
         if self.cache.kv_offloading_reads == "in_place" and self.speculative.method is not None:
             raise ValueError("--kv-offloading-reads in_place with --speculative-config is not supported yet (a "
                              "draft keeps no KV for blocks read in place): use load or auto")

@@ -29,6 +29,7 @@ from gh200rt.distributed.rank_numa import rank_platform
 from gh200rt.distributed.sharding import TensorShard
 from gh200rt.distributed.step_channel import receive_step
 from gh200rt.distributed.worker_lora import WorkerAdapters
+from gh200rt.kv.host_blocks import HostKVLayers, device_visible
 from gh200rt.kv.offload import HostKVMirror, PoolBlocks
 
 PARENT_POLL_SECONDS = 0.5
@@ -66,6 +67,7 @@ def run_worker(shard: TensorShard, config, meet: Rendezvous, threads: int, paren
     """What rank ``shard.rank`` runs (``workers.py`` and ``node.py`` start it through ``rank_process.py``; a
     process torchrun started calls it itself, ``parent_pid`` None)."""
     from gh200rt.engine.bootstrap import execution_device, load_and_place
+    from gh200rt.engine.host_kv_tier import host_reads
     from gh200rt.engine.model_runner import ModelRunner
     if parent_pid is not None:
         _exit_with_parent(parent_pid)
@@ -98,6 +100,9 @@ def run_worker(shard: TensorShard, config, meet: Rendezvous, threads: int, paren
             if kv.host_blocks and host_kv is None:
                 host_kv = HostKVMirror(PoolBlocks(arena.kv_caches(), arena.blocks()), kv.host_blocks,
                                        pin_memory=device == "cuda")
+                if host_reads(config, arena.kv_caches(), device) != "load":    # rank 0's tables may name its slots
+                    runner.read_host_blocks(HostKVLayers(arena.kv_caches(), device_visible(
+                        host_kv.host, torch.device(device)), arena.pool.num_blocks))
             if host_kv is not None:
                 host_kv.apply(kv.stores, kv.loads)
             if adapters is None:

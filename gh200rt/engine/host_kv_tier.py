@@ -95,8 +95,6 @@ def make_host_tier(config: EngineConfig, kv_caches: list[torch.Tensor], device: 
 
 def in_place_unavailable(config: EngineConfig, kv_caches: list[torch.Tensor], device: str) -> str | None:
     """Why this engine's attention cannot read host KV blocks in place (None: it can)."""
-    if config.parallel.tensor_parallel_size > 1:
-        return "with tensor parallelism each worker would read its own share of the tier (not built yet)"
     if config.speculative.method is not None:
         return "a draft keeps no KV for blocks read in place (not built yet)"
     if torch.device(device).type == "cpu" and config.model.cpu_kernels == "native":

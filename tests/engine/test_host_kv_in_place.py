@@ -96,8 +96,6 @@ def test_what_cannot_read_in_place_is_refused_and_auto_loads(tiny):
 @pytest.mark.parametrize("options, message", [
     (dict(kv_offloading_reads="in_place"), "add --kv-offloading-size"),
     (dict(kv_offloading_reads="sometimes", kv_offloading_size="4"), "choose one of auto, load, in_place"),
-    (dict(kv_offloading_reads="in_place", kv_offloading_size="4", tensor_parallel_size=2),
-     "in_place with --tensor-parallel-size > 1 is not supported yet"),
     (dict(kv_offloading_reads="in_place", kv_offloading_size="4",
           speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
      "in_place with --speculative-config is not supported yet"),
