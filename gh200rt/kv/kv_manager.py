@@ -286,7 +286,7 @@ class KVCacheManager:
         (``reads_in_place``): the table names them as they are, and ``free`` lets go of them.
         ``prompt_only``: the request computes its prompt and at most one token (``auto`` reads such a hit in place:
         its bytes cross the link once either way)."""
-        if self.reads_in_place(request, len(found), prompt_only):
+        if self.reads_in_place(request, prompt_only):
             first = self.pool.num_blocks
             request.block_ids.extend(first + block.slot for block, _ in found)
             request.block_hashes.extend(h for _, h in found)
@@ -296,8 +296,8 @@ class KVCacheManager:
             request.host_blocks = list(found)
         request.num_computed_tokens += len(found) * self.block_size
 
-    def reads_in_place(self, request: HasBlocks, hit_blocks: int, prompt_only: bool = False) -> bool:
-        """Whether a host-tier hit of ``hit_blocks`` blocks that continues ``request``'s device hit is read in place.
+    def reads_in_place(self, request: HasBlocks, prompt_only: bool = False) -> bool:
+        """Whether a host-tier hit that continues ``request``'s device hit (``block_ids``) is read in place.
         ``auto``: where loading it would not fit in the free device blocks now, beside the rest of the prompt (the
         request would wait, or another be preempted), or for a request that reads it once (``prompt_only``);
         otherwise it is loaded: every later step then reads it from device memory, not over the link."""

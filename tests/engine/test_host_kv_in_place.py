@@ -73,12 +73,12 @@ def test_auto_reads_in_place_only_where_a_load_would_not_fit():
     class Seq:
         block_ids, all_token_ids = [], list(range(30))      # 8 blocks if the hit were loaded
 
-    assert not kv.reads_in_place(Seq(), hit_blocks=5)
-    assert kv.reads_in_place(Seq(), hit_blocks=5, prompt_only=True)
+    assert not kv.reads_in_place(Seq())
+    assert kv.reads_in_place(Seq(), prompt_only=True)
     kv.pool.allocate(3)                                       # 7 free: the load would not fit
-    assert kv.reads_in_place(Seq(), hit_blocks=5)
+    assert kv.reads_in_place(Seq())
     kv.host_reads = "load"
-    assert not kv.reads_in_place(Seq(), hit_blocks=5)
+    assert not kv.reads_in_place(Seq())
 
 
 def test_what_cannot_read_in_place_is_refused_and_auto_loads(tiny):
