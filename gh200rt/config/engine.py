@@ -11,7 +11,7 @@ from gh200rt.config.memory import MemoryConfig
 from gh200rt.config.model import ModelConfig
 from gh200rt.config.parallel import ParallelConfig
 from gh200rt.config.scheduler import SchedulerConfig
-from gh200rt.config.speculative import SpeculativeConfig
+from gh200rt.config.speculative import MODEL_METHODS, SpeculativeConfig
 
 
 @dataclass(frozen=True)
@@ -32,9 +32,11 @@ class EngineConfig:
         if self.cache.kv_offloading_disk_dir is not None and self.parallel.tensor_parallel_size > 1:
             raise ValueError("--kv-offloading-disk-dir with --tensor-parallel-size > 1 is not supported yet (each "
                              "rank's share of a block would need its own file): drop one of the two")
-        if self.cache.kv_offloading_reads == "in_place" and self.speculative.method is not None:
-            raise ValueError("--kv-offloading-reads in_place with --speculative-config is not supported yet (a "
-                             "draft keeps no KV for blocks read in place): use load or auto")
+        drafted = self.speculative.method
+        if self.cache.kv_offloading_reads == "in_place" and drafted is not None and drafted.method in MODEL_METHODS:
+            raise ValueError(f"--kv-offloading-reads in_place with the {drafted.method} method is not "
+                             "supported yet (its draft keeps no KV for blocks read in place): use load or auto, or "
+                             "an ngram or suffix draft")
         method = self.speculative.method
         if self.scheduler.async_scheduling and (method is not None or self.parallel.tensor_parallel_size > 1):
             what = "--speculative-config" if method is not None else "--tensor-parallel-size > 1"

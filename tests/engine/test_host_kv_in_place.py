@@ -97,12 +97,25 @@ def test_what_cannot_read_in_place_is_refused_and_auto_loads(tiny):
     (dict(kv_offloading_reads="in_place"), "add --kv-offloading-size"),
     (dict(kv_offloading_reads="sometimes", kv_offloading_size="4"), "choose one of auto, load, in_place"),
     (dict(kv_offloading_reads="in_place", kv_offloading_size="4",
-          speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
-     "in_place with --speculative-config is not supported yet"),
+          speculative_config={"method": "eagle3", "model": "/tmp/head", "num_speculative_tokens": 2}),
+     "in_place with the eagle3 method is not supported yet"),
 ])
 def test_reads_that_cannot_be_honoured_are_refused(options, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig.from_kwargs(**options)
+
+
+def test_ngram_drafts_verified_over_blocks_read_in_place_give_a_loads_tokens(tiny):
+    """Verification steps (a decode row per drafted position) read the host blocks as plain decodes do."""
+    firsts = conversations(256, count=3, system=0)
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
+    seen = {}
+    for reads in ("load", "in_place"):
+        llm = tier_llm(tiny, reads, speculative_config=spec)
+        seen[reads] = talk(llm, firsts, turns=2, max_tokens=6)
+    assert llm.engine.stats().kv_host.read_in_place_blocks >= 3
+    assert llm.engine.speculator.stats.num_drafts > 0, "no step verified a draft"
+    assert seen["in_place"] == seen["load"]
 
 
 @pytest.mark.interpreter
