@@ -73,7 +73,8 @@ def test_triton_kernels_match_the_torch_path(monkeypatch, qk_norm, prompt_len):
     for module, name, calls in ((attention_kernel, "paged_attention", kernel_calls),
                                 (rope_store_kv, "rope_and_store_kv", fused_calls)):
         real = getattr(module, name)
-        monkeypatch.setattr(module, name, lambda q, *a, real=real, calls=calls: calls.append(q.shape[0]) or real(q, *a))
+        monkeypatch.setattr(module, name, lambda q, *a, real=real, calls=calls, **kw:
+                            calls.append(q.shape[0]) or real(q, *a, **kw))
     # per layer: attention, SiLU-and-mul, 2 norms (+ q/k norms); plus the final norm
     assert install_triton_kernels(model) == 2 * (1 + 1 + 2 + (2 if qk_norm else 0)) + 1
     got = run_steps(model, prompt_len)
