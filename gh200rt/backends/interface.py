@@ -42,7 +42,8 @@ def switch_hooks(model: torch.nn.Module, ops: dict) -> int:
     (``RefLinear.dense_fn``) follows ``ops["dense_linear"]`` (default ``dense_linear``), their packed weights'
     native CPU kernel ``ops["packed_native"]`` (default on) and a decoder layer's one-call decode path
     (``decode_layer_fn``) ``ops["decode_layer"]`` (default none), an MoE block's experts a new
-    ``ops["moe"]()`` (default none: the grouped torch path); none of these is counted."""
+    ``ops["moe"]()`` (default none: the grouped torch path), a model's one-call decoder stack (``decode_stack_fn``)
+    ``ops["decode_stack"]`` (default none); none of these is counted."""
     switched = 0
     rotate = ops["rotary"]()        # one per model: it may keep the step's cos|sin table (TritonRotary)
     for module in model.modules():
@@ -53,6 +54,9 @@ def switch_hooks(model: torch.nn.Module, ops: dict) -> int:
         if isinstance(module, SparseMoeBlock):
             fused = ops.get("moe")
             module.fused_experts_fn = fused() if fused is not None else None
+        if hasattr(module, "decode_stack_fn"):  # a model: its decoder layers in one call, where the ops have it
+            module.decode_stack_fn = ops.get("decode_stack")
+            forget_decode_state(module)
         if hasattr(module, "decode_layer_fn"):  # a decoder layer: its one-call decode path, where the ops have one
             module.decode_layer_fn = ops.get("decode_layer")
             forget_decode_state(module)

@@ -72,9 +72,10 @@ class ShardedLlamaForCausalLM(LlamaForCausalLM):
 
     def connect(self, state: ParallelState) -> None:
         """Give the model its rank's process groups, and keep every decoder layer op by op: the native one-call
-        decode layer has no place for the all-reduces."""
+        decode layer (and the stack of them) has no place for the all-reduces."""
         assert state.rank == self.shard.rank and state.world_size == self.shard.world_size, (state, self.shard)
         self.state = state
+        self.decode_stack_fn = None
         for layer in self.layers:
             layer.self_attn.o_proj.state = state
             if layer.sparse:

@@ -39,6 +39,11 @@ def forward(model, input_ids: torch.Tensor, positions: torch.Tensor, meta: Atten
         return model(input_ids, positions, meta, kv_caches)
     hooks.begin_step(input_ids.shape[0])
     hidden, context = model.embed(input_ids, positions)
+    stack = getattr(model, "decode_stack_fn", None)
+    if stack is not None and not hooks.between_layers():
+        stacked = stack(model, hidden, *context, meta, kv_caches)
+        if stacked is not None:
+            return model.final_norm(stacked, None)
     residual = None
     for i, layer in enumerate(model.layers):
         hooks.before_layer(i)

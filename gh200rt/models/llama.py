@@ -86,6 +86,9 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight_ref.current = self.embed_tokens
         self.rotary = RotaryEmbedding(arch.rope_dim, arch.max_position_embeddings,
                                       arch.rope_theta, arch.rope_scaling, device)
+        # every decoder layer of a decode step in one call (native CPU ops, backends/cpu/decode_stack.py):
+        # (model, hidden, cos, sin, meta, kv_caches) -> the last layer's output, or None (the layers run one by one)
+        self.decode_stack_fn = None
 
     def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, tuple]:
         """The hidden states entering layer 0, and what every layer takes besides them (cos, sin)."""
@@ -95,6 +98,10 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[torch.Tensor]) -> torch.Tensor:
         hidden, context = self.embed(input_ids, positions)
+        if self.decode_stack_fn is not None:
+            stacked = self.decode_stack_fn(self, hidden, *context, meta, kv_caches)
+            if stacked is not None:
+                return self.final_norm(stacked, None)
         residual = None
         for i, layer in enumerate(self.layers):
             hidden, residual = layer.forward_deferred(hidden, residual, *context, meta, kv_caches[i])

@@ -65,6 +65,9 @@ class LayerStaging(LayerHooks):
     def after_layer(self, index: int) -> None:
         self._schedule.after_layer(index)
 
+    def between_layers(self) -> bool:
+        return self._schedule.between_layers()
+
     def self_contained(self):
         return self._schedule.self_contained()
 

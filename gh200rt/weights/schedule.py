@@ -42,6 +42,12 @@ class LayerHooks:
     def after_layer(self, index: int) -> None:
         pass
 
+    def between_layers(self) -> bool:
+        """Whether ``before_layer`` / ``after_layer`` may do anything in the step begun (False: the layers may run
+        without them, in one call). Hooks that override either say True unless they say otherwise."""
+        cls = type(self)
+        return cls.before_layer is not LayerHooks.before_layer or cls.after_layer is not LayerHooks.after_layer
+
     @contextmanager
     def self_contained(self) -> Iterator[None]:
         """Around a step captured into a graph, or replayed from one: no copy crosses its boundaries."""
@@ -133,6 +139,9 @@ class StreamingSchedule(LayerHooks):
             self.backend.copy(slot, self.sources(self.order[position]))
             self._owned[slot] = True
             self._next += 1
+
+    def between_layers(self) -> bool:
+        return bool(self.position)    # no layer in the ring order: the hooks find no position and return
 
     def before_layer(self, index: int) -> None:
         p = self.position.get(index)

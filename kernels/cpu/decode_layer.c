@@ -105,3 +105,30 @@ done:
     free(buf);
     return rc;
 }
+
+/* out = layers[count - 1](... layers[0](hidden)): a decode step's decoder layers one after another, each exactly as
+ * gh_decode_layer runs it alone with the step's fields of *step (so the stack has the layer-by-layer bits), the
+ * hidden states between them in two buffers taken in turn. Returns 0, or -1 as gh_decode_layer does. */
+int gh_decode_layers(const void *hidden, int64_t rows, const DecodeLayerArgs *const *layers, int64_t count,
+                     const DecodeStepArgs *step, void *out) {
+    if (count <= 0) return 0;
+    size_t bytes = (size_t)(rows * layers[0]->hidden) * (layers[0]->dtype ? 2 : 4);
+    char *between = count > 1 ? malloc(2 * bytes) : NULL;
+    if (count > 1 && !between) return -1;
+    const void *in = hidden;
+    int rc = 0;
+    for (int64_t i = 0; i < count && !rc; i++) {
+        DecodeLayerArgs a = *layers[i];
+        a.cos = step->cos;
+        a.sin = step->sin;
+        a.slots = step->slots;
+        a.block_tables = step->block_tables;
+        a.table_stride = step->table_stride;
+        a.seq_lens = step->seq_lens;
+        void *dst = i == count - 1 ? out : between + (size_t)(i % 2) * bytes;
+        rc = gh_decode_layer(in, rows, &a, dst);
+        in = dst;
+    }
+    free(between);
+    return rc;
+}

@@ -34,6 +34,18 @@ typedef struct {
     int64_t dtype;               /* the activations': 0 float32, 1 bfloat16 */
 } DecodeLayerArgs;
 
+/* What changes from step to step and is the same for every layer of it: gh_decode_layers sets these fields of each
+ * layer's DecodeLayerArgs (a copy) from here. */
+typedef struct {
+    const void *cos, *sin;
+    const int64_t *slots;
+    const int32_t *block_tables;
+    int64_t table_stride;
+    const int64_t *seq_lens;
+} DecodeStepArgs;
+
 int gh_decode_layer(const void *hidden, int64_t rows, const DecodeLayerArgs *a, void *out);
+int gh_decode_layers(const void *hidden, int64_t rows, const DecodeLayerArgs *const *layers, int64_t count,
+                     const DecodeStepArgs *step, void *out);
 
 #endif

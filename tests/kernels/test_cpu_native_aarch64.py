@@ -37,7 +37,7 @@ HAS_AVX2 = {"avx2", "fma", "f16c"} <= cpu_flags()
 # outputs of the paths where the vector builds fuse multiply-adds and the portable C does not, with the tolerance
 # each is held to against the portable build (bf16 outputs: the bf16 one)
 ROUNDING = {"linear/": 1e-4, "quant/": 1e-4, "attn/decode/": 1e-5, "attn/extend/": 1e-5, "block/fused/": 1e-5,
-            "block/steps/": 1e-5, "layer/out/": 1e-4}
+            "block/steps/": 1e-5, "layer/out/": 1e-4, "layers/out/": 1e-3}   # three layers compound it
 BF16_TOL = 1e-2
 
 

@@ -155,7 +155,7 @@ class _LayerCall:
         return True
 
 
-class _StepArgs:
+class StepArgs:
     """A decode-only step's slots, block tables and lengths as the native attention reads them."""
     __slots__ = ("rows", "keep", "slots", "tables", "table_stride", "seq_lens")
 
@@ -176,42 +176,67 @@ class _StepArgs:
         self.table_stride = tables.stride(0)
 
 
-def _step_args(meta) -> _StepArgs:
+def step_args(meta) -> StepArgs:
+    """The decode arguments of ``meta``'s step (``rows`` 0: not a decode-only step on the CPU), built once per step."""
     step = meta.__dict__.get(_STEP)
     if step is None:
-        step = meta.__dict__[_STEP] = _StepArgs(meta)
+        step = meta.__dict__[_STEP] = StepArgs(meta)
     return step
+
+
+def layer_parts(layer) -> _LayerParts:
+    parts = layer.__dict__.get(_PARTS)
+    if parts is None:
+        parts = layer.__dict__[_PARTS] = _LayerParts(layer)
+    return parts
+
+
+def rows_fit(attn, rows: int, dtype: torch.dtype, step: StepArgs, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Whether ``rows`` rows of ``dtype`` with these rotary tables are the one-call layer's: one per sequence of the
+    step, and the tables laid out as the native attention reads them."""
+    return step.rows == rows and rows > 0 and cos.dtype == dtype and sin.dtype == dtype \
+        and cos.is_contiguous() and sin.is_contiguous() and cos.numel() == rows * (attn.head_dim // 2) \
+        and sin.shape == cos.shape
+
+
+def layer_call(layer, rows: int, dtype: torch.dtype, threads: int, kv_cache: torch.Tensor) -> _LayerCall | None:
+    """``layer``'s argument block for a decode step of ``rows`` rows of ``dtype`` activations on ``threads``
+    threads, pointed at ``kv_cache`` (cached on the layer while its weights and pool stay), or None where the layer
+    runs op by op. Its step fields are not set."""
+    if layer.sparse:   # an MoE layer's experts run op by op (models/moe.py)
+        return None
+    parts = layer_parts(layer)
+    attn = parts.attn
+    if attn.q_norm is not None or attn.calculate_kv_scales or attn.decode_block_fn is None:
+        return None
+    key = (dtype, *parts.key(rows, threads))
+    call = layer.__dict__.get(_CACHE)
+    if call is None or call.key != key:
+        call = layer.__dict__[_CACHE] = _LayerCall(parts, key, rows, threads, dtype)
+    if call.args is None or ((call.pool is None or call.pool() is not kv_cache) and not call.set_pool(kv_cache)):
+        return None
+    return call
+
+
+def activations_fit(hidden: torch.Tensor) -> bool:
+    return hidden.dtype in (torch.float32, torch.bfloat16) and hidden.is_cpu and hidden.is_contiguous() \
+        and hidden.dim() == 2
 
 
 def native_decode_layer(ops: NativeOps):
     """The ``DecoderLayer.decode_layer_fn`` of the native CPU ops (see the module docstring)."""
     def decode_layer(layer, hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
                      sin: torch.Tensor, meta, kv_cache: torch.Tensor) -> torch.Tensor | None:
-        if layer.sparse:   # an MoE layer's experts run op by op (models/moe.py)
+        if layer.sparse or not activations_fit(hidden):
             return None
-        rows = hidden.shape[0]
-        parts = layer.__dict__.get(_PARTS)
-        if parts is None:
-            parts = layer.__dict__[_PARTS] = _LayerParts(layer)
-        attn = parts.attn
-        dtype = hidden.dtype
-        if dtype not in (torch.float32, torch.bfloat16) or not hidden.is_cpu or not hidden.is_contiguous() \
-                or hidden.dim() != 2 or attn.q_norm is not None or attn.calculate_kv_scales \
-                or attn.decode_block_fn is None:
+        rows, dtype = hidden.shape[0], hidden.dtype
+        step = step_args(meta)
+        if not rows_fit(layer_parts(layer).attn, rows, dtype, step, cos, sin):
             return None
-        step = _step_args(meta)
-        if step.rows != rows or rows == 0 or cos.dtype != dtype or sin.dtype != dtype \
-                or not (cos.is_contiguous() and sin.is_contiguous()) or cos.numel() != rows * (attn.head_dim // 2) \
-                or sin.shape != cos.shape:
+        call = layer_call(layer, rows, dtype, torch.get_num_threads(), kv_cache)
+        if call is None:
             return None
-        threads = torch.get_num_threads()
-        key = (dtype, *parts.key(rows, threads))
-        call = layer.__dict__.get(_CACHE)
-        if call is None or call.key != key:
-            call = layer.__dict__[_CACHE] = _LayerCall(parts, key, rows, threads, dtype)
         args = call.args
-        if args is None or ((call.pool is None or call.pool() is not kv_cache) and not call.set_pool(kv_cache)):
-            return None
         args.cos, args.sin = cos.data_ptr(), sin.data_ptr()
         args.slots, args.block_tables, args.seq_lens = step.slots, step.tables, step.seq_lens
         args.table_stride = step.table_stride

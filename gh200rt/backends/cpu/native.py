@@ -56,6 +56,7 @@ SIGNATURES = {
     "gh_f16_linear": (_P, _I, _I, _P, _I, _I, _I, _P, _P, _I, _I),
     "gh_fp8_linear": (_P, _I, _I, _P, _I, _I, _I, _P, _I, _I, _P, _P, _I, _I),
     "gh_decode_layer": (_P, _I, _P, _P),
+    "gh_decode_layers": (_P, _I, _P, _I, _P, _P),
     "gh_amx_available": (),
     "gh_amx_packed_elems": (_I, _I),
     "gh_amx_pack": (_P, _I, _I, _I, _I, _P),
@@ -64,7 +65,8 @@ SIGNATURES = {
     "gh_bf16_dot_linear": (_P, _I, _I, _P, _I, _I, _P, _P, _I, _I, _I, _C),
 }
 RESTYPES = {"gh_quant_linear": ctypes.c_int, "gh_decode_attention_block": ctypes.c_int, "gh_decode_layer": ctypes.c_int,
-            "gh_extend_attention": ctypes.c_int, "gh_amx_available": ctypes.c_int, "gh_amx_packed_elems": _I,
+            "gh_decode_layers": ctypes.c_int, "gh_extend_attention": ctypes.c_int, "gh_amx_available": ctypes.c_int,
+            "gh_amx_packed_elems": _I,
             "gh_amx_linear": ctypes.c_int, "gh_bf16_dot_available": ctypes.c_int, "gh_bf16_dot_linear": ctypes.c_int}
 
 _error: str | None = None

@@ -57,6 +57,12 @@ class DecodeLayerArgs(ctypes.Structure):
                 ("kv_type", _I), ("kv_scale", _P), ("dtype", _I)]
 
 
+class DecodeStepArgs(ctypes.Structure):
+    """gh_decode_layer.h's DecodeStepArgs: a decode step's fields of every layer's DecodeLayerArgs."""
+    _fields_ = [("cos", _P), ("sin", _P), ("slots", _P), ("block_tables", _P), ("table_stride", _I),
+                ("seq_lens", _P)]
+
+
 def linear_threads(n: int, k: int) -> int:
     """The threads a native linear of ``[n, k]`` weights runs on: one below ``SHARED_WEIGHT_ELEMENTS``."""
     return torch.get_num_threads() if n * k >= SHARED_WEIGHT_ELEMENTS else 1

@@ -12,7 +12,7 @@ import ctypes
 
 import torch
 
-from gh200rt.backends.cpu.native_args import DecodeLayerArgs, linear_threads, quant_weight_args
+from gh200rt.backends.cpu.native_args import DecodeLayerArgs, DecodeStepArgs, linear_threads, quant_weight_args
 from gh200rt.backends.cpu.native_checks import (FP8_KV_TYPES, as_int64, check_dense_linear, check_pool, dtype_code,
                                                 fp8_linear_fits, kv_type_args, paged_inputs, pool_args, table_rows)
 
@@ -308,6 +308,14 @@ class NativeOps:
         (gh200rt/backends/cpu/decode_layer.py) builds ``args`` from what the layer-by-layer path would call."""
         if self._lib.gh_decode_layer(hidden.data_ptr(), hidden.shape[0], ctypes.addressof(args), out.data_ptr()):
             raise MemoryError(f"native decode layer: no memory for its buffers ({hidden.shape[0]} rows)")
+
+    def decode_layers(self, hidden: torch.Tensor, layers, count: int, step: "DecodeStepArgs",
+                      out: torch.Tensor) -> None:
+        """``out`` = the ``count`` decoder layers of ``layers`` (a ctypes array of ``DecodeLayerArgs`` pointers) one
+        after another over ``hidden``, each as ``decode_layer`` runs it with ``step``'s fields."""
+        if self._lib.gh_decode_layers(hidden.data_ptr(), hidden.shape[0], layers, count, ctypes.addressof(step),
+                                      out.data_ptr()):
+            raise MemoryError(f"native decode layers: no memory for their buffers ({hidden.shape[0]} rows)")
 
     def dequantize(self, weight) -> torch.Tensor:
         """The dense float32 ``[N, K]`` weight, with ``PackedWeight.dequantize()``'s bits."""

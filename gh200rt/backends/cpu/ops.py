@@ -5,7 +5,8 @@ the attention of prompt chunks up to ``EXTEND_MAX_KEYS`` keys and SiLU-and-mul a
 ``kernels/cpu`` (layer_ops.c, kv_store.c, decode_attention.c and extend_attention.c; a decode-only step's
 RoPE, KV store and attention in one call per layer, ``decode_block``) and float32 linears of a few rows at the
 native kernel (``native_linear.native_dense_linear``), gives a decode step's decoder layers one call each where every
-op of the layer is native (``decode_layer.native_decode_layer``), and returns None, or leaves the torch
+op of the layer is native (``decode_layer.native_decode_layer``) and the whole stack one call where every layer takes
+its one call (``decode_stack.NativeDecodeStack``), and returns None, or leaves the torch
 ops in place and returns why (no C compiler, not a CPU model). At decode sizes each torch op costs
 more in dispatch than in arithmetic: one layer's ~36 small ops take about a millisecond on a 2-core
 host, the native ops a fraction of that (docs/benchmarks/models.md).
@@ -26,6 +27,7 @@ import torch
 
 from gh200rt.backends.cpu import linear as native_linear
 from gh200rt.backends.cpu.decode_layer import native_decode_layer
+from gh200rt.backends.cpu.decode_stack import NativeDecodeStack
 from gh200rt.backends.cpu.native import load_native_ops, native_ops_error
 from gh200rt.backends.cpu.native_checks import DTYPES, FP8_KV_TYPES
 from gh200rt.backends.cpu.native_ops import NativeOps
@@ -96,9 +98,11 @@ def native_cpu_ops(ops: NativeOps, long_prompts_native: bool = False) -> dict:
         return ops.decode_attention_block(qkv, cos, sin, kv_cache, meta.slot_mapping, group.table, group.seq_lens,
                                           scale, heads, kv_heads, kv_scale)
 
+    decode_layer = native_decode_layer(ops)
     return dict(rotary=lambda: rope, write_kv=write_kv, attention=attention, norm=norm, act=act,
-                latent_attention=(rope, write_kv, attention),
-                decode_block=decode_block, dense_linear=native_linear.native_dense_linear(ops), decode_layer=native_decode_layer(ops))
+                latent_attention=(rope, write_kv, attention), decode_block=decode_block,
+                dense_linear=native_linear.native_dense_linear(ops), decode_layer=decode_layer,
+                decode_stack=NativeDecodeStack(ops, decode_layer))
 
 
 @functools.lru_cache(maxsize=2)

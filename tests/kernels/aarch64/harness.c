@@ -512,6 +512,13 @@ static void decode_layer(void) {
         void *x = values(rows * hidden, 1.0f, dtype), *out = alloc((size_t)(rows * hidden * esz));
         emit_int(NAME("rc/layer/dtype%d", dtype), gh_decode_layer(x, rows, &a, out));
         emit(NAME("layer/out/dtype%d", dtype), dtype ? "u16" : "f32", out, rows * hidden);
+        /* the stack: the same layer three times over, the step's fields from their own block */
+        DecodeStepArgs step = {a.cos, a.sin, a.slots, a.block_tables, a.table_stride, a.seq_lens};
+        const DecodeLayerArgs *stack[] = {&a, &a, &a};
+        void *stacked = alloc((size_t)(rows * hidden * esz));
+        emit_int(NAME("rc/layers/dtype%d", dtype), gh_decode_layers(x, rows, stack, 3, &step, stacked));
+        emit(NAME("layers/out/dtype%d", dtype), dtype ? "u16" : "f32", stacked, rows * hidden);
+        free(stacked);
         LinearArgs *linears[] = {&a.qkv, &a.o, &a.gate_up, &a.down};
         for (int i = 0; i < 4; i++) {
             free((void *)linears[i]->w);
