@@ -34,6 +34,7 @@ import asyncio
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -177,11 +178,13 @@ def served(engine: str, args, gguf: str, hf: str | None, port: int) -> dict:
             proc.kill()
 
 
-def print_table(engines: list[str], results: dict[str, dict], rows: list[str]) -> None:
+def print_table(engines: list[str], runs: list[dict], rows: list[str]) -> None:
+    """One column per run of ``engines`` (``runs[i]`` is ``engines[i]``'s)."""
+    results = dict(enumerate(runs))
     print("\n| work | " + " | ".join(engines) + " |")
     print("|---|" + "---|" * len(engines))
     def row(label: str, key: str) -> None:
-        cells = [f"{results[e][key]:.1f}" if key in results[e] else "—" for e in engines]
+        cells = [f"{results[i][key]:.1f}" if key in results[i] else "—" for i in range(len(engines))]
         print(f"| {label} | " + " | ".join(cells) + " |")
     if "single" in rows:
         row("single-stream decode, tok/s", "single")
@@ -190,12 +193,23 @@ def print_table(engines: list[str], results: dict[str, dict], rows: list[str]) -
     if "served" in rows:
         row("served, output tok/s", "served")
         print("| served, TPOT p50 / TTFT p50 (ms) | " + " | ".join(
-            f"{1000 * results[e]['tpot_p50']:.0f} / {1000 * results[e]['ttft_p50']:.0f}"
-            if "tpot_p50" in results[e] else "—" for e in engines) + " |")
-    for e in engines:
+            f"{1000 * results[i]['tpot_p50']:.0f} / {1000 * results[i]['ttft_p50']:.0f}"
+            if "tpot_p50" in results[i] else "—" for i in range(len(engines))) + " |")
+    for e, result in zip(engines, runs):
         for key in ("skipped", "error", "served_error"):
-            if key in results[e]:
-                print(f"{e}: {key}: {results[e][key]}")
+            if key in result:
+                print(f"{e}: {key}: {result[key]}")
+
+
+def print_medians(engines: list[str], runs: list[dict]) -> None:
+    """For an engine named more than once: the median of its runs' figures."""
+    for engine in dict.fromkeys(engines):
+        mine = [r for e, r in zip(engines, runs) if e == engine]
+        if len(mine) < 2:
+            continue
+        figures = {key: statistics.median(r[key] for r in mine if key in r)
+                   for key in ("single", "offline", "served") if any(key in r for r in mine)}
+        print(f"{engine}: median of {len(mine)} runs: " + ", ".join(f"{k} {v:.1f}" for k, v in figures.items()))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -248,22 +262,24 @@ def run_engines(args) -> None:
                 kv_blocks=2048, offline_tokens=args.offline_tokens, single_tokens=args.single_tokens)
     print(f"{len(prompts)} prompts, {sum(map(len, prompts))} prompt tokens; threads {args.threads}; "
           f"load average {os.getloadavg()[0]:.1f} at start")
-    results: dict[str, dict] = {}
+    runs: list[dict] = []     # one per entry of --engines (an engine named twice runs twice, alternated)
     for i, engine in enumerate(args.engines):
         if available[engine] is not None:
-            results[engine] = {"skipped": available[engine]}
+            runs.append({"skipped": available[engine]})
             continue
         start = time.time()
-        results[engine] = run_worker(engine, spec, worker_command(engine, args.peer_python), args.timeout) \
+        result = run_worker(engine, spec, worker_command(engine, args.peer_python), args.timeout) \
             if spec["rows"] else {}
         if "served" in args.rows:
             got = served(engine, args, gguf, hf, 18700 + i)
-            results[engine].update({"served_error": got["error"]} if "error" in got else got)
-        print(f"{engine}: {json.dumps({k: v for k, v in results[engine].items() if k != 'sample'})} "
+            result.update({"served_error": got["error"]} if "error" in got else got)
+        runs.append(result)
+        print(f"{engine}: {json.dumps({k: v for k, v in result.items() if k != 'sample'})} "
               f"({time.time() - start:.0f} s)", flush=True)
-    samples = {e: r["sample"] for e, r in results.items() if "sample" in r}
+    samples = {e: r["sample"] for e, r in zip(args.engines, runs) if "sample" in r}
     for e, sample in samples.items():
         same = [a == b for a, b in zip(sample, samples.get("gh200rt:fp32", sample))]
         print(f"{e}: first 16 greedy tokens of 4 prompts identical to gh200rt:fp32 for {sum(same)} of {len(same)}")
     print(f"load average {os.getloadavg()[0]:.1f} at end")
-    print_table(args.engines, results, args.rows)
+    print_table(args.engines, runs, args.rows)
+    print_medians(args.engines, runs)

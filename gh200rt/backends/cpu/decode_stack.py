@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import weakref
-from operator import attrgetter
+from operator import attrgetter, itemgetter, methodcaller
 
 import torch
 
@@ -31,16 +31,18 @@ from gh200rt.backends.interface import DECODE_STATE_PREFIX
 _PROBES = DECODE_STATE_PREFIX + "native_stack_probes"   # the model's _StackProbes, in its __dict__
 _STACK = DECODE_STATE_PREFIX + "native_stack"           # the model's cached _Stack
 
+# the key is read every step: C-level getters over flat tuples (a module's parameter through nn.Module's
+# __getattr__ costs a microsecond; its _parameters dict holds the same tensor)
 _version = attrgetter("version")
-_weight = attrgetter("weight")
+_weight = itemgetter("weight")
+_address = methodcaller("data_ptr")
 _layer_fn = attrgetter("decode_layer_fn")
-_calibrating = attrgetter("calculate_kv_scales")
-_block_fn = attrgetter("decode_block_fn")
+_attention_state = attrgetter("calculate_kv_scales", "decode_block_fn")
 
 
 class _StackProbes:
     """What the stack's key reads, gathered once per model (``layers`` None: a layer never takes one call)."""
-    __slots__ = ("layers", "attn", "attns", "refs", "norms", "bias")
+    __slots__ = ("layers", "attn", "attns", "refs", "norm_parameters", "bias")
 
     def __init__(self, model):
         layers = tuple(model.layers)
@@ -52,13 +54,12 @@ class _StackProbes:
         self.attn = parts[0].attn
         self.attns = tuple(p.attn for p in parts)
         self.refs = tuple(ref for p in parts for ref in p.refs)
-        self.norms = tuple(norm for p in parts for norm in p.norms)
-        self.bias = tuple(b for p in parts for b in p.bias)
+        self.norm_parameters = tuple(norm._parameters for p in parts for norm in p.norms)
+        self.bias = tuple(b for p in parts for b in p.bias)     # as the layers' own keys read them
 
     def key(self, rows: int, dtype: torch.dtype, threads: int) -> tuple:
-        return (rows, dtype, threads, *map(_version, self.refs), *(w.data_ptr() for w in map(_weight, self.norms)),
-                *(b.data_ptr() for b in self.bias), *map(_layer_fn, self.layers), *map(_calibrating, self.attns),
-                *map(_block_fn, self.attns))
+        return (rows, dtype, threads, *map(_version, self.refs), *map(_address, map(_weight, self.norm_parameters)),
+                *map(_address, self.bias), *map(_layer_fn, self.layers), *map(_attention_state, self.attns))
 
 
 class _Stack:
