@@ -47,7 +47,7 @@ class PackedWeight:
     @property
     def nbytes(self) -> int:
         parts = [self.qweight, self.scale] + ([self.minimum] if self.minimum is not None else [])
-        parts += list(self.derived.get("cpu_int4", ()))
+        parts += list(self.derived.get("cpu_int4", ())) + list(self.derived.get("widened_codes", ()))
         return sum(t.nbytes for t in parts)
 
     @property

@@ -39,7 +39,8 @@ static inline int64_t thread_index(void) { return 0; }
 #define INLINE static inline __attribute__((always_inline))
 
 typedef struct {
-    const uint8_t *q;        /* int8 [N, K] (fmt 0) or uint8 [N, K/2], column k in byte k/2, low nibble even k */
+    const uint8_t *q;        /* int8 [N, K] (fmt 0); uint8 [N, K/2], column k in byte k/2, low nibble even k (fmt 1);
+                              * or fmt 1's codes widened (fmt 2): int8 [N, K] holding q - 8 in chunk order (below) */
     const float *scale;      /* [N, groups] */
     const float *minimum;    /* [N, groups] (int4) or NULL */
     int64_t k, group, groups, fmt;
@@ -53,7 +54,10 @@ typedef struct {             /* the rows of x as the kernel reads them */
 } Rows;
 
 /* Chunk order of the int16 activations: int8 weights keep column order; an int4 chunk is stored as its 16
- * even columns then its 16 odd ones, the order a byte's low and high nibbles come out in. */
+ * even columns then its 16 odd ones, the order a byte's low and high nibbles come out in. Widened int4 codes
+ * (fmt 2) are stored in that order too, so they load as int8 codes do and fill the same integer lanes as the
+ * nibbles: the same bits, without unpacking nibbles on every call (faster where the vector units, not the
+ * memory, bound a row: 128-bit units). */
 static void quantize_rows(const float *x, int64_t rows, int64_t x_stride, int64_t k, int fmt, int64_t group,
                           int16_t *xq, float *xscale, float *xsum) {
     for (int64_t r = 0; r < rows; r++) {
@@ -90,6 +94,16 @@ INLINE float minimum_term(const Weight *w, int64_t n, const float *xsum) {
             t += offset * xsum[g];
         }
     return t;
+}
+
+/* the code of column col of row n, centred (q - 8 for int4), in any format */
+INLINE int code_at(const Weight *w, int64_t n, int64_t col) {
+    if (w->fmt == 2) {
+        int64_t i = col % CHUNK;
+        return ((const int8_t *)w->q)[n * w->k + col - i + (i & 1) * (CHUNK / 2) + i / 2];
+    }
+    return w->fmt == 0 ? ((const int8_t *)w->q)[n * w->k + col]
+                       : ((w->q[n * (w->k / 2) + col / 2] >> ((col & 1) * 4)) & 0x0f) - 8;
 }
 
 #ifdef __AVX2__
@@ -294,16 +308,12 @@ INLINE void block_of(const Weight *w, int fmt, const Rows *x, int64_t rows, int6
 
 static void block(const Weight *w, const Rows *x, int64_t rows, int64_t n0, int nb, float *out, int64_t out_stride,
                   int16_t *buf) {
-    if (w->fmt) block_of(w, 1, x, rows, n0, nb, out, out_stride, buf);
+    /* widened codes (fmt 2) load as int8 codes (fmt 0) do; their minimum terms come with x->sum */
+    if (w->fmt == 1) block_of(w, 1, x, rows, n0, nb, out, out_stride, buf);
     else block_of(w, 0, x, rows, n0, nb, out, out_stride, buf);
 }
 #else
 /* Portable form: the same rounding of x and the same integer products, one float32 chain per output. */
-INLINE int code_at(const Weight *w, int64_t n, int64_t col) {
-    return w->fmt == 0 ? ((const int8_t *)w->q)[n * w->k + col]
-                       : ((w->q[n * (w->k / 2) + col / 2] >> ((col & 1) * 4)) & 0x0f) - 8;
-}
-
 static void block(const Weight *w, const Rows *x, int64_t rows, int64_t n0, int nb, float *out, int64_t out_stride,
                   int16_t *buf) {
     (void)buf;
@@ -326,7 +336,8 @@ static void block(const Weight *w, const Rows *x, int64_t rows, int64_t n0, int 
 #endif
 
 /* out[rows, n] = x[rows, k] W^T (+ the int4 minimum terms). fmt 0: int8 q [n, k]; fmt 1: int4 q [n, k/2] with
- * minimum. group is a multiple of 32, k a multiple of group. Returns 0, or -1 when the buffers could not be
+ * minimum; fmt 2: fmt 1's codes widened to int8 [n, k] (Weight.q), with minimum, fmt 1's bits. group is a
+ * multiple of 32, k a multiple of group. Returns 0, or -1 when the buffers could not be
  * allocated. */
 int gh_quant_linear(const float *x, int64_t rows, int64_t x_stride, const WeightArgs *args, float *out,
                     int64_t out_stride, int64_t threads) {
@@ -374,12 +385,14 @@ void gh_dequantize(const WeightArgs *args, float *out, int64_t threads) {
             if (fmt == 0) {
                 const int8_t *p = (const int8_t *)q + row * k + g * group;
                 for (int64_t c = 0; c < group; c++) o[c] = (float)p[c] * s;
-            } else {
+            } else if (fmt == 1) {
                 const uint8_t *p = q + row * (k / 2) + g * group / 2;
                 for (int64_t c = 0; c < group; c += 2) {
                     o[c] = (float)(p[c / 2] & 0x0f) * s + m;
                     o[c + 1] = (float)(p[c / 2] >> 4) * s + m;
                 }
+            } else {
+                for (int64_t c = 0; c < group; c++) o[c] = (float)(code_at(&w, row, g * group + c) + 8) * s + m;
             }
         }
 }

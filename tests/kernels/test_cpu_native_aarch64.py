@@ -93,7 +93,8 @@ def test_the_grace_build_against_the_portable_build(outputs):
         torch.testing.assert_close(as_tensor(*grace[name]), as_tensor(*portable[name]), rtol=tol, atol=tol,
                                    msg=lambda m, name=name: f"{name}: {m}")
     # the vector paths ran: each kind of fused output has a bit the portable C computes otherwise
-    for prefix in ("linear/f32/", "linear/f16/", "linear/fp8/", "quant/fmt0/", "quant/fmt1/", "attn/decode/",
+    for prefix in ("linear/f32/", "linear/f16/", "linear/fp8/", "quant/fmt0/", "quant/fmt1/", "quant/fmt2/",
+                   "attn/decode/",
                    "attn/extend/"):
         assert any(grace[n] != portable[n] for n in fused if n.startswith(prefix)), f"{prefix}: portable bits"
 
@@ -111,7 +112,9 @@ def test_each_build_keeps_the_kernels_contracts(outputs, build):
     same = [("fp16 weight = its float32 copy", pairs(records, "linear/f16/", "linear/f32-of-f16/")),
             ("fp8 weight = its dequantized float32 copy", pairs(records, "linear/fp8/", "linear/f32-of-fp8/")),
             ("decode = the multi-token kernel", pairs(records, "attn/decode/", "attn/extend/")),
-            ("fused decode block = its three steps", pairs(records, "block/fused/", "block/steps/"))]
+            ("fused decode block = its three steps", pairs(records, "block/fused/", "block/steps/")),
+            ("widened int4 codes = the nibbles", pairs(records, "quant/fmt2/", "quant/fmt1/")
+             + pairs(records, "dequantize/fmt2/", "dequantize/fmt1/"))]
     if outputs[build].openmp:
         same += [("bits independent of the thread count", pairs(records, "threads1", "threads3")
                   + pairs(records, "linear/f16/", "linear/f16-1thread/")

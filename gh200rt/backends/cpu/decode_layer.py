@@ -35,7 +35,6 @@ from gh200rt.backends.cpu.packed_linear import NATIVE_MAX_ROWS
 from gh200rt.backends.cpu.prepack import NativeRowsWeight, OneRowBlocksWeight
 from gh200rt.backends.interface import DECODE_STATE_PREFIX
 from gh200rt.formats.pack import HalfWeight, PackedWeight
-from gh200rt.kv.attention import batch_layout
 
 _CACHE = DECODE_STATE_PREFIX + "native_call"   # the layer's cached _LayerCall, in its __dict__
 _PARTS = DECODE_STATE_PREFIX + "native_parts"  # the layer's _LayerParts
@@ -160,17 +159,17 @@ class StepArgs:
     __slots__ = ("rows", "keep", "slots", "tables", "table_stride", "seq_lens")
 
     def __init__(self, meta):
-        layout = batch_layout(meta)
         self.rows = 0
-        if not (layout.single and layout.groups[0].decode):
+        # a decode-only step is batch_layout's single decode group over the whole table (not built here: its
+        # masks and gathers serve the torch attention, which a one-call layer never runs)
+        if not meta.query_lens_list or not meta.is_decode_only:
             return
-        group = layout.groups[0]
         slots = meta.slot_mapping.to(torch.int64).contiguous()
-        tables = group.table.to(torch.int32).contiguous()
-        seq_lens = group.seq_lens.to(torch.int64).contiguous()
+        tables = meta.block_tables.to(torch.int32).contiguous()
+        seq_lens = meta.seq_lens.to(torch.int64).contiguous()
         if not (slots.is_cpu and tables.is_cpu and seq_lens.is_cpu) or tables.dim() != 2:
             return
-        self.rows = group.num_seqs
+        self.rows = meta.num_seqs
         self.keep = (slots, tables, seq_lens)
         self.slots, self.tables, self.seq_lens = slots.data_ptr(), tables.data_ptr(), seq_lens.data_ptr()
         self.table_stride = tables.stride(0)

@@ -14,9 +14,10 @@ _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 # below this many weights a quantized linear runs on one thread: waking a second costs more than it saves
 SHARED_WEIGHT_ELEMENTS = 1 << 17
+CHUNK_COLUMNS = 32   # quant_linear.c's CHUNK: the columns of one rounded block of activations
 
 
-class _WeightArgs(ctypes.Structure):
+class WeightArgs(ctypes.Structure):
     """quant_linear.c's WeightArgs."""
     _fields_ = [("q", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("minimum", ctypes.c_void_p),
                 ("fmt", ctypes.c_int64), ("n", ctypes.c_int64), ("k", ctypes.c_int64), ("group", ctypes.c_int64)]
@@ -33,7 +34,7 @@ class QuantWeight:
                              f"of 32 columns that divide K, got {weight!r}")
         n, k = weight.shape
         minimum = weight.minimum.data_ptr() if weight.minimum is not None else None
-        self.args = _WeightArgs(weight.qweight.data_ptr(), weight.scale.data_ptr(), minimum,
+        self.args = WeightArgs(weight.qweight.data_ptr(), weight.scale.data_ptr(), minimum,
                                 0 if weight.fmt == "int8" else 1, n, k, weight.group_size)
         self.pointer = ctypes.addressof(self.args)
 

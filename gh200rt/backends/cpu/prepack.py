@@ -29,7 +29,9 @@ chosen in ``backends/cpu/routes.py``; the weight store applies it to every resid
   fbgemm's fp16 GEMM above).
 * ``fp16+gguf`` (the fp16 route of a GGUF checkpoint, native kernels on) -> ``OneRowBlocksWeight``: a
   single row through the checkpoint's Q4_0 / Q4_1 / Q8_0 blocks and the native quantized linear, more
-  rows through the ``HalfWeight``. A linear stored in another GGUF type keeps the plain fp16 form.
+  rows through the ``HalfWeight``. A linear stored in another GGUF type keeps the plain fp16 form. On a CPU where
+  a row through int4 codes widened to bytes is faster than through the nibbles (``int4_codes.widening_pays``, timed
+  once at start-up), the Q4 blocks keep widened codes beside the nibbles, with the same bits.
 * ``onednn-bf16+gguf`` (the bf16 route of a GGUF checkpoint, native kernels on) -> ``OneRowBlocksWeight``: a
   single row through the blocks (the bf16 row widened to float32, the product rounded back to bf16), more rows
   through the ``OneDNNWeight``: one sequence decoding reads a third of the bf16 bytes of a Q4 file. ``amx-bf16+gguf``
@@ -45,7 +47,7 @@ import logging
 
 import torch
 
-from gh200rt.backends.cpu import half_linear
+from gh200rt.backends.cpu import half_linear, int4_codes
 from gh200rt.backends.cpu.amx_weight import AmxWeight, Bf16DotWeight, amx_fits, gated_rows
 from gh200rt.backends.cpu.linear import native_rows
 from gh200rt.formats.pack import pack_weight
@@ -164,7 +166,8 @@ class NativeRowsWeight:
 
 def gguf_blocks_form(parts: list | None):
     """The GGUF blocks that make up one linear (``parts``: the loader's quantized tensors, in row order) as one
-    ``PackedWeight`` the native quantized linear takes, or None (no parts, another format, no native library)."""
+    ``PackedWeight`` the native quantized linear takes (int4 codes widened to bytes where that pays here), or None
+    (no parts, another format, no native library)."""
     from gh200rt.backends.cpu.native import load_native_ops
     from gh200rt.backends.cpu.native_args import quant_linear_fits
     if not parts or any(not hasattr(p, "ggml_type") for p in parts) or load_native_ops() is None:
@@ -173,7 +176,11 @@ def gguf_blocks_form(parts: list | None):
         packed = concat_rows([pack_weight(part, "auto") for part in parts])
     except ValueError:  # a GGUF type that has no packed form (Q4_K, F16...)
         return None
-    return packed if quant_linear_fits(packed) else None
+    if not quant_linear_fits(packed):
+        return None
+    if packed.fmt == "int4" and int4_codes.widening_pays():
+        int4_codes.widen(packed)
+    return packed
 
 
 FP32_FORMATS = ("onednn-fp32", "onednn-fp32+native")
@@ -193,6 +200,8 @@ def gguf_blocks_bytes(parts: list | None) -> int:
     sizes = [packed_nbytes(p) for p in parts]
     if None in sizes or len({int(p.ggml_type) == GGML_Q8_0 for p in parts}) > 1:   # concat_rows: one format
         return 0
+    if int(parts[0].ggml_type) != GGML_Q8_0 and int4_codes.widening_pays():
+        sizes += [int4_codes.widened_bytes(*(int(d) for d in p.shape)) for p in parts]
     return sum(sizes)
 
 

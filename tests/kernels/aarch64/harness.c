@@ -191,6 +191,22 @@ static WeightArgs packed_weight(int64_t fmt, int64_t n, int64_t k, int64_t group
     return args;
 }
 
+/* an int4 weight's codes widened to int8 q - 8 in the kernel's chunk order (fmt 2: the 16 even columns of each 32,
+ * then the 16 odd ones), over the same scales and minimums */
+static WeightArgs widened_weight(const WeightArgs *int4) {
+    int64_t n = int4->n, k = int4->k;
+    int8_t *q = alloc((size_t)(n * k));
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t c = 0; c < k; c += 32)
+            for (int64_t i = 0; i < 16; i++) {
+                uint8_t byte = ((const uint8_t *)int4->q)[r * (k / 2) + c / 2 + i];
+                q[r * k + c + i] = (int8_t)((byte & 0x0f) - 8);
+                q[r * k + c + 16 + i] = (int8_t)((byte >> 4) - 8);
+            }
+    WeightArgs args = {q, int4->scale, int4->minimum, 2, n, k, int4->group};
+    return args;
+}
+
 static void free_weight(WeightArgs *args) {
     free((void *)args->q);
     free((void *)args->scale);
@@ -204,23 +220,32 @@ static void quant_linears(void) {
         for (int64_t fmt = 0; fmt < 2; fmt++) {
             int64_t n = shapes[s][0], k = shapes[s][1], group = shapes[s][2];
             WeightArgs args = packed_weight(fmt, n, k, group);
+            /* an int4 weight runs again with its codes widened (fmt 2) on the same rows */
+            WeightArgs widened = fmt ? widened_weight(&args) : args;
+            const WeightArgs *forms[] = {&args, &widened};
+            int64_t form_fmts[] = {fmt, 2};
             float *dense = alloc((size_t)(n * k) * 4);
-            gh_dequantize(&args, dense, 2);
-            emit(NAME("dequantize/fmt%lld/%lldx%lld", (long long)fmt, (long long)n, (long long)k), "f32", dense,
-                 n * k);
+            for (int f = 0; f < 1 + (int)fmt; f++) {
+                gh_dequantize(forms[f], dense, 2);
+                emit(NAME("dequantize/fmt%lld/%lldx%lld", (long long)form_fmts[f], (long long)n, (long long)k),
+                     "f32", dense, n * k);
+            }
             for (int64_t rows = 1; rows <= 8; rows += rows < 3 ? 2 : 5) {
                 float *x = randoms(rows * k, 2.0f), *out = alloc((size_t)(rows * n) * 4);
-                for (int64_t threads = 1; threads <= 3; threads += 2) {
-                    emit_int(NAME("rc/quant/fmt%lld/%lldx%lld/rows%lld/threads%lld", (long long)fmt, (long long)n,
-                                  (long long)k, (long long)rows, (long long)threads),
-                             gh_quant_linear(x, rows, k, &args, out, n, threads));
-                    emit(NAME("quant/fmt%lld/%lldx%lld/rows%lld/threads%lld", (long long)fmt, (long long)n,
-                              (long long)k, (long long)rows, (long long)threads), "f32", out, rows * n);
-                }
+                for (int64_t threads = 1; threads <= 3; threads += 2)
+                    for (int f = 0; f < 1 + (int)fmt; f++) {
+                        long long ff = (long long)form_fmts[f];
+                        emit_int(NAME("rc/quant/fmt%lld/%lldx%lld/rows%lld/threads%lld", ff, (long long)n,
+                                      (long long)k, (long long)rows, (long long)threads),
+                                 gh_quant_linear(x, rows, k, forms[f], out, n, threads));
+                        emit(NAME("quant/fmt%lld/%lldx%lld/rows%lld/threads%lld", ff, (long long)n,
+                                  (long long)k, (long long)rows, (long long)threads), "f32", out, rows * n);
+                    }
                 free(x);
                 free(out);
             }
             free(dense);
+            if (fmt) free((void *)widened.q);
             free_weight(&args);
         }
 }
