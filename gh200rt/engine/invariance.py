@@ -4,7 +4,8 @@
 was split: all at once, after blocks from the prefix cache, in prefill chunks of any size, beside any other
 requests. So every step that computes a prompt position runs its linears in blocks of ``PROMPT_BLOCK_ROWS`` rows
 and its logits head in blocks of ``LOGIT_BLOCK_ROWS``, or in the larger blocks each was found to give the same
-bits at (``models/layers/row_blocks.py``: probed once per linear route and process); attention is the native
+bits at (``models/layers/row_blocks.py``: probed once per linear route and process), or, for a step of fewer
+rows (a turn's new tokens after its cached history), the smallest smaller block found to give them; attention is the native
 kernels' (a query's bits depend on its own row and keys only, decode and multi-token alike). A step of decodes
 only keeps each route's fastest forms (the native few-row linears, a GGUF checkpoint's blocks for one row, the
 one-call decoder layer, the bucketed decode path), whose bits are not the blocks' — so the prefix cache publishes
@@ -22,8 +23,8 @@ from __future__ import annotations
 from gh200rt.scheduler.scheduler import SchedulerOutput
 
 # Rows per linear call in a step that computes prompt positions: enough for oneDNN's AMX kernels and fbgemm to
-# run near their best, few enough that padding a short chunk (a prompt's last token after a cached prefix) costs
-# little (docs/BENCHMARKS.md, prefix-cache invariance).
+# run near their best (a step of fewer rows takes a smaller block where the probe keeps its bits: a prompt's last
+# tokens after a cached prefix; docs/BENCHMARKS.md, prefix-cache invariance).
 PROMPT_BLOCK_ROWS = 64
 # Rows per logits-head call in such a step: a step samples a row per sequence, usually a few.
 LOGIT_BLOCK_ROWS = 8

@@ -13,7 +13,8 @@ import torch
 from gh200rt.formats.pack import pack_weight
 from gh200rt.models.layers.dense import onednn_available
 from gh200rt.models.layers.linear import ROW_BLOCK_SIZES, RefLinear
-from gh200rt.models.layers.row_blocks import RowBlockSizes, block_cuts, in_row_blocks, ladder, probe_sizes
+from gh200rt.models.layers.row_blocks import (RowBlockSizes, block_cuts, in_row_blocks, ladder, probe_sizes,
+                                              smaller_sizes)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -75,6 +76,32 @@ def test_blocks_of_verified_sizes_give_each_row_the_base_bits():
     assert cuts == [256, 256, 256, 128, 64]
     assert torch.equal(in_row_blocks(_size_dependent, x, 64, cuts), base)
     assert not torch.equal(in_row_blocks(_size_dependent, x, 64, [1024]), base)   # an unverified size shows
+
+
+def _few_rows_elsewhere(x: torch.Tensor) -> torch.Tensor:
+    """Row-wise, but calls of up to 8 rows sum another way (as the native fp16 linear takes them from fbgemm)."""
+    y = x @ torch.ones(x.shape[1], 3)
+    return y * (1 + 2 ** -20) if len(x) <= 8 else y
+
+
+def test_a_call_of_fewer_rows_than_the_base_takes_the_smallest_verified_size_that_holds_it():
+    assert smaller_sizes(64) == (8, 16, 32) and smaller_sizes(16) == (8,) and smaller_sizes(8) == ()
+    exact = lambda x: x.double().sum(1, keepdim=True).float()       # noqa: E731 - row-wise, any size
+    book = RowBlockSizes()
+    assert book.cuts("exact", exact, 16, torch.float32, 64, 5) == [8]
+    assert book.cuts("exact", exact, 16, torch.float32, 64, 30) == [32]
+    assert book.cuts("exact", exact, 16, torch.float32, 64, 20) == [16, 8]
+    assert book.cuts("exact", exact, 16, torch.float32, 64, 64) == [64]
+    book = RowBlockSizes()
+    assert book.cuts("switch", _few_rows_elsewhere, 16, torch.float32, 64, 5) == [16]   # 8 rows sum another way
+    assert book.verified("switch") == {64: True, 8: False, 16: True}
+    assert book.cuts("sizes", _size_dependent, 16, torch.float32, 64, 40) == [32, 8]   # no padding
+    x = torch.randn(13, 16)
+    cuts = book.cuts("switch", _few_rows_elsewhere, 16, torch.float32, 64, len(x))
+    assert cuts == [16] and torch.equal(in_row_blocks(_few_rows_elsewhere, x, 64, cuts),
+                                        in_row_blocks(_few_rows_elsewhere, x, 64))
+    assert not torch.equal(in_row_blocks(_few_rows_elsewhere, x[:5], 64, [8]),
+                           in_row_blocks(_few_rows_elsewhere, x[:5], 64))            # an unverified size shows
 
 
 def _forms(n: int, k: int):

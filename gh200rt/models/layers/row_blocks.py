@@ -18,6 +18,12 @@ get exactly the base block's bits, at spread positions. A call then cuts its row
 (``block_cuts``): every row of every call is computed at a size whose bits are the base size's. Random probe data
 makes a different summation order show with near certainty (K of 64 and more products per row).
 
+**Smaller blocks for short calls.** A call of fewer rows than the base (a prompt's last tokens after its cached
+prefix, a short chunk) would pay for a whole padded base block: on fbgemm's fp16 GEMM a 64-row call takes ~3.5x a
+16-row one. Such a call takes the smallest of the sizes ``base / 2^i`` (down to ``MIN_BLOCK_ROWS``) that holds
+it, among those the probe finds giving the base block's bits (probe rows taken from the base block, in two
+placements); a size where a route switches kernels (the native fp16 linear below 9 rows) is kept out.
+
 The probe also checks that the base size itself computes every row alike (rows rolled by a few places give the
 same bits). Where it does not, as MKL's AVX2 float32 kernels with few output columns do, the route's blocked
 calls take one row each, with a warning (``linear.py`` keeps float32 linears off that route where oneDNN exists;
@@ -39,6 +45,8 @@ MAX_BLOCK_ROWS = 2048
 PAD_UP_FRACTION = 0.25
 # How far the probe rolls the base block's rows to see whether a row's bits move with its place in the call.
 POSITION_ROLL = 7
+# The smallest block a call of fewer rows than the base may take (where the probe keeps it).
+MIN_BLOCK_ROWS = 8
 
 
 def in_row_blocks(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: int,
@@ -93,6 +101,16 @@ def ladder(rows: int, max_rows: int = MAX_BLOCK_ROWS) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+def smaller_sizes(rows: int, min_rows: int = MIN_BLOCK_ROWS) -> tuple[int, ...]:
+    """The candidate block sizes below base ``rows`` for calls of fewer rows: ``rows / 2^i`` down to ``min_rows``,
+    ascending."""
+    sizes = []
+    while rows % 2 == 0 and rows // 2 >= min_rows:
+        rows //= 2
+        sizes.append(rows)
+    return tuple(reversed(sizes))
+
+
 class _Probe:
     """``rows`` random probe rows of ``k`` columns. It keeps no function: each check takes the route's function of the
     call that asks (whatever weight of the route it multiplies by), and compares a base call with a larger one of that
@@ -114,6 +132,10 @@ class _Probe:
         the call (first and last included) among other random rows."""
         if size == self.rows:
             return True
+        if size < self.rows:     # some of the base rows alone, in two placements
+            at = torch.linspace(0, self.rows - 1, size).round().long()
+            base = fn(self.x)
+            return all(torch.equal(fn(self.x[rows].contiguous()), base[rows]) for rows in (at, at.roll(1)))
         x = torch.randn(size, self.x.shape[1], generator=self.gen).to(self.x.dtype)
         at = torch.linspace(0, size - 1, self.rows).round().long()
         x[at] = self.x
@@ -123,9 +145,9 @@ class _Probe:
 def probe_sizes(fn: Callable[[torch.Tensor], torch.Tensor], k: int, dtype: torch.dtype, rows: int,
                 candidates: Sequence[int], seed: int = 0) -> tuple[tuple[int, ...], bool]:
     """The sizes of ``candidates`` at which ``fn`` gives ``rows`` probe rows the bits of one ``rows``-row call
-    (``rows`` first), and whether that call computes its rows alike wherever they sit."""
+    (``rows`` among them, ascending), and whether that call computes its rows alike wherever they sit."""
     probe = _Probe(k, dtype, rows, seed)
-    verified = (rows, *(size for size in candidates if size > rows and probe.same_bits_at(size, fn)))
+    verified = tuple(sorted((rows, *(size for size in candidates if size != rows and probe.same_bits_at(size, fn)))))
     return verified, probe.position_free(fn)
 
 
@@ -142,8 +164,8 @@ class RowBlockSizes:
 
     def cuts(self, route: Hashable, fn: Callable[[torch.Tensor], torch.Tensor], k: int, dtype: torch.dtype,
              rows: int, count: int) -> list[int]:
-        """``block_cuts`` of ``count`` rows over the sizes of the ladder from ``rows`` that give ``rows``' bits
-        (each size it would take probed first)."""
+        """``block_cuts`` of ``count`` rows over the sizes that give ``rows``' bits (each size it would take probed
+        first): the ladder from ``rows`` up, or for fewer rows than ``rows`` the sizes below it and ``rows``."""
         key = (route, k, dtype, rows, torch.get_num_threads())
         found = self._found.get(key)
         if found is None:
@@ -155,7 +177,7 @@ class RowBlockSizes:
                             "blocked calls take one row each (slow, exact)", route, rows)
         if not found[rows]:
             return [1] * count
-        candidates = ladder(rows, self.max_rows)
+        candidates = ladder(rows, self.max_rows) if count >= rows else (*smaller_sizes(rows), rows)
         while True:
             cuts = block_cuts(count, tuple(s for s in candidates if found.get(s, True)))
             unknown = sorted(set(cuts) - found.keys())
