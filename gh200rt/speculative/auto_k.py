@@ -11,9 +11,19 @@ a plain decode. Both halves are measured while the engine runs:
   Where the link or memory bandwidth bounds a step (streamed or direct weights, the CPU at small batches) the curve
   is flat and k grows; where compute bounds it (resident weights at large batches) it is steep and k shrinks.
 
-Until the curve has two points k is ``k_max`` (the curve is measured where it will be used); afterwards one step in
-``EXPLORE_EVERY`` drafts one more than the best choice, so the curve is extended beyond the sizes in use and the
-acceptance keeps being measured even while the best choice is not to draft.
+Until the curve has two points k is ``k_max``, then 0 (both ends measured where they will be used). Afterwards a step
+now and then explores: it drafts the smallest k whose step size was never measured and where the most that k could
+give (its step costing no more than the largest step measured below it: more tokens never cost less; its drafts kept
+as often as the verifications so far allow, a position few reached counted as kept) beats the best choice; else one
+more than the best choice. So a curve that is not a line between its points is found out: on a CPU
+whose one-row step reads a GGUF file's blocks and whose steps of more rows take another route, 2 rows cost 2.4x one
+row and 4 rows 1.2-1.3x 2 rows, and a line from 1 to 9 rows, or from 2 to 9, hid that k = 3 pays (exploring one more
+than the best choice, k = 0, only ever tried k = 1, which does not). The acceptance keeps being measured even while
+the best choice is not to draft. An exploring step costs what the best choice saves, so the gap between two of them
+doubles (from ``EXPLORE_EVERY`` up to ``EXPLORE_MAX`` steps) while the best choice stays what it was, and is short
+again once it moves (exploring every 16th step cost 6% of single-stream decoding on that CPU where no k was found to
+pay); an exploring step whose drafter proposed nothing (no n-gram match) measured nothing, and the next step explores
+instead.
 """
 from __future__ import annotations
 
@@ -22,7 +32,8 @@ from dataclasses import dataclass, field
 DECAY = 0.99                 # per verification: the acceptance counts' memory (~100 verifications)
 PRIOR_RATE, PRIOR_WEIGHT = 0.5, 2.0
 COST_EWMA = 0.2              # a new step's weight in its bucket's seconds
-EXPLORE_EVERY = 16
+EXPLORE_EVERY = 16           # steps between exploring steps after the best choice moved
+EXPLORE_MAX = 256            # ... doubling to this while it stays
 
 
 @dataclass
@@ -48,11 +59,17 @@ class AcceptanceModel:
         """The chance that draft position ``j`` (0-based) is kept once every position before it was."""
         return (self.kept[j] + PRIOR_RATE * PRIOR_WEIGHT) / (self.reached[j] + PRIOR_WEIGHT)
 
-    def expected_tokens(self, k: int) -> float:
-        """Tokens a sequence's step emits with ``k`` drafts: the target's own and the drafts kept."""
+    def rate_at_most(self, j: int) -> float:
+        """``rate(j)`` with a prior of every draft kept: what position ``j`` may still turn out to be worth while few
+        verifications reached it (an exploring step's hope)."""
+        return (self.kept[j] + PRIOR_WEIGHT) / (self.reached[j] + PRIOR_WEIGHT)
+
+    def expected_tokens(self, k: int, at_most: bool = False) -> float:
+        """Tokens a sequence's step emits with ``k`` drafts: the target's own and the drafts kept (``at_most``: by
+        ``rate_at_most``)."""
         total, run = 1.0, 1.0
         for j in range(k):
-            run *= self.rate(j)
+            run *= self.rate_at_most(j) if at_most else self.rate(j)
             total += run
         return total
 
@@ -69,6 +86,14 @@ class StepCostCurve:
         key = bucket(tokens)
         old = self.seconds.get(key)
         self.seconds[key] = seconds if old is None else (1 - COST_EWMA) * old + COST_EWMA * seconds
+
+    def floor(self, tokens: int) -> float:
+        """The least a step of ``tokens`` can cost: the most seconds measured at a size up to it (a step of more tokens
+        never costs less), or the smallest size's."""
+        points = sorted(self.seconds.items())
+        assert points, "no step measured yet"
+        below = [seconds for size, seconds in points if size <= bucket(tokens)]
+        return max(below) if below else points[0][1]
 
     def cost(self, tokens: int) -> float:
         """Seconds of a step of ``tokens``: between measured sizes linear, below them the smallest's, beyond them
@@ -94,6 +119,10 @@ class AutoK:
         self.curve = StepCostCurve()
         self.choices = 0
         self.last: int | None = None
+        self.settled: int | None = None       # the best choice the exploring gap has doubled for
+        self.explore_gap = EXPLORE_EVERY
+        self.explore_in = EXPLORE_EVERY      # steps until the next exploring step
+        self.exploring: int | None = None    # the batch of the exploring step not yet observed
 
     def record(self, drafted: int, accepted: int) -> None:
         self.acceptance.record(drafted, accepted)
@@ -102,6 +131,13 @@ class AutoK:
         """A step that computed ``tokens`` decode and draft positions (no prompt) took ``seconds``."""
         if tokens > 0 and seconds > 0:
             self.curve.observe(tokens, seconds)
+        if self.exploring is not None:
+            if tokens > self.exploring:     # it verified drafts: the next exploring step comes twice as late
+                self.explore_gap = min(EXPLORE_MAX, 2 * self.explore_gap)
+                self.explore_in = self.explore_gap
+            else:                           # its drafter proposed nothing (no n-gram match): explore the next step
+                self.explore_in = 1
+            self.exploring = None
 
     def rate(self, batch: int, k: int) -> float:
         """Tokens per second of a step of ``batch`` sequences drafting ``k`` each, as measured so far."""
@@ -112,11 +148,28 @@ class AutoK:
         self.choices += 1
         if batch < 1:
             return 0
-        if len(self.curve.seconds) < 2:
-            self.last = self.k_max
-            return self.k_max
+        if len(self.curve.seconds) < 2:    # both ends measured first: a drafter that always drafts fills only one
+            self.last = self.k_max if bucket(batch * (1 + self.k_max)) not in self.curve.seconds else 0
+            return self.last
         best = max(range(self.k_max + 1), key=lambda k: (self.rate(batch, k), -k))
-        if self.choices % EXPLORE_EVERY == 0:
-            best = min(self.k_max, best + 1)
+        if best != self.settled:
+            self.settled, self.explore_gap = best, EXPLORE_EVERY
+            self.explore_in = min(self.explore_in, EXPLORE_EVERY)
+        self.explore_in -= 1
+        if self.explore_in <= 0:
+            self.explore_in = self.explore_gap
+            best = self.explore(batch, best)
+            self.exploring = batch if best else None
         self.last = best
         return best
+
+    def explore(self, batch: int, best: int) -> int:
+        """The k an exploring step drafts: the smallest whose step size was never measured and that could beat
+        ``best`` (each size measured raises the floor of the larger ones, so the search stops where none could); else
+        one more than ``best``."""
+        def at_most(k: int) -> float:
+            return batch * self.acceptance.expected_tokens(k, at_most=True) / self.curve.floor(batch * (1 + k))
+        best_rate = self.rate(batch, best)
+        return next((k for k in range(1, self.k_max + 1)
+                     if bucket(batch * (1 + k)) not in self.curve.seconds and at_most(k) > best_rate),
+                    min(self.k_max, best + 1))

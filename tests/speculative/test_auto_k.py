@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gh200rt.sampling_params import SamplingParams
-from gh200rt.speculative.auto_k import EXPLORE_EVERY, AcceptanceModel, AutoK, StepCostCurve
+from gh200rt.speculative.auto_k import EXPLORE_EVERY, EXPLORE_MAX, AcceptanceModel, AutoK, StepCostCurve
 from tests.speculative.test_spec_engine import looping_prompts, same, tiny, tiny_path  # noqa: F401
 
 
@@ -24,8 +24,20 @@ def trained(rate: float, cost, k_max: int = 8, sizes=(1, 2, 4, 8, 16, 32, 64)) -
     return auto
 
 
+def steps(auto: AutoK, batch: int, count: int, cost, proposes=lambda i: True) -> list[int]:
+    """``count`` steps of ``batch`` sequences as the engine runs them: each drafts the k chosen (where ``proposes(i)``,
+    else nothing: no n-gram match) and is observed at its cost; the k chosen, step by step."""
+    picks = []
+    for i in range(count):
+        k = auto.choose(batch)
+        picks.append(k)
+        tokens = batch * (1 + (k if proposes(i) else 0))
+        auto.observe(tokens, cost(tokens))
+    return picks
+
+
 def choose(auto: AutoK, batch: int) -> int:
-    auto.choices = 1        # not an exploring step
+    auto.explore_in = EXPLORE_EVERY      # not an exploring step
     return auto.choose(batch)
 
 
@@ -55,16 +67,71 @@ def test_a_flat_step_drafts_the_most_a_steep_one_the_fewest():
 
 
 def test_low_acceptance_drafts_nothing_but_keeps_measuring():
-    auto = trained(0.05, lambda tokens: 0.010 + 0.0008 * tokens)
-    picks = [auto.choose(4) for _ in range(4 * EXPLORE_EVERY)]
-    assert picks.count(0) >= len(picks) - 4 and picks.count(1) == 4   # one exploring step in EXPLORE_EVERY
+    cost = lambda tokens: 0.010 + 0.0008 * tokens    # noqa: E731
+    auto = trained(0.05, cost)
+    picks = steps(auto, 4, 4 * EXPLORE_EVERY, cost)
+    assert picks.count(1) == 2 and picks.count(0) == len(picks) - 2   # at step 16, then 32 steps later
+    assert [i + 1 for i, k in enumerate(picks) if k] == [EXPLORE_EVERY, 3 * EXPLORE_EVERY]
 
 
-def test_until_two_step_sizes_are_measured_it_drafts_k_max():
+def test_exploring_grows_rarer_while_the_choice_holds_and_frequent_again_once_it_moves():
+    cost = lambda tokens: 0.006 + 0.004 * tokens if tokens <= 3 else 0.05 * tokens    # noqa: E731
+    knee = trained(0.05, cost, sizes=(1, 2, 3, 4, 8))
+    picks = steps(knee, 1, 1000, cost)
+    explored = [i + 1 for i, k in enumerate(picks) if k]
+    gaps = [b - a for a, b in zip(explored, explored[1:])]
+    assert explored[0] == EXPLORE_EVERY and gaps == sorted(gaps) and max(gaps) == EXPLORE_MAX
+    assert len(explored) == 6           # 16, 48, 112, 240, 496, 752: every 16th step would explore 62 times
+    for _ in range(400):                # the drafts now keep: k = 2 pays, the choice moves
+        knee.record(8, 8)
+    picks = steps(knee, 1, EXPLORE_EVERY, cost)
+    assert sorted(picks) == [2] * (EXPLORE_EVERY - 1) + [3]     # explored again within 16 steps of the move
+
+
+def test_an_exploring_step_that_drafted_nothing_is_taken_again_the_next_step():
+    cost = lambda tokens: 0.010 + 0.0008 * tokens    # noqa: E731
+    auto = trained(0.05, cost)
+    picks = steps(auto, 4, 3 * EXPLORE_EVERY, cost, proposes=lambda i: i not in (15, 16, 17))   # no match there
+    # the 16th step explores and its drafter proposes nothing, so do the next two; the fourth drafts, and the next
+    # exploring step is 32 steps after it (beyond these 48)
+    assert [i for i, k in enumerate(picks) if k] == [15, 16, 17, 18]
+
+
+def test_a_curve_that_jumps_then_stays_flat_is_explored_until_the_k_that_pays_is_found():
+    """One row reads the GGUF blocks (17 ms), 2-8 rows take another route (38-45 ms), 9 rows a third (93 ms): a line
+    through the first sizes measured puts 5 rows at 3.6x one row, and exploring one more than the best choice (k = 0)
+    never tries them. The first draft is kept with chance 0.67, and then a run of 1-12 drafts (an n-gram lookup's)."""
+    def true_cost(tokens: int) -> float:
+        return 0.017 if tokens == 1 else 0.038 + 0.001 * (tokens - 2) if tokens <= 8 else 0.093
+
+    def kept(k: int, i: int) -> int:         # the drafts a verification keeps, spread deterministically
+        x = (i * 0.6180339) % 1.0
+        return 0 if x >= 0.67 else min(k, 1 + int(x / 0.67 * 12))
+
+    auto = AutoK(8)
+    tokens = seconds = 0.0
+    picks = []
+    for i in range(2000):
+        k = auto.choose(1)
+        picks.append(k)
+        auto.observe(1 + k, true_cost(1 + k))
+        if k:
+            auto.record(k, kept(k, i))
+        tokens += 1 + (kept(k, i) if k else 0)
+        seconds += true_cost(1 + k)
+    late = picks[1000:]
+    assert max(set(late), key=late.count) >= 3, sorted(set(late))
+    assert tokens / seconds > 1.1 / true_cost(1)      # faster than not drafting at all
+
+
+def test_until_two_step_sizes_are_measured_it_drafts_k_max_then_nothing():
     auto = AutoK(5)
     assert auto.choose(3) == 5
     auto.observe(4, 0.01)
     assert auto.choose(3) == 5
+    always = AutoK(5)
+    always.observe(18, 0.02)     # a drafter that always drafts k_max: the other end is measured next
+    assert always.choose(3) == 0
 
 
 def test_auto_k_in_the_engine_keeps_greedy_output_and_reports_k(tiny):  # noqa: F811
