@@ -44,9 +44,6 @@ class EngineConfig:
                 "rank 0 sends its workers each step's input ids from the host"
             raise ValueError(f"--async-scheduling with {what} is not supported yet ({why}): drop "
                              f"--async-scheduling; by default such an engine schedules synchronously")
-        if method is not None and method.method == "draft_model" and self.cache.kv_offloading_size is not None:
-            raise ValueError("a draft model with --kv-offloading-size is not supported yet (the host tier keeps "
-                             "the target's KV only): use the ngram method, or drop the host KV tier")
 
     @property
     def max_graph_batch(self) -> int:

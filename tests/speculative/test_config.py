@@ -23,8 +23,8 @@ def test_a_draft_model_is_named_by_its_path_with_or_without_method():
     assert (m.method, m.model, m.num_speculative_tokens) == ("draft_model", "/models/draft", 3)
     draft = {"method": "draft_model", "model": "d", "num_speculative_tokens": 2}
     assert EngineConfig.from_kwargs(speculative_config=draft, tensor_parallel_size=2).parallel.tensor_parallel_size == 2
-    with pytest.raises(ValueError, match="kv-offloading-size is not supported yet"):
-        EngineConfig.from_kwargs(speculative_config=draft, kv_offloading_size="1")
+    with pytest.raises(ValueError, match="in_place with the draft_model method is not supported yet"):
+        EngineConfig.from_kwargs(speculative_config=draft, kv_offloading_size="1", kv_offloading_reads="in_place")
 
 
 def test_async_scheduling_asked_for_beside_speculation_or_tensor_parallelism_is_refused():

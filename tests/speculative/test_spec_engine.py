@@ -294,6 +294,25 @@ def test_a_preempted_sequence_catches_its_draft_up_again(tiny, tiny_path):
     assert stats.num_accepted_tokens >= 0.9 * stats.num_draft_tokens, stats      # 64 of 102 before the fix
 
 
+def test_a_draft_model_beside_the_host_kv_tier(tiny, tiny_path):
+    """Blocks a small pool evicted come back from the host tier with the target's KV only: the draft catches up on
+    every prompt it has not seen from position 0, so its KV over loaded blocks is computed, not stale (the target
+    drafting for itself keeps nearly every draft), and the output is plain decoding's."""
+    from tests.engine.test_host_kv_tier import conversations, synchronous_stores, talk
+    firsts = conversations(256, count=3, system=0)
+    options = dict(batch_invariant=True, max_model_len=128, num_kv_blocks=8)
+    want = talk(tiny.llm(**options), firsts, turns=2, max_tokens=12)
+    llm = tiny.llm(kv_offloading_size="16MiB", speculative_config=draft_config(tiny_path, 3), **options)
+    synchronous_stores(llm)
+    assert talk(llm, firsts, turns=2, max_tokens=12) == want
+    host, stats = llm.engine.stats().kv_host, llm.engine.speculator.stats
+    assert host.hit_tokens >= 2 * 48 and host.loaded_blocks >= 6, host
+    assert stats.num_draft_tokens > 20 and stats.num_accepted_tokens >= 0.9 * stats.num_draft_tokens, stats
+    with pytest.raises(ValueError, match="in_place with the draft_model method is not supported yet"):
+        tiny.llm(kv_offloading_size="16MiB", kv_offloading_reads="in_place",
+                 speculative_config=draft_config(tiny_path, 3), **options)
+
+
 def test_a_draft_that_cannot_serve_is_refused_with_what_to_do(tiny, drafts, tmp_path):
     with pytest.raises(ValueError, match="vocabulary of 320 tokens, the target 256"):
         tiny.llm(speculative_config=draft_config(drafts["other_vocab"]))
