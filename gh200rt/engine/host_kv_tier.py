@@ -99,8 +99,6 @@ def in_place_unavailable(config: EngineConfig, kv_caches: list[torch.Tensor], de
     drafted = config.speculative.method
     if drafted is not None and drafted.method in MODEL_METHODS:
         return f"the {drafted.method} draft keeps no KV for blocks read in place (not built yet)"
-    if torch.device(device).type == "cpu" and config.model.cpu_kernels == "native":
-        return "the native CPU attention kernels read no host blocks; add --cpu-kernels torch"
     return None
 
 

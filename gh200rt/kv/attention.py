@@ -24,13 +24,14 @@ from gh200rt.models.base import AttentionMetadata
 
 _LAYOUT_KEY = "_torch_paged_attention_layout"
 
-# (q [B, heads, D], kv_cache, block_tables [B, W], seq_lens [B], scale, kv_scale) -> out [B, heads, D]
-DecodeKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float, torch.Tensor | None],
-                        torch.Tensor]
-# (q [T, heads, D], kv_cache, block_tables [B, W], seq_lens [B], query_starts [B + 1], scale, kv_scale) -> out
+# (q [B, heads, D], kv_cache, block_tables [B, W], seq_lens [B], scale, kv_scale, host) -> out [B, heads, D];
+# host: the layer's HostBlocksView (or None), whose blocks the tables may name, read in place
+DecodeKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float, torch.Tensor | None,
+                         HostBlocksView | None], torch.Tensor]
+# (q [T, heads, D], kv_cache, block_tables [B, W], seq_lens [B], query_starts [B + 1], scale, kv_scale, host) -> out
 # [T, heads, D], or None where the kernel leaves the group to SDPA
 ExtendKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float,
-                         torch.Tensor | None], torch.Tensor | None]
+                         torch.Tensor | None, HostBlocksView | None], torch.Tensor | None]
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
@@ -176,10 +177,9 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
     seq_lens, query_starts, scale)``, when given, attend the step's decode group and its multi-token groups in
     place of the gather and SDPA (native CPU kernels that read the pool in place); ``long_context``: the keys past
     which multi-token sequences form a group of their own (the extend kernel's limit). ``host``: the layer's host
-    KV blocks, which table entries from ``host.first_id`` on name (kv/host_blocks.py; gathered, not given to the
-    kernels)."""
+    KV blocks, which table entries from ``host.first_id`` on name (kv/host_blocks.py): the kernels read them in
+    place, the gather takes them from both pools."""
     host = host if host is not None else host_view(meta, kv_cache)
-    assert host is None or (decode_kernel is None and extend_kernel is None), "native kernels read no host blocks"
     layout = _layout(meta, long_context)
     if layout.single:
         return _attend(q, kv_cache, layout.groups[0], scale, num_kv_heads, kv_scale, decode_kernel, extend_kernel,
@@ -228,9 +228,9 @@ def _attend(q: torch.Tensor, kv_cache: torch.Tensor, group: _Group, scale: float
             extend_kernel: ExtendKernel | None = None, host: HostBlocksView | None = None) -> torch.Tensor:
     """Attention for one group; ``q`` holds exactly the group's token rows, in group order."""
     if group.decode and decode_kernel is not None:
-        return decode_kernel(q, kv_cache, group.table, group.seq_lens, scale, kv_scale)
+        return decode_kernel(q, kv_cache, group.table, group.seq_lens, scale, kv_scale, host)
     if not group.decode and extend_kernel is not None:
-        out = extend_kernel(q, kv_cache, group.table, group.seq_lens, group.query_starts, scale, kv_scale)
+        out = extend_kernel(q, kv_cache, group.table, group.seq_lens, group.query_starts, scale, kv_scale, host)
         if out is not None:
             return out
     num_seqs, head_dim = group.num_seqs, q.shape[-1]

@@ -14,20 +14,21 @@
  * key order, and its weighted V sum adds key after key: the multi-token kernel's operations in its order, so decode
  * keeps its bits (test_decode_attention_gives_the_extend_kernels_bits). */
 
-/* the pool offset of key p's slot row (KV head 0), and the next key's by stepping through the blocks */
+/* the plane offset of key p's slot row (KV head 0), and the next key's by stepping through the blocks */
 typedef struct {
     const int32_t *table;
-    int64_t block, slot, block_size, block_stride, slot_stride;
+    const PoolMap *map;
+    int64_t block, slot, block_size, slot_stride;
 } SlotWalk;
 
-INLINE SlotWalk slot_walk(const int32_t *table, int64_t p, int64_t block_size, int64_t block_stride,
+INLINE SlotWalk slot_walk(const int32_t *table, int64_t p, int64_t block_size, const PoolMap *map,
                           int64_t slot_stride) {
-    SlotWalk w = {table, p / block_size, p % block_size, block_size, block_stride, slot_stride};
+    SlotWalk w = {table, map, p / block_size, p % block_size, block_size, slot_stride};
     return w;
 }
 
 INLINE int64_t slot_next(SlotWalk *w) {
-    int64_t at = w->table[w->block] * w->block_stride + w->slot * w->slot_stride;
+    int64_t at = block_at(w->map, w->table[w->block]) + w->slot * w->slot_stride;
     if (++w->slot == w->block_size) w->slot = 0, w->block++;
     return at;
 }
@@ -35,14 +36,14 @@ INLINE int64_t slot_next(SlotWalk *w) {
 /* One pass of the portable path over the item's keys in order, each slot row (its span KV heads) against every
  * head of the item: the scores (values 0: K rows) or the weighted V sums into acc (values 1: V rows) */
 INLINE void keywise_pass(int values, const float *qf, float *acc, float *scores, float *kv, const void *cache,
-                         const int32_t *table, int64_t len, int64_t block_size, int64_t block_stride,
+                         const int32_t *table, int64_t len, int64_t block_size, const PoolMap *map,
                          int64_t slot_stride, int64_t head_stride, int64_t g0, int64_t span, int64_t group,
                          int64_t head_dim, float scale, int dtype, int kv_type, float kv_scale, int64_t elem) {
-    SlotWalk walk = slot_walk(table, 0, block_size, block_stride, slot_stride);
+    SlotWalk walk = slot_walk(table, 0, block_size, map, slot_stride);
     for (int64_t p = 0; p < len; p++) {
         int64_t at = slot_next(&walk) + g0 * head_stride;
         if (p + KV_AHEAD < len)
-            prefetch_row(cache, table, p + KV_AHEAD, block_size, block_stride, slot_stride, g0 * head_stride,
+            prefetch_row(cache, map, table, p + KV_AHEAD, block_size, slot_stride, g0 * head_stride,
                          span * head_dim, elem);
         for (int64_t g = 0; g < span; g++) {
             const float *row = kv_row(kv, cache, at + g * head_stride, head_dim, dtype, kv_type, kv_scale);
@@ -57,11 +58,11 @@ INLINE void keywise_pass(int values, const float *qf, float *acc, float *scores,
 /* The portable path: one key at a time, every head of the item against it. */
 INLINE void decode_item_keywise(const float *qf, float *acc, float *scores, float *sums, float *kv,
                                 const void *k_cache, const void *v_cache, const int32_t *table, int64_t len,
-                                int64_t block_size, int64_t block_stride, int64_t slot_stride, int64_t head_stride,
-                                int64_t g0, int64_t span, int64_t group, int64_t head_dim, float scale, int dtype,
-                                int kv_type, float k_scale, float v_scale, int64_t elem) {
+                                int64_t block_size, const PoolMap *kmap, const PoolMap *vmap, int64_t slot_stride,
+                                int64_t head_stride, int64_t g0, int64_t span, int64_t group, int64_t head_dim,
+                                float scale, int dtype, int kv_type, float k_scale, float v_scale, int64_t elem) {
     int64_t rows = span * group;
-    keywise_pass(0, qf, acc, scores, kv, k_cache, table, len, block_size, block_stride, slot_stride, head_stride, g0,
+    keywise_pass(0, qf, acc, scores, kv, k_cache, table, len, block_size, kmap, slot_stride, head_stride, g0,
                  span, group, head_dim, scale, dtype, kv_type, k_scale, elem);
     for (int64_t j = 0; j < rows; j++) {
         float *s = scores + j * len, top = -INFINITY, sum = 0.0f;
@@ -73,7 +74,7 @@ INLINE void decode_item_keywise(const float *qf, float *acc, float *scores, floa
         sums[j] = sum;
     }
     memset(acc, 0, (size_t)(rows * head_dim) * sizeof(float));
-    keywise_pass(1, qf, acc, scores, kv, v_cache, table, len, block_size, block_stride, slot_stride, head_stride, g0,
+    keywise_pass(1, qf, acc, scores, kv, v_cache, table, len, block_size, vmap, slot_stride, head_stride, g0,
                  span, group, head_dim, scale, dtype, kv_type, v_scale, elem);
 }
 
@@ -143,14 +144,14 @@ INLINE void decode_exp_row(float *s, int64_t len) {
 
 INLINE void decode_item_tiled(const float *qf, float *acc, float *scores, float *sums, float *rows_f, float *spare,
                               const void *k_cache, const void *v_cache, const int32_t *table, int64_t len,
-                              int64_t block_size, int64_t block_stride, int64_t slot_stride, int64_t head_stride,
-                              int64_t g0, int64_t span, int64_t group, int64_t head_dim, float scale, int dtype,
-                              int kv_type, float k_scale, float v_scale, int64_t elem) {
+                              int64_t block_size, const PoolMap *kmap, const PoolMap *vmap, int64_t slot_stride,
+                              int64_t head_stride, int64_t g0, int64_t span, int64_t group, int64_t head_dim,
+                              float scale, int dtype, int kv_type, float k_scale, float v_scale, int64_t elem) {
     int64_t rows = span * group;
     __m256 vscale = _mm256_set1_ps(scale);
     const float *keys[EXT_CHUNK];
-    SlotWalk walk = slot_walk(table, 0, block_size, block_stride, slot_stride);
-    SlotWalk ahead = slot_walk(table, DECODE_AHEAD < len ? DECODE_AHEAD : 0, block_size, block_stride, slot_stride);
+    SlotWalk walk = slot_walk(table, 0, block_size, kmap, slot_stride);
+    SlotWalk ahead = slot_walk(table, DECODE_AHEAD < len ? DECODE_AHEAD : 0, block_size, kmap, slot_stride);
     for (int64_t p0 = 0; p0 < len; p0 += DECODE_TILE) {
         int64_t n = len - p0 < DECODE_TILE ? len - p0 : DECODE_TILE, at[DECODE_TILE];
         for (int64_t t = 0; t < n; t++) at[t] = slot_next(&walk) + g0 * head_stride;
@@ -186,8 +187,8 @@ INLINE void decode_item_tiled(const float *qf, float *acc, float *scores, float 
         for (int64_t k = 0; k < 4 && j0 + k < rows; k++) sums[j0 + k] = four[k];
     }
     memset(acc, 0, (size_t)(rows * head_dim) * sizeof(float));
-    walk = slot_walk(table, 0, block_size, block_stride, slot_stride);
-    ahead = slot_walk(table, DECODE_AHEAD < len ? DECODE_AHEAD : 0, block_size, block_stride, slot_stride);
+    walk = slot_walk(table, 0, block_size, vmap, slot_stride);
+    ahead = slot_walk(table, DECODE_AHEAD < len ? DECODE_AHEAD : 0, block_size, vmap, slot_stride);
     for (int64_t p0 = 0; p0 < len; p0 += EXT_CHUNK) {
         int64_t chunk = len - p0 < EXT_CHUNK ? len - p0 : EXT_CHUNK;
         int64_t at[EXT_CHUNK];
@@ -222,8 +223,10 @@ INLINE void gh_decode_attention_impl(const void *q, int64_t q_seq_stride, int64_
                          int64_t block_size, const int32_t *block_tables, int64_t table_stride,
                          const int64_t *seq_lens, int64_t num_seqs, int64_t heads, int64_t kv_heads,
                          int64_t head_dim, float scale, void *out, int dtype, int kv_type, const float *kv_scale,
-                         int64_t threads) {
+                         int64_t threads, const HostKV *host) {
     int64_t group = heads / kv_heads, longest = 0, keys = 0, elem = kv_elem(kv_type, dtype);
+    PoolMap kmap = pool_map(k_cache, block_stride, host, 0, elem);
+    PoolMap vmap = pool_map(v_cache, block_stride, host, 1, elem);
     float k_scale = kv_type != KV_SAME ? kv_scale[0] : 1.0f, v_scale = kv_type != KV_SAME ? kv_scale[1] : 1.0f;
     for (int64_t b = 0; b < num_seqs; b++) {
         if (seq_lens[b] > longest) longest = seq_lens[b];
@@ -251,12 +254,12 @@ INLINE void gh_decode_attention_impl(const void *q, int64_t q_seq_stride, int64_
 #if defined(__AVX2__) && defined(__FMA__)
             if (EXT_VECTOR(head_dim))
                 decode_item_tiled(qf, acc, scores, sums, rows_f, spare, k_cache, v_cache, table, len, block_size,
-                                  block_stride, slot_stride, head_stride, g0, span, group, head_dim, scale, dtype,
+                                  &kmap, &vmap, slot_stride, head_stride, g0, span, group, head_dim, scale, dtype,
                                   kv_type, k_scale, v_scale, elem);
             else
 #endif
                 decode_item_keywise(qf, acc, scores, sums, rows_f, k_cache, v_cache, table, len, block_size,
-                                    block_stride, slot_stride, head_stride, g0, span, group, head_dim, scale, dtype,
+                                    &kmap, &vmap, slot_stride, head_stride, g0, span, group, head_dim, scale, dtype,
                                     kv_type, k_scale, v_scale, elem);
             for (int64_t j = 0; j < rows; j++) {
                 int64_t dst = (b * heads + g0 * group + j) * head_dim;
@@ -277,12 +280,12 @@ void gh_decode_attention(const void *q, int64_t q_seq_stride, int64_t q_head_str
                          int64_t block_size, const int32_t *block_tables, int64_t table_stride,
                          const int64_t *seq_lens, int64_t num_seqs, int64_t heads, int64_t kv_heads,
                          int64_t head_dim, float scale, void *out, int dtype, int kv_type, const float *kv_scale,
-                         int64_t threads) {
+                         int64_t threads, const HostKV *host) {
     /* the common head sizes as constants: the per-key dot products and updates unroll completely */
 #define CALL_DIM(dim, d) gh_decode_attention_impl(q, q_seq_stride, q_head_stride, k_cache, v_cache, block_stride, \
                                                   slot_stride, head_stride, block_size, block_tables, table_stride, \
                                                   seq_lens, num_seqs, heads, kv_heads, dim, scale, out, d, kv_type, \
-                                                  kv_scale, threads)
+                                                  kv_scale, threads, host)
 #define CALL_64(d) CALL_DIM(64, d)
 #define CALL_128(d) CALL_DIM(128, d)
 #define CALL_ANY(d) CALL_DIM(head_dim, d)
@@ -296,13 +299,14 @@ void gh_decode_attention(const void *q, int64_t q_seq_stride, int64_t q_head_str
  * gh_write_kv and gh_decode_attention on the same values, so the same bits as the three calls; one call
  * saves the two round trips through Python per layer. qkv [T, (heads + 2 kv_heads) * head_dim] (row stride
  * qkv_stride), one token per sequence in sequence order; out [T, heads, head_dim]. Returns -1 when the
- * scratch row could not be allocated. */
+ * scratch row could not be allocated. The new K and V go to pool blocks: the host blocks tables may name (HostKV)
+ * hold full, published prompt blocks, which no step writes. */
 int gh_decode_attention_block(const void *qkv, int64_t qkv_stride, const void *cos, const void *sin, void *k_cache,
                               void *v_cache, int64_t block_stride, int64_t slot_stride, int64_t head_stride,
                               int64_t block_size, const int64_t *slots, const int32_t *block_tables,
                               int64_t table_stride, const int64_t *seq_lens, int64_t num_seqs, int64_t heads,
                               int64_t kv_heads, int64_t head_dim, float scale, void *out, int dtype, int kv_type,
-                              const float *kv_scale, int64_t threads) {
+                              const float *kv_scale, int64_t threads, const HostKV *host) {
     int64_t rotated_heads = heads + kv_heads, elem = dtype ? 2 : 4;
     char *rotated = malloc((size_t)(num_seqs * rotated_heads * head_dim * elem) + 1);
     if (!rotated) return -1;
@@ -319,7 +323,7 @@ int gh_decode_attention_block(const void *qkv, int64_t qkv_stride, const void *c
                     elem);
     gh_decode_attention(rotated, rotated_heads * head_dim, head_dim, k_cache, v_cache, block_stride, slot_stride,
                         head_stride, block_size, block_tables, table_stride, seq_lens, num_seqs, heads, kv_heads,
-                        head_dim, scale, out, dtype, kv_type, kv_scale, threads);
+                        head_dim, scale, out, dtype, kv_type, kv_scale, threads, host);
     free(rotated);
     return 0;
 }

@@ -92,7 +92,8 @@ int gh_decode_layer(const void *hidden, int64_t rows, const DecodeLayerArgs *a, 
     if ((rc = gh_decode_attention_block(qkv, width, a->cos, a->sin, a->k_cache, a->v_cache, a->block_stride,
                                         a->slot_stride, a->head_stride, a->block_size, a->slots, a->block_tables,
                                         a->table_stride, a->seq_lens, rows, a->heads, a->kv_heads, a->head_dim,
-                                        a->scale, attn, dtype, (int)a->kv_type, a->kv_scale, a->threads)))
+                                        a->scale, attn, dtype, (int)a->kv_type, a->kv_scale, a->threads,
+                                        a->host.first ? &a->host : NULL)))
         goto done;
     if ((rc = linear_in(&a->o, attn, rows, tmp, dtype, wide))) goto done;
     add(hidden, tmp, h1, rows * h, dtype);

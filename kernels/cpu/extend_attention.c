@@ -269,8 +269,10 @@ INLINE int gh_extend_attention_impl(const void *q, int64_t q_tok_stride, int64_t
                          int64_t block_size, const int32_t *block_tables, int64_t table_stride,
                          const int64_t *seq_lens, const int64_t *query_starts, int64_t num_seqs, int64_t heads,
                          int64_t kv_heads, int64_t head_dim, float scale, void *out, int dtype, int kv_type,
-                         const float *kv_scale, int64_t threads) {
+                         const float *kv_scale, int64_t threads, const HostKV *host) {
     int64_t group = heads / kv_heads, longest = 0, units = 0, work = 0, elem = kv_elem(kv_type, dtype);
+    PoolMap kmap = pool_map(k_cache, block_stride, host, 0, elem);
+    PoolMap vmap = pool_map(v_cache, block_stride, host, 1, elem);
     float k_scale = kv_type != KV_SAME ? kv_scale[0] : 1.0f, v_scale = kv_type != KV_SAME ? kv_scale[1] : 1.0f;
     int widen = dtype || kv_type;   /* K and V rows go through a float32 row, else they are read in place */
     int64_t key_step = WIDE && EXT_VECTOR(head_dim) ? 2 : 1;
@@ -332,10 +334,10 @@ INLINE int gh_extend_attention_impl(const void *q, int64_t q_tok_stride, int64_t
                 const float *key[2];
                 for (int64_t i = 0; i < key_step; i++) {
                     int64_t k = p + i < most ? p + i : p;
-                    int64_t at = table[k / block_size] * block_stride + (k % block_size) * slot_stride
+                    int64_t at = block_at(&kmap, table[k / block_size]) + (k % block_size) * slot_stride
                                  + g * head_stride;
                     if (k + KV_AHEAD < most)
-                        prefetch_row(k_cache, table, k + KV_AHEAD, block_size, block_stride, slot_stride,
+                        prefetch_row(k_cache, &kmap, table, k + KV_AHEAD, block_size, slot_stride,
                                      g * head_stride, head_dim, elem);
                     key[i] = kv_row(key_f + i * head_dim, k_cache, at, head_dim, dtype, kv_type, k_scale);
                 }
@@ -359,8 +361,8 @@ INLINE int gh_extend_attention_impl(const void *q, int64_t q_tok_stride, int64_t
             for (int64_t p0 = 0; p0 < most; p0 += EXT_CHUNK) {
                 int64_t chunk = most - p0 < EXT_CHUNK ? most - p0 : EXT_CHUNK;
                 for (int64_t p = 0; p < chunk; p++) {
-                    int64_t at = table[(p0 + p) / block_size] * block_stride + ((p0 + p) % block_size) * slot_stride
-                                 + g * head_stride;
+                    int64_t at = block_at(&vmap, table[(p0 + p) / block_size])
+                                 + ((p0 + p) % block_size) * slot_stride + g * head_stride;
                     rows[p] = kv_row(rows_f + p * head_dim, v_cache, at, head_dim, dtype, kv_type, v_scale);
                 }
                 for (int64_t u = 0; u < count; u++)
@@ -392,13 +394,13 @@ int gh_extend_attention(const void *q, int64_t q_tok_stride, int64_t q_head_stri
                          int64_t block_size, const int32_t *block_tables, int64_t table_stride,
                          const int64_t *seq_lens, const int64_t *query_starts, int64_t num_seqs, int64_t heads,
                          int64_t kv_heads, int64_t head_dim, float scale, void *out, int dtype, int kv_type,
-                         const float *kv_scale, int64_t threads) {
+                         const float *kv_scale, int64_t threads, const HostKV *host) {
     /* the common head sizes as constants: the per-key dot products and updates unroll completely */
 #define CALL_DIM(dim, d) return gh_extend_attention_impl(q, q_tok_stride, q_head_stride, k_cache, v_cache, \
                                                          block_stride, slot_stride, head_stride, block_size, \
                                                          block_tables, table_stride, seq_lens, query_starts, \
                                                          num_seqs, heads, kv_heads, dim, scale, out, d, kv_type, \
-                                                         kv_scale, threads)
+                                                         kv_scale, threads, host)
 #define CALL_64(d) CALL_DIM(64, d)
 #define CALL_128(d) CALL_DIM(128, d)
 #define CALL_ANY(d) CALL_DIM(head_dim, d)

@@ -3,6 +3,7 @@
  * query gets the same bits from either), the KV row prefetch, the 8-lane sum and the vector exps. */
 #ifndef GH_ATTENTION_H
 #define GH_ATTENTION_H
+#include "gh_native.h"
 #include "gh_ops.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -84,9 +85,30 @@ INLINE float score_dot(const float *q, const float *key, int64_t head_dim) {
 #ifndef KV_AHEAD
 #define KV_AHEAD 4
 #endif
-INLINE void prefetch_row(const void *cache, const int32_t *table, int64_t p, int64_t block_size, int64_t block_stride,
+/* Where a table entry's block starts, in elements from one plane's base (K's or V's): a pool block, or from
+ * map.first on a host block (HostKV), which lies host_delta elements from that base (both allocations are aligned
+ * to the element, so the distance is a whole number of them). */
+typedef struct {
+    int64_t block_stride, first, host_stride, host_delta;
+} PoolMap;
+
+INLINE PoolMap pool_map(const void *plane, int64_t block_stride, const HostKV *host, int values, int64_t elem) {
+    PoolMap m = {block_stride, INT64_MAX, 0, 0};
+    if (host) {
+        m.first = host->first;
+        m.host_stride = host->block_stride;
+        m.host_delta = ((intptr_t)(values ? host->v : host->k) - (intptr_t)plane) / elem;
+    }
+    return m;
+}
+
+INLINE int64_t block_at(const PoolMap *m, int64_t entry) {
+    return entry < m->first ? entry * m->block_stride : m->host_delta + (entry - m->first) * m->host_stride;
+}
+
+INLINE void prefetch_row(const void *cache, const PoolMap *map, const int32_t *table, int64_t p, int64_t block_size,
                          int64_t slot_stride, int64_t head_offset, int64_t head_dim, int64_t elem) {
-    const char *row = (const char *)cache + (table[p / block_size] * block_stride + (p % block_size) * slot_stride
+    const char *row = (const char *)cache + (block_at(map, table[p / block_size]) + (p % block_size) * slot_stride
                                               + head_offset) * elem;
     for (int64_t b = 0; b < head_dim * elem; b += 64) __builtin_prefetch(row + b);
 }

@@ -32,6 +32,7 @@ typedef struct {
     int64_t kv_type;             /* the pool's element type (gh_ops.h: KV_SAME, or an fp8 format read with kv_scale) */
     const float *kv_scale;       /* the layer's [K scale, V scale] for an fp8 pool */
     int64_t dtype;               /* the activations': 0 float32, 1 bfloat16 */
+    HostKV host;                 /* the layer's host KV blocks read in place; first 0: none */
 } DecodeLayerArgs;
 
 /* What changes from step to step and is the same for every layer of it: gh_decode_layers sets these fields of each

@@ -11,6 +11,15 @@ typedef struct {
     int64_t fmt, n, k, group;
 } WeightArgs;
 
+/* Host KV blocks that attention reads in place (gh200rt/kv/host_blocks.py): a block table entry from `first` on
+ * names block entry - first of the host tier's K and V planes of the layer, `block_stride` elements apart, with the
+ * pool's slot and head strides. An attention entry point given NULL reads the pool's blocks only. */
+typedef struct {
+    int64_t first;
+    const void *k, *v;
+    int64_t block_stride;
+} HostKV;
+
 int gh_quant_linear(const float *x, int64_t rows, int64_t x_stride, const WeightArgs *args, float *out,
                     int64_t out_stride, int64_t threads);
 void gh_f32_linear(const float *x, int64_t rows, int64_t x_stride, const float *w, int64_t n, int64_t k,
@@ -38,11 +47,11 @@ void gh_decode_attention(const void *q, int64_t q_seq_stride, int64_t q_head_str
                          int64_t block_size, const int32_t *block_tables, int64_t table_stride,
                          const int64_t *seq_lens, int64_t num_seqs, int64_t heads, int64_t kv_heads,
                          int64_t head_dim, float scale, void *out, int dtype, int kv_type, const float *kv_scale,
-                         int64_t threads);
+                         int64_t threads, const HostKV *host);
 int gh_decode_attention_block(const void *qkv, int64_t qkv_stride, const void *cos, const void *sin, void *k_cache,
                               void *v_cache, int64_t block_stride, int64_t slot_stride, int64_t head_stride,
                               int64_t block_size, const int64_t *slots, const int32_t *block_tables,
                               int64_t table_stride, const int64_t *seq_lens, int64_t num_seqs, int64_t heads,
                               int64_t kv_heads, int64_t head_dim, float scale, void *out, int dtype,
-                              int kv_type, const float *kv_scale, int64_t threads);
+                              int kv_type, const float *kv_scale, int64_t threads, const HostKV *host);
 #endif

@@ -1,6 +1,7 @@
 """Host KV blocks read in place (``--kv-offloading-reads``): a prefix found in the host tier is named by the request's
-table and read there by attention instead of being copied into device blocks. On the CPU platform the torch
-attention reads them (``--cpu-kernels torch``); the Triton kernels' reads: tests/kernels/test_host_block_attention.py.
+table and read there by attention instead of being copied into device blocks. On the CPU platform the native
+kernels (the one-call layer and stack included) and the torch attention read them; every CPU route:
+tests/engine/test_host_kv_tier.py; the kernels' reads: tests/kernels/test_host_block_attention.py.
 The tokens and logprobs are a load's, the blocks take no device block, stay pinned while read and are let go after;
 what cannot read in place is refused (or, asked ``auto``, loads)."""
 import pytest
@@ -21,8 +22,8 @@ def tiny(tmp_path_factory):
 
 
 def tier_llm(tiny, reads: str, **options):
-    options = {"num_kv_blocks": 8, "max_model_len": 96, **options}
-    llm = tiny.llm(cpu_kernels="torch", kv_offloading_size="8MiB", kv_offloading_reads=reads, **options)
+    options = {"num_kv_blocks": 8, "max_model_len": 96, "cpu_kernels": "torch", **options}
+    llm = tiny.llm(kv_offloading_size="8MiB", kv_offloading_reads=reads, **options)
     synchronous_stores(llm)
     return llm
 
@@ -31,11 +32,13 @@ def pins(llm) -> int:
     return sum(block.pins for block in llm.engine.host_tier.index.blocks.values())
 
 
+@pytest.mark.parametrize("kernels", ["torch", "native"])
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
-def test_hits_read_in_place_give_a_loads_bits(tiny, kv_cache_dtype):
+def test_hits_read_in_place_give_a_loads_bits(tiny, kv_cache_dtype, kernels):
     firsts = conversations(256, count=3, system=0)     # 9 prompt blocks: the pool's 8 cannot keep them all
-    want = talk(tier_llm(tiny, "load", kv_cache_dtype=kv_cache_dtype), firsts, turns=2, max_tokens=2)
-    llm = tier_llm(tiny, "in_place", kv_cache_dtype=kv_cache_dtype)
+    options = dict(kv_cache_dtype=kv_cache_dtype, cpu_kernels=kernels)
+    want = talk(tier_llm(tiny, "load", **options), firsts, turns=2, max_tokens=2)
+    llm = tier_llm(tiny, "in_place", **options)
     got = talk(llm, firsts, turns=2, max_tokens=2)
     host = llm.engine.stats().kv_host
     assert got == want
@@ -81,19 +84,21 @@ def test_auto_reads_in_place_only_where_a_load_would_not_fit():
     assert not kv.reads_in_place(Seq())
 
 
-def test_what_cannot_read_in_place_is_refused_and_auto_loads(tiny):
-    with pytest.raises(ValueError, match="in_place: the native CPU attention kernels read no host blocks; add "
-                                         "--cpu-kernels torch; or use --kv-offloading-reads load"):
-        tiny.llm(num_kv_blocks=8, max_model_len=128, kv_offloading_size="8MiB", kv_offloading_reads="in_place")
-    llm = tiny.llm(num_kv_blocks=8, max_model_len=128, kv_offloading_size="8MiB")   # auto, native kernels: loads
-    assert llm.engine.kv.host_reads == "load" and llm.engine.runner.host_kv is None
-    assert tier_llm(tiny, "auto").engine.kv.host_reads == "auto"
+def test_what_cannot_read_in_place_is_refused_and_auto_loads(tiny, tmp_path):
+    llm = tiny.llm(num_kv_blocks=8, max_model_len=128, kv_offloading_size="8MiB")   # auto, the native kernels
+    assert llm.engine.kv.host_reads == "auto" and llm.engine.runner.host_kv is not None
     config = EngineConfig.from_kwargs(kv_offloading_size="8MiB", kv_offloading_reads="auto")
-    assert host_reads(config, [torch.zeros(2, 4, 16, 1, 8)], "cpu") == "load"     # the native kernels
-    assert host_reads(config, [torch.zeros(2, 4, 16, 1, 8)], "cuda") == "auto"
+    assert host_reads(config, [torch.zeros(2, 4, 16, 1, 8)], "cpu") == "auto"
+    draft = {"method": "draft_model", "model": str(tmp_path), "num_speculative_tokens": 2}
+    config = EngineConfig.from_kwargs(kv_offloading_size="8MiB", speculative_config=draft)
+    assert host_reads(config, [torch.zeros(2, 4, 16, 1, 8)], "cpu") == "load"     # a draft with its own KV
+    assert host_reads(config, [torch.zeros(2, 4, 16, 1, 8)], "cuda") == "load"
 
 
 @pytest.mark.parametrize("options, message", [
+    (dict(kv_offloading_reads="in_place", kv_offloading_size="4",
+          speculative_config={"method": "draft_model", "model": "/tmp/draft", "num_speculative_tokens": 2}),
+     "in_place with the draft_model method is not supported yet"),
     (dict(kv_offloading_reads="in_place"), "add --kv-offloading-size"),
     (dict(kv_offloading_reads="sometimes", kv_offloading_size="4"), "choose one of auto, load, in_place"),
     (dict(kv_offloading_reads="in_place", kv_offloading_size="4",
@@ -105,13 +110,14 @@ def test_reads_that_cannot_be_honoured_are_refused(options, message):
         EngineConfig.from_kwargs(**options)
 
 
-def test_ngram_drafts_verified_over_blocks_read_in_place_give_a_loads_tokens(tiny):
+@pytest.mark.parametrize("kernels", ["torch", "native"])
+def test_ngram_drafts_verified_over_blocks_read_in_place_give_a_loads_tokens(tiny, kernels):
     """Verification steps (a decode row per drafted position) read the host blocks as plain decodes do."""
     firsts = conversations(256, count=3, system=0)
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
     seen = {}
     for reads in ("load", "in_place"):
-        llm = tier_llm(tiny, reads, speculative_config=spec)
+        llm = tier_llm(tiny, reads, speculative_config=spec, cpu_kernels=kernels)
         seen[reads] = talk(llm, firsts, turns=2, max_tokens=6)
     assert llm.engine.stats().kv_host.read_in_place_blocks >= 3
     assert llm.engine.speculator.stats.num_drafts > 0, "no step verified a draft"

@@ -50,13 +50,18 @@ def test_blocks_back_from_host_memory_give_a_device_hits_bits(cpu_route):
         want = talk(llm, firsts, turns=2, max_tokens=2)
         assert llm.engine.stats().prefix_cache_hit_tokens >= 3 * 48     # every second turn hit on the device
     # 8 blocks hold two conversations: by their second turns the first two conversations' blocks were reused, and
-    # are in host memory
-    with route_llm(cpu_route, max_model_len=128, num_kv_blocks=8, kv_offloading_size="64MiB") as llm:
-        synchronous_stores(llm)
-        got = talk(llm, firsts, turns=2, max_tokens=2)
-        host = llm.engine.stats().kv_host
-    assert got == want, f"{cpu_route.name}: tokens or logprobs differ with the host KV tier"
-    assert host.hit_tokens >= 2 * 48 and host.loaded_blocks >= 6, host
+    # are in host memory; loaded back, or read there by the route's attention
+    for reads in ("load", "in_place"):
+        with route_llm(cpu_route, max_model_len=128, num_kv_blocks=8, kv_offloading_size="64MiB",
+                       kv_offloading_reads=reads) as llm:
+            synchronous_stores(llm)
+            got = talk(llm, firsts, turns=2, max_tokens=2)
+            host = llm.engine.stats().kv_host
+        assert got == want, f"{cpu_route.name}: tokens or logprobs differ with the host KV tier's {reads}"
+        if reads == "load":
+            assert host.hit_tokens >= 2 * 48 and host.loaded_blocks >= 6, host
+        else:       # blocks read in place take no device block: more of the later turns hit on the device
+            assert host.hit_tokens >= 48 and host.read_in_place_blocks >= 3, host
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,8 @@ pytestmark = [
 HAS_AVX2 = {"avx2", "fma", "f16c"} <= cpu_flags()
 # outputs of the paths where the vector builds fuse multiply-adds and the portable C does not, with the tolerance
 # each is held to against the portable build (bf16 outputs: the bf16 one)
-ROUNDING = {"linear/": 1e-4, "quant/": 1e-4, "attn/decode/": 1e-5, "attn/extend/": 1e-5, "block/fused/": 1e-5,
+ROUNDING = {"linear/": 1e-4, "quant/": 1e-4, "attn/decode/": 1e-5, "attn/extend/": 1e-5, "attn/decode-host/": 1e-5,
+            "attn/extend-host/": 1e-5, "block/fused/": 1e-5,
             "block/steps/": 1e-5, "layer/out/": 1e-4, "layers/out/": 1e-3}   # three layers compound it
 BF16_TOL = 1e-2
 
@@ -112,6 +113,8 @@ def test_each_build_keeps_the_kernels_contracts(outputs, build):
     same = [("fp16 weight = its float32 copy", pairs(records, "linear/f16/", "linear/f32-of-f16/")),
             ("fp8 weight = its dequantized float32 copy", pairs(records, "linear/fp8/", "linear/f32-of-fp8/")),
             ("decode = the multi-token kernel", pairs(records, "attn/decode/", "attn/extend/")),
+            ("host blocks read in place = the pool's", pairs(records, "attn/decode-host/", "attn/decode/")
+             + pairs(records, "attn/extend-host/", "attn/extend/")),
             ("fused decode block = its three steps", pairs(records, "block/fused/", "block/steps/")),
             ("widened int4 codes = the nibbles", pairs(records, "quant/fmt2/", "quant/fmt1/")
              + pairs(records, "dequantize/fmt2/", "dequantize/fmt1/"))]

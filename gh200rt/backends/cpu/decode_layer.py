@@ -28,13 +28,15 @@ import torch
 from gh200rt.backends.cpu import half_linear, native_args, packed_linear
 from gh200rt.backends.cpu.half_linear import NATIVE_F16_MAX_ROWS
 from gh200rt.backends.cpu.linear import native_rows_weight
-from gh200rt.backends.cpu.native_args import LINEAR_F16, LINEAR_F32, LINEAR_QUANT, DecodeLayerArgs, LinearArgs
+from gh200rt.backends.cpu.native_args import (LINEAR_F16, LINEAR_F32, LINEAR_QUANT, DecodeLayerArgs, LinearArgs,
+                                              host_kv_args)
 from gh200rt.backends.cpu.native_checks import FP8_KV_TYPES
 from gh200rt.backends.cpu.native_ops import NativeOps
 from gh200rt.backends.cpu.packed_linear import NATIVE_MAX_ROWS
 from gh200rt.backends.cpu.prepack import NativeRowsWeight, OneRowBlocksWeight
 from gh200rt.backends.interface import DECODE_STATE_PREFIX
 from gh200rt.formats.pack import HalfWeight, PackedWeight
+from gh200rt.kv.host_blocks import host_view
 
 _CACHE = DECODE_STATE_PREFIX + "native_call"   # the layer's cached _LayerCall, in its __dict__
 _PARTS = DECODE_STATE_PREFIX + "native_parts"  # the layer's _LayerParts
@@ -110,10 +112,11 @@ class _LayerParts:
 
 class _LayerCall:
     """One layer's argument block for a row count and set of weights (``args`` None: not native)."""
-    __slots__ = ("parts", "key", "args", "pool", "dtype", "widened")
+    __slots__ = ("parts", "key", "args", "pool", "dtype", "widened", "host_layers")
 
     def __init__(self, parts: _LayerParts, key: tuple, rows: int, threads: int, dtype: torch.dtype):
         self.parts, self.key, self.pool, self.dtype = parts, key, None, dtype
+        self.host_layers = None     # the HostKVLayers args.host was pointed at (None: no host blocks)
         self.widened: list[torch.Tensor] = []    # float32 copies of a bf16 layer's biases, which args point at
         attn = parts.attn
         linears = [linear_args(m, rows, dtype, self.widened) for m in parts.linears]
@@ -151,7 +154,17 @@ class _LayerCall:
         args.block_size = kv_cache.shape[2]
         args.kv_type, args.kv_scale = kv_type, self.parts.attn.kv_scale.data_ptr() if kv_type else None
         self.pool = weakref.ref(kv_cache)
+        host_kv_args(None, kv_cache, args.host)
+        self.host_layers = None
         return True
+
+    def point_host(self, meta, kv_cache: torch.Tensor) -> None:
+        """Point the arguments at the host KV blocks ``meta``'s tables may name (``AttentionMetadata.host_kv``: one
+        object for an engine's life, so this is an identity test per step), or at none."""
+        layers = meta.host_kv
+        if layers is not self.host_layers:
+            host_kv_args(None if layers is None else host_view(meta, kv_cache), kv_cache, self.args.host)
+            self.host_layers = layers
 
 
 class StepArgs:
@@ -235,6 +248,7 @@ def native_decode_layer(ops: NativeOps):
         call = layer_call(layer, rows, dtype, torch.get_num_threads(), kv_cache)
         if call is None:
             return None
+        call.point_host(meta, kv_cache)
         args = call.args
         args.cos, args.sin = cos.data_ptr(), sin.data_ptr()
         args.slots, args.block_tables, args.seq_lens = step.slots, step.tables, step.seq_lens

@@ -64,7 +64,7 @@ class _StackProbes:
 
 class _Stack:
     """The argument blocks of every layer for one key and set of pools (``array`` None: some layer goes op by op)."""
-    __slots__ = ("key", "pools", "calls", "array", "step")
+    __slots__ = ("key", "pools", "calls", "array", "step", "host_layers")
 
     def __init__(self, key: tuple, calls: list | None, kv_caches: list[torch.Tensor]):
         self.key = key
@@ -73,6 +73,7 @@ class _Stack:
         self.array = None if calls is None else \
             (ctypes.c_void_p * len(calls))(*(ctypes.addressof(c.args) for c in calls))
         self.step = DecodeStepArgs()
+        self.host_layers = None     # the HostKVLayers every call's arguments point at (None: none)
 
     def holds(self, kv_caches: list[torch.Tensor]) -> bool:
         """Whether the arguments point at ``kv_caches`` (a layer's call also serves that layer alone, and may have
@@ -113,6 +114,10 @@ class NativeDecodeStack:
                                                     kv_caches)
         if stack.array is None:
             return None
+        if meta.host_kv is not stack.host_layers:
+            for call, kv_cache in zip(stack.calls, kv_caches):
+                call.point_host(meta, kv_cache)
+            stack.host_layers = meta.host_kv
         args = stack.step
         args.cos, args.sin = cos.data_ptr(), sin.data_ptr()
         args.slots, args.block_tables, args.seq_lens = step.slots, step.tables, step.seq_lens

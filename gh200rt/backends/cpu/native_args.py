@@ -48,6 +48,34 @@ class LinearArgs(ctypes.Structure):
 LINEAR_F32, LINEAR_QUANT, LINEAR_F16 = 0, 1, 2
 
 
+class HostKV(ctypes.Structure):
+    """gh_native.h's HostKV: the host KV blocks a layer's block tables may name, read in place (first 0: none)."""
+    _fields_ = [("first", _I), ("k", _P), ("v", _P), ("block_stride", _I)]
+
+
+def host_kv_args(view, kv_cache: torch.Tensor, out: HostKV | None = None) -> HostKV | None:
+    """``view`` (a ``kv.host_blocks.HostBlocksView`` of ``kv_cache``'s layer, or None) as the native attention reads
+    it, written into ``out`` where given (None for no view, or ``out`` cleared)."""
+    if view is None:
+        if out is not None:
+            out.first = 0
+        return None
+    pool = view.pool
+    assert pool.dtype == kv_cache.dtype and pool.is_cpu and pool.shape[2:] == kv_cache.shape[2:] \
+        and pool.stride()[2:] == kv_cache.stride()[2:], "host blocks are laid out as the pool's, slot by slot"
+    out = out if out is not None else HostKV()
+    out.first, out.block_stride = view.first_id, pool.stride(1)
+    out.k = pool.data_ptr()
+    out.v = pool.data_ptr() + pool.stride(0) * pool.element_size()
+    return out
+
+
+def host_pointer(args: HostKV | None) -> int | None:
+    """The address a native attention entry point takes for ``args`` (NULL for None); the caller keeps ``args``
+    alive until the call returns."""
+    return None if args is None else ctypes.addressof(args)
+
+
 class DecodeLayerArgs(ctypes.Structure):
     """gh_decode_layer.h's DecodeLayerArgs."""
     _fields_ = [("qkv", LinearArgs), ("o", LinearArgs), ("gate_up", LinearArgs), ("down", LinearArgs),
@@ -55,7 +83,7 @@ class DecodeLayerArgs(ctypes.Structure):
                 ("k_cache", _P), ("v_cache", _P), ("block_stride", _I), ("slot_stride", _I), ("head_stride", _I),
                 ("block_size", _I), ("slots", _P), ("block_tables", _P), ("table_stride", _I), ("seq_lens", _P),
                 ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("hidden", _I), ("inter", _I), ("threads", _I),
-                ("kv_type", _I), ("kv_scale", _P), ("dtype", _I)]
+                ("kv_type", _I), ("kv_scale", _P), ("dtype", _I), ("host", HostKV)]
 
 
 class DecodeStepArgs(ctypes.Structure):

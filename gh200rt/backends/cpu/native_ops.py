@@ -12,7 +12,8 @@ import ctypes
 
 import torch
 
-from gh200rt.backends.cpu.native_args import DecodeLayerArgs, DecodeStepArgs, linear_threads, quant_weight_args
+from gh200rt.backends.cpu.native_args import (DecodeLayerArgs, DecodeStepArgs, host_kv_args, host_pointer,
+                                              linear_threads, quant_weight_args)
 from gh200rt.backends.cpu.native_checks import (FP8_KV_TYPES, as_int64, check_dense_linear, check_pool, dtype_code,
                                                 fp8_linear_fits, kv_type_args, paged_inputs, pool_args, table_rows)
 
@@ -89,10 +90,12 @@ class NativeOps:
             self._lib.gh_write_kv(*pool_args(kv_cache), *rows, kv_cache.element_size())
 
     def decode_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                         seq_lens: torch.Tensor, scale: float, kv_scale: torch.Tensor | None = None) -> torch.Tensor:
+                         seq_lens: torch.Tensor, scale: float, kv_scale: torch.Tensor | None = None,
+                         host=None) -> torch.Tensor:
         """``q [B, heads, D]`` (one new token per sequence, at position seq_len - 1) -> ``out [B, heads, D]``.
         ``block_tables`` int32 ``[B, W]`` must cover ``seq_lens`` (int64 ``[B]``); the caller guarantees it. The
-        pool holds q's dtype, or fp8 read with ``kv_scale`` (float32 ``[K scale, V scale]``, kv/fp8.py)."""
+        pool holds q's dtype, or fp8 read with ``kv_scale`` (float32 ``[K scale, V scale]``, kv/fp8.py). ``host``:
+        the layer's ``HostBlocksView``, whose blocks table entries from its ``first_id`` on name (read in place)."""
         q, block_tables, seq_lens = paged_inputs(q, kv_cache, block_tables, seq_lens)
         num_seqs, heads, dim = q.shape
         kv_heads = kv_cache.shape[3]
@@ -100,19 +103,22 @@ class NativeOps:
             raise ValueError(f"decode_attention: q {tuple(q.shape)}, {kv_heads} KV heads, block tables "
                              f"{tuple(block_tables.shape)}, seq_lens {tuple(seq_lens.shape)}")
         out = q.new_empty((num_seqs, heads, dim))
+        host_args = host_kv_args(host, kv_cache)      # alive until the call returns
         self._lib.gh_decode_attention(q.data_ptr(), q.stride(0), q.stride(1), *pool_args(kv_cache),
                                       block_tables.data_ptr(), block_tables.stride(0), seq_lens.data_ptr(), num_seqs,
                                       heads, kv_heads, dim, scale, out.data_ptr(), dtype_code(q),
-                                      *kv_type_args(q, kv_cache, kv_scale), torch.get_num_threads())
+                                      *kv_type_args(q, kv_cache, kv_scale), torch.get_num_threads(),
+                                      host_pointer(host_args))
         return out
 
     def extend_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                          seq_lens: torch.Tensor, query_starts: torch.Tensor, scale: float,
-                         kv_scale: torch.Tensor | None = None) -> torch.Tensor:
+                         kv_scale: torch.Tensor | None = None, host=None) -> torch.Tensor:
         """``q [T, heads, D]``: sequence b's new tokens are rows ``query_starts[b] .. query_starts[b + 1]`` (int64
         ``[B + 1]``, from 0) and the last of its ``seq_lens[b]`` positions, each seeing every key at or before it
         (K/V already in the pool) -> ``out [T, heads, D]``. ``block_tables`` int32 ``[B, W]`` must cover
-        ``seq_lens`` (int64 ``[B]``); the caller guarantees it. The pool as ``decode_attention`` takes it."""
+        ``seq_lens`` (int64 ``[B]``); the caller guarantees it. The pool and ``host`` as ``decode_attention`` takes
+        them."""
         q, block_tables, seq_lens = paged_inputs(q, kv_cache, block_tables, seq_lens)
         tokens, heads, dim = q.shape
         query_starts = as_int64(query_starts)
@@ -122,11 +128,12 @@ class NativeOps:
                              f"{tuple(block_tables.shape)}, seq_lens {tuple(seq_lens.shape)}, query starts "
                              f"{tuple(query_starts.shape)}")
         out = q.new_empty((tokens, heads, dim))
+        host_args = host_kv_args(host, kv_cache)
         if self._lib.gh_extend_attention(q.data_ptr(), q.stride(0), q.stride(1), *pool_args(kv_cache),
                                          block_tables.data_ptr(), block_tables.stride(0), seq_lens.data_ptr(),
                                          query_starts.data_ptr(), num_seqs, heads, kv_heads, dim, scale,
                                          out.data_ptr(), dtype_code(q), *kv_type_args(q, kv_cache, kv_scale),
-                                         torch.get_num_threads()):
+                                         torch.get_num_threads(), host_pointer(host_args)):
             raise MemoryError("extend_attention: no memory for the tile index")
         return out
 
@@ -139,11 +146,11 @@ class NativeOps:
     def decode_attention_block(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
                                slot_mapping: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                                scale: float, heads: int, kv_heads: int,
-                               kv_scale: torch.Tensor | None = None) -> torch.Tensor:
+                               kv_scale: torch.Tensor | None = None, host=None) -> torch.Tensor:
         """``rotary`` on the query and key heads of ``qkv [T, (heads + 2 kv_heads) * D]``, ``write_kv`` of the new
         K and V, ``decode_attention`` -> ``out [T, heads, D]``: the three ops' bits in one call. One token per
         sequence, in sequence order; ``cos``/``sin`` contiguous ``[T, 1, D/2]`` in qkv's dtype; the pool holds
-        qkv's dtype, or fp8 with ``kv_scale``."""
+        qkv's dtype, or fp8 with ``kv_scale``; ``host`` as ``decode_attention`` takes it."""
         tokens, width = qkv.shape
         dim = kv_cache.shape[-1]
         if qkv.stride(-1) != 1:
@@ -163,12 +170,14 @@ class NativeOps:
         slot_mapping = as_int64(slot_mapping)
         out = qkv.new_empty((tokens, heads, dim))
         strides = kv_cache.stride()
+        host_args = host_kv_args(host, kv_cache)
         if self._lib.gh_decode_attention_block(qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(),
                                                kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), strides[1], strides[2],
                                                strides[3], kv_cache.shape[2], slot_mapping.data_ptr(),
                                                block_tables.data_ptr(), block_tables.stride(0), seq_lens.data_ptr(),
                                                tokens, heads, kv_heads, dim, scale, out.data_ptr(), code, kind,
-                                               kv_scale_ptr, torch.get_num_threads()):
+                                               kv_scale_ptr, torch.get_num_threads(),
+                                               host_pointer(host_args)):
             raise MemoryError("decode_attention_block: no memory for the rotated heads")
         return out
 

@@ -33,6 +33,7 @@ from gh200rt.backends.cpu.native_checks import DTYPES, FP8_KV_TYPES
 from gh200rt.backends.cpu.native_ops import NativeOps
 from gh200rt.backends.interface import TORCH_OPS, switch_hooks
 from gh200rt.kv import attention as torch_attention
+from gh200rt.kv.host_blocks import host_view
 from gh200rt.models.layers import activation, rmsnorm, rotary
 
 # Multi-token sequences of at most this many keys take the native kernel; longer ones keep SDPA (a group of their
@@ -79,11 +80,12 @@ def native_cpu_ops(ops: NativeOps, long_prompts_native: bool = False) -> dict:
                                                ops.decode_attention, extend, max_keys())
 
     def extend(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-               query_starts: torch.Tensor, scale: float, kv_scale: torch.Tensor | None = None) -> torch.Tensor | None:
+               query_starts: torch.Tensor, scale: float, kv_scale: torch.Tensor | None = None,
+               host=None) -> torch.Tensor | None:
         limit = max_keys()
         if limit is not None and int(seq_lens.max()) > limit:
             return None
-        return ops.extend_attention(q, kv_cache, block_tables, seq_lens, query_starts, scale, kv_scale)
+        return ops.extend_attention(q, kv_cache, block_tables, seq_lens, query_starts, scale, kv_scale, host)
 
     def decode_block(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor, meta,
                      scale: float, heads: int, kv_heads: int, kv_scale: torch.Tensor | None = None,
@@ -96,7 +98,7 @@ def native_cpu_ops(ops: NativeOps, long_prompts_native: bool = False) -> dict:
             return None
         group = layout.groups[0]
         return ops.decode_attention_block(qkv, cos, sin, kv_cache, meta.slot_mapping, group.table, group.seq_lens,
-                                          scale, heads, kv_heads, kv_scale)
+                                          scale, heads, kv_heads, kv_scale, host_view(meta, kv_cache))
 
     decode_layer = native_decode_layer(ops)
     return dict(rotary=lambda: rope, write_kv=write_kv, attention=attention, norm=norm, act=act,

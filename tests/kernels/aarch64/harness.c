@@ -17,7 +17,7 @@ int gh_extend_attention(const void *q, int64_t q_tok_stride, int64_t q_head_stri
                         int64_t block_size, const int32_t *block_tables, int64_t table_stride, const int64_t *seq_lens,
                         const int64_t *query_starts, int64_t num_seqs, int64_t heads, int64_t kv_heads,
                         int64_t head_dim, float scale, void *out, int dtype, int kv_type, const float *kv_scale,
-                        int64_t threads);
+                        int64_t threads, const HostKV *host);
 void gh_fp8_values(const uint8_t *bytes, int64_t n, int kv_type, float *out);
 void gh_dequantize(const WeightArgs *args, float *out, int64_t threads);
 int gh_amx_available(void);
@@ -368,25 +368,52 @@ static void free_pool(Pool *p) {
     free(p->v);
 }
 
+/* The pool's blocks of even table columns moved to a host tier read in place (HostKV): copied into shuffled slots of
+ * a separate allocation, K and V of a slot side by side (so the host block stride is twice the pool's), the table
+ * entries pointed at them from `first` on, and the pool's copies poisoned (0x7f bytes: huge or NaN), so a read of
+ * the wrong block shows. Returns the tables the host case reads; *host and *memory are set. */
+static int32_t *move_to_host(const Pool *p, HostKV *host, void **memory) {
+    int64_t block = p->block_size * p->kv_heads * p->d * p->elem, slots = 0;   /* bytes */
+    int32_t *tables = alloc((size_t)(p->num_seqs * p->table_stride) * 4);
+    memcpy(tables, p->tables, (size_t)(p->num_seqs * p->table_stride) * 4);
+    for (int64_t b = 0; b < p->num_seqs; b++) slots += (p->seq_lens[b] + 2 * p->block_size - 1) / (2 * p->block_size);
+    char *tier = alloc((size_t)(slots * 2 * block));
+    host->first = p->blocks + 3;
+    host->k = tier, host->v = tier + block, host->block_stride = 2 * block / p->elem;
+    for (int64_t b = 0, slot = 0; b < p->num_seqs; b++)
+        for (int64_t i = 0; i * p->block_size < p->seq_lens[b]; i += 2, slot++) {
+            int64_t at = slots - 1 - slot;                   /* the slots not in table order */
+            int32_t *entry = tables + b * p->table_stride + i;
+            memcpy(tier + at * 2 * block, (char *)p->k + *entry * block, (size_t)block);
+            memcpy(tier + at * 2 * block + block, (char *)p->v + *entry * block, (size_t)block);
+            memset((char *)p->k + *entry * block, 0x7f, (size_t)block);
+            memset((char *)p->v + *entry * block, 0x7f, (size_t)block);
+            *entry = (int32_t)(host->first + at);
+        }
+    *memory = tier;
+    return tables;
+}
+
 static int64_t pool_bytes(const Pool *p) { return p->blocks * p->block_size * p->kv_heads * p->d * p->elem; }
 
 static float kv_scales[2] = {0.5f, 0.75f};
 
+/* host: NULL, or the host blocks the pool's tables name (move_to_host), which the outputs' names say */
 static void decode(const char *tag, const Pool *p, const void *q, int64_t heads, int dtype, int kv_type,
-                   int64_t threads) {
+                   int64_t threads, const HostKV *host) {
     char name[160];
     int64_t d = p->d, esz = dtype ? 2 : 4;
     void *out = alloc((size_t)(p->num_seqs * heads * d * esz));
     gh_decode_attention(q, heads * d, d, p->k, p->v, p->block_size * p->kv_heads * d, p->kv_heads * d, d,
                         p->block_size, p->tables, p->table_stride, p->seq_lens, p->num_seqs, heads, p->kv_heads, d,
-                        1.0f / 8.0f, out, dtype, kv_type, kv_scales, threads);
-    emit(NAME("attn/decode/%s/threads%lld", tag, (long long)threads), dtype ? "u16" : "f32", out,
-         p->num_seqs * heads * d);
+                        1.0f / 8.0f, out, dtype, kv_type, kv_scales, threads, host);
+    emit(NAME("attn/decode%s/%s/threads%lld", host ? "-host" : "", tag, (long long)threads), dtype ? "u16" : "f32",
+         out, p->num_seqs * heads * d);
     free(out);
 }
 
 static void extend(const char *tag, const Pool *p, const void *q, const int64_t *query_lens, int64_t heads,
-                   int dtype, int kv_type, int64_t threads) {
+                   int dtype, int kv_type, int64_t threads, const HostKV *host) {
     char name[160];
     int64_t d = p->d, esz = dtype ? 2 : 4, starts[17] = {0};
     for (int64_t b = 0; b < p->num_seqs; b++) starts[b + 1] = starts[b] + query_lens[b];
@@ -394,9 +421,10 @@ static void extend(const char *tag, const Pool *p, const void *q, const int64_t 
     void *out = alloc((size_t)(tokens * heads * d * esz));
     int rc = gh_extend_attention(q, heads * d, d, p->k, p->v, p->block_size * p->kv_heads * d, p->kv_heads * d, d,
                                  p->block_size, p->tables, p->table_stride, p->seq_lens, starts, p->num_seqs, heads,
-                                 p->kv_heads, d, 1.0f / 8.0f, out, dtype, kv_type, kv_scales, threads);
-    emit_int(NAME("rc/extend/%s/threads%lld", tag, (long long)threads), rc);
-    emit(NAME("attn/extend/%s/threads%lld", tag, (long long)threads), dtype ? "u16" : "f32", out, tokens * heads * d);
+                                 p->kv_heads, d, 1.0f / 8.0f, out, dtype, kv_type, kv_scales, threads, host);
+    emit_int(NAME("rc/extend%s/%s/threads%lld", host ? "-host" : "", tag, (long long)threads), rc);
+    emit(NAME("attn/extend%s/%s/threads%lld", host ? "-host" : "", tag, (long long)threads), dtype ? "u16" : "f32",
+         out, tokens * heads * d);
     free(out);
 }
 
@@ -430,9 +458,21 @@ static void attention(void) {
                 void *q = values(tokens * a->heads * a->d, 1.0f, dtype);
                 snprintf(tag, sizeof tag, "case%zu/dtype%d/kv%d", c, dtype, kv_type);
                 for (int64_t threads = 1; threads <= 3; threads += 2) {
-                    if (single) decode(tag, &p, q, a->heads, dtype, kv_type, threads);
-                    extend(tag, &p, q, a->query_lens, a->heads, dtype, kv_type, threads);
+                    if (single) decode(tag, &p, q, a->heads, dtype, kv_type, threads, NULL);
+                    extend(tag, &p, q, a->query_lens, a->heads, dtype, kv_type, threads, NULL);
                 }
+                /* the same with half of the blocks read in place from a host tier */
+                HostKV host;
+                void *tier;
+                int32_t *device_tables = p.tables;
+                p.tables = move_to_host(&p, &host, &tier);
+                for (int64_t threads = 1; threads <= 3; threads += 2) {
+                    if (single) decode(tag, &p, q, a->heads, dtype, kv_type, threads, &host);
+                    extend(tag, &p, q, a->query_lens, a->heads, dtype, kv_type, threads, &host);
+                }
+                free(p.tables);
+                free(tier);
+                p.tables = device_tables;
                 free(q);
                 free_pool(&p);
             }
@@ -458,7 +498,7 @@ static void attention_block(void) {
             void *out = alloc((size_t)(num_seqs * heads * d * esz));
             int rc = gh_decode_attention_block(qkv, width, cos, sin, p.k, p.v, block_stride, slot_stride, d, 16,
                                                slots, p.tables, p.table_stride, p.seq_lens, num_seqs, heads,
-                                               kv_heads, d, 0.125f, out, dtype, kv_type, kv_scales, 2);
+                                               kv_heads, d, 0.125f, out, dtype, kv_type, kv_scales, 2, NULL);
             emit_int(NAME("rc/block/dtype%d/kv%d", dtype, kv_type), rc);
             emit(NAME("block/fused/dtype%d/kv%d/out", dtype, kv_type), dtype ? "u16" : "f32", out,
                  num_seqs * heads * d);
@@ -476,7 +516,7 @@ static void attention_block(void) {
                             num_seqs, kv_heads, d, esz);
             gh_decode_attention(rotated, (heads + kv_heads) * d, d, k0, v0, block_stride, slot_stride, d, 16, p.tables,
                                 p.table_stride, p.seq_lens, num_seqs, heads, kv_heads, d, 0.125f, out, dtype, kv_type,
-                                kv_scales, 2);
+                                kv_scales, 2, NULL);
             emit(NAME("block/steps/dtype%d/kv%d/out", dtype, kv_type), dtype ? "u16" : "f32", out,
                  num_seqs * heads * d);
             emit(NAME("block/steps/dtype%d/kv%d/k", dtype, kv_type), "u8", k0, bytes);
