@@ -25,6 +25,10 @@ from gh200rt.scheduler.request import Sequence
 from gh200rt.scheduler.scheduler import SchedulerOutput
 from gh200rt.speculative.verify import launch_verification
 
+# a step with nothing to compute while blocks come from disk waits this long for them before it returns (the
+# caller steps again; a request that arrives meanwhile waits no longer than this)
+DISK_READ_POLL_SECONDS = 0.05
+
 
 @dataclass
 class LaunchedStep:
@@ -71,6 +75,8 @@ class EngineSteps:
                 self.speculator.propose(self.scheduler.running)
             out = self.scheduler.schedule()
             if out.is_empty:
+                if self.host_tier is not None and self.host_tier.reading_from_disk:
+                    self.host_tier.wait_for_disk_reads(DISK_READ_POLL_SECONDS)   # what waits is those blocks
                 return []
             current = self._launch(out)
         if self._runs_ahead:

@@ -126,6 +126,13 @@ class DiskTier:
         block.path.unlink(missing_ok=True)
         self.stats.evicted_blocks += 1
 
+    def forget(self, block_hash: int) -> None:
+        """Drop a block whose file could not be read: no lookup finds it again."""
+        with self.lock:
+            block = self.blocks.pop(block_hash, None)
+        if block is not None:
+            block.path.unlink(missing_ok=True)
+
     def contains(self, block_hash: int) -> bool:
         with self.lock:
             return block_hash in self.blocks

@@ -251,9 +251,10 @@ class KVCacheManager:
         return all(block_id < self.pool.num_blocks for block_id in block_ids)
 
     # ---- the host tier ---------------------------------------------------------------------------
-    def find_host_prefix(self, request: HasBlocks, hashes: list[int]) -> list:
+    def find_host_prefix(self, request: HasBlocks, hashes: list[int]) -> list | None:
         """The host tier's blocks that continue ``request``'s prefix past the device pool's ``hashes`` (its hit),
-        pinned there; none when a load would cost more than the recompute (``KVOffloader.worth_loading``)."""
+        pinned there; none when a load would cost more than the recompute (``KVOffloader.worth_loading``); None
+        while more of it is being read from disk into host memory (the request waits for it, holding nothing)."""
         if self.offload is None or not self.enable_prefix_caching:
             return []
         tokens, bs = request.all_token_ids, self.block_size
@@ -271,7 +272,11 @@ class KVCacheManager:
         stats = self.offload.index.stats
         stats.queries += 1
         stats.queried_tokens += len(chain) * bs
-        found = self.offload.lookup_chain(chain, parent, bs)
+        lookup = self.offload.lookup_chain(chain, parent, bs)
+        found = lookup.found
+        if lookup.reading:
+            self.offload.index.unpin(found)
+            return None
         if found and not self.offload.worth_loading(bs):
             self.offload.index.unpin(found)
             return []

@@ -13,6 +13,12 @@ held (no store may take them) until an event recorded after it has passed. Block
 (``--kv-offloading-reads``, kv/host_blocks.py) stay held while their request runs and are let go the same way
 (``release_reads``).
 
+Reads from the disk tier (``--kv-offloading-disk-dir``) run on a reader thread of their own: a lookup that finds
+the chain continuing on disk reserves host slots for those blocks, queues their reads and says so
+(``HostLookup.reading``); the scheduler lets the request wait, admitting others meanwhile, and finds the blocks in
+host memory at a later step. So a step never waits for a disk read either (it used to read the blocks inside the
+lookup, holding up every running request's step for the whole prefix).
+
 A copy that fails (out of memory, a dead thread) is logged once; the tier then stores nothing more, and a request
 whose blocks are not found recomputes them: nothing is lost or corrupted, only the time the tier would save.
 
@@ -50,6 +56,21 @@ def lower_thread_priority(niceness: int = 10) -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
     except (AttributeError, OSError):   # not Linux, or not permitted: copies run at the engine's priority
         pass
+
+
+@dataclass
+class HostLookup:
+    """What ``KVOffloader.lookup_chain`` found: the ready host blocks continuing a chain (pinned), and whether the
+    chain goes on in blocks being read from disk into host slots now (the request had better wait for them)."""
+    found: list[HostBlock]
+    reading: bool = False
+
+
+@dataclass
+class DiskRead:
+    block_hash: int
+    slot: int
+    block: object                 # the disk tier's DiskBlock
 
 
 @dataclass
@@ -207,6 +228,9 @@ class KVOffloader:
         self.mirror = mirror
         self.disk: DiskTier | None = None         # a third level on local disk (``--kv-offloading-disk-dir``)
         self.disk_read_seconds_per_block: float | None = None
+        self._disk_reads: deque[DiskRead] = deque()    # queued for the reader thread
+        self._reading: set[int] = set()                # hashes of blocks being read from disk (queued or running)
+        self._reader: threading.Thread | None = None   # started by the first read
         self._mirror_stores: list[tuple[int, int]] = []    # (device block, host slot), finished
         self._mirror_loads: list[tuple[int, int]] = []     # (host slot, device block)
         self._thread = threading.Thread(target=self._run, name="gh200rt-kv-store", daemon=True)
@@ -357,42 +381,85 @@ class KVOffloader:
             self._closing = True
             self._cond.notify_all()
         self._thread.join(timeout=10)
+        if self._reader is not None:
+            self._reader.join(timeout=10)
 
     def _slot_bytes(self, slot: int) -> np.ndarray:
         return self.host[slot].view(torch.uint8).reshape(-1).numpy()
 
     # ---- lookups --------------------------------------------------------------------------------
-    def lookup_chain(self, chain: list[tuple[int, tuple[int, ...]]], parent, block_size: int) -> list[HostBlock]:
-        """The blocks continuing a chain (``HostBlockIndex.lookup_chain``), pinned; past the host tier's, those on
-        disk, each read into a host slot first (where reading one costs less than recomputing it)."""
+    def lookup_chain(self, chain: list[tuple[int, tuple[int, ...]]], parent, block_size: int) -> HostLookup:
+        """The blocks continuing a chain (``HostBlockIndex.lookup_chain``), pinned. Past the host tier's, where the
+        chain goes on on disk and reading a block costs less than recomputing it, the reads of those blocks into host
+        slots are queued (or already running): ``reading``, and a later lookup finds them in host memory."""
         self._release_finished_loads()
         found = self.index.lookup_chain(chain, parent)
-        if self.disk is None or len(found) == len(chain) or not self._worth_reading(block_size):
-            return found
+        if self.disk is None or len(found) == len(chain):
+            return HostLookup(found)
+        rest = chain[len(found):]
+        with self._cond:
+            if rest[0][0] in self._reading:
+                return HostLookup(found, reading=True)
+        if not self._worth_reading(block_size):
+            return HostLookup(found)
         parent = ("hash", chain[len(found) - 1][0]) if found else parent
-        read = 0
-        for block_hash, chunk in chain[len(found):]:
+        reads = []
+        for block_hash, chunk in rest:
             on_disk = self.disk.lookup(block_hash, chunk, parent)
             if on_disk is None:
                 break
             slot = self.index.reserve(block_hash, chunk, parent)
             if slot is None:       # on its way into the host tier already, or no slot free of loads and stores
                 break
-            started = time.perf_counter()
-            ok = self.disk.read_into(on_disk, self._slot_bytes(slot))
-            self.index.finish_store(block_hash, slot, ok)
-            if not ok:
-                break
-            seconds = time.perf_counter() - started
-            old = self.disk_read_seconds_per_block
-            self.disk_read_seconds_per_block = seconds if old is None else 0.8 * old + 0.2 * seconds
-            found.append(self.index.pin_ready(block_hash))
+            reads.append(DiskRead(block_hash, slot, on_disk))
             parent = ("hash", block_hash)
-            read += 1
-        if read:
-            self.disk.stats.hits += 1
-            self.disk.stats.hit_blocks += read
-        return found
+        if not reads:
+            return HostLookup(found)
+        self.disk.stats.hits += 1
+        with self._cond:
+            self._reading.update(r.block_hash for r in reads)
+            self._disk_reads.extend(reads)
+            if self._reader is None:
+                self._reader = threading.Thread(target=self._read_from_disk, name="gh200rt-kv-disk-read",
+                                                daemon=True)
+                self._reader.start()
+            self._cond.notify_all()
+        return HostLookup(found, reading=True)
+
+    @property
+    def reading_from_disk(self) -> bool:
+        with self._cond:
+            return bool(self._reading)
+
+    def wait_for_disk_reads(self, timeout: float | None = None) -> bool:
+        """Until no block is being read from disk (or ``timeout`` seconds); whether none is."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._reading, timeout)
+
+    def _read_from_disk(self) -> None:
+        """The reader thread: each queued block's file into its host slot, which lookups then find (or, where the
+        file is gone or damaged, the slot freed and the file forgotten: its tokens are recomputed)."""
+        if self._stream is None:
+            lower_thread_priority()
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._disk_reads or self._closing)
+                if not self._disk_reads:
+                    return
+                job = self._disk_reads.popleft()
+            started = time.perf_counter()
+            ok = self.disk.read_into(job.block, self._slot_bytes(job.slot))
+            seconds = time.perf_counter() - started
+            if ok:
+                old = self.disk_read_seconds_per_block
+                self.disk_read_seconds_per_block = seconds if old is None else 0.8 * old + 0.2 * seconds
+                self.disk.stats.hit_blocks += 1
+            else:
+                self.disk.forget(job.block_hash)
+            self.index.finish_store(job.block_hash, job.slot, ok)
+            with self._cond:
+                self._reading.discard(job.block_hash)
+                self._cond.notify_all()
 
     def _worth_reading(self, block_size: int) -> bool:
         """Whether a block on disk is read rather than recomputed: a read and a load against the block's tokens of

@@ -10,7 +10,8 @@ running sequence is preempted by recompute: its blocks are freed and it waits at
 the queue to recompute prompt + generated tokens later (what of them the prefix cache or its host tier still holds is
 reused, not recomputed). No preemption happens in a step that
 admits new sequences. Running sequences use at most ``max_loras`` distinct LoRA adapters (``seq.lora_id``,
-0 = none): a waiting sequence of another adapter is passed over, keeping its place, until one frees up.
+0 = none): a waiting sequence of another adapter is passed over, keeping its place, until one frees up; so is one
+whose cached prefix the host KV tier is reading from disk, until its blocks are in host memory.
 Hardware-agnostic: only token counts and block ids.
 """
 from __future__ import annotations
@@ -124,8 +125,9 @@ class Scheduler:
                 continue
             if self._must_wait_for_prompt_owner(seq):
                 break
-            if not seq.block_ids:
-                self._reuse_computed_prefix(seq)
+            if not seq.block_ids and not self._reuse_computed_prefix(seq):
+                passed.append(self.waiting.popleft())    # its prefix is on its way from disk: the others go first
+                continue
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self.kv.allocate(seq, num_new):
                 self.kv.free(seq)
@@ -155,24 +157,31 @@ class Scheduler:
             return False
         return owner.num_computed_tokens < self._shareable_prompt_blocks(seq) * self.kv.block_size
 
-    def _reuse_computed_prefix(self, seq: Sequence) -> None:
+    def _reuse_computed_prefix(self, seq: Sequence) -> bool:
+        """Adopt what is cached of ``seq``'s tokens (device pool, then host tier); False while the host tier reads
+        more of it from disk: ``seq`` then holds nothing and waits."""
         owner = seq.share_prompt_from
         k = self._shareable_prompt_blocks(seq)
         if (owner is not None and not owner.is_finished and not seq.output_token_ids and k > 0
                 and owner.num_computed_tokens >= k * self.kv.block_size
                 and self.kv.is_device_prefix(owner.block_ids[:k])):   # host blocks read in place: looked up below
             self.kv.adopt_prefix(seq, owner.block_ids[:k], owner.block_hashes[:k])
-            return
+            return True
         if seq.computes_whole_prompt:
-            return                       # every prompt position must be computed (to score it, or to pool it)
+            return True                  # every prompt position must be computed (to score it, or to pool it)
         block_ids, hashes = self.kv.find_cached_prefix(seq.all_token_ids, seq.cache_salt)
         if block_ids:
             self.kv.adopt_prefix(seq, block_ids, hashes)
         found = self.kv.find_host_prefix(seq, hashes)     # the host KV tier, where the device pool's hit ends
+        if found is None:
+            self.kv.free(seq)
+            seq.num_computed_tokens = 0
+            return False
         if found:
             self.kv.adopt_host_prefix(seq, found, prompt_only=seq.prompt_only)
         if seq.num_computed_tokens and not seq.output_token_ids and seq.num_preemptions == 0:
             seq.num_cached_tokens = seq.num_computed_tokens
+        return True
 
     def _preempt(self, seq: Sequence) -> None:
         self.kv.free(seq)

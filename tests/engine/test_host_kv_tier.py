@@ -2,6 +2,7 @@
 a device hit gives, on every CPU route; preempted requests reuse what the tier kept; an fp8 pool too; and a tier
 that does not fit is refused with what to do (tensor parallelism: tests/distributed/test_kv_host_tier_tp.py)."""
 import random
+import threading
 
 import pytest
 
@@ -166,3 +167,50 @@ def test_blocks_on_disk_serve_an_engine_started_later(tiny, tmp_path):
     assert got == want, "tokens or logprobs differ with blocks read back from disk"
     # 3 reusable blocks a first turn, the first shared: 7 blocks, each read back once
     assert written == 7 and host.disk.hit_blocks == 7 and host.hit_tokens == 7 * 16, (written, host)
+
+
+def test_a_prefix_read_from_disk_holds_up_no_step(tiny, tmp_path, monkeypatch):
+    """While a request's cached prefix is read from disk (held up here), it waits holding nothing and the running
+    request decodes on, step after step; once the blocks are in host memory it is admitted with them as its hit and
+    answers as the engine that wrote them did."""
+    firsts = conversations(250, count=2, system=0)
+    options = dict(max_model_len=128, num_kv_blocks=64, kv_offloading_size="64MiB", prefix_caching_hash_algo="sha256",
+                   kv_offloading_disk_dir=str(tmp_path / "kv"))
+    first = tiny.llm(**options)
+    want = talk(first, firsts[1:], turns=1)
+    first.engine.host_tier.wait_for_stores()
+    first.engine.close()
+    again = tiny.llm(**options)
+    engine, disk = again.engine, again.engine.host_tier.disk
+    release, reads = threading.Event(), []
+    read_into = disk.read_into
+
+    def held_read(block, out):
+        reads.append(block)
+        assert release.wait(timeout=60)
+        return read_into(block, out)
+    monkeypatch.setattr(disk, "read_into", held_read)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=1)
+    engine.add_request("running", None, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
+                       prompt_token_ids=firsts[0])
+    engine.step()
+    engine.add_request("from disk", None, params, prompt_token_ids=firsts[1])
+    running = engine.requests["running"].seqs[0]
+    waiting = engine.requests["from disk"].seqs[0]
+    before = len(running.output_token_ids)
+    for _ in range(5):
+        engine.step()
+    assert reads, "the prefix was not looked up on disk"
+    assert len(running.output_token_ids) == before + 5, "a step waited for the disk read"
+    assert not waiting.block_ids and waiting.num_computed_tokens == 0
+    release.set()
+    outputs = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                outputs[out.request_id] = out.outputs[0]
+    got = outputs["from disk"]
+    assert [(tuple(got.token_ids), tuple(tuple(sorted(d.items())) for d in got.logprobs))] == want
+    host = engine.stats().kv_host
+    again.engine.close()
+    assert host.disk.hit_blocks == 3 and host.hit_tokens == 3 * 16, host

@@ -1,13 +1,16 @@
 """The KV disk tier: a block stored in the host tier is written to disk off the step's path; after a restart (a new
-offloader over the same directory) a lookup past host memory reads it back into a host slot and it loads bit for bit;
-tokens and parents confirm a block as in host memory; the least recently used blocks go beyond the size; a directory
-of another layout is refused; a damaged file is skipped, never read."""
+offloader over the same directory) a lookup past host memory queues its read into a host slot on the reader thread,
+and a later lookup finds it there; it loads bit for bit; tokens and parents confirm a block as in host memory; the
+least recently used blocks go beyond the size; a directory of another layout is refused; a damaged file is skipped,
+never read, and one that breaks during a read is forgotten."""
+import threading
+
 import numpy as np
 import pytest
 import torch
 
 from gh200rt.kv.disk_tier import DiskTier
-from gh200rt.kv.offload import KVOffloader, PoolBlocks
+from gh200rt.kv.offload import HostLookup, KVOffloader, PoolBlocks
 from tests.kv.test_kv_offload import caches
 
 ROOT = ("salt", 0)
@@ -36,9 +39,11 @@ def test_blocks_come_back_from_disk_after_a_restart_bit_for_bit(tmp_path):
     again = offloader(kv, tmp_path)                       # a new process: its host tier is empty
     assert len(again.disk.blocks) == 2 and again.index.num_ready == 0
     chain = [(101, (1, 2, 3, 4)), (102, (5, 6, 7, 8))]
-    assert again.lookup_chain([(101, (1, 2, 3, 9))], ROOT, 4) == []         # other tokens: not this block
-    assert again.lookup_chain(chain, ("salt", 7), 4) == []                   # another salt: not this chain
-    found = again.lookup_chain(chain, ROOT, 4)
+    assert again.lookup_chain([(101, (1, 2, 3, 9))], ROOT, 4) == HostLookup([])   # other tokens: not this block
+    assert again.lookup_chain(chain, ("salt", 7), 4) == HostLookup([])           # another salt: not this chain
+    assert again.lookup_chain(chain, ROOT, 4) == HostLookup([], reading=True)    # queued for the reader thread
+    assert again.wait_for_disk_reads(timeout=30)
+    found = again.lookup_chain(chain, ROOT, 4).found
     assert [b.token_ids for b in found] == [(1, 2, 3, 4), (5, 6, 7, 8)] and all(b.pins == 1 for b in found)
     again.load([(found[0], 4), (found[1], 5)])
     assert all(torch.equal(c[:, 4], w) for c, w in zip(kv, want[0]))
@@ -89,3 +94,53 @@ def test_metrics_carry_the_disk_tier_beside_the_host_tier(tmp_path):
     plain = KVOffloader(PoolBlocks(caches()), 4)
     assert "kv_disk" not in "\n".join(host_tier_lines(plain.report()))
     plain.close()
+
+
+def test_a_lookup_never_waits_for_a_disk_read(tmp_path, monkeypatch):
+    """A read held up (a slow disk) leaves lookups answering at once: the blocks being read are reported as such, the
+    host blocks before them are not held, and once the read is done a lookup finds the whole chain."""
+    kv = caches()
+    first = offloader(kv, tmp_path)
+    for block, (h, tokens, parent) in enumerate([(101, (1, 2, 3, 4), ROOT), (102, (5, 6, 7, 8), ("hash", 101))]):
+        first.store(block + 1, h, tokens, parent)
+    first.wait_for_stores()
+    first.close()
+    again = offloader(kv, tmp_path)
+    again.store(1, 101, (1, 2, 3, 4), ROOT)            # the first block is in host memory, the second on disk only
+    again.wait_for_stores()
+    release, reading = threading.Event(), threading.Event()
+    read_into = again.disk.read_into
+
+    def slow_read(block, out):
+        reading.set()
+        assert release.wait(timeout=30)
+        return read_into(block, out)
+    monkeypatch.setattr(again.disk, "read_into", slow_read)
+    chain = [(101, (1, 2, 3, 4)), (102, (5, 6, 7, 8))]
+    lookup = again.lookup_chain(chain, ROOT, 4)
+    assert [b.token_ids for b in lookup.found] == [(1, 2, 3, 4)] and lookup.reading
+    again.index.unpin(lookup.found)
+    assert reading.wait(timeout=30) and again.reading_from_disk
+    assert again.lookup_chain(chain, ROOT, 4).reading, "asked again while the read runs: still reading"
+    assert not again.wait_for_disk_reads(timeout=0.01)
+    release.set()
+    assert again.wait_for_disk_reads(timeout=30) and not again.reading_from_disk
+    lookup = again.lookup_chain(chain, ROOT, 4)
+    assert len(lookup.found) == 2 and not lookup.reading and again.disk.stats.hit_blocks == 1
+    again.close()
+
+
+def test_a_file_that_breaks_during_its_read_is_forgotten(tmp_path):
+    kv = caches()
+    first = offloader(kv, tmp_path)
+    first.store(1, 101, (1, 2, 3, 4), ROOT)
+    first.wait_for_stores()
+    first.close()
+    again = offloader(kv, tmp_path)
+    path = again.disk.blocks[101].path
+    path.write_bytes(path.read_bytes()[:-8])           # cut short after the engine scanned the directory
+    assert again.lookup_chain([(101, (1, 2, 3, 4))], ROOT, 4).reading
+    assert again.wait_for_disk_reads(timeout=30)
+    assert again.lookup_chain([(101, (1, 2, 3, 4))], ROOT, 4) == HostLookup([]), "a broken file is read again"
+    assert 101 not in again.disk.blocks and not path.exists() and again.index.num_ready == 0
+    again.close()
