@@ -11,7 +11,7 @@ from gh200rt.config.memory import MemoryConfig
 from gh200rt.config.model import ModelConfig
 from gh200rt.config.parallel import ParallelConfig
 from gh200rt.config.scheduler import SchedulerConfig
-from gh200rt.config.speculative import MODEL_METHODS, SpeculativeConfig
+from gh200rt.config.speculative import SpeculativeConfig
 
 
 @dataclass(frozen=True)
@@ -33,10 +33,10 @@ class EngineConfig:
             raise ValueError("--kv-offloading-disk-dir with --tensor-parallel-size > 1 is not supported yet (each "
                              "rank's share of a block would need its own file): drop one of the two")
         drafted = self.speculative.method
-        if self.cache.kv_offloading_reads == "in_place" and drafted is not None and drafted.method in MODEL_METHODS:
-            raise ValueError(f"--kv-offloading-reads in_place with the {drafted.method} method is not "
-                             "supported yet (its draft keeps no KV for blocks read in place): use load or auto, or "
-                             "an ngram or suffix draft")
+        if self.cache.kv_offloading_reads == "in_place" and drafted is not None and drafted.method == "draft_model":
+            raise ValueError("--kv-offloading-reads in_place with the draft_model method is not supported yet (the "
+                             "draft computes its KV over every prompt position and keeps none for blocks read in "
+                             "place): use load or auto, or an eagle3, mtp, ngram or suffix draft")
         method = self.speculative.method
         if self.scheduler.async_scheduling and (method is not None or self.parallel.tensor_parallel_size > 1):
             what = "--speculative-config" if method is not None else "--tensor-parallel-size > 1"

@@ -166,7 +166,8 @@ class LLMEngine(RequestIntake, EngineReports, EngineSteps):
         spec = config.speculative.method
         proposer = None
         if draft is not None and draft.kind in ("eagle3", "mtp"):
-            proposer = HiddenStateProposer(draft.model, num_blocks, bs, kv_dtype, device, self.sampler)
+            proposer = HiddenStateProposer(draft.model, num_blocks, bs, kv_dtype, device, self.sampler,
+                                           first_host_id=self.kv.pool.num_blocks)
             self.runner.capture(proposer.capture_layers)
         elif draft is not None:
             proposer = DraftProposer(draft, num_blocks, bs, kv_dtype, device, self.sampler)

@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 
 from gh200rt.config import CacheConfig, EngineConfig
-from gh200rt.config.speculative import MODEL_METHODS
 from gh200rt.kv.disk_tier import DiskTier, disk_capacity_bytes
 from gh200rt.kv.offload import KVOffloader, PoolBlocks
 from gh200rt.weights.slabs import node_available_bytes
@@ -97,8 +96,8 @@ def make_host_tier(config: EngineConfig, kv_caches: list[torch.Tensor], device: 
 def in_place_unavailable(config: EngineConfig, kv_caches: list[torch.Tensor], device: str) -> str | None:
     """Why this engine's attention cannot read host KV blocks in place (None: it can)."""
     drafted = config.speculative.method
-    if drafted is not None and drafted.method in MODEL_METHODS:
-        return f"the {drafted.method} draft keeps no KV for blocks read in place (not built yet)"
+    if drafted is not None and drafted.method == "draft_model":
+        return "the draft model computes its KV over every prompt position, and keeps none for blocks read in place"
     return None
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from gh200rt.backends import backend_for
@@ -140,9 +141,12 @@ def module_weight_bytes(module: torch.nn.Module, skip: tuple[str, ...] = ()) -> 
     return sum(seen.values()) + packed
 
 
-def pack_draft_step(rows: list[tuple[Sequence, int, list[int]]], block_size: int) -> HostStep:
+def pack_draft_step(rows: list[tuple[Sequence, int, list[int]]], block_size: int,
+                    host_from: int | None = None) -> HostStep:
     """The draft's step over ``rows``: (sequence, first position, the ids at that position on); every row samples
-    its last position."""
+    its last position. ``host_from``: the first table entry that names a host KV block read in place (the draft
+    keeps no KV there): such entries name block 0 in the draft's table instead, whatever it holds (the rows
+    computed are past them: a block read in place is a full prompt block no step writes)."""
     ids, positions, slots, query_lens, seq_lens, tables, sample_rows = [], [], [], [], [], [], []
     starts = [0]
     for seq, start, tokens in rows:
@@ -153,7 +157,11 @@ def pack_draft_step(rows: list[tuple[Sequence, int, list[int]]], block_size: int
         slots += [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
         query_lens.append(len(tokens))
         seq_lens.append(end)
-        tables.append(block_row(seq))
+        row = block_row(seq)
+        if host_from is not None and len(row) and row.max() >= host_from:
+            assert table[start // block_size] < host_from, "a draft computes no position of a block read in place"
+            row = np.where(row >= host_from, 0, row).astype(np.int32)
+        tables.append(row)
         starts.append(starts[-1] + len(tokens))
         sample_rows.append(starts[-1] - 1)
     width = max(len(t) for t in tables)

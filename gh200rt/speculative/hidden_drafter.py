@@ -13,7 +13,9 @@ the target's once verification keeps them.
 The head's KV cache has the target pool's blocks (same ids, as the ``draft_model`` method's): a sequence's block table
 serves both, and the drafted positions' blocks are those its verification writes. Where the head never saw a
 position (a prefix-cache hit, a sequence that was not drafting) its KV there is whatever the block last held: that
-costs acceptance, never correctness, since verification decides every token.
+costs acceptance, never correctness, since verification decides every token. So do host KV blocks the target reads
+in place (``--kv-offloading-reads``): the target computed no hidden state there, and the head's table names block 0
+for them.
 """
 from __future__ import annotations
 
@@ -53,8 +55,12 @@ class HiddenStateProposer:
     """Drafts with a head (``eagle3.Eagle3Head``) over a one-layer KV cache of the target pool's blocks."""
 
     def __init__(self, head, num_blocks: int, block_size: int, kv_dtype: torch.dtype, device: str,
-                 sampler: Sampler):
+                 sampler: Sampler, first_host_id: int | None = None):
+        """``num_blocks``: the pool's KV blocks (the head's cache has as many); ``first_host_id``: the first table
+        entry that names a host KV block (the pool's block count: ids between the two are resident weights' runs,
+        kv/arena.py, whose sequences do not draft)."""
         self.head = head
+        self.first_host_id = first_host_id if first_host_id is not None else num_blocks
         self.block_size = block_size
         self.device = device
         self.sampler = sampler
@@ -98,8 +104,7 @@ class HiddenStateProposer:
     def propose(self, wanted: list[tuple[Sequence, int]]) -> None:
         """Set ``spec_drafts`` (and ``spec_draft_probs`` for sampling sequences) of each (sequence, how many tokens
         it may draft); the target's block table already covers the positions drafted."""
-        wanted = [(seq, room) for seq, room in wanted if max(seq.block_ids) < self.num_blocks
-                  and self._caught_up_to_last(seq)]
+        wanted = [(seq, room) for seq, room in wanted if self._has_head_kv(seq) and self._caught_up_to_last(seq)]
         if not wanted:
             return
         rows, hidden = [], []
@@ -112,7 +117,7 @@ class HiddenStateProposer:
         hidden = torch.cat(hidden)
         active = list(wanted)
         for step in range(max(room for _, room in wanted)):
-            step_rows = pack_draft_step(rows, self.block_size)
+            step_rows = pack_draft_step(rows, self.block_size, self.first_host_id)
             inputs = step_inputs(step_rows, self.block_size, self.device)
             normed, carried = self.head(inputs.input_ids, inputs.positions, hidden, inputs.meta, self.kv_caches[0])
             logits = self.head.compute_logits(normed.index_select(0, inputs.sample_index))
@@ -130,6 +135,12 @@ class HiddenStateProposer:
             rows = [(seq, seq.num_tokens - 1 + step, [seq.spec_drafts[-1]]) for seq, _ in active]
         for seq, _ in wanted:
             seq.spec_draft_probs = torch.stack(seq.spec_draft_probs) if seq.spec_draft_probs else None
+
+    def _has_head_kv(self, seq: Sequence) -> bool:
+        """Whether every block of ``seq`` has the head's KV, or is a host block read in place (no weights' run)."""
+        if max(seq.block_ids) < self.num_blocks:
+            return True
+        return not any(self.num_blocks <= block < self.first_host_id for block in seq.block_ids)
 
     def _caught_up_to_last(self, seq: Sequence) -> bool:
         """Whether ``seq``'s pending rows reach its last computed position (they hold at least that row): the head

@@ -101,9 +101,6 @@ def test_what_cannot_read_in_place_is_refused_and_auto_loads(tiny, tmp_path):
      "in_place with the draft_model method is not supported yet"),
     (dict(kv_offloading_reads="in_place"), "add --kv-offloading-size"),
     (dict(kv_offloading_reads="sometimes", kv_offloading_size="4"), "choose one of auto, load, in_place"),
-    (dict(kv_offloading_reads="in_place", kv_offloading_size="4",
-          speculative_config={"method": "eagle3", "model": "/tmp/head", "num_speculative_tokens": 2}),
-     "in_place with the eagle3 method is not supported yet"),
 ])
 def test_reads_that_cannot_be_honoured_are_refused(options, message):
     with pytest.raises(ValueError, match=message):

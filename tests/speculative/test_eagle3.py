@@ -168,3 +168,26 @@ def test_steps_replay_decode_graphs_with_the_hidden_states(target, heads):
     common = eager_by.keys() & graph_by.keys()
     assert len(common) >= 0.9 * len(eager_by) and len(eager_by) > 10
     assert sum(eager_by[k] == graph_by[k] for k in common) >= 0.9 * len(common)
+
+
+def test_a_head_drafts_over_host_blocks_read_in_place(target, heads):
+    """The target reads a conversation's earlier turns in place from the host KV tier, where it computed no hidden
+    state: the head drafts on for those sequences over what its table names there (block 0), and the tokens are
+    plain decoding's."""
+    from tests.engine.test_host_kv_tier import conversations, synchronous_stores, talk
+    firsts = conversations(256, count=3, system=0)
+    options = dict(batch_invariant=True, num_kv_blocks=8, max_model_len=96)
+    want = talk(target.llm(**options), firsts, turns=2, max_tokens=6)
+    llm = target.llm(kv_offloading_size="8MiB", kv_offloading_reads="in_place",
+                     speculative_config=eagle3(heads["head"], 3), **options)
+    synchronous_stores(llm)
+    proposer, over_host = llm.engine.speculator.draft, []
+    propose = proposer.propose
+
+    def recording(wanted):
+        propose(wanted)
+        over_host.extend(seq for seq, _ in wanted if seq.spec_drafts and max(seq.block_ids) >= proposer.first_host_id)
+    proposer.propose = recording
+    assert talk(llm, firsts, turns=2, max_tokens=6) == want
+    assert llm.engine.stats().kv_host.read_in_place_blocks >= 3
+    assert over_host, "no sequence reading host blocks in place drafted"
