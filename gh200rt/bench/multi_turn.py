@@ -6,7 +6,9 @@ next prompts, ``--concurrency`` of them in flight (the next one is submitted as 
 holds ``--pool-fraction`` of the conversations' final length (at least one conversation), so by its next turn most
 of a conversation's blocks were reused on the device: without the tier its history is recomputed, with it the
 history is loaded from host memory (``on``), or read there in place by attention (``in-place``, ``auto``:
-``--kv-offloading-reads``).
+``--kv-offloading-reads``). ``--restart-each-turn`` runs every turn on a new engine (a server restarted between
+turns): the device pool and host memory start empty, and only ``disk`` (the tier with ``--kv-offloading-disk-dir``
+in a directory the run makes and deletes) brings the history back, read from disk.
 
 Reports per engine: TTFT p50 / p99 of turn 1 and of later turns (from a request's submission to its first token),
 output tok/s, the tokens the device pool and the host tier supplied, bytes stored and loaded,
@@ -18,7 +20,9 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import tempfile
 import time
+from collections import Counter
 
 import torch
 
@@ -46,7 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--order", default="off,on", help="the engines in the order they run: off (no tier), on "
                                                           "(the tier, hits loaded), in-place (hits read in place), "
-                                                          "auto (--kv-offloading-reads auto); e.g. on,in-place,off")
+                                                          "auto (--kv-offloading-reads auto), disk (on, over a disk "
+                                                          "tier); e.g. on,in-place,off")
+    parser.add_argument("--restart-each-turn", action="store_true",
+                        help="a new engine for every turn (what a restart keeps: the disk tier's blocks only)")
 
 
 def conversation_plan(args) -> tuple[list[list[int]], list[list[list[int]]]]:
@@ -84,10 +91,26 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-ENGINES = {"off": None, "on": "load", "in-place": "in_place", "auto": "auto"}   # name -> --kv-offloading-reads
+# name -> --kv-offloading-reads
+ENGINES = {"off": None, "on": "load", "in-place": "in_place", "auto": "auto", "disk": "load"}
+
+
+def tally(stats, into: Counter) -> None:
+    """Add an engine's counters to ``into`` (a run over several engines, one per turn, reports their sums)."""
+    host = stats.kv_host
+    into.update(device_hit_tokens=stats.prefix_cache_hit_tokens, preemptions=stats.num_preemptions)
+    if host is not None:
+        into.update(host_hit_tokens=host.hit_tokens, stored=host.stored_bytes, loaded=host.loaded_bytes,
+                    in_place=host.read_in_place_blocks,
+                    disk_hit_blocks=host.disk.hit_blocks if host.disk is not None else 0)
 
 
 def run_engine(args, name: str, firsts, messages) -> dict:
+    with tempfile.TemporaryDirectory(prefix="gh200rt-kv-disk-") as disk_dir:
+        return run_engines(args, name, firsts, messages, disk_dir)
+
+
+def run_engines(args, name: str, firsts, messages, disk_dir: str) -> dict:
     bs = 16
     final = args.system_tokens + args.turns * (args.user_tokens + args.output_tokens)
     per_conversation = -(-final // bs)
@@ -98,34 +121,42 @@ def run_engine(args, name: str, firsts, messages) -> dict:
     if reads is not None:
         options.update(kv_offloading_size=args.kv_offloading_size, kv_offloading_write_policy=args.write_policy,
                        kv_offloading_reads=reads)
-    engine = LLMEngine.from_config(EngineConfig.from_kwargs(**options))
+    if name == "disk":
+        options.update(kv_offloading_disk_dir=disk_dir, prefix_caching_hash_algo="sha256")
+    config = EngineConfig.from_kwargs(**options)
     params = SamplingParams(temperature=0, max_tokens=args.output_tokens, ignore_eos=True)
-    in_vocab = lambda ids: [3 + i % (engine.vocab_size - 3) for i in ids]   # noqa: E731  (past the special ids)
-    firsts = [in_vocab(p) for p in firsts]
-    messages = [[in_vocab(m) for m in turn] for turn in messages]
+    counts, ttfts, tokens, wall = Counter(), [], 0, 0.0
+    engine = None
     try:
-        run_turn(engine, [firsts[0][:64]], SamplingParams(temperature=0, max_tokens=2), "warm", 1)
-        prompts, ttfts, tokens = [list(p) for p in firsts], [], 0
-        started = time.perf_counter()
         for turn in range(args.turns):
+            if engine is None or args.restart_each_turn:
+                if engine is not None:
+                    tally(engine.stats(), counts)
+                    engine.close()
+                engine = LLMEngine.from_config(config)
+                in_vocab = lambda ids: [3 + i % (engine.vocab_size - 3) for i in ids]  # noqa: E731 (past special ids)
+                if turn == 0:
+                    prompts = [in_vocab(p) for p in firsts]
+                    messages = [[in_vocab(m) for m in turn_messages] for turn_messages in messages]
+                run_turn(engine, [prompts[0][:64]], SamplingParams(temperature=0, max_tokens=2), "warm", 1)
+            started = time.perf_counter()
             times, answers = run_turn(engine, prompts, params, f"t{turn}", args.concurrency)
+            wall += time.perf_counter() - started
             ttfts.append(times)
             tokens += sum(len(a) for a in answers)
             if turn + 1 < args.turns:
                 prompts = [p + a + m for p, a, m in zip(prompts, answers, messages[turn])]
-        wall = time.perf_counter() - started
-        stats = engine.stats()
+        tally(engine.stats(), counts)
     finally:
-        engine.close()
+        if engine is not None:
+            engine.close()
     later = [t for times in ttfts[1:] for t in times]
-    host = stats.kv_host
     return dict(label=f"tier {name}", blocks=blocks, per_conversation=per_conversation,
                 ttft1=(percentile(ttfts[0], 0.5), percentile(ttfts[0], 0.99)),
                 ttft_later=(percentile(later, 0.5), percentile(later, 0.99)) if later else (float("nan"),) * 2,
-                tok_s=tokens / wall, device_hit_tokens=stats.prefix_cache_hit_tokens,
-                host_hit_tokens=host.hit_tokens if host else 0, stored=host.stored_bytes if host else 0,
-                loaded=host.loaded_bytes if host else 0, in_place=host.read_in_place_blocks if host else 0,
-                preemptions=stats.num_preemptions)
+                tok_s=tokens / wall, **{key: counts[key] for key in (
+                    "device_hit_tokens", "host_hit_tokens", "stored", "loaded", "in_place", "disk_hit_blocks",
+                    "preemptions")})
 
 
 def run(args) -> int:
@@ -141,15 +172,16 @@ def run(args) -> int:
     print(f"{args.conversations} conversations x {args.turns} turns, {args.concurrency} in flight: system "
           f"{args.system_tokens} + {args.user_tokens} per message, {args.output_tokens} out; device pool "
           f"{first['blocks']} blocks ({args.pool_fraction:g} of {args.conversations} x {first['per_conversation']}); "
-          f"dtype {args.dtype}, "
-          f"{args.threads} thread(s), load average {os.getloadavg()[0]:.1f}")
+          f"dtype {args.dtype}, {args.threads} thread(s), "
+          f"{'a new engine every turn, ' if args.restart_each_turn else ''}load average {os.getloadavg()[0]:.1f}")
     print(f"{'engine':<13} {'TTFT t1 p50':>11} {'p99':>7} {'TTFT t2+ p50':>12} {'p99':>7} {'tok/s':>7} "
           f"{'device hit tok':>14} {'host hit tok':>12} {'MB stored':>9} {'MB loaded':>9} {'in place':>8} "
-          f"{'preempted':>9}")
+          f"{'from disk':>9} {'preempted':>9}")
     for r in results.values():
         print(f"{r['label']:<13} {r['ttft1'][0]:11.3f} {r['ttft1'][1]:7.3f} {r['ttft_later'][0]:12.3f} "
               f"{r['ttft_later'][1]:7.3f} {r['tok_s']:7.1f} {r['device_hit_tokens']:14d} {r['host_hit_tokens']:12d} "
-              f"{r['stored'] / 1e6:9.1f} {r['loaded'] / 1e6:9.1f} {r['in_place']:8d} {r['preemptions']:9d}")
+              f"{r['stored'] / 1e6:9.1f} {r['loaded'] / 1e6:9.1f} {r['in_place']:8d} {r['disk_hit_blocks']:9d} "
+              f"{r['preemptions']:9d}")
     if "off" in results:
         for name in (n for n in results if n != "off"):
             off, tier = results["off"], results[name]

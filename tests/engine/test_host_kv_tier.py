@@ -144,9 +144,22 @@ def test_the_multi_turn_benchmark_runs_the_tier_off_and_on(tiny_path, capsys):
     out = capsys.readouterr().out
     off, on = (line.split() for line in out.splitlines() if line.startswith("tier "))
     assert (off[:2], on[:2]) == (["tier", "off"], ["tier", "on"])
-    assert int(off[-5]) == 0 < int(on[-5])           # host hit tokens: none without the tier, some with it
-    assert int(on[-2]) == 0                          # blocks read in place: on loads them
+    assert int(off[-6]) == 0 < int(on[-6])           # host hit tokens: none without the tier, some with it
+    assert int(on[-3]) == 0                          # blocks read in place: on loads them
     assert "turn >= 2 TTFT p50: " in out and "(on)" in out
+
+
+def test_the_multi_turn_benchmark_restarts_the_engine_each_turn(tiny_path, capsys):
+    """A new engine every turn: the tier in host memory starts empty, and only the disk tier brings histories back."""
+    from gh200rt.bench.__main__ import main
+    assert main(["multi-turn", "--model", tiny_path, "--dtype", "float32", "--conversations", "2", "--turns", "3",
+                 "--system-tokens", "32", "--user-tokens", "16", "--output-tokens", "2", "--order", "on,disk",
+                 "--restart-each-turn"]) == 0
+    out = capsys.readouterr().out
+    on, disk = (line.split() for line in out.splitlines() if line.startswith("tier "))
+    assert (on[1], disk[1]) == ("on", "disk") and "a new engine every turn" in out
+    assert int(on[-2]) == 0 < int(disk[-2])          # blocks read from disk: only the disk tier has any
+    assert int(disk[-6]) >= 16 * int(disk[-2])       # and the host tier served them
 
 
 def test_blocks_on_disk_serve_an_engine_started_later(tiny, tmp_path):
