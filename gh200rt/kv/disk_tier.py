@@ -60,6 +60,7 @@ class DiskTierStats:
     read_seconds: float = 0.0
     evicted_blocks: int = 0
     failed_writes: int = 0
+    failed_reads: int = 0        # files gone or damaged when read (forgotten; their tokens recomputed)
 
 
 class DiskTier:
@@ -183,6 +184,7 @@ class DiskTier:
                     raise ValueError("its bytes are cut short")
         except (OSError, ValueError) as err:
             log.warning("KV disk tier: %s cannot be read (%s); its tokens are recomputed", block.path, err)
+            self.stats.failed_reads += 1
             return False
         self.stats.read_seconds += time.perf_counter() - started
         self.stats.read_bytes += self.block_bytes

@@ -104,6 +104,7 @@ class HostTierReport:
     disk: object = None           # the disk tier's ``DiskTierStats`` (a copy) and its block count, None without one
     disk_blocks: int = 0
     read_in_place_blocks: int = 0
+    disk_reading: int = 0         # blocks being read from disk into host slots now
 
 
 @dataclass
@@ -268,7 +269,8 @@ class KVOffloader:
         return HostTierReport(self.index.num_blocks, self.index.num_ready, s.queries, s.hits, s.queried_tokens,
                               s.hit_tokens, s.stored_blocks, s.loaded_blocks, s.dropped_stores, s.evicted_blocks,
                               c.stored_bytes, c.loaded_bytes, c.load_seconds, disk,
-                              len(self.disk.blocks) if self.disk is not None else 0, s.read_in_place_blocks)
+                              len(self.disk.blocks) if self.disk is not None else 0, s.read_in_place_blocks,
+                              len(self._reading))
 
     # ---- stores ---------------------------------------------------------------------------------
     def store(self, block_id: int, block_hash: int, token_ids: tuple[int, ...], parent) -> None:

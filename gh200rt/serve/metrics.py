@@ -112,6 +112,10 @@ DISK_TIER_SERIES = {
     "kv_disk_written_blocks_total": ("written_blocks", "counter", "Blocks written to the disk KV tier."),
     "kv_disk_written_bytes_total": ("written_bytes", "counter", "Bytes written to the disk KV tier."),
     "kv_disk_read_bytes_total": ("read_bytes", "counter", "Bytes read back from the disk KV tier."),
+    "kv_disk_read_seconds_total": ("read_seconds", "counter", "Seconds the disk KV tier's reader thread spent reading "
+                                                              "blocks (no step waits for them)."),
+    "kv_disk_failed_reads_total": ("failed_reads", "counter", "Disk KV tier files gone or damaged when read "
+                                                              "(forgotten; their tokens recomputed)."),
     "kv_disk_evicted_blocks_total": ("evicted_blocks", "counter", "Disk KV tier blocks deleted (least recently used) "
                                                                   "beyond --kv-offloading-disk-size."),
 }
@@ -126,6 +130,8 @@ def host_tier_lines(report) -> list[str]:
         lines += _series(name, kind, help_text, [("", getattr(report, attr))])
     if report.disk is not None:
         lines += _series("kv_disk_blocks", "gauge", "Blocks the disk KV tier holds.", [("", report.disk_blocks)])
+        lines += _series("kv_disk_reading_blocks", "gauge", "Blocks being read from disk into host memory now (their "
+                         "requests wait for them).", [("", report.disk_reading)])
         for name, (attr, kind, help_text) in DISK_TIER_SERIES.items():
             lines += _series(name, kind, help_text, [("", getattr(report.disk, attr))])
     return lines

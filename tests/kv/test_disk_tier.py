@@ -122,6 +122,8 @@ def test_a_lookup_never_waits_for_a_disk_read(tmp_path, monkeypatch):
     again.index.unpin(lookup.found)
     assert reading.wait(timeout=30) and again.reading_from_disk
     assert again.lookup_chain(chain, ROOT, 4).reading, "asked again while the read runs: still reading"
+    from gh200rt.serve.metrics import host_tier_lines
+    assert "gh200rt_kv_disk_reading_blocks 1" in "\n".join(host_tier_lines(again.report()))
     assert not again.wait_for_disk_reads(timeout=0.01)
     release.set()
     assert again.wait_for_disk_reads(timeout=30) and not again.reading_from_disk
@@ -143,4 +145,5 @@ def test_a_file_that_breaks_during_its_read_is_forgotten(tmp_path):
     assert again.wait_for_disk_reads(timeout=30)
     assert again.lookup_chain([(101, (1, 2, 3, 4))], ROOT, 4) == HostLookup([]), "a broken file is read again"
     assert 101 not in again.disk.blocks and not path.exists() and again.index.num_ready == 0
+    assert again.disk.stats.failed_reads == 1
     again.close()
