@@ -73,15 +73,17 @@ def test_the_host_kv_tier_brings_latent_blocks_back(v3):
     assert host.hit_tokens >= 2 * 48 and host.loaded_blocks >= 6, host
 
 
-def test_latent_blocks_read_in_place_give_a_loads_bits(v3):
-    """The same conversations with the host tier's latent blocks read in place by the torch attention (absorbed
-    form: the one-plane pool seen as K and V) instead of loaded: the same tokens and logprobs, no load."""
+@pytest.mark.parametrize("kernels", ["torch", "native"])
+def test_latent_blocks_read_in_place_give_a_loads_bits(v3, kernels):
+    """The same conversations with the host tier's latent blocks read in place by the attention (absorbed form: the
+    one-plane pool seen as K and V; the torch gather, or the native kernels' second pool) instead of loaded: the same
+    tokens and logprobs, no load."""
     path, _ = v3
     firsts = conversations(256, count=3, system=0)
     seen, host = {}, None
     for reads in ("load", "in_place"):
         config = EngineConfig.from_kwargs(model=path, dtype="float32", max_model_len=128, offload="none",
-                                          cpu_kernels="torch", num_kv_blocks=8, kv_offloading_size="16MiB",
+                                          cpu_kernels=kernels, num_kv_blocks=8, kv_offloading_size="16MiB",
                                           kv_offloading_reads=reads)
         llm = LLM.from_engine(LLMEngine.from_config(config, poison=True))
         synchronous_stores(llm)
