@@ -103,14 +103,18 @@ def in_place_unavailable(config: EngineConfig, kv_caches: list[torch.Tensor], de
 
 def host_reads(config: EngineConfig, kv_caches: list[torch.Tensor], device: str) -> str:
     """How host-tier hits are read (``kv_manager.HOST_READS``): what ``--kv-offloading-reads`` asks where this
-    engine can read in place; ``auto`` loads where it cannot, and ``in_place`` is refused with the reason."""
+    engine can read in place; ``auto`` loads where it cannot, and ``in_place`` is refused with the reason. On the
+    CPU platform ``auto`` reads every hit in place: the device pool is host memory too, so a load would only copy
+    the bytes (and take pool blocks) for attention to read them at the same speed."""
     asked = config.cache.kv_offloading_reads
     why_not = None if asked == "load" else in_place_unavailable(config, kv_caches, device)
     if why_not is not None and asked == "in_place":
         raise ValueError(f"--kv-offloading-reads in_place: {why_not}; or use --kv-offloading-reads load")
     reads = asked if why_not is None else "load"
-    log.info("host KV tier hits: %s%s", READS_SAID[reads],
-             f" (auto: {why_not})" if why_not is not None and asked == "auto" else "")
+    why = f" (auto: {why_not})" if why_not is not None and asked == "auto" else ""
+    if reads == "auto" and torch.device(device).type == "cpu":
+        reads, why = "in_place", " (auto on the CPU: the device pool is host memory too, a load would only copy)"
+    log.info("host KV tier hits: %s%s", READS_SAID[reads], why)
     return reads
 
 

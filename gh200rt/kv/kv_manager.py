@@ -277,7 +277,7 @@ class KVCacheManager:
         if lookup.reading:
             self.offload.index.unpin(found)
             return None
-        if found and not self.offload.worth_loading(bs):
+        if found and self.host_reads != "in_place" and not self.offload.worth_loading(bs):   # in place: no copy
             self.offload.index.unpin(found)
             return []
         if found:

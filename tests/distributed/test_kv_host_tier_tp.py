@@ -23,7 +23,7 @@ def test_blocks_back_from_host_memory_give_tp2_a_device_hits_bits(tmp_path):
     finally:
         llm.engine.close()
     # 8 blocks hold two conversations: by their second turns the first two conversations' blocks were reused
-    llm = tp_llm(path, 2, num_kv_blocks=8, kv_offloading_size="1MiB")
+    llm = tp_llm(path, 2, num_kv_blocks=8, kv_offloading_size="1MiB", kv_offloading_reads="load")
     try:
         synchronous_stores(llm)
         got = talk(llm, firsts, turns=2, max_tokens=2)

@@ -63,7 +63,7 @@ def test_the_host_kv_tier_brings_latent_blocks_back(v3):
     big = llm(num_kv_blocks=64)
     want = talk(big, firsts, turns=2, max_tokens=2)
     big.engine.close()
-    small = llm(num_kv_blocks=8, kv_offloading_size="16MiB")
+    small = llm(num_kv_blocks=8, kv_offloading_size="16MiB", kv_offloading_reads="load")
     try:
         got = talk(small, firsts, turns=2, max_tokens=2)
         host = small.engine.stats().kv_host

@@ -86,9 +86,10 @@ def test_auto_reads_in_place_only_where_a_load_would_not_fit():
 
 def test_what_cannot_read_in_place_is_refused_and_auto_loads(tiny, tmp_path):
     llm = tiny.llm(num_kv_blocks=8, max_model_len=128, kv_offloading_size="8MiB")   # auto, the native kernels
-    assert llm.engine.kv.host_reads == "auto" and llm.engine.runner.host_kv is not None
+    assert llm.engine.kv.host_reads == "in_place" and llm.engine.runner.host_kv is not None   # the CPU: no link
     config = EngineConfig.from_kwargs(kv_offloading_size="8MiB", kv_offloading_reads="auto")
-    assert host_reads(config, [torch.zeros(2, 4, 16, 1, 8)], "cpu") == "auto"
+    assert host_reads(config, [torch.zeros(2, 4, 16, 1, 8)], "cpu") == "in_place"
+    assert host_reads(config, [torch.zeros(2, 4, 16, 1, 8)], "cuda") == "auto"
     draft = {"method": "draft_model", "model": str(tmp_path), "num_speculative_tokens": 2}
     config = EngineConfig.from_kwargs(kv_offloading_size="8MiB", speculative_config=draft)
     assert host_reads(config, [torch.zeros(2, 4, 16, 1, 8)], "cpu") == "load"     # a draft with its own KV

@@ -1,8 +1,8 @@
 """Paged attention reading some blocks from the host KV tier in place: a table entry from ``first_id`` on names a
 host block. The same step with those blocks moved to the host gives the bits it gives with them on the device: the
 Triton kernels (interpreted here) single-pass and split, over bf16, fp32 and fp8 pools, through the padded tables a
-CUDA graph sees, the torch attention's gather and the native CPU kernels (decodes and prompt chunks in one step). The device blocks they
-left are poisoned, so a read of the wrong pool shows."""
+CUDA graph sees, the torch attention's gather and the native CPU kernels (decodes and prompt chunks in one step).
+The device blocks they left are poisoned, so a read of the wrong pool shows."""
 import dataclasses
 import platform
 
