@@ -315,13 +315,21 @@ class KVOffloader:
         self.index.finish_store(job.block_hash, job.slot, stored=False)
         return True
 
-    def _run(self) -> None:
+    def _start_worker(self) -> None:
+        """What each of the tier's threads does first: on the CPU, run after the engine's threads."""
         if self._stream is None:
             lower_thread_priority()
+
+    def _has_work(self, queue: deque) -> bool:
+        """Under ``_cond``: wait until ``queue`` holds a job (True), or the tier closes with none left (False)."""
+        self._cond.wait_for(lambda: queue or self._closing)
+        return bool(queue)
+
+    def _run(self) -> None:
+        self._start_worker()
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._queue or self._closing)
-                if not self._queue:
+                if not self._has_work(self._queue):
                     return
                 batch = []
                 while self._queue and len(batch) < STORE_BATCH:
@@ -446,12 +454,10 @@ class KVOffloader:
     def _read_from_disk(self) -> None:
         """The reader thread: each queued block's file into its host slot, which lookups then find (or, where the
         file is gone or damaged, the slot freed and the file forgotten: its tokens are recomputed)."""
-        if self._stream is None:
-            lower_thread_priority()
+        self._start_worker()
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._disk_reads or self._closing)
-                if not self._disk_reads:
+                if not self._has_work(self._disk_reads):
                     return
                 job = self._disk_reads.popleft()
             started = time.perf_counter()
