@@ -27,10 +27,11 @@ def install_lora(model, arch, config, dtype: torch.dtype, device, ledger, shard=
     takes what is left), a ``LoraLinear`` on each target linear, and the ``--lora-modules`` read and registered
     (``register_modules``: a tensor-parallel worker loads what rank 0 names instead). ``arch``: the model's (a
     rank's, where ``shard`` says which of the whole model's ``shard.arch``)."""
-    if not all(hasattr(layer, "self_attn") and hasattr(layer.self_attn, "qkv_proj")
+    if not all(hasattr(layer, "self_attn") and (hasattr(layer.self_attn, "qkv_proj")
+                                                or hasattr(layer.self_attn, "kv_b_proj"))
                for layer in getattr(model, "layers", [None])):
-        raise ValueError(f"--enable-lora serves adapters of Llama-family models (Llama, Mistral, Qwen2/3); "
-                         f"{type(model).__name__} has no such decoder layers")
+        raise ValueError(f"--enable-lora serves adapters of Llama-family models (Llama, Mistral, Qwen2/3, their MoE "
+                         f"families, DeepSeek-V2/V3); {type(model).__name__} has no such decoder layers")
     use_triton = torch.device(device).type == "cuda" and _triton_available()
     batch = LoraBatch(config.max_loras, device, use_triton)
     slots = LoraSlots(model, arch, config.max_loras, config.max_lora_rank, dtype, device, batch)

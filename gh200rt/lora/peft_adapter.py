@@ -1,7 +1,8 @@
 """Read a PEFT LoRA directory (``adapter_config.json`` + ``adapter_model.safetensors``) for a loaded model.
 
 Strict, like the model loader: every tensor must land on a linear gh200rt has (q/k/v -> ``qkv_proj``, o, gate/up ->
-``gate_up_proj``, down of a dense MLP) with the base model's shapes, and everything else is refused by name: DoRA,
+``gate_up_proj``, down of a dense MLP; latent attention's q_proj or q_a_proj / q_b_proj, kv_a_proj_with_mqa,
+kv_b_proj and o_proj) with the base model's shapes, and everything else is refused by name: experts, DoRA,
 embedding or lm_head adapters, ``modules_to_save``, LoRA biases, per-module rank or alpha patterns, ranks above
 ``--max-lora-rank``. Tensors stay compact (rank r) in host memory, in the compute dtype; ``slots.py`` places them.
 PEFT saves ``lora_A [r, in]`` and ``lora_B [out, r]`` for ``nn.Linear`` targets whatever ``fan_in_fan_out`` says
@@ -25,8 +26,25 @@ PARTS = {
     "o_proj": ("self_attn.o_proj", 0), "gate_proj": ("mlp.gate_up_proj", 0), "up_proj": ("mlp.gate_up_proj", 1),
     "down_proj": ("mlp.down_proj", 0),
 }
+# the same for latent attention (DeepSeek-V2 / V3, models/layers/mla.py): its linears are not fused; a checkpoint
+# without q_lora_rank names its one query linear q_proj, which gh200rt holds as q_b_proj
+LATENT_PARTS = {
+    "q_proj": ("self_attn.q_b_proj", 0), "q_a_proj": ("self_attn.q_a_proj", 0), "q_b_proj": ("self_attn.q_b_proj", 0),
+    "kv_a_proj_with_mqa": ("self_attn.kv_a_proj_with_mqa", 0), "kv_b_proj": ("self_attn.kv_b_proj", 0),
+    "o_proj": ("self_attn.o_proj", 0), "gate_proj": ("mlp.gate_up_proj", 0), "up_proj": ("mlp.gate_up_proj", 1),
+    "down_proj": ("mlp.down_proj", 0),
+}
 NOT_LINEARS = ("embed_tokens", "lm_head")
 _KEY = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+?)\.lora_([AB])(?:\.\w+)?\.weight$")
+_EXPERT_KEY = re.compile(r"^base_model\.model\.model\.layers\.\d+\.mlp\.(experts|shared_experts?|gate)\.")
+
+
+def parts_of(arch: ArchConfig) -> dict[str, tuple[str, int]]:
+    """Checkpoint module -> (gh200rt's linear, part index) for ``arch``'s decoder layers."""
+    if not arch.is_mla:
+        return PARTS
+    absent = ("q_proj",) if arch.q_lora_rank else ("q_a_proj", "q_b_proj")
+    return {name: part for name, part in LATENT_PARTS.items() if name not in absent}
 
 
 class LoraAdapterError(ValueError):
@@ -36,8 +54,18 @@ class LoraAdapterError(ValueError):
 def target_shapes(arch: ArchConfig, layer: int) -> dict[str, tuple[int, tuple[int, ...]]]:
     """Fused linear -> (in features, out features of each part) of decoder layer ``layer`` (no MLP targets in an
     MoE layer: its experts take no adapters)."""
-    shapes = {"self_attn.qkv_proj": (arch.hidden_size, (arch.q_size, arch.kv_size, arch.kv_size)),
-              "self_attn.o_proj": (arch.q_size, (arch.hidden_size,))}
+    if arch.is_mla:
+        heads, hidden = arch.num_heads, arch.hidden_size
+        shapes = {"self_attn.q_b_proj": (arch.q_lora_rank or hidden,
+                                         (heads * (arch.qk_nope_head_dim + arch.head_dim),)),
+                  "self_attn.kv_a_proj_with_mqa": (hidden, (arch.kv_lora_rank + arch.head_dim,)),
+                  "self_attn.kv_b_proj": (arch.kv_lora_rank, (heads * (arch.qk_nope_head_dim + arch.v_head_dim),)),
+                  "self_attn.o_proj": (heads * arch.v_head_dim, (hidden,))}
+        if arch.q_lora_rank:
+            shapes["self_attn.q_a_proj"] = (hidden, (arch.q_lora_rank,))
+    else:
+        shapes = {"self_attn.qkv_proj": (arch.hidden_size, (arch.q_size, arch.kv_size, arch.kv_size)),
+                  "self_attn.o_proj": (arch.q_size, (arch.hidden_size,))}
     if not arch.is_moe_layer(layer):
         shapes["mlp.gate_up_proj"] = (arch.hidden_size, (arch.intermediate_size, arch.intermediate_size))
         shapes["mlp.down_proj"] = (arch.intermediate_size, (arch.hidden_size,))
@@ -76,7 +104,7 @@ def _config(path: str) -> dict:
     return config
 
 
-def _check_config(path: str, config: dict, max_rank: int) -> tuple[int, float]:
+def _check_config(path: str, config: dict, max_rank: int, parts: dict[str, tuple[str, int]]) -> tuple[int, float]:
     """(rank, scale) after refusing what gh200rt does not serve."""
     def refuse(what: str):
         raise LoraAdapterError(f"LoRA adapter {path!r}: {what}")
@@ -103,9 +131,9 @@ def _check_config(path: str, config: dict, max_rank: int) -> tuple[int, float]:
         short = name.rsplit(".", 1)[-1]
         if short in NOT_LINEARS:
             refuse(f"target module {name!r}: adapters on the embedding or lm_head are not supported; adapt the "
-                   f"decoder linears ({', '.join(PARTS)})")
-        if short not in PARTS:
-            refuse(f"target module {name!r} is not a linear this model has; supported: {', '.join(PARTS)}")
+                   f"decoder linears ({', '.join(parts)})")
+        if short not in parts:
+            refuse(f"target module {name!r} is not a linear this model has; supported: {', '.join(parts)}")
     rank, alpha = config.get("r"), config.get("lora_alpha", config.get("r"))
     if not isinstance(rank, int) or rank < 1 or not isinstance(alpha, (int, float)):
         refuse(f"adapter_config.json needs a positive integer r and a number lora_alpha, got r={rank!r} "
@@ -131,24 +159,29 @@ def _tensors(path: str) -> dict[str, torch.Tensor]:
 
 
 def read_peft_adapter(path: str, arch: ArchConfig, max_rank: int, dtype: torch.dtype) -> LoraAdapter:
-    rank, scale = _check_config(path, _config(path), max_rank)
+    parts = parts_of(arch)
+    rank, scale = _check_config(path, _config(path), max_rank, parts)
     adapter = LoraAdapter(path, rank, scale)
     halves: dict[tuple[int, str, int], dict[str, torch.Tensor]] = {}
     for key, tensor in _tensors(path).items():
         m = _KEY.match(key)
+        if m is None and _EXPERT_KEY.match(key):
+            raise LoraAdapterError(f"LoRA adapter {path!r}: tensor {key!r} adapts an MoE layer's experts or router; "
+                                   "adapters on experts are not supported (train without the expert linears, e.g. "
+                                   "target_modules without mlp.experts / shared_experts)")
         if m is None:
             what = ("an embedding adapter" if "embedding" in key or "embed_tokens" in key else
                     "an lm_head adapter" if "lm_head" in key else
                     "a DoRA magnitude" if "magnitude" in key else "not a decoder linear's lora_A / lora_B")
             raise LoraAdapterError(f"LoRA adapter {path!r}: tensor {key!r} is {what}, which is not supported")
         layer, block, module, half = int(m.group(1)), m.group(2), m.group(3), m.group(4)
-        if module not in PARTS or not PARTS[module][0].startswith(block + "."):
+        if module not in parts or not parts[module][0].startswith(block + "."):
             raise LoraAdapterError(f"LoRA adapter {path!r}: tensor {key!r} adapts {block}.{module}, which this "
-                                   f"model does not have (supported: {', '.join(PARTS)})")
+                                   f"model does not have (supported: {', '.join(parts)})")
         if layer >= arch.num_layers:
             raise LoraAdapterError(f"LoRA adapter {path!r}: tensor {key!r} is for layer {layer} but the model has "
                                    f"{arch.num_layers} layers; was it trained for another base model?")
-        target, part = PARTS[module]
+        target, part = parts[module]
         shapes = target_shapes(arch, layer)
         if target not in shapes:
             raise LoraAdapterError(f"LoRA adapter {path!r}: tensor {key!r} adapts an MoE layer's MLP; adapters on "
@@ -163,8 +196,8 @@ def read_peft_adapter(path: str, arch: ArchConfig, max_rank: int, dtype: torch.d
         if set(pair) != {"A", "B"}:
             missing = "lora_B" if "A" in pair else "lora_A"
             raise LoraAdapterError(f"LoRA adapter {path!r}: layer {layer} {target} part {part} has no {missing}")
-        parts = adapter.weights.setdefault((layer, target), [None] * len(target_shapes(arch, layer)[target][1]))
-        parts[part] = (pair["A"], pair["B"])
+        held = adapter.weights.setdefault((layer, target), [None] * len(target_shapes(arch, layer)[target][1]))
+        held[part] = (pair["A"], pair["B"])
     if not adapter.weights:
         raise LoraAdapterError(f"LoRA adapter {path!r} holds no lora_A / lora_B tensors")
     return adapter

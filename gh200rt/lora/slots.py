@@ -14,6 +14,7 @@ import torch
 from gh200rt.lora.grouped import lora_add_grouped
 from gh200rt.lora.peft_adapter import LoraAdapter, target_shapes
 from gh200rt.lora.step import LoraBatch
+from gh200rt.models.layers.mla import ABSORBED_WEIGHTS
 
 
 def slot_targets(arch) -> dict[tuple[int, str], tuple[int, tuple[int, ...]]]:
@@ -63,7 +64,11 @@ class LoraSlots:
             lora = LoraLinear(a, b, batch)
             self.linears[(layer, target)] = lora
             block, name = target.split(".")
-            getattr(getattr(model.layers[layer], block), name).lora = lora
+            module = getattr(model.layers[layer], block)
+            if target in ABSORBED_WEIGHTS:    # latent attention adds its delta through the absorption products
+                module.kv_b_lora = lora
+            else:
+                getattr(module, name).lora = lora
         self.nbytes = sum(lin.a.nbytes + lin.b.nbytes for lin in self.linears.values())
 
     @torch.inference_mode()

@@ -8,9 +8,10 @@ import pytest
 
 from gh200rt import LLM
 from gh200rt.lora.request import LoRARequest
-from tests.lora.peft_files import ATTENTION, write_peft_adapter
+from tests.lora.peft_files import ATTENTION, LATENT, MLP, write_peft_adapter
 from tests.lora.test_lora_parity import GREEDY, PROMPTS, tokens_and_logprobs
 from tests.lora.test_lora_parity import tiny as lora_tiny  # noqa: F401 (fixture)
+from tests.model.tiny_checkpoints import save_tiny
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -48,3 +49,27 @@ def test_two_ranks_serve_adapters_like_one(tiny, max_loras):
         assert got[name][0] == want[name][0], name
         assert worst < 1e-4, name
     assert want["sql"][0] != want["base"][0], "the adapter changes this prompt's tokens: the ranks' deltas count"
+
+
+def test_two_ranks_serve_latent_attention_adapters_like_one(tmp_path):
+    """DeepSeek-V3's shape: each rank holds its heads' rows of q_b_proj and kv_b_proj's adapters (the kv_b_proj
+    delta taken through the absorbed products) and its value columns of o_proj's; q_a_proj and kv_a_proj_with_mqa's
+    whole."""
+    hf = save_tiny("deepseek-v3", str(tmp_path / "model"))
+    full = write_peft_adapter(str(tmp_path / "full"), hf, r=4, alpha=8, targets=(*LATENT, *MLP), seed=1,
+                              layer_targets=lambda layer: LATENT + (MLP if layer == 0 else ()))
+    prompts = [PROMPTS["sql"], PROMPTS["sql"], PROMPTS["chat"]]
+    results = {}
+    for ranks in (1, 2):
+        llm = LLM(model=str(tmp_path / "model"), dtype="float32", max_model_len=128, num_kv_blocks=96, block_size=4,
+                  enable_lora=True, lora_modules=(f"full={full}",), max_loras=1, max_lora_rank=8,
+                  tensor_parallel_size=ranks)
+        try:
+            outs = llm.generate(prompts, GREEDY, lora_request=[None, "full", "full"])
+            results[ranks] = [tokens_and_logprobs(o) for o in outs]
+        finally:
+            llm.engine.close()
+    for (want, want_lp), (got, got_lp) in zip(results[1], results[2]):
+        assert got == want
+        assert max(abs(a - b) for a, b in zip(got_lp, want_lp)) < 1e-4
+    assert results[1][0][0] != results[1][1][0], "the adapter changes this prompt's tokens: the ranks' deltas count"

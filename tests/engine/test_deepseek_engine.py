@@ -107,12 +107,6 @@ def test_an_fp8_latent_pool_and_the_bf16_route_generate(v3):
         assert sum(g[:2] == w[:2] for g, w in zip(got, want)) >= 2, (options, got, want)
 
 
-def test_lora_is_refused(v3):
-    path, _ = v3
-    with pytest.raises(ValueError, match="--enable-lora serves adapters of Llama-family models"):
-        LLMEngine.from_config(EngineConfig.from_kwargs(model=path, dtype="float32", enable_lora=True))
-
-
 def test_every_cpu_route_gets_a_cold_prefills_bits_after_a_cached_prefix(v3, cpu_route):
     """Latent attention keeps the prefix-cache invariance on every route: a prompt's first-token logits, bit for
     bit, cold, after two of its blocks from the prefix cache (the absorption products in the step's row blocks), and

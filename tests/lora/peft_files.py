@@ -12,6 +12,9 @@ import torch
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 ALL_LINEARS = (*ATTENTION, "gate_proj", "up_proj", "down_proj")
+# DeepSeek-V2 / V3's latent attention (q_proj where the checkpoint has no q_lora_rank)
+LATENT = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
 
 
 def peft_config(r: int, alpha: float, targets, use_rslora: bool = False, base: str = "tiny", **changes) -> dict:
@@ -25,19 +28,20 @@ def peft_config(r: int, alpha: float, targets, use_rslora: bool = False, base: s
 
 
 def linear_of(hf_model, layer: int, module: str):
-    block = "self_attn" if module in ATTENTION else "mlp"
+    block = "self_attn" if module in ATTENTION or module in LATENT else "mlp"
     return getattr(getattr(hf_model.model.layers[layer], block), module), block
 
 
 def write_peft_adapter(path: str, hf_model, r: int, alpha: float, targets=ALL_LINEARS, seed: int = 0,
                        use_rslora: bool = False, layers=None, config_changes: dict | None = None,
-                       extra_tensors: dict | None = None) -> str:
-    """A random (trained-looking: B is not zero) adapter on ``targets`` of ``layers`` (default all)."""
+                       extra_tensors: dict | None = None, layer_targets=None) -> str:
+    """A random (trained-looking: B is not zero) adapter on ``targets`` of ``layers`` (default all);
+    ``layer_targets(layer)``, where given, names a layer's targets instead (an MoE model's dense layers)."""
     os.makedirs(path, exist_ok=True)
     gen = torch.Generator().manual_seed(seed)
     tensors = {}
     for i in (range(len(hf_model.model.layers)) if layers is None else layers):
-        for module in targets:
+        for module in (targets if layer_targets is None else layer_targets(i)):
             lin, block = linear_of(hf_model, i, module)
             key = f"base_model.model.model.layers.{i}.{block}.{module}"
             tensors[f"{key}.lora_A.weight"] = 0.3 * torch.randn(r, lin.in_features, generator=gen)

@@ -24,6 +24,7 @@ from torch import nn
 
 from gh200rt.kv import fp8
 from gh200rt.kv.attention import paged_attention, write_kv
+from gh200rt.lora.absorbed import add_query_deltas, add_value_deltas
 from gh200rt.models.arch_config import ArchConfig
 from gh200rt.models.base import AttentionMetadata, WeightRef
 from gh200rt.models.layers.linear import ROW_BLOCK_SIZES, RefLinear
@@ -74,6 +75,8 @@ class LatentAttention(nn.Module):
         self.attention_fn = paged_attention
         # a backend's form for prompt chunks (mla_prefill.expanded_prefill on a GPU): the step's values, or None
         self.prefill_fn = None
+        # kv_b_proj's LoRA slots (a ``LoraLinear``, set by ``install_lora``): added through the absorption products
+        self.kv_b_lora = None
         self._absorbed: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
     # ---- the forward pass --------------------------------------------------------------------------
@@ -92,15 +95,20 @@ class LatentAttention(nn.Module):
                ) -> torch.Tensor:
         """The step's values ``[T, H, v_head_dim]`` from its queries, the latent rows already in the pool: the
         queries absorbed into latent space, one multi-query attention over the pool, the result through ``W_UV``."""
-        if self.prefill_fn is not None:
+        lora = self.kv_b_lora
+        if self.prefill_fn is not None and lora is None:    # the expanded form reads kv_b_proj's rows unadapted
             values = self.prefill_fn(self, q_nope, q_pe, kv_cache, meta)
             if values is not None:
                 return values
         rows = meta.linear_rows
         w_uk, w_uv_t = self.absorbed_weights()
-        query = torch.cat((self._per_head(q_nope, w_uk, rows), q_pe), dim=-1)
+        q_latent = self._per_head(q_nope, w_uk, rows)
+        if lora is not None:
+            add_query_deltas(lora, q_latent, q_nope, self.nope_dim, rows)
+        query = torch.cat((q_latent, q_pe), dim=-1)
         out = self.attention_fn(query, _planes(kv_cache), meta, self.scale, 1, self.kv_scale)[..., :self.rank]
-        return self._per_head(out, w_uv_t, rows)
+        values = self._per_head(out, w_uv_t, rows)
+        return values if lora is None else add_value_deltas(lora, values, out, self.nope_dim, rows)
 
     def project(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: int | None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
