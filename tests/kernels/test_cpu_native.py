@@ -8,7 +8,7 @@ torch ops giving the same greedy tokens) are at the end."""
 import pytest
 import torch
 
-from gh200rt.backends.cpu import native
+from gh200rt.backends.cpu import half_linear, native
 from gh200rt.backends.cpu.half_linear import NATIVE_F16_MAX_ROWS, fbgemm_form, fbgemm_fp16_available
 from gh200rt.backends.cpu.native import NativeOpsError, load_native_ops
 from gh200rt.formats.pack import HalfWeight
@@ -564,9 +564,27 @@ def test_half_weight_takes_the_native_linear_for_a_few_rows():
     assert torch.equal(half.linear(few, bias), OPS.f16_linear(few, half.weight, bias))
     assert torch.equal(half.linear(x[0], bias), OPS.f16_linear(x[:1], half.weight, bias)[0])   # a bare vector
     if fbgemm_fp16_available():
-        fbgemm = torch.ops.quantized.linear_dynamic_fp16(x, fbgemm_form(half)) + bias
+        piece, = fbgemm_form(half)
+        fbgemm = torch.ops.quantized.linear_dynamic_fp16(x, piece) + bias
         assert torch.equal(half.linear(x, bias), fbgemm)
         assert torch.equal(half.linear(few, bias, native=False), fbgemm[:NATIVE_F16_MAX_ROWS])
+
+
+@pytest.mark.skipif(not fbgemm_fp16_available(), reason="torch's fbgemm fp16 GEMM does not run here")
+@pytest.mark.parametrize("k", [64, 1536])
+def test_a_tall_half_weight_packed_in_pieces_gives_the_whole_packs_bits(monkeypatch, k):
+    """A weight packed FBGEMM_PACK_ROWS rows at a time (outputs joined) gives what one packed copy gives: the pieces
+    keep fbgemm's column tiles (a piece of 37 rows would not: a column in a partial tile gets other bits), the last
+    one partial as the whole copy's last tile is."""
+    gen = torch.Generator().manual_seed(29)
+    weight = torch.randn(600, k, generator=gen).half()
+    whole = torch.ops.quantized.linear_prepack_fp16(weight.float(), None)
+    monkeypatch.setattr(half_linear, "FBGEMM_PACK_ROWS", 256)
+    half = HalfWeight(weight)
+    assert len(fbgemm_form(half)) == 3
+    for rows in (9, 64, 130):
+        x = torch.randn(rows, k, generator=gen)
+        assert torch.equal(half.linear(x), torch.ops.quantized.linear_dynamic_fp16(x, whole)), rows
 
 
 def test_f32_linear_refuses_what_it_cannot_read():

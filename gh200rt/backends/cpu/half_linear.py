@@ -20,6 +20,12 @@ from gh200rt.backends.cpu.native import load_native_ops
 # about the same per linear and the native one lets the whole decoder layer run in one native call
 # (backends/cpu/decode_layer.py; docs/benchmarks/kernels.md).
 NATIVE_F16_MAX_ROWS = 8
+# fbgemm packs a tall weight several times slower per value than one of a few thousand rows (a 49,152-token LM head:
+# 1.3-1.6 s whole against 0.5 s in pieces of 4,096 rows on a first-gen Zen), so a weight of more rows is packed in
+# pieces of this many and their outputs joined. A column's bits depend on the kernel's column tile it falls in (a
+# partial tile computes otherwise): a multiple of every tile width (16-64 columns) keeps each column's tile, and
+# with it the whole copy's bits
+FBGEMM_PACK_ROWS = 4096
 
 
 def linear(weight, x: torch.Tensor, bias: torch.Tensor | None = None, native: bool = True) -> torch.Tensor:
@@ -29,7 +35,7 @@ def linear(weight, x: torch.Tensor, bias: torch.Tensor | None = None, native: bo
         return ops.f16_linear_checked(x, weight.weight, bias)
     if x.dtype != torch.float32 or x.numel() == 0 or not fbgemm_fp16_available():
         return F.linear(x, weight.weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
-    y = torch.ops.quantized.linear_dynamic_fp16(x.reshape(-1, weight.shape[1]), fbgemm_form(weight))
+    y = fbgemm_linear(x.reshape(-1, weight.shape[1]), weight)
     if bias is not None:
         y = y + bias
     return y.reshape(*x.shape[:-1], weight.shape[0])
@@ -43,13 +49,24 @@ def native_ops(weight):
     return weight.derived["native"] or None
 
 
-def fbgemm_form(weight):
+def fbgemm_linear(x: torch.Tensor, weight) -> torch.Tensor:
+    """``x [M, K]`` times the fp16 weight through fbgemm's packed copy (its pieces' outputs side by side)."""
+    pieces = fbgemm_form(weight)
+    if len(pieces) == 1:
+        return torch.ops.quantized.linear_dynamic_fp16(x, pieces[0])
+    return torch.cat([torch.ops.quantized.linear_dynamic_fp16(x, piece) for piece in pieces], dim=1)
+
+
+def fbgemm_form(weight) -> list:
+    """fbgemm's packed copies of the weight's rows, ``FBGEMM_PACK_ROWS`` at a time."""
     if "fbgemm" in weight.derived:
         return weight.derived["fbgemm"]
-    packed = torch.ops.quantized.linear_prepack_fp16(weight.weight, None)
+    rows = weight.weight
+    pieces = [torch.ops.quantized.linear_prepack_fp16(rows[i:i + FBGEMM_PACK_ROWS].contiguous(), None)
+              for i in range(0, max(rows.shape[0], 1), FBGEMM_PACK_ROWS)]
     if weight.stable:
-        weight.derived["fbgemm"] = packed
-    return packed
+        weight.derived["fbgemm"] = pieces
+    return pieces
 
 
 _fbgemm_fp16_ok: bool | None = None  # None: not probed yet
