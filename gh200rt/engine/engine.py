@@ -132,6 +132,8 @@ class LLMEngine(RequestIntake, EngineReports, EngineSteps):
         self.runner = make_runner(model, caches, bs, device, hooks=self.store or NULL_HOOKS, graphs=self.graphs,
                                   batch_invariant=config.model.batch_invariant,
                                   **({"lora": self.lora} if self.lora is not None else {}))
+        if self.host_tier is not None:     # blocks found in the host tier reach the device as the step's layers run
+            self.runner.host_loads = self.kv.take_host_loads
         if parallel is not None:
             self.runner.host_tier = self.host_tier     # its copies go to the workers with each step
         if reads != "load":

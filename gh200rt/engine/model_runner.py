@@ -11,7 +11,9 @@ through ``graphs`` (a ``DecodeGraphRunner``: bucketed, padded, replayed from CUD
 CPU a step that computes prompt positions (every step with ``batch_invariant``) runs its linears and logits head
 in fixed row blocks instead (``engine/invariance.py``), so a row's bits do not depend on the rows beside it.
 With LoRA, ``lora`` (the engine's ``AdapterRegistry``) puts the step's adapters in their device slots and sets the
-step's per-token slots before the model runs, and clears them after.
+step's per-token slots before the model runs, and clears them after. With a host KV tier, ``host_loads`` gives the
+step's loads before the model runs, and each decoder layer's share is made ready just before it (``LoadingLayers``,
+kv/layered_load.py).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from gh200rt.engine.device_inputs import array_to_device
 from gh200rt.engine.invariance import LOGIT_BLOCK_ROWS, LOGIT_MAX_BLOCK_ROWS, linear_block_rows
 from gh200rt.engine.pooling import pool_rows
 from gh200rt.kv.block_row import block_row
+from gh200rt.kv.layered_load import LayeredLoad
 from gh200rt.models.base import AttentionMetadata
 from gh200rt.models.layers.row_blocks import RowBlockSizes, in_row_blocks
 from gh200rt.scheduler.scheduler import SchedulerOutput
@@ -205,6 +208,27 @@ class StepLogits:
     hidden: torch.Tensor | None = None
 
 
+class LoadingLayers(LayerHooks):
+    """``hooks`` with a step's host KV loads made ready before each decoder layer (kv/layered_load.py): the layers
+    run one by one (never in one native call) while a step loads."""
+
+    def __init__(self, hooks: LayerHooks, loads: LayeredLoad):
+        self.hooks, self.loads = hooks, loads
+
+    def begin_step(self, num_tokens: int) -> None:
+        self.hooks.begin_step(num_tokens)
+
+    def before_layer(self, index: int) -> None:
+        self.loads.ready(index)
+        self.hooks.before_layer(index)
+
+    def after_layer(self, index: int) -> None:
+        self.hooks.after_layer(index)
+
+    def between_layers(self) -> bool:
+        return True
+
+
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], block_size: int,
                  device: torch.device | str = "cpu", hooks: LayerHooks = NULL_HOOKS, graphs=None,
@@ -226,6 +250,8 @@ class ModelRunner:
         # sets them with ``capture``)
         self.capture_layers: tuple[int, ...] | None = None
         self.host_kv = None          # the host KV tier's blocks as attention reads them in place (``read_host_blocks``)
+        # the host KV tier's loads for the step about to run (the KV cache manager's ``take_host_loads``), or None
+        self.host_loads: Callable[[], LayeredLoad | None] | None = None
 
     def read_host_blocks(self, layers) -> None:
         """Every step from now on may name host KV blocks in its tables (``layers``: a ``kv.host_blocks.HostKVLayers``;
@@ -247,17 +273,24 @@ class ModelRunner:
     def run(self, out: SchedulerOutput, fed=None) -> StepLogits:
         """``fed``: the step's first input ids on the device (``run_ahead.FedTokens``), for a step launched before
         the previous step's tokens reached the host (not with tensor parallelism)."""
-        if self.lora is None:
-            return self._run(out, fed)
-        self.lora.begin_step(out.scheduled)
+        loads = self.host_loads() if self.host_loads is not None else None
         try:
-            return self._run(out, fed)
+            if self.lora is None:
+                return self._run(out, fed, loads)
+            self.lora.begin_step(out.scheduled)
+            try:
+                return self._run(out, fed, loads)
+            finally:
+                self.lora.end_step()
         finally:
-            self.lora.end_step()
+            if loads is not None:
+                loads.finish()
 
-    def _run(self, out: SchedulerOutput, fed=None) -> StepLogits:
+    def _run(self, out: SchedulerOutput, fed=None, loads: LayeredLoad | None = None) -> StepLogits:
         rows = linear_block_rows(out, self.batch_invariant) if self.row_blocks else None
         if rows is None and self.graphs is not None and self.graphs.handles(out):   # every row samples, in order
+            if loads is not None:
+                loads.finish()         # a replayed graph runs its layers without the hooks between them
             hidden = self.graphs.run(out, fed)
             if self.capture_layers is None:
                 return StepLogits(self.model.compute_logits(hidden).float(), {})
@@ -267,22 +300,24 @@ class ModelRunner:
         if self.step_sender is not None:
             assert fed is None, "a tensor-parallel engine's workers read their input ids from the host step"
             self.step_sender(step)
-        return self.execute(step, fed)
+        return self.execute(step, fed, loads)
 
     @torch.inference_mode()
-    def execute(self, step: HostStep, fed=None) -> StepLogits:
-        """Run the model on ``step`` and compute the logits it needs (``fed``: its input ids, on the device)."""
+    def execute(self, step: HostStep, fed=None, loads: LayeredLoad | None = None) -> StepLogits:
+        """Run the model on ``step`` and compute the logits it needs (``fed``: its input ids, on the device;
+        ``loads``: host KV blocks the step's layers load as they run)."""
         rows = step.linear_rows
         inputs = step_inputs(step, self.block_size, self.device)
         inputs.meta.host_kv = self.host_kv
         if fed is not None:
             fed.write_into(inputs.input_ids)
         captured = None
+        hooks = self.hooks if loads is None else LoadingLayers(self.hooks, loads)
         if self.capture_layers is None:
-            hidden = forward(self.model, inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, self.hooks)
+            hidden = forward(self.model, inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, hooks)
         else:
             hidden, captured = forward_capturing(self.model, inputs.input_ids, inputs.positions, inputs.meta,
-                                                 self.kv_caches, self.capture_layers, self.hooks)
+                                                 self.kv_caches, self.capture_layers, hooks)
         if not inputs.sample_rows:
             sample_logits = torch.empty(0, 0)
         elif len(inputs.sample_rows) == hidden.shape[0]:   # decode: every row samples, in order

@@ -118,7 +118,6 @@ class EngineSteps:
             metrics = self.requests[item.seq.group_id].metrics
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
         self.iteration_tokens.observe(out.num_batched_tokens)
-        self.kv.run_host_loads()         # blocks found in the host KV tier reach their device blocks first
         logits = self.runner.run(out) if fed is None else self.runner.run(out, fed)
         self._step_tokens += out.num_batched_tokens
         self._step_rows += len(out.scheduled)

@@ -14,11 +14,12 @@ positions are published: on the CPU a decode step computes with other kernels th
 With a host KV tier (``offload``: kv/offload.py) published blocks are also copied to host memory, as they are
 published (write-through) or when their last reference goes (write-back), and a lookup that ends in the device pool
 continues there (``find_host_prefix``): the blocks it finds get device blocks like computed ones
-(``adopt_host_prefix``, then ``start_host_loads`` once the request's blocks are allocated), and are copied in before
-the step that reads them (``run_host_loads``). They hold the bytes the device pool held, so a request computes the
-same bits whichever tier its prefix came from. Or they are read in place (``host_reads``: ``in_place``, or ``auto``
-per request): the request's table names them by ids from the device pool's block count on (kv/host_blocks.py), they
-take no device block and no copy, and stay pinned in the host tier until the request lets go of its blocks.
+(``adopt_host_prefix``, then ``start_host_loads`` once the request's blocks are allocated), and are copied in by
+the step that reads them, each layer's before that layer runs (``take_host_loads``). They hold the bytes the device
+pool held, so a request computes the same bits whichever tier its prefix came from. Or they are read in place
+(``host_reads``: ``in_place``, or ``auto`` per request): the request's table names them by ids from the device pool's
+block count on (kv/host_blocks.py), they take no device block and no copy, and stay pinned in the host tier until the
+request lets go of its blocks.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from gh200rt.kv.block_pool import BlockPool
+from gh200rt.kv.layered_load import LayeredLoad
 
 HashFn = Callable[[int | None, tuple[int, ...]], int]
 
@@ -328,10 +330,18 @@ class KVCacheManager:
         request.host_blocks = []
 
     def run_host_loads(self) -> None:
-        """Copy the queued host-tier blocks into their device blocks: before the step that reads them."""
+        """Copy the queued host-tier blocks into their device blocks, every layer at once."""
         if self._pending_loads:
             pending, self._pending_loads = self._pending_loads, []
             self.offload.load(pending)
+
+    def take_host_loads(self) -> LayeredLoad | None:
+        """The queued host-tier blocks' loads for the step about to run, made layer by layer as its layers run
+        (kv/layered_load.py); None where there are none."""
+        if not self._pending_loads:
+            return None
+        pending, self._pending_loads = self._pending_loads, []
+        return self.offload.start_layered_load(pending)
 
     def free(self, request: HasBlocks) -> None:
         found = getattr(request, "host_blocks", None)

@@ -42,7 +42,9 @@ import numpy as np
 import torch
 
 from gh200rt.kv.disk_tier import DiskTier
+from gh200rt.kv.host_blocks import device_visible
 from gh200rt.kv.host_tier import HostBlock, HostBlockIndex
+from gh200rt.kv.layered_load import LayeredLoad
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +188,29 @@ class PoolBlocks:
                     for layer, cache in enumerate(self.caches):
                         cache[:, block_id].copy_(host[slot, layer], non_blocking=non_blocking)
 
+    def write_layer(self, layer: int, slots: list[int], block_ids: list[int],
+                    device_tier: torch.Tensor | None = None) -> None:
+        """Layer ``layer`` of device block ``block_ids[i]`` = that of host block ``slots[i]`` (kv/layered_load.py).
+        On a GPU ``device_tier`` (the host blocks as the device maps them) is required: one kernel gathers the layer's
+        rows of every block."""
+        host = self.host
+        if self._rows is not None:
+            device_rows, host_rows = self._rows
+            width = device_rows.shape[1] // self.shape[0]        # a block holds its layers one after another
+            columns = slice(layer * width, (layer + 1) * width)
+            device_rows[block_ids, columns] = host_rows[slots, columns]
+        elif self.device.type == "cpu":
+            src = host[:, layer].view(torch.uint8).index_select(0, torch.tensor(slots))
+            self.caches[layer].view(torch.uint8).index_copy_(1, torch.tensor(block_ids), src.transpose(0, 1))
+        else:
+            assert device_tier is not None, "a GPU loads a layer by gathering from the mapped tier"
+            ids = torch.tensor(block_ids, device=self.device)
+            src = device_tier[:, layer].view(torch.uint8).index_select(0, torch.tensor(slots, device=self.device))
+            if self.block_major is not None:
+                self.block_major[:, layer].view(torch.uint8).index_copy_(0, ids, src)
+            else:
+                self.caches[layer].view(torch.uint8).index_copy_(1, ids, src.transpose(0, 1))
+
 
 class HostKVMirror:
     """A tensor-parallel worker's host KV tier: the same host slots as rank 0's, holding this rank's share of each
@@ -224,6 +249,9 @@ class KVOffloader:
         self._closing = False
         self._finishing = 0                       # stores taken by the copy thread and not yet found or dropped
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # loads run on a stream of their own, layer by layer where the device maps the tier (kv/layered_load.py)
+        self.load_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.device_tier = _mapped(self.host, self.device) if self.device.type == "cuda" else None
         self._loads_in_flight: list[tuple[object, list[HostBlock]]] = []   # (CUDA event, host blocks it reads)
         # tensor parallelism: the copies made since the last step's message, for the workers to repeat
         self.mirror = mirror
@@ -498,7 +526,8 @@ class KVOffloader:
         self._release_finished_loads()
 
     def load(self, pairs: list[tuple[HostBlock, int]]) -> None:
-        """Copy each host block into its device block (before the step that reads them), and let go of them."""
+        """Copy each host block into its device block, every layer at once (before the step that reads them), and let
+        go of them."""
         if not pairs:
             return
         self._release_finished_loads()
@@ -510,16 +539,45 @@ class KVOffloader:
         except BaseException:
             self.index.unpin(held)
             raise
-        if self.mirror:
-            self._mirror_loads.extend((block.slot, block_id) for block, block_id in pairs)
-        if self._stream is None:
-            self.index.unpin(held)
-        else:           # the copies are queued on the stream: their host blocks stay held until they have run
+        self._log_mirror_loads(pairs)
+        done = None
+        if self._stream is not None:    # the copies are queued on the stream: their host blocks stay held until run
             done = torch.cuda.Event()
             done.record(torch.cuda.current_stream(self.device))
+        self.loaded(held, time.perf_counter() - started, done)
+
+    def start_layered_load(self, pairs: list[tuple[HostBlock, int]]) -> LayeredLoad:
+        """The loads of ``pairs`` layer by layer, for the step about to run (kv/layered_load.py)."""
+        self._release_finished_loads()
+        try:
+            loads = LayeredLoad(self, pairs, self.blocks.shape[0])
+        except BaseException:
+            self.index.unpin([block for block, _ in pairs])
+            raise
+        self._log_mirror_loads(pairs)
+        return loads
+
+    def _log_mirror_loads(self, pairs: list[tuple[HostBlock, int]]) -> None:
+        if self.mirror:
+            self._mirror_loads.extend((block.slot, block_id) for block, block_id in pairs)
+
+    def loaded(self, held: list[HostBlock], seconds: float, done=None) -> None:
+        """Count a load of ``held`` that took ``seconds`` to make or queue, and let go of its host blocks: now, or
+        once ``done`` (a CUDA event after its copies) has run."""
+        if done is None:
+            self.index.unpin(held)
+        else:
             self._loads_in_flight.append((done, held))
-        seconds = time.perf_counter() - started
         self.counters.load_seconds += seconds
-        self.counters.loaded_bytes += len(pairs) * self.block_bytes
-        self.load_seconds_per_block = 0.8 * self.load_seconds_per_block + 0.2 * seconds / len(pairs)
-        self.index.stats.loaded_blocks += len(pairs)
+        self.counters.loaded_bytes += len(held) * self.block_bytes
+        self.load_seconds_per_block = 0.8 * self.load_seconds_per_block + 0.2 * seconds / len(held)
+        self.index.stats.loaded_blocks += len(held)
+
+
+def _mapped(host: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+    """The pinned tier as ``device`` maps it (one gather per layer reads it), or None where it is not mapped."""
+    try:
+        return device_visible(host, device)
+    except (ImportError, RuntimeError, AssertionError) as err:
+        log.info("host KV tier: loads copy block by block (%s)", err)
+        return None

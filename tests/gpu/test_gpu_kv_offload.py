@@ -38,6 +38,39 @@ def test_a_block_goes_to_pinned_memory_and_back_bit_for_bit(block_major):
         offload.close()
 
 
+@pytest.mark.parametrize("block_major", [True, False])
+@pytest.mark.parametrize("mapped", [True, False], ids=["gathered-by-layer", "whole-blocks"])
+def test_a_layered_load_brings_each_layer_on_the_load_stream(block_major, mapped):
+    """kv/layered_load.py on a GPU: every layer's copies queued on the load stream at once (one gather per layer from
+    the tier as the device maps it; unmapped, whole blocks that every layer waits for), the compute stream waiting
+    for each layer's event; the bytes are the stored block's, and its host block is held until the copies have
+    run."""
+    arena = torch.randn(8, 3, 2, 16, 2, 64, device="cuda", dtype=torch.bfloat16)
+    caches = [arena[:, layer].transpose(0, 1) for layer in range(3)]
+    offload = KVOffloader(PoolBlocks(caches, arena if block_major else None), 4, pin_memory=True)
+    try:
+        assert offload.device_tier is not None, "pinned memory is mapped for the device"
+        if not mapped:
+            offload.device_tier = None
+        want = [arena[b].clone() for b in (2, 3)]
+        offload.store(2, 10, tuple(range(16)), ROOT)
+        offload.store(3, 11, tuple(range(16, 32)), ("hash", 10))
+        offload.wait_for_stores()
+        blocks = offload.index.lookup_chain([(10, tuple(range(16))), (11, tuple(range(16, 32)))], ROOT)
+        arena[5:7].zero_()
+        loads = offload.start_layered_load([(blocks[0], 6), (blocks[1], 5)])
+        for layer in range(3):
+            loads.ready(layer)
+            got = arena[[6, 5], layer].clone()          # read on the compute stream after its wait
+            assert torch.equal(got, torch.stack([w[layer] for w in want])), layer
+        loads.finish()
+        assert blocks[0].pins == 1 and offload.index.stats.loaded_blocks == 2
+        torch.cuda.synchronize()
+        assert torch.equal(arena[6], want[0]) and torch.equal(arena[5], want[1])
+    finally:
+        offload.close()
+
+
 def on_gpu(meta):
     """A step's metadata with its tensors on the GPU."""
     return dataclasses.replace(meta, **{f.name: getattr(meta, f.name).cuda() for f in dataclasses.fields(meta)

@@ -1,5 +1,6 @@
 """The prefix cache continued in the host KV tier: published blocks stored, a device miss found there, adopted,
 given device blocks and loaded before they are read; salts isolated; write-back stores what is freed."""
+import pytest
 import torch
 
 from gh200rt.kv.kv_manager import KVCacheManager, chain_hash, chain_root, sha256_chain_hash
@@ -133,3 +134,41 @@ def test_the_sha256_chain_is_the_same_in_every_process_and_version():
     assert sha256_chain_hash(h, (4,)) != sha256_chain_hash(None, (4,))
     assert chain_root(5, sha256_chain_hash)[0] != chain_root(6, sha256_chain_hash)[0]
     assert chain_root(5, chain_hash)[1] == (-1, 5)
+
+
+@pytest.mark.parametrize("block_major", [True, False], ids=["arena", "per-layer caches"])
+def test_a_steps_loads_reach_each_layer_just_before_it_runs(block_major):
+    """``take_host_loads``: layer N's share of the blocks is copied when layer N is made ready, not before; the host
+    blocks stay held until the step finishes, then the load is counted."""
+    gen = torch.Generator().manual_seed(0)
+    arena = torch.randn(4, 3, 2, BS, 1, 4, generator=gen)            # [blocks, layers, planes, ...]
+    kv_caches = [arena[:, layer].transpose(0, 1) for layer in range(3)]
+    offload = KVOffloader(PoolBlocks(kv_caches, arena if block_major else None), 16)
+    kv = KVCacheManager(4, BS)
+    kv.attach_host_tier(offload, "write_through")
+    first = Req(range(9))
+    compute(kv, first, kv_caches, 100.0)
+    offload.wait_for_stores()
+    kept = [[c[:, b].clone() for c in kv_caches] for b in first.block_ids[:2]]
+    kv.free(first)
+    other = Req(range(50, 66))
+    compute(kv, other, kv_caches, -1.0)    # every device block overwritten: the prefix is evicted
+    kv.free(other)
+    again = Req(list(range(9)) + [7])
+    assert admit(kv, again) == (0, 2)
+    targets = again.block_ids[:2]
+    loads = kv.take_host_loads()
+    assert kv.take_host_loads() is None, "a step's loads are taken once"
+
+    def loaded(layer):
+        return [torch.equal(kv_caches[layer][:, b], kept[i][layer]) for i, b in enumerate(targets)]
+    assert not any(loaded(0) + loaded(1) + loaded(2)), "nothing is copied before the first layer runs"
+    loads.ready(0)
+    assert all(loaded(0)) and not any(loaded(1) + loaded(2))
+    loads.ready(1)
+    assert all(loaded(1)) and not any(loaded(2))
+    assert offload.index.stats.loaded_blocks == 0 and all(block.pins for block, _ in loads.pairs)
+    loads.finish()
+    assert all(loaded(2)) and offload.index.stats.loaded_blocks == 2
+    assert not any(block.pins for block, _ in loads.pairs), "the host blocks are let go of"
+    offload.close()
