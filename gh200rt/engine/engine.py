@@ -160,6 +160,7 @@ class LLMEngine(RequestIntake, EngineReports, EngineSteps):
                 usage=self.balancer.usage if self.balancer else None,
                 expert_tier=offloaded_expert_tier(placed.platform))
         self._steps, self._seen_preemptions, self._step_seconds, self._seen_wait = 0, 0, 0.0, 0.0
+        self._seen_preempted_tokens = (0, 0)     # the scheduler's preempted and kept tokens at the last look
         self._step_tokens, self._step_rows = 0, 0
         self._waiting_hashes: dict[str, tuple[int, list[int]]] = {}   # seq id -> (tokens, prompt prefix hashes)
         self.prompt_tokens = 0

@@ -27,8 +27,13 @@ class EngineReports:
                               sum(tpots) / len(tpots) if tpots else None, self.store.layer_run_blocks if self.store and self.store.arena else 0,
                               tuple(self.store.tiers) if self.store else (),
                               self.controller.experts_out if self.controller else 0,
-                              len(self.store._expert_runs) if self.store else 0, len(sched.running))
+                              len(self.store._expert_runs) if self.store else 0, len(sched.running),
+                              sched.preempted_tokens - self._seen_preempted_tokens[0],
+                              sched.preempted_kept_tokens - self._seen_preempted_tokens[1],
+                              self.host_tier.load_seconds_per_block / self.kv.block_size
+                              if self.host_tier is not None else None)
         self._seen_preemptions, self._seen_wait, self._step_seconds = sched.num_preemptions, wait, 0.0
+        self._seen_preempted_tokens = (sched.preempted_tokens, sched.preempted_kept_tokens)
         self._step_tokens, self._step_rows = 0, 0
         return signals
 

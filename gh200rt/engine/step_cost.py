@@ -57,6 +57,12 @@ class StepCostModel:
         """The fitted cost of one more decoding sequence per step (never below zero)."""
         return self._coefficients()[1]
 
+    @property
+    def token_seconds(self) -> float | None:
+        """The fitted cost of one more token in a step (a prompt token: what recomputing one costs; never below
+        zero), or None while every step seen decoded only (a token and a row cannot be told apart then)."""
+        return self._coefficients()[2]
+
     def predict_next(self, extra_rows: float = 0.0, now: float | None = None) -> float | None:
         """The step time with one more layer streamed and ``extra_rows`` more sequences decoding, from
         ``now`` (default: the recent steps' mean; None before any step ran)."""
@@ -65,14 +71,14 @@ class StepCostModel:
             return None
         return now + self.layer_seconds + extra_rows * self.row_seconds
 
-    def _coefficients(self) -> tuple[float, float]:
+    def _coefficients(self) -> tuple[float, float, float | None]:
         if self._fit is None:
             self._fit = self._solve()
         return self._fit
 
-    def _solve(self) -> tuple[float, float]:
+    def _solve(self) -> tuple[float, float, float | None]:
         if len(self._steps) < 4:
-            return self.prior, 0.0
+            return self.prior, 0.0, None
         data = np.asarray(self._steps, dtype=np.float64)
         y = data[:, 0]
         x = np.column_stack((np.ones(len(data)), data[:, 1], data[:, 2], data[:, 3]))
@@ -82,4 +88,6 @@ class StepCostModel:
         y = np.append(y, w * self.prior)
         coef, *_ = np.linalg.lstsq(x, y, rcond=None)
         # a decode row is one token and one sequence; min-norm splits b and c when every step decodes only
-        return max(0.0, float(coef[3])), max(0.0, float(coef[1] + coef[2]))
+        prompts = bool((data[:, 1] != data[:, 2]).any())
+        return max(0.0, float(coef[3])), max(0.0, float(coef[1] + coef[2])), \
+            max(0.0, float(coef[1])) if prompts else None

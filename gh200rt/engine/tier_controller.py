@@ -8,8 +8,12 @@ step time (wall, and the copy wait in it) since the last look. The policy answer
   more streamed layer would take longer than ``max_step_seconds`` (``--retier-max-step-seconds``, a
   TPOT target: more KV is not worth making every running request slower than that), or unless it does
   not pay: the running requests and those one layer's run of KV admits, at the predicted step, must
-  produce more tokens per second than the running ones do now (where a layer costs much and buys KV for
-  few requests, as on the CPU, the host KV tier and preemption take the pressure instead). The step with
+  produce more tokens per second than the running ones do now, counting against "now" the work its
+  preemptions redo: their tokens recomputed at the fitted cost of a prompt token, or, for the blocks the
+  host KV tier keeps, loaded back at its measured cost. So the three answers to KV pressure (a slower step,
+  a recompute, a load from host memory) are priced from measured costs each look: with the tier, preemption
+  costs little and the layer stays; without it, lost KV is dear and a demotion pays sooner (where a layer
+  costs much and buys KV for few requests, as on the CPU, the host tier and preemption take it). The step with
   one more layer is predicted by ``StepCostModel`` (engine/step_cost.py): the recent step time plus
   a streamed layer's cost fitted over the steps that ran, mixed steps included;
 - **promote** (a streamed layer takes a free run back) when nothing waits, no preemption happened
@@ -61,6 +65,9 @@ class TierSignals:
     experts_out: int = 0          # routed experts the controller moved out of the arena for KV (may come back)
     experts_in: int = 0           # routed experts resident in arena runs (KV pressure may move them out)
     num_running: int | None = None   # sequences running now (None: not known; demotions are then not priced)
+    preempted_tokens: int = 0     # computed tokens the preemptions since the last snapshot let go of
+    preempted_kept_tokens: int = 0   # of those, the tokens the host KV tier keeps (loaded back, not recomputed)
+    load_seconds_per_token: float | None = None   # what loading a token's KV from the host tier costs (None: no tier)
 
 
 @dataclass(frozen=True)
@@ -109,11 +116,15 @@ class PressurePolicy:
     _quiet_since: int = field(default=0, repr=False)
     _last_tier: Tier | None = field(default=None, repr=False)
     declined: int = field(default=0, repr=False)     # looks under KV pressure where a demotion did not pay
+    _last_look: int = field(default=0, repr=False)
 
     def decide(self, signals: TierSignals) -> Move | None:
         now = self.clock()
         streamed = signals.tiers.count(Tier.STREAMED)
         self.costs.observe(signals.step_seconds, signals.step_tokens, signals.step_rows, streamed)
+        # what the preemptions since the last look make the engine redo, per step since then
+        redo = self.preemption_seconds(signals) / max(1, signals.step - self._last_look)
+        self._last_look = signals.step
         pressure = signals.preemptions > 0 or (signals.num_waiting and signals.waiting_blocks > signals.kv_free_blocks)
         if pressure:
             self._quiet_since = signals.step
@@ -142,14 +153,14 @@ class PressurePolicy:
                 signals.step - self._last_step < self.min_steps_between or now - self._last_time < self.min_dwell_seconds):
             return None
         move = None
-        pays = signals.experts_in or self._pays(signals.num_running, recent, next_step, admitted)
+        pays = signals.experts_in or self._pays(signals.num_running, recent, next_step, admitted, redo)
         if pressure and not too_slow and not over and not pays:
             self.declined += 1
             if self.declined == 1 or self.declined % 100 == 0:
                 log.info("KV pressure, but one more streamed layer would lower the batch's tokens per second "
-                         "(%d running at %.1f ms a step, %.1f admitted at %.1f ms predicted): not demoting (%d "
-                         "declined so far)", signals.num_running, recent * 1e3, admitted, next_step * 1e3,
-                         self.declined)
+                         "(%d running at %.1f ms a step, preemptions redoing %.1f ms a step; %.1f admitted at %.1f "
+                         "ms predicted): not demoting (%d declined so far)", signals.num_running, recent * 1e3,
+                         redo * 1e3, admitted, next_step * 1e3, self.declined)
         if pressure and not too_slow and not over and pays:
             # routed experts go first (TierController), then layers
             layer = None if signals.experts_in else spread_pick(signals.tiers, Tier.RESIDENT, None, farthest=True)
@@ -157,7 +168,8 @@ class PressurePolicy:
                 move = Move(layer, Tier.STREAMED,
                             f"KV pressure: {signals.num_waiting} waiting need {signals.waiting_blocks} blocks, "
                             f"{signals.kv_free_blocks} of {signals.kv_total_blocks} free, "
-                            f"{signals.preemptions} preempted since the last look; "
+                            f"{signals.preemptions} preempted since the last look "
+                            f"({self._preemption_note(signals, redo)}); "
                             f"{self._step_note(recent, next_step, admitted)}")
         elif (streamed or signals.experts_out) and (slack or (over and signals.kv_free_blocks >= signals.run_blocks)):
             # layers first: every step reads all of a layer, but only the routed few of its experts
@@ -172,14 +184,33 @@ class PressurePolicy:
             self._last_step, self._last_time, self._last_tier = signals.step, now, move.tier
         return move
 
+    def preemption_seconds(self, signals: TierSignals) -> float:
+        """The work the preemptions in ``signals`` make the engine redo: their tokens the host KV tier does not
+        keep, recomputed at the fitted cost of a prompt token, and those it keeps, loaded at the tier's measured
+        cost (0 where neither cost is known yet)."""
+        kept = min(signals.preempted_kept_tokens, signals.preempted_tokens)
+        token = self.costs.token_seconds
+        recompute = (signals.preempted_tokens - kept) * token if token is not None else 0.0
+        load = kept * signals.load_seconds_per_token if signals.load_seconds_per_token is not None else 0.0
+        return recompute + load
+
     @staticmethod
-    def _pays(running: int | None, recent: float | None, next_step: float | None, admitted: float) -> bool:
+    def _pays(running: int | None, recent: float | None, next_step: float | None, admitted: float,
+              redo: float = 0.0) -> bool:
         """Whether one more streamed layer raises the batch's tokens per second: the ``running`` sequences and the
-        ``admitted`` ones its run of KV lets in, at the predicted step, against the running ones at the recent step
-        (the requests a run admits are worth a slower step only where they outnumber what it costs the others)."""
+        ``admitted`` ones its run of KV lets in, at the predicted step, against the running ones now, each step of
+        which also pays ``redo`` seconds of preempted work (recomputed, or loaded back from the host KV tier) that
+        the layer's KV spares. So KV pressure has three answers priced alike: a demotion (a slower step), a
+        preemption that recomputes, and one whose blocks come back from host memory (cheap: the tier takes the
+        pressure and the layer stays)."""
         if not running or recent is None or next_step is None or recent <= 0:
             return True
-        return (running + admitted) / next_step > running / recent
+        return (running + admitted) / next_step > running / (recent + redo)
+
+    def _preemption_note(self, signals: TierSignals, redo: float) -> str:
+        kept = min(signals.preempted_kept_tokens, signals.preempted_tokens)
+        return (f"{signals.preempted_tokens - kept} tokens to recompute, {kept} to load from host memory: "
+                f"{redo * 1e3:.1f} ms a step")
 
     def _step_note(self, recent: float | None, next_step: float | None, admitted: float) -> str:
         if next_step is None:

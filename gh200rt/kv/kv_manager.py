@@ -343,6 +343,14 @@ class KVCacheManager:
         pending, self._pending_loads = self._pending_loads, []
         return self.offload.start_layered_load(pending)
 
+    def tokens_kept_after_free(self, request: HasBlocks) -> int:
+        """Of ``request``'s computed tokens, those a later lookup finds in the host tier once its blocks are freed
+        (its published full blocks: stored as published, or as they are freed with write-back); 0 without the
+        tier. What a preemption of it costs in loads rather than in recompute."""
+        if self.offload is None:
+            return 0
+        return min(len(request.block_hashes) * self.block_size, request.num_computed_tokens)
+
     def free(self, request: HasBlocks) -> None:
         found = getattr(request, "host_blocks", None)
         if found:                                   # adopted, never given device blocks: let go of them

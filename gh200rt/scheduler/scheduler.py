@@ -80,6 +80,10 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        # computed tokens preemptions let go of, and of those the ones the host KV tier keeps (a load brings them
+        # back; the rest are recomputed): what the tier controller weighs a demotion against
+        self.preempted_tokens = 0
+        self.preempted_kept_tokens = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -184,6 +188,8 @@ class Scheduler:
         return True
 
     def _preempt(self, seq: Sequence) -> None:
+        self.preempted_tokens += seq.num_computed_tokens
+        self.preempted_kept_tokens += self.kv.tokens_kept_after_free(seq)
         self.kv.free(seq)
         seq.num_computed_tokens = 0
         seq.draft_computed = 0          # a draft model's KV lived in the blocks just freed

@@ -86,6 +86,11 @@ def test_preempted_requests_come_back_through_the_host_tier(tiny):
     assert stats.num_preemptions > 0, "the small pool did not force a preemption"
     assert stats.kv_host.hit_tokens > 0 and stats.kv_host.stored_blocks > 0, stats.kv_host
     assert_same_or_near_tie(want, got, "preempted through the host tier")
+    # what the tier controller weighs a demotion against: the preempted tokens, the tier keeping their full blocks
+    signals = llm.engine.tier_signals()
+    assert signals.preempted_tokens > 0 and 0 < signals.preempted_kept_tokens <= signals.preempted_tokens
+    assert signals.preempted_kept_tokens % 16 == 0 and signals.load_seconds_per_token > 0
+    assert llm.engine.tier_signals().preempted_tokens == 0, "counted once, since the last look"
 
 
 def test_an_fp8_pool_through_host_memory_keeps_its_bits(tiny):

@@ -227,6 +227,51 @@ def test_waiting_demand_leaves_out_prefix_blocks_running_requests_hold(tiny_dir)
     eng.close()
 
 
+class FixedCosts:
+    """A step cost model that says: 40 ms steps, 8 ms a streamed layer, nothing a row, 0.2 ms a prompt token."""
+    recent_seconds, layer_seconds, row_seconds, token_seconds = 0.04, 0.008, 0.0, 0.0002
+
+    def observe(self, *step):
+        pass
+
+    def predict_next(self, extra_rows=0.0, now=None):
+        return (now or self.recent_seconds) + self.layer_seconds + extra_rows * self.row_seconds
+
+
+@pytest.mark.parametrize("kept, load, demotes", [(0, None, True), (384, 1e-5, False), (384, 2e-4, True)],
+                         ids=["recomputed", "loaded-from-host", "host-loads-as-dear-as-recompute"])
+def test_preemptions_are_priced_by_what_they_redo(kept, load, demotes):
+    """KV pressure's three answers priced alike: a demotion that admits 1 of 3 waiting requests beside 8 running
+    (9 / 48 ms < 8 / 40 ms) is declined on step time alone; preemptions since the last look that lost 400 computed
+    tokens over 10 steps make each step redo 8 ms of recompute (8 / 48 ms: the demotion pays); where the host KV tier
+    keeps 384 of them and a load costs a twentieth of a recompute, they redo 0.7 ms a step and the layer stays."""
+    from dataclasses import replace
+    policy = PressurePolicy(min_steps_between=1, min_dwell_seconds=0.0, clock=Clock(), costs=FixedCosts())
+    look = replace(signals(10, [R] * 6, free=2, waiting=3, waiting_blocks=30, preemptions=1, step_seconds=0.04,
+                           tokens=8), num_running=8, preempted_tokens=400, preempted_kept_tokens=kept,
+                   load_seconds_per_token=load)
+    redo = (400 - kept) * 0.0002 + kept * (load or 0.0)
+    assert policy.preemption_seconds(look) == pytest.approx(redo)
+    move = policy.decide(look)
+    if demotes:
+        assert move.tier == S and f"{400 - kept} tokens to recompute, {kept} to load" in move.reason
+    else:
+        assert move is None and policy.declined == 1
+    no_preemption = replace(look, step=20, preemptions=0, preempted_tokens=0, preempted_kept_tokens=0)
+    assert PressurePolicy(min_steps_between=1, min_dwell_seconds=0.0, clock=Clock(),
+                          costs=FixedCosts()).decide(no_preemption) is None, "waiting alone: declined as before"
+
+
+def test_a_prompt_tokens_cost_is_fitted_once_steps_compute_prompts():
+    costs = StepCostModel(0.008)
+    for i in range(12):
+        costs.observe(0.01 + 0.001 * 8, 8, 8, 0)            # decodes only: a token and a row are one
+    assert costs.token_seconds is None
+    for tokens in (40, 90, 140, 200):
+        costs.observe(0.01 + 0.0002 * tokens + 0.001 * 9, tokens, 9, 0)
+    assert costs.token_seconds == pytest.approx(0.0002, rel=1e-6)
+
+
 def test_a_demotion_that_lowers_the_batchs_tokens_per_second_is_declined():
     """Priced: the running requests and those a layer's run admits, at the predicted step, against the running ones
     now (a layer costing 8 ms on a 40 ms step pays for 3 more requests beside 8, not for 1)."""
