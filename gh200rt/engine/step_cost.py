@@ -14,6 +14,9 @@ one layer) holds it: one pseudo-observation pulls ``d`` toward the prior with th
 ``prior_weight`` steps, so the data take over as soon as the splits vary. ``recent_seconds`` is the
 mean time of the last ``RECENT_STEPS`` steps, the TPOT the running requests see now (a mean over
 enough steps that a few short decode steps between prefill chunks do not open the guard).
+``decode_seconds`` is the fit's decode-only step, ``a + (b + c) * rows + d * streamed``: what prices a
+demotion, since the prefill chunks in the recent steps are paid whether the waiting requests are admitted
+now or later (with them in the base, a layer's copy looked cheap against a step swollen by prompts).
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ class StepCostModel:
         self.prior = prior_layer_seconds
         self.prior_weight = prior_weight
         self._steps: deque[tuple[float, int, int, int]] = deque(maxlen=window)
-        self._fit: tuple[float, float] | None = None
+        self._fit: tuple[float, float, float | None, float | None] | None = None
 
     def observe(self, seconds: float, tokens: int, rows: int, streamed: int) -> None:
         """One step's model time, its batched tokens and sequences, and the layers that streamed in it."""
@@ -63,6 +66,14 @@ class StepCostModel:
         zero), or None while every step seen decoded only (a token and a row cannot be told apart then)."""
         return self._coefficients()[2]
 
+    def decode_seconds(self, rows: float, streamed: int) -> float | None:
+        """The fitted time of a decode-only step of ``rows`` sequences with ``streamed`` layers streamed (None before
+        enough steps were timed to fit one)."""
+        layer, row, _, intercept = self._coefficients()
+        if intercept is None:
+            return None
+        return max(0.0, intercept + row * rows + layer * streamed)
+
     def predict_next(self, extra_rows: float = 0.0, now: float | None = None) -> float | None:
         """The step time with one more layer streamed and ``extra_rows`` more sequences decoding, from
         ``now`` (default: the recent steps' mean; None before any step ran)."""
@@ -71,14 +82,16 @@ class StepCostModel:
             return None
         return now + self.layer_seconds + extra_rows * self.row_seconds
 
-    def _coefficients(self) -> tuple[float, float, float | None]:
+    def _coefficients(self) -> tuple[float, float, float | None, float | None]:
         if self._fit is None:
             self._fit = self._solve()
         return self._fit
 
-    def _solve(self) -> tuple[float, float, float | None]:
+    def _solve(self) -> tuple[float, float, float | None, float | None]:
+        """(layer, row, prompt token, intercept): the coefficients of the fit; no token cost while every step
+        decoded only, no intercept before 4 steps."""
         if len(self._steps) < 4:
-            return self.prior, 0.0, None
+            return self.prior, 0.0, None, None
         data = np.asarray(self._steps, dtype=np.float64)
         y = data[:, 0]
         x = np.column_stack((np.ones(len(data)), data[:, 1], data[:, 2], data[:, 3]))
@@ -90,4 +103,4 @@ class StepCostModel:
         # a decode row is one token and one sequence; min-norm splits b and c when every step decodes only
         prompts = bool((data[:, 1] != data[:, 2]).any())
         return max(0.0, float(coef[3])), max(0.0, float(coef[1] + coef[2])), \
-            max(0.0, float(coef[1])) if prompts else None
+            max(0.0, float(coef[1])) if prompts else None, float(coef[0])

@@ -7,10 +7,11 @@ step time (wall, and the copy wait in it) since the last look. The policy answer
   wait for blocks the cache does not have, or a request was preempted, unless the step with one
   more streamed layer would take longer than ``max_step_seconds`` (``--retier-max-step-seconds``, a
   TPOT target: more KV is not worth making every running request slower than that), or unless it does
-  not pay: the running requests and those one layer's run of KV admits, at the predicted step, must
-  produce more tokens per second than the running ones do now, counting against "now" the work its
-  preemptions redo: their tokens recomputed at the fitted cost of a prompt token, or, for the blocks the
-  host KV tier keeps, loaded back at its measured cost. So the three answers to KV pressure (a slower step,
+  not pay: the running requests and those one layer's run of KV admits, at the predicted decode step, must
+  produce more tokens per second than the running ones do now at theirs (decode steps: the prompt chunks
+  beside them are paid either way), counting against "now" the work preemptions redo, as a rate over the
+  last ``REDO_WINDOW_STEPS`` steps: their tokens recomputed at the fitted cost of a prompt token, or, for the
+  blocks the host KV tier keeps, loaded back at its measured cost. So the three answers to KV pressure (a slower step,
   a recompute, a load from host memory) are priced from measured costs each look: with the tier, preemption
   costs little and the layer stays; without it, lost KV is dear and a demotion pays sooner (where a layer
   costs much and buys KV for few requests, as on the CPU, the host tier and preemption take it). The step with
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -101,6 +103,11 @@ def spread_pick(tiers: tuple[Tier, ...], candidates: Tier, others: Tier | None, 
 # demotions stop once the predicted step passes this share of --retier-max-step-seconds: the prediction
 # leaves out the prefill chunks of the requests a demotion admits, and the target is a ceiling, not a goal
 STEP_GUARD = 0.8
+# preemptions are priced as a rate: the work they made the engine redo over the last this many steps, per step. The
+# controller looks before every step, so "since the last look" put a whole preemption's recompute into one step's
+# price, and one preemption bought a layer's copy on every later step (on an H200 the dynamic engine demoted six
+# layers on a burst all-resident served at 1.7x its goodput, recomputing seven requests)
+REDO_WINDOW_STEPS = 32
 
 
 @dataclass
@@ -116,15 +123,13 @@ class PressurePolicy:
     _quiet_since: int = field(default=0, repr=False)
     _last_tier: Tier | None = field(default=None, repr=False)
     declined: int = field(default=0, repr=False)     # looks under KV pressure where a demotion did not pay
-    _last_look: int = field(default=0, repr=False)
+    _redone: deque = field(default_factory=deque, repr=False)    # (step, seconds) the preemptions made the engine redo
 
     def decide(self, signals: TierSignals) -> Move | None:
         now = self.clock()
         streamed = signals.tiers.count(Tier.STREAMED)
         self.costs.observe(signals.step_seconds, signals.step_tokens, signals.step_rows, streamed)
-        # what the preemptions since the last look make the engine redo, per step since then
-        redo = self.preemption_seconds(signals) / max(1, signals.step - self._last_look)
-        self._last_look = signals.step
+        redo = self._redo_per_step(signals)
         pressure = signals.preemptions > 0 or (signals.num_waiting and signals.waiting_blocks > signals.kv_free_blocks)
         if pressure:
             self._quiet_since = signals.step
@@ -153,14 +158,20 @@ class PressurePolicy:
                 signals.step - self._last_step < self.min_steps_between or now - self._last_time < self.min_dwell_seconds):
             return None
         move = None
-        pays = signals.experts_in or self._pays(signals.num_running, recent, next_step, admitted, redo)
+        # priced on decode steps where the fit has them: the recent steps carry prompt chunks paid either way
+        now_decode = after_decode = None
+        if signals.num_running:
+            now_decode = self.costs.decode_seconds(signals.num_running, streamed)
+            after_decode = self.costs.decode_seconds(signals.num_running + admitted, streamed + 1)
+        base, after = (now_decode, after_decode) if now_decode and after_decode else (recent, next_step)
+        pays = signals.experts_in or self._pays(signals.num_running, base, after, admitted, redo)
         if pressure and not too_slow and not over and not pays:
             self.declined += 1
             if self.declined == 1 or self.declined % 100 == 0:
                 log.info("KV pressure, but one more streamed layer would lower the batch's tokens per second "
-                         "(%d running at %.1f ms a step, preemptions redoing %.1f ms a step; %.1f admitted at %.1f "
-                         "ms predicted): not demoting (%d declined so far)", signals.num_running, recent * 1e3,
-                         redo * 1e3, admitted, next_step * 1e3, self.declined)
+                         "(%d running at %.1f ms a decode step, preemptions redoing %.1f ms a step; %.1f admitted at "
+                         "%.1f ms predicted): not demoting (%d declined so far)", signals.num_running, base * 1e3,
+                         redo * 1e3, admitted, after * 1e3, self.declined)
         if pressure and not too_slow and not over and pays:
             # routed experts go first (TierController), then layers
             layer = None if signals.experts_in else spread_pick(signals.tiers, Tier.RESIDENT, None, farthest=True)
@@ -170,7 +181,9 @@ class PressurePolicy:
                             f"{signals.kv_free_blocks} of {signals.kv_total_blocks} free, "
                             f"{signals.preemptions} preempted since the last look "
                             f"({self._preemption_note(signals, redo)}); "
-                            f"{self._step_note(recent, next_step, admitted)}")
+                            f"{self._step_note(recent, next_step, admitted)}"
+                            + (f"; decode step {now_decode * 1e3:.1f} -> {after_decode * 1e3:.1f} ms"
+                               if now_decode and after_decode else ""))
         elif (streamed or signals.experts_out) and (slack or (over and signals.kv_free_blocks >= signals.run_blocks)):
             # layers first: every step reads all of a layer, but only the routed few of its experts
             layer = spread_pick(signals.tiers, Tier.STREAMED, Tier.STREAMED, farthest=False) if streamed else None
@@ -183,6 +196,16 @@ class PressurePolicy:
         if move is not None:
             self._last_step, self._last_time, self._last_tier = signals.step, now, move.tier
         return move
+
+    def _redo_per_step(self, signals: TierSignals) -> float:
+        """The work preemptions made the engine redo over the last ``REDO_WINDOW_STEPS`` steps (fewer at start-up),
+        per step."""
+        seconds = self.preemption_seconds(signals)
+        if seconds:
+            self._redone.append((signals.step, seconds))
+        while self._redone and self._redone[0][0] <= signals.step - REDO_WINDOW_STEPS:
+            self._redone.popleft()
+        return sum(s for _, s in self._redone) / max(1, min(REDO_WINDOW_STEPS, signals.step))
 
     def preemption_seconds(self, signals: TierSignals) -> float:
         """The work the preemptions in ``signals`` make the engine redo: their tokens the host KV tier does not
@@ -210,7 +233,7 @@ class PressurePolicy:
     def _preemption_note(self, signals: TierSignals, redo: float) -> str:
         kept = min(signals.preempted_kept_tokens, signals.preempted_tokens)
         return (f"{signals.preempted_tokens - kept} tokens to recompute, {kept} to load from host memory: "
-                f"{redo * 1e3:.1f} ms a step")
+                f"{redo * 1e3:.1f} ms a step over the last {REDO_WINDOW_STEPS} steps")
 
     def _step_note(self, recent: float | None, next_step: float | None, admitted: float) -> str:
         if next_step is None:

@@ -237,6 +237,9 @@ class FixedCosts:
     def predict_next(self, extra_rows=0.0, now=None):
         return (now or self.recent_seconds) + self.layer_seconds + extra_rows * self.row_seconds
 
+    def decode_seconds(self, rows, streamed):
+        return self.recent_seconds + streamed * self.layer_seconds + rows * self.row_seconds
+
 
 @pytest.mark.parametrize("kept, load, demotes", [(0, None, True), (384, 1e-5, False), (384, 2e-4, True)],
                          ids=["recomputed", "loaded-from-host", "host-loads-as-dear-as-recompute"])
@@ -289,3 +292,61 @@ def test_a_demotion_that_lowers_the_batchs_tokens_per_second_is_declined():
     assert move.tier == S and policy.declined == 1
     # nothing running yet: any admission pays
     assert policy.decide(replace(one, step=4, num_running=0)).tier == S
+
+
+def test_a_decode_steps_cost_is_fitted_beside_prompt_chunks():
+    """The fit's decode-only step (a + (b + c) rows + d streamed) out of steps that mix prompt chunks in."""
+    costs = StepCostModel(0.008)
+    assert costs.decode_seconds(8, 0) is None
+    rng = random.Random(3)
+    for _ in range(40):
+        rows, tokens, streamed = rng.randint(4, 20), rng.choice([0, 0, 128, 320]), rng.randint(0, 3)
+        costs.observe(0.011 + 0.00003 * (tokens + rows) + 0.0001 * rows + 0.008 * streamed, tokens + rows, rows,
+                      streamed)
+    assert costs.decode_seconds(18, 0) == pytest.approx(0.011 + 18 * 0.00013, rel=1e-6)
+    assert costs.decode_seconds(29, 1) == pytest.approx(0.011 + 29 * 0.00013 + 0.008, rel=1e-6)
+
+
+def h200_burst_costs() -> StepCostModel:
+    """The first H200's 8B shape, warm, all resident (docs/gpu-runs/h200-2026-11-30): an 11 ms decode step for 18
+    sequences, 0.03 ms a prompt token, a streamed layer's copy 7.9 ms at 55 GB/s (the prior); a burst's steps carry
+    320-token prompt chunks."""
+    costs = StepCostModel(0.0079)
+    for i in range(32):
+        rows = 14 + i % 9
+        tokens = rows + (320 if i % 2 else 0)
+        costs.observe(0.0087 + 0.00003 * tokens + 0.0001 * rows, tokens, rows, 0)
+    return costs
+
+
+def test_a_demotion_is_priced_on_decode_steps_not_on_steps_swollen_by_prompt_chunks():
+    """18 running at an 11 ms decode step, 30 waiting for 600 blocks, a layer's run of 218 blocks admitting 11 of
+    them at 7.9 ms more a step: 29 / 20.4 ms < 18 / 11 ms, declined. Against the recent steps' mean (15.8 ms, half of
+    them carrying a 320-token chunk the waiting requests' prompts pay either way) it paid (29 / 25.1 > 18 / 15.8), and
+    the H200 ran six layers streamed at 0.6x all-resident's goodput."""
+    from dataclasses import replace
+    costs = h200_burst_costs()
+    assert costs.recent_seconds == pytest.approx(0.0158, abs=1e-4)
+    assert costs.decode_seconds(18, 0) == pytest.approx(0.01104, abs=1e-5)
+    policy = PressurePolicy(min_steps_between=1, min_dwell_seconds=0.0, clock=Clock(), costs=costs)
+    look = replace(signals(400, [R] * 32, free=8, total=440, waiting=30, waiting_blocks=600, run_blocks=218,
+                           step_seconds=0.011, tokens=18), num_running=18)
+    assert policy.decide(look) is None and policy.declined == 1
+
+
+@pytest.mark.parametrize("every, demotes", [(None, False), (2, True)], ids=["one preemption", "a preemption a step"])
+def test_preemptions_are_priced_as_a_rate_over_recent_steps(every, demotes):
+    """One preemption that lost 340 computed tokens (10 ms of recompute at 0.03 ms a token) is 0.3 ms a step over the
+    last 32 steps: all-resident keeps its 11 ms step and recomputes (before, the 10 ms landed on the one step since
+    the last look and bought a layer's copy on every later step). Preemptions one every two steps reach 5 ms a step:
+    29 / 20.4 ms > 18 / 16 ms, the layer pays."""
+    from dataclasses import replace
+    policy = PressurePolicy(min_steps_between=1, min_dwell_seconds=0.0, clock=Clock(), costs=h200_burst_costs())
+    move = None
+    for step in range(400, 432):
+        preempted = step == 400 or (every is not None and step % every == 0)
+        look = replace(signals(step, [R] * 32, free=8, total=440, waiting=30, waiting_blocks=600, run_blocks=218,
+                               preemptions=int(preempted), step_seconds=0.011, tokens=18), num_running=18,
+                       preempted_tokens=340 if preempted else 0)
+        move = policy.decide(look) or move
+    assert (move is not None and move.tier == S) == demotes, move
