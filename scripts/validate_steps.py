@@ -126,12 +126,15 @@ def validation_steps(py: str, out: Path, cache: Path) -> list[Step]:
              outputs={"serve": out / "serve_smoke.json"},
              also=(tuple(server_argv(py, "MODEL", 8000)), tuple(bench_argv(py, "http://127.0.0.1:8000", 49152)))),
         # dynamic tiers with CUDA graphs (on by default on a GPU; every tier move recaptures the decode graphs)
-        # against all-resident and the best static split the H200 run found (8 of 32 layers streamed) on one bursty
-        # trace (all five engines of that run took 83 s: python -m gh200rt.bench tiers --engines ...,static-16,streamed)
+        # against all-resident, the best static placement of the second H200 run (docs/gpu-runs/h200-2026-11-30:
+        # static-8 trailed both), on a burst that wants more KV than all-resident has (1,152 blocks against ~440),
+        # twice over in one process: the first engine of a process pays compilations (82 s for six engines there).
+        # No --require-moves: a controller that declines every demotion where they do not pay is not a failure
         Step("dynamic tiers with graphs against static splits, Llama-3-8B shape",
-             bench(py, "tiers") + [*llama, "--engines", "resident,static-8,dynamic",
-              "--quiet-seconds", "2", "--burst-requests", "24", "--burst-seconds", "0.5", "--quiet-tokens", "8",
-              "--burst-tokens", "32", "--require-moves", "--json", str(out / "dynamic_graphs.json")], 65,
+             bench(py, "tiers") + [*llama, "--engines", "resident,dynamic", "--rounds", "2",
+              "--quiet-seconds", "2", "--burst-requests", "48", "--burst-seconds", "0.5", "--burst-prompt", "320",
+              "--burst-tokens", "64", "--quiet-tokens", "8", "--max-model-len", "512", "--max-num-seqs", "64",
+              "--slo-ttft", "2", "--slo-tpot", "0.15", "--json", str(out / "dynamic_graphs.json")], 65,
              values=("llama3-8b", "static-N")),
     ]
 

@@ -69,6 +69,7 @@ class Result:
     device_bytes_before: int | None = None   # allocated on the GPU before the engine started (None on the CPU)
     device_bytes_after: int | None = None    # ... and after it closed
     host_hit_tokens: int | None = None       # prompt tokens the host KV tier supplied (None: no tier)
+    kv_pool_bytes: int = 0                   # the KV pool's share of the budget when the trace started
 
 
 def make_trace(args, vocab: int) -> list[Request]:
@@ -139,15 +140,26 @@ def device_bytes() -> int | None:
     return torch.cuda.memory_allocated()
 
 
+def warm_up(engine: LLMEngine, args) -> None:
+    """First-call costs stay out of the trace: a quiet-sized and a burst-sized prompt decoded side by side (the
+    kernels the trace's prompt lengths and a decode batch compile), within the KV all-resident has, so that no
+    engine moves a tier or preempts before the trace. Without it the first engine of a run paid the compilations
+    in its TTFT (the first H200 run's all-resident p50 of 1.97 s)."""
+    for i, length in enumerate((args.quiet_prompt, args.burst_prompt)):
+        engine.add_request(f"warm-up-{i}", None, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
+                           prompt_token_ids=[5 + (j * 7 + i) % 97 for j in range(length)])
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
 def run_engine(name: str, args, trace: list[Request], num_layers: int) -> Result:
     split_tiers = static_split(name, num_layers)
     before = device_bytes()
     engine = LLMEngine.from_config(base_config(args, OFFLOAD.get(name, "none"), split_tiers))
     reqs = [Request(r.request_id, r.arrival, r.prompt, r.max_tokens) for r in trace]
     by_id = {r.request_id: r for r in reqs}
-    engine.add_request("warm-up", None, SamplingParams(temperature=0, max_tokens=2), prompt_token_ids=[5, 6, 7])
-    while engine.has_unfinished_requests():   # first-call costs stay out of the trace
-        engine.step()
+    warm_up(engine, args)
+    kv_pool_bytes = engine.ledger.by_kind["kv_pool"]
     pending = list(reqs)
     split: dict[str, float] = {}
     start = time.perf_counter()
@@ -180,7 +192,7 @@ def run_engine(name: str, args, trace: list[Request], num_layers: int) -> Result
     del engine
     return Result(name, reqs, seconds, stats.num_preemptions, stats.retier_counts, stats.graph_captures, split,
                   capture_seconds, before, device_bytes(),
-                  stats.kv_host.hit_tokens if stats.kv_host is not None else None)
+                  stats.kv_host.hit_tokens if stats.kv_host is not None else None, kv_pool_bytes)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -205,7 +217,11 @@ def summarize(result: Result, args) -> dict:
                 requests=len(reqs), moves=result.moves, graph_captures=result.graph_captures,
                 graph_capture_seconds=result.capture_seconds, device_bytes_before=result.device_bytes_before,
                 device_bytes_after=result.device_bytes_after, host_hit_tokens=result.host_hit_tokens,
-                split_share={k: v / total for k, v in sorted(result.split_seconds.items())})
+                kv_pool_mib=result.kv_pool_bytes / 2**20,
+                split_share={k: v / total for k, v in sorted(result.split_seconds.items())},
+                # each request's (TTFT, TPOT) in seconds (TPOT None for one token): goodput at another SLO later
+                latencies=[(t, None if r.tokens < 2 else (r.finished - r.first_token) / (r.tokens - 1))
+                           for t, r in zip(ttft, reqs)])
 
 
 def leak_note(row: dict) -> str:
@@ -246,11 +262,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="exit 1 when the dynamic engine made no tier move (the trace did not exercise it)")
     parser.add_argument("--kv-offloading-size", help="every engine with a host KV tier of this size (GiB, as the "
                         "engine's flag): a preempted request's published blocks come back from host memory")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the engines this many times over, in order, in one process: compare the last "
+                             "round's rows (the first engine of a process pays compilations a short warm-up does not "
+                             "cover: on an H200 all-resident's goodput was 0 run first and 11.1 req/s run last)")
     parser.add_argument("--json", help="also write the summary to this JSON file")
     add_random_model_arguments(parser)
 
 
 def run(args) -> int:
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be at least 1, got {args.rounds}")
     with model_of(args) as args.model:
         rows = run_trace(args)
     still = [r["engine"] for r in rows if r["engine"] == "dynamic" and not sum(r["moves"].values())]
@@ -271,18 +293,22 @@ def run_trace(args) -> list[dict]:
     trace = make_trace(args, arch.vocab_size)
     burst_blocks = args.burst_requests * -(-(args.burst_prompt + args.burst_tokens) // 16)
     print(f"load average {os.getloadavg()[0]:.2f}; model {args.model}; budget {args.budget / 2**20:.1f} MiB "
-          f"(all-resident leaves {args.budget_kv_blocks} KV blocks; the burst wants {burst_blocks}); "
+          f"(all-resident beside a staging ring leaves {args.budget_kv_blocks} KV blocks, an engine "
+          f"without a ring the ring's bytes too; the burst wants {burst_blocks}); "
           f"{len(trace)} requests over {trace[-1].arrival:.1f} s; SLO TTFT <= {args.slo_ttft} s, "
           f"TPOT <= {args.slo_tpot} s")
     rows = []
-    for name in args.engines.split(","):
+    for round_, name in ((r, n) for r in range(1, args.rounds + 1) for n in args.engines.split(",")):
+        if args.rounds > 1 and name == args.engines.split(",")[0]:
+            print(f"round {round_} of {args.rounds}", flush=True)
         row = summarize(run_engine(name, args, trace, arch.num_layers), args)
+        row["round"] = round_
         rows.append(row)
         split = ", ".join(f"{k} {v:.0%}" for k, v in row["split_share"].items())
         print(f"{name:<9} {row['output_tokens_per_second']:7.1f} tok/s  TTFT p50/p99 {row['ttft_p50']:6.2f}/"
               f"{row['ttft_p99']:6.2f} s  TPOT p50/p99 {row['tpot_p50'] * 1e3:6.1f}/{row['tpot_p99'] * 1e3:6.1f} ms  "
               f"preempted {row['preemptions']:3d}  goodput {row['goodput']:5.2f} req/s ({row['slo_met']}/"
-              f"{row['requests']})  moves {row['moves'] or '-'}  graph captures {row['graph_captures']} "
+              f"{row['requests']})  KV pool {row['kv_pool_mib']:.0f} MiB  moves {row['moves'] or '-'}  graph captures {row['graph_captures']} "
               f"({row['graph_capture_seconds']:.2f} s)  time per split (res/str): {split}" + leak_note(row)
               + (f"  host KV hit tokens {row['host_hit_tokens']}" if row["host_hit_tokens"] is not None else ""),
               flush=True)

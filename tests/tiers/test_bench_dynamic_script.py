@@ -18,12 +18,18 @@ def run(tmp_path, *extra):
 
 
 def test_random_model_trace_counts_tier_moves_and_graph_captures(tmp_path):
-    proc = run(tmp_path, "--json", str(tmp_path / "dynamic.json"))
+    proc = run(tmp_path, "--json", str(tmp_path / "dynamic.json"), "--rounds", "2")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    (row,) = json.loads((tmp_path / "dynamic.json").read_text())["rows"]
-    assert row["engine"] == "dynamic" and set(row["moves"]) >= {"promote", "demote"}
-    assert row["graph_captures"] == 0, "the CPU runs eagerly by default: nothing is captured"
+    rows = json.loads((tmp_path / "dynamic.json").read_text())["rows"]
+    assert [(r["engine"], r["round"]) for r in rows] == [("dynamic", 1), ("dynamic", 2)]
+    for row in rows:
+        assert set(row["moves"]) >= {"promote", "demote"}
+        assert row["graph_captures"] == 0, "the CPU runs eagerly by default: nothing is captured"
+        assert len(row["latencies"]) == row["requests"] and row["kv_pool_mib"] > 0
+        met = sum(1 for ttft, tpot in row["latencies"] if ttft <= 5.0 and (tpot is None or tpot <= 0.5))
+        assert met == row["slo_met"], "each request's latencies give the SLO count again"
     assert "graph captures 0" in proc.stdout and "random llama3-tiny weights" in proc.stdout
+    assert "round 2 of 2" in proc.stdout and "KV pool" in proc.stdout
 
 
 def test_require_moves_fails_a_trace_that_moved_nothing(tmp_path):
