@@ -21,22 +21,28 @@ def test_paths_are_counted_and_uncounted():
     assert tree.root.children == {} and tree.root.count == 0
 
 
-def test_extend_counts_what_add_counts():
-    grown, whole = SuffixTree(4), SuffixTree(4)
-    tokens = [5, 6, 7, 5, 6, 8, 5, 6, 7]
-    frontier = grown.extend([grown.root], tokens[:4])
-    frontier = grown.extend(frontier, tokens[4:])
-    whole.add(tokens)
-    # the frontier is the nodes of the last suffixes: the match it gives is the one walked from the root
-    assert grown.match(tokens, frontier) == grown.match(tokens)
+@pytest.mark.parametrize("depth", [3, 6, 24])
+def test_a_requests_history_drafts_what_a_tree_over_it_drafts(depth):
+    """TokenHistory counts the tree's paths on demand: for token lists that repeat themselves (a small vocabulary, and
+    copies of earlier runs), grown in pieces, its draft and score are the tree's over the same tokens."""
+    import random
 
-    def paths(node, prefix=()):
-        out = {}
-        for token, child in node.children.items():
-            out[prefix + (token,)] = child.count
-            out.update(paths(child, prefix + (token,)))
-        return out
-    assert paths(grown.root) == paths(whole.root)
+    from gh200rt.speculative.suffix import TokenHistory
+    rng = random.Random(depth)
+    for trial in range(60):
+        tokens = [rng.randrange(2 + trial % 7) for _ in range(rng.randint(1, 30))]
+        while len(tokens) < 120:
+            start = rng.randrange(len(tokens))
+            tokens += tokens[start:start + rng.randint(1, 12)] + [rng.randrange(9)] * rng.randint(0, 2)
+        history = TokenHistory(depth)
+        for end in sorted(rng.sample(range(1, len(tokens)), 8)) + [len(tokens)]:
+            history.extend(tokens[history.size:end])
+            tree = SuffixTree(depth)
+            tree.add(tokens[:end])
+            for k, factor, p in ((8, 1.0, 0.1), (4, 2.0, 0.3), (16, 4.0, 0.0)):
+                want = tree.draft(tokens[:end][-depth:], k, factor, p)
+                got = history.draft(k, factor, p)
+                assert got[0] == want[0] and got[1] == pytest.approx(want[1]), (tokens[:end], k, factor, p)
 
 
 def test_a_draft_follows_the_most_frequent_continuation_while_it_is_likely_enough():
