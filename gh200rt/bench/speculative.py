@@ -103,6 +103,11 @@ def run_engine(args, speculative: bool, chats) -> dict:
                 batched_outputs=batched_outputs, stats=stats, prompt_tokens=sum(map(len, prompts)))
 
 
+def first_difference(a: list[int], b: list[int]) -> int:
+    """The index of the first token where two outputs differ (the shorter's length where one extends the other)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def write_head_for(model: str, speculative_config: str) -> None:
     """A random EAGLE-3 head of the published format for ``model`` where ``speculative_config`` names it."""
     from gh200rt.bench.random_heads import write_random_eagle3_head
@@ -144,17 +149,24 @@ def run(args) -> int:
         print(f"{r['label']:<9} {r['single']:12.1f} {r['decode']:12.1f} {r['batched']:14.1f} {accept} {length}")
     if "off" in results and "on" in results:
         off, on = results["off"], results["on"]
-        same = off["outputs"] == on["outputs"] and off["batched_outputs"] == on["batched_outputs"]
+        pairs = list(zip(off["outputs"] + off["batched_outputs"], on["outputs"] + on["batched_outputs"]))
+        same = sum(a == b for a, b in pairs)
         decode = on["decode"] / off["decode"]
         batched = on["batched"] / off["batched"]
         print(f"speed-up: single stream {on['single'] / off['single']:.2f}x (decode {decode:.2f}x), batch {args.batch} "
-              f"{batched:.2f}x; greedy outputs {'identical' if same else 'DIFFER'}")
+              f"{batched:.2f}x; greedy outputs {'identical' if same == len(pairs) else 'DIFFER'}"
+              + ("" if same == len(pairs) else f" ({same} of {len(pairs)} equal; the others first differ at token "
+                 f"{', '.join(str(first_difference(a, b)) for a, b in pairs if a != b)}: without --batch-invariant a "
+                 "verifying step's rows may round as a batch does, and a near tie can turn, docs/SPECULATIVE.md)"))
     if args.json:
         figures = {name: {"single_tok_s": r["single"], "decode_tok_s": r["decode"], "batched_tok_s": r["batched"],
                           "acceptance": r["stats"].acceptance_rate if r["stats"] else None,
                           "tokens_per_step": r["stats"].mean_accepted_length if r["stats"] else None}
                    for name, r in results.items()}
+        extra = {}
+        if "off" in results and "on" in results:
+            extra["first_differences"] = [first_difference(a, b) if a != b else None for a, b in pairs]
         with open(args.json, "w") as f:
             json.dump({"offload": args.offload, "batch": args.batch, "speculative_config": args.speculative_config,
-                       "engines": figures}, f, indent=1)
+                       "engines": figures, **extra}, f, indent=1)
     return 0

@@ -22,7 +22,10 @@ def test_the_benchmark_reports_both_engines_and_their_agreement(tmp_path, capsys
     assert re.search(r"^spec off +[0-9.]+ +[0-9.]+ +[0-9.]+ +- +-$", text, re.M), text
     assert re.search(r"^spec on +[0-9.]+ +[0-9.]+ +[0-9.]+ +[01]\.[0-9]{2} +[1-5]\.[0-9]{2}$", text, re.M), text
     assert re.search(r"^speed-up: single stream [0-9.]+x \(decode [0-9.]+x\), batch 2 [0-9.]+x; greedy outputs "
-                     r"(identical|DIFFER)$", text, re.M), text
+                     r"(identical|DIFFER \([0-9]+ of 4 equal; the others first differ at token [0-9, ]+: .*\))$", text,
+                     re.M), text
+    from gh200rt.bench.speculative import first_difference
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1 and first_difference([1, 2], [1, 2, 3]) == 2
     # the GPU validation kit's report reads the same figures: with speculation, next to the run without
     rows = speculative_figures(json.loads(figures.read_text()))
     assert [r["unit"] for r in rows] == ["tok/s", "tok/s"] and all(r["roofline"] > 0 for r in rows)
