@@ -297,7 +297,8 @@ def wave_steps(py: str, out: Path, cache: Path) -> list[Step]:
     tests; multi-turn conversations with the host KV tier off and on (the 8B shape, the engines with the tier first,
     hits loaded then read in place over the link, then without: each order carries its own warm-up); DeepSeek-V3's layers with their experts in each tier.
     Speculative decoding's figures are ``--kit speculative``. Random checkpoints of real shapes throughout: SmolLM2's
-    package does not fit a device call."""
+    package does not fit a device call. Also dynamic tiers on a Qwen3-30B-A3B-shaped MoE (8 layers) under a KV burst,
+    where routed experts leave the arena before layers do and the expert balancer keeps the hot ones resident."""
     return [
         Step("this wave's gpu tests", [py, "-m", "pytest", "-q", "-rs", "-m", "gpu", "-p", "no:cacheprovider",
                                        "--timeout", "120", "--junit-xml", str(out / "gpu_tests.xml"), *WAVE_TESTS],
@@ -317,6 +318,16 @@ def wave_steps(py: str, out: Path, cache: Path) -> list[Step]:
                                      "resident,experts-direct,experts-stream,experts-cpu", "--batches", "1,8",
                                      "--tokens", "8", "--json", str(out / "decode_deepseek_v3.json")], 120,
              values=("deepseek-v3-cut", "experts-cpu"), outputs={"decode": out / "decode_deepseek_v3.json"}),
+        # the expert balancer under a KV burst (issue 49, item 3): all-resident against dynamic, twice over in one
+        # process (the first engine of a process pays compilations)
+        Step("dynamic tiers on a Qwen3-30B-A3B-shaped MoE (8 layers) under a KV burst",
+             bench(py, "tiers") + ["--random-model", "qwen3-30b-a3b-8l", "--random-model-dir",
+                                   str(cache / "qwen3-30b-a3b-8l"), "--engines", "resident,dynamic", "--rounds", "2",
+                                   "--quiet-seconds", "2", "--burst-requests", "48", "--burst-seconds", "0.5",
+                                   "--burst-prompt", "320", "--burst-tokens", "64", "--quiet-tokens", "8",
+                                   "--max-model-len", "512", "--max-num-seqs", "64", "--slo-ttft", "2", "--slo-tpot",
+                                   "0.15", "--json", str(out / "dynamic_moe.json")], 100,
+             values=("qwen3-30b-a3b-8l",)),
     ]
 
 
