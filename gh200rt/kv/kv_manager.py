@@ -343,6 +343,16 @@ class KVCacheManager:
         pending, self._pending_loads = self._pending_loads, []
         return self.offload.start_layered_load(pending)
 
+    def tokens_shared_on_device(self, request: HasBlocks) -> int:
+        """Of ``request``'s computed tokens, those in its leading blocks another request also holds: they stay in
+        the device pool when it is freed, and a later lookup finds them there (a preemption loses none of them)."""
+        shared = 0
+        for block_id in request.block_ids:
+            if block_id >= self.pool.num_blocks or self.pool.blocks[block_id].ref_count < 2:
+                break
+            shared += 1
+        return min(shared * self.block_size, request.num_computed_tokens)
+
     def tokens_kept_after_free(self, request: HasBlocks) -> int:
         """Of ``request``'s computed tokens, those a later lookup finds in the host tier once its blocks are freed
         (its published full blocks: stored as published, or as they are freed with write-back); 0 without the

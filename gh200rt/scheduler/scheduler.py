@@ -188,8 +188,11 @@ class Scheduler:
         return True
 
     def _preempt(self, seq: Sequence) -> None:
-        self.preempted_tokens += seq.num_computed_tokens
-        self.preempted_kept_tokens += self.kv.tokens_kept_after_free(seq)
+        # what the preemption lets go of: not the prefix other requests hold (it stays in the device pool), and of
+        # the rest what the host KV tier keeps comes back as loads (the tier keeps leading blocks, the shared ones too)
+        shared = self.kv.tokens_shared_on_device(seq)
+        self.preempted_tokens += seq.num_computed_tokens - shared
+        self.preempted_kept_tokens += max(0, self.kv.tokens_kept_after_free(seq) - shared)
         self.kv.free(seq)
         seq.num_computed_tokens = 0
         seq.draft_computed = 0          # a draft model's KV lived in the blocks just freed

@@ -71,6 +71,29 @@ def test_preemption_frees_newest_and_it_resumes_with_generated_tokens():
     assert b.all_token_ids == [1, 2, 3, 7, 7]
 
 
+def test_a_preemption_counts_the_tokens_it_lets_go_of_not_a_prefix_others_hold():
+    """The tier controller prices a preemption by the tokens it makes the engine compute again: b's first two
+    blocks are a's too (the prefix cache), stay in the pool when b is freed and come back as hits, so they are not
+    counted."""
+    kv = KVCacheManager(6, 2)
+    sched = Scheduler(kv, max_num_seqs=8, max_num_batched_tokens=100)
+    a, b = Sequence("a", "a", 0, [1, 2, 3, 4, 5], SamplingParams(), 0), Sequence("b", "b", 0, [1, 2, 3, 4, 9],
+                                                                              SamplingParams(), 1)
+    sched.add(a)
+    run_step(sched, sched.schedule())
+    sched.add(b)
+    out = sched.schedule()
+    assert b.num_cached_tokens == 4 and kv.tokens_shared_on_device(b) == 4
+    computed = None
+    while not out.preempted:
+        run_step(sched, out)
+        computed = b.num_computed_tokens
+        out = sched.schedule()
+    assert out.preempted == [b] and computed > 4
+    assert sched.preempted_tokens == computed - 4 and sched.preempted_kept_tokens == 0
+    assert kv.tokens_shared_on_device(a) == 0, "a's blocks are its own once b let go of them"
+
+
 def test_abort_of_waiting_and_running_frees_blocks():
     kv = KVCacheManager(8, 2)
     sched = Scheduler(kv, max_num_seqs=1, max_num_batched_tokens=100)
