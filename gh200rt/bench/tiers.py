@@ -308,7 +308,8 @@ def run_trace(args) -> list[dict]:
         print(f"{name:<9} {row['output_tokens_per_second']:7.1f} tok/s  TTFT p50/p99 {row['ttft_p50']:6.2f}/"
               f"{row['ttft_p99']:6.2f} s  TPOT p50/p99 {row['tpot_p50'] * 1e3:6.1f}/{row['tpot_p99'] * 1e3:6.1f} ms  "
               f"preempted {row['preemptions']:3d}  goodput {row['goodput']:5.2f} req/s ({row['slo_met']}/"
-              f"{row['requests']})  KV pool {row['kv_pool_mib']:.0f} MiB  moves {row['moves'] or '-'}  graph captures {row['graph_captures']} "
+              f"{row['requests']})  KV pool {row['kv_pool_mib']:.0f} MiB  moves {row['moves'] or '-'}  "
+              f"graph captures {row['graph_captures']} "
               f"({row['graph_capture_seconds']:.2f} s)  time per split (res/str): {split}" + leak_note(row)
               + (f"  host KV hit tokens {row['host_hit_tokens']}" if row["host_hit_tokens"] is not None else ""),
               flush=True)

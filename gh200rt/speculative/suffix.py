@@ -93,9 +93,9 @@ class SuffixTree:
 
 class TokenHistory:
     """A request's prompt and output, drafted from as a suffix tree over them would draft (``SuffixTree.add`` of the
-    tokens, then ``draft`` of their last ``max_depth``: the same tokens and scores): the longest suffix of at most ``max_depth`` - 1 tokens
-    that occurred earlier with a continuation, then the most frequent continuation of its occurrences, counted on the
-    array when asked."""
+    tokens, then ``draft`` of their last ``max_depth``: the same tokens and scores): the longest suffix of at most
+    ``max_depth`` - 1 tokens that occurred earlier with a continuation, then the most frequent continuation of its
+    occurrences, counted on the array when asked."""
 
     def __init__(self, max_depth: int):
         assert max_depth >= 2
