@@ -303,9 +303,11 @@ def wave_steps(py: str, out: Path, cache: Path) -> list[Step]:
         Step("this wave's gpu tests", [py, "-m", "pytest", "-q", "-rs", "-m", "gpu", "-p", "no:cacheprovider",
                                        "--timeout", "120", "--junit-xml", str(out / "gpu_tests.xml"), *WAVE_TESTS],
              90, outputs={"junit": out / "gpu_tests.xml"}),
+        # a 2k-token system prompt: on an H200 a 1,000-token prefill takes ~45 ms and shorter histories gain little
         Step("host KV tier, multi-turn Llama-3-8B shape",
              bench(py, "multi-turn") + ["--random-model", "llama3-8b", "--random-model-dir",
                                         str(cache / "llama3-8b-random"), "--conversations", "8", "--turns", "3",
+                                        "--system-tokens", "2048", "--user-tokens", "256",
                                         "--output-tokens", "32", "--order", "on,in-place,off"], 120,
              values=("llama3-8b",)),
         # DeepSeek-V3's layers (latent attention on the torch ops, experts of V3's width) cut to two layers and 16
@@ -335,13 +337,19 @@ def speculative_steps(py: str, out: Path, cache: Path) -> list[Step]:
     """``--kit speculative``: speculative decoding off and on with the Llama-3-8B shape cut to 8 layers, resident and
     with every layer streamed (the link-bound step it turns into several tokens), by the suffix method: random weights
     never repeat their prompt, but the batched pass repeats the single pass's requests, whose outputs the suffix tree
-    holds (an agent's repeated step); and the price of drafting with an EAGLE-3 head on the streamed step (a random
-    head of the published format accepts nothing: three passes of one layer and a 32,000-token LM head, the hidden
-    states every step returns)."""
+    holds (an agent's repeated step; on a GPU a batch's rounding turns near ties, so fewer hold); with the target as
+    its own draft on the streamed step (acceptance ~1: what verifying k + 1 positions costs where a step is bound by
+    the link); and the price of drafting with an EAGLE-3 head on the streamed step (a random head of the published
+    format accepts nothing: three passes of one layer and a 32,000-token LM head, the hidden states every step
+    returns)."""
     llama8 = ["--random-model", "llama3-8b", "--random-model-dir", str(cache / "llama3-8b-8l"),
               "--random-model-layers", "8"]
     speculative = bench(py, "speculative") + [*llama8, "--prompts", "4", "--output-tokens", "32", "--batch", "4"]
     suffix = ["--speculative-config", '{"method": "suffix", "num_speculative_tokens": 8}']
+    # the target as its own draft (resident beside its streamed copy): acceptance ~1, what verifying k + 1 positions
+    # on a link-bound step pays (the second H200 run: 2.53x single-stream at acceptance 0.93)
+    itself = ["--speculative-config", json.dumps({"method": "draft_model", "model": str(cache / "llama3-8b-8l"),
+                                                  "num_speculative_tokens": 4})]
     eagle3 = ["--speculative-config", json.dumps({"method": "eagle3", "model": str(cache / "llama3-8b-eagle3"),
                                                   "num_speculative_tokens": 3}), "--random-eagle3-head"]
     return [
@@ -356,6 +364,9 @@ def speculative_steps(py: str, out: Path, cache: Path) -> list[Step]:
         Step("speculative decoding, Llama-3-8B shape (8 layers) streamed",
              speculative + suffix + ["--offload", "stream", "--json", str(out / "speculative_streamed.json")], 90,
              values=("stream",), outputs={"speculative": out / "speculative_streamed.json"}),
+        Step("speculative decoding, Llama-3-8B shape (8 layers) streamed, the target as its own draft",
+             speculative + itself + ["--offload", "stream", "--json", str(out / "speculative_itself.json")], 80,
+             values=("stream",), outputs={"speculative": out / "speculative_itself.json"}),
         Step("EAGLE-3 head's drafting cost, Llama-3-8B shape (8 layers) streamed",
              speculative + eagle3 + ["--offload", "stream", "--json", str(out / "speculative_eagle3.json")], 90,
              values=("stream",), outputs={"speculative": out / "speculative_eagle3.json"}),
