@@ -80,7 +80,7 @@ def kernel_figures(report: dict | None) -> list[dict]:
 def speculative_figures(report: dict | None) -> list[dict]:
     """``python -m gh200rt.bench speculative --json``: tok/s with speculation next to the same run's without."""
     engines = (report or {}).get("engines", {})
-    off, on = engines.get("off"), engines.get("on")
+    off, on = engines.get("off"), engines.get("on") or engines.get("on-async")
     if not off or not on:
         return []
     figures = []
@@ -90,6 +90,13 @@ def speculative_figures(report: dict | None) -> list[dict]:
                         "measured": on[key], "unit": "tok/s", "roofline": off[key],
                         "roofline_source": "the same tasks without speculation, same run",
                         "fraction": on[key] / off[key] if off[key] else 0.0})
+    sync, on = engines.get("on-sync"), engines.get("on-async")
+    if sync and on:
+        for key, label in (("single_tok_s", "single stream"), ("batched_tok_s", f"batch {report.get('batch')}")):
+            figures.append({"what": f"speculative decoding with async scheduling, weights {report.get('offload')}, "
+                                    f"{label}", "measured": on[key], "unit": "tok/s", "roofline": sync[key],
+                            "roofline_source": "the same speculation synchronous (--no-async-scheduling), same run",
+                            "fraction": on[key] / sync[key] if sync[key] else 0.0})
     return figures
 
 

@@ -358,8 +358,10 @@ def speculative_steps(py: str, out: Path, cache: Path) -> list[Step]:
                                                   str(out / "gpu_tests_speculative.xml"),
                                                   "tests/gpu/test_gpu_speculative.py"],
              60, outputs={"junit": out / "gpu_tests_speculative.xml"}),
+        # synchronous and async speculation too: with async scheduling a step's report overlaps the next step
         Step("speculative decoding, Llama-3-8B shape (8 layers) resident",
-             speculative + suffix + ["--offload", "none", "--json", str(out / "speculative_resident.json")], 60,
+             speculative + suffix + ["--offload", "none", "--order", "off,on-sync,on-async", "--json",
+                                     str(out / "speculative_resident.json")], 80,
              values=("llama3-8b",), outputs={"speculative": out / "speculative_resident.json"}),
         Step("speculative decoding, Llama-3-8B shape (8 layers) streamed",
              speculative + suffix + ["--offload", "stream", "--json", str(out / "speculative_streamed.json")], 90,

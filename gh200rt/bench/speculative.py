@@ -55,7 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "\"model\" directory (method eagle3): it accepts almost nothing, so the run measures "
                              "what drafting with a head costs")
     parser.add_argument("--json", default=None, help="also write the figures here")
-    parser.add_argument("--order", default="off,on", help="the engines in the order they run (e.g. on,off)")
+    parser.add_argument("--order", default="off,on",
+                        help="the engines in the order they run: off, on (speculation, with the engine's default "
+                             "async scheduling: on on a GPU), on-sync and on-async (speculation with "
+                             "--no-async-scheduling / --async-scheduling); e.g. on,off or off,on-sync,on-async")
 
 
 def task_prompts(count: int, max_chars: int) -> list[list[dict]]:
@@ -81,11 +84,16 @@ def timed(llm: LLM, prompts: list[list[int]], params: SamplingParams, batch: int
     return sum(len(o) for o in outputs) / wall, decode_tokens / decode_seconds, outputs
 
 
-def run_engine(args, speculative: bool, chats) -> dict:
+ENGINES = {"off": "spec off", "on": "spec on", "on-sync": "spec sync", "on-async": "spec async"}
+
+
+def run_engine(args, name: str, chats) -> dict:
     options = dict(model=args.model or smollm2_gguf(), dtype=args.dtype, max_model_len=args.max_model_len,
                    max_num_seqs=max(args.batch, 1), offload=args.offload)
-    if speculative:
+    if name != "off":
         options["speculative_config"] = json.loads(args.speculative_config)
+    if name in ("on-sync", "on-async"):
+        options["async_scheduling"] = name == "on-async"
     llm = LLM(**options)
     try:
         # a model without a chat template (a random checkpoint of a real shape) reads the task as plain text
@@ -98,7 +106,7 @@ def run_engine(args, speculative: bool, chats) -> dict:
         stats = llm.engine.stats().spec_decode
     finally:
         llm.engine.close()
-    return dict(label="spec on" if speculative else "spec off", single=single, decode=decode, batched=batched,
+    return dict(label=ENGINES[name], single=single, decode=decode, batched=batched,
                 outputs=outputs,
                 batched_outputs=batched_outputs, stats=stats, prompt_tokens=sum(map(len, prompts)))
 
@@ -133,9 +141,9 @@ def run(args) -> int:
         if args.random_eagle3_head:
             write_head_for(args.model or smollm2_gguf(), args.speculative_config)
         for name in args.order.split(","):
-            if name not in ("off", "on"):
-                raise SystemExit(f"--order: 'off' and 'on', comma-separated; got {args.order!r}")
-            results[name] = run_engine(args, name == "on", chats)
+            if name not in ENGINES:
+                raise SystemExit(f"--order: {', '.join(ENGINES)}, comma-separated; got {args.order!r}")
+            results[name] = run_engine(args, name, chats)
     first = next(iter(results.values()))
     print(f"{args.prompts} input-grounded tasks ({first['prompt_tokens']} prompt tokens), {args.output_tokens} output "
           f"tokens each, greedy; batch {args.batch}; dtype {args.dtype}, weights {args.offload}, {args.threads} "
@@ -158,6 +166,12 @@ def run(args) -> int:
               + ("" if same == len(pairs) else f" ({same} of {len(pairs)} equal; the others first differ at token "
                  f"{', '.join(str(first_difference(a, b)) for a, b in pairs if a != b)}: without --batch-invariant a "
                  "verifying step's rows may round as a batch does, and a near tie can turn, docs/SPECULATIVE.md)"))
+    if "on-sync" in results and "on-async" in results:
+        on, sync = results["on-async"], results["on-sync"]
+        same = on["outputs"] + on["batched_outputs"] == sync["outputs"] + sync["batched_outputs"]
+        print(f"async scheduling with speculation: single stream {on['single'] / sync['single']:.2f}x, batch "
+              f"{args.batch} {on['batched'] / sync['batched']:.2f}x of spec sync; outputs "
+              f"{'identical' if same else 'DIFFER'}")
     if args.json:
         figures = {name: {"single_tok_s": r["single"], "decode_tok_s": r["decode"], "batched_tok_s": r["batched"],
                           "acceptance": r["stats"].acceptance_rate if r["stats"] else None,

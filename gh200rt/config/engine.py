@@ -37,13 +37,10 @@ class EngineConfig:
             raise ValueError("--kv-offloading-reads in_place with the draft_model method is not supported yet (the "
                              "draft computes its KV over every prompt position and keeps none for blocks read in "
                              "place): use load or auto, or an eagle3, mtp, ngram or suffix draft")
-        method = self.speculative.method
-        if self.scheduler.async_scheduling and (method is not None or self.parallel.tensor_parallel_size > 1):
-            what = "--speculative-config" if method is not None else "--tensor-parallel-size > 1"
-            why = "drafts are made from the tokens so far, on the host" if method is not None else \
-                "rank 0 sends its workers each step's input ids from the host"
-            raise ValueError(f"--async-scheduling with {what} is not supported yet ({why}): drop "
-                             f"--async-scheduling; by default such an engine schedules synchronously")
+        if self.scheduler.async_scheduling and self.parallel.tensor_parallel_size > 1:
+            raise ValueError("--async-scheduling with --tensor-parallel-size > 1 is not supported yet (rank 0 sends "
+                             "its workers each step's input ids from the host): drop --async-scheduling; by default "
+                             "such an engine schedules synchronously")
 
     @property
     def max_graph_batch(self) -> int:

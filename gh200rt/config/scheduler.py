@@ -15,7 +15,8 @@ class SchedulerConfig:
         "launch each step before the previous step's tokens reach the host (it reads them on the device), so the "
         "host detokenizes and reports a step while the next one runs; the step launched ahead is the one the "
         "scheduler would take; a stop the host learns late costs one discarded row; a tier move waits for the "
-        "step in flight; tensor-parallel engines and speculative decoding stay synchronous (refused with them); "
+        "step in flight; with speculative decoding the next step is launched once a step's tokens are taken in, "
+        "and its report overlaps that step; tensor-parallel engines stay synchronous (refused with them); "
         "default: on a GPU "
         "(1.07-1.26x decode on an H200), off on the CPU, where nothing overlaps (docs/ASYNC_SCHEDULING.md)"))
 

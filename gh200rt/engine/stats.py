@@ -36,7 +36,9 @@ class EngineStats:
     max_loras: int | None = None     # --max-loras with --enable-lora, else None (no LoRA metrics)
     running_lora_adapters: tuple[str, ...] = ()   # adapters of the running requests, each once, in batch order
     waiting_lora_adapters: tuple[str, ...] = ()   # adapters of the waiting requests, each once, in queue order
-    steps_launched_ahead: int = 0    # --async-scheduling: steps launched before the previous step's tokens reached the host
+    # --async-scheduling: steps launched before the previous step's tokens reached the host (with speculative
+    # decoding: before the previous step was reported)
+    steps_launched_ahead: int = 0
     rows_discarded: int = 0          # rows of those steps whose sequence had stopped in the step before
     kv_host: object = None           # the host KV tier's kv.offload.HostTierReport, None with the tier off
     spec_decode: object = None       # speculative decoding's SpecDecodeStats (a copy), None with it off

@@ -1,19 +1,21 @@
 """``EngineSteps``: the part of ``LLMEngine`` (engine.py) that runs a step and reports it.
 
 A step is launched (``_launch``: the model and the sampler run without waiting for the device; the step's progress
-is counted) and later completed (``_complete``: its tokens reach the host, sequences advance, detokenize, stop,
-and each request's ``RequestOutput`` is built). Without async scheduling one ``step()`` does both in turn. With it
-(``run_ahead.py``) a call launches the next step before completing the one in flight, so the host's work on a
-step overlaps the device's on the next; each call still reports exactly one step. An embedding request
-(``PoolingParams``) is prefilled in the same steps and answered once, pooled (engine/pooling.py). With speculative
-decoding the engine drafts before it schedules (``speculative/speculator.py``), a step's drafted positions are
-verified instead of sampled (``speculative/verify.py``), and each sequence takes in the tokens verification emits,
-one by one, its KV progress following the drafts it kept.
+is counted), later taken in (``_take_in``: its tokens reach the host, sequences advance, stop, detokenize) and
+reported (``_report``: each request's ``RequestOutput``). Without async scheduling one ``step()`` does all three in
+turn. With it (``run_ahead.py``) a call launches the next step before taking in the one in flight, so the host's
+work on a step overlaps the device's on the next; with speculative decoding, whose drafts need the tokens on the
+host, the next step is launched once the step is taken in and before it is reported (the text of sequences
+without stop strings and the outputs are made while the next step runs). Each call still reports exactly one
+step. An embedding request (``PoolingParams``) is prefilled in the same steps and answered once, pooled
+(engine/pooling.py). With speculative decoding the engine drafts before it schedules (``speculative/speculator.py``),
+a step's drafted positions are verified instead of sampled (``speculative/verify.py``), and each sequence takes in
+the tokens verification emits, one by one, its KV progress following the drafts it kept.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -45,7 +47,17 @@ class LaunchedStep:
     drafted: list[int] | None = None
     # the step's hidden states a hidden-state drafter reads (``StepLogits.hidden``), or None
     hidden: torch.Tensor | None = None
+    launch_seconds: float = 0.0      # the host's time launching it (on the CPU: running it)
 
+
+@dataclass
+class TakenStep:
+    """A step taken in: its sequences advanced and stopped, its text made except where reports come late."""
+    outputs: list                                   # embedding requests answered
+    touched: dict[str, set[int]]                    # request id -> indices of its sequences that advanced
+    # (detokenizer, token) pairs whose text is made when the step is reported (``--async-scheduling`` with
+    # speculative decoding: only sequences without stop strings, whose stops do not depend on their text)
+    untexted: list = field(default_factory=list)
 
 
 class EngineSteps:
@@ -56,6 +68,13 @@ class EngineSteps:
     def rows_in_flight(self) -> int:
         """Rows of a step launched ahead (``--async-scheduling``) whose tokens no ``step()`` has reported yet."""
         return 0 if self._in_flight is None else len(self._in_flight.sampling)
+
+    @property
+    def async_scheduling(self) -> str | None:
+        """How a step overlaps the host's work (``--async-scheduling``): "run-ahead" (the next step is launched
+        before this one's tokens reach the host), "report" (speculative decoding: once they are taken in, before
+        the step is reported) or None (synchronous)."""
+        return "run-ahead" if self._runs_ahead else "report" if self._reports_late else None
 
     # ---- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput | EmbeddingRequestOutput]:
@@ -71,17 +90,22 @@ class EngineSteps:
         self._steps += 1
         current, self._in_flight = self._in_flight, None
         if current is None:
-            if self.speculator is not None:
-                self.speculator.propose(self.scheduler.running)
-            out = self.scheduler.schedule()
-            if out.is_empty:
+            current = self._launch_next()
+            if current is None:
                 if self.host_tier is not None and self.host_tier.reading_from_disk:
                     self.host_tier.wait_for_disk_reads(DISK_READ_POLL_SECONDS)   # what waits is those blocks
                 return []
-            current = self._launch(out)
         if self._runs_ahead:
             self._in_flight = self._launch_ahead(current)
-        outputs = self._complete(current)
+        if self._reports_late:
+            waited = time.perf_counter()
+            taken = self._take_in(current, late=True)
+            current_seconds = current.launch_seconds + time.perf_counter() - waited
+            self._in_flight = self._launch_next()
+            self.steps_launched_ahead += self._in_flight is not None
+            outputs = self._report(taken)
+        else:
+            outputs = self._report(self._take_in(current, late=False))
         ahead = self._in_flight
         if ahead is not None and all(item.seq.is_finished for item in ahead.out.scheduled):
             self.rows_discarded += len(ahead.sampling)
@@ -94,6 +118,8 @@ class EngineSteps:
         captured = self.graphs.capture_seconds - capturing if self.graphs is not None else 0.0
         seconds = time.perf_counter() - started - captured
         self._step_seconds += seconds
+        if self._reports_late:       # the call also launched the next step: what ``current`` cost is its own
+            seconds = current_seconds
         if self.host_tier is not None and current.out.scheduled and not self._runs_ahead \
                 and all(item.computes_prompt for item in current.out.scheduled):
             self.host_tier.observe_prompt_step(seconds, current.out.num_batched_tokens)
@@ -108,8 +134,24 @@ class EngineSteps:
         if self._in_flight is not None and self._in_flight.sample is not None:
             self._in_flight.sample.wait()
 
+    def _launch_next(self) -> LaunchedStep | None:
+        """Draft (speculative decoding), schedule and launch the next step from what the host knows; None when
+        nothing is to be computed."""
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
+        out = self.scheduler.schedule()
+        return None if out.is_empty else self._launch(out)
+
     def _launch(self, out: SchedulerOutput, fed: FedTokens | None = None) -> LaunchedStep:
         """Run the model on ``out`` and sample, without waiting for the device; count the step's progress."""
+        now = time.perf_counter()
+        capturing = self.graphs.capture_seconds if self.graphs is not None else 0.0
+        step = self._launch_step(out, fed)
+        captured = self.graphs.capture_seconds - capturing if self.graphs is not None else 0.0
+        step.launch_seconds = time.perf_counter() - now - captured
+        return step
+
+    def _launch_step(self, out: SchedulerOutput, fed: FedTokens | None) -> LaunchedStep:
         now = time.perf_counter()
         groups = [(item.seq, item.draft_token_ids) for item in out.scheduled if item.samples]
         sampling = [seq for seq, _ in groups]
@@ -143,11 +185,12 @@ class EngineSteps:
         self.steps_launched_ahead += 1
         return self._launch(*planned)
 
-    def _complete(self, step: LaunchedStep) -> list[RequestOutput | EmbeddingRequestOutput]:
-        """Bring ``step``'s results to the host: advance its sequences, detokenize, check stops, report."""
+    def _take_in(self, step: LaunchedStep, late: bool) -> TakenStep:
+        """Bring ``step``'s results to the host: advance its sequences, check stops, detokenize (``late``: only
+        the sequences with stop strings; the rest when the step is reported)."""
         prompt_chunks = step.prompt_chunks
-        outputs: list = self._pool(step.pooled, prompt_chunks)
-        touched: dict[str, set[int]] = {}
+        taken = TakenStep(self._pool(step.pooled, prompt_chunks), {})
+        touched, untexted = taken.touched, taken.untexted if late else None
         for i, chunk_logits in step.prompt_logits.items():
             seq, start = prompt_chunks[i]
             if seq.is_finished:              # aborted while its step was in flight
@@ -157,7 +200,7 @@ class EngineSteps:
                 state.prompt_logprobs.extend(prompt_logprobs_for_chunk(chunk_logits, seq.prompt_token_ids, start,
                                                                        seq.params.prompt_logprobs))
         if step.sample is not None and step.drafted is not None:
-            self._take_verified(step, touched)
+            self._take_verified(step, touched, untexted)
         elif step.sample is not None:
             result = step.sample.result()
             stamp = time.perf_counter()
@@ -168,18 +211,25 @@ class EngineSteps:
                     continue
                 seq.first_token_time = seq.first_token_time or stamp
                 seq.last_token_time = stamp
-                self._advance(seq, token, lp, chosen)
+                self._advance(seq, token, lp, chosen, untexted)
                 touched.setdefault(seq.group_id, set()).add(seq.index)
         if step.hidden is not None and self.speculator is not None:
             self._hand_hidden_states(step)
-        for group_id, advanced in touched.items():
+        return taken
+
+    def _report(self, taken: TakenStep) -> list[RequestOutput | EmbeddingRequestOutput]:
+        """Each advanced request's output (its text made first where it was left for now)."""
+        for detok, token in taken.untexted:
+            detok.add_token(token)          # no stop strings: nothing it makes ends a sequence
+        outputs = taken.outputs
+        for group_id, advanced in taken.touched.items():
             state = self.requests[group_id]
             outputs.append(state.make_output(advanced))
             if state.finished:
                 del self.requests[group_id]
         return outputs
 
-    def _take_verified(self, step: LaunchedStep, touched: dict[str, set[int]]) -> None:
+    def _take_verified(self, step: LaunchedStep, touched: dict[str, set[int]], untexted: list | None) -> None:
         """Append what verification emitted for each sequence, token by token (a stop ends it there): before each
         token after the first, the drafted token before it, computed in this step and kept, counts as computed."""
         result = step.sample.result()
@@ -195,7 +245,7 @@ class EngineSteps:
             for j in range(first, first + emitted):
                 if j > first:
                     seq.num_computed_tokens += 1
-                self._advance(seq, result.token_ids[j], result.logprobs[j], result.chosen_logprobs[j])
+                self._advance(seq, result.token_ids[j], result.logprobs[j], result.chosen_logprobs[j], untexted)
                 if seq.is_finished:
                     break
             if drafted:
@@ -234,7 +284,9 @@ class EngineSteps:
                 done.append(state.output())
         return done
 
-    def _advance(self, seq: Sequence, token: int, lp, chosen: float) -> None:
+    def _advance(self, seq: Sequence, token: int, lp, chosen: float, untexted: list | None) -> None:
+        """Append ``token`` and stop where it ends the sequence; its text is made now, or appended to ``untexted``
+        for later where no stop string can read it."""
         state = self.requests[seq.group_id]
         seq.append_token(token)
         if seq.grammar is not None:             # the grammar state follows the output tokens exactly
@@ -247,8 +299,12 @@ class EngineSteps:
             self.kv.publish_full_blocks(seq)
         finished = seq.check_token_stop(token)
         if not (finished and seq.finish_reason == "stop"):    # EOS and stop token ids add no text
-            stop = state.detoks[seq.index].add_token(token)
-            if stop is not None:
-                finished = seq.finish("stop", stop)
+            detok = state.detoks[seq.index]
+            if untexted is not None and not detok.stop:
+                untexted.append((detok, token))
+            else:
+                stop = detok.add_token(token)
+                if stop is not None:
+                    finished = seq.finish("stop", stop)
         if finished:
             self.scheduler.finish(seq)

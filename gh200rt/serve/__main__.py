@@ -107,9 +107,8 @@ def run_server(server_config, engine_config, build_engine) -> int:
                  describe_engine(engine))
         speculator = getattr(engine, "speculator", None)
         if speculator is not None:
-            on_gpu = getattr(getattr(engine, "platform", None), "kind", "cpu") != "cpu"
-            note = " (async scheduling is off with it: drafts are made from the tokens so far, on the host)" \
-                if on_gpu else ""
+            note = " (async scheduling: each step's report overlaps the next step)" \
+                if getattr(engine, "async_scheduling", None) == "report" else ""
             log.info("speculative decoding: %s%s", speculator.method.describe(), note)
         return engine
 

@@ -165,7 +165,8 @@ def _engine_lines(s, num_pending: int) -> list[str]:
                                  "Decode graphs captured (one per batch bucket, again after each tier move)."),
         "steps_launched_ahead_total": (get("steps_launched_ahead"),
                                        "Steps launched before the previous step's tokens reached the host "
-                                       "(--async-scheduling)."),
+                                       "(--async-scheduling; with speculative decoding: before the previous step "
+                                       "was reported)."),
         "rows_discarded_total": (get("rows_discarded"),
                                  "Rows of steps launched ahead whose sequence had stopped in the step before."),
     }

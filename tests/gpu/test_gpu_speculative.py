@@ -81,3 +81,30 @@ def test_an_eagle3_head_keeps_greedy_tokens_on_cuda(tiny_dir, tmp_path):  # noqa
                          speculative_config={"method": "eagle3", "model": head, "num_speculative_tokens": 3})
     assert_same_or_near_tie(reference, outputs, "eagle3 on cuda")
     assert stats.num_draft_tokens > 0, stats
+
+
+@pytest.mark.parametrize("label", ["resident graphs", "stream K2 d1"])
+def test_async_scheduling_reports_the_synchronous_outputs_on_cuda(tiny_dir, draft_dir, label):  # noqa: F811
+    """With --async-scheduling (a GPU's default) the next verifying step is launched before a step is reported;
+    every stop is decided before that launch, so the steps and their outputs are the synchronous engine's, bit for
+    bit (greedy with logprobs, seeded n = 2, a stop token)."""
+    prompts = looping_prompts(3, seed=16)
+    params = [SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2),
+              SamplingParams(temperature=0.8, top_p=0.95, max_tokens=12, ignore_eos=True, n=2, seed=5),
+              SamplingParams(temperature=0, max_tokens=16, stop_token_ids=[7])]
+    spec = {"method": "draft_model", "model": draft_dir, "num_speculative_tokens": 3}
+    results = {}
+    for asked in (False, True):
+        config = EngineConfig.from_kwargs(model=tiny_dir, dtype="float32", max_model_len=128, num_kv_blocks=64,
+                                          speculative_config=spec, async_scheduling=asked, **PLACEMENTS[label])
+        engine = LLMEngine.from_config(config, poison=True)
+        try:
+            outputs = LLM.from_engine(engine).generate(prompts, params)
+            results[asked] = [[(c.token_ids, c.text, c.finish_reason, c.cumulative_logprob) for c in o.outputs]
+                              for o in outputs]
+            stats = engine.stats()
+        finally:
+            engine.close()
+        assert (stats.steps_launched_ahead > 0) == asked and stats.rows_discarded == 0, stats
+        assert stats.spec_decode.num_draft_tokens > 0
+    assert results[True] == results[False]

@@ -27,18 +27,15 @@ def test_a_draft_model_is_named_by_its_path_with_or_without_method():
         EngineConfig.from_kwargs(speculative_config=draft, kv_offloading_size="1", kv_offloading_reads="in_place")
 
 
-def test_async_scheduling_asked_for_beside_speculation_or_tensor_parallelism_is_refused():
+def test_async_scheduling_beside_speculation_is_taken_and_beside_tensor_parallelism_refused():
     ngram = {"method": "ngram", "num_speculative_tokens": 2}
-    with pytest.raises(ValueError, match="--async-scheduling with --speculative-config is not supported yet "
-                                         ".drafts are made from the tokens so far, on the host.: drop "
-                                         "--async-scheduling"):
-        EngineConfig.from_kwargs(speculative_config=ngram, async_scheduling=True)
+    assert EngineConfig.from_kwargs(speculative_config=ngram, async_scheduling=True).scheduler.async_scheduling
     with pytest.raises(ValueError, match="--async-scheduling with --tensor-parallel-size > 1 is not supported yet"):
         EngineConfig.from_kwargs(tensor_parallel_size=2, async_scheduling=True)
+    with pytest.raises(ValueError, match="--async-scheduling with --tensor-parallel-size > 1 is not supported yet"):
+        EngineConfig.from_kwargs(tensor_parallel_size=2, async_scheduling=True, speculative_config=ngram)
     assert EngineConfig.from_kwargs(speculative_config=ngram).scheduler.async_scheduling is None   # the default
     assert EngineConfig.from_kwargs(speculative_config=ngram, async_scheduling=False).speculative.method is not None
-    off = {"method": "ngram", "num_speculative_tokens": 0}                 # k = 0: speculation off, async allowed
-    assert EngineConfig.from_kwargs(speculative_config=off, async_scheduling=True).scheduler.async_scheduling
 
 
 def test_the_flag_and_the_llm_keyword_give_the_same_config():

@@ -17,8 +17,12 @@ def test_the_benchmark_reports_both_engines_and_their_agreement(tmp_path, capsys
     figures = tmp_path / "speculative.json"
     assert main(["speculative", "--model", str(tmp_path / "model"), "--dtype", "float32", "--prompts", "2",
                  "--output-tokens", "16", "--batch", "2", "--max-chars", "100", "--max-model-len", "256",
-                 "--json", str(figures)]) == 0
+                 "--json", str(figures), "--order", "off,on,on-sync,on-async"]) == 0
     text = capsys.readouterr().out
+    # with and without async scheduling a speculating engine takes the same steps: the same outputs
+    assert re.search(r"^spec sync +[0-9.]+ +[0-9.]+ +[0-9.]+ +[01]\.[0-9]{2} +[1-5]\.[0-9]{2}$", text, re.M), text
+    assert re.search(r"^async scheduling with speculation: single stream [0-9.]+x, batch 2 [0-9.]+x of spec sync; "
+                     r"outputs identical$", text, re.M), text
     assert re.search(r"^spec off +[0-9.]+ +[0-9.]+ +[0-9.]+ +- +-$", text, re.M), text
     assert re.search(r"^spec on +[0-9.]+ +[0-9.]+ +[0-9.]+ +[01]\.[0-9]{2} +[1-5]\.[0-9]{2}$", text, re.M), text
     assert re.search(r"^speed-up: single stream [0-9.]+x \(decode [0-9.]+x\), batch 2 [0-9.]+x; greedy outputs "
@@ -28,8 +32,9 @@ def test_the_benchmark_reports_both_engines_and_their_agreement(tmp_path, capsys
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1 and first_difference([1, 2], [1, 2, 3]) == 2
     # the GPU validation kit's report reads the same figures: with speculation, next to the run without
     rows = speculative_figures(json.loads(figures.read_text()))
-    assert [r["unit"] for r in rows] == ["tok/s", "tok/s"] and all(r["roofline"] > 0 for r in rows)
+    assert [r["unit"] for r in rows] == ["tok/s"] * 4 and all(r["roofline"] > 0 for r in rows)
     assert "single stream" in rows[0]["what"] and "batch 2" in rows[1]["what"]
+    assert "async scheduling" in rows[2]["what"] and "synchronous" in rows[2]["roofline_source"]
 
 
 def test_a_random_eagle3_head_is_written_for_the_model_and_drafts(tmp_path, capsys):

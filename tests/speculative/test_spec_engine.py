@@ -112,7 +112,7 @@ def test_drafts_never_run_past_max_tokens_or_the_context(tiny):
 
 
 def test_chunked_prefill_and_preemption(tiny):
-    """(Asking for async scheduling beside speculation is refused: test_config.py.)"""
+    """(With async scheduling too: test_spec_async.py.)"""
     prompts = looping_prompts(8, seed=4)
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     for options in ({"max_num_batched_tokens": 8}, {"num_kv_blocks": 10, "block_size": 8, "max_model_len": 64}):
