@@ -37,10 +37,6 @@ class EngineConfig:
             raise ValueError("--kv-offloading-reads in_place with the draft_model method is not supported yet (the "
                              "draft computes its KV over every prompt position and keeps none for blocks read in "
                              "place): use load or auto, or an eagle3, mtp, ngram or suffix draft")
-        if self.scheduler.async_scheduling and self.parallel.tensor_parallel_size > 1:
-            raise ValueError("--async-scheduling with --tensor-parallel-size > 1 is not supported yet (rank 0 sends "
-                             "its workers each step's input ids from the host): drop --async-scheduling; by default "
-                             "such an engine schedules synchronously")
 
     @property
     def max_graph_batch(self) -> int:

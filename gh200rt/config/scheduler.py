@@ -15,10 +15,9 @@ class SchedulerConfig:
         "launch each step before the previous step's tokens reach the host (it reads them on the device), so the "
         "host detokenizes and reports a step while the next one runs; the step launched ahead is the one the "
         "scheduler would take; a stop the host learns late costs one discarded row; a tier move waits for the "
-        "step in flight; with speculative decoding the next step is launched once a step's tokens are taken in, "
-        "and its report overlaps that step; tensor-parallel engines stay synchronous (refused with them); "
-        "default: on a GPU "
-        "(1.07-1.26x decode on an H200), off on the CPU, where nothing overlaps (docs/ASYNC_SCHEDULING.md)"))
+        "step in flight; with speculative decoding or tensor parallelism the next step is launched once a step's "
+        "tokens are taken in, and its report overlaps that step; default: on a GPU (1.07-1.26x decode on an "
+        "H200), off on the CPU, where nothing overlaps (docs/ASYNC_SCHEDULING.md)"))
 
     def __post_init__(self):
         if self.max_num_seqs < 1:

@@ -175,13 +175,14 @@ class LLMEngine(RequestIntake, EngineReports, EngineSteps):
         elif draft is not None:
             proposer = DraftProposer(draft, num_blocks, bs, kv_dtype, device, self.sampler)
         self.speculator = Speculator(spec, self.kv, proposer) if spec is not None else None
-        # async scheduling where every input id of a step is this process's (not rank 0 of a tensor-parallel engine),
-        # and drafts are not made from the tokens so far (they are on the host once a step is taken in); with
-        # speculative decoding the next step is launched once a step's tokens are taken in, before its report
+        # async scheduling runs ahead where every input id of a step is this process's (not rank 0 of a
+        # tensor-parallel engine, which sends them from the host) and drafts are not made from the tokens so far
+        # (they are on the host once a step is taken in); elsewhere the next step is launched once a step's tokens
+        # are taken in, before its report
         asked = config.scheduler.async_scheduling
-        overlapping = (not on_cpu if asked is None else asked) and parallel is None
-        self._runs_ahead = overlapping and self.speculator is None
-        self._reports_late = overlapping and self.speculator is not None
+        overlapping = not on_cpu if asked is None else asked
+        self._runs_ahead = overlapping and parallel is None and self.speculator is None
+        self._reports_late = overlapping and not self._runs_ahead
         self._in_flight: LaunchedStep | None = None
         self.steps_launched_ahead = 0
         self.rows_discarded = 0

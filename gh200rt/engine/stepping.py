@@ -4,9 +4,10 @@ A step is launched (``_launch``: the model and the sampler run without waiting f
 is counted), later taken in (``_take_in``: its tokens reach the host, sequences advance, stop, detokenize) and
 reported (``_report``: each request's ``RequestOutput``). Without async scheduling one ``step()`` does all three in
 turn. With it (``run_ahead.py``) a call launches the next step before taking in the one in flight, so the host's
-work on a step overlaps the device's on the next; with speculative decoding, whose drafts need the tokens on the
-host, the next step is launched once the step is taken in and before it is reported (the text of sequences
-without stop strings and the outputs are made while the next step runs). Each call still reports exactly one
+work on a step overlaps the device's on the next; with speculative decoding (whose drafts need the tokens on the
+host) and tensor parallelism (whose rank 0 sends its workers the input ids from the host), the next step is
+launched once the step is taken in and before it is reported (the text of sequences without stop strings and the
+outputs are made while the next step runs). Each call still reports exactly one
 step. An embedding request (``PoolingParams``) is prefilled in the same steps and answered once, pooled
 (engine/pooling.py). With speculative decoding the engine drafts before it schedules (``speculative/speculator.py``),
 a step's drafted positions are verified instead of sampled (``speculative/verify.py``), and each sequence takes in
@@ -55,8 +56,8 @@ class TakenStep:
     """A step taken in: its sequences advanced and stopped, its text made except where reports come late."""
     outputs: list                                   # embedding requests answered
     touched: dict[str, set[int]]                    # request id -> indices of its sequences that advanced
-    # (detokenizer, token) pairs whose text is made when the step is reported (``--async-scheduling`` with
-    # speculative decoding: only sequences without stop strings, whose stops do not depend on their text)
+    # (detokenizer, token) pairs whose text is made when the step is reported (``--async-scheduling`` that does not
+    # run ahead: only sequences without stop strings, whose stops do not depend on their text)
     untexted: list = field(default_factory=list)
 
 
@@ -72,8 +73,8 @@ class EngineSteps:
     @property
     def async_scheduling(self) -> str | None:
         """How a step overlaps the host's work (``--async-scheduling``): "run-ahead" (the next step is launched
-        before this one's tokens reach the host), "report" (speculative decoding: once they are taken in, before
-        the step is reported) or None (synchronous)."""
+        before this one's tokens reach the host), "report" (speculative decoding, tensor parallelism: once they are
+        taken in, before the step is reported) or None (synchronous)."""
         return "run-ahead" if self._runs_ahead else "report" if self._reports_late else None
 
     # ---- the step -------------------------------------------------------------------------------

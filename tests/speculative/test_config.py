@@ -27,13 +27,11 @@ def test_a_draft_model_is_named_by_its_path_with_or_without_method():
         EngineConfig.from_kwargs(speculative_config=draft, kv_offloading_size="1", kv_offloading_reads="in_place")
 
 
-def test_async_scheduling_beside_speculation_is_taken_and_beside_tensor_parallelism_refused():
+def test_async_scheduling_is_taken_beside_speculation_and_tensor_parallelism():
     ngram = {"method": "ngram", "num_speculative_tokens": 2}
     assert EngineConfig.from_kwargs(speculative_config=ngram, async_scheduling=True).scheduler.async_scheduling
-    with pytest.raises(ValueError, match="--async-scheduling with --tensor-parallel-size > 1 is not supported yet"):
-        EngineConfig.from_kwargs(tensor_parallel_size=2, async_scheduling=True)
-    with pytest.raises(ValueError, match="--async-scheduling with --tensor-parallel-size > 1 is not supported yet"):
-        EngineConfig.from_kwargs(tensor_parallel_size=2, async_scheduling=True, speculative_config=ngram)
+    both = EngineConfig.from_kwargs(tensor_parallel_size=2, async_scheduling=True, speculative_config=ngram)
+    assert both.scheduler.async_scheduling and both.parallel.tensor_parallel_size == 2
     assert EngineConfig.from_kwargs(speculative_config=ngram).scheduler.async_scheduling is None   # the default
     assert EngineConfig.from_kwargs(speculative_config=ngram, async_scheduling=False).speculative.method is not None
 

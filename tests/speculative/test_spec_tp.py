@@ -17,13 +17,13 @@ from tests.speculative.test_spec_engine import NGRAM, looping_prompts
 
 
 def run(path: str, prompts, max_tokens: int = 16, **options) -> tuple[list, object, dict]:
-    """(tokens of each prompt, rank 0's speculation stats, each rank's ledger once stopped)."""
+    """(tokens of each prompt, rank 0's engine stats, each rank's ledger once stopped)."""
     config = EngineConfig.from_kwargs(model=path, dtype="float32", max_model_len=128, tensor_parallel_size=2,
                                       batch_invariant=True, **options)
     llm = LLM.from_engine(LLMEngine.from_config(config))
     try:
         out = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
-        stats = llm.engine.stats().spec_decode
+        stats = llm.engine.stats()
         ledgers = {0: dict(llm.engine.ledger.by_kind)}
     finally:
         llm.engine.close()
@@ -32,12 +32,17 @@ def run(path: str, prompts, max_tokens: int = 16, **options) -> tuple[list, obje
 
 
 def test_two_ranks_verify_what_one_drafts(tmp_path):
+    """And with --async-scheduling (with or without drafts, rank 0 launches the next step once a step is taken in,
+    before it is reported): the same tokens."""
     path = save_tp_tiny("llama-gqa", str(tmp_path / "llama"))
     prompts = looping_prompts(4, seed=12)
     want, _, _ = run(path, prompts)
     got, stats, _ = run(path, prompts, speculative_config=NGRAM)
     assert got == want
-    assert stats.num_accepted_tokens > 0, stats
+    assert stats.spec_decode.num_accepted_tokens > 0, stats
+    got, stats, _ = run(path, prompts, speculative_config=NGRAM, async_scheduling=True)
+    assert got == want and stats.steps_launched_ahead > 0 and stats.spec_decode.num_accepted_tokens > 0, stats
+    assert run(path, prompts, async_scheduling=True)[0] == want
 
 
 def booked_alike(ledgers: dict) -> None:
@@ -56,14 +61,14 @@ def test_a_draft_model_and_an_eagle3_head_draft_on_rank_zero(tmp_path):
     draft = {"method": "draft_model", "model": path, "num_speculative_tokens": 3}
     got, stats, ledgers = run(path, prompts, max_tokens=12, speculative_config=draft)
     assert got == want
-    assert stats.num_accepted_tokens > 0, stats
+    assert stats.spec_decode.num_accepted_tokens > 0, stats
     booked_alike(ledgers)
     # a head sharing the target's embeddings: rank 0 holds a vocabulary half, so the head reads the whole matrix
     head = write_eagle3_head(str(tmp_path / "head"), aux_ids=[0, 1, 1], draft_vocab=256)
     eagle3 = {"method": "eagle3", "model": head, "num_speculative_tokens": 2}
     got, stats, ledgers = run(path, prompts, max_tokens=12, speculative_config=eagle3)
     assert got == want
-    assert stats.num_draft_tokens > 0, stats
+    assert stats.spec_decode.num_draft_tokens > 0, stats
     booked_alike(ledgers)
     assert ledgers[0]["draft_weights"] >= 256 * 64 * 4       # the embeddings are the head's own on rank 0
 
@@ -78,5 +83,5 @@ def test_an_mtp_layer_drafts_on_rank_zero(tmp_path, family):
     got, stats, ledgers = run(path, prompts, max_tokens=12,
                               speculative_config={"method": "mtp", "num_speculative_tokens": 2})
     assert got == want
-    assert stats.num_draft_tokens > 0, stats
+    assert stats.spec_decode.num_draft_tokens > 0, stats
     booked_alike(ledgers)
