@@ -7,9 +7,10 @@ layer and MoE glue, CUDA graph capture, the host-registration check). Their kern
 and the torch ops behind them.
 
 Each backend's ``backend.py`` answers the engine's questions: ``linear_format(loaded, config)`` (the form its
-resident linears take), ``resident_forms(module, config)`` (that form for a module the weight store does not place:
-a speculative draft) and ``install_kernels(model, config, device)`` (its ops into the model's hooks). ``BACKENDS`` names
-each by dotted path and ``backend_for`` imports only the one chosen, so the CPU platform never imports Triton glue.
+resident linears take), ``resident_forms(module, config, quantized)`` (that form for a module the weight store does
+not place: a speculative draft) and ``install_kernels(model, config, device)`` (its ops into the model's hooks).
+``BACKENDS`` names each by dotted path and ``backend_for`` imports only the one chosen, so the CPU platform never
+imports Triton glue.
 """
 from __future__ import annotations
 

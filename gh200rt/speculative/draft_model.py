@@ -77,10 +77,13 @@ def load_draft(method: SpeculativeMethod, tokenizer, arch, dtype: torch.dtype, c
         raise ValueError(f"--speculative-config: draft model {method.model!r} not found ({e}); give a Hugging Face "
                          f"directory, a .gguf file or an alias") from None
     names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-    model_config = ModelConfig(model=method.model, dtype=names.get(dtype, "auto"), cpu_route=config.model.cpu_route)
+    # the target's compute dtype; a forced --cpu-route decides it from the --dtype given with it (fp16 computes in
+    # float32 and refuses --dtype float32)
+    wanted = config.model.dtype if config.model.cpu_route is not None else names.get(dtype, "auto")
+    model_config = ModelConfig(model=method.model, dtype=wanted, cpu_route=config.model.cpu_route)
     loaded = load_model(model_config, device=device)
     check_vocabulary(loaded.tokenizer, loaded.arch, tokenizer, arch, method.model)
-    install(loaded.model, config, device)
+    install(loaded.model, config, device, loaded.quantized)
     return DraftModel(loaded.model.eval(), loaded.arch, module_weight_bytes(loaded.model))
 
 
@@ -114,11 +117,12 @@ def load_mtp_draft(checkpoint: str, arch, dtype: torch.dtype, config, device: st
     return DraftModel(layer, layer.arch, module_weight_bytes(layer), kind="mtp")
 
 
-def install(module: torch.nn.Module, config, device: str) -> None:
-    """A draft's linears in the backend's resident form and its kernels in the hooks (the weight store does both for
-    the target)."""
+def install(module: torch.nn.Module, config, device: str, quantized: dict | None = None) -> None:
+    """A draft's linears in the backend's resident form (``quantized``: its checkpoint's blocks, kept for single
+    rows where the route keeps the target's) and its kernels in the hooks (the weight store does both for the
+    target)."""
     backend = backend_for(device)
-    backend.resident_forms(module, config)
+    backend.resident_forms(module, config, quantized)
     backend.install_kernels(module, config, device)
 
 

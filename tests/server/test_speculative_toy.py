@@ -40,3 +40,19 @@ def test_a_method_the_model_cannot_serve_stops_the_start_with_what_to_use(start_
     with pytest.raises(RuntimeError) as e:
         start_toy_server("--speculative-config", '{"method": "eagle3", "model": "x", "num_speculative_tokens": 2}')
     assert "eagle3 head 'x' is not a directory" in str(e.value)
+
+
+def test_async_scheduling_with_drafts_serves_the_synchronous_completions(start_toy_server):
+    """--async-scheduling beside --speculative-config: each step's report overlaps the next verifying step; the
+    server streams what the synchronous one serves (text, logprobs, a stop string's cut), streams cut in flight leave
+    nothing held, and steps were launched before the previous step was reported."""
+    from tests.server.helpers import check_streams_with_disconnects, metric
+    servers = [start_toy_server("--speculative-config", NGRAM, *flags) for flags in ((), ("--async-scheduling",))]
+    for prompt, stop in (("a b c a b c a b c a b", None), ("abcabcabc", None), ("hello world hello", "o")):
+        body = {"model": "toy", "prompt": prompt, "max_tokens": 12, "temperature": 0, "logprobs": 2, "stop": stop}
+        sync, late = (httpx.post(s.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]
+                      for s in servers)
+        assert (late["text"], late["finish_reason"], late["logprobs"]) == \
+            (sync["text"], sync["finish_reason"], sync["logprobs"])
+    check_streams_with_disconnects(servers[1], timeout=60, count=12)
+    assert metric(servers[1], "steps_launched_ahead_total") > 0

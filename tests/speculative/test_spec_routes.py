@@ -67,3 +67,18 @@ def test_an_eagle3_head_in_the_routes_resident_form_keeps_the_bits(cpu_route, sm
         [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in want]
     assert converted[1] == converted[0], f"{cpu_route.name}: the target's head converted {converted[0]}, the draft's " \
                                          f"{converted[1]}"
+
+
+def test_a_gguf_draft_takes_the_targets_forms(cpu_route):
+    """A draft read from a GGUF file takes the forms the route gives the target from it: where the target keeps the
+    file's blocks for single rows (a GGUF model's default route), so does the draft, which decodes one row a
+    sequence (it read the fp16 form: twice the bytes a drafted token); drafts are verified and kept."""
+    from gh200rt.backends.cpu.prepack import linear_formats
+    draft = {"method": "draft_model", "model": "smollm2-135m", "num_speculative_tokens": 3}
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    with route_llm(cpu_route, enable_prefix_caching=False, speculative_config=draft) as llm:
+        forms = linear_formats(llm.engine.speculator.draft.draft.model)
+        assert forms == linear_formats(llm.engine.runner.model), forms
+        want, got, stats = with_and_without(llm, params)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert stats.num_accepted_tokens > 0, stats

@@ -10,6 +10,7 @@ from gh200rt.backends.cpu.prepack import GGUF_ROW_FORMATS, cpu_route_form, resid
 from gh200rt.backends.cpu.routes import describe, route_for
 from gh200rt.config import EngineConfig
 from gh200rt.models.layers.mla import ABSORBED_WEIGHTS
+from gh200rt.weights.device_moves import linear_parts
 
 log = logging.getLogger(__name__)
 
@@ -22,20 +23,34 @@ def linear_format(model: torch.nn.Module, quantized: dict | None, config: Engine
                                   native_kernels=config.model.cpu_kernels == "native")
 
 
-def resident_forms(module: torch.nn.Module, config: EngineConfig) -> None:
+def resident_forms(module: torch.nn.Module, config: EngineConfig, quantized: dict | None = None) -> None:
     """A module the weight store does not place (a speculative draft, an EAGLE-3 head, a multi-token-prediction
-    layer): each dense linear in the form resident ones take on this route (AMX tiles, reordered fp32, fp16...)."""
+    layer): each dense linear in the form resident ones take on this route (AMX tiles, reordered fp32, fp16...);
+    ``quantized``: the module's checkpoint blocks (a GGUF draft), which its linears keep for single rows where the
+    route does so for the target (a draft decodes one row a sequence)."""
     route = route_for(config.model.dtype, config.model.cpu_route)
-    fmt = resident_linear_format(module, route.linear_format, None, native_kernels=config.model.cpu_kernels == "native")
+    fmt = resident_linear_format(module, route.linear_format, quantized,
+                                 native_kernels=config.model.cpu_kernels == "native")
     if fmt is None:
         return
-    fmt = GGUF_ROW_FORMATS.get(fmt, fmt)
+    tied = getattr(getattr(module, "arch", None), "tie_word_embeddings", False)
     with torch.inference_mode():
         for name, linear in module.named_modules():
             weight = getattr(getattr(linear, "weight_ref", None), "current", None)
             if isinstance(weight, torch.Tensor) and weight.device.type == "cpu" and \
                     not name.endswith(ABSORBED_WEIGHTS) and linear.lora is None:
-                linear.weight_ref.current = cpu_route_form(weight, fmt, gated=name.endswith("gate_up_proj"))
+                parts = _checkpoint_parts(quantized, tied, name) if fmt in GGUF_ROW_FORMATS else None
+                linear.weight_ref.current = cpu_route_form(weight, fmt if parts else GGUF_ROW_FORMATS.get(fmt, fmt),
+                                                           parts, gated=name.endswith("gate_up_proj"))
+
+
+def _checkpoint_parts(quantized: dict | None, tied: bool, module_name: str) -> list | None:
+    """The checkpoint blocks of linear ``module_name`` (``layers.3.self_attn.qkv_proj``, ``lm_head``), or None."""
+    if module_name == "lm_head":
+        return linear_parts(quantized, tied, None, module_name)
+    head, _, rest = module_name.partition(".")
+    index, _, name = rest.partition(".")
+    return linear_parts(quantized, tied, int(index), name) if head == "layers" and index.isdigit() else None
 
 
 def install_kernels(model: torch.nn.Module, config: EngineConfig, device: str = "cpu") -> None:

@@ -12,7 +12,7 @@ def linear_format(model: torch.nn.Module, quantized: dict | None, config: Engine
     return None
 
 
-def resident_forms(module: torch.nn.Module, config: EngineConfig) -> None:
+def resident_forms(module: torch.nn.Module, config: EngineConfig, quantized: dict | None = None) -> None:
     """A module the weight store does not place keeps its loaded form, as resident linears do on a GPU."""
 
 
