@@ -39,10 +39,10 @@ generate: install
 check-kernels: install-test
 	$(PY) scripts/check_kernels.py
 
+# (the GPU kits' dry run is a test: tests/unit/test_validate_gpu_steps.py)
 test: install-test
 	$(PY) -m pytest -q tests
 	$(PY) scripts/check_kernels.py
-	$(PY) scripts/validate_gpu.py --dry-run
 
 # The suite in a random order, modules and the tests within each shuffled (the seed is printed; SEED=N repeats a
 # run): every test passes in any order. Run it before a submission that adds tests or fixtures.
