@@ -19,16 +19,6 @@ AUX = (2, 2, 1)          # the default layers of a 4-layer target: 2, 4 // 2, 4 
 
 
 @pytest.fixture(scope="module")
-def target_path(tmp_path_factory):
-    return save_tiny_llama(str(tmp_path_factory.mktemp("eagle3-target")), num_layers=4)
-
-
-@pytest.fixture(scope="module")
-def target(target_path):
-    return SharedModel(target_path)
-
-
-@pytest.fixture(scope="module")
 def heads(tmp_path_factory):
     root = tmp_path_factory.mktemp("eagle3-heads")
     return {"head": write_eagle3_head(str(root / "head")),

@@ -7,20 +7,10 @@ from __future__ import annotations
 import pytest
 
 from gh200rt.sampling_params import SamplingParams
-from tests.engine.real_models import SharedModel, save_tiny_llama
+from tests.engine.real_models import SharedModel
 from tests.engine.test_async_scheduling import assert_no_blocks_held, choices, finish, stepped
 from tests.speculative.eagle3_files import write_eagle3_head
 from tests.speculative.test_spec_engine import looping_prompts
-
-
-@pytest.fixture(scope="module")
-def target_path(tmp_path_factory):
-    return save_tiny_llama(str(tmp_path_factory.mktemp("spec-async")), num_layers=4)
-
-
-@pytest.fixture(scope="module")
-def target(target_path):
-    return SharedModel(target_path)
 
 
 @pytest.fixture(scope="module")
