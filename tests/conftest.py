@@ -82,6 +82,15 @@ def cpu_route(request):
         yield route
 
 
+@pytest.fixture(scope="session")
+def short_smollm2(tmp_path_factory) -> str:
+    """The shipped SmolLM2 GGUF cut to its first four blocks (tests/engine/short_gguf.py): every shape, weight type
+    and kernel path of the whole model, for the tests that run it on every CPU route."""
+    from tests.engine.real_models import smollm2_gguf
+    from tests.engine.short_gguf import write_first_blocks
+    return write_first_blocks(smollm2_gguf(), str(tmp_path_factory.mktemp("smollm2") / "smollm2-4-blocks.gguf"), 4)
+
+
 @pytest.fixture(autouse=True)
 def _torch_threads_restored():
     """Each test starts with the session's torch thread count: a test that changes it (a pool worker's

@@ -1,5 +1,6 @@
 """SmolLM2 engines on a forced CPU route (the ``cpu_route`` fixture, tests/cpu_routes.py), and what a request's
-first step computed."""
+first step computed. The model is the ``short_smollm2`` fixture's (SmolLM2's first four blocks, tests/conftest.py)
+or the whole shipped GGUF."""
 from __future__ import annotations
 
 import contextlib
@@ -14,11 +15,11 @@ from gh200rt.sampling_params import SamplingParams
 
 
 @contextlib.contextmanager
-def route_llm(route, **options) -> Iterator[LLM]:
-    """An LLM over SmolLM2 (the shipped GGUF) on ``route`` (a ``TestRoute``), closed on leaving; ``options``: engine
+def route_llm(route, model: str, **options) -> Iterator[LLM]:
+    """An LLM over ``model`` (a SmolLM2 GGUF) on ``route`` (a ``TestRoute``), closed on leaving; ``options``: engine
     options (a small KV pool and context unless given: tests build several engines on a shared machine)."""
     options = {"max_model_len": 256, "num_kv_blocks": 96, **route.options, **options}
-    engine = LLMEngine.from_config(EngineConfig.from_kwargs(model="smollm2-135m", **options))
+    engine = LLMEngine.from_config(EngineConfig.from_kwargs(model=model, **options))
     try:
         yield LLM.from_engine(engine)
     finally:

@@ -45,15 +45,15 @@ def synchronous_stores(llm) -> None:
     tier.store = store_and_wait
 
 
-def test_blocks_back_from_host_memory_give_a_device_hits_bits(cpu_route):
+def test_blocks_back_from_host_memory_give_a_device_hits_bits(cpu_route, short_smollm2):
     firsts = conversations(1000, count=3, system=0)
-    with route_llm(cpu_route, max_model_len=128, num_kv_blocks=64) as llm:
+    with route_llm(cpu_route, short_smollm2, max_model_len=128, num_kv_blocks=64) as llm:
         want = talk(llm, firsts, turns=2, max_tokens=2)
         assert llm.engine.stats().prefix_cache_hit_tokens >= 3 * 48     # every second turn hit on the device
     # 8 blocks hold two conversations: by their second turns the first two conversations' blocks were reused, and
     # are in host memory; loaded back, or read there by the route's attention
     for reads in ("load", "in_place"):
-        with route_llm(cpu_route, max_model_len=128, num_kv_blocks=8, kv_offloading_size="64MiB",
+        with route_llm(cpu_route, short_smollm2, max_model_len=128, num_kv_blocks=8, kv_offloading_size="64MiB",
                        kv_offloading_reads=reads) as llm:
             synchronous_stores(llm)
             got = talk(llm, firsts, turns=2, max_tokens=2)

@@ -95,20 +95,20 @@ def random_prompt(length: int, seed: int) -> list[int]:
 
 
 @pytest.mark.slow
-def test_a_prefix_cached_prompt_gets_a_cold_prefills_bits(cpu_route):
+def test_a_prefix_cached_prompt_gets_a_cold_prefills_bits(cpu_route, short_smollm2):
     """The last prompt position's logits, bit for bit, and the greedy tokens after them: a cold prefill against
     the same prompt with 1, 2 or 4 of its blocks from the prefix cache, and against a prefill in chunks of 7
     tokens (max_num_batched_tokens)."""
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     prompts = [random_prompt(length, seed=i) for i, (length, _) in enumerate(PREFIX_SPLITS)]
     first_turn = random_prompt(29, seed=50)
-    with route_llm(cpu_route, enable_prefix_caching=False) as cold:
+    with route_llm(cpu_route, short_smollm2, enable_prefix_caching=False) as cold:
         want = [first_step_logits(cold, prompt, params) for prompt in prompts]
         # a second turn repeats the first turn's answer: 29 + 4 + 13 tokens, blocks 0-1, the second with decoded tokens
         answer = list(cold.generate([first_turn], params)[0].outputs[0].token_ids)
         second_turn = first_turn + answer + prompts[0][:13]
         want_second = first_step_logits(cold, second_turn, params)
-    with route_llm(cpu_route) as warm:
+    with route_llm(cpu_route, short_smollm2) as warm:
         warm.generate([first_turn], params)
         hit_tokens = warm.engine.stats().prefix_cache_hit_tokens
         got_tokens, got = first_step_logits(warm, second_turn, params)
@@ -125,7 +125,8 @@ def test_a_prefix_cached_prompt_gets_a_cold_prefills_bits(cpu_route):
             assert torch.equal(got, want_logits), f"{label}: {describe_difference(got, want_logits)}"
             assert got_tokens == want_tokens, label
     for budget in (7,):      # one chunked engine: each engine build loads SmolLM2 for the route
-        with route_llm(cpu_route, enable_prefix_caching=False, max_num_batched_tokens=budget) as chunked:
+        with route_llm(cpu_route, short_smollm2, enable_prefix_caching=False,
+                       max_num_batched_tokens=budget) as chunked:
             for prompt, (want_tokens, want_logits) in list(zip(prompts, want))[2:]:   # 70 tokens
                 got_tokens, got = first_step_logits(chunked, prompt, params)
                 label = f"{cpu_route.name}: {len(prompt)}-token prompt in chunks of {budget}"
@@ -134,12 +135,12 @@ def test_a_prefix_cached_prompt_gets_a_cold_prefills_bits(cpu_route):
 
 
 @pytest.mark.slow
-def test_a_prompt_beside_other_requests_gets_its_bits_alone(cpu_route):
+def test_a_prompt_beside_other_requests_gets_its_bits_alone(cpu_route, short_smollm2):
     """A prompt prefilled in a step with three other sequences decoding, and with another prompt: the same
     first-token logits as alone (a prompt row's linears do not depend on the rows beside it)."""
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     prompt = random_prompt(37, seed=100)
-    with route_llm(cpu_route, enable_prefix_caching=False) as llm:
+    with route_llm(cpu_route, short_smollm2, enable_prefix_caching=False) as llm:
         want_tokens, want = first_step_logits(llm, prompt, params)
         engine, runner = llm.engine, llm.engine.runner
         for i, length in enumerate((12, 50, 3)):
@@ -165,7 +166,7 @@ def test_a_prompt_beside_other_requests_gets_its_bits_alone(cpu_route):
 
 
 @pytest.mark.slow
-def test_batch_invariant_tokens_do_not_depend_on_the_batch(cpu_route):
+def test_batch_invariant_tokens_do_not_depend_on_the_batch(cpu_route, short_smollm2):
     """--batch-invariant: a request's logits at every step, bit for bit, alone and with five others that arrive
     before, with and after it (decode batches of 1-6, steps mixing prompts and decodes); and a prompt that repeats
     an earlier answer gets a cold prefill's bits from the answer's decoded blocks in the prefix cache."""
@@ -173,7 +174,7 @@ def test_batch_invariant_tokens_do_not_depend_on_the_batch(cpu_route):
     prompt = random_prompt(29, seed=400)
     others = [(f"other-{i}", random_prompt(length, seed=401 + i), params, arrival)
               for i, (length, arrival) in enumerate([(5, 0), (40, 0), (17, 1), (60, 3), (2, 6)])]
-    with route_llm(cpu_route, batch_invariant=True, enable_prefix_caching=False) as llm:
+    with route_llm(cpu_route, short_smollm2, batch_invariant=True, enable_prefix_caching=False) as llm:
         want_tokens, want = sampled_logits(llm, [("me", prompt, params, 0)], "me")
         got_tokens, got = sampled_logits(llm, [*others[:2], ("me", prompt, params, 1), *others[2:]], "me")
         follow_up = prompt + want_tokens + random_prompt(5, seed=500)   # 46 tokens: blocks 0-1 hold decoded tokens
@@ -182,7 +183,7 @@ def test_batch_invariant_tokens_do_not_depend_on_the_batch(cpu_route):
     for step, (g, w) in enumerate(zip(got, want)):
         assert torch.equal(g, w), f"{cpu_route.name}, step {step}: {describe_difference(g, w)}"
     want_tokens, want = cold_tokens, cold
-    with route_llm(cpu_route, batch_invariant=True) as warm:
+    with route_llm(cpu_route, short_smollm2, batch_invariant=True) as warm:
         warm.generate([prompt], params)
         got_tokens, got = first_step_logits(warm, follow_up, params)
         assert warm.engine.stats().prefix_cache_hit_tokens == 32    # both blocks, the second decoded
