@@ -17,6 +17,7 @@ from gh200rt.loader.errors import ModelLoadError
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+_LENGTH = struct.Struct("<Q")
 
 
 @dataclass(frozen=True)
@@ -46,13 +47,26 @@ class _Cursor:
         self.pos = end
         return value
 
+    def strings(self, count: int) -> list[str]:
+        """``count`` strings in a row (a vocabulary: tens of thousands, read in one tight loop)."""
+        buffer, pos, end_of_file, unpack = self.buffer, self.pos, len(self.buffer), _LENGTH.unpack_from
+        values = []
+        for _ in range(count):
+            start = pos + 8
+            pos = start + unpack(buffer, pos)[0]
+            if pos > end_of_file:
+                raise struct.error("string runs past the end of the file")
+            values.append(str(buffer[start:pos], "utf-8", "replace"))
+        self.pos = pos
+        return values
+
     def value(self, kind: int):
         if kind == _STRING:
             return self.string()
         if kind == _ARRAY:
             item_kind, count = self.scalar("<I"), self.scalar("<Q")
             if item_kind == _STRING:
-                return [self.string() for _ in range(count)]
+                return self.strings(count)
             fmt = _SCALARS[item_kind]
             size = struct.calcsize(fmt)
             items = np.frombuffer(self.buffer, dtype=np.dtype(fmt), count=count, offset=self.pos)

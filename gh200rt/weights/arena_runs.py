@@ -41,7 +41,7 @@ class ArenaRuns:
         source = slab.tensor if slab is not None else None
         if self.cpu_linear_format not in (None, "onednn-fp32", "onednn-fp32+native"):  # all converted: run unwritten
             bound = layout.bind(source, self.compute_dtype, stable=True) if slab is not None else layout.forms
-            weights = {name: self._resident_form(weight, layer, name) for name, weight in bound.items()}
+            weights = self._resident_forms(bound, layer)
         else:  # fp32: the dense weights in the run (too small for oneDNN, or the native kernel's), reordered copies
             if slab is not None:
                 weights = slab.bind(slab.device_copy(into=self.arena.run(start)), self.compute_dtype, stable=True)
@@ -49,7 +49,7 @@ class ArenaRuns:
                 run = self.arena.run(start)
                 layout.fill(run)
                 weights = layout.bind(run, self.compute_dtype, stable=True)
-            weights = {name: self._resident_form(weight, layer, name) for name, weight in weights.items()}
+            weights = self._resident_forms(weights, layer)
         self._runs[layer] = start
         self._write(layer, weights)
 

@@ -164,8 +164,8 @@ class WeightStore(ExpertPlacement, ArenaRuns, LayerStaging, SlabBuilding, Reside
         placed = self._move_to_device(resident_layers=not in_arena)
         if not in_arena:
             for layer in self.layers(Tier.RESIDENT):
-                self._write(layer, {name: self._resident_form(ref.current, layer, name)
-                                    for name, ref in self._layer_refs(layer).items()})
+                self._write(layer, self._resident_forms({name: ref.current for name, ref in
+                                                         self._layer_refs(layer).items()}, layer))
         # the CPU routes' extra forms (fp32 reordered copies, fp16+gguf blocks), booked before the arena takes
         # what is left: every layer's when dynamic tiers may promote any of them later
         copies = model_route_form_bytes(self.model, self.cpu_linear_format,
@@ -175,7 +175,7 @@ class WeightStore(ExpertPlacement, ArenaRuns, LayerStaging, SlabBuilding, Reside
                  if tier == Tier.RESIDENT]
         copies += sum(self._expert_form_bytes(layer, expert) for layer, expert in homes)
         lm_head = self.model.lm_head.weight_ref
-        lm_head.current = self._resident_form(lm_head.current, None, "lm_head")
+        lm_head.current = self._resident_form(lm_head.current, None, "lm_head", torch.get_num_threads())
         self._book("resident_weights", placed)
         self._book("cpu_route_forms", copies)
         for layer in self.layers(Tier.DIRECT):       # booked before the arena takes what is left
@@ -256,7 +256,7 @@ class WeightStore(ExpertPlacement, ArenaRuns, LayerStaging, SlabBuilding, Reside
             self.tiers[layer] = tier
             self._reorder()                      # out of the ring first: the refs written below are final
             bound = slab.bind(home, self.compute_dtype, stable=True)
-            self._write(layer, {name: self._resident_form(weight, layer, name) for name, weight in bound.items()})
+            self._write(layer, self._resident_forms(bound, layer))
             self._layer_device_bytes[layer] = slab.nbytes
             return
         if self.backend is None and tier == Tier.STREAMED:

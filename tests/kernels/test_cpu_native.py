@@ -571,17 +571,18 @@ def test_half_weight_takes_the_native_linear_for_a_few_rows():
 
 
 @pytest.mark.skipif(not fbgemm_fp16_available(), reason="torch's fbgemm fp16 GEMM does not run here")
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("k", [64, 1536])
-def test_a_tall_half_weight_packed_in_pieces_gives_the_whole_packs_bits(monkeypatch, k):
-    """A weight packed FBGEMM_PACK_ROWS rows at a time (outputs joined) gives what one packed copy gives: the pieces
-    keep fbgemm's column tiles (a piece of 37 rows would not: a column in a partial tile gets other bits), the last
-    one partial as the whole copy's last tile is."""
+def test_a_tall_half_weight_packed_in_pieces_gives_the_whole_packs_bits(monkeypatch, k, threads):
+    """A weight packed FBGEMM_PACK_ROWS rows at a time (outputs joined; the pieces one by one or side by side) gives
+    what one packed copy gives: the pieces keep fbgemm's column tiles (a piece of 37 rows would not: a column in a
+    partial tile gets other bits), the last one partial as the whole copy's last tile is."""
     gen = torch.Generator().manual_seed(29)
     weight = torch.randn(600, k, generator=gen).half()
     whole = torch.ops.quantized.linear_prepack_fp16(weight.float(), None)
     monkeypatch.setattr(half_linear, "FBGEMM_PACK_ROWS", 256)
     half = HalfWeight(weight)
-    assert len(fbgemm_form(half)) == 3
+    assert len(fbgemm_form(half, threads)) == 3
     for rows in (9, 64, 130):
         x = torch.randn(rows, k, generator=gen)
         assert torch.equal(half.linear(x), torch.ops.quantized.linear_dynamic_fp16(x, whole)), rows

@@ -25,7 +25,7 @@ def every_command(commands=COMMANDS, path=()):
 
 def test_every_subcommand_builds_its_parser_and_can_run():
     found = list(every_command())
-    assert len(found) == 24   # 11 subcommands, 11 kernels, 2 experiments
+    assert len(found) == 25   # 11 subcommands, 12 kernels, 2 experiments
     for names, module in found:
         assert callable(module.run) and module.__doc__, names
         parser, resolved, rest = resolve([*names, "--help"], COMMANDS, "bench", "")

@@ -108,10 +108,11 @@ def _smollm2_path() -> str:
     return os.path.join(location, "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
-def test_truncated_gguf_names_file(tmp_path):
+@pytest.mark.parametrize("kept", [200 << 10, 4 << 20])     # inside the vocabulary's strings, inside the tensors
+def test_truncated_gguf_names_file(tmp_path, kept):
     path = str(tmp_path / "cut.gguf")
     with open(_smollm2_path(), "rb") as src, open(path, "wb") as dst:
-        dst.write(src.read(4 << 20))
+        dst.write(src.read(kept))
     with pytest.raises(ModelLoadError, match=r"cut\.gguf is truncated or corrupt"):
         load(path)
 

@@ -4,11 +4,13 @@ here.
 Float32 activations: up to ``NATIVE_F16_MAX_ROWS`` rows the native fp16 linear reads the tensor in place (with the
 native CPU kernels built and ``native``: off for ``--cpu-kernels torch``); more rows fbgemm's fp16 GEMM (float32
 accumulation, fp16 weights widened in registers: ~2x the fp32 GEMM at decode, and exact for the fp16 weight) over
-fbgemm's packed copy of the weight, built at first use and kept in the weight's ``derived`` when ``stable``, and on
-every call otherwise (~80x a decode GEMM: correct, not fast); without fbgemm, the weight is widened to the activation
-dtype on every call.
+fbgemm's packed copy of the weight, built at first use (or at start-up, its pieces side by side: fbgemm packs on
+one core and releases the GIL) and kept in the weight's ``derived`` when ``stable``, and on every call otherwise (~80x
+a decode GEMM: correct, not fast); without fbgemm, the weight is widened to the activation dtype on every call.
 """
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.nn.functional as F
@@ -57,13 +59,21 @@ def fbgemm_linear(x: torch.Tensor, weight) -> torch.Tensor:
     return torch.cat([torch.ops.quantized.linear_dynamic_fp16(x, piece) for piece in pieces], dim=1)
 
 
-def fbgemm_form(weight) -> list:
-    """fbgemm's packed copies of the weight's rows, ``FBGEMM_PACK_ROWS`` at a time."""
+def fbgemm_form(weight, threads: int = 1) -> list:
+    """fbgemm's packed copies of the weight's rows, ``FBGEMM_PACK_ROWS`` at a time; a stable weight's pieces are
+    packed on up to ``threads`` threads."""
     if "fbgemm" in weight.derived:
         return weight.derived["fbgemm"]
     rows = weight.weight
-    pieces = [torch.ops.quantized.linear_prepack_fp16(rows[i:i + FBGEMM_PACK_ROWS].contiguous(), None)
-              for i in range(0, max(rows.shape[0], 1), FBGEMM_PACK_ROWS)]
+    starts = range(0, max(rows.shape[0], 1), FBGEMM_PACK_ROWS)
+
+    def pack(start: int):
+        return torch.ops.quantized.linear_prepack_fp16(rows[start:start + FBGEMM_PACK_ROWS].contiguous(), None)
+    if not weight.stable or len(starts) == 1 or threads < 2:
+        pieces = [pack(start) for start in starts]
+    else:
+        with ThreadPoolExecutor(min(len(starts), threads)) as pool:
+            pieces = list(pool.map(pack, starts))
     if weight.stable:
         weight.derived["fbgemm"] = pieces
     return pieces

@@ -44,6 +44,7 @@ layer's host slab is in the format ``--host-weight-dtype`` chose. The dense orig
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -232,12 +233,39 @@ def model_route_form_bytes(model, fmt: str | None, layers, lm_head: bool = True,
                for layer, name, ref in refs)
 
 
-def cpu_route_form(weight: torch.Tensor, fmt: str, gguf_parts: list | None = None, gated: bool = False):
+def run_route_probes(fmt: str | None) -> None:
+    """Run the once-a-process probes ``cpu_route_form(..., fmt)`` consults, on this thread: the store then makes
+    a layer's forms on several threads at once, and one probe is timed (``int4_codes.widening_pays``) and sets
+    torch's thread count while it runs."""
+    from gh200rt.backends.cpu.native import load_native_ops
+    if fmt is None:
+        return
+    onednn_available()
+    if load_native_ops() is not None and fmt in GGUF_ROW_FORMATS:
+        int4_codes.widening_pays()
+
+
+def side_by_side(weights: dict, make_form, threads: int) -> dict:
+    """``make_form(name, weight)`` for each of ``weights`` (``{name: weight}``), on up to ``threads`` threads, the
+    largest weights first: oneDNN's reorder and fbgemm's fp16 packing run on one core each and release the GIL
+    (``python -m gh200rt.bench kernel route-forms`` times it). Run ``run_route_probes`` first."""
+    threads = min(len(weights), threads)
+    if threads < 2:
+        return {name: make_form(name, weight) for name, weight in weights.items()}
+    largest_first = sorted(weights, key=lambda name: -getattr(weights[name], "nbytes", 0))
+    with ThreadPoolExecutor(threads) as pool:
+        forms = dict(zip(largest_first, pool.map(lambda name: make_form(name, weights[name]), largest_first)))
+    return {name: forms[name] for name in weights}
+
+
+def cpu_route_form(weight: torch.Tensor, fmt: str, gguf_parts: list | None = None, gated: bool = False,
+                   threads: int = 1):
     """The resident form of ``weight`` for the route's ``fmt``; ``gguf_parts`` (the checkpoint's quantized
     tensors making up this linear, when it was a GGUF file) serve the ``fp16+gguf`` format's single rows;
-    ``gated``: ``weight`` is a SiLU-gated MLP's ``[gate | up]`` (the ``amx-bf16`` form then fuses the SiLU)."""
+    ``gated``: ``weight`` is a SiLU-gated MLP's ``[gate | up]`` (the ``amx-bf16`` form then fuses the SiLU);
+    ``threads``: the fp16 forms' pieces are packed on up to that many."""
     if fmt in GGUF_ROW_FORMATS:
-        batch = cpu_route_form(weight, GGUF_ROW_FORMATS[fmt], gated=gated)
+        batch = cpu_route_form(weight, GGUF_ROW_FORMATS[fmt], gated=gated, threads=threads)
         blocks = gguf_blocks_form(gguf_parts)
         return OneRowBlocksWeight(blocks, batch) if blocks is not None and not isinstance(batch, torch.Tensor) \
             else batch
@@ -260,7 +288,7 @@ def cpu_route_form(weight: torch.Tensor, fmt: str, gguf_parts: list | None = Non
             half = pack_weight(weight, "fp16")
         except ValueError:  # beyond fp16's range: this weight stays dense
             return weight
-        half_linear.fbgemm_form(half)  # build fbgemm's packed copy now, not inside the first request
+        half_linear.fbgemm_form(half, threads)  # build fbgemm's packed copy now, not inside the first request
         return half
     raise ValueError(f"unknown CPU linear format {fmt!r}")
 

@@ -21,6 +21,8 @@ COMMANDS = {
                                                            "weight format and route"),
     "quant-load": Command("gh200rt.bench.kernel.quant_load", "host quantization at load per format and thread count "
                                                              "(--engine-start: whole engine starts)"),
+    "route-forms": Command("gh200rt.bench.kernel.route_forms", "CPU routes' resident forms at start-up: one by "
+                                                               "one and side by side on N threads"),
     "sampler": Command("gh200rt.bench.kernel.sampler", "the sampler's time per step per sampling setting and batch"),
     "reporting": Command("gh200rt.bench.kernel.reporting", "per-step work around the model (detokenize, outputs, "
                                                            "penalties, inputs) at growing output lengths"),
