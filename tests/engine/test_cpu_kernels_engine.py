@@ -34,9 +34,9 @@ def test_native_ops_are_the_cpu_default_and_match_torch(tmp_path):
 
 
 @needs_native
-def test_placed_engine_runs_the_native_ops_in_every_tier():
+def test_placed_engine_runs_the_native_ops_in_every_tier(short_smollm2):
     from gh200rt.engine.engine import LLMEngine
-    engine = LLMEngine.from_config(EngineConfig.from_kwargs(model="smollm2-135m", dtype="float32", max_model_len=64,
+    engine = LLMEngine.from_config(EngineConfig.from_kwargs(model=short_smollm2, dtype="float32", max_model_len=64,
                                                             offload="none", layer_tiers="1:streamed,2:direct",
                                                             num_kv_blocks=16))
     assert all(hooks(layer) == {"gh200rt.backends.cpu.ops"} for layer in engine.runner.model.layers)

@@ -120,9 +120,9 @@ def test_out_of_vocabulary_stop_token_ids_are_refused_up_front():
     assert not llm.engine.has_unfinished_requests()
 
 
-def test_untokenizable_prompt_is_a_value_error():
-    from tests.engine.real_models import SharedModel, smollm2_gguf  # a real tokenizers.Tokenizer
-    llm = SharedModel(smollm2_gguf()).llm(max_model_len=64, num_kv_blocks=8)
+def test_untokenizable_prompt_is_a_value_error(short_smollm2):
+    from tests.engine.real_models import SharedModel  # a real tokenizers.Tokenizer
+    llm = SharedModel(short_smollm2).llm(max_model_len=64, num_kv_blocks=8)
     with pytest.raises(ValueError, match="cannot be tokenized"):
         llm.engine.add_request("surrogate", "\ud800", SamplingParams())
 

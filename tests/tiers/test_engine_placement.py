@@ -10,7 +10,7 @@ from gh200rt.engine.llm import LLM
 from gh200rt.numa.alloc import where
 from gh200rt.planner.planner import PlanDoesNotFit
 from gh200rt.sampling_params import SamplingParams
-from tests.engine.real_models import save_tiny_llama, smollm2_gguf
+from tests.engine.real_models import save_tiny_llama
 
 LAYERS = 6
 PROMPTS = [[5, 9, 13, 17], [40, 41], list(range(60, 90))]
@@ -59,15 +59,15 @@ def test_tiny_llama_placements_are_bit_identical(tiny_dir, label):
 
 
 @pytest.mark.parametrize("label", ["stream K1 d0", "stream K3 d2", "every 3rd streamed", "direct + streamed"])
-def test_smollm2_placements_are_bit_identical(label):
+def test_smollm2_placements_are_bit_identical(label, short_smollm2):
+    """SmolLM2's shapes and Q4_1 / Q8_0 weights (its first four blocks: the fixture) placed as the tiny Llama's."""
     memory = dict(PLACEMENTS[label])
-    memory["layer_tiers"] = memory.get("layer_tiers", "").replace("0-2", "0-9") or None
     if label == "every 3rd streamed":
-        memory["layer_tiers"] = ",".join(f"{i}:streamed" for i in range(2, 30, 3))
+        memory["layer_tiers"] = "0:streamed,3:streamed"
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=3)
     prompts = [[1, 504, 3458, 314], [2, 77, 1000, 5000, 42]]
-    reference = run(engine(smollm2_gguf(), offload="none"), prompts, params)
-    assert run(engine(smollm2_gguf(), **memory), prompts, params) == reference
+    reference = run(engine(short_smollm2, offload="none"), prompts, params)
+    assert run(engine(short_smollm2, **memory), prompts, params) == reference
 
 
 def test_budget_below_all_resident_streams_within_budget_and_grows_kv(tiny_dir):
@@ -119,11 +119,11 @@ def test_host_weight_formats_streamed_equals_direct(tiny_dir, fmt):
     streamed.close()
 
 
-def test_gguf_int4_host_weights_keep_the_checkpoint_blocks():
+def test_gguf_int4_host_weights_keep_the_checkpoint_blocks(short_smollm2):
     """SmolLM2's Q4_1 blocks imported as int4 host weights compute what the dequantized fp32 model does."""
     prompts, params = [[1, 504, 3458, 314]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=3)
-    reference = run(engine(smollm2_gguf(), offload="none"), prompts, params)
-    packed = engine(smollm2_gguf(), offload="direct", host_weight_dtype="int4")
+    reference = run(engine(short_smollm2, offload="none"), prompts, params)
+    packed = engine(short_smollm2, offload="direct", host_weight_dtype="int4")
     got = run(packed, prompts, params)
     assert got[0][0] == reference[0][0]
     for ref_step, got_step in zip(reference[0][1], got[0][1]):

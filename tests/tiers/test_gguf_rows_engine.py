@@ -51,10 +51,10 @@ def native_batch_form(route: str) -> str:
     return "Bf16DotWeight" if route == "bf16" and bf16_dot_available() else BATCH_FORMS[route]
 
 
-def smollm2(route: str, **options) -> LLMEngine:
-    """SmolLM2 (the shipped Q4_1 GGUF) on ``route`` whatever this CPU's default."""
-    return LLMEngine.from_config(EngineConfig.from_kwargs(model="smollm2-135m", cpu_route=route, max_model_len=256,
-                                                          **options))
+def smollm2(model: str, route: str, **options) -> LLMEngine:
+    """SmolLM2 (``model``: the shipped Q4_1 GGUF's first four blocks, the short_smollm2 fixture) on ``route``
+    whatever this CPU's default."""
+    return LLMEngine.from_config(EngineConfig.from_kwargs(model=model, cpu_route=route, max_model_len=256, **options))
 
 
 def generate(eng: LLMEngine, prompts, params=PARAMS):
@@ -66,9 +66,9 @@ def tokens(eng: LLMEngine, prompts) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def reference():
+def reference(short_smollm2):
     """fp32's outputs, one prompt at a time, with the top-2 logprobs a near tie is judged by."""
-    eng = LLMEngine.from_config(EngineConfig.from_kwargs(model="smollm2-135m", dtype="float32", max_model_len=256))
+    eng = LLMEngine.from_config(EngineConfig.from_kwargs(model=short_smollm2, dtype="float32", max_model_len=256))
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=2)
     try:
         return [generate(eng, [p], params)[0] for p in PROMPTS]
@@ -83,10 +83,10 @@ def assert_close_to_fp32(route: str, reference, outputs, label: str) -> None:
         assert_same_or_near_tie(reference, outputs, label, tie_gap=BF16_TIE_GAP)
 
 
-def test_every_linear_keeps_its_blocks_for_single_rows(reference, route):
-    eng = smollm2(route)
+def test_every_linear_keeps_its_blocks_for_single_rows(reference, route, short_smollm2):
+    eng = smollm2(short_smollm2, route)
     try:
-        assert linear_formats(eng.runner.model) == {"OneRowBlocksWeight": 121}   # 30 x 4 decoder linears + lm_head
+        assert linear_formats(eng.runner.model) == {"OneRowBlocksWeight": 17}   # 4 x 4 decoder linears + lm_head
         head = eng.runner.model.lm_head.weight_ref.current
         assert head.blocks.fmt == "int8" and head.blocks.shape == (49152, 576)   # the tied embedding's Q8_0 blocks
         assert type(head.batch).__name__ == native_batch_form(route)
@@ -103,17 +103,17 @@ def blocks_bytes(model) -> int:
                if isinstance(ref.current, OneRowBlocksWeight))
 
 
-def test_the_blocks_are_booked_and_planned(route):
+def test_the_blocks_are_booked_and_planned(route, short_smollm2):
     """The blocks sit beside the batch forms (which take the resident layers' booked bytes): the ledger books
     exactly the blocks the model holds, and under a budget the planner counts them, streaming layers."""
-    resident = smollm2(route, offload="none")
+    resident = smollm2(short_smollm2, route, offload="none")
     blocks = blocks_bytes(resident.runner.model)
     assert blocks > 0 and resident.ledger.by_kind["cpu_route_forms"] == blocks
     assert resident.ledger.used <= resident.ledger.capacity
     kv_room = 64 * resident.store.arena.block_bytes
     budget = resident.ledger.used - resident.ledger.by_kind["kv_pool"] - blocks // 2 + kv_room
     resident.close()
-    tight = smollm2(route, device_memory_budget=budget)
+    tight = smollm2(short_smollm2, route, device_memory_budget=budget)
     try:
         tiers = tight.stats().layers_per_tier
         assert tiers.get("streamed", 0) + tiers.get("direct", 0) >= 1, tiers
@@ -123,10 +123,10 @@ def test_the_blocks_are_booked_and_planned(route):
         tight.close()
 
 
-def test_torch_kernels_keep_the_plain_batch_form(route):
-    eng = smollm2(route, cpu_kernels="torch")
+def test_torch_kernels_keep_the_plain_batch_form(route, short_smollm2):
+    eng = smollm2(short_smollm2, route, cpu_kernels="torch")
     try:
-        assert linear_formats(eng.runner.model) == {BATCH_FORMS[route]: 121}
+        assert linear_formats(eng.runner.model) == {BATCH_FORMS[route]: 17}
         assert eng.ledger.by_kind["cpu_route_forms"] == 0
     finally:
         eng.close()

@@ -12,9 +12,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.skipif(load_native_ops() is None, reason=f"native CPU ops unavailable: {native_ops_error()}")
 @pytest.mark.parametrize("path", ["fp16-linear", "fp8-kv", "row-blocks", "batch-invariant"])
-def test_it_times_both_settings(path):
+def test_it_times_both_settings(path, short_smollm2):
     done = subprocess.run([sys.executable, "-m", "gh200rt.bench", "ab", "native-switch", "--path", path,
-                           "--batches", "1,2", "--tokens", "2", "--rounds", "1", "--prompt", "8"], cwd=ROOT,
+                           "--model", short_smollm2, "--batches", "1,2", "--tokens", "2", "--rounds", "1",
+                           "--prompt", "8"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line.split() for line in done.stdout.splitlines() if line.strip()[:1].isdigit()]

@@ -6,9 +6,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_it_prints_a_row_per_case():
+def test_it_prints_a_row_per_case(short_smollm2):
     done = subprocess.run([sys.executable, "-m", "gh200rt.bench", "latency", "--prefill", "--cases", "2x16,1x40",
-                           "--rounds", "2"],
+                           "--rounds", "2", "--model", short_smollm2],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line.split() for line in done.stdout.splitlines()[1:]]
