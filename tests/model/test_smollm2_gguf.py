@@ -26,14 +26,33 @@ def ours():
 
 
 @pytest.fixture(scope="module")
-def reference_tokenizer():
+def one_reference_parse():
+    """transformers parses the file with ``gguf.GGUFReader`` for the tokenizer, and twice more for the model (its
+    config, then its weights), seconds each on a slow CPU: within this module the three share one reader (read-only:
+    a memory map and the fields read from it)."""
+    import gguf
+    readers, reader = {}, gguf.GGUFReader
+
+    def shared(path, *args, **kwargs):
+        key = (os.fspath(path), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = reader(path, *args, **kwargs)
+        return readers[key]
+    patch = pytest.MonkeyPatch()
+    patch.setattr(gguf, "GGUFReader", shared)
+    yield
+    patch.undo()
+
+
+@pytest.fixture(scope="module")
+def reference_tokenizer(one_reference_parse):
     from transformers import AutoTokenizer
     path = smollm2_gguf()
     return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
 
 
 @pytest.fixture(scope="module")
-def reference_model():
+def reference_model(one_reference_parse):
     from transformers import AutoModelForCausalLM
     path = smollm2_gguf()
     return AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),

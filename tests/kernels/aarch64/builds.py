@@ -3,6 +3,8 @@ targets, run, and its output read back: aarch64 with Grace's ISA (the NEON paths
 under qemu-aarch64 at Grace's vector length, and x86-64 portable and x86-64-v3 (AVX2), run here."""
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -88,9 +90,25 @@ def parse(text: str) -> dict[str, tuple[str, bytes]]:
     return records
 
 
-def build_and_run(build: Build, workdir: Path, run_here: bool = True) -> Outputs | None:
-    """The harness's outputs under `build` (None when it is not to be run here). A compiler without OpenMP for the
-    target builds without it, as native.py's build does (outputs.openmp says which)."""
+def cached_binary(build: Build, openmp: bool) -> Path:
+    """Where the harness built for ``build`` is kept between runs: beside the native library's builds, under a name
+    that hashes the harness, the kernels' sources and headers, the command and the compiler's version (as native.py
+    names the library)."""
+    version = subprocess.run([build.cc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    sources = b"\0".join(path.read_bytes() for path in (HARNESS, *native.SOURCES, *native.HEADERS))
+    command = " ".join(build.command(Path("harness"), openmp)).encode()
+    key = hashlib.sha256(b"\0".join([sources, command, version.encode()])).hexdigest()[:16]
+    cache = Path(os.environ.get("GH200RT_CACHE_DIR") or Path.home() / ".cache" / "gh200rt") / "harness"
+    return cache / f"{build.name}-{'omp' if openmp else 'no-omp'}-{key}"
+
+
+def compile_harness(build: Build, workdir: Path) -> tuple[Path, bool]:
+    """The harness built for ``build`` (a cached build when one exists), and whether with OpenMP: a compiler without
+    OpenMP for the target builds without it, as native.py's build does."""
+    for openmp in (True, False):
+        cached = cached_binary(build, openmp)
+        if cached.exists():
+            return cached, openmp
     target = workdir / build.name
     openmp = True
     done = subprocess.run(build.command(target, True), capture_output=True, text=True, timeout=600)
@@ -99,6 +117,18 @@ def build_and_run(build: Build, workdir: Path, run_here: bool = True) -> Outputs
         done = subprocess.run(build.command(target, False), capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"building the harness for {build.name} failed: {done.stderr.strip()[-2000:]}")
+    cached = cached_binary(build, openmp)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    kept = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
+    shutil.copy2(target, kept)
+    os.replace(kept, cached)        # atomic: another run finds the whole binary or none
+    return cached, openmp
+
+
+def build_and_run(build: Build, workdir: Path, run_here: bool = True) -> Outputs | None:
+    """The harness's outputs under `build` (None when it is not to be run here; outputs.openmp says whether it was
+    built with OpenMP)."""
+    target, openmp = compile_harness(build, workdir)
     if not run_here:
         return None
     command = [QEMU, *QEMU_CPU, "-L", str(SYSROOT), str(target)] if build.emulated else [str(target)]
