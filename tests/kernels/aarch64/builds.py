@@ -92,11 +92,13 @@ def parse(text: str) -> dict[str, tuple[str, bytes]]:
 
 def cached_binary(build: Build, openmp: bool) -> Path:
     """Where the harness built for ``build`` is kept between runs: beside the native library's builds, under a name
-    that hashes the harness, the kernels' sources and headers, the command and the compiler's version (as native.py
-    names the library)."""
+    that hashes the harness, the kernels' sources and headers, the command (less the checkout's paths) and the
+    compiler's version (as native.py names the library)."""
     version = subprocess.run([build.cc, "--version"], capture_output=True, text=True, timeout=60).stdout
     sources = b"\0".join(path.read_bytes() for path in (HARNESS, *native.SOURCES, *native.HEADERS))
-    command = " ".join(build.command(Path("harness"), openmp)).encode()
+    # the checkout's paths out of the key: a fresh clone elsewhere finds the same build
+    command = " ".join(build.command(Path("harness"), openmp)).replace(str(native.C_SOURCE_DIR), "<kernels>") \
+        .replace(str(HARNESS.parent), "<harness>").encode()
     key = hashlib.sha256(b"\0".join([sources, command, version.encode()])).hexdigest()[:16]
     cache = Path(os.environ.get("GH200RT_CACHE_DIR") or Path.home() / ".cache" / "gh200rt") / "harness"
     return cache / f"{build.name}-{'omp' if openmp else 'no-omp'}-{key}"
