@@ -6,18 +6,9 @@ import contextlib
 import torch
 
 from gh200rt.backends.cpu.prepack import cpu_route_form, linear_formats, run_route_probes, side_by_side
+from gh200rt.formats.quantizers import torch_threads
 from gh200rt.sampling_params import SamplingParams
 from tests.engine.route_engines import describe_difference, first_step_logits, route_llm
-
-
-@contextlib.contextmanager
-def torch_threads(count: int):
-    saved = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
 
 
 def test_forms_made_side_by_side_give_one_threads_forms_and_bits(cpu_route, short_smollm2):
