@@ -436,11 +436,16 @@ class KVOffloader:
         chain goes on on disk and reading a block costs less than recomputing it, the reads of those blocks into host
         slots are queued (or already running): ``reading``, and a later lookup finds them in host memory."""
         self._release_finished_loads()
-        found = self.index.lookup_chain(chain, parent)
-        if self.disk is None or len(found) == len(chain):
-            return HostLookup(found)
-        rest = chain[len(found):]
+        if self.disk is None:
+            return HostLookup(self.index.lookup_chain(chain, parent))
+        # the walk and the reading check under one hold of ``_cond``: a read makes its block ready and only then
+        # leaves ``_reading`` (under ``_cond``), so a block the walk missed is still there if it is being read; a
+        # read finishing between the two would otherwise look like neither, and its request recompute the block
         with self._cond:
+            found = self.index.lookup_chain(chain, parent)
+            if len(found) == len(chain):
+                return HostLookup(found)
+            rest = chain[len(found):]
             if rest[0][0] in self._reading:
                 return HostLookup(found, reading=True)
         if not self._worth_reading(block_size):

@@ -4,6 +4,7 @@ and a later lookup finds it there; it loads bit for bit; tokens and parents conf
 least recently used blocks go beyond the size; a directory of another layout is refused; a damaged file is skipped,
 never read, and one that breaks during a read is forgotten."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -129,6 +130,47 @@ def test_a_lookup_never_waits_for_a_disk_read(tmp_path, monkeypatch):
     assert again.wait_for_disk_reads(timeout=30) and not again.reading_from_disk
     lookup = again.lookup_chain(chain, ROOT, 4)
     assert len(lookup.found) == 2 and not lookup.reading and again.disk.stats.hit_blocks == 1
+    again.close()
+
+
+def test_a_read_finishing_during_a_lookup_is_found_or_waited_for(tmp_path, monkeypatch):
+    """A read that finishes between a lookup's walk of host memory (the block not there yet) and its look at the
+    reads under way: the lookup still says reading (the next one finds the block), never neither, which would have its
+    request recompute blocks just read for it."""
+    kv = caches()
+    first = offloader(kv, tmp_path)
+    first.store(1, 101, (1, 2, 3, 4), ROOT)
+    first.wait_for_stores()
+    first.close()
+    again = offloader(kv, tmp_path)
+    release, reading = threading.Event(), threading.Event()
+    read_into = again.disk.read_into
+
+    def held_read(block, out):
+        reading.set()
+        return release.wait(timeout=30) and read_into(block, out)
+    monkeypatch.setattr(again.disk, "read_into", held_read)
+    chain = [(101, (1, 2, 3, 4))]
+    assert again.lookup_chain(chain, ROOT, 4) == HostLookup([], reading=True)
+    assert reading.wait(timeout=30), "the reader thread took the read"
+    walk = again.index.lookup_chain
+
+    def walk_then_let_the_read_finish(*args):
+        found = walk(*args)
+        monkeypatch.setattr(again.index, "lookup_chain", walk)      # once
+        release.set()
+        deadline = time.monotonic() + 30
+        while not again.index.blocks[101].ready and time.monotonic() < deadline:
+            time.sleep(0.001)
+        deadline = time.monotonic() + 0.5      # the reader may also leave the reads under way if nothing stops it
+        while again._reading and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return found
+    monkeypatch.setattr(again.index, "lookup_chain", walk_then_let_the_read_finish)
+    assert again.lookup_chain(chain, ROOT, 4) == HostLookup([], reading=True)
+    assert again.index.blocks[101].ready
+    assert again.wait_for_disk_reads(timeout=30)
+    assert [b.token_ids for b in again.lookup_chain(chain, ROOT, 4).found] == [(1, 2, 3, 4)]
     again.close()
 
 
