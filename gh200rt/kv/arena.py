@@ -19,6 +19,7 @@ from contextlib import contextmanager
 import torch
 
 from gh200rt.kv.block_pool import BlockPool
+from gh200rt.memory.zeroed import zeroed
 
 
 class DeviceArena:
@@ -28,7 +29,7 @@ class DeviceArena:
         self.shape = (num_blocks, num_layers, planes, block_size, num_kv_heads, head_dim)
         self.dtype = dtype
         self.block_bytes = num_layers * planes * block_size * num_kv_heads * head_dim * dtype.itemsize
-        self.buffer = torch.zeros(num_blocks * self.block_bytes, dtype=torch.uint8, device=device)
+        self.buffer = zeroed((num_blocks * self.block_bytes,), torch.uint8, device)
         self.pool = BlockPool(num_blocks)
         self._take_at: int | None = None
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from gh200rt.memory.zeroed import zeroed
+
 
 def kv_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
                        dtype: torch.dtype, planes: int = 2) -> int:
@@ -16,8 +18,7 @@ def kv_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head
 
 def allocate_kv_caches(num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                        dtype: torch.dtype, device: torch.device | str = "cpu", planes: int = 2) -> list[torch.Tensor]:
-    return [torch.zeros(planes, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
-            for _ in range(num_layers)]
+    return [zeroed((planes, num_blocks, block_size, num_kv_heads, head_dim), dtype, device) for _ in range(num_layers)]
 
 
 def arch_kv_bytes_per_block(arch, block_size: int, dtype: torch.dtype) -> int:

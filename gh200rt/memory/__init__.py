@@ -1,1 +1,2 @@
-"""Device-memory ledger (ledger.py): the one account of what sits in device memory."""
+"""Device memory: the ledger (ledger.py), the one account of what sits there, and zeroed buffers whose pages cost
+nothing until used (zeroed.py)."""
