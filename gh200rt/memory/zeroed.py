@@ -13,7 +13,7 @@ import math
 import numpy as np
 import torch
 
-PAGE = 4096      # the buffer starts on a page (torch's own CPU allocations are 64-byte aligned; native kernels rely on it)
+PAGE = 4096      # buffers start on a page (torch aligns its own CPU allocations to 64 bytes; native kernels rely on it)
 
 
 def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -16,7 +16,12 @@ import pytest
 httpx = pytest.importorskip("httpx")  # the test extra: a bare GPU host need not have it
 psutil = pytest.importorskip("psutil")
 
+from tests.server.zygote import zygote  # noqa: E402 - after the skips above
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# servers are forked from a process that imported their modules once (tests/server/zygote.py); set this to start
+# each in a new interpreter instead
+FRESH_INTERPRETERS = os.environ.get("GH200RT_TEST_FRESH_SERVERS", "") not in ("", "0")
 
 
 def free_port() -> int:
@@ -33,9 +38,12 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = f"/tmp/gh200rt-test-server-{self.port}.log"
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(self.port), "--log-level",
-                                      "warning", *args], cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
+        argv = ["--port", str(self.port), "--log-level", "warning", *args]
+        env = {**os.environ, "PYTHONPATH": ROOT, **(env or {})}
+        self.proc = None if FRESH_INTERPRETERS else zygote(ROOT).start(module, argv, ROOT, env, self.log_path)
+        if self.proc is None:
+            self.proc = subprocess.Popen([sys.executable, "-m", module, *argv], cwd=ROOT, stdout=self.log,
+                                         stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + ready_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

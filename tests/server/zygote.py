@@ -1,0 +1,190 @@
+"""Test servers forked from one process that has imported torch and the server's modules already.
+
+Each server a test starts used to be a new interpreter: ``import torch`` and the server's modules took ~3 s of a toy
+server's ~3.2 s start, some 55 times a suite run. The zygote imports them once (and runs nothing: no torch op, no
+thread, so a fork is safe) and forks a child per server, which sets the request's working directory, environment,
+argv and log file and runs the module as ``python -m`` would. The server's own code runs whole in the child, in a
+process of its own; tests that are about how the command itself starts (an unloadable model, a script launch) run
+it as a new interpreter still.
+
+Protocol: one JSON object a line on the zygote's stdin, one answer a line on its stdout. ``{"start": {...}}`` ->
+``{"pid": N}``; ``{"poll": N}`` -> ``{"returncode": int | None}`` (the zygote reaps its children).
+"""
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import signal
+import sys
+import traceback
+
+# what every server imports, preloaded (not the modules that run as __main__: runpy warns when those are imported)
+PRELOAD = ("torch", "numpy", "fastapi", "uvicorn", "httpx", "gh200rt.serve.api", "gh200rt.serve.args",
+           "gh200rt.serve.async_engine", "gh200rt.engine.engine", "gh200rt.tokenizer.chat_template",
+           "tests.engine.toy_model")
+
+
+def threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
+
+
+def run_child(request: dict, replies: int) -> None:
+    """In the forked child: become the server the request describes; never returns."""
+    code = 1
+    try:
+        os.close(replies)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        os.close(null)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.argv = [request["module"], *request["argv"]]
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            code = stop.code or 0
+        else:
+            print(stop.code, file=sys.stderr)
+    except BaseException:   # noqa: BLE001 - what python -m prints and exits 1 with
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:   # noqa: BLE001 - exiting anyway
+                pass
+        os._exit(code)
+
+
+def serve(inputs, outputs, threads_at_start: int) -> None:
+    """Answer requests until the test process closes the zygote's stdin."""
+    exited: dict[int, int] = {}
+
+    def answer(message: dict) -> None:
+        outputs.write(json.dumps(message) + "\n")
+        outputs.flush()
+
+    for line in inputs:
+        message = json.loads(line)
+        if "start" in message:
+            if threads() > threads_at_start:    # a fork would copy another thread's locks mid-use: refuse, and
+                answer({"error": f"the zygote runs {threads()} threads"})    # the test side starts an interpreter
+                continue
+            pid = os.fork()
+            if pid == 0:
+                run_child(message["start"], outputs.fileno())
+            answer({"pid": pid})
+        elif "poll" in message:
+            pid = message["poll"]
+            if pid not in exited:
+                try:
+                    done, status = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    done, status = pid, 255 << 8     # not a child of this zygote: report it gone
+                if done:
+                    exited[pid] = os.waitstatus_to_exitcode(status)
+            answer({"returncode": exited.get(pid)})
+
+
+def main() -> None:
+    for name in PRELOAD:
+        __import__(name)
+    # numpy's OpenBLAS starts its idle thread server at import; it stops and restarts it around a fork itself
+    # (pthread_atfork), as every forked torch DataLoader worker relies on. Nothing here may start another.
+    started = threads()
+    replies = os.fdopen(os.dup(1), "w")      # the answers; fd 1 itself is what children replace with their logs
+    replies.write(json.dumps({"ready": started}) + "\n")
+    replies.flush()
+    serve(sys.stdin, replies, started)
+
+
+if __name__ == "__main__":
+    main()
+
+
+# ---- the test process's side ----------------------------------------------------------------------------------------
+class ForkedProcess:
+    """The part of ``subprocess.Popen`` the server tests use, for a server the zygote forked."""
+
+    def __init__(self, zygote: "Zygote", pid: int):
+        self.zygote, self.pid, self.returncode = zygote, pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.zygote.ask({"poll": self.pid})["returncode"]
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import subprocess
+        import time
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"server {self.pid}", timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Zygote:
+    """The zygote process, started on first use and stopped when the test process exits."""
+
+    def __init__(self, root: str):
+        import atexit
+        import subprocess
+        import threading
+        self.lock = threading.Lock()
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.server.zygote"], cwd=root, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     env={**os.environ, "PYTHONPATH": root})
+        self.ready = json.loads(self.proc.stdout.readline() or "null")
+        atexit.register(self.close)
+
+    def ask(self, message: dict) -> dict:
+        with self.lock:
+            self.proc.stdin.write(json.dumps(message) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the test servers' zygote exited")
+        return json.loads(line)
+
+    def start(self, module: str, argv: list[str], cwd: str, env: dict, log: str) -> ForkedProcess | None:
+        """The forked server, or None where the zygote cannot fork one (start a new interpreter then)."""
+        if self.ready is None or self.proc.poll() is not None:
+            return None
+        answer = self.ask({"start": {"module": module, "argv": argv, "cwd": cwd, "env": env, "log": log}})
+        return ForkedProcess(self, answer["pid"]) if "pid" in answer else None
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(10)
+
+
+_zygote: Zygote | None = None
+
+
+def zygote(root: str) -> Zygote:
+    global _zygote
+    if _zygote is None:
+        _zygote = Zygote(root)
+    return _zygote
