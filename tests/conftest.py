@@ -5,6 +5,9 @@ from tests import triton_mode  # pytest's pythonpath puts the repository root on
 # Before any @triton.jit function is defined: the interpreter only where no CUDA device exists, so
 # `pytest -m gpu` on a GPU host runs the compiled kernels (an explicit TRITON_INTERPRET wins).
 triton_mode.apply(os.environ)
+if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    from tests.interpreter_launches import list_builtins_once
+    list_builtins_once()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
