@@ -1,13 +1,13 @@
 import json
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.zygote import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, "-m", "gh200rt.bench", "bandwidth", *args], cwd=ROOT, capture_output=True,
+    return run_python(["-m", "gh200rt.bench", "bandwidth", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
 
 

@@ -2,14 +2,13 @@
 written on the host, run through the real engine per placement, with each row's roofline in the JSON."""
 import json
 import math
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from gh200rt.bench.random_model import SHAPES, config_of, layer_shapes, write_random_checkpoint
 from gh200rt.loader.load import read_arch
 from gh200rt.models.arch_config import ArchConfig
+from tests.zygote import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,7 +33,7 @@ def test_written_directory_loads_with_its_shape_and_is_reused(tmp_path):
 
 def test_bench_decode_random_model_writes_rows_with_rooflines(tmp_path):
     out = tmp_path / "decode.json"
-    proc = subprocess.run([sys.executable, "-m", "gh200rt.bench", "latency", "--random-model", "llama3-tiny",
+    proc = run_python(["-m", "gh200rt.bench", "latency", "--random-model", "llama3-tiny",
                            "--random-model-dir", str(tmp_path / "m"), "--placements", "resident,direct",
                            "--batches", "1", "--tokens", "3", "--json", str(out), "--host-profile", "4",
                            "--kernel-times", "4"], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -53,7 +52,7 @@ def test_bench_decode_moe_counts_the_routed_experts_bytes(tmp_path):
     the routed experts' bytes per step are a quarter of what streaming whole layers would move; cpu-tier experts
     move none."""
     out = tmp_path / "decode.json"
-    proc = subprocess.run([sys.executable, "-m", "gh200rt.bench", "latency", "--random-model", "qwen3-moe-tiny",
+    proc = run_python(["-m", "gh200rt.bench", "latency", "--random-model", "qwen3-moe-tiny",
                            "--random-model-dir", str(tmp_path / "m"), "--placements",
                            "resident,experts-direct,experts-stream,experts-cpu", "--batches", "1", "--tokens", "3",
                            "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -71,7 +70,7 @@ def test_bench_decode_moe_counts_the_routed_experts_bytes(tmp_path):
 
 def test_bench_decode_graphs_times_eager_and_the_bucketed_path_side_by_side(tmp_path):
     out = tmp_path / "graphs.json"
-    proc = subprocess.run([sys.executable, "-m", "gh200rt.bench", "latency", "--random-model", "llama3-tiny",
+    proc = run_python(["-m", "gh200rt.bench", "latency", "--random-model", "llama3-tiny",
                            "--random-model-dir", str(tmp_path / "m"), "--placements", "resident,stream",
                            "--batches", "1,3", "--tokens", "3", "--dtype", "float32", "--graphs", "--json", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -150,16 +149,16 @@ def test_bench_decode_context_prefills_long_prompts_and_counts_their_kv_in_the_r
     # prompts of 300 tokens at batch 8 (2,400 positions) take more than one step's 2,048-token budget to prefill;
     # the roofline adds the K/V bytes each step reads, so it sits below the short-prompt one of the same run
     out_long, out_short = tmp_path / "long.json", tmp_path / "short.json"
-    common = [sys.executable, "-m", "gh200rt.bench", "latency", "--random-model", "llama3-tiny",
+    common = ["-m", "gh200rt.bench", "latency", "--random-model", "llama3-tiny",
               "--random-model-dir", str(tmp_path / "m"), "--placements", "resident", "--batches", "8", "--tokens", "4"]
     for extra, out in ((["--context", "300"], out_long), ([], out_short)):
-        proc = subprocess.run(common + extra + ["--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+        proc = run_python(common + extra + ["--json", str(out)], cwd=ROOT, capture_output=True, text=True,
                               timeout=300)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     long, short = (json.loads(p.read_text())["rows"][0] for p in (out_long, out_short))
     assert long["context"] == 300 and short["context"] == 4 and long["tokens_per_second"] > 0
     assert long["roofline_tokens_per_second"] < short["roofline_tokens_per_second"]
-    refused = subprocess.run(common + ["--context", "2"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    refused = run_python(common + ["--context", "2"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "--context 2: at least 4" in refused.stderr
 
 

@@ -2,9 +2,9 @@
 Llama-3-8B shape with CUDA graphs): each engine's row counts its tier moves and graph captures, and
 --require-moves fails a trace that moved nothing."""
 import json
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.zygote import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = ["--engines", "dynamic", "--quiet-seconds", "1", "--burst-requests", "6", "--burst-seconds", "0.5",
@@ -12,7 +12,7 @@ SHORT = ["--engines", "dynamic", "--quiet-seconds", "1", "--burst-requests", "6"
 
 
 def run(tmp_path, *extra):
-    return subprocess.run([sys.executable, "-m", "gh200rt.bench", "tiers", "--random-model", "llama3-tiny",
+    return run_python(["-m", "gh200rt.bench", "tiers", "--random-model", "llama3-tiny",
                            "--random-model-dir", str(tmp_path / "m"), *SHORT, *extra], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
 

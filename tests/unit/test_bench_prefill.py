@@ -1,13 +1,13 @@
 """`python -m gh200rt.bench latency --prefill` runs end to end (tiny cases) and prints a row per case."""
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.zygote import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_it_prints_a_row_per_case(short_smollm2):
-    done = subprocess.run([sys.executable, "-m", "gh200rt.bench", "latency", "--prefill", "--cases", "2x16,1x40",
+    done = run_python(["-m", "gh200rt.bench", "latency", "--prefill", "--cases", "2x16,1x40",
                            "--rounds", "2", "--model", short_smollm2],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -1,11 +1,12 @@
-"""Test servers forked from one process that has imported torch and the server's modules already.
+"""Test servers and command-line runs forked from one process that has imported torch and the server's modules.
 
 Each server a test starts used to be a new interpreter: ``import torch`` and the server's modules took ~3 s of a toy
-server's ~3.2 s start, some 55 times a suite run. The zygote imports them once (and runs nothing: no torch op, no
-thread, so a fork is safe) and forks a child per server, which sets the request's working directory, environment,
-argv and log file and runs the module as ``python -m`` would. The server's own code runs whole in the child, in a
-process of its own; tests that are about how the command itself starts (an unloadable model, a script launch) run
-it as a new interpreter still.
+server's ~3.2 s start, some 55 times a suite run, and the bench commands' tests paid the same per run. The zygote
+imports them once (and runs nothing: no torch op, no thread of its own, so a fork is safe) and forks a child per
+server or command, which sets the request's working directory, environment, argv, ``sys.path[0]`` and output files
+and runs the module (or script) as ``python -m`` (``python script``) would. The code under test runs whole in the
+child, in a process of its own; tests that are about how the interpreter itself starts (an unloadable model, a script
+launch, an install) run a new interpreter still.
 
 Protocol: one JSON object a line on the zygote's stdin, one answer a line on its stdout. ``{"start": {...}}`` ->
 ``{"pid": N}``; ``{"poll": N}`` -> ``{"returncode": int | None}`` (the zygote reaps its children).
@@ -39,18 +40,25 @@ def run_child(request: dict, replies: int) -> None:
         os.close(replies)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
         os.close(null)
+        for fd, path in ((1, request["log"]), (2, request.get("stderr") or request["log"])):
+            out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            os.dup2(out, fd)
+            os.close(out)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        sys.argv = [request["module"], *request["argv"]]
-        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        if "script" in request:
+            script = os.path.abspath(request["script"])
+            sys.argv = [request["script"], *request["argv"]]
+            sys.path[0] = os.path.dirname(script)
+            runpy.run_path(script, run_name="__main__")
+        else:
+            sys.argv = [request["module"], *request["argv"]]
+            sys.path[0] = os.getcwd()
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as stop:
         if stop.code is None or isinstance(stop.code, int):
@@ -152,7 +160,7 @@ class Zygote:
         import subprocess
         import threading
         self.lock = threading.Lock()
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.server.zygote"], cwd=root, text=True,
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.zygote"], cwd=root, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      env={**os.environ, "PYTHONPATH": root})
         self.ready = json.loads(self.proc.stdout.readline() or "null")
@@ -167,11 +175,16 @@ class Zygote:
             raise RuntimeError("the test servers' zygote exited")
         return json.loads(line)
 
-    def start(self, module: str, argv: list[str], cwd: str, env: dict, log: str) -> ForkedProcess | None:
-        """The forked server, or None where the zygote cannot fork one (start a new interpreter then)."""
+    def start(self, module: str, argv: list[str], cwd: str, env: dict, log: str, stderr: str | None = None,
+              script: str | None = None) -> ForkedProcess | None:
+        """``python -m module *argv`` (or ``python script *argv``) forked, its output to ``log`` (its standard error
+        to ``stderr`` where given); None where the zygote cannot fork one (start a new interpreter then)."""
         if self.ready is None or self.proc.poll() is not None:
             return None
-        answer = self.ask({"start": {"module": module, "argv": argv, "cwd": cwd, "env": env, "log": log}})
+        request = {"module": module, "argv": argv, "cwd": cwd, "env": env, "log": log, "stderr": stderr}
+        if script is not None:
+            request["script"] = script
+        answer = self.ask({"start": request})
         return ForkedProcess(self, answer["pid"]) if "pid" in answer else None
 
     def close(self) -> None:
@@ -188,3 +201,31 @@ def zygote(root: str) -> Zygote:
     if _zygote is None:
         _zygote = Zygote(root)
     return _zygote
+
+
+def run_python(args: list[str], cwd: str, timeout: float, env: dict | None = None, capture_output: bool = True,
+               text: bool = True):
+    """``subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)``
+    for ``args`` = ``["-m", module, ...]`` or ``[script, ...]``, forked from the zygote (a new interpreter where it
+    cannot fork)."""
+    assert capture_output and text, "run_python captures the output as text"
+    import subprocess
+    import tempfile
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    args, cwd = [os.fspath(a) for a in args], os.fspath(cwd)
+    env = dict(env) if env is not None else {**os.environ, "PYTHONPATH": root}
+    module, script, argv = (args[1], None, args[2:]) if args[0] == "-m" else ("", args[0], args[1:])
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+        proc = zygote(root).start(module, argv, cwd, env, out, err, script)
+        if proc is None:
+            return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                                  env=env)
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+            raise
+        with open(out) as o, open(err) as e:
+            return subprocess.CompletedProcess([sys.executable, *args], code, o.read(), e.read())

@@ -1,4 +1,4 @@
-"""Run by tests/server/test_zygote.py as a forked 'server': prints what it was started with, waits for a gate file,
+"""Run by tests/unit/test_zygote.py as a forked 'server': prints what it was started with, waits for a gate file,
 exits with the code it is told."""
 import os
 import sys

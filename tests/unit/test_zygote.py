@@ -1,4 +1,4 @@
-"""The test servers' zygote (tests/server/zygote.py): a forked server runs its module as ``python -m`` would, with
+"""The test servers' zygote (tests/zygote.py): a forked server runs its module as ``python -m`` would, with
 the request's argv, working directory, environment and log, and its exit code comes back."""
 import os
 import signal
@@ -9,12 +9,12 @@ pytest.importorskip("httpx")
 pytest.importorskip("psutil")
 
 from tests.server.helpers import ROOT  # noqa: E402
-from tests.server.zygote import zygote  # noqa: E402
+from tests.zygote import zygote  # noqa: E402
 
 
 def start(tmp_path, **env):
     log = tmp_path / "probe.log"
-    proc = zygote(ROOT).start("tests.server.zygote_probe", ["--flag", "x"], str(tmp_path),
+    proc = zygote(ROOT).start("tests.zygote_probe", ["--flag", "x"], str(tmp_path),
                               {**os.environ, "PYTHONPATH": ROOT, **env}, str(log))
     assert proc is not None, f"the zygote did not fork: {zygote(ROOT).ready}"
     return proc, log
