@@ -20,6 +20,8 @@ import signal
 import sys
 import traceback
 
+# GH200RT_TEST_FRESH_INTERPRETERS=1: every server and command a test starts runs in a new interpreter instead
+FRESH_INTERPRETERS = os.environ.get("GH200RT_TEST_FRESH_INTERPRETERS", "") not in ("", "0")
 # what every server imports, preloaded (not the modules that run as __main__: runpy warns when those are imported)
 PRELOAD = ("torch", "numpy", "fastapi", "uvicorn", "httpx", "gh200rt.serve.api", "gh200rt.serve.args",
            "gh200rt.serve.async_engine", "gh200rt.engine.engine", "gh200rt.tokenizer.chat_template",
@@ -217,7 +219,7 @@ def run_python(args: list[str], cwd: str, timeout: float, env: dict | None = Non
     module, script, argv = (args[1], None, args[2:]) if args[0] == "-m" else ("", args[0], args[1:])
     with tempfile.TemporaryDirectory() as tmp:
         out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
-        proc = zygote(root).start(module, argv, cwd, env, out, err, script)
+        proc = None if FRESH_INTERPRETERS else zygote(root).start(module, argv, cwd, env, out, err, script)
         if proc is None:
             return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
                                   env=env)

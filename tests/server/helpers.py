@@ -16,12 +16,9 @@ import pytest
 httpx = pytest.importorskip("httpx")  # the test extra: a bare GPU host need not have it
 psutil = pytest.importorskip("psutil")
 
-from tests.zygote import zygote  # noqa: E402 - after the skips above
+from tests.zygote import FRESH_INTERPRETERS, zygote  # noqa: E402 - after the skips above
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# servers are forked from a process that imported their modules once (tests/zygote.py); set this to start
-# each in a new interpreter instead
-FRESH_INTERPRETERS = os.environ.get("GH200RT_TEST_FRESH_SERVERS", "") not in ("", "0")
 
 
 def free_port() -> int:
