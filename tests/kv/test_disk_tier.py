@@ -25,6 +25,16 @@ def offloader(kv, directory, capacity=1 << 20, identity=IDENTITY) -> KVOffloader
     return o
 
 
+def offloader_over_one_stored_block(directory) -> KVOffloader:
+    """A new engine's tier over a directory where an earlier one stored block 101 (tokens 1-4, the chain's first)."""
+    kv = caches()
+    first = offloader(kv, directory)
+    first.store(1, 101, (1, 2, 3, 4), ROOT)
+    first.wait_for_stores()
+    first.close()
+    return offloader(kv, directory)
+
+
 def test_blocks_come_back_from_disk_after_a_restart_bit_for_bit(tmp_path):
     kv = caches()
     want = [[c[:, b].clone() for c in kv] for b in (1, 2)]
@@ -137,12 +147,7 @@ def test_a_read_finishing_during_a_lookup_is_found_or_waited_for(tmp_path, monke
     """A read that finishes between a lookup's walk of host memory (the block not there yet) and its look at the
     reads under way: the lookup still says reading (the next one finds the block), never neither, which would have its
     request recompute blocks just read for it."""
-    kv = caches()
-    first = offloader(kv, tmp_path)
-    first.store(1, 101, (1, 2, 3, 4), ROOT)
-    first.wait_for_stores()
-    first.close()
-    again = offloader(kv, tmp_path)
+    again = offloader_over_one_stored_block(tmp_path)
     release, reading = threading.Event(), threading.Event()
     read_into = again.disk.read_into
 
@@ -175,12 +180,7 @@ def test_a_read_finishing_during_a_lookup_is_found_or_waited_for(tmp_path, monke
 
 
 def test_a_file_that_breaks_during_its_read_is_forgotten(tmp_path):
-    kv = caches()
-    first = offloader(kv, tmp_path)
-    first.store(1, 101, (1, 2, 3, 4), ROOT)
-    first.wait_for_stores()
-    first.close()
-    again = offloader(kv, tmp_path)
+    again = offloader_over_one_stored_block(tmp_path)
     path = again.disk.blocks[101].path
     path.write_bytes(path.read_bytes()[:-8])           # cut short after the engine scanned the directory
     assert again.lookup_chain([(101, (1, 2, 3, 4))], ROOT, 4).reading
