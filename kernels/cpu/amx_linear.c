@@ -37,6 +37,7 @@
 #else
 #define HAVE_AMX 0
 #endif
+#include "gh_native.h"
 #include "tiled_linear.h"
 
 #define AMX_ROWS 16          /* rows of a tile */

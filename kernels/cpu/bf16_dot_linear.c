@@ -28,6 +28,7 @@
 #else
 #define HAVE_DOT 0
 #endif
+#include "gh_native.h"
 #include "tiled_linear.h"
 
 #define DOT_ROWS 4            /* rows sharing each loaded weight vector */

@@ -9,9 +9,11 @@
  * layer, an unfused one and any tier agree exactly (DESIGN invariant 4).
  *
  * bfloat16 activations (the bf16 route, dtype 1): hidden, out, the norms' weights, cos/sin, the KV pool and every
- * buffer between the ops are bf16, as the op-by-op path keeps them; a linear (one row through a GGUF checkpoint's
- * blocks, the only native linear that route takes) widens its input to float32 and rounds its output back, as
- * OneRowBlocksWeight does, and a residual add rounds the float32 sum of two bf16 values, as torch's bf16 add.
+ * buffer between the ops are bf16, as the op-by-op path keeps them; a linear through a GGUF checkpoint's blocks (one
+ * row) widens its input to float32 and rounds its output back, as OneRowBlocksWeight does; a bf16 weight in tiles
+ * (AmxWeight, Bf16DotWeight: any row count) takes the bf16 rows as NativeOps._tiled_linear passes them, the gate/up
+ * product with the SiLU fused where the MLP calls it so; a residual add rounds the float32 sum of two bf16 values,
+ * as torch's bf16 add.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -50,8 +52,19 @@ static inline uint16_t f32_to_bf16(float f) {   /* round to nearest even, as tor
     return (uint16_t)(u >> 16);
 }
 
+static inline int tiled(const LinearArgs *l) { return l->kind == LINEAR_AMX || l->kind == LINEAR_BF16_DOT; }
+
+/* bf16 rows [rows, k] through a tiled bf16 weight, contiguous out (silu: [rows, gated_inter] of silu(gate) * up) */
+static int tiled_linear(const LinearArgs *l, const void *x, int64_t rows, void *out, int silu) {
+    int64_t width = silu ? l->gated_inter : l->n;
+    if (l->kind == LINEAR_AMX)
+        return gh_amx_linear(x, rows, l->k, l->w, l->n, l->k, l->bias, out, width, l->threads, l->gated_inter, silu);
+    return gh_bf16_dot_linear(x, rows, l->k, l->w, l->n, l->k, l->bias, out, width, l->threads, l->gated_inter, silu);
+}
+
 /* out = x W^T (+ bias) in the activations' dtype; wide: float32 room for [rows, max(k, n)] twice (bf16 only) */
 static int linear_in(const LinearArgs *l, const void *x, int64_t rows, void *out, int dtype, float *wide) {
+    if (tiled(l)) return tiled_linear(l, x, rows, out, 0) ? -1 : 0;
     if (!dtype) return linear(l, (const float *)x, rows, (float *)out);
     float *xf = wide, *yf = wide + rows * (l->k > l->n ? l->k : l->n);
     for (int64_t i = 0; i < rows * l->k; i++) xf[i] = bf16_to_f32(((const uint16_t *)x)[i]);
@@ -98,8 +111,12 @@ int gh_decode_layer(const void *hidden, int64_t rows, const DecodeLayerArgs *a, 
     if ((rc = linear_in(&a->o, attn, rows, tmp, dtype, wide))) goto done;
     add(hidden, tmp, h1, rows * h, dtype);
     gh_rms_norm(h1, rows, h, h, a->norm2, normed, a->eps, dtype, a->threads);
-    if ((rc = linear_in(&a->gate_up, normed, rows, gate_up, dtype, wide))) goto done;
-    gh_silu_mul(gate_up, rows, inter, act, dtype, a->threads);
+    if (a->fused_silu) {
+        if ((rc = tiled_linear(&a->gate_up, normed, rows, act, 1) ? -1 : 0)) goto done;
+    } else {
+        if ((rc = linear_in(&a->gate_up, normed, rows, gate_up, dtype, wide))) goto done;
+        gh_silu_mul(gate_up, rows, inter, act, dtype, a->threads);
+    }
     if ((rc = linear_in(&a->down, act, rows, tmp, dtype, wide))) goto done;
     add(h1, tmp, out, rows * h, dtype);
 done:

@@ -6,15 +6,17 @@
 #include <stdint.h>
 #include "gh_native.h"
 
-enum { LINEAR_F32 = 0, LINEAR_QUANT = 1, LINEAR_F16 = 2 };
+enum { LINEAR_F32 = 0, LINEAR_QUANT = 1, LINEAR_F16 = 2, LINEAR_AMX = 3, LINEAR_BF16_DOT = 4 };
 
 typedef struct {
-    int64_t kind;                /* LINEAR_F32: dense float32 w; LINEAR_QUANT: packed weight; LINEAR_F16: fp16 w */
+    int64_t kind;                /* LINEAR_F32: dense float32 w; LINEAR_QUANT: packed weight; LINEAR_F16: fp16 w;
+                                  * LINEAR_AMX / LINEAR_BF16_DOT: bf16 w in amx_linear.c's tiles, bf16 rows */
     const void *w;               /* LINEAR_F32 / LINEAR_F16: [n, k], row stride w_stride, unit column stride */
     int64_t w_stride;
     const WeightArgs *packed;    /* LINEAR_QUANT */
     const float *bias;           /* [n] or NULL: inside the float32 kernel, added after a quantized product */
     int64_t n, k, threads;       /* threads: what the single-op wrapper passes for this weight */
+    int64_t gated_inter;         /* LINEAR_AMX / LINEAR_BF16_DOT: the tiles' gated packing (0: plain) */
 } LinearArgs;
 
 typedef struct {
@@ -33,6 +35,7 @@ typedef struct {
     const float *kv_scale;       /* the layer's [K scale, V scale] for an fp8 pool */
     int64_t dtype;               /* the activations': 0 float32, 1 bfloat16 */
     HostKV host;                 /* the layer's host KV blocks read in place; first 0: none */
+    int64_t fused_silu;          /* 1: gate_up (gated tiles) returns silu(gate) * up itself, as the MLP calls it */
 } DecodeLayerArgs;
 
 /* What changes from step to step and is the same for every layer of it: gh_decode_layers sets these fields of each

@@ -26,6 +26,11 @@ void gh_f32_linear(const float *x, int64_t rows, int64_t x_stride, const float *
                    int64_t w_stride, const float *bias, float *out, int64_t out_stride, int64_t threads);
 void gh_f16_linear(const float *x, int64_t rows, int64_t x_stride, const uint16_t *w, int64_t n, int64_t k,
                    int64_t w_stride, const float *bias, float *out, int64_t out_stride, int64_t threads);
+int gh_amx_linear(const uint16_t *x, int64_t rows, int64_t x_stride, const uint16_t *wp, int64_t n, int64_t k,
+                  const float *bias, uint16_t *y, int64_t y_stride, int64_t threads, int64_t gated_inter, int silu);
+int gh_bf16_dot_linear(const uint16_t *x, int64_t rows, int64_t x_stride, const uint16_t *wp, int64_t n, int64_t k,
+                       const float *bias, uint16_t *y, int64_t y_stride, int64_t threads, int64_t gated_inter,
+                       int silu);
 void gh_fp8_linear(const float *x, int64_t rows, int64_t x_stride, const uint8_t *q, int64_t n, int64_t k,
                    int64_t w_stride, const float *scale, int64_t scale_stride, int64_t group, const float *bias,
                    float *out, int64_t out_stride, int64_t threads);

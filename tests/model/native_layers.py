@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from gh200rt.backends.cpu.amx_weight import AmxWeight, Bf16DotWeight, gated_rows
 from gh200rt.backends.cpu.native import load_native_ops
 from gh200rt.backends.cpu.ops import use_native_cpu_kernels
 from gh200rt.backends.cpu.prepack import NativeRowsWeight, OneDNNWeight, OneRowBlocksWeight
@@ -29,9 +30,11 @@ def model_with(form: str, name: str = "llama", dtype=torch.float32, layers: int 
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
         for i in range(len(model.layers)):
-            for ref in model.layer_weight_refs(i).values():
+            for ref_name, ref in model.layer_weight_refs(i).items():
                 ref.current.copy_(torch.randn(ref.shape, generator=gen) * 0.2)
                 weight = ref.current
+                gated = gated_rows(weight) if ref_name.endswith("gate_up_proj") else 0
+                tiled = Bf16DotWeight if form.startswith("bf16-dot") else AmxWeight
                 if form == "native-rows":
                     ref.current = NativeRowsWeight(weight, OneDNNWeight(weight), OPS)
                 elif form in ("int8", "int4"):
@@ -40,16 +43,21 @@ def model_with(form: str, name: str = "llama", dtype=torch.float32, layers: int 
                     ref.current = OneRowBlocksWeight(pack_weight(weight, "int4"), HalfWeight(weight.half()))
                 elif form == "bf16-one-row-blocks":     # the bf16 route of a GGUF checkpoint
                     ref.current = OneRowBlocksWeight(pack_weight(weight.float(), "int4"), OneDNNWeight(weight))
+                elif form in ("bf16-amx", "bf16-dot"):            # the bf16 route's tiles, gate/up packed gated
+                    ref.current = tiled(weight, OPS, gated)
+                elif form in ("bf16-amx-one-row-blocks", "bf16-dot-one-row-blocks"):   # a GGUF checkpoint there
+                    ref.current = OneRowBlocksWeight(pack_weight(weight.float(), "int4"), tiled(weight, OPS, gated))
                 elif form == "fp16":
                     ref.current = HalfWeight(weight.half())
     assert use_native_cpu_kernels(model) is None
     return model
 
 
-def decode_step(rows: int, gen: torch.Generator):
-    """A decode step of ``rows`` sequences of different lengths over shuffled blocks, with K/V already cached."""
-    lens = [5 + 7 * r for r in range(rows)]
-    order = torch.randperm(200, generator=gen).tolist()
+def decode_step(rows: int, gen: torch.Generator, pool_blocks: int = 200):
+    """A decode step of ``rows`` sequences of different lengths over shuffled blocks of a pool of ``pool_blocks``,
+    with K/V already cached."""
+    lens = [5 + 7 * r % 240 for r in range(rows)]      # positions within the tiny models' 256
+    order = torch.randperm(pool_blocks, generator=gen).tolist()
     tables, used = [], 0
     for n in lens:
         blocks = -(-n // BLOCK)

@@ -42,8 +42,9 @@ def run_layer(model, layer_index: int, meta, hidden, pool, fused: bool):
 
 def compare(model, rows: int, expect_fused: bool, seed: int = 0, pool_dtype: torch.dtype | None = None):
     gen = torch.Generator().manual_seed(seed)
-    meta = decode_step(rows, gen)
-    pool = torch.randn(2, 200, BLOCK, 2, 16, generator=gen, dtype=torch.float32).to(pool_dtype or model.dtype)
+    blocks = max(200, sum(-(-(5 + 7 * r % 240) // BLOCK) for r in range(rows)))
+    meta = decode_step(rows, gen, blocks)
+    pool = torch.randn(2, blocks, BLOCK, 2, 16, generator=gen, dtype=torch.float32).to(pool_dtype or model.dtype)
     hidden = torch.randn(rows, 64, generator=gen).to(model.dtype)
     for layer in range(len(model.layers)):
         pool_a, pool_b = pool.clone(), pool.clone()
@@ -154,6 +155,22 @@ def test_bf16_activations_take_one_call_through_the_gguf_row_form():
     _, calls = run_layer(model, 0, decode_step(1, gen), torch.randn(1, 64, dtype=torch.bfloat16),
                          torch.zeros(2, 200, BLOCK, 2, 16), fused=True)       # a float32 pool: op by op
     assert calls == [False]
+
+
+TILED_FORMS = [pytest.param(form, marks=pytest.mark.skipif(
+    OPS is None or not (OPS.amx_available() if "amx" in form else OPS.bf16_dot_available()),
+    reason="this CPU runs no " + ("AMX" if "amx" in form else "AVX-512 BF16") + " tiles"))
+    for form in ("bf16-amx", "bf16-dot", "bf16-amx-one-row-blocks", "bf16-dot-one-row-blocks")]
+
+
+@pytest.mark.parametrize("form", TILED_FORMS)
+@pytest.mark.parametrize("rows", [2, 5, 40])
+def test_bf16_tiles_take_one_call_at_any_row_count(form, rows):
+    """The bf16 route's tiled weights (AMX, AVX-512 BF16 dot products; a GGUF checkpoint's batch form): every row
+    count in one call with the op-by-op bits, the gate/up product's SiLU fused as the MLP fuses it; a bias (Qwen2's
+    qkv) added in float32 as the tiles add it."""
+    compare(model_with(form, dtype=torch.bfloat16), rows, expect_fused=True)
+    compare(model_with(form, name="qwen2", dtype=torch.bfloat16), rows, expect_fused=True, seed=1)
 
 
 def test_a_layer_after_an_op_by_op_one_takes_its_residual_add():

@@ -11,7 +11,10 @@ invariant 4). Where any op would go elsewhere (an MoE layer, a prefill or mixed 
 linear at this row count, fp8 weights, per-head q/k norms, a KV-scale calibration, a LoRA linear) it returns None
 and the layer runs op by op. bfloat16 activations (the bf16 route) take the one call where every linear is
 native at that row count: one sequence decoding a GGUF checkpoint's blocks (``OneRowBlocksWeight``), each linear's
-row widened to float32 and its output rounded back, as the op-by-op path does.
+row widened to float32 and its output rounded back, as the op-by-op path does; or bf16 weights in tiles
+(``AmxWeight``, ``Bf16DotWeight``) at any row count, the bf16 rows passed as ``NativeOps._tiled_linear`` passes
+them and the gate/up product's SiLU fused where the MLP fuses it (``MLP.fused_silu``): at 64 sequences the step's
+~240 op calls through Python kept the second core idle for a fifth of the step.
 
 What a layer's linears resolve to is cached on the layer, keyed by the row count, the thread count, each
 WeightRef's ``version`` (it changes whenever a placement repoints the ref: a streamed layer's weight is a new
@@ -26,10 +29,11 @@ import weakref
 import torch
 
 from gh200rt.backends.cpu import half_linear, native_args, packed_linear
+from gh200rt.backends.cpu.amx_weight import AmxWeight, Bf16DotWeight
 from gh200rt.backends.cpu.half_linear import NATIVE_F16_MAX_ROWS
 from gh200rt.backends.cpu.linear import native_rows_weight
-from gh200rt.backends.cpu.native_args import (LINEAR_F16, LINEAR_F32, LINEAR_QUANT, DecodeLayerArgs, LinearArgs,
-                                              host_kv_args)
+from gh200rt.backends.cpu.native_args import (LINEAR_AMX, LINEAR_BF16_DOT, LINEAR_F16, LINEAR_F32, LINEAR_QUANT,
+                                              DecodeLayerArgs, LinearArgs, host_kv_args)
 from gh200rt.backends.cpu.native_checks import FP8_KV_TYPES
 from gh200rt.backends.cpu.native_ops import NativeOps
 from gh200rt.backends.cpu.packed_linear import NATIVE_MAX_ROWS
@@ -53,6 +57,10 @@ def linear_args(linear, rows: int, dtype: torch.dtype = torch.float32,
         return None
     if bias is not None and (bias.dtype != dtype or not bias.is_cpu or not bias.is_contiguous()):
         return None
+    if isinstance(weight, OneRowBlocksWeight) and rows > 1:
+        weight = weight.batch             # what OneRowBlocksWeight.linear multiplies more rows with
+    if isinstance(weight, AmxWeight):     # bf16 rows in tiles (AMX or AVX-512 BF16), at any row count
+        return tiled_args(weight, bias, widened) if dtype == torch.bfloat16 else None
     if dtype != torch.float32:            # only a GGUF row form widens a bf16 row to the native quantized linear
         if not (isinstance(weight, OneRowBlocksWeight) and rows == 1 and dtype == torch.bfloat16):
             return None
@@ -65,6 +73,20 @@ def linear_args(linear, rows: int, dtype: torch.dtype = torch.float32,
     if isinstance(weight, OneRowBlocksWeight):
         weight = weight.blocks if rows == 1 else weight.batch
     return linear_args_of(linear, weight, rows, bias)
+
+
+def tiled_args(weight: AmxWeight, bias: torch.Tensor | None, widened: list | None) -> LinearArgs | None:
+    """The call ``NativeOps._tiled_linear`` makes for ``weight`` (``AmxWeight.linear``: its bias in float32, a copy
+    appended to ``widened``)."""
+    if bias is not None:
+        if widened is None:
+            return None
+        bias = bias.float().contiguous()
+        widened.append(bias)
+    n, k = weight.shape
+    kind = LINEAR_BF16_DOT if isinstance(weight, Bf16DotWeight) else LINEAR_AMX
+    return LinearArgs(kind, weight.packed.data_ptr(), 0, None, None if bias is None else bias.data_ptr(), n, k,
+                      native_args.linear_threads(n, k), weight.gated_inter)
 
 
 def linear_args_of(linear, weight, rows: int, bias: torch.Tensor | None) -> LinearArgs | None:
@@ -96,10 +118,11 @@ def linear_args_of(linear, weight, rows: int, bias: torch.Tensor | None) -> Line
 
 class _LayerParts:
     """What a layer's one-call path reads, looked up once (nn.Module attribute lookups are slow)."""
-    __slots__ = ("attn", "linears", "refs", "norms", "bias")
+    __slots__ = ("attn", "mlp", "linears", "refs", "norms", "bias")
 
     def __init__(self, layer):
         self.attn = attn = layer.self_attn
+        self.mlp = layer.mlp
         self.linears = (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
         self.refs = tuple(m.weight_ref for m in self.linears)
         self.norms = (layer.input_layernorm, layer.post_attention_layernorm)
@@ -135,6 +158,9 @@ class _LayerCall:
                                     attn.scale, heads=attn.num_heads, kv_heads=attn.num_kv_heads,
                                     head_dim=attn.head_dim, hidden=hidden, inter=linears[3].k, threads=threads,
                                     dtype=int(dtype == torch.bfloat16))
+        if gate_up.kind in (LINEAR_AMX, LINEAR_BF16_DOT) and parts.mlp.fused_silu(rows, None) is not None:
+            assert gate_up.gated_inter == down.k, "a fused SiLU's gate/up weight is packed gated"
+            self.args.fused_silu = 1
 
     def set_pool(self, kv_cache: torch.Tensor) -> bool:
         """Point the arguments at ``kv_cache`` (the activations' dtype or fp8 ``[2, blocks, block_size, kv_heads,

@@ -42,10 +42,10 @@ class QuantWeight:
 class LinearArgs(ctypes.Structure):
     """gh_decode_layer.h's LinearArgs: one linear as the layer-by-layer path would call it."""
     _fields_ = [("kind", _I), ("w", _P), ("w_stride", _I), ("packed", _P), ("bias", _P), ("n", _I), ("k", _I),
-                ("threads", _I)]
+                ("threads", _I), ("gated_inter", _I)]
 
 
-LINEAR_F32, LINEAR_QUANT, LINEAR_F16 = 0, 1, 2
+LINEAR_F32, LINEAR_QUANT, LINEAR_F16, LINEAR_AMX, LINEAR_BF16_DOT = 0, 1, 2, 3, 4
 
 
 class HostKV(ctypes.Structure):
@@ -83,7 +83,7 @@ class DecodeLayerArgs(ctypes.Structure):
                 ("k_cache", _P), ("v_cache", _P), ("block_stride", _I), ("slot_stride", _I), ("head_stride", _I),
                 ("block_size", _I), ("slots", _P), ("block_tables", _P), ("table_stride", _I), ("seq_lens", _P),
                 ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("hidden", _I), ("inter", _I), ("threads", _I),
-                ("kv_type", _I), ("kv_scale", _P), ("dtype", _I), ("host", HostKV)]
+                ("kv_type", _I), ("kv_scale", _P), ("dtype", _I), ("host", HostKV), ("fused_silu", _I)]
 
 
 class DecodeStepArgs(ctypes.Structure):

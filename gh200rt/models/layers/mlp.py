@@ -27,12 +27,12 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor, block_rows: int | None = None) -> torch.Tensor:
         """``block_rows``: run the linears on blocks of exactly that many rows (layers/row_blocks.py)."""
-        fused = self._fused_silu(x, block_rows)
+        fused = self.fused_silu(x.numel() // x.shape[-1], block_rows)
         if fused is not None:
             return self.down_proj(fused.silu_linear(x), block_rows)
         return self.down_proj(self.act(self.gate_up_proj(x, block_rows)), block_rows)
 
-    def _fused_silu(self, x: torch.Tensor, block_rows: int | None):
+    def fused_silu(self, rows: int, block_rows: int | None):
         """The gate/up weight form that computes the product and the SiLU in one call with the bits of the two
         (``AmxWeight``), where the activation is the native ``silu_mul`` and no adapter or bias adds to the product."""
         linear = self.gate_up_proj
@@ -40,7 +40,7 @@ class GatedMLP(nn.Module):
         if form is None or linear.lora is not None or linear.bias is not None \
                 or not getattr(self.act.act_fn, "native_silu_mul", False):
             return None
-        return form(x.numel() // x.shape[-1], block_rows)
+        return form(rows, block_rows)
 
     def weight_refs(self) -> dict[str, WeightRef]:
         return {"gate_up_proj": self.gate_up_proj.weight_ref, "down_proj": self.down_proj.weight_ref}
