@@ -40,6 +40,16 @@ class TestRoute:
         return bool(self.native_flags)
 
     @property
+    def resident_form(self) -> str:
+        """The class name of a resident linear's form on this route here, inside the route's context (its native
+        build): the bf16 route's is the AMX tiles where the build runs them, else the AVX-512 BF16 dot-product
+        layout where it runs those (``bf16-no-amx`` on an AMX CPU, the bf16 route on a Zen 4 or 5), else oneDNN's."""
+        if self.cpu_route == "bf16":
+            from gh200rt.backends.cpu.prepack import amx_available, bf16_dot_available
+            return "AmxWeight" if amx_available() else "Bf16DotWeight" if bf16_dot_available() else "OneDNNWeight"
+        return {"fp32": "NativeRowsWeight", "fp16": "HalfWeight"}[self.cpu_route]
+
+    @property
     def options(self) -> dict:
         """Engine options that force this route (``EngineConfig.from_kwargs(**options)``)."""
         return {"cpu_route": self.cpu_route}

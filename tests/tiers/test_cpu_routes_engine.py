@@ -7,7 +7,7 @@ import torch
 
 from gh200rt.backends.cpu import prepack
 from gh200rt.backends.cpu.native import load_native_ops, native_ops_error
-from gh200rt.backends.cpu.prepack import AmxWeight, OneDNNWeight, amx_available, linear_formats
+from gh200rt.backends.cpu.prepack import OneDNNWeight, linear_formats
 from gh200rt.backends.cpu.routes import route_for
 from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
@@ -16,6 +16,7 @@ from gh200rt.formats.pack import PackedWeight
 from gh200rt.memory.ledger import CPU_DEFAULT_KV_BYTES
 from gh200rt.models.layers.dense import onednn_available
 from gh200rt.sampling_params import SamplingParams
+from tests.cpu_routes import TEST_ROUTES
 from tests.engine.real_models import save_tiny_llama
 
 PROMPTS = [[5, 9, 13, 17], [40, 41], list(range(60, 90))]
@@ -100,16 +101,6 @@ def full_kv_pool(eng: LLMEngine) -> int:
     return min(CPU_DEFAULT_KV_BYTES, useful)
 
 
-RESIDENT_FORMS = {"fp32": "NativeRowsWeight", "fp32-portable": "NativeRowsWeight", "fp16": "HalfWeight",
-                  "bf16": "OneDNNWeight", "bf16-no-amx": "Bf16DotWeight"}
-
-
-def resident_form(route) -> str:
-    """The form a resident linear takes on ``route`` here: on the bf16 route of a CPU with AMX, the AMX tiles (without
-    AMX but with AVX-512 BF16, as ``bf16-no-amx`` builds it: the dot products)."""
-    return "AmxWeight" if route.name == "bf16" and amx_available() else RESIDENT_FORMS[route.name]
-
-
 def test_default_capacity_books_each_routes_forms_beside_the_full_kv_pool(wide, cpu_route):
     """Each route's resident form (the fp32 routes keep a reordered copy beside the dense bytes, the others
     replace them), booked exactly as the model holds it, and the CPU default capacity makes room for it: the KV
@@ -119,7 +110,7 @@ def test_default_capacity_books_each_routes_forms_beside_the_full_kv_pool(wide, 
     eng = engine(wide, offload="none", **cpu_route.options)
     model = eng.runner.model
     assert model.dtype == cpu_route.dtype and eng.runner.kv_caches[0].dtype == cpu_route.dtype
-    assert linear_formats(model) == {resident_form(cpu_route): 17}
+    assert linear_formats(model) == {cpu_route.resident_form: 17}
     # the bf16 route's reordered weights replace the dense ones: only the fp32 routes' sit beside them
     beside = reordered_copies(model) if cpu_route.name.startswith("fp32") else 0
     assert eng.ledger.by_kind["cpu_route_forms"] == beside and (beside > 0) == cpu_route.name.startswith("fp32")
@@ -188,10 +179,10 @@ def test_bf16_resident_layers_are_reordered_streamed_ones_are_not(tiny):
     eng = engine(tiny, dtype="bfloat16", offload="none", layer_tiers="1-2:streamed", staging_slots=1,
                  prefetch_distance=0)
     model = eng.runner.model
-    resident = AmxWeight if amx_available() else OneDNNWeight
-    assert all(isinstance(r.current, resident) for i in (0, 3) for r in model.layer_weight_refs(i).values())
+    resident = TEST_ROUTES["bf16"].resident_form
+    assert all(type(r.current).__name__ == resident for i in (0, 3) for r in model.layer_weight_refs(i).values())
     assert all(isinstance(r.current, torch.Tensor) for i in (1, 2) for r in model.layer_weight_refs(i).values())
-    assert isinstance(model.lm_head.weight_ref.current, resident)
+    assert type(model.lm_head.weight_ref.current).__name__ == resident
     tokens = [t for t, _ in run(eng)]
     assert all(len(t) == 6 for t in tokens)
     eng.close()
@@ -204,7 +195,7 @@ def test_int8_with_bf16_activations_streamed_equals_direct(tiny):
                       host_weight_dtype="int8")
     refs = list(direct.runner.model.layer_weight_refs(0).values())
     assert all(isinstance(r.current, PackedWeight) and r.current.fmt == "int8" for r in refs)
-    assert isinstance(direct.runner.model.lm_head.weight_ref.current, AmxWeight if amx_available() else OneDNNWeight)
+    assert type(direct.runner.model.lm_head.weight_ref.current).__name__ == TEST_ROUTES["bf16"].resident_form
     want = run(direct)
     assert run(streamed) == want
     for eng in (direct, streamed):

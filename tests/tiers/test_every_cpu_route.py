@@ -4,7 +4,7 @@ poisoned before every copy), resident layers hold the route's own form, and on t
 compute those bits too (DESIGN invariant 4)."""
 import pytest
 
-from gh200rt.backends.cpu.prepack import amx_available, linear_formats
+from gh200rt.backends.cpu.prepack import linear_formats
 from gh200rt.config import EngineConfig
 from gh200rt.engine.engine import LLMEngine
 from gh200rt.engine.llm import LLM
@@ -20,10 +20,6 @@ PLACEMENTS = {
     "streamed": dict(offload="stream", staging_slots=2, prefetch_distance=1),
     "direct": dict(offload="direct"),
 }
-# the form a resident linear takes on each route (the model below has every linear large enough for oneDNN);
-# offloaded layers' linears compute from dense weights in the route's dtype
-RESIDENT_FORM = {"fp32": "NativeRowsWeight", "fp32-portable": "NativeRowsWeight", "fp16": "HalfWeight",
-                 "bf16": "OneDNNWeight", "bf16-no-amx": "Bf16DotWeight"}
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +43,8 @@ def test_every_placement_serves_on_the_route(wide, cpu_route):
                                                              **cpu_route.options), poison=True)
         assert eng.runner.model.dtype == cpu_route.dtype
         resident_layers = LAYERS if label == "resident" else 0
-        form = "AmxWeight" if cpu_route.name == "bf16" and amx_available() else RESIDENT_FORM[cpu_route.name]
-        want = {form: 4 * resident_layers + 1, dense: 4 * (LAYERS - resident_layers)}
+        # offloaded layers' linears compute from dense weights in the route's dtype
+        want = {cpu_route.resident_form: 4 * resident_layers + 1, dense: 4 * (LAYERS - resident_layers)}
         assert linear_formats(eng.runner.model) == {k: n for k, n in want.items() if n}, label
         outputs[label] = run(eng)
         assert all(len(tokens) == PARAMS.max_tokens for tokens, _ in outputs[label])
