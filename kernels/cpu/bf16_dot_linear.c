@@ -31,7 +31,9 @@
 #include "gh_native.h"
 #include "tiled_linear.h"
 
-#define DOT_ROWS 4            /* rows sharing each loaded weight vector */
+/* Rows sharing each loaded weight vector: 2 x 8 independent accumulators keep two VDPBF16PS a cycle in flight
+ * against its latency (Zen 5, SmolLM2's prompt linears: 821 GFLOP/s on 2 cores, 4 rows 556, 12 rows 795) */
+#define DOT_ROWS 8
 
 /* 1 when this build runs the kernel (the CPU has AVX-512 BF16), else 0 */
 int gh_bf16_dot_available(void) { return HAVE_DOT; }
@@ -60,7 +62,7 @@ static inline __attribute__((always_inline)) void dot_block(const uint16_t *x, i
         const uint16_t *b0 = t0 + kt * TILE_ELEMS, *b1 = t1 + kt * TILE_ELEMS;
         for (int p = 0; p < 16; p++) {
             __m512bh w0 = (__m512bh)_mm512_loadu_si512(b0 + p * 32), w1 = (__m512bh)_mm512_loadu_si512(b1 + p * 32);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
                 int32_t pair;
                 memcpy(&pair, x + r * x_stride + kt * 32 + p * 2, sizeof pair);
@@ -95,6 +97,10 @@ static void dot_rows(const uint16_t *x, int64_t x_stride, const uint16_t *t0, co
                      const Output *o, int64_t r0, int64_t c, int R) {
     __m512 acc[DOT_ROWS][2];
     switch (R) {   /* constant row counts: the accumulators stay in registers */
+    case 8: dot_block(x, x_stride, t0, t1, k_tiles, acc, 8); break;
+    case 7: dot_block(x, x_stride, t0, t1, k_tiles, acc, 7); break;
+    case 6: dot_block(x, x_stride, t0, t1, k_tiles, acc, 6); break;
+    case 5: dot_block(x, x_stride, t0, t1, k_tiles, acc, 5); break;
     case 4: dot_block(x, x_stride, t0, t1, k_tiles, acc, 4); break;
     case 3: dot_block(x, x_stride, t0, t1, k_tiles, acc, 3); break;
     case 2: dot_block(x, x_stride, t0, t1, k_tiles, acc, 2); break;
