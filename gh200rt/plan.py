@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         block = fp8_block_size(config)
         sizes = model_sizes(arch, args.dtype, kv_dtype=cache.kv_cache_dtype, host_format=host,
                             resident_format=resident, vocab_rows=vocab_rows, fp8_group=block[1] if block else None)
-        activations = activation_bytes(arch, scheduler.max_num_batched_tokens, scheduler.max_num_seqs, args.dtype)
+        activations = activation_bytes(arch, scheduler.step_tokens(platform.kind == "cpu"), scheduler.max_num_seqs,
+                                       args.dtype)
         free = None if platform.kind == "cpu" else platform.device_memory_bytes
         capacity = ledger_capacity(memory, free, sizes.all_resident_bytes + activations)
         plan = make_plan(sizes, platform, memory, capacity, cache.block_size, args.batch, activations,

@@ -104,7 +104,7 @@ def load_and_place(config: EngineConfig, platform: Platform | None = None, devic
                         resident_format="fp8" if fp8_resident else None,
                         vocab_rows=shard.vocab_size if shard is not None else None,
                         fp8_group=weight_forms.fp8_group(loaded.quantized))
-    activations = activation_bytes(arch, config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs,
+    activations = activation_bytes(arch, config.scheduler.step_tokens(device == "cpu"), config.scheduler.max_num_seqs,
                                    dtype)
     if free is not None and agree_free is not None:
         free = agree_free(free)

@@ -112,7 +112,7 @@ class LLMEngine(RequestIntake, EngineReports, EngineSteps):
                                  publish_decoded_blocks=config.model.batch_invariant or not on_cpu)
         self.lora = install_lora(model, arch, config.lora, dtype, device, self.ledger, getattr(model, "shard", None)) \
             if config.lora.enable_lora else None
-        self.scheduler = Scheduler(self.kv, config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens,
+        self.scheduler = Scheduler(self.kv, config.scheduler.max_num_seqs, config.scheduler.step_tokens(on_cpu),
                                    config.lora.max_loras if self.lora is not None else None)
         caches = arena.kv_caches() if arena else \
             allocate_arch_kv_caches(arch, num_blocks, bs, kv_dtype, device)

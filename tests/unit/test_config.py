@@ -52,6 +52,16 @@ def test_from_kwargs_routes_and_rejects_unknown():
         EngineConfig.from_kwargs(blocksize=32)
 
 
+def test_a_steps_token_budget_defaults_by_platform_and_the_flag_wins():
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    default = dataclass_from_args(EngineConfig, parser.parse_args([])).scheduler
+    assert default.max_num_batched_tokens is None
+    assert (default.step_tokens(on_cpu=True), default.step_tokens(on_cpu=False)) == (512, 2048)
+    asked = dataclass_from_args(EngineConfig, parser.parse_args(["--max-num-batched-tokens", "96"])).scheduler
+    assert (asked.step_tokens(on_cpu=True), asked.step_tokens(on_cpu=False)) == (96, 96)
+
+
 def test_cli_is_generated_from_every_field():
     parser = argparse.ArgumentParser()
     add_engine_arguments(parser)
