@@ -2,6 +2,8 @@
 import pytest
 
 from gh200rt import LLM, SamplingParams
+from gh200rt.config import EngineConfig
+from gh200rt.engine.engine import LLMEngine
 from gh200rt.generate import main as generate_main
 from tests.engine.real_models import save_tiny_llama
 
@@ -25,6 +27,15 @@ def test_llm_generate_prompt_forms_and_order(tiny_dir):
         llm.generate(["a", "b"], [greedy])
     with pytest.raises(TypeError, match="unknown engine option"):
         LLM(model=tiny_dir, not_an_option=1)
+
+
+def test_a_cpu_server_engine_steps_512_tokens_and_the_llm_class_2048(tiny_dir):
+    """The token budget's platform default reaches the scheduler (SchedulerConfig.step_tokens); LLM asks 2048."""
+    options = dict(model=tiny_dir, max_model_len=64, num_kv_blocks=16)
+    assert LLMEngine.from_config(EngineConfig.from_kwargs(**options)).scheduler.max_num_batched_tokens == 512
+    assert LLM(**options).engine.scheduler.max_num_batched_tokens == 2048
+    asked = EngineConfig.from_kwargs(max_num_batched_tokens=40, **options)
+    assert LLMEngine.from_config(asked).scheduler.max_num_batched_tokens == 40
 
 
 def test_generate_cli_streams_text(tiny_dir, capsys):
