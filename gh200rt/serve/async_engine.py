@@ -31,8 +31,9 @@ from gh200rt.serve.errors import APIError
 
 log = logging.getLogger("gh200rt.serve")
 
-# ``LLMEngine.stats()`` walks the KV pool, so while requests run it is taken at most this often;
-# when the engine goes idle it is taken at once, so /metrics settles as soon as work ends.
+# ``LLMEngine.stats()`` walks the KV pool, so while requests run it is taken at most this often; when work starts
+# (the last snapshot was idle) and when the engine goes idle it is taken at once, so /metrics shows a burst from its
+# first step (a burst shorter than the interval would otherwise never show) and settles as soon as work ends.
 STATS_INTERVAL_SECONDS = 0.25
 
 
@@ -89,6 +90,7 @@ class AsyncEngine:
         self._stop = threading.Event()
         self._stats_dirty = True
         self._stats_time = 0.0
+        self._stats_busy = False        # whether the last snapshot had requests running or waiting
         self._stepped_since_idle = False
         self._thread = threading.Thread(target=self._run, name="gh200rt-engine", daemon=True)
 
@@ -292,8 +294,10 @@ class AsyncEngine:
         now = time.monotonic()
         if self.metrics is None or not self._stats_dirty:
             return
-        if self.engine.has_unfinished_requests() and now - self._stats_time < STATS_INTERVAL_SECONDS:
+        busy = self.engine.has_unfinished_requests()
+        if busy and self._stats_busy and now - self._stats_time < STATS_INTERVAL_SECONDS:
             return
+        self._stats_busy = busy
         self._stats_dirty = False
         self._stats_time = now
         self.metrics.engine_stats = self.engine.stats()
