@@ -23,6 +23,7 @@ from gh200rt.engine.bootstrap import (DTYPE_NAMES, PlacedModel, load_and_place, 
 from gh200rt.engine.decode_graphs import decode_graphs, reserve_graph_pool
 from gh200rt.engine.expert_balancer import ExpertBalancer
 from gh200rt.engine.host_kv_tier import host_reads, make_host_tier
+from gh200rt.engine.layer_times import LayerTimes
 from gh200rt.engine.model_runner import ModelRunner
 from gh200rt.engine.reports import EngineReports
 from gh200rt.engine.request_intake import RequestIntake
@@ -47,6 +48,7 @@ from gh200rt.speculative.hidden_drafter import HiddenStateProposer
 from gh200rt.speculative.speculator import Speculator
 from gh200rt.structured import GrammarMatchers
 from gh200rt.weights.schedule import NULL_HOOKS
+from gh200rt.weights.tiers import Tier
 
 
 def eos_ids_of(tokenizer) -> frozenset[int]:
@@ -159,6 +161,9 @@ class LLMEngine(RequestIntake, EngineReports, EngineSteps):
                 max_step_seconds=memory.retier_max_step_seconds, costs=StepCostModel(prior)),
                 usage=self.balancer.usage if self.balancer else None,
                 expert_tier=offloaded_expert_tier(placed.platform))
+            if on_cpu:     # the host runs the step: a layer's wall time is its cost
+                store = self.store
+                self.runner.layer_times = LayerTimes(lambda layer: store.tiers[layer] != Tier.RESIDENT)
         self._steps, self._seen_preemptions, self._step_seconds, self._seen_wait = 0, 0, 0.0, 0.0
         self._seen_preempted_tokens = (0, 0)     # the scheduler's preempted and kept tokens at the last look
         self._step_tokens, self._step_rows = 0, 0

@@ -25,6 +25,7 @@ import torch
 
 from gh200rt.engine.device_inputs import array_to_device
 from gh200rt.engine.invariance import LOGIT_BLOCK_ROWS, LOGIT_MAX_BLOCK_ROWS, linear_block_rows
+from gh200rt.engine.layer_times import LayerTimes
 from gh200rt.engine.pooling import pool_rows
 from gh200rt.kv.block_row import block_row
 from gh200rt.kv.layered_load import LayeredLoad
@@ -252,6 +253,8 @@ class ModelRunner:
         self.host_kv = None          # the host KV tier's blocks as attention reads them in place (``read_host_blocks``)
         # the host KV tier's loads for the step about to run (the KV cache manager's ``take_host_loads``), or None
         self.host_loads: Callable[[], LayeredLoad | None] | None = None
+        # where set (a synchronous platform with tiers that move), every step with hooks times its decoder layers
+        self.layer_times: LayerTimes | None = None
 
     def read_host_blocks(self, layers) -> None:
         """Every step from now on may name host KV blocks in its tables (``layers``: a ``kv.host_blocks.HostKVLayers``;
@@ -313,11 +316,16 @@ class ModelRunner:
             fed.write_into(inputs.input_ids)
         captured = None
         hooks = self.hooks if loads is None else LoadingLayers(self.hooks, loads)
+        timed = None
+        if self.layer_times is not None and hooks is not NULL_HOOKS:
+            hooks = timed = self.layer_times.timing(hooks, int(inputs.input_ids.shape[0]))
         if self.capture_layers is None:
             hidden = forward(self.model, inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, hooks)
         else:
             hidden, captured = forward_capturing(self.model, inputs.input_ids, inputs.positions, inputs.meta,
                                                  self.kv_caches, self.capture_layers, hooks)
+        if timed is not None:
+            timed.finish()
         if not inputs.sample_rows:
             sample_logits = torch.empty(0, 0)
         elif len(inputs.sample_rows) == hidden.shape[0]:   # decode: every row samples, in order

@@ -21,6 +21,7 @@ class EngineReports:
         wait = self.store.backend.finished_wait_seconds() if self.store and self.store.backend else 0.0
         tpots = [(seq.last_token_time - seq.first_token_time) / (len(seq.output_token_ids) - 1)
                  for seq in sched.running if len(seq.output_token_ids) > 1]
+        excess, samples = self.runner.layer_times.take() if self.runner.layer_times is not None else (None, ())
         signals = TierSignals(self._steps, kv_blocks, pool.num_free, kv_blocks - pool.num_free, waiting,
                               len(sched.waiting), sched.num_preemptions - self._seen_preemptions,
                               self._step_seconds, wait - self._seen_wait, self._step_tokens, self._step_rows,
@@ -31,7 +32,7 @@ class EngineReports:
                               sched.preempted_tokens - self._seen_preempted_tokens[0],
                               sched.preempted_kept_tokens - self._seen_preempted_tokens[1],
                               self.host_tier.load_seconds_per_block / self.kv.block_size
-                              if self.host_tier is not None else None)
+                              if self.host_tier is not None else None, excess, samples)
         self._seen_preemptions, self._seen_wait, self._step_seconds = sched.num_preemptions, wait, 0.0
         self._seen_preempted_tokens = (sched.preempted_tokens, sched.preempted_kept_tokens)
         self._step_tokens, self._step_rows = 0, 0

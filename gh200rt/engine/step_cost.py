@@ -17,6 +17,13 @@ enough steps that a few short decode steps between prefill chunks do not open th
 ``decode_seconds`` is the fit's decode-only step, ``a + (b + c) * rows + d * streamed``: what prices a
 demotion, since the prefill chunks in the recent steps are paid whether the waiting requests are admitted
 now or later (with them in the base, a layer's copy looked cheap against a step swollen by prompts).
+
+Where the host runs the step (the CPU platform), the offloaded layers are timed where they run (engine/layer_times.py)
+and the fit is not asked for ``d``: a burst's steps cannot tell it apart from the rows (the batch grows while layers
+stream; on a Zen 5 the fitted ``d`` fell from 0.71 to 0 ms while a streamed layer measured 0.6-1.4 ms). Each step's
+measured excess (what its offloaded layers took beyond resident ones) is taken off its time, so the fit sees the step
+all-resident would have run, and a layer's cost is a second fit, ``excess of one offloaded layer ~= e0 + e1 * tokens``
+over the timed steps: on the CPU an op-by-op layer costs more the more rows it multiplies.
 """
 from __future__ import annotations
 
@@ -34,13 +41,46 @@ class StepCostModel:
         self.prior_weight = prior_weight
         self._steps: deque[tuple[float, int, int, int]] = deque(maxlen=window)
         self._fit: tuple[float, float, float | None, float | None] | None = None
+        self._layers: deque[tuple[float, int]] = deque(maxlen=window)   # timed: (one offloaded layer's excess, tokens)
+        self._layer_fit: tuple[float, float] | None = None
+        self.streamed = 0         # the offloaded layers of the last step observed
 
-    def observe(self, seconds: float, tokens: int, rows: int, streamed: int) -> None:
-        """One step's model time, its batched tokens and sequences, and the layers that streamed in it."""
+    def observe(self, seconds: float, tokens: int, rows: int, streamed: int, excess: float | None = None) -> None:
+        """One step's model time, its batched tokens and sequences, and the layers that streamed in it; ``excess``:
+        the seconds those layers took beyond resident ones, where they were timed (None: not timed, fitted)."""
+        self.streamed = streamed
         if tokens <= 0:
             return
+        if excess is not None:
+            seconds, streamed = seconds - excess, 0
         self._steps.append((seconds, tokens, rows, streamed))
         self._fit = None
+
+    def observe_layers(self, samples) -> None:
+        """Timed steps' ``(excess of one offloaded layer, tokens)`` (``LayerTimes.take``)."""
+        for sample in samples:
+            self._layers.append(sample)
+            self._layer_fit = None
+
+    @property
+    def timed(self) -> bool:
+        """Whether a streamed layer's cost comes from timed layers (enough of them) rather than the fit."""
+        return len(self._layers) >= 4
+
+    def layer_seconds_at(self, tokens: float) -> float:
+        """What one more offloaded layer adds to a step of ``tokens`` tokens: timed where enough layers were, else the
+        fit's ``d`` (never below zero: a copy is not a speed-up)."""
+        if not self.timed:
+            return self._coefficients()[0]
+        if self._layer_fit is None:
+            data = np.asarray(self._layers, dtype=np.float64)
+            x = np.column_stack((np.ones(len(data)), data[:, 1]))
+            (e0, e1), *_ = np.linalg.lstsq(x, data[:, 0], rcond=None)
+            if e1 < 0:       # costs more at fewer tokens: noise, or one step size only; the mean then
+                e0, e1 = float(data[:, 0].mean()), 0.0
+            self._layer_fit = float(e0), float(e1)
+        e0, e1 = self._layer_fit
+        return max(0.0, e0 + e1 * tokens)
 
     @property
     def recent_seconds(self) -> float | None:
@@ -52,8 +92,9 @@ class StepCostModel:
 
     @property
     def layer_seconds(self) -> float:
-        """The fitted cost of one streamed layer per step (never below zero: a copy is not a speed-up)."""
-        return self._coefficients()[0]
+        """The cost of one more streamed layer in the recent steps: timed where enough layers were, else fitted
+        (never below zero: a copy is not a speed-up)."""
+        return self.layer_seconds_at(self.recent_tokens) if self.timed else self._coefficients()[0]
 
     @property
     def row_seconds(self) -> float:
@@ -72,6 +113,8 @@ class StepCostModel:
         layer, row, _, intercept = self._coefficients()
         if intercept is None:
             return None
+        if self.timed:
+            layer = self.layer_seconds_at(rows)
         return max(0.0, intercept + row * rows + layer * streamed)
 
     def predict_next(self, extra_rows: float = 0.0, now: float | None = None) -> float | None:
@@ -80,7 +123,19 @@ class StepCostModel:
         now = self.recent_seconds if now is None else now
         if now is None:
             return None
-        return now + self.layer_seconds + extra_rows * self.row_seconds
+        if not self.timed:
+            return now + self.layer_seconds + extra_rows * self.row_seconds
+        # timed layers cost more with more rows: the new layer at the recent steps' tokens plus the admitted rows,
+        # and the layers already offloaded as much more as those rows add to each
+        tokens = self.recent_tokens + extra_rows
+        grown = self.layer_seconds_at(tokens) - self.layer_seconds_at(self.recent_tokens)
+        return now + self.layer_seconds_at(tokens) + extra_rows * self.row_seconds + self.streamed * grown
+
+    @property
+    def recent_tokens(self) -> float:
+        """Mean tokens of the last ``RECENT_STEPS`` steps (0 before any step ran)."""
+        recent = list(self._steps)[-RECENT_STEPS:]
+        return sum(step[1] for step in recent) / len(recent) if recent else 0.0
 
     def _coefficients(self) -> tuple[float, float, float | None, float | None]:
         if self._fit is None:

@@ -16,7 +16,8 @@ step time (wall, and the copy wait in it) since the last look. The policy answer
   costs little and the layer stays; without it, lost KV is dear and a demotion pays sooner (where a layer
   costs much and buys KV for few requests, as on the CPU, the host tier and preemption take it). The step with
   one more layer is predicted by ``StepCostModel`` (engine/step_cost.py): the recent step time plus
-  a streamed layer's cost fitted over the steps that ran, mixed steps included;
+  a streamed layer's cost fitted over the steps that ran, mixed steps included, or where the host runs the step (the
+  CPU platform) timed where the offloaded layers run (engine/layer_times.py);
 - **promote** (a streamed layer takes a free run back) when nothing waits, no preemption happened
   for a while, and after the promotion at least ``promote_headroom`` of the KV cache would still
   be free beyond what running requests hold; or, with a TPOT target, when recent steps take longer
@@ -70,6 +71,10 @@ class TierSignals:
     preempted_tokens: int = 0     # computed tokens the preemptions since the last snapshot let go of
     preempted_kept_tokens: int = 0   # of those, the tokens the host KV tier keeps (loaded back, not recomputed)
     load_seconds_per_token: float | None = None   # what loading a token's KV from the host tier costs (None: no tier)
+    # where the layers are timed (the CPU platform, engine/layer_times.py): what the offloaded layers of the steps
+    # since the last snapshot took beyond resident ones (None: not timed), and per step (one layer's excess, tokens)
+    offloaded_excess_seconds: float | None = None
+    offloaded_layer_samples: tuple[tuple[float, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -128,7 +133,9 @@ class PressurePolicy:
     def decide(self, signals: TierSignals) -> Move | None:
         now = self.clock()
         streamed = signals.tiers.count(Tier.STREAMED)
-        self.costs.observe(signals.step_seconds, signals.step_tokens, signals.step_rows, streamed)
+        self.costs.observe(signals.step_seconds, signals.step_tokens, signals.step_rows, streamed,
+                           signals.offloaded_excess_seconds)
+        self.costs.observe_layers(signals.offloaded_layer_samples)
         redo = self._redo_per_step(signals)
         pressure = signals.preemptions > 0 or (signals.num_waiting and signals.waiting_blocks > signals.kv_free_blocks)
         if pressure:

@@ -234,6 +234,9 @@ class FixedCosts:
     def observe(self, *step):
         pass
 
+    def observe_layers(self, samples):
+        pass
+
     def predict_next(self, extra_rows=0.0, now=None):
         return (now or self.recent_seconds) + self.layer_seconds + extra_rows * self.row_seconds
 
