@@ -48,3 +48,21 @@ def test_static_splits_stream_n_layers_spread_evenly_and_unknown_engines_are_ref
     for bad in ("static-0", "static-33", "static-x", "halfway"):
         with pytest.raises(ValueError, match="static-N"):
             static_split(bad, 32)
+
+
+def test_bursts_repeat_the_burst_and_its_quiet_phase():
+    import argparse
+
+    from gh200rt.bench.tiers import make_trace
+    args = argparse.Namespace(seed=0, quiet_seconds=4.0, quiet_rate=2.0, quiet_prompt=8, quiet_tokens=2,
+                              burst_requests=5, burst_seconds=1.0, burst_prompt=20, burst_tokens=3, bursts=1)
+    one = make_trace(args, 100)
+    args.bursts = 3
+    three = make_trace(args, 100)
+    assert [(r.arrival, r.prompt) for r in three[:len(one)]] == [(r.arrival, r.prompt) for r in one]
+    bursts = [r.arrival for r in three if len(r.prompt) == 20]
+    assert len(bursts) == 15 and len([r for r in one if len(r.prompt) == 20]) == 5
+    for i in range(3):               # burst i arrives within its second, after i quiet phases and i bursts
+        start = 4.0 + i * 5.0
+        assert sum(start <= t <= start + 1.0 for t in bursts) == 5
+    assert three[-1].arrival <= 4.0 + 3 * 5.0
