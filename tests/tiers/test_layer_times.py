@@ -8,8 +8,8 @@ from gh200rt.engine.layer_times import LayerTimes
 from gh200rt.engine.step_cost import StepCostModel
 from gh200rt.engine.tier_controller import TierController
 from gh200rt.sampling_params import SamplingParams
-from gh200rt.weights.schedule import LayerHooks
 from gh200rt.weights.tiers import Tier
+from tests.model.test_model_contract import RecordingSchedule
 from tests.tiers.test_engine_placement import engine, tiny_dir  # noqa: F401 (fixture)
 
 
@@ -28,22 +28,8 @@ def test_an_offloaded_layer_before_any_resident_one_was_timed_is_not_priced():
     assert times.take() == (0.0, ())
 
 
-class Calls(LayerHooks):
-    def __init__(self):
-        self.calls = []
-
-    def begin_step(self, num_tokens):
-        self.calls.append(("begin", num_tokens))
-
-    def before_layer(self, index):
-        self.calls.append(("before", index))
-
-    def after_layer(self, index):
-        self.calls.append(("after", index))
-
-
 def test_timed_layers_call_the_hooks_they_wrap_and_file_each_layer_by_its_tier():
-    times, hooks = LayerTimes(lambda layer: layer == 0), Calls()
+    times, hooks = LayerTimes(lambda layer: layer == 0), RecordingSchedule()
     timed = times.timing(hooks, 5)
     assert timed.between_layers() == hooks.between_layers() is True
     timed.begin_step(5)
