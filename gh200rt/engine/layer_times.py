@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from gh200rt.weights.schedule import LayerHooks
+from gh200rt.weights.schedule import ForwardingHooks, LayerHooks
 
 
 class LayerTimes:
@@ -53,7 +53,7 @@ class LayerTimes:
         return taken
 
 
-class TimedLayers(LayerHooks):
+class TimedLayers(ForwardingHooks):
     """``hooks`` with the wall time of every decoder layer run between them kept for ``LayerTimes.record``."""
 
     def __init__(self, hooks: LayerHooks, times: LayerTimes, tokens: int):
@@ -62,8 +62,8 @@ class TimedLayers(LayerHooks):
         self._offloaded: list[float] = []
         self._resident: list[float] = []
 
-    def begin_step(self, num_tokens: int) -> None:
-        self.hooks.begin_step(num_tokens)
+    def inner_hooks(self) -> LayerHooks:
+        return self.hooks
 
     def before_layer(self, index: int) -> None:
         self._start = time.perf_counter()
@@ -73,18 +73,6 @@ class TimedLayers(LayerHooks):
         self.hooks.after_layer(index)
         seconds = time.perf_counter() - self._start
         (self._offloaded if self.times.offloaded(index) else self._resident).append(seconds)
-
-    def between_layers(self) -> bool:
-        return self.hooks.between_layers()
-
-    def self_contained(self):
-        return self.hooks.self_contained()
-
-    def graph_captured(self, graph) -> None:
-        self.hooks.graph_captured(graph)
-
-    def replay(self, graph) -> None:
-        self.hooks.replay(graph)
 
     def finish(self) -> None:
         """The step ran: hand its layer times to ``LayerTimes``."""

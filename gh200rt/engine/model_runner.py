@@ -32,7 +32,7 @@ from gh200rt.kv.layered_load import LayeredLoad
 from gh200rt.models.base import AttentionMetadata
 from gh200rt.models.layers.row_blocks import RowBlockSizes, in_row_blocks
 from gh200rt.scheduler.scheduler import SchedulerOutput
-from gh200rt.weights.schedule import NULL_HOOKS, LayerHooks
+from gh200rt.weights.schedule import NULL_HOOKS, ForwardingHooks, LayerHooks
 
 
 def forward(model, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
@@ -209,22 +209,19 @@ class StepLogits:
     hidden: torch.Tensor | None = None
 
 
-class LoadingLayers(LayerHooks):
+class LoadingLayers(ForwardingHooks):
     """``hooks`` with a step's host KV loads made ready before each decoder layer (kv/layered_load.py): the layers
     run one by one (never in one native call) while a step loads."""
 
     def __init__(self, hooks: LayerHooks, loads: LayeredLoad):
         self.hooks, self.loads = hooks, loads
 
-    def begin_step(self, num_tokens: int) -> None:
-        self.hooks.begin_step(num_tokens)
+    def inner_hooks(self) -> LayerHooks:
+        return self.hooks
 
     def before_layer(self, index: int) -> None:
         self.loads.ready(index)
         self.hooks.before_layer(index)
-
-    def after_layer(self, index: int) -> None:
-        self.hooks.after_layer(index)
 
     def between_layers(self) -> bool:
         return True

@@ -9,11 +9,11 @@ methods here use the store's attributes and helpers (``tiers``, ``slabs``, ``_bo
 from __future__ import annotations
 
 from gh200rt.transfer.backend import make_transfer_backend
-from gh200rt.weights.schedule import LayerHooks, StreamingSchedule
+from gh200rt.weights.schedule import ForwardingHooks, LayerHooks, StreamingSchedule
 from gh200rt.weights.tiers import Tier, slot_of
 
 
-class LayerStaging(LayerHooks):
+class LayerStaging(ForwardingHooks):
     def _ring_users(self) -> list[int]:
         staged_direct = self.layers(Tier.DIRECT) if self._direct_staging_tokens else []
         return sorted(self.layers(Tier.STREAMED) + staged_direct)
@@ -55,24 +55,6 @@ class LayerStaging(LayerHooks):
                 slab, tensor, slab.bind(tensor, self.compute_dtype, stable=False))
         return cached[2]
 
-    # ---- hooks the model runner drives ------------------------------------------------------------
-    def begin_step(self, num_tokens: int) -> None:
-        self._schedule.begin_step(num_tokens)
-
-    def before_layer(self, index: int) -> None:
-        self._schedule.before_layer(index)
-
-    def after_layer(self, index: int) -> None:
-        self._schedule.after_layer(index)
-
-    def between_layers(self) -> bool:
-        return self._schedule.between_layers()
-
-    def self_contained(self):
-        return self._schedule.self_contained()
-
-    def graph_captured(self, graph) -> None:
-        self._schedule.graph_captured(graph)
-
-    def replay(self, graph) -> None:
-        self._schedule.replay(graph)
+    # ---- hooks the model runner drives: the schedule's -------------------------------------------
+    def inner_hooks(self) -> LayerHooks:
+        return self._schedule

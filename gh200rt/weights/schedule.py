@@ -64,6 +64,35 @@ class LayerHooks:
 NULL_HOOKS = LayerHooks()
 
 
+class ForwardingHooks(LayerHooks):
+    """Hooks that pass every call on to ``inner_hooks()``: the store passes the runner's calls to its staging
+    schedule, and the runner's wrappers (host KV loads, layer timing) add their own work around some of them."""
+
+    def inner_hooks(self) -> LayerHooks:
+        raise NotImplementedError
+
+    def begin_step(self, num_tokens: int) -> None:
+        self.inner_hooks().begin_step(num_tokens)
+
+    def before_layer(self, index: int) -> None:
+        self.inner_hooks().before_layer(index)
+
+    def after_layer(self, index: int) -> None:
+        self.inner_hooks().after_layer(index)
+
+    def between_layers(self) -> bool:
+        return self.inner_hooks().between_layers()
+
+    def self_contained(self):
+        return self.inner_hooks().self_contained()
+
+    def graph_captured(self, graph) -> None:
+        self.inner_hooks().graph_captured(graph)
+
+    def replay(self, graph) -> None:
+        self.inner_hooks().replay(graph)
+
+
 class StreamingSchedule(LayerHooks):
     """``sources(layer)`` is the host slab tensor a copy of ``layer`` reads; ``backend`` owns the K slots."""
 
